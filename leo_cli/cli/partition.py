@@ -1,0 +1,50 @@
+"""`leo partition`: dataset -> METIS partitions on disk, with a stats table."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.render import partition_table, stage_progress, stats_table
+from leo_cli.config import write_resolved
+from leo_cli.graph.stage import ensure_partitions
+
+
+@handle_errors
+def partition_cmd(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    num_parts: Annotated[
+        int | None,
+        typer.Option(
+            "--num-parts",
+            "-p",
+            help="Number of parts (overrides partition.num_parts).",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even if up-to-date partitions exist.")
+    ] = False,
+) -> None:
+    """Partition the dataset (METIS, random or range) into <run.out_dir>/partitions.
+
+    Partitions are reused while the dataset, partition settings and seed are unchanged.
+    """
+    cfg = resolve_config(
+        config,
+        (overrides or []) + ([f"partition.num_parts={num_parts}"] if num_parts is not None else []),
+    )
+    with stage_progress() as progress:
+        result = ensure_partitions(
+            cfg.data, cfg.partition, cfg.run.seed, cfg.run.out_dir, force=force, progress=progress
+        )
+    write_resolved(cfg)
+    if result.reused:
+        console.print(f"[green]Up to date:[/] reusing {result.path} (use --force to rebuild).")
+    else:
+        console.print(f"[green]Wrote[/] {result.path}")
+    console.print(partition_table(result.meta))
+    console.print(stats_table(result.meta))

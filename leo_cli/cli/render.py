@@ -1,0 +1,79 @@
+"""Rich rendering shared by commands: stage progress and result tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from leo_cli.cli.common import console
+from leo_cli.graph.layout import ProgressFn
+
+STAGE_LABELS = {
+    "load": "load dataset",
+    "partition": "assign parts",
+    "layout": "build local CSR + halo",
+    "write": "write parts",
+}
+
+
+@contextmanager
+def stage_progress() -> Iterator[ProgressFn]:
+    """A Rich progress display fed by `(stage, done, total)` callbacks."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    tasks: dict[str, Any] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(STAGE_LABELS.get(stage, stage), total=total)
+        progress.update(tasks[stage], completed=done, total=total)
+
+    with progress:
+        yield update
+
+
+def partition_table(meta: dict[str, Any]) -> Table:
+    """Per-part nodes, edges and halo sizes."""
+    stats = meta["stats"]
+    table = Table(title=f"{meta['dataset']['name']}: {meta['num_parts']} parts ({meta['method']})")
+    table.add_column("part", justify="right")
+    for name in ("nodes", "edges", "halo nodes"):
+        table.add_column(name, justify="right")
+    for r in range(meta["num_parts"]):
+        table.add_row(
+            str(r),
+            f"{stats['nodes'][r]:,}",
+            f"{stats['edges'][r]:,}",
+            f"{stats['halo_nodes'][r]:,}",
+        )
+    return table
+
+
+def stats_table(meta: dict[str, Any]) -> Table:
+    """Graph-level partition quality."""
+    stats, ds = meta["stats"], meta["dataset"]
+    table = Table(show_header=False, title="partition quality")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("nodes / undirected edges", f"{ds['num_nodes']:,} / {stats['num_undirected_edges']:,}"),
+        ("edge cut", f"{stats['edge_cut']:,} ({100 * stats['edge_cut_fraction']:.2f}%)"),
+        ("edge balance (max/mean)", f"{stats['balance']:.3f}"),
+        ("node balance (max/mean)", f"{stats['node_balance']:.3f}"),
+        ("replication factor", f"{stats['replication_factor']:.3f}"),
+    ]
+    rows += [(f"time: {k}", f"{v:.2f} s") for k, v in meta.get("timings_s", {}).items()]
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,104 @@
+"""Loading a config: built-in defaults < YAML file < `--set dotted.key=value` overrides.
+
+Every failure becomes a `ConfigError` naming the file or key and what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from leo_cli.config.schema import LeoConfig
+from leo_cli.errors import ConfigError
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> LeoConfig:
+    """Build the validated config from an optional YAML file and `--set` overrides."""
+    tree: dict[str, Any] = read_yaml(path) if path is not None else {}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_dotted(tree, key, value)
+    return validate(tree, source=str(path) if path else "the built-in defaults")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, or fail with the file name and the reason."""
+    if not path.is_file():
+        raise ConfigError(
+            f"Config file {path} does not exist; pass an existing YAML file to --config."
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"Config file {path} is not valid YAML{where}; fix its syntax.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path} must hold a mapping of sections (run:, data:, ...).")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split `dotted.key=value`; the value is parsed as YAML (`[a,b]` is a list, `3` an int)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            f"--set {item!r} is not of the form dotted.key=value (e.g. train.lr=0.01)."
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set `tree[a][b][c] = value` for key `a.b.c`, creating mappings on the way."""
+    *parents, leaf = key.split(".")
+    node = tree
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parents[: i + 1])
+            raise ConfigError(f"--set {key}: {where} is a value, not a section.")
+        node = child
+    node[leaf] = value
+
+
+def validate(tree: dict[str, Any], source: str) -> LeoConfig:
+    """Validate a raw tree; the first problem becomes one sentence naming the key."""
+    try:
+        return LeoConfig.model_validate(tree)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(
+                f"Unknown config key {key!r} in {source}; check the spelling "
+                "(`leo <command> --help` lists the sections)."
+            ) from None
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        raise ConfigError(f"Config key {key!r} in {source}: {err['msg']}{shown}.") from None
+
+
+def dump_config(cfg: LeoConfig) -> str:
+    """The resolved config as YAML, loadable again with `--config`."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def write_resolved(cfg: LeoConfig) -> Path:
+    """Write `<out_dir>/resolved_config.yaml` atomically and return its path."""
+    out = Path(cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "resolved_config.yaml"
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(dump_config(cfg))
+    tmp.replace(path)
+    return path

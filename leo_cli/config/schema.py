@@ -1,0 +1,164 @@
+"""The config schema: one pydantic model per section of DESIGN.md §1 (names are a contract).
+
+Every field is documented by the docstring under it; `leo <cmd> --help` and error messages use
+those texts. Unknown keys are rejected (`extra="forbid"`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    """Common settings of every config section."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
+
+
+class RunConfig(Section):
+    name: str = "default"
+    """Run name, shown in tables and summaries."""
+    out_dir: Path = Path("runs/default")
+    """Folder that receives everything the run produces (partitions, plan, metrics, checkpoints)."""
+    seed: int = 0
+    """Seed of the synthetic graph, METIS, initial weights and dropout masks."""
+
+
+class SyntheticConfig(Section):
+    num_nodes: int = Field(20_000, ge=2, le=100_000_000)
+    """Number of nodes of the synthetic graph."""
+    avg_degree: float = Field(10.0, gt=0)
+    """Average (undirected) degree of the synthetic graph."""
+    num_classes: int = Field(8, ge=2, le=1000)
+    """Number of classes (= communities of the block model)."""
+    num_features: int = Field(64, ge=1, le=100_000)
+    """Width of the node features."""
+    homophily: float = Field(0.6, ge=0.0, le=1.0)
+    """Fraction of each node's edges that stay inside its own community."""
+    feature_noise: float = Field(4.0, ge=0.0)
+    """Standard deviation of the noise added to the class centroid of each node's features."""
+    degree_exponent: float = Field(2.5, gt=1.0)
+    """Power-law exponent of the expected degrees (smaller = more skewed)."""
+
+
+class DataConfig(Section):
+    name: str = "synthetic"
+    """`synthetic`, `cora`, `citeseer`, `pubmed`, `ogbn-<name>` or a path to a `.npz` graph file."""
+    root: Path = Path("data")
+    """Folder holding the raw dataset files (see datasets/<name>.md for the layout)."""
+    synthetic: SyntheticConfig = SyntheticConfig()
+    """Parameters of the built-in synthetic graph."""
+
+    @field_validator("root", mode="after")
+    @classmethod
+    def _expand_user(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+class PartitionConfig(Section):
+    num_parts: int = Field(2, ge=1, le=4096)
+    """Number of parts (one per worker)."""
+    method: Literal["metis", "random", "range"] = "metis"
+    """`metis` (edge-balanced METIS), `random` (uniform owners) or `range` (contiguous ids)."""
+
+
+class ModelConfig(Section):
+    name: Literal["gcn", "sage", "gin"] = "gcn"
+    """GNN architecture: `gcn`, `sage` (mean aggregator) or `gin` (sum + MLP)."""
+    hidden_channels: int = Field(64, ge=1)
+    """Width of the hidden layers."""
+    num_layers: int = Field(2, ge=1, le=64)
+    """Number of message-passing layers."""
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    """Dropout probability applied to each layer's input."""
+
+
+class TrainConfig(Section):
+    num_epochs: int = Field(100, ge=1)
+    """Number of full-graph epochs."""
+    lr: float = Field(0.01, gt=0)
+    """Adam learning rate."""
+    weight_decay: float = Field(5.0e-4, ge=0)
+    """Adam weight decay (L2)."""
+    eval_every: int = Field(1, ge=1)
+    """Evaluate train/val/test accuracy every this many epochs."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a checkpoint every this many epochs."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Floating-point type of features, weights and embeddings."""
+
+
+class CacheConfig(Section):
+    policy: Literal["none", "degree", "leo"] = "none"
+    """How halo rows are assigned to cache levels: `none`, `degree` or the `leo` cost model."""
+    replica_budget_mb: float = Field(256.0, ge=0)
+    """Memory budget for L1 replicas of remote input features, per worker, in MiB."""
+    halo_budget_mb: float = Field(1024.0, ge=0)
+    """Memory budget for the L2 halo buffers, per worker, in MiB."""
+
+
+class PipelineConfig(Section):
+    mode: Literal["leo", "blocking", "fine-grained", "shared-memory"] = "blocking"
+    """Halo exchange: `leo` (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM)."""
+    num_chunks: Literal["auto"] | int = "auto"
+    """Chunks per peer for the pipelined exchange, or `auto` (from the cache plan)."""
+
+    @field_validator("num_chunks")
+    @classmethod
+    def _positive_chunks(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if value != "auto" and int(value) < 1:
+            raise ValueError("must be `auto` or a positive integer")
+        return value
+
+
+class LaunchConfig(Section):
+    nproc: int | None = Field(None, ge=1)
+    """Workers on this node; default `partition.num_parts` divided by `nnodes`."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where workers compute: `auto` uses CUDA when available."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Process-group backend: `auto` means gloo on CPU, nccl on CUDA."""
+    nnodes: int = Field(1, ge=1)
+    """Number of machines (torchrun's --nnodes)."""
+    node_rank: int = Field(0, ge=0)
+    """Rank of this machine (torchrun's --node-rank)."""
+    master_addr: str = "localhost"
+    """Rendezvous host (torchrun's --master-addr)."""
+    master_port: int = Field(0, ge=0, le=65535)
+    """Rendezvous port; 0 picks a free one (single node only)."""
+    max_restarts: int = Field(0, ge=0)
+    """How often the elastic agent restarts failed workers (torchrun's --max-restarts)."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Collective timeout: a stalled worker ends the job after this many seconds."""
+
+
+class BenchConfig(Section):
+    modes: list[str] = ["blocking", "leo", "fine-grained", "shared-memory", "compute-only"]
+    """Pipeline modes to compare."""
+    world_sizes: list[int] = [2]
+    """Worker counts to measure."""
+    peers: list[str] = []
+    """Single-process peers to measure on the same graph (`pyg`, `pyg-csr`)."""
+    repeats: int = Field(3, ge=1)
+    """Repeats per measurement; the median is reported."""
+    num_epochs: int = Field(10, ge=2)
+    """Epochs per repeat (the first is warm-up)."""
+
+
+class LeoConfig(Section):
+    """The whole config tree."""
+
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    cache: CacheConfig = CacheConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    launch: LaunchConfig = LaunchConfig()
+    bench: BenchConfig = BenchConfig()

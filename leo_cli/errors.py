@@ -1,0 +1,25 @@
+"""User-facing errors: one clear sentence each, rendered by the CLI without a traceback."""
+
+
+class LeoError(Exception):
+    """Base class of every error caused by user input (config, data, files on disk)."""
+
+
+class ConfigError(LeoError):
+    """The config file, a `--set` override or a flag is missing, unparsable or invalid."""
+
+
+class DataError(LeoError):
+    """A dataset cannot be found or read."""
+
+
+class PartitionError(LeoError):
+    """Partitions on disk are missing, corrupt or do not match the config."""
+
+
+class TrainError(LeoError):
+    """Training stopped because of a condition the user must act on."""
+
+
+class KernelError(LeoError):
+    """Kernels cannot be built, loaded or given the arrays they need (CSR, extension, nvcc)."""

@@ -1,0 +1,121 @@
+"""A graph stored as one `.npz` file (the format for bringing your own data).
+
+Keys (see datasets/npz.md):
+
+- `edge_index`: integer [2, E], source row then target row; made symmetric on load;
+- `x`: float (or integer) [N, F] node features, finite;
+- `y`: integer [N] labels in `0..num_classes-1`;
+- `train_mask`, `val_mask`, `test_mask`: bool [N];
+- `num_classes` (optional): integer scalar, at least `max(y) + 1` (default `max(y) + 1`).
+
+Files are opened with `allow_pickle=False`: object arrays are refused.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from leo_cli.errors import DataError
+from leo_cli.graph.types import Graph, check_graph, symmetrize
+
+REQUIRED_KEYS = ("edge_index", "x", "y", "train_mask", "val_mask", "test_mask")
+MASK_KEYS = ("train_mask", "val_mask", "test_mask")
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the file, loaded eagerly (the file is closed on return)."""
+    if not path.is_file():
+        raise DataError(f"graph file {path} does not exist (see datasets/npz.md for the format).")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise DataError(
+            f"{path} is not a readable .npz file without pickled objects ({err})."
+        ) from None
+
+
+def _bad(path: Path, key: str, problem: str) -> DataError:
+    """A DataError naming the file and the offending key."""
+    return DataError(f"{path}: key `{key}` {problem} (see datasets/npz.md).")
+
+
+def _check_kinds(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Presence, dtype kinds and ranks of every key."""
+    for key in REQUIRED_KEYS:
+        if key not in arrays:
+            raise _bad(path, key, "is missing")
+    if arrays["edge_index"].dtype.kind not in "iu" or arrays["edge_index"].ndim != 2:
+        raise _bad(path, "edge_index", "must be an integer array of shape [2, E]")
+    if arrays["edge_index"].shape[0] != 2:
+        raise _bad(path, "edge_index", f"has shape {arrays['edge_index'].shape}, expected [2, E]")
+    if arrays["x"].dtype.kind not in "fiu" or arrays["x"].ndim != 2:
+        raise _bad(path, "x", "must be a float array of shape [N, F]")
+    if arrays["y"].dtype.kind not in "iu" or arrays["y"].ndim != 1:
+        raise _bad(path, "y", "must be an integer array of shape [N]")
+    for key in MASK_KEYS:
+        if arrays[key].dtype != np.bool_ or arrays[key].ndim != 1:
+            raise _bad(path, key, "must be a bool array of shape [N]")
+
+
+def _check_values(path: Path, arrays: dict[str, np.ndarray]) -> int:
+    """Sizes agree, ids and labels are in range, features are finite; returns num_classes."""
+    num_nodes = arrays["x"].shape[0]
+    for key in ("y", *MASK_KEYS):
+        if arrays[key].shape[0] != num_nodes:
+            raise _bad(
+                path, key, f"has {arrays[key].shape[0]} entries but `x` has {num_nodes} rows"
+            )
+    edges = arrays["edge_index"]
+    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
+        raise _bad(path, "edge_index", f"holds node ids outside 0..{num_nodes - 1}")
+    if not np.isfinite(arrays["x"]).all():
+        raise _bad(path, "x", "holds NaN or infinite values")
+    y = arrays["y"]
+    if y.size and y.min() < 0:
+        raise _bad(path, "y", "holds negative labels")
+    num_classes = int(y.max()) + 1 if y.size else 1
+    if "num_classes" in arrays:
+        given = arrays["num_classes"]
+        if given.ndim != 0 or given.dtype.kind not in "iu" or int(given) < num_classes:
+            raise _bad(
+                path, "num_classes", f"must be an integer scalar >= max(y) + 1 = {num_classes}"
+            )
+        num_classes = int(given)
+    return num_classes
+
+
+def load_npz(path_like: str | Path) -> Graph:
+    """Load a graph from a `.npz` file with the documented keys.
+
+    Args:
+        path_like: path to the file, relative to the working directory or absolute.
+
+    Returns:
+        The graph (named after the file's stem), made symmetric.
+
+    Raises:
+        DataError: the file is missing or unreadable, or a key is missing or invalid.
+    """
+    path = Path(path_like).expanduser()
+    arrays = _read(path)
+    _check_kinds(path, arrays)
+    # Cast before the finiteness check, so that float64 values beyond float32's range fail it.
+    arrays["x"] = arrays["x"].astype(np.float32)
+    num_classes = _check_values(path, arrays)
+    num_nodes = arrays["x"].shape[0]
+    graph = Graph(
+        name=path.stem,
+        edge_index_2E=symmetrize(arrays["edge_index"].astype(np.int64), num_nodes),
+        x_NF=arrays["x"],
+        y_N=arrays["y"].astype(np.int64),
+        train_mask_N=arrays["train_mask"],
+        val_mask_N=arrays["val_mask"],
+        test_mask_N=arrays["test_mask"],
+        num_classes=num_classes,
+    )
+    check_graph(graph)
+    return graph

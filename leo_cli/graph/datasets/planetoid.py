@@ -1,0 +1,188 @@
+"""Cora, CiteSeer and PubMed from the raw Planetoid files (Yang et al. 2016).
+
+The files `ind.<name>.{x,y,tx,ty,allx,ally,graph}` are Python 2 pickles of numpy arrays, scipy
+CSR matrices and a dict of adjacency lists; `ind.<name>.test.index` is text. They are read with
+an unpickler that resolves only the handful of classes those files contain, so a tampered file
+cannot run code. Preprocessing follows Kipf & Welling (2017): test rows are put back in node-id
+order, CiteSeer's test ids without a node get zero rows, features are row-normalised, and the
+split is train = the first 140 (CiteSeer 120, PubMed 60) nodes, val = the next 500,
+test = the ids in `test.index`.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from leo_cli.errors import DataError
+from leo_cli.graph.types import BoolArray, FloatArray, Graph, IntArray, check_graph, symmetrize
+
+PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
+_PICKLED_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
+_NUM_VAL = 500
+
+# The exact globals the original files reference, mapped to where they live today.
+_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): np.empty(0).__reduce__()[0],
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
+    ("collections", "defaultdict"): defaultdict,
+    ("__builtin__", "list"): list,
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler that resolves only the globals the original Planetoid files reference."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Return the allowed object for `module.name`; refuse anything else."""
+        try:
+            return _ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise DataError(
+                f"refusing to load `{module}.{name}` from a pickled dataset file: Planetoid files "
+                "contain only numpy arrays, scipy CSR matrices and adjacency lists."
+            ) from None
+
+
+def restricted_loads(data: bytes, source: Path) -> Any:
+    """Unpickle `data` (read from `source`) with `RestrictedUnpickler`.
+
+    Raises:
+        DataError: the pickle references a disallowed global or is corrupt.
+    """
+    try:
+        return RestrictedUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except DataError as err:
+        raise DataError(f"{source}: {err}") from None
+    except Exception as err:  # corrupt pickles raise many types (EOFError, ValueError, ...)
+        raise DataError(f"{source} is not a readable Planetoid pickle ({err}).") from None
+
+
+def planetoid_files(name: str, root: Path) -> dict[str, Path]:
+    """Paths of every raw file of dataset `name` under `root`, checked to exist.
+
+    Raises:
+        DataError: naming the first missing file and the dataset card to read.
+    """
+    files = {part: root / f"ind.{name}.{part}" for part in (*_PICKLED_PARTS, "test.index")}
+    for path in files.values():
+        if not path.is_file():
+            raise DataError(
+                f"Planetoid file {path} is missing: put the raw `ind.{name}.*` files in "
+                f"data.root (see datasets/{name}.md)."
+            )
+    return files
+
+
+def _dense(matrix: Any, path: Path) -> np.ndarray:
+    """A pickled CSR matrix or array as a dense float64 array (old CSR pickles are rebuilt)."""
+    if isinstance(matrix, sp.spmatrix):
+        rebuilt = sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape)
+        return np.asarray(rebuilt.toarray(), dtype=np.float64)
+    if isinstance(matrix, np.ndarray) and matrix.ndim == 2:
+        return matrix.astype(np.float64)
+    raise DataError(f"{path} holds a {type(matrix).__name__}, expected a 2-D matrix.")
+
+
+def _read_test_index(path: Path) -> IntArray:
+    """The test node ids of `ind.<name>.test.index`, one integer per line, in file order."""
+    try:
+        return np.loadtxt(path, dtype=np.int64, ndmin=1)
+    except ValueError as err:
+        raise DataError(f"{path} must hold one integer node id per line ({err}).") from None
+
+
+def _stack_with_test(
+    train_part: np.ndarray, test_part: np.ndarray, test_index: IntArray
+) -> np.ndarray:
+    """Rows of allx/ally then tx/ty, with row k of tx/ty moved to node `test_index[k]`.
+
+    Test ids form a range after the other nodes; CiteSeer's range has holes (ids in the range
+    but not in the file), which get zero rows. Same two steps as Kipf & Welling's code.
+    """
+    sorted_index = np.sort(test_index)
+    lo, hi = int(sorted_index[0]), int(sorted_index[-1])
+    full_test = np.zeros((hi - lo + 1, test_part.shape[1]), dtype=np.float64)
+    full_test[sorted_index - lo] = test_part
+    stacked = np.concatenate([train_part, full_test])
+    # Row k now sits at the k-th smallest test id; the file lists ids unsorted: move it.
+    stacked[test_index] = stacked[sorted_index]
+    return stacked
+
+
+def _row_normalise(x: np.ndarray) -> FloatArray:
+    """Divide each row by its sum (zero rows stay zero), as float32."""
+    row_sum = np.asarray(x.sum(axis=1, keepdims=True), dtype=np.float64)
+    scale = np.divide(1.0, row_sum, out=np.zeros_like(row_sum), where=row_sum != 0)
+    return np.asarray(x * scale, dtype=np.float32)
+
+
+def _adjacency_to_edges(adjacency: Any, path: Path, num_nodes: int) -> IntArray:
+    """Directed edge list of a dict {node: [neighbours]}, before symmetrisation."""
+    if not isinstance(adjacency, dict):
+        raise DataError(f"{path} holds a {type(adjacency).__name__}, expected a dict of lists.")
+    heads = np.fromiter(adjacency.keys(), dtype=np.int64, count=len(adjacency))
+    lengths = np.fromiter((len(v) for v in adjacency.values()), dtype=np.int64, count=len(heads))
+    tails = np.fromiter(
+        (t for v in adjacency.values() for t in v), dtype=np.int64, count=int(lengths.sum())
+    )
+    edges = np.stack([np.repeat(heads, lengths), tails])
+    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
+        raise DataError(f"{path} references node ids outside 0..{num_nodes - 1}.")
+    return edges
+
+
+def _masks(num_nodes: int, num_train: int, test_index: IntArray) -> tuple[BoolArray, ...]:
+    """Kipf & Welling's split: first `num_train` nodes, next 500, and the test ids."""
+    train, val, test = (np.zeros(num_nodes, dtype=np.bool_) for _ in range(3))
+    train[:num_train] = True
+    val[num_train : num_train + _NUM_VAL] = True
+    test[test_index] = True
+    return train, val, test
+
+
+def load_planetoid(name: str, root: Path) -> Graph:
+    """Load Planetoid dataset `name` (`cora`, `citeseer` or `pubmed`) from `root`.
+
+    Args:
+        name: lower-case dataset name.
+        root: folder holding `ind.<name>.*` (`data.root`).
+
+    Returns:
+        The preprocessed graph.
+
+    Raises:
+        DataError: a file is missing, unreadable or inconsistent.
+    """
+    files = planetoid_files(name, root)
+    obj = {part: restricted_loads(files[part].read_bytes(), files[part]) for part in _PICKLED_PARTS}
+    test_index = _read_test_index(files["test.index"])
+    x = _stack_with_test(
+        _dense(obj["allx"], files["allx"]), _dense(obj["tx"], files["tx"]), test_index
+    )
+    onehot = _stack_with_test(
+        _dense(obj["ally"], files["ally"]), _dense(obj["ty"], files["ty"]), test_index
+    )
+    num_nodes = x.shape[0]
+    edges = _adjacency_to_edges(obj["graph"], files["graph"], num_nodes)
+    train, val, test = _masks(num_nodes, _dense(obj["y"], files["y"]).shape[0], test_index)
+    graph = Graph(
+        name=name,
+        edge_index_2E=symmetrize(edges, num_nodes),
+        x_NF=_row_normalise(x),
+        y_N=onehot.argmax(axis=1).astype(np.int64),
+        train_mask_N=train,
+        val_mask_N=val,
+        test_mask_N=test,
+        num_classes=int(onehot.shape[1]),
+    )
+    check_graph(graph)
+    return graph

@@ -1,0 +1,90 @@
+"""`leo partition` end to end, and every bad input rejected with one clear sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from leo_cli.cli.app import app
+
+runner = CliRunner()
+SMALL = ["--set", "data.synthetic.num_nodes=400", "--set", "data.synthetic.num_features=8"]
+
+
+def leo(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_clean_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in out + err
+    text = " ".join(err.split())
+    for needle in needles:
+        assert needle in text, (needle, err)
+
+
+def test_partition_writes_and_reuses(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, stdout, err = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
+    assert code == 0, err
+    meta = json.loads((out / "partitions" / "META.json").read_text())
+    assert meta["num_parts"] == 4 and len(meta["stats"]["halo_nodes"]) == 4
+    for key in ("edge_cut", "edge_cut_fraction", "balance", "replication_factor"):
+        assert key in meta["stats"]
+    assert (out / "resolved_config.yaml").is_file()
+    assert "edge cut" in stdout
+    code, stdout, _ = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
+    assert code == 0 and "Up to date" in stdout
+    code, stdout, _ = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4", "--force")
+    assert code == 0 and "Wrote" in stdout
+
+
+def test_checksum_mismatch_names_file(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert leo("partition", *SMALL, "--set", f"run.out_dir={out}")[0] == 0
+    victim = out / "partitions" / "part_0" / "x.npy"
+    victim.write_bytes(victim.read_bytes()[:-4] + b"\0\0\0\1")
+    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={out}")
+    assert_clean_error(code, o, e, "part_0/x.npy", "checksum", "--force")
+    assert leo("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--config", "missing.yaml"], ["missing.yaml", "does not exist"]),
+        (["--set", "train.lr=abc"], ["train.lr"]),
+        (["--set", "trian.lr=0.1"], ["trian", "Unknown config key"]),
+        (["--set", "partition.num_parts=-1"], ["partition.num_parts"]),
+        (["--set", "partition.num_parts=1000"], ["partition.num_parts=1000", "400 nodes"]),
+        (["--set", "data.name=imagenet"], ["data.name", "imagenet"]),
+        (["--set", "model.name=transformer"], ["model.name"]),
+        (["--set", "data.name=cora", "--set", "data.root=/nonexistent"], ["/nonexistent", "cora"]),
+    ],
+)
+def test_bad_input_is_one_clear_sentence(
+    tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    out = tmp_path / "run"
+    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={out}", *args)
+    assert_clean_error(code, o, e, *needles)
+    assert not (out / "partitions").exists()
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_unparsable_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: {name: x\n")
+    code, o, e = leo("partition", "--config", str(bad))
+    assert_clean_error(code, o, e, str(bad), "YAML")
+
+
+def test_help_explains_options() -> None:
+    code, out, _ = leo("partition", "--help")
+    assert code == 0
+    for opt in ("--config", "--set", "--num-parts", "--force"):
+        assert opt in out

@@ -1,0 +1,65 @@
+"""Config loading: precedence, overrides parsed as YAML, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leo_cli.config import dump_config, load_config
+from leo_cli.errors import ConfigError
+
+
+def test_defaults_yaml_set_precedence(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1.0e-3\n  num_epochs: 7\npartition:\n  num_parts: 3\n")
+    cfg = load_config(path, ["train.lr=0.5", "bench.modes=[leo,blocking]"])
+    assert cfg.train.lr == 0.5  # --set wins over YAML
+    assert cfg.train.num_epochs == 7  # YAML wins over defaults
+    assert cfg.partition.num_parts == 3
+    assert cfg.model.name == "gcn"  # default
+    assert cfg.bench.modes == ["leo", "blocking"]
+
+
+def test_dump_round_trips(tmp_path: Path) -> None:
+    cfg = load_config(None, ["data.synthetic.num_nodes=500", "pipeline.num_chunks=4"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["train.lr=abc"], "train.lr"),
+        (["train.lrr=0.1"], "train.lrr"),
+        (["partition.num_parts=-2"], "partition.num_parts"),
+        (["model.name=transformer"], "model.name"),
+        (["trainlr"], "dotted.key=value"),
+        (["train=3"], "train"),
+        (["pipeline.num_chunks=0"], "pipeline.num_chunks"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config(None, overrides)
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar)
+
+
+def test_shipped_configs_load() -> None:
+    root = Path(__file__).resolve().parents[2] / "configs"
+    for path in sorted(root.glob("*.yaml")):
+        assert path.read_text().startswith("# leo "), f"{path} must start with its command"
+        load_config(path)

@@ -1,0 +1,336 @@
+"""Dataset loaders: synthetic DC-SBM, Planetoid (real Cora + a generated fixture), OGB offline,
+.npz files, and the errors users see when files are missing or malformed."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import struct
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from leo_cli.config.schema import DataConfig, SyntheticConfig
+from leo_cli.errors import DataError
+from leo_cli.graph.datasets import load_dataset
+from leo_cli.graph.datasets.planetoid import restricted_loads
+from leo_cli.graph.types import Graph
+
+SMALL = SyntheticConfig(num_nodes=3000, avg_degree=12.0, num_classes=5, num_features=16)
+
+
+def edge_keys(g: Graph) -> np.ndarray:
+    src, dst = g.edge_index_2E
+    return np.sort(dst * g.num_nodes + src)
+
+
+def assert_clean(g: Graph) -> None:
+    """Symmetric, no self-loops, no duplicates, disjoint splits."""
+    src, dst = g.edge_index_2E
+    keys = edge_keys(g)
+    assert np.all(np.diff(keys) > 0), "duplicate edges"
+    assert np.array_equal(keys, np.sort(src * g.num_nodes + dst)), "not symmetric"
+    assert not np.any(src == dst), "self-loops"
+    masks = g.train_mask_N.astype(int) + g.val_mask_N + g.test_mask_N
+    assert masks.max() <= 1, "splits overlap"
+
+
+# --- synthetic -------------------------------------------------------------------------------
+
+
+def test_synthetic_is_deterministic() -> None:
+    cfg = DataConfig(synthetic=SMALL)
+    a, b, c = load_dataset(cfg, seed=1), load_dataset(cfg, seed=1), load_dataset(cfg, seed=2)
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != c.fingerprint()
+
+
+def test_synthetic_structure() -> None:
+    g = load_dataset(DataConfig(synthetic=SMALL), seed=0)
+    assert_clean(g)
+    assert (g.num_nodes, g.num_features, g.num_classes) == (3000, 16, 5)
+    assert g.x_NF.dtype == np.float32
+    assert 0.9 * 12.0 < g.num_edges / g.num_nodes <= 12.0  # merged duplicates cost a little
+    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (300, 300, 2400)
+    deg = g.degree()
+    assert deg.max() > 8 * deg.mean(), "power-law degrees should produce hubs"
+    assert np.median(deg) < deg.mean(), "degree distribution should be right-skewed"
+    src, dst = g.edge_index_2E
+    assert abs(np.mean(g.y_N[src] == g.y_N[dst]) - SMALL.homophily) < 0.03
+
+
+@pytest.mark.parametrize("homophily", [0.0, 1.0])
+def test_synthetic_homophily_extremes(homophily: float) -> None:
+    cfg = SMALL.model_copy(update={"homophily": homophily})
+    g = load_dataset(DataConfig(synthetic=cfg), seed=0)
+    src, dst = g.edge_index_2E
+    assert np.mean(g.y_N[src] == g.y_N[dst]) == homophily
+
+
+def test_unknown_name_lists_accepted_names() -> None:
+    with pytest.raises(DataError, match=r"data\.name = 'corra'.*`cora`.*`ogbn-arxiv`.*\.npz"):
+        load_dataset(DataConfig(name="corra"), seed=0)
+
+
+# --- Planetoid -------------------------------------------------------------------------------
+
+
+def test_cora_matches_the_published_statistics(planetoid_root: Path) -> None:
+    g = load_dataset(DataConfig(name="cora", root=planetoid_root), seed=0)
+    assert_clean(g)
+    assert (g.num_nodes, g.num_features, g.num_classes) == (2708, 1433, 7)
+    assert g.num_edges == 10556
+    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (140, 500, 1000)
+    assert np.array_equal(np.flatnonzero(g.train_mask_N), np.arange(140))
+    assert np.array_equal(np.bincount(g.y_N[g.train_mask_N]), [20] * 7)
+    assert np.allclose(g.x_NF.sum(axis=1), 1.0, atol=1e-5)
+
+
+class _Py2Pickler(pickle._Pickler):  # type: ignore[name-defined,misc]
+    """Writes bytes as Python 2 `str` opcodes, as the original Planetoid files have them."""
+
+    dispatch = dict(pickle._Pickler.dispatch)  # type: ignore[attr-defined]
+
+    def save_py2_str(self, obj: bytes) -> None:
+        if len(obj) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_py2_str
+
+
+def py2_pickle(obj: Any) -> bytes:
+    """`obj` pickled the way Python 2 with numpy 1 and scipy < 1.8 did."""
+    out = io.BytesIO()
+    _Py2Pickler(out, protocol=2).dump(obj)
+    data = out.getvalue()
+    for new, old in [
+        (b"numpy._core.multiarray\n_reconstruct", b"numpy.core.multiarray\n_reconstruct"),
+        (b"scipy.sparse._csr\ncsr_matrix", b"scipy.sparse.csr\ncsr_matrix"),
+    ]:
+        data = data.replace(new, old)
+    return data
+
+
+def write_planetoid(root: Path, name: str) -> dict[str, Any]:
+    """A Planetoid dataset: 4 train nodes, 506 others, test ids 510..513 with a hole at 511.
+
+    Over 500 non-test nodes, so that the standard 500 validation nodes miss the test ids.
+    """
+    rng = np.random.default_rng(0)
+    onehot = np.eye(3, dtype=np.int32)
+    ally_classes = np.arange(510) % 3  # nodes 0..509 (train = 0..3)
+    test_index = np.array([513, 510, 512])  # file order; id 511 has no node (CiteSeer's holes)
+    ty_classes = np.array([2, 1, 0])  # row k of tx/ty is node test_index[k]
+    allx = rng.random((510, 6)).astype(np.float32) + 0.1
+    tx = rng.random((3, 6)).astype(np.float32) + 0.1
+    graph: defaultdict[int, list[int]] = defaultdict(list)
+    for a, b in [(0, 1), (1, 2), (2, 3), (3, 0), (4, 5), (510, 512), (512, 513), (513, 9), (5, 5)]:
+        graph[a].append(b)
+    graph[1].append(0)  # listed twice: merged on load
+    parts = {
+        "x": sp.csr_matrix(allx[:4]),
+        "y": onehot[ally_classes[:4]],
+        "allx": sp.csr_matrix(allx),
+        "ally": onehot[ally_classes],
+        "tx": sp.csr_matrix(tx),
+        "ty": onehot[ty_classes],
+        "graph": graph,
+    }
+    for part, obj in parts.items():
+        (root / f"ind.{name}.{part}").write_bytes(py2_pickle(obj))
+    (root / f"ind.{name}.test.index").write_text("".join(f"{i}\n" for i in test_index))
+    return {"allx": allx, "tx": tx, "ally_classes": ally_classes, "ty_classes": ty_classes}
+
+
+def test_planetoid_fixture_with_test_id_holes(tmp_path: Path) -> None:
+    raw = write_planetoid(tmp_path, "citeseer")
+    g = load_dataset(DataConfig(name="citeseer", root=tmp_path), seed=0)
+    assert_clean(g)
+    assert (g.num_nodes, g.num_features, g.num_classes) == (514, 6, 3)
+    assert np.array_equal(np.flatnonzero(g.train_mask_N), np.arange(4))
+    assert np.array_equal(np.flatnonzero(g.val_mask_N), np.arange(4, 504))
+    assert np.array_equal(np.flatnonzero(g.test_mask_N), [510, 512, 513])
+    assert np.array_equal(g.y_N[:510], raw["ally_classes"])
+    assert np.array_equal(g.y_N[[513, 510, 512]], raw["ty_classes"])
+    assert np.allclose(g.x_NF[512], raw["tx"][2] / raw["tx"][2].sum())
+    assert np.allclose(g.x_NF[7], raw["allx"][7] / raw["allx"][7].sum())
+    assert not g.x_NF[511].any()  # the hole: a zero row
+    assert g.num_edges == 2 * 8
+
+
+def test_restricted_unpickler_refuses_os_system(tmp_path: Path) -> None:
+    evil = b"cos\nsystem\n(S'echo pwned'\ntR."
+    with pytest.raises(DataError, match=r"refusing to load `os\.system`"):
+        restricted_loads(evil, tmp_path / "evil")
+    write_planetoid(tmp_path, "cora")
+    (tmp_path / "ind.cora.graph").write_bytes(pickle.dumps(os.system, protocol=2))
+    with pytest.raises(DataError, match=r"ind\.cora\.graph.*refusing to load `posix\.system`"):
+        load_dataset(DataConfig(name="cora", root=tmp_path), seed=0)
+
+
+def test_planetoid_missing_file_names_it(tmp_path: Path) -> None:
+    write_planetoid(tmp_path, "pubmed")
+    (tmp_path / "ind.pubmed.ty").unlink()
+    with pytest.raises(DataError, match=r"ind\.pubmed\.ty is missing.*datasets/pubmed\.md"):
+        load_dataset(DataConfig(name="pubmed", root=tmp_path), seed=0)
+
+
+# --- OGB -------------------------------------------------------------------------------------
+
+
+def write_csv_gz(path: Path, rows: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = rows.reshape(len(rows), -1)
+    lines = "".join(",".join(str(v) for v in row) + "\n" for row in rows.tolist())
+    with gzip.open(path, "wt") as f:
+        f.write(lines)
+
+
+def write_ogb(root: Path, name: str, split: str, labels: np.ndarray) -> Path:
+    """A tiny OGB node-property folder as ogb downloads it (no RELEASE file, no processed/)."""
+    rng = np.random.default_rng(0)
+    num_nodes = labels.shape[0]
+    edges = rng.integers(0, num_nodes, size=(120, 2))
+    folder = root / name.replace("-", "_")
+    write_csv_gz(folder / "raw" / "edge.csv.gz", edges)
+    write_csv_gz(folder / "raw" / "num-node-list.csv.gz", np.array([num_nodes]))
+    write_csv_gz(folder / "raw" / "num-edge-list.csv.gz", np.array([len(edges)]))
+    write_csv_gz(folder / "raw" / "node-feat.csv.gz", rng.random((num_nodes, 4)).round(3))
+    write_csv_gz(folder / "raw" / "node-label.csv.gz", labels)
+    write_csv_gz(folder / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, num_nodes))
+    thirds = np.array_split(np.arange(num_nodes), 3)
+    for part, ids in zip(["train", "valid", "test"], thirds, strict=True):
+        write_csv_gz(folder / "split" / split / f"{part}.csv.gz", ids)
+    return folder
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the loader tried to reach the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+@pytest.mark.usefixtures("no_network")
+def test_ogb_arxiv_layout_loads_offline_twice(tmp_path: Path) -> None:
+    labels = np.arange(50) % 40
+    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", labels)
+    cfg = DataConfig(name="ogbn-arxiv", root=tmp_path)
+    env_before = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    g = load_dataset(cfg, seed=0)
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") == env_before
+    assert_clean(g)
+    assert (g.name, g.num_nodes, g.num_features, g.num_classes) == ("ogbn-arxiv", 50, 4, 40)
+    assert np.array_equal(g.y_N, labels)
+    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (17, 17, 16)
+    assert (folder / "RELEASE_v1.txt").is_file()
+    assert (folder / "processed" / "data_processed").is_file()
+    again = load_dataset(cfg, seed=0)  # now from ogb's torch-pickled cache
+    assert again.fingerprint() == g.fingerprint()
+
+
+@pytest.mark.usefixtures("no_network")
+def test_ogb_unlabelled_nodes_leave_the_splits(tmp_path: Path) -> None:
+    labels = (np.arange(30) % 47).astype(np.float64)
+    labels[[0, 20]] = np.nan  # node 0 is in train, node 20 in test
+    write_ogb(tmp_path, "ogbn-products", "sales_ranking", labels)
+    g = load_dataset(DataConfig(name="ogbn-products", root=tmp_path), seed=0)
+    assert g.y_N[0] == 0 and g.y_N[20] == 0
+    assert not g.train_mask_N[0] and not g.test_mask_N[20]
+    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (9, 10, 9)
+
+
+@pytest.mark.usefixtures("no_network")
+def test_ogb_missing_file_says_how_to_get_it(tmp_path: Path) -> None:
+    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(20) % 40)
+    (folder / "raw" / "node-feat.csv.gz").unlink()
+    with pytest.raises(DataError, match=r"raw/node-feat\.csv\.gz is missing.*datasets/ogbn\.md"):
+        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path), seed=0)
+    assert not (folder / "RELEASE_v1.txt").exists(), "nothing is written before the check"
+    folder = write_ogb(tmp_path / "b", "ogbn-arxiv", "time", np.arange(20) % 40)
+    (folder / "split" / "time" / "train.csv.gz").unlink()
+    with pytest.raises(DataError, match=r"split/time/train\.csv\.gz is missing"):
+        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path / "b"), seed=0)
+
+
+@pytest.mark.parametrize(("name", "message"), [("ogbn-mag", "heterogeneous"), ("ogbn-x", "use")])
+def test_ogb_unsupported_names(name: str, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        load_dataset(DataConfig(name=name), seed=0)
+
+
+# --- .npz ------------------------------------------------------------------------------------
+
+
+def graph_arrays(g: Graph) -> dict[str, np.ndarray]:
+    return {
+        "edge_index": g.edge_index_2E,
+        "x": g.x_NF,
+        "y": g.y_N,
+        "train_mask": g.train_mask_N,
+        "val_mask": g.val_mask_N,
+        "test_mask": g.test_mask_N,
+        "num_classes": np.array(g.num_classes),
+    }
+
+
+def test_npz_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = load_dataset(DataConfig(synthetic=SMALL.model_copy(update={"num_nodes": 200})), seed=0)
+    np.savez(tmp_path / "mine.npz", **graph_arrays(g))
+    monkeypatch.chdir(tmp_path)
+    back = load_dataset(DataConfig(name="mine.npz"), seed=0)
+    assert back.name == "mine"
+    for key, arr in graph_arrays(g).items():
+        assert np.array_equal(graph_arrays(back)[key], arr), key
+    one_way = graph_arrays(g) | {
+        "edge_index": g.edge_index_2E[:, g.edge_index_2E[0] < g.edge_index_2E[1]]
+    }
+    np.savez(tmp_path / "one_way.npz", **one_way)
+    assert np.array_equal(
+        load_dataset(DataConfig(name="one_way.npz"), 0).edge_index_2E, g.edge_index_2E
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"y": None}, r"key `y` is missing"),
+        ({"train_mask": np.zeros(7, dtype=bool)}, r"key `train_mask` has 7 entries"),
+        ({"val_mask": np.zeros(20, dtype=np.int8)}, r"key `val_mask` must be a bool array"),
+        ({"edge_index": np.array([[0, 1], [2, 20]])}, r"key `edge_index` holds node ids outside"),
+        ({"edge_index": np.zeros((3, 2), dtype=int)}, r"key `edge_index` has shape \(3, 2\)"),
+        ({"x": np.full((20, 3), np.nan)}, r"key `x` holds NaN"),
+        ({"num_classes": np.array(2)}, r"key `num_classes` must be an integer scalar >= max\(y\)"),
+        ({"x": np.array([object()] * 20, dtype=object)}, r"not a readable \.npz file"),
+    ],
+)
+def test_npz_errors_name_file_and_key(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    arrays: dict[str, Any] = {
+        "edge_index": np.array([[0, 1], [1, 2]]),
+        "x": np.ones((20, 3), dtype=np.float32),
+        "y": np.arange(20) % 4,
+        "train_mask": np.arange(20) < 10,
+        "val_mask": np.zeros(20, dtype=bool),
+        "test_mask": np.arange(20) >= 10,
+    }
+    arrays.update(change)
+    path = tmp_path / "bad.npz"
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    with pytest.raises(DataError, match=rf"bad\.npz.*{message}"):
+        load_dataset(DataConfig(name=str(path)), seed=0)
+
+
+def test_npz_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"nothing\.npz does not exist.*datasets/npz\.md"):
+        load_dataset(DataConfig(name=str(tmp_path / "nothing.npz")), seed=0)
