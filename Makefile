@@ -39,6 +39,7 @@ test: lint typecheck pytest
 test-gpu: install
 	$(VENV)/bin/leo compile
 	$(VENV)/bin/pytest -q -m "gpu or cuda_ext"
+	$(PY) -m leo_cli.kernels.bench_gpu
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from leo_cli.cli import compile as compile_cli
 from leo_cli.cli import partition
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("partition")(partition.partition_cmd)
+app.command("compile")(compile_cli.compile_cmd)
 
 
 def main() -> None:

@@ -18,10 +18,12 @@ from leo_cli.errors import ConfigError
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> LeoConfig:
     """Build the validated config from an optional YAML file and `--set` overrides."""
     tree: dict[str, Any] = read_yaml(path) if path is not None else {}
+    sources = {}
     for item in overrides or []:
         key, value = parse_override(item)
         set_dotted(tree, key, value)
-    return validate(tree, source=str(path) if path else "the built-in defaults")
+        sources[key] = f"--set {item}"
+    return validate(tree, str(path) if path else "the built-in defaults", sources)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -71,13 +73,15 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def validate(tree: dict[str, Any], source: str) -> LeoConfig:
-    """Validate a raw tree; the first problem becomes one sentence naming the key."""
+def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None = None) -> LeoConfig:
+    """Validate a raw tree; the first problem becomes one sentence naming the key and where
+    it came from (`sources` maps keys set by `--set` to that flag)."""
     try:
         return LeoConfig.model_validate(tree)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        source = (sources or {}).get(key, source)
         if err["type"] == "extra_forbidden":
             raise ConfigError(
                 f"Unknown config key {key!r} in {source}; check the spelling "

@@ -1,0 +1,141 @@
+"""Sparse kernels of LEO as torch custom ops, and the small API the models and comm code use.
+
+The ops (`ops.py`) are `leo::spmm_csr`, `leo::sddmm_csr`, `leo::gather_rows`,
+`leo::scatter_add_rows` and `leo::fused_aggregate`. Their default implementation is a pure
+PyTorch reference; when `leo_cli._C` (built by `leo compile` from cuda/) imports, CUDA kernels
+serve CUDA tensors (`backend.py`; `LEO_KERNELS=ref` forces the reference). Everything here is
+differentiable and traceable by `torch.compile(fullgraph=True)`.
+
+Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
+F features, N gathered or scattered rows.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from leo_cli.kernels import ops
+from leo_cli.kernels.backend import Backend, active_backend
+from leo_cli.kernels.csr import CSR
+
+__all__ = [
+    "CSR",
+    "Backend",
+    "active_backend",
+    "backend_name",
+    "fused_aggregate",
+    "gather_rows",
+    "scatter_add_rows",
+    "sddmm",
+    "spmm",
+]
+
+# Load the CUDA kernels (if built and wanted) before any op runs.
+active_backend()
+
+
+def _values_for(csr: CSR, x: Tensor) -> Tensor:
+    """The CSR's edge values in x's dtype (a differentiable cast when they differ)."""
+    return csr.values if csr.values.dtype == x.dtype else csr.values.to(x.dtype)
+
+
+def _check_operand(csr: CSR, x: Tensor, name: str) -> None:
+    if x.dim() != 2 or x.shape[0] != csr.num_cols:
+        raise ValueError(
+            f"{name} must have shape ({csr.num_cols}, F) for this CSR, got {tuple(x.shape)}"
+        )
+    if x.device != csr.device:
+        raise ValueError(f"{name} is on {x.device} but the CSR is on {csr.device}")
+
+
+def spmm(csr: CSR, x: Tensor) -> Tensor:
+    """out_RF = A @ x_CF: out[i] = sum over edges e of row i of values[e] * x[indices[e]].
+
+    Differentiable in x and in `csr.values` (when they require grad); the backward uses the
+    CSR's precomputed transpose.
+    """
+    _check_operand(csr, x, "x")
+    out_RF: Tensor = ops.spmm_csr(
+        csr.indptr,
+        csr.indices,
+        _values_for(csr, x),
+        x,
+        csr.t_indptr,
+        csr.t_indices,
+        csr.t_perm,
+        csr.num_rows,
+    )
+    return out_RF
+
+
+def sddmm(csr: CSR, a: Tensor, b: Tensor) -> Tensor:
+    """values_E[e] = <a[row(e)], b[col(e)]> for every edge of csr's pattern (a: R x F, b: C x F)."""
+    _check_operand(csr, b, "b")
+    if a.dim() != 2 or a.shape[0] != csr.num_rows:
+        raise ValueError(
+            f"a must have shape ({csr.num_rows}, F) for this CSR, got {tuple(a.shape)}"
+        )
+    values_E: Tensor = ops.sddmm_csr(
+        csr.indptr, csr.indices, a, b, csr.t_indptr, csr.t_indices, csr.t_perm
+    )
+    return values_E
+
+
+def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
+    """out_NF = x[idx] (packs send buffers); backward scatter-adds into x's rows."""
+    out_NF: Tensor = ops.gather_rows(x, idx)
+    return out_NF
+
+
+def scatter_add_rows(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
+    """out = zeros(num_rows, F) with out[idx[i]] += src[i] (unpacks halo gradients)."""
+    out: Tensor = ops.scatter_add_rows(src, idx, num_rows)
+    return out
+
+
+def fused_aggregate(local_csr: CSR, x_local: Tensor, remote_csr: CSR, x_remote: Tensor) -> Tensor:
+    """local_csr @ x_local + remote_csr @ x_remote in one op (one kernel on GPUs).
+
+    Args:
+        local_csr: edges whose sources are inner or cached rows, columns indexing x_local.
+        x_local: (C_local x F) inner + cached features.
+        remote_csr: edges read on demand, same rows as local_csr, columns indexing x_remote.
+        x_remote: (C_remote x F) features in another buffer (on GPUs possibly a peer's).
+
+    Returns:
+        (R x F) sums, differentiable in both feature matrices and both value arrays.
+    """
+    if remote_csr.num_rows != local_csr.num_rows:
+        raise ValueError(
+            "local and remote CSRs must have the same rows "
+            f"({local_csr.num_rows} vs {remote_csr.num_rows})"
+        )
+    _check_operand(local_csr, x_local, "x_local")
+    if x_remote.dim() != 2 or x_remote.shape[0] != remote_csr.num_cols:
+        raise ValueError(
+            f"x_remote must have shape ({remote_csr.num_cols}, F), got {tuple(x_remote.shape)}"
+        )
+    x_remote = x_remote if x_remote.dtype == x_local.dtype else x_remote.to(x_local.dtype)
+    out_RF: Tensor = ops.fused_aggregate(
+        local_csr.indptr,
+        local_csr.indices,
+        _values_for(local_csr, x_local),
+        x_local,
+        local_csr.t_indptr,
+        local_csr.t_indices,
+        local_csr.t_perm,
+        remote_csr.indptr,
+        remote_csr.indices,
+        _values_for(remote_csr, x_local),
+        x_remote,
+        remote_csr.t_indptr,
+        remote_csr.t_indices,
+        remote_csr.t_perm,
+        local_csr.num_rows,
+    )
+    return out_RF
+
+
+def backend_name() -> str:
+    """ "cuda" when leo_cli._C serves CUDA tensors, else "reference"."""
+    return active_backend().name

@@ -1,0 +1,306 @@
+"""`leo compile`: build the CUDA extension leo_cli._C from cuda/, and find sources and nvcc.
+
+`build_extension` runs a setuptools build (torch's `CUDAExtension`, in a subprocess) and copies
+the shared library into the package as `leo_cli/_C*.so`. It is skipped when a fingerprint of the
+sources, the torch and CUDA versions and the architecture list matches the last build. The
+compile-only check (`leo compile --check`, no GPU needed) lives in `check.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from leo_cli.errors import KernelError
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Outcome of `build_extension`: where the library is and whether it was rebuilt."""
+
+    path: Path
+    fingerprint: str
+    cached: bool
+    seconds: float
+    arch_list: str
+
+
+def package_dir() -> Path:
+    """The leo_cli package folder (where leo_cli/_C*.so goes)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def cuda_source_dir() -> Path:
+    """cuda/ beside the package (a repository checkout or editable install), or $LEO_CUDA_DIR.
+
+    Raises:
+        KernelError: the folder or its include/ and kernels/ subfolders are missing.
+    """
+    env = os.environ.get("LEO_CUDA_DIR")
+    cuda_dir = Path(env) if env else package_dir().parent / "cuda"
+    if not (cuda_dir / "include").is_dir() or not (cuda_dir / "kernels").is_dir():
+        raise KernelError(
+            f"CUDA sources not found at {cuda_dir} (need include/ and kernels/); `leo compile` "
+            "runs from a repository checkout (pip install -e .) or with LEO_CUDA_DIR set"
+        )
+    return cuda_dir
+
+
+def kernel_sources(cuda_dir: Path) -> list[Path]:
+    """cuda/kernels/*.cu, sorted. Raises KernelError when there are none."""
+    sources = sorted((cuda_dir / "kernels").glob("*.cu"))
+    if not sources:
+        raise KernelError(f"no .cu files in {cuda_dir / 'kernels'}")
+    return sources
+
+
+def binding_sources(cuda_dir: Path) -> list[Path]:
+    """cuda/binding/*.cpp and *.cu, sorted."""
+    folder = cuda_dir / "binding"
+    return sorted([*folder.glob("*.cpp"), *folder.glob("*.cu")])
+
+
+def _nvcc_candidates() -> list[Path]:
+    """Where nvcc may be, in order: $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, /usr/local/cuda/bin."""
+    candidates = [
+        Path(os.environ[var]) / "bin" / "nvcc"
+        for var in ("CUDA_HOME", "CUDA_PATH")
+        if os.environ.get(var)
+    ]
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(Path(on_path))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    return candidates
+
+
+def find_nvcc() -> Path:
+    """The first executable nvcc of `_nvcc_candidates`. Raises KernelError when there is none."""
+    for candidate in _nvcc_candidates():
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise KernelError(
+        "nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and /usr/local/cuda/bin); "
+        "install the CUDA toolkit or put nvcc on PATH"
+    )
+
+
+def cuda_include_dir(nvcc: Path) -> Path:
+    """The toolkit's include folder (cuda_runtime_api.h).
+
+    nvcc on PATH may be a wrapper script, so when the folder beside its real location lacks the
+    headers, nvcc's own dry run says where its include folder is.
+    """
+    beside = nvcc.resolve().parent.parent / "include"
+    if (beside / "cuda_runtime_api.h").is_file():
+        return beside
+    dry = [str(nvcc), "-dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull]
+    proc = subprocess.run(dry, capture_output=True, text=True, check=False)
+    for folder in re.findall(r'-I"?([^"\s]+)', proc.stdout + proc.stderr):
+        if (Path(folder) / "cuda_runtime_api.h").is_file():
+            return Path(folder).resolve()
+    return beside
+
+
+def torch_cuda_problem() -> str | None:
+    """None when this torch can build CUDA extensions, else why not."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None:
+        return "torch cannot find the CUDA toolkit (set CUDA_HOME)"
+    return None
+
+
+def arch_list() -> str:
+    """$TORCH_CUDA_ARCH_LIST, else the capabilities of the visible GPUs, e.g. "8.0;9.0".
+
+    Raises:
+        KernelError: neither is available.
+    """
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env and env != "native":
+        return env
+    caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    if not caps:
+        raise KernelError(
+            "no GPU visible to pick the CUDA architectures; set TORCH_CUDA_ARCH_LIST "
+            "(e.g. TORCH_CUDA_ARCH_LIST='8.0;9.0')"
+        )
+    return ";".join(f"{major}.{minor}" for major, minor in sorted(caps))
+
+
+def source_fingerprint(cuda_dir: Path, archs: str) -> str:
+    """sha256 of every file under include/, kernels/ and binding/ plus the build inputs."""
+    digest = hashlib.sha256()
+    for sub in ("include", "kernels", "binding"):
+        for path in sorted((cuda_dir / sub).rglob("*")):
+            if path.is_file():
+                relative = path.relative_to(cuda_dir).as_posix()
+                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    meta = f"torch={torch.__version__};cuda={torch.version.cuda};archs={archs};py={sys.version}"
+    digest.update(meta.encode())
+    return digest.hexdigest()
+
+
+def _tail(log: str, lines: int = 25) -> str:
+    return "\n".join(log.splitlines()[-lines:])
+
+
+def installed_extensions(pkg: Path) -> list[Path]:
+    """Built copies of leo_cli._C in the package folder."""
+    return sorted(p for p in pkg.glob("_C*") if p.suffix in (".so", ".pyd"))
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
+    """The installed library when the stamp says it was built from `fingerprint`, else None."""
+    if not stamp.is_file():
+        return None
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    for lib in installed_extensions(pkg):
+        same_inputs = recorded.get("fingerprint") == fingerprint
+        if same_inputs and recorded.get("library_sha256") == _file_sha256(lib):
+            return lib
+    return None
+
+
+def _setup_spec(cuda_dir: Path, build_root: Path) -> dict[str, object]:
+    """What the setuptools subprocess builds (absolute paths)."""
+    sources = [*kernel_sources(cuda_dir), *binding_sources(cuda_dir)]
+    return {
+        "sources": [str(s.resolve()) for s in sources],
+        "include": str((cuda_dir / "include").resolve()),
+        "build_lib": str((build_root / "lib").resolve()),
+        "build_temp": str((build_root / "temp").resolve()),
+    }
+
+
+def _run_setup(cuda_dir: Path, build_root: Path, archs: str, verbose: bool) -> None:
+    """Run the setuptools build in a subprocess (setuptools keeps global state); log to file."""
+    spec = json.dumps(_setup_spec(cuda_dir, build_root))
+    # The subprocess runs in build_root so setuptools does not read the project's pyproject.toml;
+    # PYTHONPATH keeps leo_cli importable there without an install.
+    python_path = os.pathsep.join(
+        filter(None, [str(package_dir().parent), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": archs, "PYTHONPATH": python_path}
+    cmd = [sys.executable, "-m", "leo_cli.kernels.build", "--setup", spec]
+    log_path = build_root / "build.log"
+    with log_path.open("w") as log:
+        out = None if verbose else log
+        proc = subprocess.run(
+            cmd, cwd=build_root, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+        )
+    if proc.returncode != 0:
+        detail = (
+            "" if verbose else f"; compiler output in {log_path}:\n{_tail(log_path.read_text())}"
+        )
+        raise KernelError(f"building leo_cli._C failed (exit {proc.returncode}){detail}")
+
+
+def _install(build_root: Path, pkg: Path) -> Path:
+    """Copy the built library into the package (atomically) and drop stale copies."""
+    built = sorted((build_root / "lib" / "leo_cli").glob("_C*.so"))
+    if not built:
+        raise KernelError(f"the build produced no _C*.so under {build_root / 'lib'}")
+    target = pkg / built[0].name
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copy2(built[0], tmp)
+    os.replace(tmp, target)
+    for stale in installed_extensions(pkg):
+        if stale != target:
+            stale.unlink()
+    return target
+
+
+def build_extension(
+    cuda_dir: Path,
+    *,
+    force: bool = False,
+    verbose: bool = False,
+    build_root: Path | None = None,
+) -> BuildResult:
+    """Build leo_cli._C unless an identical build is installed.
+
+    Args:
+        cuda_dir: the cuda/ source folder.
+        force: rebuild even when the fingerprint matches.
+        verbose: stream compiler output instead of logging it to build_root/build.log.
+        build_root: intermediate files (default: build/leo_ext beside cuda/; git-ignored).
+
+    Raises:
+        KernelError: torch has no CUDA, no architecture is known, or the build fails.
+    """
+    problem = torch_cuda_problem()
+    if problem is not None:
+        raise KernelError(
+            f"cannot build the CUDA extension: {problem}. Build it where torch has CUDA; here, "
+            "`leo compile --check` compiles the kernels with nvcc alone"
+        )
+    t0 = time.perf_counter()
+    archs = arch_list()
+    fingerprint = source_fingerprint(cuda_dir, archs)
+    root = build_root or cuda_dir.parent / "build" / "leo_ext"
+    stamp = root / "stamp.json"
+    pkg = package_dir()
+    current = None if force else _up_to_date(stamp, fingerprint, pkg)
+    if current is not None:
+        return BuildResult(current, fingerprint, True, time.perf_counter() - t0, archs)
+    root.mkdir(parents=True, exist_ok=True)
+    _run_setup(cuda_dir, root, archs, verbose)
+    lib = _install(root, pkg)
+    record = {"fingerprint": fingerprint, "library_sha256": _file_sha256(lib), "archs": archs}
+    stamp.write_text(json.dumps(record, indent=2))
+    return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, archs)
+
+
+def _setup_main(spec_json: str) -> None:
+    """Body of the build subprocess: setuptools + torch's CUDAExtension/BuildExtension."""
+    from setuptools import setup  # type: ignore[import-untyped]
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    spec = json.loads(spec_json)
+    extension = CUDAExtension(  # type: ignore[no-untyped-call]
+        name="leo_cli._C",
+        sources=spec["sources"],
+        include_dirs=[spec["include"]],
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
+    )
+    setup(
+        name="leo-cuda-kernels",
+        ext_modules=[extension],
+        cmdclass={"build_ext": BuildExtension},
+        script_args=[
+            "build_ext",
+            "--build-lib",
+            spec["build_lib"],
+            "--build-temp",
+            spec["build_temp"],
+        ],
+    )
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="leo_cli._C build subprocess (internal)")
+    parser.add_argument("--setup", required=True, help="JSON build spec")
+    _setup_main(parser.parse_args().setup)

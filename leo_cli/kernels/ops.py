@@ -1,0 +1,385 @@
+"""The leo:: custom ops: declarations, pure-PyTorch reference kernels, fake and autograd.
+
+Each op is declared once with `torch.library.custom_op`. Its body is the reference
+implementation: the CPU path, the path under `LEO_KERNELS=ref`, and the oracle the CUDA kernels
+are tested against. `leo_cli._C` (built from cuda/) registers kernels for the CUDA dispatch key
+of the same ops; the fake (shape) and autograd registrations below serve both backends.
+
+Low-precision features (float16, bfloat16) are accumulated in float32 and rounded once, as the
+CUDA kernels do. Outputs are always fresh tensors: custom ops may not alias their inputs.
+
+Backward passes call the ops themselves (never torch.sparse autograd), so the CUDA kernels serve
+the backward too and gradients are differentiable again (double backward works for features).
+
+Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
+F features, N gathered or scattered rows; (R+1) and (C+1) are pointer arrays.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from leo_cli.kernels.csr import inverse_permutation, row_of_edges
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_SDDMM_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 per temporary
+
+
+def _consume_beta_warning() -> None:
+    """Spend torch's once-per-process "CSR support is beta" warning here, silently.
+
+    Otherwise it lands in a user's first aggregation; what we use of CSR tensors is stable.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        empty = torch.zeros(1, dtype=torch.int64)
+        torch.sparse_csr_tensor(empty, empty[:0], torch.zeros(0), size=(0, 0))
+
+
+_consume_beta_warning()
+
+
+def _require(condition: bool, message: Callable[[], str]) -> None:
+    """torch._check (a guard fake tensors and torch.compile understand), typed."""
+    torch._check(condition, message)  # type: ignore[no-untyped-call]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def _csr_matmul(
+    indptr: Tensor, indices: Tensor, values_E: Tensor, x_CF: Tensor, num_rows: int
+) -> Tensor:
+    """A @ x in the compute dtype, with torch's CSR kernel (MKL on the CPU, cuSPARSE on GPUs)."""
+    dtype = _compute_dtype(x_CF.dtype)
+    adj = torch.sparse_csr_tensor(
+        indptr,
+        indices,
+        values_E.to(dtype),
+        size=(num_rows, x_CF.shape[0]),
+        dtype=dtype,
+        device=x_CF.device,
+        check_invariants=False,
+    )
+    # addmm with beta=0 into an uninitialised output (beta=0 ignores its contents, NaN
+    # included): torch.mm would zero a fresh output and copy it through addmm, ~25% slower.
+    out = torch.empty((num_rows, x_CF.shape[1]), dtype=dtype, device=x_CF.device)
+    torch.addmm(out, adj, x_CF.to(dtype), beta=0.0, out=out)
+    return out
+
+
+def _back_perm(t_perm: Tensor) -> Tensor:
+    """The `t_perm` argument for an SpMM over the transpose, called from a backward pass.
+
+    That SpMM's own transpose is the original matrix, whose edge order is the inverse of
+    t_perm. Only a double backward reads it, and only when grad mode is on inside the backward
+    (create_graph=True) can one follow; otherwise an empty tensor saves an O(E) scatter.
+    """
+    if torch.is_grad_enabled():
+        return inverse_permutation(t_perm)
+    return t_perm.new_empty(0)
+
+
+def _spmm_transposed(
+    indptr: Tensor,
+    indices: Tensor,
+    values_E: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    grad_RF: Tensor,
+) -> Tensor:
+    """A^T @ grad (C x F), with the precomputed transpose."""
+    num_cols = t_indptr.shape[0] - 1
+    t_values = values_E.index_select(0, t_perm)  # ~4x faster than values_E[t_perm] on CPU
+    grad_CF: Tensor = spmm_csr(
+        t_indptr, t_indices, t_values, grad_RF, indptr, indices, _back_perm(t_perm), num_cols
+    )
+    return grad_CF
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::spmm_csr — out_RF = A_RC @ x_CF
+
+
+@torch.library.custom_op("leo::spmm_csr", mutates_args=())
+def spmm_csr(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    num_rows: int,
+) -> Tensor:
+    """out[i] = sum over edges e of row i of values[e] * x[indices[e]]; (R x F).
+
+    The transpose arrays (see `CSR`) are only read by the backward pass.
+    """
+    _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
+    return _csr_matmul(indptr, indices, values, x, num_rows).to(x.dtype)
+
+
+@spmm_csr.register_fake
+def _spmm_csr_fake(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    num_rows: int,
+) -> Tensor:
+    _require(x.dim() == 2, lambda: "spmm_csr: x must be 2-D")
+    _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
+    return x.new_empty((num_rows, x.shape[1]))
+
+
+def _spmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    indptr, indices, values, x, t_indptr, t_indices, t_perm, _ = inputs
+    # x is only needed for the gradient of the edge values.
+    saved_x = x if ctx.needs_input_grad[2] else None
+    ctx.save_for_backward(indptr, indices, values, saved_x, t_indptr, t_indices, t_perm)
+
+
+def _spmm_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
+    indptr, indices, values, x, t_indptr, t_indices, t_perm = ctx.saved_tensors
+    grad_values = grad_x = None
+    if ctx.needs_input_grad[3]:
+        grad_x = _spmm_transposed(indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF)
+    if ctx.needs_input_grad[2]:
+        grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
+    return None, None, grad_values, grad_x, None, None, None, None
+
+
+spmm_csr.register_autograd(_spmm_backward, setup_context=_spmm_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::sddmm_csr — values_E[e] = <a_RF[row(e)], b_CF[col(e)]> (the gradient of edge values)
+
+
+@torch.library.custom_op("leo::sddmm_csr", mutates_args=())
+def sddmm_csr(
+    indptr: Tensor,
+    indices: Tensor,
+    a: Tensor,
+    b: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+) -> Tensor:
+    """Dot product of a's row and b's row at every edge of the pattern; (E)."""
+    dtype = _compute_dtype(a.dtype)
+    rows_E = row_of_edges(indptr)
+    out_E = torch.empty(indices.shape[0], dtype=dtype, device=a.device)
+    # Chunks bound the (chunk x F) temporaries. torch.sparse.sampled_addmm would avoid them but
+    # fails on patterns with more entries than the dense matrix (duplicates).
+    chunk = max(1, _SDDMM_CHUNK_ELEMENTS // max(1, a.shape[1]))
+    for start in range(0, indices.shape[0], chunk):
+        stop = min(start + chunk, indices.shape[0])
+        a_rows = a.index_select(0, rows_E[start:stop]).to(dtype)
+        b_rows = b.index_select(0, indices[start:stop]).to(dtype)
+        out_E[start:stop] = (a_rows * b_rows).sum(1)
+    return out_E.to(a.dtype)
+
+
+@sddmm_csr.register_fake
+def _sddmm_csr_fake(
+    indptr: Tensor,
+    indices: Tensor,
+    a: Tensor,
+    b: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+) -> Tensor:
+    _require(a.dim() == 2 and b.dim() == 2, lambda: "sddmm_csr: a and b must be 2-D")
+    return a.new_empty((indices.shape[0],))
+
+
+def _sddmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _sddmm_backward(ctx: Any, grad_E: Tensor) -> tuple[Tensor | None, ...]:
+    indptr, indices, a, b, t_indptr, t_indices, t_perm = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[2]:
+        grad_a = spmm_csr(indptr, indices, grad_E, b, t_indptr, t_indices, t_perm, a.shape[0])
+    if ctx.needs_input_grad[3]:
+        grad_b = _spmm_transposed(indptr, indices, grad_E, t_indptr, t_indices, t_perm, a)
+    return None, None, grad_a, grad_b, None, None, None
+
+
+sddmm_csr.register_autograd(_sddmm_backward, setup_context=_sddmm_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::gather_rows — out_NF = x[idx] (packs send buffers)
+
+
+@torch.library.custom_op("leo::gather_rows", mutates_args=())
+def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
+    """Rows idx of x; (N x F). Indices may repeat."""
+    return x.index_select(0, idx)
+
+
+@gather_rows.register_fake
+def _gather_rows_fake(x: Tensor, idx: Tensor) -> Tensor:
+    _require(x.dim() == 2 and idx.dim() == 1, lambda: "gather_rows: x 2-D, idx 1-D")
+    return x.new_empty((idx.shape[0], x.shape[1]))
+
+
+def _gather_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, idx = inputs
+    ctx.save_for_backward(idx)
+    ctx.num_rows = x.shape[0]
+
+
+def _gather_backward(ctx: Any, grad_NF: Tensor) -> tuple[Tensor | None, None]:
+    (idx,) = ctx.saved_tensors
+    return scatter_add_rows(grad_NF, idx, ctx.num_rows), None
+
+
+gather_rows.register_autograd(_gather_backward, setup_context=_gather_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::scatter_add_rows — out[idx[i]] += src[i] (unpacks halo gradients)
+
+
+@torch.library.custom_op("leo::scatter_add_rows", mutates_args=())
+def scatter_add_rows(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
+    """zeros(num_rows, F) with src's rows added at idx (repeated indices sum)."""
+    dtype = _compute_dtype(src.dtype)
+    out = torch.zeros((num_rows, src.shape[1]), dtype=dtype, device=src.device)
+    return out.index_add_(0, idx, src.to(dtype)).to(src.dtype)
+
+
+@scatter_add_rows.register_fake
+def _scatter_add_rows_fake(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
+    _require(src.dim() == 2 and idx.dim() == 1, lambda: "scatter_add_rows: src 2-D, idx 1-D")
+    return src.new_empty((num_rows, src.shape[1]))
+
+
+def _scatter_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    _, idx, _ = inputs
+    ctx.save_for_backward(idx)
+
+
+def _scatter_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, None, None]:
+    (idx,) = ctx.saved_tensors
+    return gather_rows(grad_RF, idx), None, None
+
+
+scatter_add_rows.register_autograd(_scatter_backward, setup_context=_scatter_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::fused_aggregate — out_RF = A_local @ x_local + A_remote @ x_remote
+
+
+@torch.library.custom_op("leo::fused_aggregate", mutates_args=())
+def fused_aggregate(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x_local: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    r_indptr: Tensor,
+    r_indices: Tensor,
+    r_values: Tensor,
+    x_remote: Tensor,
+    rt_indptr: Tensor,
+    rt_indices: Tensor,
+    rt_perm: Tensor,
+    num_rows: int,
+) -> Tensor:
+    """Aggregation over local columns (x_local) and remote columns (x_remote) in one op.
+
+    Both CSRs have num_rows rows; the r_ arrays index x_remote, which may be another
+    allocation (on GPUs a peer's buffer). The reference is two SpMMs summed in the compute
+    dtype; the CUDA kernel does it in one pass with warps specialised per side.
+    """
+    _check_fused_dtypes(values, x_local, r_values, x_remote)
+    out = _csr_matmul(indptr, indices, values, x_local, num_rows)
+    out += _csr_matmul(r_indptr, r_indices, r_values, x_remote, num_rows)
+    return out.to(x_local.dtype)
+
+
+def _check_fused_dtypes(
+    values: Tensor, x_local: Tensor, r_values: Tensor, x_remote: Tensor
+) -> None:
+    same = values.dtype == x_local.dtype == r_values.dtype == x_remote.dtype
+    _require(same, lambda: "fused_aggregate: values and features must share one dtype")
+
+
+@fused_aggregate.register_fake
+def _fused_aggregate_fake(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x_local: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    r_indptr: Tensor,
+    r_indices: Tensor,
+    r_values: Tensor,
+    x_remote: Tensor,
+    rt_indptr: Tensor,
+    rt_indices: Tensor,
+    rt_perm: Tensor,
+    num_rows: int,
+) -> Tensor:
+    _require(x_local.dim() == 2 and x_remote.dim() == 2, lambda: "fused_aggregate: 2-D features")
+    _require(x_local.shape[1] == x_remote.shape[1], lambda: "fused_aggregate: widths differ")
+    _check_fused_dtypes(values, x_local, r_values, x_remote)
+    return x_local.new_empty((num_rows, x_local.shape[1]))
+
+
+def _fused_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    local = list(inputs[0:7])
+    remote = list(inputs[7:14])
+    if not ctx.needs_input_grad[2]:
+        local[3] = None  # x_local: only the value gradient reads it
+    if not ctx.needs_input_grad[9]:
+        remote[3] = None
+    ctx.save_for_backward(*local, *remote)
+
+
+def _side_grads(
+    side: tuple[Tensor, ...], grad_RF: Tensor, need_values: bool, need_x: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """(grad of values, grad of x) of one side's SpMM."""
+    indptr, indices, values, x, t_indptr, t_indices, t_perm = side
+    grad_values = grad_x = None
+    if need_x:
+        grad_x = _spmm_transposed(indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF)
+    if need_values:
+        grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
+    return grad_values, grad_x
+
+
+def _fused_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
+    saved = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    gv_local, gx_local = _side_grads(saved[0:7], grad_RF, need[2], need[3])
+    gv_remote, gx_remote = _side_grads(saved[7:14], grad_RF, need[9], need[10])
+    local_grads = (None, None, gv_local, gx_local, None, None, None)
+    remote_grads = (None, None, gv_remote, gx_remote, None, None, None)
+    return (*local_grads, *remote_grads, None)  # the last None: num_rows
+
+
+fused_aggregate.register_autograd(_fused_backward, setup_context=_fused_setup_context)

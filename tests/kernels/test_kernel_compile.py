@@ -1,0 +1,204 @@
+"""`leo compile`: --check with nvcc, the host emulation of the kernels, caching and errors.
+
+The nvcc tests run where nvcc exists (no GPU needed) and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from leo_cli.cli.compile import compile_cmd
+from leo_cli.errors import KernelError
+from leo_cli.kernels import build, check
+from leo_cli.kernels.check import TORCH_NVCC_FLAGS
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+runner = CliRunner()
+
+
+def nvcc_or_skip() -> Path:
+    try:
+        return build.find_nvcc()
+    except KernelError as exc:
+        pytest.skip(f"needs nvcc to compile CUDA sources: {exc}")
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    app = typer.Typer()
+    app.command()(compile_cmd)
+    result = runner.invoke(app, list(args), env=env)
+    return result.exit_code, result.stdout + result.stderr
+
+
+def copy_cuda_tree(tmp_path: Path) -> Path:
+    target = tmp_path / "cuda"
+    shutil.copytree(CUDA_DIR, target)
+    return target
+
+
+def test_check_compiles_every_kernel_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> None:
+    nvcc_or_skip()
+    cuda_dir = copy_cuda_tree(tmp_path)
+    # An unused variable is only a warning; -Werror all-warnings must turn it into a FAIL.
+    broken = "__global__ void zz_broken(float* x) { int unused = 3; x[0] = 1.0f; }\n"
+    (cuda_dir / "kernels" / "zz_broken.cu").write_text(broken)
+    code, out = invoke("--check", env={"LEO_CUDA_DIR": str(cuda_dir)})
+    assert code == 2, out
+    for source in sorted(p.name for p in (CUDA_DIR / "kernels").glob("*.cu")):
+        for arch in ("sm_80", "sm_90"):
+            assert any(
+                source in line and arch in line and "OK" in line for line in out.splitlines()
+            ), (source, arch, out)
+    assert any("zz_broken.cu" in line and "FAIL" in line for line in out.splitlines()), out
+    assert "unused" in out  # the nvcc diagnostic is shown
+    assert "leo_binding.cpp" in out
+    assert not list(cuda_dir.rglob("*.o")), "check must not write objects into the tree"
+
+
+def test_check_passes_on_a_clean_tree(tmp_path: Path) -> None:
+    nvcc_or_skip()
+    cuda_dir = tmp_path / "cuda"
+    (cuda_dir / "include").mkdir(parents=True)
+    (cuda_dir / "kernels").mkdir()
+    (cuda_dir / "kernels" / "ok.cu").write_text("__global__ void ok(float* x) { x[0] = 1.0f; }\n")
+    code, out = invoke("--check", "--arch", "sm_90", env={"LEO_CUDA_DIR": str(cuda_dir)})
+    assert code == 0, out
+    assert "All 1 compilations passed" in out
+
+
+def test_host_emulation_of_kernels_matches_reference(tmp_path: Path) -> None:
+    """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
+    nvcc = nvcc_or_skip()
+    exe = tmp_path / "emulate"
+    source = CUDA_DIR / "tests" / "host_emulation.cu"
+    cmd = [
+        str(nvcc),
+        "-std=c++17",
+        "-O1",
+        *TORCH_NVCC_FLAGS,
+        "-I",
+        str(CUDA_DIR / "include"),
+        str(source),
+        "-o",
+        str(exe),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 failed" in result.stdout
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="torch here has CUDA")
+def test_build_without_cuda_torch_points_to_check() -> None:
+    code, out = invoke()
+    assert code == 2
+    assert "CPU-only" in out and "--check" in out
+
+
+def test_missing_cuda_sources_are_reported(tmp_path: Path) -> None:
+    code, out = invoke("--check", env={"LEO_CUDA_DIR": str(tmp_path / "nowhere")})
+    assert code == 2
+    assert "CUDA sources not found" in out
+
+
+def test_missing_nvcc_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "_nvcc_candidates", lambda: [])
+    code, out = invoke("--check")
+    assert code == 2
+    assert "nvcc not found" in out
+
+
+def test_help_explains_every_option() -> None:
+    code, out = invoke("--help")
+    assert code == 0
+    for option in ("--check", "--arch", "--force", "--jobs", "--verbose", "--config", "--set"):
+        assert option in out
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [("80", "80"), ("sm_90", "90"), ("9.0", "90"), ("90a", "90a")]
+)
+def test_normalize_arch(given: str, expected: str) -> None:
+    assert check.normalize_arch(given) == expected
+
+
+def test_normalize_arch_rejects_nonsense() -> None:
+    with pytest.raises(KernelError, match="not a CUDA architecture"):
+        check.normalize_arch("hopper")
+
+
+def test_fingerprint_follows_sources_and_arch_list(tmp_path: Path) -> None:
+    cuda_dir = copy_cuda_tree(tmp_path)
+    base = build.source_fingerprint(cuda_dir, "8.0;9.0")
+    assert build.source_fingerprint(cuda_dir, "8.0;9.0") == base
+    assert build.source_fingerprint(cuda_dir, "9.0") != base
+    with (cuda_dir / "kernels" / "spmm_csr.cu").open("a") as f:
+        f.write("// changed\n")
+    assert build.source_fingerprint(cuda_dir, "8.0;9.0") != base
+
+
+def test_up_to_date_needs_matching_fingerprint_and_library(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    lib = pkg / "_C.cpython-311-x86_64-linux-gnu.so"
+    lib.write_bytes(b"library")
+    stamp = tmp_path / "stamp.json"
+    record = {"fingerprint": "abc", "library_sha256": build._file_sha256(lib)}
+    stamp.write_text(__import__("json").dumps(record))
+    assert build._up_to_date(stamp, "abc", pkg) == lib
+    assert build._up_to_date(stamp, "other", pkg) is None
+    lib.write_bytes(b"replaced by hand")
+    assert build._up_to_date(stamp, "abc", pkg) is None
+
+
+def test_arch_list_respects_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    assert build.arch_list() == "8.0;9.0+PTX"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(KernelError, match="TORCH_CUDA_ARCH_LIST"):
+            build.arch_list()
+
+
+def test_cuda_include_dir_has_runtime_headers() -> None:
+    nvcc = nvcc_or_skip()
+    assert (build.cuda_include_dir(nvcc) / "cuda_runtime_api.h").is_file()
+    assert os.access(nvcc, os.X_OK)
+
+
+def test_build_installs_into_the_package_and_then_is_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build flow around setuptools: install, stamp, cache hit, --force (no compiler)."""
+    pkg = tmp_path / "leo_cli"
+    pkg.mkdir()
+    (pkg / "_C.old-abi.so").write_bytes(b"stale")
+    runs: list[Path] = []
+
+    def fake_setup(cuda_dir: Path, build_root: Path, archs: str, verbose: bool) -> None:
+        out = build_root / "lib" / "leo_cli"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"built for " + archs.encode())
+        runs.append(build_root)
+
+    monkeypatch.setattr(build, "torch_cuda_problem", lambda: None)
+    monkeypatch.setattr(build, "package_dir", lambda: pkg)
+    monkeypatch.setattr(build, "_run_setup", fake_setup)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    root = tmp_path / "build"
+    first = build.build_extension(CUDA_DIR, build_root=root)
+    assert not first.cached and first.path.parent == pkg and first.arch_list == "9.0"
+    assert [p.name for p in build.installed_extensions(pkg)] == [first.path.name]
+    assert build.build_extension(CUDA_DIR, build_root=root).cached
+    assert not build.build_extension(CUDA_DIR, build_root=root, force=True).cached
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert not build.build_extension(CUDA_DIR, build_root=root).cached
+    assert len(runs) == 3

@@ -1,0 +1,329 @@
+"""The leo:: ops on the reference path: dense parity, opcheck, gradcheck, torch.compile, API.
+
+Graphs are small and random, with the shapes that break sparse kernels: empty rows, one huge
+row, duplicate (row, column) pairs, int32 and int64 indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.errors import KernelError
+from leo_cli.kernels import ops
+from leo_cli.kernels.backend import select_backend
+from leo_cli.kernels.synthetic import random_csr, split_local_remote
+
+KINDS = {
+    "empty_rows": {"empty_fraction": 0.4},
+    "huge_row": {"huge_row_degree": 60},
+    "duplicates": {"duplicate_fraction": 0.4},
+}
+INDEX_DTYPES = [torch.int32, torch.int64]
+
+
+def make_csr(
+    kind: str, index_dtype: torch.dtype, dtype: torch.dtype = torch.float64, seed: int = 0
+) -> kernels.CSR:
+    return random_csr(11, 8, 30, seed=seed, index_dtype=index_dtype, dtype=dtype, **KINDS[kind])
+
+
+def features(rows: int, width: int, dtype: torch.dtype = torch.float64, seed: int = 1) -> Tensor:
+    return torch.randn(rows, width, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def op_args(csr: kernels.CSR, x: Tensor) -> tuple[Any, ...]:
+    return (
+        csr.indptr,
+        csr.indices,
+        csr.values,
+        x,
+        csr.t_indptr,
+        csr.t_indices,
+        csr.t_perm,
+        csr.num_rows,
+    )
+
+
+graph_cases = pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=["int32", "int64"])
+kind_cases = pytest.mark.parametrize("kind", sorted(KINDS))
+
+
+# --- CSR ---------------------------------------------------------------------------------------
+
+
+@kind_cases
+@graph_cases
+def test_transpose_matches_dense(kind: str, index_dtype: torch.dtype) -> None:
+    csr = make_csr(kind, index_dtype)
+    assert csr.indices.dtype == csr.t_indices.dtype == index_dtype
+    assert torch.equal(csr.transpose().to_dense(), csr.to_dense().T)
+    assert torch.equal(csr.transpose().transpose().to_dense(), csr.to_dense())
+
+
+def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
+    indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
+    assert kernels.CSR.from_arrays(indptr, indices, num_cols=2).indices.dtype == torch.int32
+    kept = kernels.CSR.from_arrays(indptr, indices, num_cols=2, index_dtype=torch.int64)
+    assert kept.indptr.dtype == kept.t_indptr.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("indptr", "indices", "values", "match"),
+    [
+        ([0, 2, 1, 3], [0, 1, 2], None, "non-decreasing"),
+        ([1, 2, 3], [0, 1], None, "start at 0"),
+        ([0, 1, 2], [0, 5], None, r"lie in \[0, 3\)"),
+        ([0, 1, 2], [0, 1], [1.0], "values"),
+    ],
+)
+def test_invalid_csr_is_refused(
+    indptr: list[int], indices: list[int], values: list[float] | None, match: str
+) -> None:
+    vals = None if values is None else torch.tensor(values)
+    with pytest.raises(KernelError, match=match):
+        kernels.CSR.from_arrays(torch.tensor(indptr), torch.tensor(indices), vals, num_cols=3)
+
+
+def test_float_indices_are_refused() -> None:
+    with pytest.raises(KernelError, match="int32 or int64"):
+        kernels.CSR.from_arrays(torch.tensor([0.0, 1.0]), torch.tensor([0]), num_cols=1)
+
+
+# --- spmm --------------------------------------------------------------------------------------
+
+
+@kind_cases
+@graph_cases
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_matches_dense(kind: str, index_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    csr = make_csr(kind, index_dtype, dtype)
+    x = features(csr.num_cols, 5, dtype)
+    expected = csr.to_dense().double() @ x.double()
+    torch.testing.assert_close(kernels.spmm(csr, x).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@kind_cases
+@graph_cases
+def test_spmm_gradcheck(kind: str, index_dtype: torch.dtype) -> None:
+    csr = make_csr(kind, index_dtype)
+    values = csr.values.clone().requires_grad_()
+    x = features(csr.num_cols, 3).requires_grad_()
+    fn = lambda v, x: kernels.spmm(csr.with_values(v), x)  # noqa: E731
+    # Full Jacobians once (int64); random projections elsewhere keep the suite fast.
+    assert torch.autograd.gradcheck(fn, (values, x), fast_mode=index_dtype == torch.int32)
+
+
+def test_spmm_gradgradcheck() -> None:
+    csr = make_csr("duplicates", torch.int32)
+    values = csr.values.clone().requires_grad_()
+    x = features(csr.num_cols, 3).requires_grad_()
+    fn = lambda v, x: kernels.spmm(csr.with_values(v), x)  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, (values, x), fast_mode=True)
+
+
+def test_spmm_edge_cases_no_edges_no_rows_no_width() -> None:
+    empty = kernels.CSR.from_arrays(
+        torch.zeros(4, dtype=torch.long), torch.zeros(0, dtype=torch.long), num_cols=2
+    )
+    assert torch.equal(kernels.spmm(empty, torch.ones(2, 3)), torch.zeros(3, 3))
+    no_rows = kernels.CSR.from_arrays(
+        torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long), num_cols=2
+    )
+    assert kernels.spmm(no_rows, torch.ones(2, 3)).shape == (0, 3)
+    csr = make_csr("huge_row", torch.int64, torch.float32)
+    assert kernels.spmm(csr, torch.ones(csr.num_cols, 0)).shape == (csr.num_rows, 0)
+
+
+def test_spmm_casts_values_to_feature_dtype_and_keeps_their_gradient() -> None:
+    csr = make_csr("duplicates", torch.int64, torch.float32)
+    values = csr.values.clone().requires_grad_()
+    out = kernels.spmm(csr.with_values(values), features(csr.num_cols, 4, torch.float64))
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    assert values.grad is not None and values.grad.dtype == torch.float32
+
+
+def test_spmm_bfloat16_accumulates_in_float32() -> None:
+    csr = random_csr(40, 30, 2000, seed=3, dtype=torch.bfloat16, huge_row_degree=500)
+    x = features(csr.num_cols, 16, torch.bfloat16)
+    exact = csr.with_values(csr.values.double()).to_dense() @ x.double()
+    out = kernels.spmm(csr, x)
+    assert out.dtype == torch.bfloat16
+    # One rounding to bfloat16 (relative 2**-8) plus float32 accumulation error.
+    torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-4)
+
+
+def test_spmm_rejects_mismatched_operand() -> None:
+    csr = make_csr("empty_rows", torch.int64)
+    with pytest.raises(ValueError, match="shape"):
+        kernels.spmm(csr, features(csr.num_cols + 1, 2))
+
+
+def test_spmm_traces_under_torch_compile_fullgraph() -> None:
+    csr = make_csr("huge_row", torch.int32, torch.float32)
+    x = features(csr.num_cols, 4, torch.float32).requires_grad_()
+    compiled = torch.compile(
+        lambda x: kernels.spmm(csr, x).relu(), fullgraph=True, backend="aot_eager"
+    )
+    out = compiled(x)
+    out.sum().backward()
+    assert x.grad is not None
+    grad_compiled = x.grad.clone()
+    x.grad = None
+    kernels.spmm(csr, x).relu().sum().backward()
+    torch.testing.assert_close(out, kernels.spmm(csr, x).relu())
+    torch.testing.assert_close(grad_compiled, x.grad)
+
+
+# --- sddmm, gather, scatter ----------------------------------------------------------------
+
+
+@graph_cases
+def test_sddmm_matches_edge_dot_products_and_gradchecks(index_dtype: torch.dtype) -> None:
+    csr = make_csr("duplicates", index_dtype)
+    a = features(csr.num_rows, 3, seed=4).requires_grad_()
+    b = features(csr.num_cols, 3, seed=5).requires_grad_()
+    rows = torch.repeat_interleave(
+        torch.arange(csr.num_rows), (csr.indptr[1:] - csr.indptr[:-1]).long()
+    )
+    expected = (a[rows] * b[csr.indices.long()]).sum(1)
+    torch.testing.assert_close(kernels.sddmm(csr, a, b), expected)
+    assert torch.autograd.gradcheck(lambda a, b: kernels.sddmm(csr, a, b), (a, b), fast_mode=True)
+
+
+@graph_cases
+def test_gather_and_scatter_add_rows(index_dtype: torch.dtype) -> None:
+    x = features(6, 3).requires_grad_()
+    idx = torch.tensor([5, 0, 0, 3, 5, 5], dtype=index_dtype)  # repeats sum in the backward
+    torch.testing.assert_close(kernels.gather_rows(x, idx), x[idx.long()])
+    expected = torch.zeros(7, 3, dtype=torch.float64).index_add_(0, idx.long(), x)
+    torch.testing.assert_close(kernels.scatter_add_rows(x, idx, 7), expected)
+    assert torch.autograd.gradcheck(lambda x: kernels.gather_rows(x, idx), (x,))
+    assert torch.autograd.gradcheck(lambda x: kernels.scatter_add_rows(x, idx, 7), (x,))
+
+
+def test_scatter_add_rows_bfloat16_sums_in_float32() -> None:
+    src = torch.full((256, 2), 1.0 / 256, dtype=torch.bfloat16)
+    out = kernels.scatter_add_rows(src, torch.zeros(256, dtype=torch.long), 1)
+    # Summing in bfloat16 would stall below 1.0; float32 sums reach it exactly.
+    assert torch.equal(out, torch.ones(1, 2, dtype=torch.bfloat16))
+
+
+# --- fused aggregation -------------------------------------------------------------------------
+
+
+@kind_cases
+@graph_cases
+def test_fused_aggregate_equals_spmm_over_all_columns(kind: str, index_dtype: torch.dtype) -> None:
+    csr = make_csr(kind, index_dtype)
+    local, remote = split_local_remote(csr, num_local_cols=5)
+    x = features(csr.num_cols, 3)
+    x_local, x_remote = x[:5].clone().requires_grad_(), x[5:].clone().requires_grad_()
+    out = kernels.fused_aggregate(local, x_local, remote, x_remote)
+    torch.testing.assert_close(out, kernels.spmm(csr, x))
+    fn = lambda xl, xr, vl, vr: kernels.fused_aggregate(  # noqa: E731
+        local.with_values(vl), xl, remote.with_values(vr), xr
+    )
+    vl, vr = local.values.clone().requires_grad_(), remote.values.clone().requires_grad_()
+    assert torch.autograd.gradcheck(fn, (x_local, x_remote, vl, vr), fast_mode=True)
+
+
+@pytest.mark.parametrize("cut", [0, 8])
+def test_fused_aggregate_with_one_side_empty(cut: int) -> None:
+    csr = make_csr("duplicates", torch.int32)
+    local, remote = split_local_remote(csr, num_local_cols=cut)
+    x = features(csr.num_cols, 3)
+    out = kernels.fused_aggregate(local, x[:cut], remote, x[cut:])
+    torch.testing.assert_close(out, kernels.spmm(csr, x))
+
+
+def test_fused_aggregate_rejects_different_rows() -> None:
+    a, b = make_csr("duplicates", torch.int64), random_csr(5, 4, 10)
+    with pytest.raises(ValueError, match="same rows"):
+        kernels.fused_aggregate(a, features(a.num_cols, 2), b, features(b.num_cols, 2))
+
+
+# --- opcheck -----------------------------------------------------------------------------------
+
+
+def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]]:
+    csr = make_csr("huge_row", index_dtype, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=5)
+    x = features(csr.num_cols, 3, torch.float32).requires_grad_()
+    xl, xr = x[:5].detach().requires_grad_(), x[5:].detach().requires_grad_()
+    values = csr.values.clone().requires_grad_()
+    a = features(csr.num_rows, 3, torch.float32).requires_grad_()
+    idx = torch.tensor([2, 0, 2, 7], dtype=index_dtype)
+    spmm_args = (
+        csr.indptr,
+        csr.indices,
+        values,
+        x,
+        csr.t_indptr,
+        csr.t_indices,
+        csr.t_perm,
+        csr.num_rows,
+    )
+    local_args = (
+        local.indptr,
+        local.indices,
+        local.values,
+        xl,
+        local.t_indptr,
+        local.t_indices,
+        local.t_perm,
+    )
+    remote_args = (
+        remote.indptr,
+        remote.indices,
+        remote.values,
+        xr,
+        remote.t_indptr,
+        remote.t_indices,
+        remote.t_perm,
+    )
+    return [
+        (ops.spmm_csr, spmm_args),
+        (ops.sddmm_csr, (csr.indptr, csr.indices, a, x, csr.t_indptr, csr.t_indices, csr.t_perm)),
+        (ops.gather_rows, (x, idx)),
+        (ops.scatter_add_rows, (a[:4], idx, 9)),
+        (ops.fused_aggregate, (*local_args, *remote_args, csr.num_rows)),
+    ]
+
+
+@graph_cases
+def test_opcheck_every_op(index_dtype: torch.dtype) -> None:
+    for op, args in _opcheck_cases(index_dtype):
+        torch.library.opcheck(op, args)
+
+
+# --- backend selection -------------------------------------------------------------------------
+
+
+def test_backend_ref_forces_reference() -> None:
+    backend = select_backend({"LEO_KERNELS": "ref"})
+    assert backend.name == "reference" and "LEO_KERNELS=ref" in backend.reason
+
+
+def test_backend_rejects_unknown_value() -> None:
+    with pytest.raises(KernelError, match="auto, ref, cuda"):
+        select_backend({"LEO_KERNELS": "fast"})
+
+
+def test_backend_without_extension_falls_back_or_fails_when_forced() -> None:
+    if select_backend({}).name == "cuda":
+        pytest.skip("leo_cli._C is built and loads here")
+    assert "leo_cli._C" in select_backend({"LEO_KERNELS": "auto"}).reason
+    with pytest.raises(KernelError, match="LEO_KERNELS=cuda"):
+        select_backend({"LEO_KERNELS": "cuda"})
+
+
+def test_csr_to_device_keeps_structure() -> None:
+    csr = make_csr("empty_rows", torch.int32)
+    moved = csr.to("cpu")
+    assert moved.num_rows == csr.num_rows and torch.equal(moved.t_perm, csr.t_perm)
