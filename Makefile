@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/leo partition
+	$(VENV)/bin/leo train
 
 lint: install
 	$(VENV)/bin/ruff check leo_cli tests

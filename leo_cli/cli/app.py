@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from leo_cli.cli import compile as compile_cli
-from leo_cli.cli import partition
+from leo_cli.cli import partition, train
 
 app = typer.Typer(
     name="leo",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("partition")(partition.partition_cmd)
+app.command("train")(train.train_cmd)
 app.command("compile")(compile_cli.compile_cmd)
 
 

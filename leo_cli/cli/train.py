@@ -1,0 +1,103 @@
+"""`leo train`: partition if needed, start torchrun workers, follow progress, print results."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.render import stage_progress
+from leo_cli.train.launcher import prepare, run_workers
+from leo_cli.train.metrics import read_json, read_metrics
+
+
+def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
+    """Show rank 0's metrics.jsonl as a progress bar until `stop` is set."""
+    columns = (
+        TextColumn("epoch"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=num_epochs, info="starting workers...")
+        while True:
+            rows = read_metrics(run_dir)
+            if rows:
+                last = rows[-1]
+                info = f"loss {last['loss']:.4f}"
+                if "val_acc" in last:
+                    info += f"  val {last['val_acc']:.3f}"
+                progress.update(task, completed=last["epoch"], info=info)
+            if stop.wait(0.5):
+                break
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="training summary", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.2f}%"
+
+    rows = [
+        ("mode / workers", f"{summary['mode']} / {summary['world_size']}"),
+        ("epochs", str(summary["num_epochs"])),
+        ("best val acc (epoch)", f"{pct(summary['best_val_acc'])} ({summary['best_epoch']})"),
+        ("test acc at best val", pct(summary["test_acc"])),
+        ("final loss", f"{summary['final_loss']:.5f}"),
+        (
+            "mean epoch time (warm)",
+            f"{summary['mean_epoch_time_s']:.4f} s"
+            if summary["mean_epoch_time_s"] is not None
+            else "-",
+        ),
+        ("communication", f"{summary['total_comm_bytes'] / 2**20:.2f} MiB"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+@handle_errors
+def train_cmd(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in run.out_dir from its latest "
+            "checkpoint, appending to metrics.jsonl.",
+        ),
+    ] = False,
+) -> None:
+    """Train on the partitions with one torchrun worker per part (partitions first if needed).
+
+    Writes metrics.jsonl, summary.json, curves.png and checkpoints/ into run.out_dir.
+    """
+    cfg = resolve_config(config, overrides)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    stop = threading.Event()
+    follower = threading.Thread(
+        target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop), daemon=True
+    )
+    try:
+        with stage_progress() as progress:
+            prepare(cfg, resume, progress)
+        follower.start()
+        run_workers(cfg, run_dir, resume)
+    finally:
+        stop.set()
+        if follower.is_alive():
+            follower.join()
+    if cfg.launch.node_rank == 0:
+        console.print(summary_table(read_json(run_dir / "summary.json")))
+        console.print(f"Run folder: {run_dir}")

@@ -1,0 +1,73 @@
+"""Dropout whose mask depends on (seed, epoch, layer, global node id, column), not on the worker.
+
+A counter-based generator (splitmix64 over int64 tensors) gives every entry of the matrix its
+own random number, so P = 1, 2, 4 workers drop exactly the same entries and produce the same
+numbers. Legend: N rows (nodes), F columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # int64 views of the splitmix64 constants
+_MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MUL2 = 0x94D049BB133111EB - (1 << 64)
+_FMIX1 = 0x85EBCA6B - (1 << 32)  # int32 views of murmur3 constants
+_FMIX2 = 0xC2B2AE35 - (1 << 32)
+_COL_SALT = 0x5851F42D4C957F2D
+_CHUNK_ROWS = 1 << 15  # bounds the int64 temporaries to a few MB per chunk
+
+
+def _shr(z: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 (torch's `>>` is arithmetic, so mask the sign bits)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(z: Tensor) -> Tensor:
+    """The splitmix64 finaliser, elementwise; int64 multiplication wraps like uint64."""
+    z = z + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def stream_key(seed: int, epoch: int, layer: int) -> int:
+    """One int64 key per (seed, epoch, layer)."""
+    z = splitmix64(torch.tensor([seed * 1_000_003 + epoch * 7919 + layer], dtype=torch.int64))
+    return int(z.item())
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    """murmur3's 32-bit finaliser on int32 (multiplication wraps like uint32)."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _FMIX1
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * _FMIX2
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
+    """Boolean [N, F] mask: entry (i, j) kept with probability 1-p, keyed by (key, ids_N[i], j).
+
+    Rows and columns are hashed once with splitmix64; each entry then costs one 32-bit
+    finaliser over their xor, which keeps dropout cheap next to the aggregation it precedes.
+    """
+    row_N = (splitmix64(ids_N.to(torch.int64) ^ key) & 0x7FFFFFFF).to(torch.int32)
+    cols = torch.arange(num_cols, dtype=torch.int64, device=ids_N.device)
+    col_F = (splitmix64(cols + _COL_SALT) & 0x7FFFFFFF).to(torch.int32)
+    bits = (_fmix32(row_N.unsqueeze(1) ^ col_F) >> 8) & 0xFFFFFF  # 24 uniform bits
+    return bits >= int(p * (1 << 24))
+
+
+def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
+    """Inverted dropout with a mask that only depends on global row ids and the key."""
+    if p == 0.0:
+        return x_NF
+    scale = 1.0 / (1.0 - p)
+    masks = [
+        keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
+        for s in range(0, ids_N.shape[0], _CHUNK_ROWS)
+    ]
+    mask_NF = torch.cat(masks) if masks else torch.zeros_like(x_NF, dtype=torch.bool)
+    return x_NF * mask_NF.to(x_NF.dtype) * scale

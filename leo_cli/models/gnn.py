@@ -1,0 +1,40 @@
+"""The GNN: a stack of one conv type with counter-based dropout before each layer."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from leo_cli.config.schema import ModelConfig
+from leo_cli.models.dropout import counter_dropout, stream_key
+from leo_cli.models.graph import LocalGraph
+from leo_cli.models.layers import CONVS
+
+
+class GNN(nn.Module):
+    """`num_layers` convs, ReLU between them, dropout on every layer's input."""
+
+    def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        conv = CONVS[cfg.name]
+        widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
+        self.convs = nn.ModuleList(conv(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.dropout = cfg.dropout
+
+    def forward(self, x_NF: Tensor, g: LocalGraph, seed: int = 0, epoch: int = 0) -> Tensor:
+        """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id)."""
+        h = x_NF
+        for layer, conv in enumerate(self.convs):
+            if self.training and self.dropout > 0:
+                h = counter_dropout(h, g.global_ids_N, self.dropout, stream_key(seed, epoch, layer))
+            h = conv(h, g)
+            if layer < len(self.convs) - 1:
+                h = torch.relu(h)
+        return h
+
+
+def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, seed: int) -> GNN:
+    """Same seed => same initial weights on every worker."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GNN(cfg, in_channels, out_channels)

@@ -1,0 +1,193 @@
+"""The parent side of `leo train`: prepare the run folder, start workers with torch's elastic
+launcher (what torchrun uses), follow rank 0's metrics, and turn failures into clear errors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from leo_cli.config import LeoConfig, load_config, write_resolved
+from leo_cli.errors import ConfigError, TrainError
+from leo_cli.graph.layout import ProgressFn
+from leo_cli.graph.stage import ensure_partitions, partition_dir
+from leo_cli.graph.storage import META, read_meta
+from leo_cli.train import metrics as run_files
+
+IMPLEMENTED_MODES = ("blocking",)
+# Keys that may change when resuming; anything else must match the run folder.
+RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every"}
+RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
+
+StartFn = Callable[[], None]
+
+
+def check_supported(cfg: LeoConfig) -> None:
+    if cfg.pipeline.mode not in IMPLEMENTED_MODES:
+        raise ConfigError(
+            f"pipeline.mode={cfg.pipeline.mode!r} is not implemented yet; use "
+            f"pipeline.mode=blocking (available: {', '.join(IMPLEMENTED_MODES)})."
+        )
+
+
+def workers_per_node(cfg: LeoConfig) -> int:
+    """launch.nproc, defaulting to num_parts / nnodes; every part needs exactly one worker."""
+    lc, parts = cfg.launch, cfg.partition.num_parts
+    nproc = lc.nproc if lc.nproc is not None else parts // lc.nnodes
+    if nproc * lc.nnodes != parts:
+        raise ConfigError(
+            f"launch.nproc={nproc} x launch.nnodes={lc.nnodes} workers do not match "
+            f"partition.num_parts={parts}; each worker trains one part."
+        )
+    if lc.node_rank >= lc.nnodes:
+        raise ConfigError(
+            f"launch.node_rank={lc.node_rank} must be below launch.nnodes={lc.nnodes}."
+        )
+    if lc.nnodes > 1 and lc.master_port == 0:
+        raise ConfigError("launch.master_port must be set (non-zero) when launch.nnodes > 1.")
+    return nproc
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+def check_resumable(cfg: LeoConfig, run_dir: Path) -> None:
+    """A resumed run must use the settings its checkpoints were trained with."""
+    saved_path = run_dir / "resolved_config.yaml"
+    if not saved_path.is_file():
+        raise ConfigError(f"Cannot resume: {saved_path} does not exist; start without --resume.")
+    saved = flat(load_config(saved_path).model_dump(mode="json"))
+    new = flat(cfg.model_dump(mode="json"))
+    for key in sorted(saved):
+        if key.startswith(("launch.", "run.name", "run.out_dir", "bench.")) or key in RESUMABLE:
+            continue
+        if saved[key] != new.get(key):
+            raise ConfigError(
+                f"Cannot resume {run_dir}: {key} was {saved[key]!r} there but is {new.get(key)!r} "
+                f"now; use the run's settings or a new run.out_dir."
+            )
+
+
+def clear_run_files(run_dir: Path) -> None:
+    """A fresh run starts without the metrics and checkpoints of an earlier one."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for folder in ("checkpoints", ".heartbeat", "logs"):
+        shutil.rmtree(run_dir / folder, ignore_errors=True)
+
+
+def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None:
+    """Nodes other than 0 wait until node 0 has written matching partitions."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready = (partition_dir(run_dir) / META).is_file()
+        ready = ready and (run_dir / "resolved_config.yaml").is_file()
+        if ready and read_meta(partition_dir(run_dir))["num_parts"] == cfg.partition.num_parts:
+            return
+        time.sleep(0.5)
+    raise TrainError(
+        f"Node {cfg.launch.node_rank} waited {timeout_s:.0f} s for node 0 to write "
+        f"{partition_dir(run_dir)}; is the run folder shared between nodes?"
+    )
+
+
+def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
+    """Partition if needed, check resume consistency, write the resolved config."""
+    check_supported(cfg)
+    workers_per_node(cfg)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    if cfg.launch.node_rank > 0:
+        wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
+        return run_dir
+    if resume:
+        check_resumable(cfg, run_dir)
+    ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
+    if not resume:
+        clear_run_files(run_dir)
+    write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
+    return run_dir
+
+
+def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
+    lc = cfg.launch
+    single = lc.nnodes == 1
+    return LaunchConfig(
+        min_nodes=lc.nnodes,
+        max_nodes=lc.nnodes,
+        nproc_per_node=workers_per_node(cfg),
+        run_id=f"leo-{uuid.uuid4().hex[:8]}" if single else f"leo-{lc.master_port}",
+        rdzv_endpoint=f"{lc.master_addr}:{lc.master_port}",
+        # c10d may swap node ranks on restart; static keeps node_rank, so node 0 hosts rank 0.
+        rdzv_backend="c10d" if single else "static",
+        rdzv_configs={"rank": lc.node_rank} if not single else {},
+        rdzv_timeout=int(lc.timeout_s),
+        max_restarts=lc.max_restarts,
+        monitor_interval=0.2,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"), redirects=Std.ALL),
+        shutdown_timeout=5,
+    )
+
+
+def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool) -> None:
+    """Start the workers and block until they finish; failures become TrainError."""
+    args = ["-m", "leo_cli.train.worker", str(run_dir)] + (["--resume"] if resume else [])
+    # Like torchrun: workers share the cores instead of each spawning one thread per core.
+    nproc = workers_per_node(cfg)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
+    except ChildFailedError as exc:
+        raise TrainError(describe_failure(exc, run_dir, cfg.launch.timeout_s)) from None
+    status = run_dir / "status.json"
+    if cfg.launch.node_rank == 0 and status.is_file():
+        state = run_files.read_json(status)
+        if state.get("state") == "failed":
+            raise TrainError(str(state.get("message")))
+
+
+def stalled_ranks(run_dir: Path, timeout_s: float) -> list[int]:
+    """Ranks whose heartbeat stopped well before the others' (stopped, not crashed)."""
+    beats = {
+        int(p.name.split("_")[1]): p.stat().st_mtime
+        for p in (run_dir / ".heartbeat").glob("rank_*")
+    }
+    if not beats:
+        return []
+    newest = max(beats.values())
+    return sorted(r for r, t in beats.items() if newest - t > min(timeout_s / 2, 10.0))
+
+
+def describe_failure(exc: ChildFailedError, run_dir: Path, timeout_s: float) -> str:
+    stalled = stalled_ranks(run_dir, timeout_s)
+    if stalled:
+        return (
+            f"worker rank {stalled[0]} stopped responding (no heartbeat, collectives timed "
+            f"out after launch.timeout_s={timeout_s:g} s); worker logs are in {run_dir / 'logs'}."
+        )
+    rank, failure = exc.get_first_failure()
+    message = failure.message if isinstance(failure.message, str) else str(failure.message)
+    first = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+    return f"worker rank {rank} failed ({first}); its log is under {run_dir / 'logs'}."
+
+
+def train(cfg: LeoConfig, resume: bool = False, progress: ProgressFn | None = None) -> Path:
+    """`leo train`: the complete job. Returns the run folder."""
+    run_dir = prepare(cfg, resume, progress)
+    run_workers(cfg, run_dir, resume)
+    return run_dir

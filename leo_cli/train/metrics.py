@@ -1,0 +1,121 @@
+"""Run files written by global rank 0: metrics.jsonl, summary.json, curves.png, status.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import leo_cli
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic JSON write (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """All complete lines of metrics.jsonl (a torn last line is ignored)."""
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
+    """Keep only epochs <= last_epoch, so a resumed run appends without duplicates."""
+    rows = [r for r in read_metrics(run_dir) if r["epoch"] <= last_epoch]
+    path = run_dir / "metrics.jsonl"
+    tmp = path.with_name(f".metrics.jsonl.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+def git_sha() -> str | None:
+    root = Path(leo_cli.__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[str, Any]:
+    """summary.json: best val (and test at best val), final loss, warm epoch time, bytes."""
+    evaluated = [r for r in rows if "val_acc" in r]
+    best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else {}
+    warm = [r["epoch_time_s"] for r in rows if not r.get("cold", False)]
+    return {
+        "best_val_acc": best.get("val_acc"),
+        "test_acc": best.get("test_acc"),
+        "best_epoch": best.get("epoch"),
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_test_acc": evaluated[-1]["test_acc"] if evaluated else None,
+        "num_epochs": len(rows),
+        "mean_epoch_time_s": sum(warm) / len(warm) if warm else None,
+        "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
+        "world_size": world_size,
+        "mode": mode,
+        "versions": {
+            "leo": leo_cli.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "git_sha": git_sha(),
+    }
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    """curves.png: loss and accuracies per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    epochs = [r["epoch"] for r in rows]
+    ax_loss.plot(epochs, [r["loss"] for r in rows])
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    ev = [r for r in rows if "val_acc" in r]
+    for key in ("train_acc", "val_acc", "test_acc"):
+        ax_acc.plot([r["epoch"] for r in ev], [r[key] for r in ev], label=key)
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    ax_acc.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data

@@ -1,0 +1,193 @@
+"""The rank side of `leo train`: `python -m leo_cli.train.worker <run folder> [--resume]`.
+
+Runs under the elastic agent that `leo train` starts, or under plain `torchrun`. Reads the
+run folder's resolved config and this rank's partition, trains, and (global rank 0 only)
+writes metrics, checkpoints, summary and curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from leo_cli.comm.dist import (
+    DistEnv,
+    all_reduce_,
+    destroy_process_group,
+    init_process_group,
+    pick_backend,
+)
+from leo_cli.config import LeoConfig, load_config
+from leo_cli.errors import LeoError, TrainError
+from leo_cli.graph.stage import partition_dir
+from leo_cli.graph.storage import read_meta
+from leo_cli.train import metrics as run_files
+from leo_cli.train.checkpoint import load_latest, save_checkpoint
+from leo_cli.train.setup import Job, build_job
+from leo_cli.train.trainer import evaluate, train_step
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its launcher dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start_heartbeat(run_dir: Path, rank: int) -> None:
+    """Touch `.heartbeat/rank_<r>` every second; a stalled worker's file goes stale."""
+    path = run_dir / ".heartbeat" / f"rank_{rank}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")  # lets tests and operators find a rank's process
+
+    def beat() -> None:
+        while True:
+            path.touch()
+            time.sleep(1.0)
+
+    threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
+
+
+def pick_device(cfg: LeoConfig, env: DistEnv) -> torch.device:
+    want = cfg.launch.device
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TrainError(
+                "launch.device=cuda but this machine has no CUDA device; use launch.device=cpu."
+            )
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resume_state(job: Job, run_dir: Path, rank: int) -> tuple[int, dict[str, Any]]:
+    """Load the latest checkpoint into the job; returns (epochs done, best-so-far)."""
+    state = load_latest(run_dir)
+    if state is None:
+        return 0, {}
+    job.model.load_state_dict(state["model"])
+    job.optimizer.load_state_dict(state["optimizer"])
+    if rank == 0:
+        run_files.truncate_metrics(run_dir, state["epoch"])
+    return int(state["epoch"]), dict(state.get("best", {}))
+
+
+def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
+    """The epoch loop: step, evaluate, log (rank 0), checkpoint (rank 0)."""
+    tc = cfg.train
+    for epoch in range(start + 1, tc.num_epochs + 1):
+        job.plan.stats.reset()
+        loss, times = train_step(job.model, job.optimizer, job.graph, job.data, cfg.run.seed, epoch)
+        if not torch.isfinite(torch.tensor(loss)):
+            raise TrainError(
+                f"training loss became {loss} at epoch {epoch}; lower train.lr. "
+                "The last good checkpoint is kept in checkpoints/."
+            )
+        row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
+        step_bytes = job.plan.stats.bytes_sent
+        if epoch % tc.eval_every == 0 or epoch == tc.num_epochs:
+            t0 = time.perf_counter()
+            row.update(evaluate(job.model, job.graph, job.data))
+            row["eval_s"] = time.perf_counter() - t0
+        row.update(
+            reduce_epoch_stats(
+                times["step_s"], job.plan.stats.seconds, step_bytes, job.plan.stats.bytes_sent
+            )
+        )
+        row["cold"] = epoch == start + 1
+        if env.rank == 0:
+            run_files.append_metrics(run_dir, row)
+            if epoch % tc.checkpoint_every == 0 or epoch == tc.num_epochs:
+                save_checkpoint(
+                    run_dir,
+                    epoch,
+                    {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()},
+                )
+
+
+def reduce_epoch_stats(
+    step_s: float, comm_s: float, step_bytes: int, all_bytes: int
+) -> dict[str, Any]:
+    """Slowest worker's times; bytes summed over workers (training step and whole epoch)."""
+    t = all_reduce_(torch.tensor([step_s, comm_s], dtype=torch.float64), op="max")
+    b = all_reduce_(torch.tensor([step_bytes, all_bytes], dtype=torch.float64))
+    return {
+        "epoch_time_s": float(t[0]),
+        "comm_s": float(t[1]),
+        "step_comm_bytes": int(b[0]),
+        "comm_bytes": int(b[1]),
+    }
+
+
+def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
+    rows = run_files.read_metrics(run_dir)
+    run_files.write_json(
+        run_dir / "summary.json", run_files.summarize(rows, world_size, cfg.pipeline.mode)
+    )
+    run_files.plot_curves(rows, run_dir / "curves.png")
+    run_files.write_json(run_dir / "status.json", {"state": "done"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m leo_cli.train.worker")
+    parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    env = DistEnv.from_env()
+    run_dir: Path = args.run_dir
+    start_heartbeat(run_dir, env.rank)
+    try:
+        return run_worker(run_dir, env, resume=args.resume or env.restart > 0)
+    except LeoError as exc:
+        # Every rank sees the same condition (the loss is all-reduced); exit cleanly so the
+        # agent does not restart into the same failure, and let the parent show the message.
+        if env.rank == 0:
+            run_files.write_json(run_dir / "status.json", {"state": "failed", "message": str(exc)})
+        print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
+        return 0
+    finally:
+        destroy_process_group()
+
+
+def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
+    cfg = load_config(run_dir / "resolved_config.yaml")
+    meta = read_meta(partition_dir(run_dir))
+    if meta["num_parts"] != env.world_size:
+        raise TrainError(
+            f"{partition_dir(run_dir)} holds {meta['num_parts']} parts but "
+            f"{env.world_size} workers started; set launch.nproc to match."
+        )
+    device = pick_device(cfg, env)
+    if env.world_size > 1:
+        init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
+    job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
+    start = 0
+    if resume:
+        start, _ = resume_state(job, run_dir, env.rank)
+    elif env.rank == 0:
+        run_files.truncate_metrics(run_dir, 0)
+    if env.rank == 0:
+        run_files.write_json(run_dir / "status.json", {"state": "running"})
+    run_epochs(cfg, job, env, run_dir, start)
+    if env.rank == 0:
+        finish(cfg, run_dir, env.world_size)
+    return 0
+
+
+@record
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,137 @@
+"""Run the trainer on P gloo ranks inside pytest (torch.multiprocessing.spawn on localhost)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from leo_cli.config import LeoConfig
+from leo_cli.graph.layout import LocalPart, build_parts
+from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.types import Graph
+from leo_cli.train.setup import Job, assemble
+from leo_cli.train.trainer import all_reduce_grads, evaluate, train_step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dataset_info(g: Graph) -> dict[str, Any]:
+    return {
+        "num_train": int(g.train_mask_N.sum()),
+        "num_features": g.num_features,
+        "num_classes": g.num_classes,
+    }
+
+
+def run_job(
+    cfg: LeoConfig, part: LocalPart, info: dict[str, Any], world: int, num_steps: int
+) -> dict[str, Any]:
+    """Train num_steps epochs; return losses, final logits by global id and parameters."""
+    job = assemble(cfg, part, info, world, torch.device("cpu"))
+    grads = first_gradients(job, cfg.run.seed)
+    losses = [
+        train_step(job.model, job.optimizer, job.graph, job.data, cfg.run.seed, e)[0]
+        for e in range(1, num_steps + 1)
+    ]
+    acc = evaluate(job.model, job.graph, job.data)
+    job.model.eval()
+    with torch.no_grad():
+        logits = job.model(job.data.x_NF, job.graph)
+    return {
+        "losses": losses,
+        "ids": part.inner_nodes.copy(),
+        "logits": logits.numpy(),
+        "params": [p.detach().numpy().copy() for p in job.model.parameters()],
+        "acc": acc,
+        "bytes": job.plan.stats.bytes_sent,
+        "grads": grads,
+    }
+
+
+def first_gradients(job: Job, seed: int) -> list[np.ndarray]:
+    """Summed weight gradients of the first (dropout) forward/backward, before any step."""
+    job.model.train()
+    logits = job.model(job.data.x_NF, job.graph, seed=seed, epoch=1)
+    d = job.data
+    loss = F.cross_entropy(logits[d.train_N], d.y_N[d.train_N], reduction="sum")
+    (loss / d.num_train_global).backward()
+    all_reduce_grads(job.model)
+    grads = [p.grad.numpy().copy() for p in job.model.parameters() if p.grad is not None]
+    job.model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    cfgs: list[LeoConfig],
+    parts: list[LocalPart],
+    info: dict[str, Any],
+    num_steps: int,
+    queue: Any,
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        queue.put((rank, [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_many(
+    cfgs: list[LeoConfig], g: Graph, world: int, num_steps: int, method: str = "metis"
+) -> list[list[dict[str, Any]]]:
+    """Partition g into `world` parts and train every config on that many gloo ranks (one
+    process group for all configs, to pay the start-up once). Results [config][rank]."""
+    owner = assign_parts(g, world, method, seed=0)
+    parts = build_parts(g, owner, world)
+    if world == 1:
+        return [[run_job(cfg, parts[0], dataset_info(g), 1, num_steps)] for cfg in cfgs]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    # Read results before joining: a large result blocks its writer until the pipe drains.
+    context = mp.start_processes(
+        _worker,
+        args=(world, free_port(), cfgs, parts, dataset_info(g), num_steps, queue),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    by_rank: dict[int, Any] = {}
+    while len(by_rank) < world:
+        if queue.empty():
+            context.join(timeout=0.1)  # raises if a worker failed, instead of hanging
+        else:
+            rank, result = queue.get()
+            by_rank[rank] = result
+    while not context.join():
+        pass
+    return [[by_rank[r][i] for r in range(world)] for i in range(len(cfgs))]
+
+
+def run_distributed(
+    cfg: LeoConfig, g: Graph, world: int, num_steps: int, method: str = "metis"
+) -> list[dict[str, Any]]:
+    """One config on `world` ranks; results by rank."""
+    return run_many([cfg], g, world, num_steps, method)[0]
+
+
+def global_logits(results: list[dict[str, Any]], num_nodes: int) -> np.ndarray:
+    width = results[0]["logits"].shape[1]
+    out = np.full((num_nodes, width), np.nan)
+    for r in results:
+        out[r["ids"]] = r["logits"]
+    return out

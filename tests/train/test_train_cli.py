@@ -1,0 +1,244 @@
+"""`leo train` end to end through the elastic launcher: run files, resume, faults, multi-node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dist_harness import free_port
+
+pytestmark = pytest.mark.dist
+
+TINY = [
+    "--set",
+    "data.synthetic.num_nodes=600",
+    "--set",
+    "data.synthetic.num_features=16",
+    "--set",
+    "model.hidden_channels=16",
+]
+# Big enough that an epoch takes a noticeable time, so kills land mid-run.
+MEDIUM = [
+    "--set",
+    "data.synthetic.num_nodes=20000",
+    "--set",
+    "data.synthetic.num_features=64",
+    "--set",
+    "train.checkpoint_every=2",
+    "--set",
+    "train.num_epochs=30",
+]
+
+
+def leo(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leo_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        **kwargs,
+    )
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "leo_cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def summary(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "summary.json").read_text()))
+
+
+def wait_for_epoch(run: Path, epoch: int, proc: subprocess.Popen[str], limit: float = 240) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        rows = metrics(run)
+        if rows and rows[-1]["epoch"] >= epoch and list((run / "checkpoints").glob("*.pt")):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"run did not reach epoch {epoch}")
+
+
+def test_train_writes_run_folder(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = leo(
+        "train",
+        *TINY,
+        "--set",
+        f"run.out_dir={run}",
+        "--set",
+        "train.num_epochs=6",
+        "--set",
+        "train.checkpoint_every=3",
+    )
+    assert res.returncode == 0, res.stderr
+    rows = metrics(run)
+    assert [r["epoch"] for r in rows] == list(range(1, 7))
+    for key in ("loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "comm_bytes"):
+        assert key in rows[-1]
+    assert all(r["comm_bytes"] > 0 for r in rows)
+    s = summary(run)
+    assert s["world_size"] == 2 and s["mode"] == "blocking" and s["final_loss"] == rows[-1]["loss"]
+    assert (run / "curves.png").stat().st_size > 0
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
+        "epoch_000003.pt",
+        "epoch_000006.pt",
+    ]
+    assert "training summary" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run = tmp_path_factory.mktemp("ref") / "run"
+    res = leo("train", *MEDIUM, "--set", f"run.out_dir={run}")
+    assert res.returncode == 0, res.stderr
+    return summary(run)
+
+
+def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, Any]) -> None:
+    run = tmp_path / "run"
+    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}")
+    wait_for_epoch(run, 5, proc)
+    workers = [int(p.read_text().split()[0]) for p in (run / ".heartbeat").glob("rank_*")]
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
+    proc.wait()
+    assert len(metrics(run)) < 30
+    deadline = time.monotonic() + 10
+    while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(w) for w in workers), "orphan workers survived the launcher"
+    res = leo("train", *MEDIUM, "--set", f"run.out_dir={run}", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
+    assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+
+
+def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -> None:
+    run = tmp_path / "run"
+    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
+    wait_for_epoch(run, 5, proc)
+    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
+    assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+
+
+def test_stalled_worker_ends_job_naming_rank(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.timeout_s=6")
+    wait_for_epoch(run, 3, proc)
+    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.kill(pid, signal.SIGCONT) if pid_alive(pid) else None
+    assert proc.returncode == 2
+    assert "rank 1" in err and "Traceback" not in err
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = leo(
+        "train",
+        *TINY,
+        "--set",
+        f"run.out_dir={run}",
+        "--set",
+        "train.lr=1.0e+30",
+        "--set",
+        "train.num_epochs=20",
+        "--set",
+        "train.checkpoint_every=1",
+    )
+    assert res.returncode == 2
+    assert "loss became" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert (
+        leo("train", *TINY, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=2").returncode
+        == 0
+    )
+    res = leo(
+        "train", *TINY, "--set", f"run.out_dir={run}", "--set", "partition.num_parts=4", "--resume"
+    )
+    assert res.returncode == 2 and "partition.num_parts" in res.stderr
+
+
+def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
+    common = [
+        *TINY,
+        "--set",
+        "train.num_epochs=5",
+        "--set",
+        "launch.nnodes=2",
+        "--set",
+        f"launch.master_port={free_port()}",
+    ]
+    run = tmp_path / "multi"
+    nodes = [
+        start("train", *common, "--set", f"run.out_dir={run}", "--set", f"launch.node_rank={r}")
+        for r in (0, 1)
+    ]
+    for node in nodes:
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err
+    single = tmp_path / "single"
+    assert (
+        leo(
+            "train", *TINY, "--set", "train.num_epochs=5", "--set", f"run.out_dir={single}"
+        ).returncode
+        == 0
+    )
+    assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
+    assert summary(run)["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "train.lr=abc"], "train.lr"),
+        (["--set", "data.name=cora", "--set", "data.root=/nonexistent"], "/nonexistent"),
+        (["--set", "partition.num_parts=1000"], "partition.num_parts=1000"),
+        (["--set", "launch.nproc=3"], "launch.nproc=3"),
+        (["--set", "pipeline.mode=leo"], "pipeline.mode='leo'"),
+        (["--set", "model.name=gat"], "model.name"),
+    ],
+)
+def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -> None:
+    run = tmp_path / "run"
+    res = leo("train", *TINY, "--set", f"run.out_dir={run}", *args)
+    assert res.returncode == 2, res.stderr
+    assert needle in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
+    assert not (run / "metrics.jsonl").exists()
