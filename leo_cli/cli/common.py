@@ -9,6 +9,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import LeoError
@@ -50,7 +51,9 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except LeoError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from leo_cli.config.schema import LeoConfig
 from leo_cli.errors import ConfigError
@@ -80,7 +80,7 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
         return LeoConfig.model_validate(tree)
     except ValidationError as exc:
         err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = field_path(err["loc"]) or "(top level)"
         source = (sources or {}).get(key, source)
         if err["type"] == "extra_forbidden":
             raise ConfigError(
@@ -92,6 +92,22 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
         raise ConfigError(f"Config key {key!r} in {source}: {err['msg']}{shown}.") from None
 
 
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """The dotted config key of an error location, without pydantic's union-branch suffixes."""
+    model: type[BaseModel] | None = LeoConfig
+    parts = []
+    for part in loc:
+        if model is None:  # below a leaf field: pydantic's own branch names
+            break
+        parts.append(str(part))
+        field = model.model_fields.get(str(part))
+        if field is None:  # an unknown key
+            break
+        ann = field.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return ".".join(parts)
+
+
 def dump_config(cfg: LeoConfig) -> str:
     """The resolved config as YAML, loadable again with `--config`."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
@@ -100,9 +116,14 @@ def dump_config(cfg: LeoConfig) -> str:
 def write_resolved(cfg: LeoConfig) -> Path:
     """Write `<out_dir>/resolved_config.yaml` atomically and return its path."""
     out = Path(cfg.run.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "resolved_config.yaml"
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(dump_config(cfg))
-    tmp.replace(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".yaml.tmp")
+        tmp.write_text(dump_config(cfg))
+        tmp.replace(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"run.out_dir={out} cannot be written ({exc.strerror}); choose a writable folder."
+        ) from None
     return path

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from leo_cli.config.schema import DataConfig, PartitionConfig
-from leo_cli.errors import ConfigError
-from leo_cli.graph.datasets import load_dataset
+from leo_cli.errors import ConfigError, DataError
+from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.layout import ProgressFn, build_parts, partition_stats
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.storage import FORMAT_VERSION, META, read_meta, verify_files, write_partitions
@@ -41,23 +41,9 @@ def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
         "partition": part.model_dump(mode="json"),
         "seed": seed,
         "format_version": FORMAT_VERSION,
-        "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in raw_files(data)],
+        "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def raw_files(data: DataConfig) -> list[Path]:
-    """The raw files a file-backed dataset is read from (empty for the synthetic graph)."""
-    name = data.name
-    if name.endswith(".npz"):
-        path = Path(name).expanduser()
-        return [path] if path.is_file() else []
-    if name.startswith("ogbn-"):
-        folder = data.root / name.replace("-", "_") / "raw"
-    else:
-        folder = data.root
-        return sorted(folder.glob(f"ind.{name}.*")) if folder.is_dir() else []
-    return sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
 
 
 def ensure_partitions(
@@ -93,6 +79,11 @@ def build_partitions(
     graph = load_dataset(data, seed)
     if progress is not None:
         progress("load", 1, 1)
+    if not graph.train_mask_N.any():
+        raise DataError(
+            f"{graph.name} has no training nodes (its train mask is empty); "
+            "check the dataset's split."
+        )
     if part.num_parts > graph.num_nodes:
         raise ConfigError(
             f"partition.num_parts={part.num_parts} exceeds the {graph.num_nodes} nodes of "

@@ -10,19 +10,16 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from leo_cli.errors import PartitionError
-from leo_cli.graph.layout import LocalPart
+from leo_cli.graph.layout import LocalPart, ProgressFn
 
 FORMAT_VERSION = 1
 META = "META.json"
-
-ProgressFn = Callable[[str, int, int], None]
 
 
 def sha256_file(path: Path) -> str:
@@ -41,6 +38,12 @@ def write_partitions(
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot create {tmp.parent} ({exc.strerror}); set run.out_dir to a writable folder."
+        ) from None
+    try:
         files: dict[str, str] = {}
         for i, part in enumerate(parts):
             files.update(write_part(tmp, part))
@@ -57,7 +60,7 @@ def write_partitions(
 def write_part(root: Path, part: LocalPart) -> dict[str, str]:
     """Write one part's arrays; return relative path -> sha256."""
     folder = root / f"part_{part.rank}"
-    folder.mkdir(parents=True)
+    folder.mkdir()
     files = {}
     for name, arr in part.arrays().items():
         path = folder / f"{name}.npy"

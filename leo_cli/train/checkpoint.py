@@ -1,4 +1,4 @@
-"""Checkpoints: model + optimizer + epoch + best-so-far, written atomically, loaded safely.
+"""Checkpoints: model + optimizer + epoch, written atomically, loaded safely.
 
 Dropout masks are keyed by (seed, epoch, layer, node), so the epoch is the whole RNG state of
 training; torch's global generator is saved too for anything else that draws from it.
@@ -38,6 +38,8 @@ def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"epoch_{epoch:06d}.pt"
     tmp = folder / f".epoch_{epoch:06d}.pt.tmp-{os.getpid()}"
+    for stale in folder.glob(".epoch_*.pt.tmp-*"):  # left by a save that was killed
+        stale.unlink(missing_ok=True)
     torch.save({"epoch": epoch, "rng": torch.get_rng_state(), **state}, tmp)
     with tmp.open("rb") as f:
         os.fsync(f.fileno())

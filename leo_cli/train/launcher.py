@@ -9,35 +9,50 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from leo_cli.config import LeoConfig, load_config, write_resolved
+from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
-from leo_cli.train import metrics as run_files
 
 IMPLEMENTED_MODES = ("blocking",)
 # Keys that may change when resuming; anything else must match the run folder.
-RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every"}
+RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
-
-StartFn = Callable[[], None]
 
 
 def check_supported(cfg: LeoConfig) -> None:
+    """Reject modes that do not exist yet and device/backend combinations that cannot work."""
+    check_device(cfg.launch, workers_per_node(cfg))
     if cfg.pipeline.mode not in IMPLEMENTED_MODES:
         raise ConfigError(
             f"pipeline.mode={cfg.pipeline.mode!r} is not implemented yet; use "
             f"pipeline.mode=blocking (available: {', '.join(IMPLEMENTED_MODES)})."
         )
+
+
+def check_device(launch: LaunchConfigSection, nproc: int) -> None:
+    cuda = launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
+    if launch.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "launch.device=cuda but no CUDA device is visible; use launch.device=cpu."
+        )
+    if cuda and launch.nnodes == 1 and nproc > torch.cuda.device_count():
+        raise ConfigError(
+            f"{nproc} workers need {nproc} CUDA devices but {torch.cuda.device_count()} are "
+            "visible; lower partition.num_parts or use launch.device=cpu."
+        )
+    if launch.backend == "nccl" and not cuda:
+        raise ConfigError("launch.backend=nccl needs CUDA devices; use launch.backend=gloo on CPU.")
 
 
 def workers_per_node(cfg: LeoConfig) -> int:
@@ -87,7 +102,7 @@ def clear_run_files(run_dir: Path) -> None:
     """A fresh run starts without the metrics and checkpoints of an earlier one."""
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
-    for folder in ("checkpoints", ".heartbeat", "logs"):
+    for folder in ("checkpoints", ".heartbeat", ".errors", "logs"):
         shutil.rmtree(run_dir / folder, ignore_errors=True)
 
 
@@ -119,6 +134,7 @@ def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
     ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
     if not resume:
         clear_run_files(run_dir)
+    shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
     return run_dir
 
@@ -153,12 +169,8 @@ def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool) -> None:
     try:
         elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
     except ChildFailedError as exc:
-        raise TrainError(describe_failure(exc, run_dir, cfg.launch.timeout_s)) from None
-    status = run_dir / "status.json"
-    if cfg.launch.node_rank == 0 and status.is_file():
-        state = run_files.read_json(status)
-        if state.get("state") == "failed":
-            raise TrainError(str(state.get("message")))
+        message = worker_error(run_dir) or describe_failure(exc, run_dir, cfg.launch.timeout_s)
+        raise TrainError(message) from None
 
 
 def stalled_ranks(run_dir: Path, timeout_s: float) -> list[int]:
@@ -181,13 +193,15 @@ def describe_failure(exc: ChildFailedError, run_dir: Path, timeout_s: float) -> 
             f"out after launch.timeout_s={timeout_s:g} s); worker logs are in {run_dir / 'logs'}."
         )
     rank, failure = exc.get_first_failure()
-    message = failure.message if isinstance(failure.message, str) else str(failure.message)
-    first = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+    message = failure.message
+    if isinstance(message, dict):  # the error file written by @record
+        message = str(message.get("message", ""))
+    lines = str(message).strip().splitlines()
+    first = lines[-1] if lines else f"exit code {failure.exitcode}"
     return f"worker rank {rank} failed ({first}); its log is under {run_dir / 'logs'}."
 
 
-def train(cfg: LeoConfig, resume: bool = False, progress: ProgressFn | None = None) -> Path:
-    """`leo train`: the complete job. Returns the run folder."""
-    run_dir = prepare(cfg, resume, progress)
-    run_workers(cfg, run_dir, resume)
-    return run_dir
+def worker_error(run_dir: Path) -> str | None:
+    """The sentence of the lowest rank that stopped on a user error, if any did."""
+    files = sorted((run_dir / ".errors").glob("rank_*"), key=lambda p: int(p.name[5:]))
+    return files[0].read_text() if files else None

@@ -67,7 +67,7 @@ def git_sha() -> str | None:
 
 def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[str, Any]:
     """summary.json: best val (and test at best val), final loss, warm epoch time, bytes."""
-    evaluated = [r for r in rows if "val_acc" in r]
+    evaluated = [r for r in rows if r.get("val_acc") is not None]
     best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else {}
     warm = [r["epoch_time_s"] for r in rows if not r.get("cold", False)]
     return {
@@ -101,7 +101,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     epochs = [r["epoch"] for r in rows]
     ax_loss.plot(epochs, [r["loss"] for r in rows])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    ev = [r for r in rows if "val_acc" in r]
+    ev = [r for r in rows if r.get("val_acc") is not None]
     for key in ("train_acc", "val_acc", "test_acc"):
         ax_acc.plot([r["epoch"] for r in ev], [r[key] for r in ev], label=key)
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")

@@ -92,8 +92,8 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float]:
-    """Train/val/test accuracy from all-reduced correct and total counts."""
+def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float | None]:
+    """Train/val/test accuracy from all-reduced correct and total counts (None: empty split)."""
     model.eval()
     pred = model(data.x_NF, g).argmax(dim=1)
     correct = pred == data.y_N
@@ -102,5 +102,5 @@ def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float]:
         [[int((correct & m).sum()), int(m.sum())] for m in masks], dtype=torch.float64
     )
     all_reduce_(counts)
-    accs = (counts[:, 0] / counts[:, 1].clamp(min=1)).tolist()
+    accs = [float(c / n) if n > 0 else None for c, n in counts.tolist()]
     return {"train_acc": accs[0], "val_acc": accs[1], "test_acc": accs[2]}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli.comm.dist import (
@@ -28,6 +29,7 @@ from leo_cli.comm.dist import (
     pick_backend,
 )
 from leo_cli.config import LeoConfig, load_config
+from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta
@@ -35,6 +37,8 @@ from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
+
+USER_ERROR_EXIT = 3
 
 
 def die_with_parent() -> None:
@@ -58,27 +62,27 @@ def start_heartbeat(run_dir: Path, rank: int) -> None:
     threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
 
 
-def pick_device(cfg: LeoConfig, env: DistEnv) -> torch.device:
-    want = cfg.launch.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
+def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
+    """One CUDA device per local rank, or the CPU (checked by the launcher beforehand)."""
+    if launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available()):
+        if env.local_rank >= torch.cuda.device_count():
             raise TrainError(
-                "launch.device=cuda but this machine has no CUDA device; use launch.device=cpu."
+                f"local rank {env.local_rank} has no CUDA device of its own "
+                f"({torch.cuda.device_count()} visible); lower launch.nproc."
             )
-        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
     return torch.device("cpu")
 
 
-def resume_state(job: Job, run_dir: Path, rank: int) -> tuple[int, dict[str, Any]]:
-    """Load the latest checkpoint into the job; returns (epochs done, best-so-far)."""
+def resume_state(job: Job, run_dir: Path) -> int:
+    """Load the latest checkpoint into the job; returns the number of epochs it holds."""
     state = load_latest(run_dir)
     if state is None:
-        return 0, {}
+        return 0
     job.model.load_state_dict(state["model"])
     job.optimizer.load_state_dict(state["optimizer"])
-    if rank == 0:
-        run_files.truncate_metrics(run_dir, state["epoch"])
-    return int(state["epoch"]), dict(state.get("best", {}))
+    return int(state["epoch"])
 
 
 def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
@@ -89,8 +93,8 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
         loss, times = train_step(job.model, job.optimizer, job.graph, job.data, cfg.run.seed, epoch)
         if not torch.isfinite(torch.tensor(loss)):
             raise TrainError(
-                f"training loss became {loss} at epoch {epoch}; lower train.lr. "
-                "The last good checkpoint is kept in checkpoints/."
+                f"training loss became {loss} at epoch {epoch}; lower train.lr "
+                "(checkpoints of earlier epochs, if any, are kept in checkpoints/)."
             )
         row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
         step_bytes = job.plan.stats.bytes_sent
@@ -149,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_worker(run_dir, env, resume=args.resume or env.restart > 0)
     except LeoError as exc:
-        # Every rank sees the same condition (the loss is all-reduced); exit cleanly so the
-        # agent does not restart into the same failure, and let the parent show the message.
-        if env.rank == 0:
-            run_files.write_json(run_dir / "status.json", {"state": "failed", "message": str(exc)})
+        # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
+        # agent stop the other ranks, which may be waiting for this one in a collective.
+        error_file = run_dir / ".errors" / f"rank_{env.rank}"
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        error_file.write_text(str(exc))
         print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
-        return 0
+        return USER_ERROR_EXIT
     finally:
         destroy_process_group()
 
@@ -167,26 +172,31 @@ def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
             f"{partition_dir(run_dir)} holds {meta['num_parts']} parts but "
             f"{env.world_size} workers started; set launch.nproc to match."
         )
-    device = pick_device(cfg, env)
+    device = pick_device(cfg.launch, env)
     if env.world_size > 1:
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
     job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
-    start = 0
-    if resume:
-        start, _ = resume_state(job, run_dir, env.rank)
-    elif env.rank == 0:
-        run_files.truncate_metrics(run_dir, 0)
+    start = resume_state(job, run_dir) if resume else 0
     if env.rank == 0:
+        # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
+        run_files.truncate_metrics(run_dir, start)
         run_files.write_json(run_dir / "status.json", {"state": "running"})
     run_epochs(cfg, job, env, run_dir, start)
     if env.rank == 0:
         finish(cfg, run_dir, env.world_size)
+    if env.world_size > 1:
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
     return 0
 
 
 @record
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    # Skip interpreter teardown: gloo's threads sometimes abort the process while C++ statics
+    # are destroyed ("terminate called without an active exception") after a clean finish.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

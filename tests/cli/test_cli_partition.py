@@ -64,6 +64,8 @@ def test_checksum_mismatch_names_file(tmp_path: Path) -> None:
         (["--set", "data.name=imagenet"], ["data.name", "imagenet"]),
         (["--set", "model.name=transformer"], ["model.name"]),
         (["--set", "data.name=cora", "--set", "data.root=/nonexistent"], ["/nonexistent", "cora"]),
+        (["--set", "data.name=a[/b]"], ["'a[/b]'", "not a known dataset"]),
+        (["--set", "pipeline.num_chunks=x"], ["pipeline.num_chunks", "--set"]),
     ],
 )
 def test_bad_input_is_one_clear_sentence(
@@ -88,3 +90,30 @@ def test_help_explains_options() -> None:
     assert code == 0
     for opt in ("--config", "--set", "--num-parts", "--force"):
         assert opt in out
+
+
+def test_unwritable_out_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={blocker / 'run'}")
+    assert_clean_error(code, o, e, str(blocker), "writable")
+
+
+def test_graph_without_training_nodes(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = tmp_path / "g.npz"
+    n = 20
+    np.savez(
+        path,
+        edge_index=np.array([[0, 1], [1, 2]]),
+        x=np.ones((n, 3), np.float32),
+        y=np.zeros(n, np.int64),
+        train_mask=np.zeros(n, bool),
+        val_mask=np.ones(n, bool),
+        test_mask=np.zeros(n, bool),
+    )
+    code, o, e = leo(
+        "partition", "--set", f"data.name={path}", "--set", f"run.out_dir={tmp_path / 'run'}"
+    )
+    assert_clean_error(code, o, e, "no training nodes")

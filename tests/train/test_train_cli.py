@@ -186,10 +186,14 @@ def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
 
 def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert (
-        leo("train", *TINY, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=2").returncode
-        == 0
-    )
+    two = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=2"]
+    assert leo("train", *TINY, *two).returncode == 0
+    # Without any checkpoint a resume starts over and must not duplicate epochs.
+    for ckpt in (run / "checkpoints").glob("*.pt"):
+        ckpt.unlink()
+    res = leo("train", *TINY, *two, "--resume")
+    assert res.returncode == 0, res.stderr
+    assert [r["epoch"] for r in metrics(run)] == [1, 2]
     res = leo(
         "train", *TINY, "--set", f"run.out_dir={run}", "--set", "partition.num_parts=4", "--resume"
     )

@@ -14,12 +14,15 @@ with layouts and expected accuracies live in `datasets/<name>.md`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from leo_cli.config.schema import DataConfig
 from leo_cli.errors import DataError
 from leo_cli.graph.types import Graph
 
 from .npz import load_npz
-from .ogb import OGB_DATASETS, load_ogb
+from .ogb import OGB_DATASETS, dataset_dir, load_ogb
+from .ogb import canonical_name as ogb_canonical_name
 from .planetoid import PLANETOID_NAMES, load_planetoid
 from .synthetic import generate
 
@@ -58,3 +61,21 @@ def load_dataset(cfg: DataConfig, seed: int) -> Graph:
         f"data.name = {name!r} is not a known dataset: use one of {accepted} "
         "or a path to a `.npz` graph file."
     )
+
+
+def source_files(cfg: DataConfig) -> list[Path]:
+    """The files a dataset is read from (none for the synthetic graph), for staleness checks.
+
+    OGB's `processed/` cache is derived from the others and left out.
+    """
+    name = cfg.name.lower()
+    if name == "synthetic":
+        return []
+    if name in PLANETOID_NAMES:
+        return sorted(cfg.root.glob(f"ind.{name}.*")) if cfg.root.is_dir() else []
+    if name.startswith("ogbn-"):
+        folder = dataset_dir(ogb_canonical_name(cfg.name), cfg.root)
+        files = folder.rglob("*") if folder.is_dir() else iter(())
+        return sorted(p for p in files if p.is_file() and "processed" not in p.parts)
+    path = Path(cfg.name).expanduser()
+    return [path] if path.is_file() else []

@@ -64,7 +64,7 @@ _UNSUPPORTED = {
 }
 
 
-def _canonical_name(name: str) -> str:
+def canonical_name(name: str) -> str:
     """The spelling ogb uses for `name` (matched case-insensitively)."""
     by_lower = {known.lower(): known for known in (*OGB_DATASETS, *_UNSUPPORTED)}
     canonical = by_lower.get(name.lower())
@@ -199,7 +199,7 @@ def load_ogb(name: str, root: Path) -> Graph:
     Raises:
         DataError: the name is not supported, or files are missing or unreadable.
     """
-    name = _canonical_name(name)
+    name = canonical_name(name)
     spec = OGB_DATASETS[name]
     check_files(name, root)
     prepare_folder(name, root)
