@@ -334,3 +334,25 @@ def test_npz_errors_name_file_and_key(tmp_path: Path, change: dict[str, Any], me
 def test_npz_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"nothing\.npz does not exist.*datasets/npz\.md"):
         load_dataset(DataConfig(name=str(tmp_path / "nothing.npz")), seed=0)
+
+
+def test_planetoid_files_that_do_not_belong_together(tmp_path: Path, planetoid_root: Path) -> None:
+    import shutil
+
+    from leo_cli.graph.datasets.planetoid import load_planetoid
+
+    for f in planetoid_root.glob("ind.cora.*"):
+        shutil.copy(f, tmp_path / f.name)
+    index = tmp_path / "ind.cora.test.index"
+    index.write_text("\n".join(index.read_text().split()[:-3]) + "\n")
+    with pytest.raises(DataError, match=r"ind\.cora\.tx.*do not belong together"):
+        load_planetoid("cora", tmp_path)
+
+
+def test_npz_that_is_not_an_archive(tmp_path: Path) -> None:
+    from leo_cli.graph.datasets.npz import load_npz
+
+    path = tmp_path / "g.npz"
+    path.write_text("edge_index,x\n")
+    with pytest.raises(DataError, match="not an .npz archive"):
+        load_npz(path)

@@ -29,6 +29,8 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     """Every array of the file, loaded eagerly (the file is closed on return)."""
     if not path.is_file():
         raise DataError(f"graph file {path} does not exist (see datasets/npz.md for the format).")
+    if not zipfile.is_zipfile(path):
+        raise DataError(f"{path} is not an .npz archive; write it with numpy.savez.")
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}

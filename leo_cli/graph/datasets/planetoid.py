@@ -100,6 +100,23 @@ def _read_test_index(path: Path) -> IntArray:
         raise DataError(f"{path} must hold one integer node id per line ({err}).") from None
 
 
+def _check_test_rows(files: dict[str, Path], obj: dict[str, Any], test_index: IntArray) -> None:
+    """tx/ty hold one row per listed test id, and the ids lie after allx's rows."""
+    num_test, num_all = int(test_index.shape[0]), int(obj["allx"].shape[0])
+    for part in ("tx", "ty"):
+        if obj[part].shape[0] != num_test or num_test == 0:
+            raise DataError(
+                f"{files[part]} has {obj[part].shape[0]} rows but "
+                f"{files['test.index']} lists {num_test} test ids; the files do not "
+                "belong together."
+            )
+    if int(test_index.min()) < num_all:
+        raise DataError(
+            f"{files['test.index']} lists ids below {num_all} (the rows of allx); "
+            "the files do not belong together."
+        )
+
+
 def _stack_with_test(
     train_part: np.ndarray, test_part: np.ndarray, test_index: IntArray
 ) -> np.ndarray:
@@ -165,6 +182,7 @@ def load_planetoid(name: str, root: Path) -> Graph:
     files = planetoid_files(name, root)
     obj = {part: restricted_loads(files[part].read_bytes(), files[part]) for part in _PICKLED_PARTS}
     test_index = _read_test_index(files["test.index"])
+    _check_test_rows(files, obj, test_index)
     x = _stack_with_test(
         _dense(obj["allx"], files["allx"]), _dense(obj["tx"], files["tx"]), test_index
     )
