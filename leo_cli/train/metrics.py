@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 import leo_cli
+from leo_cli import kernels
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -81,6 +82,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[st
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,
+        "kernels": kernels.backend_name(),
         "versions": {
             "leo": leo_cli.__version__,
             "torch": torch.__version__,

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from dist_harness import free_port
 
+from leo_cli.kernels import backend_name
+
 pytestmark = pytest.mark.dist
 
 TINY = [
@@ -98,6 +100,9 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert all(r["comm_bytes"] > 0 for r in rows)
     s = summary(run)
     assert s["world_size"] == 2 and s["mode"] == "blocking" and s["final_loss"] == rows[-1]["loss"]
+    assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
+        r["comm_bytes"] for r in rows
+    )
     assert (run / "curves.png").stat().st_size > 0
     assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
         "epoch_000003.pt",
