@@ -53,14 +53,20 @@ def ensure_partitions(
     out_dir: Path,
     force: bool = False,
     progress: ProgressFn | None = None,
+    verify: bool = True,
 ) -> PartitionResult:
-    """Reuse `<out_dir>/partitions` when its source key matches (checksums verified), else build."""
+    """Reuse `<out_dir>/partitions` when its source key matches, else build.
+
+    `verify=False` skips hashing reused files here, for callers whose readers verify each
+    part themselves (training workers do).
+    """
     target = partition_dir(out_dir)
     key = source_key(data, part, seed)
     if not force and (target / META).is_file():
         meta = read_meta(target)
         if meta.get("source_key") == key:
-            verify_files(target, meta)
+            if verify:
+                verify_files(target, meta)
             return PartitionResult(target, meta, reused=True)
     meta = build_partitions(data, part, seed, target, key, progress)
     return PartitionResult(target, meta, reused=False)

@@ -104,11 +104,13 @@ def verify_files(root: Path, meta: dict[str, Any], prefix: str = "") -> None:
             continue
         path = root / rel
         if not path.is_file():
-            raise PartitionError(f"Partition file {path} is missing; rebuild with --force.")
+            raise PartitionError(
+                f"Partition file {path} is missing; rebuild with `leo partition --force`."
+            )
         if sha256_file(path) != digest:
             raise PartitionError(
                 f"Partition file {path} does not match its checksum in {root / META}; "
-                "it was modified or truncated; rebuild with --force."
+                "it was modified or truncated; rebuild with `leo partition --force`."
             )
 
 

@@ -4,6 +4,7 @@ launcher (what torchrun uses), follow rank 0's metrics, and turn failures into c
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -131,7 +132,10 @@ def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
         return run_dir
     if resume:
         check_resumable(cfg, run_dir)
-    ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
+    # Workers verify the checksums of their own part, in parallel; no need to hash twice.
+    ensure_partitions(
+        cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False
+    )
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
@@ -166,6 +170,8 @@ def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool) -> None:
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # The agent logs each failed worker with its own formatting; our message replaces that.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
     except ChildFailedError as exc:

@@ -49,7 +49,7 @@ def test_checksum_mismatch_names_file(tmp_path: Path) -> None:
     victim = out / "partitions" / "part_0" / "x.npy"
     victim.write_bytes(victim.read_bytes()[:-4] + b"\0\0\0\1")
     code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={out}")
-    assert_clean_error(code, o, e, "part_0/x.npy", "checksum", "--force")
+    assert_clean_error(code, o, e, "part_0/x.npy", "checksum", "leo partition --force")
     assert leo("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")[0] == 0
 
 

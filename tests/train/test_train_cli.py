@@ -251,3 +251,16 @@ def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -
     assert res.returncode == 2, res.stderr
     assert needle in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
     assert not (run / "metrics.jsonl").exists()
+
+
+def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    two = [*TINY, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=2"]
+    assert leo("train", *two).returncode == 0
+    victim = run / "partitions" / "part_1" / "indices.npy"
+    victim.write_bytes(victim.read_bytes()[:-8])
+    res = leo("train", *two)
+    assert res.returncode == 2
+    err = " ".join(res.stderr.split())
+    assert "part_1/indices.npy" in err and "leo partition --force" in err
+    assert "Traceback" not in err and "exitcode" not in err
