@@ -85,6 +85,18 @@ def resume_state(job: Job, run_dir: Path) -> int:
     return int(state["epoch"])
 
 
+def check_same_start(start: int) -> None:
+    """Every rank must resume from the same checkpoint (a shared folder seen inconsistently
+    across machines would otherwise train different models)."""
+    lo = all_reduce_(torch.tensor([-start], dtype=torch.int64), op="max")
+    hi = all_reduce_(torch.tensor([start], dtype=torch.int64), op="max")
+    if -int(lo.item()) != int(hi.item()):
+        raise TrainError(
+            f"workers found different latest checkpoints (epochs {-int(lo.item())} to "
+            f"{int(hi.item())}); make sure every node sees the same run.out_dir/checkpoints."
+        )
+
+
 def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
     """The epoch loop: step, evaluate, log (rank 0), checkpoint (rank 0)."""
     tc = cfg.train
@@ -177,6 +189,7 @@ def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
     job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
     start = resume_state(job, run_dir) if resume else 0
+    check_same_start(start)
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)
