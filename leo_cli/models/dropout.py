@@ -47,27 +47,35 @@ def _fmix32(h: Tensor) -> Tensor:
     return h ^ ((h >> 16) & 0xFFFF)
 
 
-def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
-    """Boolean [N, F] mask: entry (i, j) kept with probability 1-p, keyed by (key, ids_N[i], j).
+def threshold(p: float) -> int:
+    """Drop an entry when its random byte is below this; p is rounded to a multiple of 1/256."""
+    return min(255, round(p * 256))
 
-    Rows and columns are hashed once with splitmix64; each entry then costs one 32-bit
-    finaliser over their xor, which keeps dropout cheap next to the aggregation it precedes.
+
+def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
+    """Boolean [N, F] mask: entry (i, j) kept with probability 1 - threshold(p)/256.
+
+    Rows and column groups are hashed once with splitmix64; one 32-bit finaliser over their
+    xor then yields four random bytes, one per entry, which keeps dropout cheap next to the
+    aggregation it precedes.
     """
+    num_groups = (num_cols + 3) // 4
     row_N = (splitmix64(ids_N.to(torch.int64) ^ key) & 0x7FFFFFFF).to(torch.int32)
-    cols = torch.arange(num_cols, dtype=torch.int64, device=ids_N.device)
-    col_F = (splitmix64(cols + _COL_SALT) & 0x7FFFFFFF).to(torch.int32)
-    bits = (_fmix32(row_N.unsqueeze(1) ^ col_F) >> 8) & 0xFFFFFF  # 24 uniform bits
-    return bits >= int(p * (1 << 24))
+    groups = torch.arange(num_groups, dtype=torch.int64, device=ids_N.device)
+    col_G = (splitmix64(groups + _COL_SALT) & 0x7FFFFFFF).to(torch.int32)
+    hashed_NG = _fmix32(row_N.unsqueeze(1) ^ col_G)
+    bytes_NF = hashed_NG.view(torch.uint8).view(ids_N.shape[0], 4 * num_groups)[:, :num_cols]
+    return bytes_NF >= threshold(p)
 
 
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     """Inverted dropout with a mask that only depends on global row ids and the key."""
     if p == 0.0:
         return x_NF
-    scale = 1.0 / (1.0 - p)
+    scale = 256.0 / (256 - threshold(p))  # 1 / (keep probability): unbiased after rounding
     masks = [
         keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
         for s in range(0, ids_N.shape[0], _CHUNK_ROWS)
     ]
     mask_NF = torch.cat(masks) if masks else torch.zeros_like(x_NF, dtype=torch.bool)
-    return x_NF * mask_NF.to(x_NF.dtype) * scale
+    return torch.where(mask_NF, x_NF * scale, torch.zeros((), dtype=x_NF.dtype))
