@@ -29,9 +29,9 @@ TINY = [
 # Big enough that an epoch takes a noticeable time, so kills land mid-run.
 MEDIUM = [
     "--set",
-    "data.synthetic.num_nodes=20000",
+    "data.synthetic.num_nodes=60000",
     "--set",
-    "data.synthetic.num_features=64",
+    "data.synthetic.num_features=128",
     "--set",
     "train.checkpoint_every=2",
     "--set",
