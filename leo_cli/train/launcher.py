@@ -131,7 +131,6 @@ def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None
 def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
     """Partition if needed, check resume consistency, write the resolved config."""
     check_supported(cfg)
-    workers_per_node(cfg)
     run_dir = Path(cfg.run.out_dir).resolve()
     if cfg.launch.node_rank > 0:
         wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)

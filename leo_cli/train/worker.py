@@ -88,12 +88,11 @@ def resume_state(job: Job, run_dir: Path) -> int:
 def check_same_start(start: int) -> None:
     """Every rank must resume from the same checkpoint (a shared folder seen inconsistently
     across machines would otherwise train different models)."""
-    lo = all_reduce_(torch.tensor([-start], dtype=torch.int64), op="max")
-    hi = all_reduce_(torch.tensor([start], dtype=torch.int64), op="max")
-    if -int(lo.item()) != int(hi.item()):
+    neg_lo, hi = all_reduce_(torch.tensor([-start, start], dtype=torch.int64), op="max").tolist()
+    if -neg_lo != hi:
         raise TrainError(
-            f"workers found different latest checkpoints (epochs {-int(lo.item())} to "
-            f"{int(hi.item())}); make sure every node sees the same run.out_dir/checkpoints."
+            f"workers found different latest checkpoints (epochs {-neg_lo} to {hi}); make sure "
+            "every node sees the same run.out_dir/checkpoints."
         )
 
 
