@@ -58,11 +58,6 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: float) -> None:
     )
 
 
-def destroy_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """In-place all-reduce when a group exists; identity in a single process."""
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -24,7 +24,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from leo_cli.comm.dist import (
     DistEnv,
     all_reduce_,
-    destroy_process_group,
     init_process_group,
     pick_backend,
 )
@@ -171,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         error_file.write_text(str(exc))
         print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT
-    finally:
-        destroy_process_group()
 
 
 def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
@@ -204,8 +201,9 @@ def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
 @record
 def entry() -> None:
     code = main()
-    # Skip interpreter teardown: gloo's threads sometimes abort the process while C++ statics
-    # are destroyed ("terminate called without an active exception") after a clean finish.
+    # Skip destroy_process_group and interpreter teardown: gloo's threads sometimes abort the
+    # process there ("terminate called without an active exception") after a clean finish.
+    # The kernel closes the sockets; every rank has passed the final barrier.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -85,10 +86,11 @@ def _worker(
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    try:
-        queue.put((rank, [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]))
-    finally:
-        dist.destroy_process_group()
+    queue.put((rank, [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]))
+    # As the real workers do: gloo's threads can abort a process while the group or the
+    # interpreter is torn down after a clean finish, so sync and leave without either.
+    dist.barrier()
+    os._exit(0)
 
 
 def run_many(
