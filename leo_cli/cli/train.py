@@ -78,6 +78,14 @@ def train_cmd(
             "checkpoint, appending to metrics.jsonl.",
         ),
     ] = False,
+    allow_inexact: Annotated[
+        bool,
+        typer.Option(
+            "--allow-inexact",
+            help="Permit pipeline.mode=compute-only, which skips the halo exchange and so "
+            "trains on wrong numbers on purpose: the floor `leo bench` compares against.",
+        ),
+    ] = False,
 ) -> None:
     """Train on the partitions with one torchrun worker per part (partitions first if needed).
 
@@ -91,9 +99,9 @@ def train_cmd(
     )
     try:
         with stage_progress() as progress:
-            prepare(cfg, resume, progress)
+            prepare(cfg, resume, progress, allow_inexact)
         follower.start()
-        run_workers(cfg, run_dir, resume)
+        run_workers(cfg, run_dir, resume, allow_inexact)
     finally:
         stop.set()
         if follower.is_alive():

@@ -18,6 +18,7 @@ class DistEnv:
     world_size: int
     local_rank: int
     restart: int
+    local_world_size: int = 1
 
     @classmethod
     def from_env(cls) -> DistEnv:
@@ -26,6 +27,7 @@ class DistEnv:
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
 
 

@@ -1,15 +1,19 @@
-"""Exact halo exchange: owners send boundary rows forward, halo gradients flow back.
+"""Moving halo rows between workers: who sends what (HaloPlan), bulk and chunked transfers.
 
 Legend: N inner rows, H halo rows, S rows this worker sends (sum over peers), F width.
-Every exchanger implements `HaloExchanger`; the blocking one here is the exact reference that
-every other mode must match.
+The bulk all-to-all here is the exact reference (`blocking`); the chunked point-to-point
+transfers serve the pipelined mode. Both count bytes and time: `wait_s` is time this worker
+sat waiting for a transfer (exposed), `transfer_s` the time from posting a transfer to seeing
+it complete (hidden + exposed; an upper bound, since completion is only observed at a wait).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,13 +24,42 @@ from leo_cli import kernels
 
 @dataclass
 class CommStats:
-    """Bytes this worker sent and seconds it spent inside exchanges, since the last reset."""
+    """Bytes this worker sent and seconds it spent on transfers, since the last reset.
+
+    On CUDA a collective's return is only its enqueue; waits are then timed with CUDA events
+    around the point where the compute stream waits, and settled by `settle()`.
+    """
 
     bytes_sent: int = 0
-    seconds: float = 0.0
+    wait_s: float = 0.0
+    transfer_s: float = 0.0
+    _events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     def reset(self) -> None:
-        self.bytes_sent, self.seconds = 0, 0.0
+        self.bytes_sent, self.wait_s, self.transfer_s = 0, 0.0, 0.0
+        self._events.clear()
+
+    @contextmanager
+    def waiting(self, device: torch.device) -> Iterator[None]:
+        """Time a wait: wall clock on the CPU, stream time (CUDA events) on GPUs."""
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self.wait_s += time.perf_counter() - t0
+
+    def settle(self) -> None:
+        """Fold pending CUDA event timings into wait_s (synchronises with the device)."""
+        for start, end in self._events:
+            end.synchronize()
+            self.wait_s += start.elapsed_time(end) / 1000.0
+        self._events.clear()
 
 
 @dataclass
@@ -43,72 +76,111 @@ class HaloPlan:
     def num_halo(self) -> int:
         return sum(self.recv_counts)
 
+    @property
+    def device(self) -> torch.device:
+        return self.send_idx_S.device
 
-class HaloExchanger(Protocol):
-    """Turns this worker's inner rows into `[inner | halo]` rows, differentiably."""
+    def send_offsets(self) -> list[int]:
+        return _offsets(self.send_counts)
 
-    plan: HaloPlan
+    def recv_offsets(self) -> list[int]:
+        return _offsets(self.recv_counts)
 
-    def exchange(self, h_NF: Tensor) -> Tensor: ...
+
+def _offsets(counts: list[int]) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
 
 
-def _all_to_all(
-    send: Tensor, send_counts: list[int], recv_counts: list[int], stats: CommStats
+def all_to_all_rows(
+    send_SF: Tensor, send_counts: list[int], recv_counts: list[int], stats: CommStats
 ) -> Tensor:
-    """Uneven all-to-all of rows; counts bytes leaving this worker."""
-    recv = send.new_empty((sum(recv_counts), send.shape[1]))
+    """Uneven all-to-all of rows, waited for at once; counts bytes leaving this worker."""
+    recv = send_SF.new_empty((sum(recv_counts), send_SF.shape[1]))
     t0 = time.perf_counter()
-    dist.all_to_all_single(recv, send.contiguous(), recv_counts, send_counts)
-    stats.seconds += time.perf_counter() - t0
-    stats.bytes_sent += send.numel() * send.element_size()
+    with stats.waiting(send_SF.device):
+        dist.all_to_all_single(recv, send_SF.contiguous(), recv_counts, send_counts)
+    stats.transfer_s += time.perf_counter() - t0
+    stats.bytes_sent += send_SF.numel() * send_SF.element_size()
     return recv
 
 
 class _BlockingHalo(torch.autograd.Function):
+    """h -> [h | halo(h)]: forward sends boundary rows, backward returns halo gradients."""
+
     @staticmethod
     def forward(ctx: Any, h_NF: Tensor, plan: HaloPlan) -> Tensor:
         ctx.plan = plan
         send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
-        halo_HF = _all_to_all(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
+        halo_HF = all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
         return torch.cat([h_NF, halo_HF])
 
     @staticmethod
     def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None]:
         plan: HaloPlan = ctx.plan
         grad_halo_HF = grad_full[plan.num_inner :]
-        back_SF = _all_to_all(grad_halo_HF, plan.recv_counts, plan.send_counts, plan.stats)
+        back_SF = all_to_all_rows(grad_halo_HF, plan.recv_counts, plan.send_counts, plan.stats)
         grad_h = grad_full[: plan.num_inner] + kernels.scatter_add_rows(
             back_SF, plan.send_idx_S, plan.num_inner
         )
         return grad_h, None
 
 
-class BlockingExchanger:
-    """Exchange the whole halo, wait, then compute (DGL/PyG-style; the exact reference)."""
-
-    def __init__(self, plan: HaloPlan) -> None:
-        self.plan = plan
-
-    def exchange(self, h_NF: Tensor) -> Tensor:
-        out: Tensor = _BlockingHalo.apply(h_NF, self.plan)  # type: ignore[no-untyped-call]
-        return out
+def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
+    """`[h | halo]` rows, differentiably: the whole halo in one all-to-all."""
+    out: Tensor = _BlockingHalo.apply(h_NF, plan)  # type: ignore[no-untyped-call]
+    return out
 
 
-class LocalExchanger:
-    """A single worker owns every node: there is no halo."""
+@dataclass
+class Transfer:
+    """Chunks in flight between this worker and its peers (one exchange of one layer).
 
-    def __init__(self, plan: HaloPlan) -> None:
-        assert plan.num_halo == 0, "a single-worker plan has no halo"
-        self.plan = plan
+    `wait(i)` blocks until incoming chunk i has landed; `finish()` until every send is done
+    (send buffers must stay alive until then).
+    """
 
-    def exchange(self, h_NF: Tensor) -> Tensor:
-        return h_NF
+    recv_buffers: list[Tensor]
+    recv_works: list[Any]
+    send_works: list[Any]
+    sent_buffers: list[Tensor]
+    stats: CommStats
+    device: torch.device
+    posted_at: float = field(default_factory=time.perf_counter)
+
+    def wait(self, i: int) -> None:
+        with self.stats.waiting(self.device):
+            if self.recv_works[i] is not None:
+                self.recv_works[i].wait()
+
+    def finish(self) -> None:
+        with self.stats.waiting(self.device):
+            for work in self.send_works:
+                work.wait()
+        self.stats.transfer_s += time.perf_counter() - self.posted_at
+        self.sent_buffers.clear()
 
 
-def make_exchanger(mode: str, plan: HaloPlan, world_size: int) -> HaloExchanger:
-    """The exchanger for `pipeline.mode` (only modes that exist; no silent fallback)."""
-    if world_size == 1:
-        return LocalExchanger(plan)
-    if mode == "blocking":
-        return BlockingExchanger(plan)
-    raise NotImplementedError(f"pipeline.mode={mode!r} has no exchanger yet")
+def post_chunks(
+    sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tensor]], stats: CommStats
+) -> Transfer:
+    """Post receives, then sends, of (peer, rows) chunks; empty chunks are skipped.
+
+    Chunks between a pair of workers are matched in posting order, so both sides must list
+    their chunks in the same order (they do: both cut the same counts the same way).
+    """
+    device = recvs[0][1].device if recvs else torch.device("cpu")
+    transfer = Transfer([buf for _, buf in recvs], [], [], [], stats, device)
+    for peer, buf in recvs:
+        work = dist.irecv(buf, peer) if buf.numel() > 0 else None
+        transfer.recv_works.append(work)
+    for peer, rows in sends:
+        if rows.numel() == 0:
+            continue
+        rows = rows.contiguous()
+        transfer.send_works.append(dist.isend(rows, peer))
+        transfer.sent_buffers.append(rows)
+        stats.bytes_sent += rows.numel() * rows.element_size()
+    return transfer

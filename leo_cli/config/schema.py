@@ -103,10 +103,11 @@ class CacheConfig(Section):
 
 
 class PipelineConfig(Section):
-    mode: Literal["leo", "blocking", "fine-grained", "shared-memory"] = "blocking"
-    """Halo exchange: `leo` (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM)."""
+    mode: Literal["leo", "blocking", "fine-grained", "shared-memory", "compute-only"] = "leo"
+    """Halo exchange: `leo` (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM);
+    `compute-only` skips the exchange (wrong numbers; `leo bench` only)."""
     num_chunks: Literal["auto"] | int = "auto"
-    """Chunks per peer for the pipelined exchange, or `auto` (from the cache plan)."""
+    """Chunks per peer for the pipelined exchange, or `auto` (about 4 MiB per chunk, 1 to 4)."""
 
     @field_validator("num_chunks")
     @classmethod

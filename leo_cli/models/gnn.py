@@ -27,7 +27,7 @@ class GNN(nn.Module):
         for layer, conv in enumerate(self.convs):
             if self.training and self.dropout > 0:
                 h = counter_dropout(h, g.global_ids_N, self.dropout, stream_key(seed, epoch, layer))
-            h = conv(h, g)
+            h = conv(h, g, layer)
             if layer < len(self.convs) - 1:
                 h = torch.relu(h)
         return h

@@ -1,10 +1,12 @@
-"""A worker's graph as the layers see it: normalised CSR over `[inner | halo]`, plus exchange.
+"""A worker's graph as the layers see it: normalised CSR over `[inner | halo]` and the
+aggregator of the pipeline mode, which owns both the halo exchange and the SpMM.
 
-Legend: N inner rows, H halo rows, E local edges, F width.
+Legend: N inner rows, H halo rows, E local edges, F in-width, O out-width.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,33 +14,38 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.exchange import HaloExchanger
+from leo_cli.comm.aggregate import Aggregator
 from leo_cli.graph.layout import LocalPart
 
 
 @dataclass
 class LocalGraph:
-    """What a layer needs: the aggregation matrix, self-loop weights and the exchanger.
+    """What a layer needs: self-loop weights, global ids and the aggregator.
 
     Attributes:
-        adj: CSR with inner rows and `[inner | halo]` columns, weighted for the model.
         self_weight_N: weight of each row's own term (GCN's self-loop), or None.
         global_ids_N: global node ids of inner rows (keys of the dropout masks).
-        exchanger: brings halo rows in before aggregation (and their gradients back).
+        aggregator: sums in-neighbours over `[inner | halo]` columns, exchanging halo rows
+            (and their gradients) as its pipeline mode does.
     """
 
-    adj: kernels.CSR
     self_weight_N: Tensor | None
     global_ids_N: Tensor
-    exchanger: HaloExchanger
+    aggregator: Aggregator
 
     @property
     def num_inner(self) -> int:
         return int(self.global_ids_N.shape[0])
 
-    def aggregate(self, h_NF: Tensor) -> Tensor:
-        """Σ_j w_ij h_j over in-edges (halo rows exchanged first); the self term is not included."""
-        return kernels.spmm(self.adj, self.exchanger.exchange(h_NF))
+    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
+        """Σ_j w_ij h_j over in-edges, halo rows included; the self term is not included."""
+        return self.aggregator.aggregate(h_NF, layer)
+
+    def transform_aggregate(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        """(Σ_j w_ij h_j, h) with h = x·Wᵀ: the mode may overlap the GEMM with the exchange."""
+        return self.aggregator.transform_aggregate(x_NF, weight_OF, layer)
 
 
 def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
@@ -65,10 +72,14 @@ def build_local_graph(
     part: LocalPart,
     model: str,
     dtype: torch.dtype,
-    exchanger: HaloExchanger,
     device: torch.device,
+    aggregator_for: Callable[[kernels.CSR], Aggregator],
 ) -> LocalGraph:
-    """Assemble the LocalGraph of one part for one model."""
+    """Assemble the LocalGraph of one part for one model.
+
+    `aggregator_for` receives the part's CSR (inner rows, `[inner | halo]` columns, weighted
+    for `model`, on `device`) and returns the aggregator of the pipeline mode.
+    """
     values, self_weight = edge_values(part, model, dtype)
     adj = kernels.CSR.from_arrays(
         torch.from_numpy(np.asarray(part.indptr)),
@@ -77,8 +88,7 @@ def build_local_graph(
         num_cols=part.num_inner + part.num_halo,
     ).to(device)
     return LocalGraph(
-        adj=adj,
         self_weight_N=None if self_weight is None else self_weight.to(device),
         global_ids_N=torch.from_numpy(np.asarray(part.inner_nodes)).to(device),
-        exchanger=exchanger,
+        aggregator=aggregator_for(adj),
     )

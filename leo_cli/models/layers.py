@@ -14,13 +14,14 @@ from torch import Tensor, nn
 from leo_cli.models.graph import LocalGraph
 
 
-def propagate(x_NF: Tensor, lin: nn.Linear, g: LocalGraph, self_scale: Tensor | None) -> Tensor:
+def propagate(
+    x_NF: Tensor, lin: nn.Linear, g: LocalGraph, self_scale: Tensor | None, layer: int
+) -> Tensor:
     """lin(A·x + s⊙x) without bias, in whichever order exchanges fewer columns."""
     if lin.out_features < lin.in_features:
-        h_NO: Tensor = lin(x_NF)
-        out = g.aggregate(h_NO)
+        out, h_NO = g.transform_aggregate(x_NF, lin.weight, layer)
         return out if self_scale is None else out + self_scale * h_NO
-    agg_NF = g.aggregate(x_NF)
+    agg_NF = g.aggregate(x_NF, layer)
     if self_scale is not None:
         agg_NF = agg_NF + self_scale * x_NF
     result: Tensor = lin(agg_NF)
@@ -40,8 +41,8 @@ class GCNConv(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_channels))
         nn.init.xavier_uniform_(self.lin.weight)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph) -> Tensor:
-        return propagate(x_NF, self.lin, g, column(g.self_weight_N)) + self.bias
+    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
+        return propagate(x_NF, self.lin, g, column(g.self_weight_N), layer) + self.bias
 
 
 class SAGEConv(nn.Module):
@@ -52,9 +53,9 @@ class SAGEConv(nn.Module):
         self.lin_l = nn.Linear(in_channels, out_channels, bias=False)
         self.lin_r = nn.Linear(in_channels, out_channels, bias=True)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph) -> Tensor:
+    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
         root: Tensor = self.lin_r(x_NF)
-        return propagate(x_NF, self.lin_l, g, None) + root
+        return propagate(x_NF, self.lin_l, g, None, layer) + root
 
 
 class GINConv(nn.Module):
@@ -67,8 +68,8 @@ class GINConv(nn.Module):
         self.bias1 = nn.Parameter(torch.zeros(out_channels))
         self.lin2 = nn.Linear(out_channels, out_channels)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph) -> Tensor:
-        z = propagate(x_NF, self.lin1, g, 1 + self.eps)
+    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
+        z = propagate(x_NF, self.lin1, g, 1 + self.eps, layer)
         out: Tensor = self.lin2(torch.relu(z + self.bias1))
         return out
 

@@ -25,14 +25,13 @@ from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 
-IMPLEMENTED_MODES = ("blocking",)
 IMPLEMENTED_CACHE_POLICIES = ("none",)
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
 
 
-def check_supported(cfg: LeoConfig) -> None:
+def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     """Reject modes that do not exist yet and device/backend combinations that cannot work."""
     check_device(cfg.launch, workers_per_node(cfg))
     if cfg.cache.policy not in IMPLEMENTED_CACHE_POLICIES:
@@ -40,10 +39,15 @@ def check_supported(cfg: LeoConfig) -> None:
             f"cache.policy={cfg.cache.policy!r} is not implemented yet; use cache.policy=none "
             "(every halo row is exchanged in bulk each layer)."
         )
-    if cfg.pipeline.mode not in IMPLEMENTED_MODES:
+    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
         raise ConfigError(
-            f"pipeline.mode={cfg.pipeline.mode!r} is not implemented yet; use "
-            f"pipeline.mode=blocking (available: {', '.join(IMPLEMENTED_MODES)})."
+            "pipeline.mode=compute-only skips the halo exchange and trains on wrong numbers; "
+            "it exists for `leo bench` (pass --allow-inexact to leo train to run it anyway)."
+        )
+    if cfg.pipeline.mode == "shared-memory" and cfg.launch.nnodes > 1:
+        raise ConfigError(
+            "pipeline.mode=shared-memory needs every worker on one host (launch.nnodes=1); "
+            "use pipeline.mode=leo across machines."
         )
 
 
@@ -128,9 +132,11 @@ def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None
     )
 
 
-def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
+def prepare(
+    cfg: LeoConfig, resume: bool, progress: ProgressFn | None, allow_inexact: bool = False
+) -> Path:
     """Partition if needed, check resume consistency, write the resolved config."""
-    check_supported(cfg)
+    check_supported(cfg, allow_inexact)
     run_dir = Path(cfg.run.out_dir).resolve()
     if cfg.launch.node_rank > 0:
         wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
@@ -169,9 +175,10 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
     )
 
 
-def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool) -> None:
+def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
     """Start the workers and block until they finish; failures become TrainError."""
-    args = ["-m", "leo_cli.train.worker", str(run_dir)] + (["--resume"] if resume else [])
+    args = ["-m", "leo_cli.train.worker", str(run_dir)]
+    args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))

@@ -70,7 +70,8 @@ def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[st
     """summary.json: best val (and test at best val), final loss, warm epoch time, bytes."""
     evaluated = [r for r in rows if r.get("val_acc") is not None]
     best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else {}
-    warm = [r["epoch_time_s"] for r in rows if not r.get("cold", False)]
+    warm_rows = [r for r in rows if not r.get("cold", False)]
+    warm = [r["epoch_time_s"] for r in warm_rows]
     return {
         "best_val_acc": best.get("val_acc"),
         "test_acc": best.get("test_acc"),
@@ -79,9 +80,14 @@ def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[st
         "final_test_acc": evaluated[-1]["test_acc"] if evaluated else None,
         "num_epochs": len(rows),
         "mean_epoch_time_s": sum(warm) / len(warm) if warm else None,
+        "mean_comm_wait_s": _mean(warm_rows, "comm_wait_s"),
+        "mean_comm_transfer_s": _mean(warm_rows, "comm_transfer_s"),
+        "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,
+        # compute-only skips the halo exchange on purpose: its numbers are not the model's.
+        "exact": mode != "compute-only" or world_size == 1,
         "kernels": kernels.backend_name(),
         "versions": {
             "leo": leo_cli.__version__,
@@ -90,6 +96,11 @@ def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[st
         },
         "git_sha": git_sha(),
     }
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:

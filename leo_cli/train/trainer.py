@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli.comm.dist import all_reduce_
+from leo_cli.comm.grads import GradReducer
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
 from leo_cli.models.graph import LocalGraph
@@ -49,27 +50,19 @@ class WorkerData:
         )
 
 
-def flat_grads(model: torch.nn.Module) -> list[Tensor]:
-    return [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-
-
-def all_reduce_grads(model: torch.nn.Module) -> None:
-    """Sum weight gradients over workers in one flat buffer (one collective per step)."""
-    grads = flat_grads(model)
-    buf = all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
-    offset = 0
-    for p, g in zip(model.parameters(), grads, strict=True):
-        n = g.numel()
-        p.grad = buf[offset : offset + n].view_as(p).clone()
-        offset += n
-
-
 def train_step(
-    model: GNN, opt: torch.optim.Optimizer, g: LocalGraph, data: WorkerData, seed: int, epoch: int
+    model: GNN,
+    opt: torch.optim.Optimizer,
+    reducer: GradReducer,
+    g: LocalGraph,
+    data: WorkerData,
+    seed: int,
+    epoch: int,
 ) -> tuple[float, dict[str, float]]:
     """One full-graph step; returns the global mean training loss and phase times."""
     model.train()
     opt.zero_grad(set_to_none=True)
+    reducer.start()
     t0 = time.perf_counter()
     logits = model(data.x_NF, g, seed=seed, epoch=epoch)
     # Each worker's sum is scaled by the global count, so summed gradients are the global mean's.
@@ -78,7 +71,7 @@ def train_step(
     t1 = time.perf_counter()
     loss.backward()  # type: ignore[no-untyped-call]
     t2 = time.perf_counter()
-    all_reduce_grads(model)
+    reducer.finish()
     t3 = time.perf_counter()
     opt.step()
     total = all_reduce_(loss.detach().clone().to(torch.float64))

@@ -74,6 +74,20 @@ def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def check_mode(cfg: LeoConfig, env: DistEnv, allow_inexact: bool) -> None:
+    """What the launcher checks, again here: plain torchrun starts workers without it."""
+    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
+        raise TrainError(
+            "pipeline.mode=compute-only skips the halo exchange (wrong numbers on purpose); "
+            "pass --allow-inexact to the worker to run it for a benchmark."
+        )
+    if cfg.pipeline.mode == "shared-memory" and env.local_world_size != env.world_size:
+        raise TrainError(
+            "pipeline.mode=shared-memory needs every worker on one host, but "
+            f"{env.world_size - env.local_world_size} run elsewhere; use pipeline.mode=leo."
+        )
+
+
 def resume_state(job: Job, run_dir: Path) -> int:
     """Load the latest checkpoint into the job; returns the number of epochs it holds."""
     state = load_latest(run_dir)
@@ -100,23 +114,22 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
     tc = cfg.train
     for epoch in range(start + 1, tc.num_epochs + 1):
         job.plan.stats.reset()
-        loss, times = train_step(job.model, job.optimizer, job.graph, job.data, cfg.run.seed, epoch)
+        loss, times = train_step(
+            job.model, job.optimizer, job.reducer, job.graph, job.data, cfg.run.seed, epoch
+        )
         if not torch.isfinite(torch.tensor(loss)):
             raise TrainError(
                 f"training loss became {loss} at epoch {epoch}; lower train.lr "
                 "(checkpoints of earlier epochs, if any, are kept in checkpoints/)."
             )
         row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
-        step_bytes = job.plan.stats.bytes_sent
+        job.plan.stats.settle()
+        step_comm = (job.plan.stats.wait_s, job.plan.stats.transfer_s, job.plan.stats.bytes_sent)
         if epoch % tc.eval_every == 0 or epoch == tc.num_epochs:
             t0 = time.perf_counter()
             row.update(evaluate(job.model, job.graph, job.data))
             row["eval_s"] = time.perf_counter() - t0
-        row.update(
-            reduce_epoch_stats(
-                times["step_s"], job.plan.stats.seconds, step_bytes, job.plan.stats.bytes_sent
-            )
-        )
+        row.update(reduce_epoch_stats(times["step_s"], *step_comm, job.plan.stats.bytes_sent))
         row["cold"] = epoch == start + 1
         if env.rank == 0:
             run_files.append_metrics(run_dir, row)
@@ -129,16 +142,20 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
 
 
 def reduce_epoch_stats(
-    step_s: float, comm_s: float, step_bytes: int, all_bytes: int
+    step_s: float, wait_s: float, transfer_s: float, step_bytes: int, all_bytes: int
 ) -> dict[str, Any]:
-    """Slowest worker's times; bytes summed over workers (training step and whole epoch)."""
-    t = all_reduce_(torch.tensor([step_s, comm_s], dtype=torch.float64), op="max")
-    b = all_reduce_(torch.tensor([step_bytes, all_bytes], dtype=torch.float64))
+    """The slowest worker's step time, communication times of the training step (mean over
+    workers, and the longest wait), bytes summed over workers (step and whole epoch)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
+    s = all_reduce_(torch.tensor([wait_s, transfer_s, step_bytes, all_bytes], dtype=torch.float64))
     return {
         "epoch_time_s": float(t[0]),
-        "comm_s": float(t[1]),
-        "step_comm_bytes": int(b[0]),
-        "comm_bytes": int(b[1]),
+        "comm_wait_s": float(s[0]) / world,
+        "comm_wait_max_s": float(t[1]),
+        "comm_transfer_s": float(s[1]) / world,
+        "step_comm_bytes": int(s[2]),
+        "comm_bytes": int(s[3]),
     }
 
 
@@ -155,13 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m leo_cli.train.worker")
     parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument(
+        "--allow-inexact",
+        action="store_true",
+        help="allow pipeline.mode=compute-only (skips the halo exchange; for leo bench)",
+    )
     args = parser.parse_args(argv)
     die_with_parent()
     env = DistEnv.from_env()
     run_dir: Path = args.run_dir
     start_heartbeat(run_dir, env.rank)
     try:
-        return run_worker(run_dir, env, resume=args.resume or env.restart > 0)
+        resume = args.resume or env.restart > 0
+        return run_worker(run_dir, env, resume=resume, allow_inexact=args.allow_inexact)
     except LeoError as exc:
         # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
         # agent stop the other ranks, which may be waiting for this one in a collective.
@@ -172,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
 
 
-def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
+def run_worker(run_dir: Path, env: DistEnv, resume: bool, allow_inexact: bool = False) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
+    check_mode(cfg, env, allow_inexact)
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
         raise TrainError(

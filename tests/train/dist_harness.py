@@ -17,7 +17,7 @@ from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import Graph
 from leo_cli.train.setup import Job, assemble
-from leo_cli.train.trainer import all_reduce_grads, evaluate, train_step
+from leo_cli.train.trainer import evaluate, train_step
 
 
 def free_port() -> int:
@@ -41,7 +41,7 @@ def run_job(
     job = assemble(cfg, part, info, world, torch.device("cpu"))
     grads = first_gradients(job, cfg.run.seed)
     losses = [
-        train_step(job.model, job.optimizer, job.graph, job.data, cfg.run.seed, e)[0]
+        train_step(job.model, job.optimizer, job.reducer, job.graph, job.data, cfg.run.seed, e)[0]
         for e in range(1, num_steps + 1)
     ]
     acc = evaluate(job.model, job.graph, job.data)
@@ -65,8 +65,9 @@ def first_gradients(job: Job, seed: int) -> list[np.ndarray]:
     logits = job.model(job.data.x_NF, job.graph, seed=seed, epoch=1)
     d = job.data
     loss = F.cross_entropy(logits[d.train_N], d.y_N[d.train_N], reduction="sum")
+    job.reducer.start()
     (loss / d.num_train_global).backward()
-    all_reduce_grads(job.model)
+    job.reducer.finish()
     grads = [p.grad.numpy().copy() for p in job.model.parameters() if p.grad is not None]
     job.model.zero_grad(set_to_none=True)
     return grads

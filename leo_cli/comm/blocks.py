@@ -1,0 +1,96 @@
+"""Column blocks of a worker's CSR, so that each source of rows is aggregated on its own.
+
+The local CSR has inner rows and `[inner | halo]` columns, and the halo columns of one owner
+are contiguous. Cutting the columns into blocks (the inner block, then one block per peer and
+chunk) lets a pipelined aggregation sum the inner rows while halo rows are still in flight,
+and add each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`.
+
+A halo block only touches the rows that read it, so it is stored compactly: its CSR has one
+row per reading row (`rows_R`) and its result is added into those rows of the output.
+Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.kernels.csr import row_of_edges
+
+
+@dataclass(frozen=True)
+class ColumnBlock:
+    """Columns `[col_start, col_end)` of a CSR, with their transpose for the backward pass.
+
+    Attributes:
+        col_start: first column of the block in the full CSR.
+        col_end: one past its last column.
+        rows_R: (R) int64 rows of the full CSR that have edges in the block, or None when the
+            block keeps every row (the inner block).
+        fwd: (R x C) CSR of the block.
+        bwd: (C x R) its transpose, for gradients flowing back to the block's columns.
+    """
+
+    col_start: int
+    col_end: int
+    rows_R: Tensor | None
+    fwd: kernels.CSR
+    bwd: kernels.CSR
+
+    @property
+    def num_cols(self) -> int:
+        return self.col_end - self.col_start
+
+    @property
+    def num_edges(self) -> int:
+        return self.fwd.num_edges
+
+    def to(self, device: torch.device) -> ColumnBlock:
+        rows = None if self.rows_R is None else self.rows_R.to(device)
+        return ColumnBlock(
+            self.col_start, self.col_end, rows, self.fwd.to(device), self.bwd.to(device)
+        )
+
+    def forward(self, x_CF: Tensor) -> Tensor:
+        """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row."""
+        return kernels.spmm(self.fwd, x_CF)
+
+    def backward(self, grad_NF: Tensor) -> Tensor:
+        """A[:, block]^T · grad: the gradient of the block's (C x F) input rows."""
+        grad_RF = grad_NF if self.rows_R is None else grad_NF.index_select(0, self.rows_R)
+        return kernels.spmm(self.bwd, grad_RF)
+
+    def add_into(self, out_NF: Tensor, x_CF: Tensor) -> None:
+        """out += A[:, block] · x (in place; only the block's rows change)."""
+        part_RF = self.forward(x_CF)
+        if self.rows_R is None:
+            out_NF += part_RF
+        else:
+            out_NF.index_add_(0, self.rows_R, part_RF)
+
+
+def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> ColumnBlock:
+    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there."""
+    cols_E = adj.indices.long()
+    keep_E = (cols_E >= start) & (cols_E < end)
+    rows_E = row_of_edges(adj.indptr)[keep_E]
+    cols_E, values_E = cols_E[keep_E] - start, adj.values[keep_E]
+    rows_R: Tensor | None = None
+    num_rows = adj.num_rows
+    if compact:
+        rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
+        num_rows = int(rows_R.shape[0])
+    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start)
+    return ColumnBlock(start, end, rows_R, fwd, fwd.transpose())
+
+
+def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
+    """`num_chunks + 1` boundaries cutting `num_rows` rows into near-equal chunks.
+
+    Chunks may be empty when there are more chunks than rows; every worker computes the same
+    boundaries from the same counts, so senders and receivers agree without talking.
+    """
+    return [num_rows * c // num_chunks for c in range(num_chunks + 1)]

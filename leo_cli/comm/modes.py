@@ -1,0 +1,70 @@
+"""Choosing the aggregator of a `pipeline.mode` (only modes that exist; no silent fallback)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.comm.aggregate import (
+    Aggregator,
+    BlockingAggregator,
+    ComputeOnlyAggregator,
+    LocalAggregator,
+    fine_grained_view,
+)
+from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.pipeline import PipelinedAggregator
+from leo_cli.comm.shm import SharedMemoryAggregator
+
+# `auto` chunking: one chunk per this many bytes of a peer's rows at the widest layer...
+AUTO_CHUNK_BYTES = 4 << 20
+# ... and never more than this many chunks per peer (each chunk is one message per peer).
+AUTO_MAX_CHUNKS = 4
+
+
+def auto_chunks(plan: HaloPlan, width: int, dtype: torch.dtype) -> int:
+    """`pipeline.num_chunks=auto`: chunks of about 4 MiB per peer, 1 to 4 of them.
+
+    Small halos go in one message (a message costs a fixed latency); large ones in a few
+    chunks so that aggregation can start on the first while the rest is in flight.
+    """
+    row_bytes = width * torch.empty(0, dtype=dtype).element_size()
+    largest = max([*plan.send_counts, *plan.recv_counts, 0]) * row_bytes
+    return max(1, min(AUTO_MAX_CHUNKS, -(-largest // AUTO_CHUNK_BYTES)))
+
+
+def make_aggregator(
+    mode: str,
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    world_size: int,
+    *,
+    num_chunks: int,
+    width: int,
+    halo_local_H: Tensor,
+) -> Aggregator:
+    """The aggregator of `mode` for one worker.
+
+    Args:
+        mode: `pipeline.mode` (or `compute-only`, for benchmarks).
+        adj: local CSR, inner rows and `[inner | halo]` columns.
+        plan: halo plan of this worker.
+        world_size: number of workers (1 means no halo and no communication).
+        num_chunks: chunks per peer for the pipelined mode.
+        width: the widest rows any layer exchanges (sizes shared segments).
+        halo_local_H: owner-local row of every halo node (shared-memory mode).
+    """
+    if world_size == 1:
+        return LocalAggregator(adj)
+    if mode == "blocking":
+        return BlockingAggregator(adj, plan)
+    if mode == "leo":
+        return PipelinedAggregator(adj, plan, num_chunks)
+    if mode == "fine-grained":
+        return BlockingAggregator(*fine_grained_view(adj, plan))
+    if mode == "shared-memory":
+        return SharedMemoryAggregator(adj, plan, halo_local_H, width)
+    if mode == "compute-only":
+        return ComputeOnlyAggregator(adj, plan)
+    raise ValueError(f"unknown pipeline mode {mode!r}")

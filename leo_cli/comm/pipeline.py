@@ -1,0 +1,192 @@
+"""The LEO pipeline (`pipeline.mode=leo`): communication hidden behind the layer's own work.
+
+Forward, per layer (DESIGN.md §2.2):
+1. boundary-first update: the GEMM of the rows peers need runs first and their chunks are
+   posted to the peers (asynchronous, `num_chunks` per peer) before the interior GEMM;
+2. the inner column block is aggregated while the chunks are in flight;
+3. each incoming chunk is aggregated as soon as it has landed (its own column block).
+Backward mirrors it: the halo-gradient chunks are computed and posted first, the inner
+backward runs while they travel, and each gradient chunk that lands is added to its owner's
+rows. Numbers equal `blocking` up to the order of floating-point sums.
+
+Legend: N inner rows, B boundary rows (sent to some peer), H halo rows, F in-width,
+O out-width, S rows sent (sum over peers and chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.comm.aggregate import _Base
+from leo_cli.comm.blocks import ColumnBlock, chunk_bounds, column_block
+from leo_cli.comm.exchange import HaloPlan, Transfer, post_chunks
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk between this worker and a peer: rows sent and halo columns received."""
+
+    peer: int
+    send_idx: Tensor  # inner rows sent to the peer in this chunk
+    send_pos: Tensor  # the same rows as positions among the boundary rows
+    recv_start: int  # halo rows [recv_start, recv_end) arrive in this chunk
+    recv_end: int
+    block: ColumnBlock  # columns N + [recv_start, recv_end) of the CSR
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The order in which chunks are posted and aggregated, for one chunk count."""
+
+    num_chunks: int
+    chunks: list[Chunk]
+
+
+def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int) -> Schedule:
+    """Cut every peer's rows into k chunks; chunk c of every peer before chunk c + 1."""
+    send_off, recv_off = plan.send_offsets(), plan.recv_offsets()
+    n, chunks = plan.num_inner, []
+    for c in range(k):
+        for peer in range(len(plan.send_counts)):
+            s = chunk_bounds(plan.send_counts[peer], k)
+            r = chunk_bounds(plan.recv_counts[peer], k)
+            if s[c + 1] == s[c] and r[c + 1] == r[c]:
+                continue
+            send_idx = plan.send_idx_S[send_off[peer] + s[c] : send_off[peer] + s[c + 1]]
+            lo, hi = recv_off[peer] + r[c], recv_off[peer] + r[c + 1]
+            chunks.append(
+                Chunk(
+                    peer,
+                    send_idx,
+                    torch.searchsorted(boundary_B, send_idx),
+                    lo,
+                    hi,
+                    column_block(adj, n + lo, n + hi, compact=True),
+                )
+            )
+    return Schedule(k, chunks)
+
+
+class PipelinedAggregator(_Base):
+    """LEO mode: boundary-first update, chunked asynchronous halo, per-chunk aggregation."""
+
+    def __init__(self, adj: kernels.CSR, plan: HaloPlan, num_chunks: int) -> None:
+        self.adj, self.plan, self.stats = adj, plan, plan.stats
+        self.num_chunks = num_chunks
+        self.boundary_B = torch.unique(plan.send_idx_S)  # sorted
+        interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
+        interior[self.boundary_B] = False
+        self.interior_I = torch.nonzero(interior).squeeze(1)
+        self.inner = column_block(adj, 0, plan.num_inner, compact=False)
+        self._schedules: dict[int, Schedule] = {}
+
+    def schedule(self, layer: int) -> Schedule:
+        """The chunking of a layer (one count for every layer until a cache plan sets them)."""
+        k = self.num_chunks
+        if k not in self._schedules:
+            self._schedules[k] = build_schedule(self.adj, self.plan, self.boundary_B, k)
+        return self._schedules[k]
+
+    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
+        out: Tensor = _Pipelined.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+        return out
+
+    def transform_aggregate(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        out, h_NO = _Pipelined.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+        return out, h_NO
+
+    # -- forward pieces ------------------------------------------------------------------
+
+    def update_and_post(
+        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule
+    ) -> tuple[Tensor, Transfer]:
+        """h = x·Wᵀ with the boundary rows first, their chunks posted before the interior."""
+        if weight is None:
+            return x_NF, self.post_rows(x_NF, sched, by_position=False)
+        h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
+        transfer = self.post_rows(h_BO, sched, by_position=True)
+        h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
+        h_NO.index_copy_(0, self.boundary_B, h_BO)
+        h_NO.index_copy_(
+            0, self.interior_I, F.linear(x_NF.index_select(0, self.interior_I), weight)
+        )
+        return h_NO, transfer
+
+    def post_rows(self, rows: Tensor, sched: Schedule, by_position: bool) -> Transfer:
+        halo_HF = rows.new_empty((self.plan.num_halo, rows.shape[1]))
+        sends = [
+            (c.peer, kernels.gather_rows(rows, c.send_pos if by_position else c.send_idx))
+            for c in sched.chunks
+        ]
+        recvs = [(c.peer, halo_HF[c.recv_start : c.recv_end]) for c in sched.chunks]
+        return post_chunks(sends, recvs, self.stats)
+
+    def aggregate_arrivals(self, h_NF: Tensor, transfer: Transfer, sched: Schedule) -> Tensor:
+        """Inner block first, then every chunk as soon as it has landed."""
+        out_NF = self.inner.forward(h_NF)
+        for i, c in enumerate(sched.chunks):
+            transfer.wait(i)
+            halo = transfer.recv_buffers[i]
+            if c.block.num_edges > 0:
+                c.block.add_into(out_NF, halo)
+        transfer.finish()
+        return out_NF
+
+    # -- backward pieces -----------------------------------------------------------------
+
+    def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
+        """Gradient of h: halo chunks sent to their owners first, the inner block meanwhile."""
+        sends = [(c.peer, c.block.backward(grad_NO)) for c in sched.chunks]
+        recvs = [
+            (c.peer, grad_NO.new_empty((c.send_idx.shape[0], grad_NO.shape[1])))
+            for c in sched.chunks
+        ]
+        transfer = post_chunks(sends, recvs, self.stats)
+        grad_h = self.inner.backward(grad_NO)
+        for i, c in enumerate(sched.chunks):
+            transfer.wait(i)
+            grad_h.index_add_(0, c.send_idx, transfer.recv_buffers[i])
+        transfer.finish()
+        return grad_h
+
+
+class _Pipelined(torch.autograd.Function):
+    """(x, W) -> (A·[h | halo(h)], h) with h = x·Wᵀ, or x -> A·[x | halo(x)] without W."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: PipelinedAggregator, layer: int
+    ) -> Any:
+        sched = agg.schedule(layer)
+        h_NO, transfer = agg.update_and_post(x_NF, weight, sched)
+        out_NO = agg.aggregate_arrivals(h_NO, transfer, sched)
+        ctx.agg, ctx.sched = agg, sched
+        ctx.set_materialize_grads(False)
+        if weight is None:
+            return out_NO
+        ctx.save_for_backward(x_NF, weight)
+        return out_NO, h_NO
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor | None, grad_h: Tensor | None = None) -> Any:
+        agg: PipelinedAggregator = ctx.agg
+        if grad_out is None:
+            grad_out = grad_h.new_zeros(grad_h.shape) if grad_h is not None else None
+        assert grad_out is not None
+        g_h = agg.backward_halo(grad_out, ctx.sched)
+        if grad_h is not None:
+            g_h += grad_h
+        if not ctx.saved_tensors:
+            return g_h, None, None, None
+        x_NF, weight = ctx.saved_tensors
+        grad_x = g_h @ weight if ctx.needs_input_grad[0] else None
+        grad_w = g_h.t() @ x_NF if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None
