@@ -95,11 +95,18 @@ def _worker(
 
 
 def run_many(
-    cfgs: list[LeoConfig], g: Graph, world: int, num_steps: int, method: str = "metis"
+    cfgs: list[LeoConfig],
+    g: Graph,
+    world: int,
+    num_steps: int,
+    method: str = "metis",
+    owner: np.ndarray | None = None,
 ) -> list[list[dict[str, Any]]]:
-    """Partition g into `world` parts and train every config on that many gloo ranks (one
-    process group for all configs, to pay the start-up once). Results [config][rank]."""
-    owner = assign_parts(g, world, method, seed=0)
+    """Partition g into `world` parts (or use the given owner of every node) and train every
+    config on that many gloo ranks (one process group for all configs, to pay the start-up
+    once). Results [config][rank]."""
+    if owner is None:
+        owner = assign_parts(g, world, method, seed=0)
     parts = build_parts(g, owner, world)
     if world == 1:
         return [[run_job(cfg, parts[0], dataset_info(g), 1, num_steps)] for cfg in cfgs]

@@ -1,0 +1,55 @@
+"""Column blocks of a CSR add up to the whole SpMM, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leo_cli import kernels
+from leo_cli.comm.blocks import chunk_bounds, column_block
+
+
+def random_csr(rows: int, cols: int, edges: int, seed: int) -> kernels.CSR:
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, rows, (edges,), generator=gen)
+    c = torch.randint(0, cols, (edges,), generator=gen)
+    v = torch.rand(edges, generator=gen, dtype=torch.float64)
+    return kernels.CSR.from_coo(r, c, v, rows, cols)
+
+
+@pytest.mark.parametrize("bounds", [[0, 10, 25, 40], [0, 40], [0, 0, 13, 13, 40]])
+def test_blocks_sum_to_the_whole_product(bounds: list[int]) -> None:
+    adj = random_csr(30, 40, 200, seed=1)
+    x = torch.randn(40, 5, dtype=torch.float64)
+    grad = torch.randn(30, 5, dtype=torch.float64)
+    out = torch.zeros(30, 5, dtype=torch.float64)
+    grad_x = torch.zeros(40, 5, dtype=torch.float64)
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        block = column_block(adj, lo, hi, compact=lo > 0)
+        block.add_into(out, x[lo:hi])
+        grad_x[lo:hi] = block.backward(grad)
+        if block.rows_R is not None:  # compact blocks keep only the rows that read them
+            assert block.fwd.num_rows == int(torch.unique(block.rows_R).numel())
+    dense = adj.to_dense()
+    torch.testing.assert_close(out, dense @ x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_x, dense.t() @ grad, rtol=1e-12, atol=1e-12)
+
+
+def test_compact_block_of_unread_columns_is_empty() -> None:
+    adj = kernels.CSR.from_coo(
+        torch.tensor([0, 2]), torch.tensor([0, 1]), torch.ones(2), num_rows=3, num_cols=4
+    )
+    block = column_block(adj, 2, 4, compact=True)
+    assert block.num_edges == 0 and block.fwd.num_rows == 0
+    out = torch.zeros(3, 2)
+    block.add_into(out, torch.ones(2, 2))
+    assert not out.any()
+    assert block.backward(torch.ones(3, 2)).shape == (2, 2)
+
+
+@pytest.mark.parametrize(("rows", "chunks"), [(10, 3), (2, 7), (0, 2), (5, 1)])
+def test_chunk_bounds_cover_every_row_once(rows: int, chunks: int) -> None:
+    b = chunk_bounds(rows, chunks)
+    assert len(b) == chunks + 1 and b[0] == 0 and b[-1] == rows
+    assert all(lo <= hi for lo, hi in zip(b, b[1:], strict=False))
+    assert max(hi - lo for lo, hi in zip(b, b[1:], strict=False)) <= -(-rows // chunks)
