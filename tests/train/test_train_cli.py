@@ -241,7 +241,7 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
         (["--set", "data.name=cora", "--set", "data.root=/nonexistent"], "/nonexistent"),
         (["--set", "partition.num_parts=1000"], "partition.num_parts=1000"),
         (["--set", "launch.nproc=3"], "launch.nproc=3"),
-        (["--set", "pipeline.mode=leo"], "pipeline.mode='leo'"),
+        (["--set", "pipeline.mode=compute-only"], "--allow-inexact"),
         (["--set", "cache.policy=leo"], "cache.policy='leo'"),
         (["--set", "model.name=gat"], "model.name"),
     ],
