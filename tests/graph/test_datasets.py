@@ -1,14 +1,12 @@
-"""Dataset loaders: synthetic DC-SBM, Planetoid (real Cora + a generated fixture), OGB offline,
-.npz files, and the errors users see when files are missing or malformed."""
+"""Dataset loaders: synthetic DC-SBM, Planetoid (real Cora + a generated fixture), .npz files,
+and the errors users see when files are missing or malformed (OGB: test_ogb.py)."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import pickle
 import struct
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -183,91 +181,6 @@ def test_planetoid_missing_file_names_it(tmp_path: Path) -> None:
     (tmp_path / "ind.pubmed.ty").unlink()
     with pytest.raises(DataError, match=r"ind\.pubmed\.ty is missing.*datasets/pubmed\.md"):
         load_dataset(DataConfig(name="pubmed", root=tmp_path), seed=0)
-
-
-# --- OGB -------------------------------------------------------------------------------------
-
-
-def write_csv_gz(path: Path, rows: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = rows.reshape(len(rows), -1)
-    lines = "".join(",".join(str(v) for v in row) + "\n" for row in rows.tolist())
-    with gzip.open(path, "wt") as f:
-        f.write(lines)
-
-
-def write_ogb(root: Path, name: str, split: str, labels: np.ndarray) -> Path:
-    """A tiny OGB node-property folder as ogb downloads it (no RELEASE file, no processed/)."""
-    rng = np.random.default_rng(0)
-    num_nodes = labels.shape[0]
-    edges = rng.integers(0, num_nodes, size=(120, 2))
-    folder = root / name.replace("-", "_")
-    write_csv_gz(folder / "raw" / "edge.csv.gz", edges)
-    write_csv_gz(folder / "raw" / "num-node-list.csv.gz", np.array([num_nodes]))
-    write_csv_gz(folder / "raw" / "num-edge-list.csv.gz", np.array([len(edges)]))
-    write_csv_gz(folder / "raw" / "node-feat.csv.gz", rng.random((num_nodes, 4)).round(3))
-    write_csv_gz(folder / "raw" / "node-label.csv.gz", labels)
-    write_csv_gz(folder / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, num_nodes))
-    thirds = np.array_split(np.arange(num_nodes), 3)
-    for part, ids in zip(["train", "valid", "test"], thirds, strict=True):
-        write_csv_gz(folder / "split" / split / f"{part}.csv.gz", ids)
-    return folder
-
-
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the loader tried to reach the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
-
-
-@pytest.mark.usefixtures("no_network")
-def test_ogb_arxiv_layout_loads_offline_twice(tmp_path: Path) -> None:
-    labels = np.arange(50) % 40
-    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", labels)
-    cfg = DataConfig(name="ogbn-arxiv", root=tmp_path)
-    env_before = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    g = load_dataset(cfg, seed=0)
-    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") == env_before
-    assert_clean(g)
-    assert (g.name, g.num_nodes, g.num_features, g.num_classes) == ("ogbn-arxiv", 50, 4, 40)
-    assert np.array_equal(g.y_N, labels)
-    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (17, 17, 16)
-    assert (folder / "RELEASE_v1.txt").is_file()
-    assert (folder / "processed" / "data_processed").is_file()
-    again = load_dataset(cfg, seed=0)  # now from ogb's torch-pickled cache
-    assert again.fingerprint() == g.fingerprint()
-
-
-@pytest.mark.usefixtures("no_network")
-def test_ogb_unlabelled_nodes_leave_the_splits(tmp_path: Path) -> None:
-    labels = (np.arange(30) % 47).astype(np.float64)
-    labels[[0, 20]] = np.nan  # node 0 is in train, node 20 in test
-    write_ogb(tmp_path, "ogbn-products", "sales_ranking", labels)
-    g = load_dataset(DataConfig(name="ogbn-products", root=tmp_path), seed=0)
-    assert g.y_N[0] == 0 and g.y_N[20] == 0
-    assert not g.train_mask_N[0] and not g.test_mask_N[20]
-    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (9, 10, 9)
-
-
-@pytest.mark.usefixtures("no_network")
-def test_ogb_missing_file_says_how_to_get_it(tmp_path: Path) -> None:
-    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(20) % 40)
-    (folder / "raw" / "node-feat.csv.gz").unlink()
-    with pytest.raises(DataError, match=r"raw/node-feat\.csv\.gz is missing.*datasets/ogbn\.md"):
-        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path), seed=0)
-    assert not (folder / "RELEASE_v1.txt").exists(), "nothing is written before the check"
-    folder = write_ogb(tmp_path / "b", "ogbn-arxiv", "time", np.arange(20) % 40)
-    (folder / "split" / "time" / "train.csv.gz").unlink()
-    with pytest.raises(DataError, match=r"split/time/train\.csv\.gz is missing"):
-        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path / "b"), seed=0)
-
-
-@pytest.mark.parametrize(("name", "message"), [("ogbn-mag", "heterogeneous"), ("ogbn-x", "use")])
-def test_ogb_unsupported_names(name: str, message: str) -> None:
-    with pytest.raises(DataError, match=message):
-        load_dataset(DataConfig(name=name), seed=0)
 
 
 # --- .npz ------------------------------------------------------------------------------------
