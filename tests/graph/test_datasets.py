@@ -8,6 +8,7 @@ import os
 import pickle
 import struct
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import scipy.sparse as sp
 
 from leo_cli.config.schema import DataConfig, SyntheticConfig
 from leo_cli.errors import DataError
-from leo_cli.graph.datasets import load_dataset
+from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.datasets.planetoid import restricted_loads
 from leo_cli.graph.types import Graph
 
@@ -181,6 +182,87 @@ def test_planetoid_missing_file_names_it(tmp_path: Path) -> None:
     (tmp_path / "ind.pubmed.ty").unlink()
     with pytest.raises(DataError, match=r"ind\.pubmed\.ty is missing.*datasets/pubmed\.md"):
         load_dataset(DataConfig(name="pubmed", root=tmp_path), seed=0)
+
+
+def put(part: str, obj: Any) -> Callable[[Path], None]:
+    """A change to the Cora fixture: `ind.cora.<part>` holds `obj` (test.index: text)."""
+
+    def change(root: Path) -> None:
+        path = root / f"ind.cora.{part}"
+        if part == "test.index":
+            path.write_text(obj)
+        else:
+            path.write_bytes(py2_pickle(obj))
+
+    return change
+
+
+def huge_shape(root: Path) -> None:
+    """allx as a CSR matrix whose declared shape would take 4 PB dense."""
+    allx = restricted_loads((root / "ind.cora.allx").read_bytes(), root / "ind.cora.allx")
+    allx._shape = (510, 10**12)
+    (root / "ind.cora.allx").write_bytes(py2_pickle(allx))
+
+
+def short_indptr(root: Path) -> None:
+    tx = restricted_loads((root / "ind.cora.tx").read_bytes(), root / "ind.cora.tx")
+    tx.indptr = tx.indptr[:-1]
+    (root / "ind.cora.tx").write_bytes(py2_pickle(tx))
+
+
+def no_classes(root: Path) -> None:
+    for part, rows in [("y", 4), ("ty", 3), ("ally", 510)]:
+        put(part, np.zeros((rows, 0), dtype=np.int32))(root)
+
+
+_ADJ = {0: [1], 1: [2]}
+CRAFTED_PLANETOID = [
+    (put("test.index", "513\n510\n1000000000000\n"), "test.index lists ids outside 510..515"),
+    (put("test.index", "513\n510\n-3\n"), "test.index lists ids outside"),
+    (put("test.index", "513\n510\n510\n"), "test.index lists a node id twice"),
+    (put("graph", {**_ADJ, "2": [0]}), "graph holds '2' where a node id in 0..513 belongs"),
+    (put("graph", {**_ADJ, 2: 5}), "graph maps node 2 to a int, expected a list"),
+    (put("graph", {**_ADJ, 2: ["0"]}), "graph holds '0' where a node id"),
+    (put("graph", {**_ADJ, 2: [10**30]}), "graph holds 1000000000000000000000000000000 where"),
+    (put("graph", {**_ADJ, 2: [1.0]}), "graph holds 1.0 where"),
+    (put("tx", sp.csr_matrix(np.ones((3, 7)))), "tx has 7 columns but .*allx has 6"),
+    (put("ally", np.eye(3, dtype=np.int32)[np.arange(509) % 3]), "ally has 509 rows"),
+    (put("ty", np.ones((3, 0))), "ty has 0 columns but .*ally has 3"),
+    (put("tx", sp.csr_matrix(np.full((3, 6), np.nan))), "tx holds NaN or infinite values"),
+    (put("y", [[1, 0, 0]]), "y holds a list, expected a 2-D matrix"),
+    (no_classes, "ally has no columns; it needs one per class"),
+    (huge_shape, r"allx declares a 510 x 1000000000000 matrix"),
+    (short_indptr, "tx holds a malformed matrix"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), CRAFTED_PLANETOID)
+def test_crafted_planetoid_content_is_one_sentence(
+    tmp_path: Path, change: Callable[[Path], None], message: str
+) -> None:
+    write_planetoid(tmp_path, "cora")
+    change(tmp_path)
+    with pytest.raises(DataError, match=message) as info:
+        load_dataset(DataConfig(name="cora", root=tmp_path), seed=0)
+    assert "\n" not in str(info.value)
+
+
+def test_planetoid_test_ids_may_start_after_allx(tmp_path: Path) -> None:
+    """A gap before the first test id is zero rows, like CiteSeer's holes (it crashed before)."""
+    write_planetoid(tmp_path, "citeseer")
+    (tmp_path / "ind.citeseer.test.index").write_text("515\n512\n514\n")
+    g = load_dataset(DataConfig(name="citeseer", root=tmp_path), seed=0)
+    assert g.num_nodes == 516 and np.array_equal(np.flatnonzero(g.test_mask_N), [512, 514, 515])
+    assert not g.x_NF[[510, 511, 513]].any()
+
+
+def test_planetoid_source_files_are_the_files_read(tmp_path: Path) -> None:
+    write_planetoid(tmp_path, "cora")
+    (tmp_path / "ind.cora.graph.bak").write_bytes(b"")
+    files = source_files(DataConfig(name="cora", root=tmp_path))
+    assert sorted(f.name for f in files) == sorted(
+        f"ind.cora.{p}" for p in ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+    )
 
 
 # --- .npz ------------------------------------------------------------------------------------

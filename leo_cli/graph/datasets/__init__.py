@@ -24,7 +24,7 @@ from .npz import load_npz
 from .ogb import OGB_DATASETS, load_ogb
 from .ogb import canonical_name as ogb_canonical_name
 from .ogb import source_files as ogb_source_files
-from .planetoid import PLANETOID_NAMES, load_planetoid
+from .planetoid import PLANETOID_NAMES, PLANETOID_PARTS, load_planetoid
 from .synthetic import generate
 
 __all__ = ["accepted_names", "load_dataset"]
@@ -74,7 +74,7 @@ def source_files(cfg: DataConfig) -> list[Path]:
     if name == "synthetic":
         return []
     if name in PLANETOID_NAMES:
-        files = sorted(cfg.root.glob(f"ind.{name}.*")) if cfg.root.is_dir() else []
+        files = [cfg.root / f"ind.{name}.{part}" for part in PLANETOID_PARTS]
     elif name.startswith("ogbn-"):
         files = ogb_source_files(ogb_canonical_name(cfg.name), cfg.root)
     else:
