@@ -1,9 +1,12 @@
-"""Shared fixtures: small generated graphs and the location of ../shared/datasets."""
+"""Shared fixtures: small generated graphs, tiny OGB folders, pickles that run code, and the
+location of ../shared/datasets."""
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,3 +48,40 @@ def random_graph(
         test_mask_N=split == 2,
         num_classes=num_classes,
     )
+
+
+def write_csv_gz(path: Path, rows: np.ndarray) -> None:
+    """Header-less gzip CSV, one row of `rows` per line (as OGB ships its files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = rows.reshape(len(rows), -1)
+    lines = "".join(",".join(str(v) for v in row) + "\n" for row in rows.tolist())
+    with gzip.open(path, "wt") as f:
+        f.write(lines)
+
+
+def write_ogb(root: Path, name: str, split: str, labels: np.ndarray) -> Path:
+    """A tiny OGB node-property folder as ogb downloads it (no RELEASE file, no processed/)."""
+    rng = np.random.default_rng(0)
+    num_nodes = labels.shape[0]
+    edges = rng.integers(0, num_nodes, size=(120, 2))
+    folder = root / name.replace("-", "_")
+    write_csv_gz(folder / "raw" / "edge.csv.gz", edges)
+    write_csv_gz(folder / "raw" / "num-node-list.csv.gz", np.array([num_nodes]))
+    write_csv_gz(folder / "raw" / "num-edge-list.csv.gz", np.array([len(edges)]))
+    write_csv_gz(folder / "raw" / "node-feat.csv.gz", rng.random((num_nodes, 4)).round(3))
+    write_csv_gz(folder / "raw" / "node-label.csv.gz", labels)
+    write_csv_gz(folder / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, num_nodes))
+    thirds = np.array_split(np.arange(num_nodes), 3)
+    for part, ids in zip(["train", "valid", "test"], thirds, strict=True):
+        write_csv_gz(folder / "split" / split / f"{part}.csv.gz", ids)
+    return folder
+
+
+class Payload:
+    """Unpickling this runs code: it creates the file `marker` (pickled as a call to `open`)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))

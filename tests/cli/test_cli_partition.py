@@ -117,3 +117,25 @@ def test_graph_without_training_nodes(tmp_path: Path) -> None:
         "partition", "--set", f"data.name={path}", "--set", f"run.out_dir={tmp_path / 'run'}"
     )
     assert_clean_error(code, o, e, "no training nodes")
+
+
+def test_ogb_cache_pickles_never_run(tmp_path: Path) -> None:
+    """A crafted ogb cache in data.root is ignored: `leo partition` reads the raw files only."""
+    import numpy as np
+    import torch
+    from conftest import Payload, write_ogb
+
+    folder = write_ogb(tmp_path / "data", "ogbn-arxiv", "time", np.arange(30) % 40)
+    (folder / "RELEASE_v1.txt").touch()
+    (folder / "processed").mkdir()
+    torch.save({"graph": Payload(tmp_path / "ran-1")}, folder / "processed" / "data_processed")
+    torch.save(Payload(tmp_path / "ran-2"), folder / "split" / "time" / "split_dict.pt")
+    code, o, e = leo(
+        "partition",
+        *("--set", "data.name=ogbn-arxiv", "--set", f"data.root={tmp_path / 'data'}"),
+        *("--set", f"run.out_dir={tmp_path / 'run'}"),
+    )
+    assert not list(tmp_path.glob("ran-*")), "a pickled cache file ran its payload"
+    assert code == 0, o + e
+    meta = json.loads((tmp_path / "run" / "partitions" / "META.json").read_text())
+    assert meta["dataset"]["num_nodes"] == 30

@@ -1,15 +1,14 @@
-"""Dataset loaders: synthetic DC-SBM, Planetoid (real Cora + a generated fixture), OGB offline,
-.npz files, and the errors users see when files are missing or malformed."""
+"""Dataset loaders: synthetic DC-SBM, Planetoid (real Cora + a generated fixture), .npz files,
+and the errors users see when files are missing or malformed (OGB: test_ogb.py)."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import pickle
 import struct
-import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import scipy.sparse as sp
 
 from leo_cli.config.schema import DataConfig, SyntheticConfig
 from leo_cli.errors import DataError
-from leo_cli.graph.datasets import load_dataset
+from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.datasets.planetoid import restricted_loads
 from leo_cli.graph.types import Graph
 
@@ -185,89 +184,85 @@ def test_planetoid_missing_file_names_it(tmp_path: Path) -> None:
         load_dataset(DataConfig(name="pubmed", root=tmp_path), seed=0)
 
 
-# --- OGB -------------------------------------------------------------------------------------
+def put(part: str, obj: Any) -> Callable[[Path], None]:
+    """A change to the Cora fixture: `ind.cora.<part>` holds `obj` (test.index: text)."""
+
+    def change(root: Path) -> None:
+        path = root / f"ind.cora.{part}"
+        if part == "test.index":
+            path.write_text(obj)
+        else:
+            path.write_bytes(py2_pickle(obj))
+
+    return change
 
 
-def write_csv_gz(path: Path, rows: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = rows.reshape(len(rows), -1)
-    lines = "".join(",".join(str(v) for v in row) + "\n" for row in rows.tolist())
-    with gzip.open(path, "wt") as f:
-        f.write(lines)
+def huge_shape(root: Path) -> None:
+    """allx as a CSR matrix whose declared shape would take 4 PB dense."""
+    allx = restricted_loads((root / "ind.cora.allx").read_bytes(), root / "ind.cora.allx")
+    allx._shape = (510, 10**12)
+    (root / "ind.cora.allx").write_bytes(py2_pickle(allx))
 
 
-def write_ogb(root: Path, name: str, split: str, labels: np.ndarray) -> Path:
-    """A tiny OGB node-property folder as ogb downloads it (no RELEASE file, no processed/)."""
-    rng = np.random.default_rng(0)
-    num_nodes = labels.shape[0]
-    edges = rng.integers(0, num_nodes, size=(120, 2))
-    folder = root / name.replace("-", "_")
-    write_csv_gz(folder / "raw" / "edge.csv.gz", edges)
-    write_csv_gz(folder / "raw" / "num-node-list.csv.gz", np.array([num_nodes]))
-    write_csv_gz(folder / "raw" / "num-edge-list.csv.gz", np.array([len(edges)]))
-    write_csv_gz(folder / "raw" / "node-feat.csv.gz", rng.random((num_nodes, 4)).round(3))
-    write_csv_gz(folder / "raw" / "node-label.csv.gz", labels)
-    write_csv_gz(folder / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, num_nodes))
-    thirds = np.array_split(np.arange(num_nodes), 3)
-    for part, ids in zip(["train", "valid", "test"], thirds, strict=True):
-        write_csv_gz(folder / "split" / split / f"{part}.csv.gz", ids)
-    return folder
+def short_indptr(root: Path) -> None:
+    tx = restricted_loads((root / "ind.cora.tx").read_bytes(), root / "ind.cora.tx")
+    tx.indptr = tx.indptr[:-1]
+    (root / "ind.cora.tx").write_bytes(py2_pickle(tx))
 
 
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the loader tried to reach the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+def no_classes(root: Path) -> None:
+    for part, rows in [("y", 4), ("ty", 3), ("ally", 510)]:
+        put(part, np.zeros((rows, 0), dtype=np.int32))(root)
 
 
-@pytest.mark.usefixtures("no_network")
-def test_ogb_arxiv_layout_loads_offline_twice(tmp_path: Path) -> None:
-    labels = np.arange(50) % 40
-    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", labels)
-    cfg = DataConfig(name="ogbn-arxiv", root=tmp_path)
-    env_before = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    g = load_dataset(cfg, seed=0)
-    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") == env_before
-    assert_clean(g)
-    assert (g.name, g.num_nodes, g.num_features, g.num_classes) == ("ogbn-arxiv", 50, 4, 40)
-    assert np.array_equal(g.y_N, labels)
-    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (17, 17, 16)
-    assert (folder / "RELEASE_v1.txt").is_file()
-    assert (folder / "processed" / "data_processed").is_file()
-    again = load_dataset(cfg, seed=0)  # now from ogb's torch-pickled cache
-    assert again.fingerprint() == g.fingerprint()
+_ADJ = {0: [1], 1: [2]}
+CRAFTED_PLANETOID = [
+    (put("test.index", "513\n510\n1000000000000\n"), "test.index lists ids outside 510..515"),
+    (put("test.index", "513\n510\n-3\n"), "test.index lists ids outside"),
+    (put("test.index", "513\n510\n510\n"), "test.index lists a node id twice"),
+    (put("graph", {**_ADJ, "2": [0]}), "graph holds '2' where a node id in 0..513 belongs"),
+    (put("graph", {**_ADJ, 2: 5}), "graph maps node 2 to a int, expected a list"),
+    (put("graph", {**_ADJ, 2: ["0"]}), "graph holds '0' where a node id"),
+    (put("graph", {**_ADJ, 2: [10**30]}), "graph holds 1000000000000000000000000000000 where"),
+    (put("graph", {**_ADJ, 2: [1.0]}), "graph holds 1.0 where"),
+    (put("tx", sp.csr_matrix(np.ones((3, 7)))), "tx has 7 columns but .*allx has 6"),
+    (put("ally", np.eye(3, dtype=np.int32)[np.arange(509) % 3]), "ally has 509 rows"),
+    (put("ty", np.ones((3, 0))), "ty has 0 columns but .*ally has 3"),
+    (put("tx", sp.csr_matrix(np.full((3, 6), np.nan))), "tx holds NaN or infinite values"),
+    (put("y", [[1, 0, 0]]), "y holds a list, expected a 2-D matrix"),
+    (no_classes, "ally has no columns; it needs one per class"),
+    (huge_shape, r"allx declares a 510 x 1000000000000 matrix"),
+    (short_indptr, "tx holds a malformed matrix"),
+]
 
 
-@pytest.mark.usefixtures("no_network")
-def test_ogb_unlabelled_nodes_leave_the_splits(tmp_path: Path) -> None:
-    labels = (np.arange(30) % 47).astype(np.float64)
-    labels[[0, 20]] = np.nan  # node 0 is in train, node 20 in test
-    write_ogb(tmp_path, "ogbn-products", "sales_ranking", labels)
-    g = load_dataset(DataConfig(name="ogbn-products", root=tmp_path), seed=0)
-    assert g.y_N[0] == 0 and g.y_N[20] == 0
-    assert not g.train_mask_N[0] and not g.test_mask_N[20]
-    assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (9, 10, 9)
+@pytest.mark.parametrize(("change", "message"), CRAFTED_PLANETOID)
+def test_crafted_planetoid_content_is_one_sentence(
+    tmp_path: Path, change: Callable[[Path], None], message: str
+) -> None:
+    write_planetoid(tmp_path, "cora")
+    change(tmp_path)
+    with pytest.raises(DataError, match=message) as info:
+        load_dataset(DataConfig(name="cora", root=tmp_path), seed=0)
+    assert "\n" not in str(info.value)
 
 
-@pytest.mark.usefixtures("no_network")
-def test_ogb_missing_file_says_how_to_get_it(tmp_path: Path) -> None:
-    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(20) % 40)
-    (folder / "raw" / "node-feat.csv.gz").unlink()
-    with pytest.raises(DataError, match=r"raw/node-feat\.csv\.gz is missing.*datasets/ogbn\.md"):
-        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path), seed=0)
-    assert not (folder / "RELEASE_v1.txt").exists(), "nothing is written before the check"
-    folder = write_ogb(tmp_path / "b", "ogbn-arxiv", "time", np.arange(20) % 40)
-    (folder / "split" / "time" / "train.csv.gz").unlink()
-    with pytest.raises(DataError, match=r"split/time/train\.csv\.gz is missing"):
-        load_dataset(DataConfig(name="ogbn-arxiv", root=tmp_path / "b"), seed=0)
+def test_planetoid_test_ids_may_start_after_allx(tmp_path: Path) -> None:
+    """A gap before the first test id is zero rows, like CiteSeer's holes (it crashed before)."""
+    write_planetoid(tmp_path, "citeseer")
+    (tmp_path / "ind.citeseer.test.index").write_text("515\n512\n514\n")
+    g = load_dataset(DataConfig(name="citeseer", root=tmp_path), seed=0)
+    assert g.num_nodes == 516 and np.array_equal(np.flatnonzero(g.test_mask_N), [512, 514, 515])
+    assert not g.x_NF[[510, 511, 513]].any()
 
 
-@pytest.mark.parametrize(("name", "message"), [("ogbn-mag", "heterogeneous"), ("ogbn-x", "use")])
-def test_ogb_unsupported_names(name: str, message: str) -> None:
-    with pytest.raises(DataError, match=message):
-        load_dataset(DataConfig(name=name), seed=0)
+def test_planetoid_source_files_are_the_files_read(tmp_path: Path) -> None:
+    write_planetoid(tmp_path, "cora")
+    (tmp_path / "ind.cora.graph.bak").write_bytes(b"")
+    files = source_files(DataConfig(name="cora", root=tmp_path))
+    assert sorted(f.name for f in files) == sorted(
+        f"ind.cora.{p}" for p in ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+    )
 
 
 # --- .npz ------------------------------------------------------------------------------------

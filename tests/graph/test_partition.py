@@ -1,16 +1,21 @@
-"""Partition layout: every edge once with its weight, consistent halos, METIS quality."""
+"""Partition layout: every edge once with its weight, consistent halos, METIS quality; the
+partition stage's staleness key."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_graph
+from conftest import random_graph, write_csv_gz, write_ogb
 
+from leo_cli.config.schema import DataConfig, PartitionConfig
 from leo_cli.errors import PartitionError
+from leo_cli.graph.datasets import source_files
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.stage import ensure_partitions
 from leo_cli.graph.storage import read_meta, read_part, write_partitions
 
 
@@ -112,3 +117,25 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(KeyboardInterrupt):
         write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
+    """Every file the loader reads is in the source key, and its new content is what is used."""
+    folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(40) % 40)
+    data, part = DataConfig(name="ogbn-arxiv", root=tmp_path), PartitionConfig(num_parts=2)
+    first = ensure_partitions(data, part, 0, tmp_path / "run")
+    assert not first.reused
+    assert ensure_partitions(data, part, 0, tmp_path / "run").reused
+    labels = folder / "raw" / "node-label.csv.gz"
+    write_csv_gz(labels, np.arange(40)[::-1] % 40)
+    again = ensure_partitions(data, part, 0, tmp_path / "run")
+    assert not again.reused
+    new_fingerprint = again.meta["dataset"]["fingerprint"]
+    assert new_fingerprint != first.meta["dataset"]["fingerprint"], "stale content was used"
+    for path in source_files(data):
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+        assert not ensure_partitions(data, part, 0, tmp_path / "run").reused, path
+    (folder / "processed").mkdir()
+    (folder / "processed" / "data_processed").write_bytes(b"not read")
+    (folder / "raw" / "node_year.csv.gz").unlink()
+    assert ensure_partitions(data, part, 0, tmp_path / "run").reused

@@ -21,9 +21,10 @@ from leo_cli.errors import DataError
 from leo_cli.graph.types import Graph
 
 from .npz import load_npz
-from .ogb import OGB_DATASETS, dataset_dir, load_ogb
+from .ogb import OGB_DATASETS, load_ogb
 from .ogb import canonical_name as ogb_canonical_name
-from .planetoid import PLANETOID_NAMES, load_planetoid
+from .ogb import source_files as ogb_source_files
+from .planetoid import PLANETOID_NAMES, PLANETOID_PARTS, load_planetoid
 from .synthetic import generate
 
 __all__ = ["accepted_names", "load_dataset"]
@@ -64,18 +65,18 @@ def load_dataset(cfg: DataConfig, seed: int) -> Graph:
 
 
 def source_files(cfg: DataConfig) -> list[Path]:
-    """The files a dataset is read from (none for the synthetic graph), for staleness checks.
+    """The files a dataset is read from, those that exist, for staleness checks.
 
-    OGB's `processed/` cache is derived from the others and left out.
+    Exactly the files the loader reads: none for the synthetic graph, and for OGB neither
+    ogb's caches (`processed/`, `split_dict.pt`) nor files LEO does not use.
     """
     name = cfg.name.lower()
     if name == "synthetic":
         return []
     if name in PLANETOID_NAMES:
-        return sorted(cfg.root.glob(f"ind.{name}.*")) if cfg.root.is_dir() else []
-    if name.startswith("ogbn-"):
-        folder = dataset_dir(ogb_canonical_name(cfg.name), cfg.root)
-        files = folder.rglob("*") if folder.is_dir() else iter(())
-        return sorted(p for p in files if p.is_file() and "processed" not in p.parts)
-    path = Path(cfg.name).expanduser()
-    return [path] if path.is_file() else []
+        files = [cfg.root / f"ind.{name}.{part}" for part in PLANETOID_PARTS]
+    elif name.startswith("ogbn-"):
+        files = ogb_source_files(ogb_canonical_name(cfg.name), cfg.root)
+    else:
+        files = [Path(cfg.name).expanduser()]
+    return [path for path in files if path.is_file()]

@@ -3,16 +3,19 @@
 The files `ind.<name>.{x,y,tx,ty,allx,ally,graph}` are Python 2 pickles of numpy arrays, scipy
 CSR matrices and a dict of adjacency lists; `ind.<name>.test.index` is text. They are read with
 an unpickler that resolves only the handful of classes those files contain, so a tampered file
-cannot run code. Preprocessing follows Kipf & Welling (2017): test rows are put back in node-id
-order, CiteSeer's test ids without a node get zero rows, features are row-normalised, and the
-split is train = the first 140 (CiteSeer 120, PubMed 60) nodes, val = the next 500,
-test = the ids in `test.index`.
+cannot run code, and every shape, id and neighbour list in them is checked (dense sizes bounded
+by the file's size), so crafted content is a one-sentence `DataError`. Preprocessing follows
+Kipf & Welling (2017): test rows are put back in node-id order, CiteSeer's test ids without a
+node get zero rows, features are row-normalised, and the split is train = the first 140
+(CiteSeer 120, PubMed 60) nodes, val = the next 500, test = the ids in `test.index`.
 """
 
 from __future__ import annotations
 
 import io
+import operator
 import pickle
+import reprlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,11 @@ from leo_cli.errors import DataError
 from leo_cli.graph.types import BoolArray, FloatArray, Graph, IntArray, check_graph, symmetrize
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
-_PICKLED_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
+_MATRIX_PARTS = ("x", "y", "tx", "ty", "allx", "ally")
+_PICKLED_PARTS = (*_MATRIX_PARTS, "graph")
+PLANETOID_PARTS = (*_PICKLED_PARTS, "test.index")
+# The real files hold 0.2-15 matrix entries per byte; far more means a crafted shape.
+_MAX_ENTRIES_PER_BYTE = 1024
 _NUM_VAL = 500
 
 # The exact globals the original files reference, mapped to where they live today.
@@ -72,7 +79,7 @@ def planetoid_files(name: str, root: Path) -> dict[str, Path]:
     Raises:
         DataError: naming the first missing file and the dataset card to read.
     """
-    files = {part: root / f"ind.{name}.{part}" for part in (*_PICKLED_PARTS, "test.index")}
+    files = {part: root / f"ind.{name}.{part}" for part in PLANETOID_PARTS}
     for path in files.values():
         if not path.is_file():
             raise DataError(
@@ -82,14 +89,65 @@ def planetoid_files(name: str, root: Path) -> dict[str, Path]:
     return files
 
 
-def _dense(matrix: Any, path: Path) -> np.ndarray:
-    """A pickled CSR matrix or array as a dense float64 array (old CSR pickles are rebuilt)."""
-    if isinstance(matrix, sp.spmatrix):
-        rebuilt = sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape)
-        return np.asarray(rebuilt.toarray(), dtype=np.float64)
-    if isinstance(matrix, np.ndarray) and matrix.ndim == 2:
-        return matrix.astype(np.float64)
+def _shape(matrix: Any, path: Path) -> tuple[int, int]:
+    """(rows, columns) of a pickled CSR matrix or 2-D array."""
+    try:
+        if isinstance(matrix, (sp.spmatrix, np.ndarray)):
+            rows, cols = (operator.index(n) for n in matrix.shape)
+            return rows, cols
+    except (AttributeError, TypeError, ValueError):
+        pass  # a crafted object without a usable shape: refused below like any other
     raise DataError(f"{path} holds a {type(matrix).__name__}, expected a 2-D matrix.")
+
+
+def _dense(matrix: Any, path: Path) -> np.ndarray:
+    """A pickled CSR matrix or array as a dense float64 array (old CSR pickles are rebuilt).
+
+    The dense size is bounded by the file's size: a sparse matrix may declare any shape, and a
+    crafted one would otherwise ask for petabytes.
+    """
+    rows, cols = _shape(matrix, path)
+    if rows * cols > _MAX_ENTRIES_PER_BYTE * path.stat().st_size:
+        raise DataError(
+            f"{path} declares a {rows} x {cols} matrix, far more than its "
+            f"{path.stat().st_size} bytes describe; the file is not a Planetoid matrix."
+        )
+    try:
+        if isinstance(matrix, sp.spmatrix):
+            parts = (matrix.data, matrix.indices, matrix.indptr)
+            dense = sp.csr_matrix(parts, shape=(rows, cols)).toarray()
+        else:
+            dense = matrix
+        dense = np.asarray(dense, dtype=np.float64)
+    except (AttributeError, TypeError, ValueError) as err:
+        raise DataError(f"{path} holds a malformed matrix ({err}).") from None
+    if not np.isfinite(dense).all():
+        raise DataError(f"{path} holds NaN or infinite values.")
+    return dense
+
+
+def _check_shapes(files: dict[str, Path], m: dict[str, np.ndarray]) -> None:
+    """Features and labels pair up row by row; features share a width, labels too."""
+    for feat, label in (("x", "y"), ("tx", "ty"), ("allx", "ally")):
+        if m[feat].shape[0] != m[label].shape[0]:
+            raise DataError(
+                f"{files[label]} has {m[label].shape[0]} rows but {files[feat]} has "
+                f"{m[feat].shape[0]}; the files do not belong together."
+            )
+    for group in (("allx", "x", "tx"), ("ally", "y", "ty")):
+        for part in group[1:]:
+            if m[part].shape[1] != m[group[0]].shape[1]:
+                raise DataError(
+                    f"{files[part]} has {m[part].shape[1]} columns but {files[group[0]]} has "
+                    f"{m[group[0]].shape[1]}; the files do not belong together."
+                )
+    if m["ally"].shape[1] == 0:
+        raise DataError(f"{files['ally']} has no columns; it needs one per class.")
+    if m["x"].shape[0] > m["allx"].shape[0]:
+        raise DataError(
+            f"{files['x']} has more rows than {files['allx']}; its training nodes are the first "
+            "rows of allx, so the files do not belong together."
+        )
 
 
 def _read_test_index(path: Path) -> IntArray:
@@ -100,21 +158,26 @@ def _read_test_index(path: Path) -> IntArray:
         raise DataError(f"{path} must hold one integer node id per line ({err}).") from None
 
 
-def _check_test_rows(files: dict[str, Path], obj: dict[str, Any], test_index: IntArray) -> None:
-    """tx/ty hold one row per listed test id, and the ids lie after allx's rows."""
-    num_test, num_all = int(test_index.shape[0]), int(obj["allx"].shape[0])
-    for part in ("tx", "ty"):
-        if obj[part].shape[0] != num_test or num_test == 0:
-            raise DataError(
-                f"{files[part]} has {obj[part].shape[0]} rows but "
-                f"{files['test.index']} lists {num_test} test ids; the files do not "
-                "belong together."
-            )
-    if int(test_index.min()) < num_all:
+def _check_test_rows(files: dict[str, Path], m: dict[str, np.ndarray], ids: IntArray) -> None:
+    """tx holds one row per listed test id; the ids are distinct and follow allx's rows.
+
+    The test ids may leave holes (CiteSeer has 15), but no more holes than ids: that bounds the
+    rows `_stack_with_test` allocates by the size of tx.
+    """
+    num_test, num_all = int(ids.shape[0]), int(m["allx"].shape[0])
+    if m["tx"].shape[0] != num_test or num_test == 0:
         raise DataError(
-            f"{files['test.index']} lists ids below {num_all} (the rows of allx); "
-            "the files do not belong together."
+            f"{files['tx']} has {m['tx'].shape[0]} rows but {files['test.index']} lists "
+            f"{num_test} test ids; the files do not belong together."
         )
+    if int(ids.min()) < num_all or int(ids.max()) >= num_all + 2 * num_test:
+        raise DataError(
+            f"{files['test.index']} lists ids outside {num_all}..{num_all + 2 * num_test - 1} "
+            f"(after the {num_all} rows of allx, at most one hole per test id); the files do "
+            "not belong together."
+        )
+    if np.unique(ids).shape[0] != num_test:
+        raise DataError(f"{files['test.index']} lists a node id twice.")
 
 
 def _stack_with_test(
@@ -122,11 +185,11 @@ def _stack_with_test(
 ) -> np.ndarray:
     """Rows of allx/ally then tx/ty, with row k of tx/ty moved to node `test_index[k]`.
 
-    Test ids form a range after the other nodes; CiteSeer's range has holes (ids in the range
-    but not in the file), which get zero rows. Same two steps as Kipf & Welling's code.
+    Test ids form a range right after the other nodes; CiteSeer's range has holes (ids in the
+    range but not in the file), which get zero rows. Same two steps as Kipf & Welling's code.
     """
     sorted_index = np.sort(test_index)
-    lo, hi = int(sorted_index[0]), int(sorted_index[-1])
+    lo, hi = train_part.shape[0], int(sorted_index[-1])
     full_test = np.zeros((hi - lo + 1, test_part.shape[1]), dtype=np.float64)
     full_test[sorted_index - lo] = test_part
     stacked = np.concatenate([train_part, full_test])
@@ -143,18 +206,29 @@ def _row_normalise(x: np.ndarray) -> FloatArray:
 
 
 def _adjacency_to_edges(adjacency: Any, path: Path, num_nodes: int) -> IntArray:
-    """Directed edge list of a dict {node: [neighbours]}, before symmetrisation."""
+    """Directed edge list of a dict {node: [neighbours]}, before symmetrisation.
+
+    Checked entry by entry: keys and neighbours must be Python ints in 0..num_nodes-1.
+    """
     if not isinstance(adjacency, dict):
         raise DataError(f"{path} holds a {type(adjacency).__name__}, expected a dict of lists.")
-    heads = np.fromiter(adjacency.keys(), dtype=np.int64, count=len(adjacency))
-    lengths = np.fromiter((len(v) for v in adjacency.values()), dtype=np.int64, count=len(heads))
-    tails = np.fromiter(
-        (t for v in adjacency.values() for t in v), dtype=np.int64, count=int(lengths.sum())
-    )
-    edges = np.stack([np.repeat(heads, lengths), tails])
-    if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
-        raise DataError(f"{path} references node ids outside 0..{num_nodes - 1}.")
-    return edges
+    heads: list[int] = []
+    tails: list[int] = []
+    for head, neighbours in adjacency.items():
+        if not isinstance(neighbours, list):
+            raise DataError(
+                f"{path} maps node {reprlib.repr(head)} to a {type(neighbours).__name__}, "
+                "expected a list of node ids."
+            )
+        for node in (head, *neighbours):
+            if type(node) is not int or not 0 <= node < num_nodes:
+                raise DataError(
+                    f"{path} holds {reprlib.repr(node)} where a node id in "
+                    f"0..{num_nodes - 1} belongs."
+                )
+        heads += [head] * len(neighbours)
+        tails += neighbours
+    return np.array([heads, tails], dtype=np.int64).reshape(2, -1)
 
 
 def _masks(num_nodes: int, num_train: int, test_index: IntArray) -> tuple[BoolArray, ...]:
@@ -181,17 +255,15 @@ def load_planetoid(name: str, root: Path) -> Graph:
     """
     files = planetoid_files(name, root)
     obj = {part: restricted_loads(files[part].read_bytes(), files[part]) for part in _PICKLED_PARTS}
+    m = {part: _dense(obj[part], files[part]) for part in _MATRIX_PARTS}
     test_index = _read_test_index(files["test.index"])
-    _check_test_rows(files, obj, test_index)
-    x = _stack_with_test(
-        _dense(obj["allx"], files["allx"]), _dense(obj["tx"], files["tx"]), test_index
-    )
-    onehot = _stack_with_test(
-        _dense(obj["ally"], files["ally"]), _dense(obj["ty"], files["ty"]), test_index
-    )
+    _check_shapes(files, m)
+    _check_test_rows(files, m, test_index)
+    x = _stack_with_test(m["allx"], m["tx"], test_index)
+    onehot = _stack_with_test(m["ally"], m["ty"], test_index)
     num_nodes = x.shape[0]
     edges = _adjacency_to_edges(obj["graph"], files["graph"], num_nodes)
-    train, val, test = _masks(num_nodes, _dense(obj["y"], files["y"]).shape[0], test_index)
+    train, val, test = _masks(num_nodes, m["y"].shape[0], test_index)
     graph = Graph(
         name=name,
         edge_index_2E=symmetrize(edges, num_nodes),
