@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,peers]"
 	touch $(STAMP)
 
 run: install

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from leo_cli.cli import compile as compile_cli
-from leo_cli.cli import partition, train
+from leo_cli.cli import bench, partition, train
 
 app = typer.Typer(
     name="leo",
@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 app.command("partition")(partition.partition_cmd)
 app.command("train")(train.train_cmd)
+app.command("bench")(bench.bench_cmd)
 app.command("compile")(compile_cli.compile_cmd)
 
 

@@ -1,0 +1,112 @@
+"""PyTorch Geometric peers, timed on the same graph, widths, dropout and optimizer as LEO.
+
+`pyg` is `GCNConv` on `edge_index` with cached normalisation, trained as PyG's GCN example
+does; `pyg-csr` is the same model on a sparse CSR adjacency. Each runs in its own process
+(`python -m leo_cli.bench.peers CONFIG SYSTEM EPOCHS`), with the thread count LEO's single
+worker gets, and prints one JSON line: per-epoch step times and the final test accuracy.
+Legend: N nodes, F features, C classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from leo_cli.config import LeoConfig, load_config
+from leo_cli.config.schema import ModelConfig
+from leo_cli.graph.datasets import load_dataset
+
+PEERS = ("pyg", "pyg-csr")
+
+
+def pyg_available() -> bool:
+    return importlib.util.find_spec("torch_geometric") is not None
+
+
+class PygGCN(nn.Module):
+    """`num_layers` GCNConv layers, ReLU and dropout between them, as in PyG's GCN example."""
+
+    def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
+        self.convs = nn.ModuleList(
+            GCNConv(a, b, cached=True) for a, b in zip(widths, widths[1:], strict=False)
+        )
+        self.dropout = cfg.dropout
+        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
+
+    def forward(self, x_NF: Tensor, adj: Any) -> Tensor:
+        h = x_NF
+        for layer, conv in enumerate(self.convs):
+            p = self.input_dropout if layer == 0 else self.dropout
+            h = F.dropout(h, p=p, training=self.training)
+            h = conv(h, adj)
+            if layer < len(self.convs) - 1:
+                h = h.relu()
+        return h
+
+
+def adjacency(edge_index_2E: np.ndarray, num_nodes: int, system: str) -> Any:
+    """`edge_index` for `pyg`, a sparse CSR adjacency (adj_t) for `pyg-csr`."""
+    edge_index = torch.from_numpy(np.ascontiguousarray(edge_index_2E))
+    if system == "pyg":
+        return edge_index
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    # GCNConv aggregates over adj_t (row = target); the graph is symmetric, so adj_t = adj.
+    return to_torch_csr_tensor(edge_index, size=(num_nodes, num_nodes))
+
+
+def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
+    """Train `num_epochs` full-graph epochs; per-epoch step seconds and final test accuracy."""
+    torch.manual_seed(cfg.run.seed)
+    g = load_dataset(cfg.data, cfg.run.seed)
+    x = torch.from_numpy(g.x_NF)
+    y = torch.from_numpy(g.y_N)
+    train = torch.from_numpy(g.train_mask_N)
+    adj = adjacency(g.edge_index_2E, g.num_nodes, system)
+    model = PygGCN(cfg.model, g.num_features, g.num_classes)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    times = []
+    for _ in range(num_epochs):
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, adj)[train], y[train])
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    model.eval()
+    with torch.no_grad():
+        pred = model(x, adj).argmax(dim=1)
+    test = torch.from_numpy(g.test_mask_N)
+    acc = float((pred[test] == y[test]).float().mean()) if bool(test.any()) else None
+    return {"epoch_times": times, "test_acc": acc, "final_loss": float(loss)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m leo_cli.bench.peers")
+    parser.add_argument("config", type=Path, help="resolved config YAML of the benchmark")
+    parser.add_argument("system", choices=PEERS)
+    parser.add_argument("epochs", type=int, help="epochs to train (warm-up included)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    result = train_peer(load_config(args.config), args.system, args.epochs)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Benchmark outputs: rows with ratios, and bench.json / bench.csv / bench.md / bench.png.
+
+Ratios: every row against `blocking` at the same world size (paired by round) and against
+`pyg`; the share of communication hidden is (blocking - leo) / (blocking - compute-only).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import leo_cli
+from leo_cli.bench import stats
+from leo_cli.bench.suite import Measured
+from leo_cli.config import LeoConfig
+from leo_cli.train.metrics import git_sha, write_json
+
+COLUMNS = (
+    "system",
+    "mode",
+    "world_size",
+    "dataset",
+    "model",
+    "epoch_time_s",
+    "epoch_time_p10_s",
+    "epoch_time_p90_s",
+    "vs_blocking",
+    "vs_blocking_ci_low",
+    "vs_blocking_ci_high",
+    "vs_pyg",
+    "comm_bytes_per_epoch",
+    "comm_wait_s",
+    "test_acc",
+    "predicted_epoch_time_s",
+    "exact",
+    "epochs_kept",
+    "epochs_dropped",
+)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> Any:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def make_rows(cfg: LeoConfig, measured: list[Measured]) -> list[dict[str, Any]]:
+    """One row per variant, with paired ratios to blocking (same P) and to pyg."""
+    by_key = {(m.variant.mode, m.variant.world_size): m for m in measured}
+    pyg = by_key.get(("pyg", 1))
+    rows = []
+    for m in measured:
+        v, s = m.variant, stats.spread(m.epochs)
+        base = by_key.get(("blocking", v.world_size))
+        vs_blocking = stats.paired_ratio(m.round_medians, base.round_medians) if base else {}
+        vs_pyg = stats.paired_ratio(m.round_medians, pyg.round_medians) if pyg else {}
+        rows.append(
+            {
+                "system": v.system,
+                "mode": v.mode,
+                "world_size": v.world_size,
+                "dataset": cfg.data.name,
+                "model": cfg.model.name,
+                "epoch_time_s": s["median"],
+                "epoch_time_p10_s": s["p10"],
+                "epoch_time_p90_s": s["p90"],
+                "vs_blocking": vs_blocking.get("ratio"),
+                "vs_blocking_ci_low": vs_blocking.get("ci_low"),
+                "vs_blocking_ci_high": vs_blocking.get("ci_high"),
+                "vs_pyg": vs_pyg.get("ratio"),
+                "comm_bytes_per_epoch": _median(m.runs, "comm_bytes_per_epoch"),
+                "comm_wait_s": _median(m.runs, "comm_wait_s"),
+                "test_acc": _median(m.runs, "test_acc"),
+                "predicted_epoch_time_s": _median(m.runs, "predicted_epoch_time_s"),
+                "exact": all(r.get("exact", True) for r in m.runs),
+                "epochs_kept": len(m.epochs),
+                "epochs_dropped": m.dropped,
+            }
+        )
+    return rows
+
+
+def hidden_shares(rows: list[dict[str, Any]]) -> dict[int, float | None]:
+    """Per world size: (blocking - leo) / (blocking - compute-only), from medians."""
+    t = {(r["mode"], r["world_size"]): r["epoch_time_s"] for r in rows if r["system"] == "leo"}
+    out: dict[int, float | None] = {}
+    for w in sorted({r["world_size"] for r in rows}):
+        b, leo, floor = t.get(("blocking", w)), t.get(("leo", w)), t.get(("compute-only", w))
+        if b is not None and leo is not None and floor is not None:
+            out[w] = (b - leo) / (b - floor) if b > floor else None
+    return out
+
+
+def environment(command: str) -> dict[str, Any]:
+    """Hardware and versions, so a table can be read without the machine."""
+    versions = {"leo": leo_cli.__version__, "torch": torch.__version__}
+    versions["python"] = platform.python_version()
+    try:
+        import torch_geometric
+
+        versions["torch_geometric"] = torch_geometric.__version__
+    except ImportError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "versions": versions,
+        "git_sha": git_sha(),
+        "command": command,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+MD_HEAD = (
+    "system",
+    "mode",
+    "P",
+    "epoch s (p10-p90)",
+    "vs blocking (95% CI)",
+    "vs pyg",
+    "MB/epoch",
+    "wait s",
+    "test acc",
+    "exact",
+)
+
+
+def md_cells(r: dict[str, Any]) -> list[str]:
+    """One markdown table row."""
+    ratio = _fmt(r["vs_blocking"], 2)
+    if r["vs_blocking_ci_low"] is not None:
+        ratio += f" ({r['vs_blocking_ci_low']:.2f}-{r['vs_blocking_ci_high']:.2f})"
+    mb = None if r["comm_bytes_per_epoch"] is None else r["comm_bytes_per_epoch"] / 1e6
+    epoch = f"{_fmt(r['epoch_time_s'])} ({_fmt(r['epoch_time_p10_s'])}-"
+    epoch += f"{_fmt(r['epoch_time_p90_s'])})"
+    return [
+        r["system"],
+        r["mode"],
+        str(r["world_size"]),
+        epoch,
+        ratio,
+        _fmt(r["vs_pyg"], 2),
+        _fmt(mb, 1),
+        _fmt(r["comm_wait_s"]),
+        _fmt(r["test_acc"], 4),
+        "yes" if r["exact"] else "no",
+    ]
+
+
+def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
+    """A paste-able table: times, ratios with intervals, bytes, accuracy; then hidden shares."""
+    lines = ["| " + " | ".join(MD_HEAD) + " |", "|" + "---|" * len(MD_HEAD)]
+    lines += ["| " + " | ".join(md_cells(r)) + " |" for r in rows]
+    lines.append("")
+    for w, share in hidden_shares(rows).items():
+        lines.append(
+            f"Share of communication hidden at P={w}: {_fmt(share, 2)} "
+            "= (blocking - leo) / (blocking - compute-only)."
+        )
+    lines += [
+        "",
+        f"Machine: {env['cpu']}, {env['cores']} cores, GPU: {env['gpu'] or 'none'}; "
+        f"torch {env['versions']['torch']}. Command: `{env['command']}`",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out_dir: Path, rows: list[dict[str, Any]], env: dict[str, Any]) -> list[Path]:
+    """bench.json, bench.csv, bench.md and bench.png in out_dir (each written atomically)."""
+    write_json(
+        out_dir / "bench.json",
+        {
+            "rows": rows,
+            "env": env,
+            "hidden_share": {str(k): v for k, v in hidden_shares(rows).items()},
+        },
+    )
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    _atomic_text(out_dir / "bench.csv", buf.getvalue())
+    _atomic_text(out_dir / "bench.md", markdown(rows, env))
+    plot(rows, out_dir / "bench.png")
+    return [out_dir / f"bench.{ext}" for ext in ("json", "csv", "md", "png")]
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Epoch time by mode and world size (compute-only floor as a dashed line); bytes moved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    worlds = sorted({r["world_size"] for r in rows})
+    labels = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "compute-only"))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        for ax, key in ((ax_t, "epoch_time_s"), (ax_b, "comm_bytes_per_epoch")):
+            xs, ys = [], []
+            for j, w in enumerate(worlds):
+                row = next((r for r in rows if r["mode"] == label and r["world_size"] == w), None)
+                if row is not None and row[key] is not None:
+                    xs.append(j + i * width)
+                    ys.append(row[key] / (1e6 if key != "epoch_time_s" else 1))
+            ax.bar(xs, ys, width, label=label)
+    for j, w in enumerate(worlds):
+        floor = next(
+            (r for r in rows if r["mode"] == "compute-only" and r["world_size"] == w), None
+        )
+        if floor is not None:
+            ax_t.hlines(
+                floor["epoch_time_s"],
+                j - width / 2,
+                j + 0.8 - width / 2,
+                colors="k",
+                linestyles="dashed",
+                label="compute-only floor" if j == 0 else None,
+            )
+    for ax, title, unit in (
+        (ax_t, "epoch time", "seconds (median)"),
+        (ax_b, "bytes moved per epoch", "MB"),
+    ):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(worlds))], [f"P={w}" for w in worlds])
+        ax.set(title=title, ylabel=unit)
+    ax_t.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)

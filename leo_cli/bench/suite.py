@@ -1,0 +1,171 @@
+"""The benchmark suite: every (system, mode, world size) variant, interleaved over rounds.
+
+LEO rows run through the real `leo train` path (launcher, elastic workers, partitions on
+disk, reused across rows of one world size); peers run in their own process. Each round runs
+every variant once (A B C A B C ...), so a slow phase of a shared machine hits all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from leo_cli.bench import stats
+from leo_cli.bench.peers import pyg_available
+from leo_cli.config import LeoConfig, write_resolved
+from leo_cli.errors import TrainError
+from leo_cli.train import metrics as run_files
+from leo_cli.train.launcher import prepare, run_workers
+
+# bench mode -> (pipeline.mode, cache.policy or None to keep the config's)
+LEO_MODES: dict[str, tuple[str, str | None]] = {
+    "leo": ("leo", None),
+    "leo-no-cache": ("leo", "none"),
+    "blocking": ("blocking", "none"),
+    "fine-grained": ("fine-grained", "none"),
+    "shared-memory": ("shared-memory", "none"),
+    "compute-only": ("compute-only", "none"),
+}
+NEVER = 10**9  # an epoch interval that never comes (no evaluation, no checkpoint mid-run)
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the benchmark."""
+
+    system: str  # leo, pyg, pyg-csr
+    mode: str  # a bench mode for LEO rows; the system's name for peers
+    world_size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.system}/{self.mode} P={self.world_size}"
+
+
+@dataclass
+class Measured:
+    """What the rounds of one variant measured."""
+
+    variant: Variant
+    round_medians: list[float] = field(default_factory=list)
+    epochs: list[float] = field(default_factory=list)
+    dropped: int = 0
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
+    """LEO modes per world size (one LEO row at world size 1: every mode is the same single
+    process there), then the peers at world size 1."""
+    out = []
+    for w in cfg.bench.world_sizes:
+        modes = ["leo"] if w == 1 else cfg.bench.modes
+        out += [Variant("leo", m, w) for m in modes]
+    if cfg.bench.peers and not pyg_available():
+        skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
+    elif cfg.bench.peers and cfg.model.name != "gcn":
+        skip(f"peers compare GCNConv only; model.name={cfg.model.name}: peer rows skipped.")
+    else:
+        out += [Variant(p, p, 1) for p in cfg.bench.peers]
+    return out
+
+
+def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
+    """The `leo train` config of a LEO variant (one run folder per world size)."""
+    pipeline_mode, policy = LEO_MODES[v.mode]
+    epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
+    return cfg.model_copy(
+        update={
+            "run": cfg.run.model_copy(update={"out_dir": out_dir / f"p{v.world_size}"}),
+            "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
+            "launch": cfg.launch.model_copy(update={"nproc": None}),
+            "pipeline": cfg.pipeline.model_copy(update={"mode": pipeline_mode}),
+            "cache": cfg.cache.model_copy(update={"policy": policy or cfg.cache.policy}),
+            "train": cfg.train.model_copy(
+                update={"num_epochs": epochs, "eval_every": NEVER, "checkpoint_every": NEVER}
+            ),
+        }
+    )
+
+
+def run_leo(
+    cfg: LeoConfig, v: Variant, out_dir: Path, progress: ProgressFn | None
+) -> dict[str, Any]:
+    """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
+    run_cfg = leo_config(cfg, v, out_dir)
+    inexact = v.mode == "compute-only"
+    run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact)
+    run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact)
+    rows = run_files.read_metrics(run_dir)[cfg.bench.warmup_epochs :]
+    summary = run_files.read_json(run_dir / "summary.json")
+    return {
+        "epoch_times": [r["epoch_time_s"] for r in rows],
+        "comm_bytes_per_epoch": median_of(rows, "step_comm_bytes"),
+        "comm_wait_s": median_of(rows, "comm_wait_s"),
+        "test_acc": summary.get("final_test_acc"),
+        "exact": summary.get("exact", True),
+        "predicted_epoch_time_s": summary.get("predicted_epoch_time_s"),
+    }
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return stats.spread(values)["median"] if values else None
+
+
+def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
+    """One peer run in its own process, with all the cores LEO's single worker gets."""
+    config_path = out_dir / "peer_config.yaml"
+    write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": out_dir})}))
+    os.replace(out_dir / "resolved_config.yaml", config_path)
+    epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
+    threads = str(os.cpu_count() or 1)
+    cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]
+    proc = subprocess.run([*cmd, "--threads", threads], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise TrainError(
+            f"the {v.system} peer failed ({last}); rerun with bench.peers=[] to skip it."
+        )
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["epoch_times"] = result["epoch_times"][cfg.bench.warmup_epochs :]
+    result.update(comm_bytes_per_epoch=0, comm_wait_s=0.0, exact=True)
+    return result
+
+
+def run_suite(
+    cfg: LeoConfig,
+    out_dir: Path,
+    on_run: Callable[[int, int, Variant], None],
+    progress: ProgressFn | None = None,
+    skip: Callable[[str], None] = lambda _: None,
+) -> list[Measured]:
+    """Every variant once per round, `bench.repeats` rounds; returns what each measured."""
+    todo = variants(cfg, skip)
+    measured = {v: Measured(v) for v in todo}
+    total = len(todo) * cfg.bench.repeats
+    for r in range(cfg.bench.repeats):
+        for i, v in enumerate(todo):
+            on_run(r * len(todo) + i, total, v)
+            if v.system == "leo":
+                run = run_leo(cfg, v, out_dir, progress)
+            else:
+                run = run_peer(cfg, v, out_dir)
+            record(measured[v], run)
+    on_run(total, total, todo[-1])
+    return [measured[v] for v in todo]
+
+
+def record(m: Measured, run: dict[str, Any]) -> None:
+    kept = stats.drop_disturbed(run["epoch_times"])
+    m.dropped += len(run["epoch_times"]) - len(kept)
+    m.epochs += kept
+    m.round_medians.append(stats.spread(kept)["median"])
+    m.runs.append(run)

@@ -1,0 +1,88 @@
+"""`leo bench`: LEO's modes against its baselines and PyTorch Geometric, side by side."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from leo_cli.bench import report
+from leo_cli.bench.suite import Variant, run_suite
+from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.render import STAGE_LABELS
+from leo_cli.config import LeoConfig
+from leo_cli.errors import ConfigError
+
+DEFAULT_BENCH_CONFIG = Path(__file__).resolve().parent.parent / "bench" / "default.yaml"
+
+
+def check_bench(cfg: LeoConfig) -> None:
+    """Settings a benchmark cannot run with, as one sentence each."""
+    if cfg.launch.nnodes > 1:
+        raise ConfigError(
+            "leo bench runs on one machine (launch.nnodes=1); benchmark multi-node jobs with "
+            "leo train on each node."
+        )
+    if "shared-memory" in cfg.bench.modes and any(w > 1 for w in cfg.bench.world_sizes):
+        pass  # one host: shared memory works
+    if cfg.launch.nproc is not None:
+        raise ConfigError(
+            "launch.nproc is set by leo bench from bench.world_sizes; remove launch.nproc."
+        )
+
+
+def results_table(rows: list[dict[str, Any]], shares: dict[int, float | None]) -> Table:
+    table = Table(title="leo bench (median epoch time; ratios paired by round)")
+    for name in report.MD_HEAD:
+        table.add_column(name, justify="left" if name in ("system", "mode") else "right")
+    for r in rows:
+        table.add_row(*report.md_cells(r))
+    for w, share in shares.items():
+        if share is not None:
+            table.caption = (table.caption or "") + f"hidden share P={w}: {share:.2f}  "
+    return table
+
+
+@handle_errors
+def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
+    """Time LEO's pipeline modes, its baselines and PyG peers on one graph, interleaved.
+
+    Without --config the default bench graph is used (synthetic, 200k nodes, GCN). Every LEO
+    row runs through `leo train` (same launcher and workers); variants run interleaved over
+    bench.repeats rounds; bench.warmup_epochs are not timed. Writes bench.json, bench.csv,
+    bench.md and bench.png into run.out_dir.
+    """
+    cfg = resolve_config(config or DEFAULT_BENCH_CONFIG, overrides)
+    check_bench(cfg)
+    out_dir = Path(cfg.run.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description:<30}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        runs = progress.add_task("runs", total=None)
+        stages: dict[str, Any] = {}
+
+        def on_run(done: int, total: int, v: Variant) -> None:
+            label = "done" if done == total else f"run {v.label}"
+            progress.update(runs, completed=done, total=total, description=label)
+
+        def on_stage(stage: str, done: int, total: int) -> None:
+            if stage not in stages:
+                stages[stage] = progress.add_task(STAGE_LABELS.get(stage, stage), total=total)
+            progress.update(stages[stage], completed=done, total=total)
+
+        measured = run_suite(cfg, out_dir, on_run, on_stage, skip=console.print)
+    rows = report.make_rows(cfg, measured)
+    env = report.environment("leo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
+    paths = report.write_outputs(out_dir, rows, env)
+    console.print(results_table(rows, report.hidden_shares(rows)))
+    console.print("Wrote " + ", ".join(str(p) for p in paths))
