@@ -24,27 +24,17 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.train.checks import check_config
 
-IMPLEMENTED_MODES = ("blocking",)
-IMPLEMENTED_CACHE_POLICIES = ("none",)
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
 
 
 def check_supported(cfg: LeoConfig) -> None:
-    """Reject modes that do not exist yet and device/backend combinations that cannot work."""
+    """Devices as the parent sees them, then the config checks that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
-    if cfg.cache.policy not in IMPLEMENTED_CACHE_POLICIES:
-        raise ConfigError(
-            f"cache.policy={cfg.cache.policy!r} is not implemented yet; use cache.policy=none "
-            "(every halo row is exchanged in bulk each layer)."
-        )
-    if cfg.pipeline.mode not in IMPLEMENTED_MODES:
-        raise ConfigError(
-            f"pipeline.mode={cfg.pipeline.mode!r} is not implemented yet; use "
-            f"pipeline.mode=blocking (available: {', '.join(IMPLEMENTED_MODES)})."
-        )
+    check_config(cfg)
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:

@@ -34,6 +34,7 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
+from leo_cli.train.checks import check_config
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
+    check_config(cfg)  # plain torchrun starts workers without the launcher's checks
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
         raise TrainError(
