@@ -146,7 +146,8 @@ def reduce_epoch_stats(
 def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
     rows = run_files.read_metrics(run_dir)
     run_files.write_json(
-        run_dir / "summary.json", run_files.summarize(rows, world_size, cfg.pipeline.mode)
+        run_dir / "summary.json",
+        run_files.summarize(rows, world_size, cfg.pipeline.mode, cfg.run.name),
     )
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})

@@ -91,6 +91,8 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "train.num_epochs=6",
         "--set",
         "train.checkpoint_every=3",
+        "--set",
+        "run.name=tiny-run",
     )
     assert res.returncode == 0, res.stderr
     rows = metrics(run)
@@ -100,6 +102,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert all(r["comm_bytes"] > 0 for r in rows)
     s = summary(run)
     assert s["world_size"] == 2 and s["mode"] == "blocking" and s["final_loss"] == rows[-1]["loss"]
+    assert s["name"] == "tiny-run"
     assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
         r["comm_bytes"] for r in rows
     )
@@ -108,7 +111,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "epoch_000003.pt",
         "epoch_000006.pt",
     ]
-    assert "training summary" in res.stdout
+    assert "training summary: tiny-run" in res.stdout
 
 
 @pytest.fixture(scope="module")
