@@ -24,6 +24,7 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_config
 
 # Keys that may change when resuming; anything else must match the run folder.
@@ -127,6 +128,7 @@ def prepare(cfg: LeoConfig, resume: bool, progress: ProgressFn | None) -> Path:
         return run_dir
     if resume:
         check_resumable(cfg, run_dir)
+        read_latest(run_dir)  # says here, not only in worker logs, if the newest is corrupt
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
     ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from dist_harness import free_port
 
 from leo_cli.kernels import backend_name
@@ -268,3 +269,16 @@ def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
     err = " ".join(res.stderr.split())
     assert "part_1/indices.npy" in err and "leo partition --force" in err
     assert "Traceback" not in err and "exitcode" not in err
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    four = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=4"]
+    assert leo("train", *TINY, *four, "--set", "train.checkpoint_every=2").returncode == 0
+    newest = run / "checkpoints" / "epoch_000004.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    res = leo("train", *TINY, *four, "--set", "train.checkpoint_every=2", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert f"checkpoint {newest} cannot be read" in " ".join(res.stderr.split())
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]  # 3 and 4 trained again
+    assert torch.load(newest, weights_only=True)["epoch"] == 4
