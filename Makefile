@@ -34,7 +34,7 @@ cuda-check: install
 pytest: install
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck cuda-check pytest
 
 test-gpu: install
 	$(VENV)/bin/leo compile

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from leo_cli.cli import compile as compile_cli
 from leo_cli.cli import bench, partition, train
+from leo_cli.cli import compile as compile_cli
 
 app = typer.Typer(
     name="leo",

@@ -33,8 +33,8 @@ SetOpt = Annotated[
         "--set",
         "-s",
         help="Override one config key, e.g. --set partition.num_parts=4 or "
-        "--set bench.modes=\\[leo,blocking]; the value is parsed as YAML. Repeatable; "
-        "wins over the YAML file.",
+        "--set model.dropout=0; the value is parsed as YAML. Repeatable; wins over the YAML "
+        "file.",
         show_default=False,
     ),
 ]

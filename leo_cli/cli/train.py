@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -40,7 +41,7 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="training summary", show_header=False)
+    table = Table(title=f"training summary: {escape(summary['name'])}", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
 

@@ -89,7 +89,8 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
             ) from None
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        raise ConfigError(f"Config key {key!r} in {source}: {err['msg']}{shown}.") from None
+        msg = err["msg"].removeprefix("Value error, ")  # our validators' own sentences
+        raise ConfigError(f"Config key {key!r} in {source}: {msg}{shown}.") from None
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

@@ -7,9 +7,11 @@ those texts. Unknown keys are rejected (`extra="forbid"`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DROPOUT_STEP = 1 / 256  # resolution of dropout rates: one random byte per entry
 
 
 class Section(BaseModel):
@@ -25,8 +27,8 @@ class RunConfig(Section):
     """Run name, shown in tables and summaries."""
     out_dir: Path = Path("runs/default")
     """Folder that receives everything the run produces (partitions, plan, metrics, checkpoints)."""
-    seed: int = 0
-    """Seed of the synthetic graph, METIS, initial weights and dropout masks."""
+    seed: int = Field(0, ge=0, lt=2**63)
+    """Seed of the synthetic graph, METIS, initial weights and dropout masks (0 <= seed < 2**63)."""
 
 
 class SyntheticConfig(Section):
@@ -75,7 +77,23 @@ class ModelConfig(Section):
     num_layers: int = Field(2, ge=1, le=64)
     """Number of message-passing layers."""
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
-    """Dropout probability applied to each layer's input."""
+    """Dropout probability on the input of every layer after the first (and of the first
+    too unless input_dropout says otherwise): 0, or between 1/256 and 255/256."""
+    input_dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    """Dropout probability on the first layer's input features; null means the same as
+    `dropout` (Kipf & Welling, PyG's example); 0 as in DGL's GCN example."""
+
+    @field_validator("dropout", "input_dropout")
+    @classmethod
+    def _representable_rate(cls, value: float | None) -> float | None:
+        # Masks draw one random byte per entry (models/dropout.py), so rates are multiples of
+        # 1/256: a smaller nonzero rate would silently become 0, a larger one 255/256.
+        if value is not None and value != 0.0 and not DROPOUT_STEP <= value <= 1.0 - DROPOUT_STEP:
+            raise ValueError(
+                "must be 0 or between 1/256 and 255/256 (masks draw one random byte per "
+                "entry; other rates would round to 0 or 255/256)"
+            )
+        return value
 
 
 class TrainConfig(Section):
@@ -138,17 +156,36 @@ class LaunchConfig(Section):
     """Collective timeout: a stalled worker ends the job after this many seconds."""
 
 
+BenchMode = Literal[
+    "leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only"
+]
+BenchPeer = Literal["pyg", "pyg-csr"]
+
+
 class BenchConfig(Section):
-    modes: list[str] = ["blocking", "leo", "fine-grained", "shared-memory", "compute-only"]
-    """Pipeline modes to compare."""
-    world_sizes: list[int] = [2]
-    """Worker counts to measure."""
-    peers: list[str] = []
-    """Single-process peers to measure on the same graph (`pyg`, `pyg-csr`)."""
+    modes: list[BenchMode] = Field(
+        ["leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only"],
+        min_length=1,
+    )
+    """Modes to compare: `leo`, `leo-no-cache` (pipeline, cache.policy none), `blocking`,
+    `fine-grained`, `shared-memory`, `compute-only` (no exchange: the overlap floor)."""
+    world_sizes: list[Annotated[int, Field(ge=1)]] = Field([4], min_length=1)
+    """Worker counts to measure (at 1 worker every mode is the same single process: one row)."""
+    peers: list[BenchPeer] = []
+    """Single-process peers on the same graph: `pyg` (GCNConv on edge_index), `pyg-csr`."""
     repeats: int = Field(3, ge=1)
-    """Repeats per measurement; the median is reported."""
-    num_epochs: int = Field(10, ge=2)
-    """Epochs per repeat (the first is warm-up)."""
+    """Rounds; each runs every variant once, interleaved (A B C A B C ...)."""
+    num_epochs: int = Field(5, ge=1)
+    """Timed epochs per run."""
+    warmup_epochs: int = Field(1, ge=0)
+    """Untimed epochs at the start of every run."""
+
+    @field_validator("modes", "world_sizes", "peers")
+    @classmethod
+    def _no_duplicates(cls, value: list[Any]) -> list[Any]:
+        if len(set(value)) != len(value):
+            raise ValueError("must not list a value twice")
+        return value
 
 
 class LeoConfig(Section):

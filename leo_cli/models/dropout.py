@@ -13,8 +13,6 @@ from torch import Tensor
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # int64 views of the splitmix64 constants
 _MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MUL2 = 0x94D049BB133111EB - (1 << 64)
-_FMIX1 = 0x85EBCA6B - (1 << 32)  # int32 views of murmur3 constants
-_FMIX2 = 0xC2B2AE35 - (1 << 32)
 _COL_SALT = 0x5851F42D4C957F2D
 _CHUNK_ROWS = 1 << 15  # bounds the int64 temporaries to a few MB per chunk
 
@@ -24,27 +22,27 @@ def _shr(z: Tensor, bits: int) -> Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def splitmix64(z: Tensor) -> Tensor:
-    """The splitmix64 finaliser, elementwise; int64 multiplication wraps like uint64."""
-    z = z + _GOLDEN
+def mix64(z: Tensor) -> Tensor:
+    """The splitmix64 finaliser, elementwise: a bijection of int64 (multiplication wraps)."""
     z = (z ^ _shr(z, 30)) * _MUL1
     z = (z ^ _shr(z, 27)) * _MUL2
     return z ^ _shr(z, 31)
 
 
+def splitmix64(z: Tensor) -> Tensor:
+    """One splitmix64 step: the golden-ratio increment, then the finaliser."""
+    return mix64(z + _GOLDEN)
+
+
 def stream_key(seed: int, epoch: int, layer: int) -> int:
-    """One int64 key per (seed, epoch, layer)."""
-    z = splitmix64(torch.tensor([seed * 1_000_003 + epoch * 7919 + layer], dtype=torch.int64))
-    return int(z.item())
+    """One int64 key per (seed, epoch, layer), for 0 <= seed < 2**63 (`run.seed`'s range).
 
-
-def _fmix32(h: Tensor) -> Tensor:
-    """murmur3's 32-bit finaliser on int32 (multiplication wraps like uint32)."""
-    h = h ^ ((h >> 16) & 0xFFFF)
-    h = h * _FMIX1
-    h = h ^ ((h >> 13) & 0x7FFFF)
-    h = h * _FMIX2
-    return h ^ ((h >> 16) & 0xFFFF)
+    The parts are hashed in turn (each step is a bijection), so every bit of each changes
+    the key; a linear mix of them overflowed int64 for large seeds.
+    """
+    z = splitmix64(torch.tensor([seed], dtype=torch.int64))
+    z = splitmix64(z ^ epoch)
+    return int(splitmix64(z ^ layer).item())
 
 
 def threshold(p: float) -> int:
@@ -55,16 +53,18 @@ def threshold(p: float) -> int:
 def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
     """Boolean [N, F] mask: entry (i, j) kept with probability 1 - threshold(p)/256.
 
-    Rows and column groups are hashed once with splitmix64; one 32-bit finaliser over their
-    xor then yields four random bytes, one per entry, which keeps dropout cheap next to the
-    aggregation it precedes.
+    Rows and groups of eight columns are hashed once with splitmix64; one 64-bit finaliser
+    over their xor then yields eight random bytes, one per entry, which keeps dropout cheap
+    next to the aggregation it precedes. The row hash keeps all 64 bits: it is a bijection
+    of `id ^ key`, so two rows never share a stream (a 32-bit row hash made thousands of rows
+    of a 2.4M-node graph share their whole mask).
     """
-    num_groups = (num_cols + 3) // 4
-    row_N = (splitmix64(ids_N.to(torch.int64) ^ key) & 0x7FFFFFFF).to(torch.int32)
+    num_groups = (num_cols + 7) // 8
+    row_N = splitmix64(ids_N.to(torch.int64) ^ key)
     groups = torch.arange(num_groups, dtype=torch.int64, device=ids_N.device)
-    col_G = (splitmix64(groups + _COL_SALT) & 0x7FFFFFFF).to(torch.int32)
-    hashed_NG = _fmix32(row_N.unsqueeze(1) ^ col_G)
-    bytes_NF = hashed_NG.view(torch.uint8).view(ids_N.shape[0], 4 * num_groups)[:, :num_cols]
+    col_G = splitmix64(groups + _COL_SALT)
+    hashed_NG = mix64(row_N.unsqueeze(1) ^ col_G)
+    bytes_NF = hashed_NG.view(torch.uint8).view(ids_N.shape[0], 8 * num_groups)[:, :num_cols]
     return bytes_NF >= threshold(p)
 
 

@@ -12,7 +12,8 @@ from leo_cli.models.layers import CONVS
 
 
 class GNN(nn.Module):
-    """`num_layers` convs, ReLU between them, dropout on every layer's input."""
+    """`num_layers` convs, ReLU between them, dropout on every layer's input (the first
+    layer's rate is `input_dropout`, the others' `dropout`)."""
 
     def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -20,13 +21,15 @@ class GNN(nn.Module):
         widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
         self.convs = nn.ModuleList(conv(a, b) for a, b in zip(widths, widths[1:], strict=False))
         self.dropout = cfg.dropout
+        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
 
     def forward(self, x_NF: Tensor, g: LocalGraph, seed: int = 0, epoch: int = 0) -> Tensor:
         """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id)."""
         h = x_NF
         for layer, conv in enumerate(self.convs):
-            if self.training and self.dropout > 0:
-                h = counter_dropout(h, g.global_ids_N, self.dropout, stream_key(seed, epoch, layer))
+            p = self.input_dropout if layer == 0 else self.dropout
+            if self.training and p > 0:
+                h = counter_dropout(h, g.global_ids_N, p, stream_key(seed, epoch, layer))
             h = conv(h, g, layer)
             if layer < len(self.convs) - 1:
                 h = torch.relu(h)

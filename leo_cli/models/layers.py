@@ -59,7 +59,13 @@ class SAGEConv(nn.Module):
 
 
 class GINConv(nn.Module):
-    """GIN: MLP((1+eps)·x_i + Σ_j x_j) with a learnable eps and a 2-layer MLP."""
+    """GIN (Xu et al. 2019): MLP((1+eps)·x_i + Σ_j x_j) with a 2-layer MLP (Linear, ReLU, Linear).
+
+    Two choices differ from PyG's defaults, on purpose. eps is learnable (the paper's GIN-eps;
+    PyG's `GINConv` defaults to `train_eps=False`, GIN-0). The MLP has no BatchNorm (PyG's GIN
+    examples put one in it): full-graph batch statistics span every worker, so staying exact
+    across worker counts would cost an all-reduce per layer.
+    """
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()

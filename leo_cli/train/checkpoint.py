@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,36 @@ def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any]) -> Path:
     return path
 
 
+def read_latest(run_dir: Path) -> dict[str, Any] | None:
+    """The newest checkpoint that loads (weights_only=True), or None when there is none.
+
+    A file that cannot be read (a disk error, a copy cut short) is reported on stderr and the
+    one before it is tried, so one bad file costs `train.checkpoint_every` epochs, not the run.
+    """
+    newest_first = [path for _, path in reversed(list_checkpoints(run_dir))]
+    for i, path in enumerate(newest_first):
+        try:
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a corrupt file must name itself, not crash with a traceback
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if i + 1 == len(newest_first):
+                raise TrainError(
+                    f"No checkpoint in {checkpoint_dir(run_dir)} can be read ({path.name}: "
+                    f"{reason}); start again without --resume."
+                ) from None
+            older = newest_first[i + 1].name
+            print(
+                f"warning: checkpoint {path} cannot be read ({reason}); trying {older} instead.",
+                file=sys.stderr,
+            )
+            continue
+        return state
+    return None
+
+
 def load_latest(run_dir: Path) -> dict[str, Any] | None:
-    """The newest checkpoint (weights_only=True), or None when there is none."""
-    found = list_checkpoints(run_dir)
-    if not found:
-        return None
-    epoch, path = found[-1]
-    try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a corrupt file must name itself, not crash with a traceback
-        raise TrainError(
-            f"Checkpoint {path} cannot be read ({exc}); delete it to resume from the one before."
-        ) from None
-    torch.set_rng_state(state["rng"])
+    """`read_latest`, with torch's global generator restored from it."""
+    state = read_latest(run_dir)
+    if state is not None:
+        torch.set_rng_state(state["rng"])
     return state

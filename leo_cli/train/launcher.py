@@ -24,31 +24,18 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.train.checkpoint import read_latest
+from leo_cli.train.checks import check_config
 
-IMPLEMENTED_CACHE_POLICIES = ("none",)
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Reject modes that do not exist yet and device/backend combinations that cannot work."""
+    """Devices as the parent sees them, then the config checks that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
-    if cfg.cache.policy not in IMPLEMENTED_CACHE_POLICIES:
-        raise ConfigError(
-            f"cache.policy={cfg.cache.policy!r} is not implemented yet; use cache.policy=none "
-            "(every halo row is exchanged in bulk each layer)."
-        )
-    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
-        raise ConfigError(
-            "pipeline.mode=compute-only skips the halo exchange and trains on wrong numbers; "
-            "it exists for `leo bench` (pass --allow-inexact to leo train to run it anyway)."
-        )
-    if cfg.pipeline.mode == "shared-memory" and cfg.launch.nnodes > 1:
-        raise ConfigError(
-            "pipeline.mode=shared-memory needs every worker on one host (launch.nnodes=1); "
-            "use pipeline.mode=leo across machines."
-        )
+    check_config(cfg, allow_inexact)
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:
@@ -143,6 +130,7 @@ def prepare(
         return run_dir
     if resume:
         check_resumable(cfg, run_dir)
+        read_latest(run_dir)  # says here, not only in worker logs, if the newest is corrupt
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
     ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False

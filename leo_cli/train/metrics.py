@@ -66,13 +66,14 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-def summarize(rows: list[dict[str, Any]], world_size: int, mode: str) -> dict[str, Any]:
-    """summary.json: best val (and test at best val), final loss, warm epoch time, bytes."""
+def summarize(rows: list[dict[str, Any]], world_size: int, mode: str, name: str) -> dict[str, Any]:
+    """summary.json: name, best val (and test at best val), final loss, warm epoch time, bytes."""
     evaluated = [r for r in rows if r.get("val_acc") is not None]
     best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else {}
     warm_rows = [r for r in rows if not r.get("cold", False)]
     warm = [r["epoch_time_s"] for r in warm_rows]
     return {
+        "name": name,
         "best_val_acc": best.get("val_acc"),
         "test_acc": best.get("test_acc"),
         "best_epoch": best.get("epoch"),

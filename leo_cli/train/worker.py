@@ -34,6 +34,7 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
+from leo_cli.train.checks import check_config
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
@@ -74,13 +75,8 @@ def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def check_mode(cfg: LeoConfig, env: DistEnv, allow_inexact: bool) -> None:
-    """What the launcher checks, again here: plain torchrun starts workers without it."""
-    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
-        raise TrainError(
-            "pipeline.mode=compute-only skips the halo exchange (wrong numbers on purpose); "
-            "pass --allow-inexact to the worker to run it for a benchmark."
-        )
+def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
+    """Shared memory reaches only the workers of one host (what torchrun says, not the config)."""
     if cfg.pipeline.mode == "shared-memory" and env.local_world_size != env.world_size:
         raise TrainError(
             "pipeline.mode=shared-memory needs every worker on one host, but "
@@ -162,7 +158,8 @@ def reduce_epoch_stats(
 def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
     rows = run_files.read_metrics(run_dir)
     run_files.write_json(
-        run_dir / "summary.json", run_files.summarize(rows, world_size, cfg.pipeline.mode)
+        run_dir / "summary.json",
+        run_files.summarize(rows, world_size, cfg.pipeline.mode, cfg.run.name),
     )
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})
@@ -197,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_worker(run_dir: Path, env: DistEnv, resume: bool, allow_inexact: bool = False) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
-    check_mode(cfg, env, allow_inexact)
+    check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    check_same_host(cfg, env)
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
         raise TrainError(

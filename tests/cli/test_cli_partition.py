@@ -78,6 +78,21 @@ def test_bad_input_is_one_clear_sentence(
     assert not list(tmp_path.rglob("*.tmp-*"))
 
 
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--set", "run.seed=18446744073709551616"], ["'run.seed'", "less than"]),
+        (["--set", "run.seed=-1", "--set", "partition.method=random"], ["'run.seed'"]),
+    ],
+)
+def test_seed_out_of_range_is_one_sentence(
+    tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    # Before the bound, METIS and numpy's SeedSequence raised tracebacks mid-partitioning.
+    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={tmp_path / 'run'}", *args)
+    assert_clean_error(code, o, e, *needles)
+
+
 def test_unparsable_config(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("run: {name: x\n")

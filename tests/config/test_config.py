@@ -63,3 +63,43 @@ def test_shipped_configs_load() -> None:
     for path in sorted(root.glob("*.yaml")):
         assert path.read_text().startswith("# leo "), f"{path} must start with its command"
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("bench.modes=[nonsense]", "'bench.modes'.*'compute-only'"),
+        ("bench.modes=[leo,blocking,leo]", "'bench.modes'.*twice"),
+        ("bench.modes=[]", "'bench.modes'"),
+        ("bench.world_sizes=[-5]", "'bench.world_sizes'.*greater than or equal to 1"),
+        ("bench.world_sizes=[2,2]", "'bench.world_sizes'.*twice"),
+        ("bench.peers=[dgl]", "'bench.peers'.*'pyg-csr'"),
+        ("run.seed=18446744073709551616", "'run.seed'.*less than"),
+        ("run.seed=-1", "'run.seed'.*greater than or equal to 0"),
+        ("model.dropout=0.001", "'model.dropout'.*1/256"),
+        ("model.dropout=0.999", "'model.dropout'.*255/256"),
+        ("model.input_dropout=0.001", "'model.input_dropout'.*1/256"),
+        ("bench.warmup_epochs=-1", "'bench.warmup_epochs'"),
+    ],
+)
+def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as info:
+        load_config(None, [override])
+    assert "Value error" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "bench.modes=[leo-no-cache,compute-only]",
+        "bench.world_sizes=[1,4]",
+        "bench.peers=[pyg,pyg-csr]",
+        "run.seed=9223372036854775807",
+        "model.dropout=0.00390625",
+        "model.dropout=0",
+        "model.input_dropout=0",
+        "model.input_dropout=null",
+    ],
+)
+def test_values_at_the_limits_are_accepted(override: str) -> None:
+    load_config(None, [override])

@@ -202,3 +202,13 @@ def test_build_installs_into_the_package_and_then_is_cached(
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
     assert not build.build_extension(CUDA_DIR, build_root=root).cached
     assert len(runs) == 3
+
+
+def test_make_test_runs_the_cuda_compile_check() -> None:
+    # The README promises that `make test` includes it (it skips itself without nvcc).
+    if shutil.which("make") is None:
+        pytest.skip("make not found")
+    root = CUDA_DIR.parent
+    dry = subprocess.run(["make", "-n", "test"], cwd=root, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "leo compile --check" in dry.stdout and "pytest -q" in dry.stdout

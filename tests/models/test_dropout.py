@@ -35,3 +35,31 @@ def test_keys_give_independent_masks() -> None:
 def test_zero_rate_is_identity() -> None:
     x = torch.randn(10, 3)
     assert counter_dropout(x, torch.arange(10), 0.0, 5) is x
+
+
+@pytest.mark.parametrize("offset", [2**31, 2**32, 2**40, 2**62])
+def test_ids_differing_only_in_high_bits_get_different_masks(offset: int) -> None:
+    ids = torch.arange(2000)
+    key = stream_key(0, 1, 0)
+    same = keep_mask(ids, 64, key, 0.5) == keep_mask(ids + offset, 64, key, 0.5)
+    assert not same.all(dim=1).any()
+
+
+def test_distinct_ids_never_share_a_mask() -> None:
+    # 2.4M rows (ogbn-products): with 64 columns at p = 0.5 a row's mask is 64 random bits, so
+    # by the birthday bound even one shared mask has probability ~1e-7. A 31-bit row hash gave
+    # ~1300 rows that share another row's whole mask.
+    num_nodes, key = 2_400_000, stream_key(0, 1, 0)
+    packed = []
+    for start in range(0, num_nodes, 1 << 18):
+        ids = torch.arange(start, min(start + (1 << 18), num_nodes))
+        bytes_N8 = keep_mask(ids, 64, key, 0.5).view(torch.int64)  # 8 bools per int64
+        packed.append((bytes_N8 << torch.arange(8)).sum(dim=1))  # 64 mask bits per row
+    assert num_nodes - torch.unique(torch.cat(packed)).numel() == 0
+
+
+def test_stream_keys_use_every_bit_of_large_seeds() -> None:
+    top = 2**63 - 1  # largest run.seed
+    keys = {stream_key(seed, 1, 0) for seed in (top, top - 1, top - 2**62, 0)}
+    assert len(keys) == 4
+    assert stream_key(top, 1, 0) != stream_key(top, 1, 1) != stream_key(top, 2, 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from dist_harness import free_port
 
 from leo_cli.kernels import backend_name
@@ -91,6 +92,8 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "train.num_epochs=6",
         "--set",
         "train.checkpoint_every=3",
+        "--set",
+        "run.name=tiny-run",
     )
     assert res.returncode == 0, res.stderr
     rows = metrics(run)
@@ -100,6 +103,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert all(r["comm_bytes"] > 0 for r in rows)
     s = summary(run)
     assert s["world_size"] == 2 and s["mode"] == "blocking" and s["final_loss"] == rows[-1]["loss"]
+    assert s["name"] == "tiny-run"
     assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
         r["comm_bytes"] for r in rows
     )
@@ -108,7 +112,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "epoch_000003.pt",
         "epoch_000006.pt",
     ]
-    assert "training summary" in res.stdout
+    assert "training summary: tiny-run" in res.stdout
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +269,16 @@ def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
     err = " ".join(res.stderr.split())
     assert "part_1/indices.npy" in err and "leo partition --force" in err
     assert "Traceback" not in err and "exitcode" not in err
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    four = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=4"]
+    assert leo("train", *TINY, *four, "--set", "train.checkpoint_every=2").returncode == 0
+    newest = run / "checkpoints" / "epoch_000004.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    res = leo("train", *TINY, *four, "--set", "train.checkpoint_every=2", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert f"checkpoint {newest} cannot be read" in " ".join(res.stderr.split())
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]  # 3 and 4 trained again
+    assert torch.load(newest, weights_only=True)["epoch"] == 4

@@ -1,0 +1,56 @@
+"""Config checks that every start of training runs: in the launcher (`leo train`) and in each
+worker, since plain `torchrun -m leo_cli.train.worker` starts workers without the launcher.
+
+Settings whose feature does not exist yet are refused with one sentence naming the key,
+rather than validated and then ignored, or failing deep inside a worker.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from leo_cli.config import LeoConfig
+from leo_cli.errors import ConfigError
+
+IMPLEMENTED_CACHE_POLICIES = ("none",)
+# Settings that validate but that no code reads yet (a key, or a whole section), and why.
+_NO_CACHE = "no cache level holds rows before the cache policies land"
+NOT_READ = {
+    "cache.replica_budget_mb": _NO_CACHE,
+    "cache.halo_budget_mb": _NO_CACHE,
+}
+
+
+def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
+    """Refuse settings that training cannot honour (yet), and inexact modes unless asked for.
+
+    Args:
+        cfg: the resolved config.
+        allow_inexact: permit `pipeline.mode=compute-only` (`leo train --allow-inexact`).
+    """
+    if cfg.cache.policy not in IMPLEMENTED_CACHE_POLICIES:
+        raise ConfigError(
+            f"cache.policy={cfg.cache.policy!r} is not implemented yet; use cache.policy=none "
+            "(every halo row is exchanged in bulk each layer)."
+        )
+    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
+        raise ConfigError(
+            "pipeline.mode=compute-only skips the halo exchange and trains on wrong numbers; "
+            "it exists for `leo bench` (pass --allow-inexact to leo train to run it anyway)."
+        )
+    if cfg.pipeline.mode == "shared-memory" and cfg.launch.nnodes > 1:
+        raise ConfigError(
+            "pipeline.mode=shared-memory needs every worker on one host (launch.nnodes=1); "
+            "use pipeline.mode=leo across machines."
+        )
+    for section_name in ("cache",):
+        section: BaseModel = getattr(cfg, section_name)
+        default = type(section)()
+        for name in type(section).model_fields:
+            key, value = f"{section_name}.{name}", getattr(section, name)
+            why = NOT_READ.get(key) or NOT_READ.get(section_name)
+            if why and value != getattr(default, name):
+                raise ConfigError(
+                    f"{key}={value!r} is not implemented yet ({why}); leave it at its "
+                    f"default {getattr(default, name)!r}."
+                )

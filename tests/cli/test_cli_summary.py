@@ -1,0 +1,29 @@
+"""summary.json and the `leo train` summary table carry the run's name (`run.name`)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from leo_cli.cli.train import summary_table
+from leo_cli.train.metrics import summarize
+
+ROWS = [
+    {"epoch": 1, "loss": 2.0, "epoch_time_s": 0.5, "comm_bytes": 10, "cold": True},
+    {
+        "epoch": 2,
+        "loss": 1.5,
+        "val_acc": 0.5,
+        "test_acc": 0.4,
+        "epoch_time_s": 0.2,
+        "comm_bytes": 10,
+    },
+]
+
+
+def test_summary_and_table_name_the_run() -> None:
+    summary = summarize(ROWS, 2, "blocking", "[bold]cora-4")
+    assert summary["name"] == "[bold]cora-4"
+    assert summary["final_loss"] == 1.5 and summary["mean_epoch_time_s"] == 0.2
+    console = Console(record=True, width=100)
+    console.print(summary_table(summary))
+    assert "training summary: [bold]cora-4" in console.export_text()  # shown, not markup

@@ -1,0 +1,42 @@
+"""Checkpoints: a corrupt newest one falls back to the one before it, saying so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from leo_cli.errors import TrainError
+from leo_cli.train.checkpoint import list_checkpoints, load_latest, save_checkpoint
+
+
+def save_two(run_dir: Path) -> list[Path]:
+    for epoch in (2, 4):
+        save_checkpoint(run_dir, epoch, {"model": {"w": torch.full((3,), float(epoch))}})
+    return [path for _, path in list_checkpoints(run_dir)]
+
+
+def test_corrupt_newest_falls_back_to_older(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    older, newest = save_two(tmp_path)
+    newest.write_bytes(newest.read_bytes()[:100])  # a copy cut short
+    state = load_latest(tmp_path)
+    assert state is not None and state["epoch"] == 2
+    assert torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {newest} cannot be read" in err and older.name in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_no_readable_checkpoint_is_one_sentence(tmp_path: Path) -> None:
+    for path in save_two(tmp_path):
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(TrainError, match="No checkpoint in .* can be read") as info:
+        load_latest(tmp_path)
+    assert "\n" not in str(info.value) and "without --resume" in str(info.value)
+
+
+def test_no_checkpoint_is_none(tmp_path: Path) -> None:
+    assert load_latest(tmp_path) is None

@@ -1,0 +1,84 @@
+"""Settings training cannot honour yet are refused with one sentence, by `leo train` and by a
+worker started without it (plain `torchrun -m leo_cli.train.worker RUN_DIR`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from leo_cli.cli.app import app
+from leo_cli.config import load_config, write_resolved
+from leo_cli.errors import ConfigError
+from leo_cli.train.checks import check_config
+
+REFUSED = [
+    ("pipeline.mode=compute-only", "pipeline.mode=compute-only skips the halo exchange"),
+    ("cache.policy=degree", "cache.policy='degree' is not implemented yet"),
+    ("cache.replica_budget_mb=64", "cache.replica_budget_mb=64.0 is not implemented yet"),
+    ("cache.halo_budget_mb=0", "cache.halo_budget_mb=0.0 is not implemented yet"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), REFUSED)
+def test_check_config_names_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        check_config(load_config(None, [override]))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "pipeline.num_chunks=4",
+        "run.name=x",
+        "train.lr=0.5",
+        "pipeline.mode=leo",
+        "pipeline.mode=shared-memory",
+        "bench.repeats=5",
+    ],
+)
+def test_defaults_and_read_options_pass(override: str) -> None:
+    check_config(load_config(None, [override]))
+
+
+def test_compute_only_needs_the_bench_flag() -> None:
+    check_config(load_config(None, ["pipeline.mode=compute-only"]), allow_inexact=True)
+
+
+def test_shared_memory_is_refused_across_hosts() -> None:
+    cfg = load_config(None, ["pipeline.mode=shared-memory", "launch.nnodes=2"])
+    with pytest.raises(ConfigError, match="one host"):
+        check_config(cfg)
+
+
+def test_leo_train_refuses_before_partitioning(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["train", "--set", f"run.out_dir={run}", "--set", "cache.halo_budget_mb=1"]
+    )
+    assert result.exit_code == 2
+    assert "cache.halo_budget_mb=1.0 is not implemented yet" in " ".join(result.stderr.split())
+    assert not (run / "partitions").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [REFUSED[0], REFUSED[2]])
+def test_worker_without_launcher_refuses_in_one_sentence(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    run = tmp_path / "run"
+    write_resolved(load_config(None, [f"run.out_dir={run}", override]))
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "leo_cli.train.worker", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert res.returncode == 3, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
