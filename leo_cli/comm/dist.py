@@ -74,6 +74,6 @@ def all_gather_(t: torch.Tensor) -> torch.Tensor:
     """Every rank's `t` (equal shapes), stacked by rank: `[world_size, *t.shape]`."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return t.unsqueeze(0).clone()
-    out = t.new_empty((dist.get_world_size(), *t.shape))
-    dist.all_gather_into_tensor(out, t.contiguous())
-    return out
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return torch.stack(out)

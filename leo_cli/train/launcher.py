@@ -24,6 +24,7 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.train.worker import config_fingerprint
 
 IMPLEMENTED_MODES = ("blocking",)
 IMPLEMENTED_CACHE_POLICIES = ("none",)
@@ -171,7 +172,8 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
 
 def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool) -> None:
     """Start the workers and block until they finish; failures become TrainError."""
-    args = ["-m", "leo_cli.train.worker", str(run_dir)] + (["--resume"] if resume else [])
+    args = ["-m", "leo_cli.train.worker", str(run_dir), "--config-sha", config_fingerprint(cfg)]
+    args += ["--resume"] if resume else []
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
+import json
 import os
 import signal
 import sys
@@ -23,10 +25,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli.comm.dist import (
     DistEnv,
+    all_gather_,
     all_reduce_,
     init_process_group,
     pick_backend,
 )
+from leo_cli.comm.exchange import HaloPlan
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
@@ -38,6 +42,8 @@ from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
 USER_ERROR_EXIT = 3
+# Where each node is and where it sees the shared files; every other key must match.
+PER_NODE_KEYS = ("launch.node_rank", "launch.master_addr", "run.out_dir", "data.root")
 
 
 def die_with_parent() -> None:
@@ -84,13 +90,60 @@ def resume_state(job: Job, run_dir: Path) -> int:
     return int(state["epoch"])
 
 
-def check_same_start(start: int) -> None:
+def config_fingerprint(cfg: LeoConfig) -> str:
+    """sha256 of the resolved config, less the keys that may differ between nodes."""
+    tree = cfg.model_dump(mode="json")
+    for key in PER_NODE_KEYS:
+        section, name = key.split(".")
+        del tree[section][name]
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
+
+
+def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> None:
+    """Cross-check every rank's config, halo counts and resume epoch in one all-gather.
+
+    A node started with another config would silently train node 0's; ranks that read
+    different partitions (a stale folder on one host) would run an inconsistent all-to-all;
+    ranks resuming from different checkpoints would train different models.
+    """
+    p = len(plan.send_counts)
+    digest = torch.frombuffer(bytearray(bytes.fromhex(fingerprint)), dtype=torch.int64)
+    mine = torch.tensor([*plan.send_counts, *plan.recv_counts, start], dtype=torch.int64)
+    rows = all_gather_(torch.cat([mine, digest]))
+    check_fingerprints(rows[:, 2 * p + 1 :])
+    check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
+    check_same_start(rows[:, 2 * p])
+
+
+def check_fingerprints(digests: torch.Tensor) -> None:
+    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    if other:
+        raise TrainError(
+            f"worker ranks {other} were started with another config than rank 0 (only "
+            f"{', '.join(PER_NODE_KEYS)} may differ between nodes); start every node with the "
+            "same config."
+        )
+
+
+def check_halo_counts(send: torch.Tensor, recv: torch.Tensor) -> None:
+    """`send[r][q]` rows that rank r sends to q must be the `recv[q][r]` that q expects."""
+    bad = (send != recv.T).nonzero()
+    if len(bad):
+        r, q = bad[0].tolist()
+        raise TrainError(
+            f"rank {r} sends {int(send[r, q])} halo rows to rank {q} but rank {q} expects "
+            f"{int(recv[q, r])} from rank {r}: the ranks read different partitions; make sure "
+            "every node sees the same run.out_dir/partitions."
+        )
+
+
+def check_same_start(starts: torch.Tensor) -> None:
     """Every rank must resume from the same checkpoint (a shared folder seen inconsistently
     across machines would otherwise train different models)."""
-    neg_lo, hi = all_reduce_(torch.tensor([-start, start], dtype=torch.int64), op="max").tolist()
-    if -neg_lo != hi:
+    lo, hi = int(starts.min()), int(starts.max())
+    if lo != hi:
         raise TrainError(
-            f"workers found different latest checkpoints (epochs {-neg_lo} to {hi}); make sure "
+            f"workers found different latest checkpoints (epochs {lo} to {hi}); make sure "
             "every node sees the same run.out_dir/checkpoints."
         )
 
@@ -155,13 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m leo_cli.train.worker")
     parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument(
+        "--config-sha", help="fingerprint of the launcher's config (default: the run folder's)"
+    )
     args = parser.parse_args(argv)
     die_with_parent()
     env = DistEnv.from_env()
     run_dir: Path = args.run_dir
     start_heartbeat(run_dir, env.rank)
     try:
-        return run_worker(run_dir, env, resume=args.resume or env.restart > 0)
+        return run_worker(run_dir, env, args.resume or env.restart > 0, args.config_sha)
     except LeoError as exc:
         # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
         # agent stop the other ranks, which may be waiting for this one in a collective.
@@ -172,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
 
 
-def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
+def run_worker(run_dir: Path, env: DistEnv, resume: bool, config_sha: str | None = None) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
@@ -185,7 +241,7 @@ def run_worker(run_dir: Path, env: DistEnv, resume: bool) -> int:
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
     job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
     start = resume_state(job, run_dir) if resume else 0
-    check_same_start(start)
+    check_consistent(job.plan, config_sha or config_fingerprint(cfg), start)
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)

@@ -234,6 +234,20 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     assert summary(run)["world_size"] == 2
 
 
+def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
+    """Node 1 runs node 0's resolved config; it must not silently replace its own."""
+    common = [*TINY, "--set", "launch.nnodes=2", "--set", f"launch.master_port={free_port()}"]
+    common += ["--set", f"run.out_dir={tmp_path / 'run'}"]
+    node0 = start("train", *common, "--set", "launch.node_rank=0")
+    node1 = start("train", *common, "--set", "launch.node_rank=1", "--set", "train.lr=0.5")
+    for node in (node0, node1):
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 2, err
+        err = " ".join(err.split())
+        assert "ranks [1] were started with another config than rank 0" in err, err
+        assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

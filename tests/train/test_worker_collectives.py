@@ -6,15 +6,19 @@ refuses tensors of a device that map does not serve exactly as NCCL would.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from dist_harness import spawn_ranks
 from torch.distributed.distributed_c10d import Backend, BackendConfig
 
 from leo_cli.comm.dist import DistEnv, pick_backend
+from leo_cli.comm.exchange import HaloPlan
 from leo_cli.config import load_config
+from leo_cli.errors import TrainError
 from leo_cli.train import metrics, worker
 from leo_cli.train.launcher import prepare
 
@@ -56,3 +60,34 @@ def test_whole_worker_runs_on_the_cuda_device_map(tmp_path: Path) -> None:
     run_dir = prepare(cfg, resume=False, progress=None)
     assert spawn_ranks(_worker_as_on_cuda, 2, run_dir) == [0, 0]
     assert [r["epoch"] for r in metrics.read_metrics(run_dir)] == [1, 2]
+
+
+SEND = [[0, 3], [5, 0]]  # rank r sends SEND[r][q] rows to q
+RECV = [[0, 5], [3, 0]]  # ... and expects RECV[r][q] from q
+CASES = {
+    "consistent": (SEND, RECV, ["a" * 64, "a" * 64]),
+    "counts": (SEND, [[0, 5], [4, 0]], ["a" * 64, "a" * 64]),
+    "config": (SEND, RECV, ["a" * 64, "b" * 64]),
+}
+
+
+def _cross_check(rank: int, world: int) -> dict[str, str]:
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    out = {}
+    for name, (send, recv, digests) in CASES.items():
+        plan = HaloPlan(0, torch.zeros(0, dtype=torch.int64), send[rank], recv[rank])
+        try:
+            worker.check_consistent(plan, digests[rank], start=0)
+            out[name] = "ok"
+        except TrainError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def test_ranks_cross_check_halo_counts_and_configs() -> None:
+    for got in spawn_ranks(_cross_check, 2):
+        assert not isinstance(got, Exception), got
+        assert got["consistent"] == "ok"
+        sentence = "rank 0 sends 3 halo rows to rank 1 but rank 1 expects 4 from rank 0"
+        assert sentence in got["counts"]
+        assert "ranks [1] were started with another config than rank 0" in got["config"]
