@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
+from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
@@ -51,20 +51,6 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start_heartbeat(run_dir: Path, rank: int) -> None:
-    """Touch `.heartbeat/rank_<r>` every second; a stalled worker's file goes stale."""
-    path = run_dir / ".heartbeat" / f"rank_{rank}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")  # lets tests and operators find a rank's process
-
-    def beat() -> None:
-        while True:
-            path.touch()
-            time.sleep(1.0)
-
-    threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
 
 
 def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:

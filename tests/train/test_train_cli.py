@@ -123,7 +123,7 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
     run = tmp_path / "run"
     proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}")
     wait_for_epoch(run, 5, proc)
-    workers = [int(p.read_text().split()[0]) for p in (run / ".heartbeat").glob("rank_*")]
+    workers = list(heartbeat_pids(run).values())
     os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
     proc.wait()
     assert len(metrics(run)) < 30
@@ -141,8 +141,7 @@ def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -
     run = tmp_path / "run"
     proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
     wait_for_epoch(run, 5, proc)
-    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
-    os.kill(pid, signal.SIGKILL)
+    os.kill(heartbeat_pids(run)[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
@@ -150,25 +149,43 @@ def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -
 
 
 def test_stalled_worker_ends_job_naming_rank(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.timeout_s=6")
+    """A stopped worker handles no SIGTERM; the job must still end soon after launch.timeout_s
+    (a bound on a hang, not a speed claim) and leave no worker behind."""
+    run, timeout_s = tmp_path / "run", 6
+    proc = start(
+        "train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", f"launch.timeout_s={timeout_s}"
+    )
     wait_for_epoch(run, 3, proc)
-    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
-    os.kill(pid, signal.SIGSTOP)
+    workers = heartbeat_pids(run)
+    os.kill(workers[1], signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
         out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - stopped
+        left = [pid for pid in workers.values() if pid_alive(pid)]
     finally:
-        os.kill(pid, signal.SIGCONT) if pid_alive(pid) else None
+        for pid in workers.values():
+            os.kill(pid, signal.SIGKILL) if pid_alive(pid) else None
     assert proc.returncode == 2
     assert "rank 1" in err and "Traceback" not in err
+    assert took < timeout_s + 10, f"the stalled job ended {took:.1f} s after the stop"
+    assert not left, f"worker processes {left} outlived the job"
+
+
+def heartbeat_pids(run: Path) -> dict[int, int]:
+    """Rank -> pid, from the heartbeat files."""
+    return {
+        int(p.name.split("_")[1]): int(p.read_text().split()[0])
+        for p in (run / ".heartbeat").glob("rank_*")
+    }
 
 
 def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (exited, waiting to be reaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
 
 
 def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
