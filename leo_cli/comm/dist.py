@@ -32,10 +32,15 @@ class DistEnv:
 
 
 def pick_backend(device: torch.device, backend: str) -> str:
-    """`auto` means nccl on CUDA, gloo on CPU."""
-    if backend != "auto":
-        return backend
-    return "nccl" if device.type == "cuda" else "gloo"
+    """The process group's backend, as torch's per-device map when it needs one.
+
+    `auto` means nccl on CUDA, gloo on CPU. NCCL serves only CUDA tensors, but small CPU
+    tensors (start-up checks, epoch statistics, evaluation counts) go through collectives too:
+    with NCCL, gloo serves the CPU ones (`cpu:gloo,cuda:nccl`). Gloo alone serves both devices.
+    """
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def init_process_group(env: DistEnv, backend: str, timeout_s: float) -> None:
@@ -65,3 +70,12 @@ def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t
+
+
+def all_gather_(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's `t` (equal shapes), stacked by rank: `[world_size, *t.shape]`."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t.unsqueeze(0).clone()
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return torch.stack(out)

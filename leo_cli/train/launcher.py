@@ -26,6 +26,8 @@ from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_config
+from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.train.worker import config_fingerprint
 
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
@@ -165,38 +167,32 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
 
 def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
     """Start the workers and block until they finish; failures become TrainError."""
-    args = ["-m", "leo_cli.train.worker", str(run_dir)]
+    args = ["-m", "leo_cli.train.worker", str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # The agent logs each failed worker with its own formatting; our message replaces that.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    try:
-        elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
-    except ChildFailedError as exc:
-        message = worker_error(run_dir) or describe_failure(exc, run_dir, cfg.launch.timeout_s)
-        raise TrainError(message) from None
+    with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch:
+        try:
+            elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
+        except ChildFailedError as exc:
+            stalled = watch.killed or stalled_ranks(run_dir, cfg.launch.timeout_s)
+            message = worker_error(run_dir) or describe_failure(
+                exc, run_dir, cfg.launch.timeout_s, stalled
+            )
+            raise TrainError(message) from None
 
 
-def stalled_ranks(run_dir: Path, timeout_s: float) -> list[int]:
-    """Ranks whose heartbeat stopped well before the others' (stopped, not crashed)."""
-    beats = {
-        int(p.name.split("_")[1]): p.stat().st_mtime
-        for p in (run_dir / ".heartbeat").glob("rank_*")
-    }
-    if not beats:
-        return []
-    newest = max(beats.values())
-    return sorted(r for r, t in beats.items() if newest - t > min(timeout_s / 2, 10.0))
-
-
-def describe_failure(exc: ChildFailedError, run_dir: Path, timeout_s: float) -> str:
-    stalled = stalled_ranks(run_dir, timeout_s)
+def describe_failure(
+    exc: ChildFailedError, run_dir: Path, timeout_s: float, stalled: list[int]
+) -> str:
     if stalled:
         return (
-            f"worker rank {stalled[0]} stopped responding (no heartbeat, collectives timed "
-            f"out after launch.timeout_s={timeout_s:g} s); worker logs are in {run_dir / 'logs'}."
+            f"worker rank {stalled[0]} stopped responding (no heartbeat for "
+            f"launch.timeout_s={timeout_s:g} s) and was killed; worker logs are in "
+            f"{run_dir / 'logs'}."
         )
     rank, failure = exc.get_first_failure()
     message = failure.message

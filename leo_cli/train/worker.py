@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
+import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli.comm.dist import (
     DistEnv,
+    all_gather_,
     all_reduce_,
     init_process_group,
     pick_backend,
 )
+from leo_cli.comm.exchange import HaloPlan
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
@@ -35,10 +38,13 @@ from leo_cli.graph.storage import read_meta
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_config
+from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
 USER_ERROR_EXIT = 3
+# Where each node is and where it sees the shared files; every other key must match.
+PER_NODE_KEYS = ("launch.node_rank", "launch.master_addr", "run.out_dir", "data.root")
 
 
 def die_with_parent() -> None:
@@ -46,20 +52,6 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start_heartbeat(run_dir: Path, rank: int) -> None:
-    """Touch `.heartbeat/rank_<r>` every second; a stalled worker's file goes stale."""
-    path = run_dir / ".heartbeat" / f"rank_{rank}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")  # lets tests and operators find a rank's process
-
-    def beat() -> None:
-        while True:
-            path.touch()
-            time.sleep(1.0)
-
-    threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
 
 
 def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
@@ -94,13 +86,60 @@ def resume_state(job: Job, run_dir: Path) -> int:
     return int(state["epoch"])
 
 
-def check_same_start(start: int) -> None:
+def config_fingerprint(cfg: LeoConfig) -> str:
+    """sha256 of the resolved config, less the keys that may differ between nodes."""
+    tree = cfg.model_dump(mode="json")
+    for key in PER_NODE_KEYS:
+        section, name = key.split(".")
+        del tree[section][name]
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
+
+
+def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> None:
+    """Cross-check every rank's config, halo counts and resume epoch in one all-gather.
+
+    A node started with another config would silently train node 0's; ranks that read
+    different partitions (a stale folder on one host) would run an inconsistent all-to-all;
+    ranks resuming from different checkpoints would train different models.
+    """
+    p = len(plan.send_counts)
+    digest = torch.frombuffer(bytearray(bytes.fromhex(fingerprint)), dtype=torch.int64)
+    mine = torch.tensor([*plan.send_counts, *plan.recv_counts, start], dtype=torch.int64)
+    rows = all_gather_(torch.cat([mine, digest]))
+    check_fingerprints(rows[:, 2 * p + 1 :])
+    check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
+    check_same_start(rows[:, 2 * p])
+
+
+def check_fingerprints(digests: torch.Tensor) -> None:
+    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    if other:
+        raise TrainError(
+            f"worker ranks {other} were started with another config than rank 0 (only "
+            f"{', '.join(PER_NODE_KEYS)} may differ between nodes); start every node with the "
+            "same config."
+        )
+
+
+def check_halo_counts(send: torch.Tensor, recv: torch.Tensor) -> None:
+    """`send[r][q]` rows that rank r sends to q must be the `recv[q][r]` that q expects."""
+    bad = (send != recv.T).nonzero()
+    if len(bad):
+        r, q = bad[0].tolist()
+        raise TrainError(
+            f"rank {r} sends {int(send[r, q])} halo rows to rank {q} but rank {q} expects "
+            f"{int(recv[q, r])} from rank {r}: the ranks read different partitions; make sure "
+            "every node sees the same run.out_dir/partitions."
+        )
+
+
+def check_same_start(starts: torch.Tensor) -> None:
     """Every rank must resume from the same checkpoint (a shared folder seen inconsistently
     across machines would otherwise train different models)."""
-    neg_lo, hi = all_reduce_(torch.tensor([-start, start], dtype=torch.int64), op="max").tolist()
-    if -neg_lo != hi:
+    lo, hi = int(starts.min()), int(starts.max())
+    if lo != hi:
         raise TrainError(
-            f"workers found different latest checkpoints (epochs {-neg_lo} to {hi}); make sure "
+            f"workers found different latest checkpoints (epochs {lo} to {hi}); make sure "
             "every node sees the same run.out_dir/checkpoints."
         )
 
@@ -174,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow pipeline.mode=compute-only (skips the halo exchange; for leo bench)",
     )
+    parser.add_argument(
+        "--config-sha", help="fingerprint of the launcher's config (default: the run folder's)"
+    )
     args = parser.parse_args(argv)
     die_with_parent()
     env = DistEnv.from_env()
@@ -181,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     start_heartbeat(run_dir, env.rank)
     try:
         resume = args.resume or env.restart > 0
-        return run_worker(run_dir, env, resume=resume, allow_inexact=args.allow_inexact)
+        return run_worker(run_dir, env, resume, args.config_sha, args.allow_inexact)
     except LeoError as exc:
         # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
         # agent stop the other ranks, which may be waiting for this one in a collective.
@@ -192,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
 
 
-def run_worker(run_dir: Path, env: DistEnv, resume: bool, allow_inexact: bool = False) -> int:
+def run_worker(
+    run_dir: Path,
+    env: DistEnv,
+    resume: bool,
+    config_sha: str | None = None,
+    allow_inexact: bool = False,
+) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
     check_same_host(cfg, env)
@@ -207,7 +255,7 @@ def run_worker(run_dir: Path, env: DistEnv, resume: bool, allow_inexact: bool = 
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
     job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
     start = resume_state(job, run_dir) if resume else 0
-    check_same_start(start)
+    check_consistent(job.plan, config_sha or config_fingerprint(cfg), start)
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)

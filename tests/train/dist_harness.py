@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,25 +75,67 @@ def first_gradients(job: Job, seed: int) -> list[np.ndarray]:
     return grads
 
 
-def _worker(
+def spawn_ranks(
+    target: Callable[..., Any], world: int, *args: Any, limit_s: float = 120
+) -> list[Any]:
+    """Run `target(rank, world, *args)` on `world` spawned processes; results by rank.
+
+    MASTER_ADDR/MASTER_PORT point at a free local port; an exception a rank raises comes back
+    as its result. A rank that never answers fails the test after `limit_s` instead of hanging.
+    """
+    queue = mp.get_context("spawn").SimpleQueue()
+    context = mp.start_processes(
+        _rank_main,
+        args=(world, free_port(), target, args, queue),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    # Read results before joining: a large result blocks its writer until the pipe drains.
+    by_rank: dict[int, Any] = {}
+    deadline = time.monotonic() + limit_s
+    while len(by_rank) < world:
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            raise AssertionError(f"ranks {sorted(set(range(world)) - set(by_rank))} hung")
+        if queue.empty():
+            context.join(timeout=0.1)  # raises if a worker crashed, instead of hanging
+        else:
+            rank, result = queue.get()
+            by_rank[rank] = result
+    while not context.join():
+        pass
+    return [by_rank[r] for r in range(world)]
+
+
+def _rank_main(
+    rank: int, world: int, port: int, target: Callable[..., Any], args: Any, queue: Any
+) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        result = target(rank, world, *args)
+    except Exception as exc:  # the test inspects it
+        result = exc
+    queue.put((rank, result))
+    # As the real workers do: gloo's threads can abort a process while the group or the
+    # interpreter is torn down after a clean finish, so sync and leave without either.
+    if dist.is_initialized() and not isinstance(result, Exception):
+        dist.barrier()
+    os._exit(0)
+
+
+def _train_configs(
     rank: int,
     world: int,
-    port: int,
     cfgs: list[LeoConfig],
     parts: list[LocalPart],
     info: dict[str, Any],
     num_steps: int,
-    queue: Any,
-) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    queue.put((rank, [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]))
-    # As the real workers do: gloo's threads can abort a process while the group or the
-    # interpreter is torn down after a clean finish, so sync and leave without either.
-    dist.barrier()
-    os._exit(0)
+) -> list[dict[str, Any]]:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    return [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]
 
 
 def run_many(
@@ -110,25 +154,10 @@ def run_many(
     parts = build_parts(g, owner, world)
     if world == 1:
         return [[run_job(cfg, parts[0], dataset_info(g), 1, num_steps)] for cfg in cfgs]
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    # Read results before joining: a large result blocks its writer until the pipe drains.
-    context = mp.start_processes(
-        _worker,
-        args=(world, free_port(), cfgs, parts, dataset_info(g), num_steps, queue),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    by_rank: dict[int, Any] = {}
-    while len(by_rank) < world:
-        if queue.empty():
-            context.join(timeout=0.1)  # raises if a worker failed, instead of hanging
-        else:
-            rank, result = queue.get()
-            by_rank[rank] = result
-    while not context.join():
-        pass
+    by_rank = spawn_ranks(_train_configs, world, cfgs, parts, dataset_info(g), num_steps)
+    for result in by_rank:
+        if isinstance(result, Exception):
+            raise result
     return [[by_rank[r][i] for r in range(world)] for i in range(len(cfgs))]
 
 

@@ -35,8 +35,9 @@ def test_float64_matches_single_process() -> None:
         for model, ref, got in zip(
             MODELS, refs, run_many(cfgs, g, world, num_steps=3), strict=True
         ):
-            for r in got:  # every rank saw the same global loss
+            for r in got:  # every rank saw the same global loss and all-reduced accuracies
                 np.testing.assert_allclose(r["losses"], ref["losses"], rtol=1e-10, err_msg=model)
+                assert r["acc"] == ref["acc"], model
             order = np.argsort(ref["ids"])
             np.testing.assert_allclose(
                 global_logits(got, g.num_nodes),
@@ -55,7 +56,8 @@ def test_float64_matches_single_process() -> None:
 def test_float32_loss_curves_agree_with_dropout() -> None:
     g = random_graph(num_nodes=300, num_edges=1500, num_features=16, num_classes=5, seed=5)
     cfg = load_config(None, ["model.dropout=0.5", "model.hidden_channels=16"])
-    curves = {w: run_distributed(cfg, g, w, num_steps=15)[0]["losses"] for w in (1, 2, 4)}
-    for w in (2, 4):
-        np.testing.assert_allclose(curves[w], curves[1], rtol=1e-4)
-    assert curves[1][-1] < curves[1][0]
+    runs = {w: run_distributed(cfg, g, w, num_steps=15)[0] for w in (1, 2, 4)}
+    for w in (2, 4):  # DESIGN.md: float32 loss curves to ~1e-5 (measured ~1e-7)
+        np.testing.assert_allclose(runs[w]["losses"], runs[1]["losses"], rtol=1e-5)
+        assert runs[w]["acc"] == runs[1]["acc"]
+    assert runs[1]["losses"][-1] < runs[1]["losses"][0]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from dist_harness import free_port
@@ -115,6 +116,28 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert "training summary: tiny-run" in res.stdout
 
 
+def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
+    """The real path (launcher, elastic workers, read_part, build_job, META's training count):
+    float32 loss curves agree to 1e-5 across P, all-reduced accuracies exactly."""
+    curves = {}
+    for p in (1, 2, 4):
+        run = tmp_path / f"p{p}"
+        res = leo(
+            "train",
+            *TINY,
+            *["--set", f"partition.num_parts={p}", "--set", f"run.out_dir={run}"],
+            *["--set", "train.num_epochs=4", "--set", "train.eval_every=1"],
+        )
+        assert res.returncode == 0, res.stderr
+        curves[p] = metrics(run)
+    for p in (2, 4):
+        np.testing.assert_allclose(
+            [r["loss"] for r in curves[p]], [r["loss"] for r in curves[1]], rtol=1e-5
+        )
+        for key in ("train_acc", "val_acc", "test_acc"):
+            assert [r[key] for r in curves[p]] == [r[key] for r in curves[1]], (p, key)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run = tmp_path_factory.mktemp("ref") / "run"
@@ -127,7 +150,7 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
     run = tmp_path / "run"
     proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}")
     wait_for_epoch(run, 5, proc)
-    workers = [int(p.read_text().split()[0]) for p in (run / ".heartbeat").glob("rank_*")]
+    workers = list(heartbeat_pids(run).values())
     os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
     proc.wait()
     assert len(metrics(run)) < 30
@@ -145,8 +168,7 @@ def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -
     run = tmp_path / "run"
     proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
     wait_for_epoch(run, 5, proc)
-    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
-    os.kill(pid, signal.SIGKILL)
+    os.kill(heartbeat_pids(run)[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
@@ -154,25 +176,43 @@ def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -
 
 
 def test_stalled_worker_ends_job_naming_rank(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.timeout_s=6")
+    """A stopped worker handles no SIGTERM; the job must still end soon after launch.timeout_s
+    (a bound on a hang, not a speed claim) and leave no worker behind."""
+    run, timeout_s = tmp_path / "run", 6
+    proc = start(
+        "train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", f"launch.timeout_s={timeout_s}"
+    )
     wait_for_epoch(run, 3, proc)
-    pid = int((run / ".heartbeat" / "rank_1").read_text().split()[0])
-    os.kill(pid, signal.SIGSTOP)
+    workers = heartbeat_pids(run)
+    os.kill(workers[1], signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
         out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - stopped
+        left = [pid for pid in workers.values() if pid_alive(pid)]
     finally:
-        os.kill(pid, signal.SIGCONT) if pid_alive(pid) else None
+        for pid in workers.values():
+            os.kill(pid, signal.SIGKILL) if pid_alive(pid) else None
     assert proc.returncode == 2
     assert "rank 1" in err and "Traceback" not in err
+    assert took < timeout_s + 10, f"the stalled job ended {took:.1f} s after the stop"
+    assert not left, f"worker processes {left} outlived the job"
+
+
+def heartbeat_pids(run: Path) -> dict[int, int]:
+    """Rank -> pid, from the heartbeat files."""
+    return {
+        int(p.name.split("_")[1]): int(p.read_text().split()[0])
+        for p in (run / ".heartbeat").glob("rank_*")
+    }
 
 
 def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (exited, waiting to be reaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
 
 
 def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
@@ -236,6 +276,20 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     )
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
     assert summary(run)["world_size"] == 2
+
+
+def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
+    """Node 1 runs node 0's resolved config; it must not silently replace its own."""
+    common = [*TINY, "--set", "launch.nnodes=2", "--set", f"launch.master_port={free_port()}"]
+    common += ["--set", f"run.out_dir={tmp_path / 'run'}"]
+    node0 = start("train", *common, "--set", "launch.node_rank=0")
+    node1 = start("train", *common, "--set", "launch.node_rank=1", "--set", "train.lr=0.5")
+    for node in (node0, node1):
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 2, err
+        err = " ".join(err.split())
+        assert "ranks [1] were started with another config than rank 0" in err, err
+        assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
