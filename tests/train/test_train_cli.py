@@ -99,11 +99,15 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     rows = metrics(run)
     assert [r["epoch"] for r in rows] == list(range(1, 7))
-    for key in ("loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "comm_bytes"):
+    keys = ("loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "comm_bytes")
+    keys += ("comm_wait_s", "comm_wait_max_s", "comm_transfer_s", "step_comm_bytes")
+    for key in keys:
         assert key in rows[-1]
     assert all(r["comm_bytes"] > 0 for r in rows)
+    assert all(0 <= r["comm_wait_s"] <= r["comm_wait_max_s"] for r in rows)
     s = summary(run)
-    assert s["world_size"] == 2 and s["mode"] == "blocking" and s["final_loss"] == rows[-1]["loss"]
+    assert s["world_size"] == 2 and s["mode"] == "leo" and s["final_loss"] == rows[-1]["loss"]
+    assert s["exact"] is True and s["mean_comm_transfer_s"] >= 0
     assert s["name"] == "tiny-run"
     assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
         r["comm_bytes"] for r in rows
