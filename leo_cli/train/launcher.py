@@ -165,13 +165,22 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
     )
 
 
+# The user's own OMP_NUM_THREADS, read before any launch sets it (leo bench launches many).
+_USER_THREADS = os.environ.get("OMP_NUM_THREADS")
+
+
+def worker_threads(nproc: int) -> str:
+    """Threads per worker: the user's OMP_NUM_THREADS, else the cores shared among workers."""
+    return _USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
+
+
 def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
     """Start the workers and block until they finish; failures become TrainError."""
     args = ["-m", "leo_cli.train.worker", str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
     # The agent logs each failed worker with its own formatting; our message replaces that.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch:
