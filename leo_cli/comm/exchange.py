@@ -134,26 +134,42 @@ def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
     return out
 
 
-@dataclass
 class Transfer:
     """Chunks in flight between this worker and its peers (one exchange of one layer).
 
-    `wait(i)` blocks until incoming chunk i has landed; `finish()` until every send is done
-    (send buffers must stay alive until then).
+    Receives are posted first (`expect`), sends as soon as their rows exist (`send`);
+    `wait(i)` blocks until the i-th expected chunk has landed, `finish()` until every send is
+    done (send buffers stay alive until then). Chunks between a pair of workers are matched
+    in posting order, so both sides list them in the same order (they cut the same counts
+    the same way). Empty chunks are skipped on both sides.
     """
 
-    recv_buffers: list[Tensor]
-    recv_works: list[Any]
-    send_works: list[Any]
-    sent_buffers: list[Tensor]
-    stats: CommStats
-    device: torch.device
-    posted_at: float = field(default_factory=time.perf_counter)
+    def __init__(self, stats: CommStats, device: torch.device) -> None:
+        self.stats, self.device = stats, device
+        self.recv_buffers: list[Tensor] = []
+        self.recv_works: list[Any] = []
+        self.send_works: list[Any] = []
+        self.sent_buffers: list[Tensor] = []
+        self.posted_at = time.perf_counter()
 
-    def wait(self, i: int) -> None:
+    def expect(self, peer: int, buf: Tensor) -> None:
+        self.recv_buffers.append(buf)
+        self.recv_works.append(dist.irecv(buf, peer) if buf.numel() > 0 else None)
+
+    def send(self, peer: int, rows: Tensor) -> None:
+        if rows.numel() == 0:
+            return
+        rows = rows.contiguous()
+        self.send_works.append(dist.isend(rows, peer))
+        self.sent_buffers.append(rows)
+        self.stats.bytes_sent += rows.numel() * rows.element_size()
+
+    def wait(self, i: int) -> Tensor:
+        """The i-th expected chunk, once it has landed."""
         with self.stats.waiting(self.device):
             if self.recv_works[i] is not None:
                 self.recv_works[i].wait()
+        return self.recv_buffers[i]
 
     def finish(self) -> None:
         with self.stats.waiting(self.device):
@@ -161,26 +177,3 @@ class Transfer:
                 work.wait()
         self.stats.transfer_s += time.perf_counter() - self.posted_at
         self.sent_buffers.clear()
-
-
-def post_chunks(
-    sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tensor]], stats: CommStats
-) -> Transfer:
-    """Post receives, then sends, of (peer, rows) chunks; empty chunks are skipped.
-
-    Chunks between a pair of workers are matched in posting order, so both sides must list
-    their chunks in the same order (they do: both cut the same counts the same way).
-    """
-    device = recvs[0][1].device if recvs else torch.device("cpu")
-    transfer = Transfer([buf for _, buf in recvs], [], [], [], stats, device)
-    for peer, buf in recvs:
-        work = dist.irecv(buf, peer) if buf.numel() > 0 else None
-        transfer.recv_works.append(work)
-    for peer, rows in sends:
-        if rows.numel() == 0:
-            continue
-        rows = rows.contiguous()
-        transfer.send_works.append(dist.isend(rows, peer))
-        transfer.sent_buffers.append(rows)
-        stats.bytes_sent += rows.numel() * rows.element_size()
-    return transfer

@@ -25,7 +25,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.aggregate import _Base
 from leo_cli.comm.blocks import ColumnBlock, chunk_bounds, column_block
-from leo_cli.comm.exchange import HaloPlan, Transfer, post_chunks
+from leo_cli.comm.exchange import HaloPlan, Transfer
 
 
 @dataclass(frozen=True)
@@ -121,20 +121,22 @@ class PipelinedAggregator(_Base):
         return h_NO, transfer
 
     def post_rows(self, rows: Tensor, sched: Schedule, by_position: bool) -> Transfer:
+        """Expect every halo chunk, then send every boundary chunk."""
+        transfer = Transfer(self.stats, rows.device)
         halo_HF = rows.new_empty((self.plan.num_halo, rows.shape[1]))
-        sends = [
-            (c.peer, kernels.gather_rows(rows, c.send_pos if by_position else c.send_idx))
-            for c in sched.chunks
-        ]
-        recvs = [(c.peer, halo_HF[c.recv_start : c.recv_end]) for c in sched.chunks]
-        return post_chunks(sends, recvs, self.stats)
+        for c in sched.chunks:
+            transfer.expect(c.peer, halo_HF[c.recv_start : c.recv_end])
+        for c in sched.chunks:
+            transfer.send(
+                c.peer, kernels.gather_rows(rows, c.send_pos if by_position else c.send_idx)
+            )
+        return transfer
 
     def aggregate_arrivals(self, h_NF: Tensor, transfer: Transfer, sched: Schedule) -> Tensor:
         """Inner block first, then every chunk as soon as it has landed."""
         out_NF = self.inner.forward(h_NF)
         for i, c in enumerate(sched.chunks):
-            transfer.wait(i)
-            halo = transfer.recv_buffers[i]
+            halo = transfer.wait(i)
             if c.block.num_edges > 0:
                 c.block.add_into(out_NF, halo)
         transfer.finish()
@@ -144,16 +146,14 @@ class PipelinedAggregator(_Base):
 
     def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
         """Gradient of h: halo chunks sent to their owners first, the inner block meanwhile."""
-        sends = [(c.peer, c.block.backward(grad_NO)) for c in sched.chunks]
-        recvs = [
-            (c.peer, grad_NO.new_empty((c.send_idx.shape[0], grad_NO.shape[1])))
-            for c in sched.chunks
-        ]
-        transfer = post_chunks(sends, recvs, self.stats)
+        transfer = Transfer(self.stats, grad_NO.device)
+        for c in sched.chunks:
+            transfer.expect(c.peer, grad_NO.new_empty((c.send_idx.shape[0], grad_NO.shape[1])))
+        for c in sched.chunks:  # each chunk leaves as soon as its gradient exists
+            transfer.send(c.peer, c.block.backward(grad_NO))
         grad_h = self.inner.backward(grad_NO)
         for i, c in enumerate(sched.chunks):
-            transfer.wait(i)
-            grad_h.index_add_(0, c.send_idx, transfer.recv_buffers[i])
+            grad_h.index_add_(0, c.send_idx, transfer.wait(i))
         transfer.finish()
         return grad_h
 

@@ -1,0 +1,97 @@
+"""`leo bench` end to end on a tiny suite: files, schema, table; bad settings in one sentence."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leo_cli.bench.report import COLUMNS
+
+pytestmark = pytest.mark.dist
+
+TINY = [
+    "--set", "data.synthetic.num_nodes=400",
+    "--set", "data.synthetic.num_features=8",
+    "--set", "model.hidden_channels=8",
+    "--set", "bench.repeats=2",
+    "--set", "bench.num_epochs=2",
+    "--set", "bench.warmup_epochs=1",
+]  # fmt: skip
+
+
+def leo(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "leo_cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    peers = "[pyg]" if _has_pyg() else "[]"
+    res = leo(
+        "bench",
+        *TINY,
+        "--set", f"run.out_dir={out}",
+        "--set", "bench.modes=[leo,blocking,fine-grained,shared-memory,compute-only]",
+        "--set", "bench.world_sizes=[1,2]",
+        "--set", f"bench.peers={peers}",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "bench.json").read_text())
+    rows = data["rows"]
+    assert {"cpu", "cores", "versions", "command"} <= set(data["env"])
+    assert [(r["mode"], r["world_size"]) for r in rows if r["system"] == "leo"] == [
+        ("leo", 1),
+        ("leo", 2),
+        ("blocking", 2),
+        ("fine-grained", 2),
+        ("shared-memory", 2),
+        ("compute-only", 2),
+    ]
+    for r in rows:
+        assert set(COLUMNS) <= set(r)
+        assert r["epoch_time_s"] > 0 and r["epochs_kept"] + r["epochs_dropped"] == 4
+    by_mode = {r["mode"]: r for r in rows if r["world_size"] == 2}
+    assert by_mode["blocking"]["vs_blocking"] == pytest.approx(1.0)
+    assert by_mode["compute-only"]["exact"] is False and by_mode["leo"]["exact"] is True
+    assert by_mode["compute-only"]["comm_bytes_per_epoch"] == 0
+    assert by_mode["fine-grained"]["comm_bytes_per_epoch"] > by_mode["blocking"][
+        "comm_bytes_per_epoch"
+    ]
+    assert by_mode["leo"]["comm_bytes_per_epoch"] == by_mode["blocking"]["comm_bytes_per_epoch"]
+    # Exact modes train the same model: same accuracy.
+    assert len({by_mode[m]["test_acc"] for m in ("leo", "blocking", "fine-grained")}) == 1
+    if _has_pyg():
+        assert rows[-1]["system"] == "pyg" and rows[-1]["vs_pyg"] == pytest.approx(1.0)
+    with (out / "bench.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    md = (out / "bench.md").read_text()
+    assert "Share of communication hidden at P=2" in md and "| compute-only | 2 |" in md
+    assert (out / "bench.png").stat().st_size > 1000
+    assert "leo bench" in res.stdout
+
+
+def _has_pyg() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch_geometric") is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "bench.modes=[nonsense]"], "bench.modes"),
+        (["--set", "bench.world_sizes=[0]"], "bench.world_sizes"),
+        (["--set", "launch.nnodes=2"], "one machine"),
+        (["--set", "launch.nproc=2"], "launch.nproc"),
+    ],
+)
+def test_bad_bench_settings_are_one_sentence(tmp_path: Path, args: list[str], needle: str) -> None:
+    res = leo("bench", "--set", f"run.out_dir={tmp_path / 'b'}", *args)
+    assert res.returncode == 2
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "b" / "bench.json").exists()
