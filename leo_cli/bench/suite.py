@@ -146,8 +146,13 @@ def run_suite(
     on_run: Callable[[int, int, Variant], None],
     progress: ProgressFn | None = None,
     skip: Callable[[str], None] = lambda _: None,
+    on_round: Callable[[list[Measured]], None] = lambda _: None,
 ) -> list[Measured]:
-    """Every variant once per round, `bench.repeats` rounds; returns what each measured."""
+    """Every variant once per round, `bench.repeats` rounds; returns what each measured.
+
+    `on_round` receives the measurements so far after every round (partial results survive
+    an interrupted benchmark).
+    """
     todo = variants(cfg, skip)
     measured = {v: Measured(v) for v in todo}
     total = len(todo) * cfg.bench.repeats
@@ -159,6 +164,7 @@ def run_suite(
             else:
                 run = run_peer(cfg, v, out_dir)
             record(measured[v], run)
+        on_round([measured[v] for v in todo])
     on_run(total, total, todo[-1])
     return [measured[v] for v in todo]
 

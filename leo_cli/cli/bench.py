@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from leo_cli.bench import report
-from leo_cli.bench.suite import Variant, run_suite
+from leo_cli.bench.suite import Measured, Variant, run_suite
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import STAGE_LABELS
 from leo_cli.config import LeoConfig
@@ -60,6 +60,7 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
     check_bench(cfg)
     out_dir = Path(cfg.run.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    env = report.environment("leo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description:<30}"),
@@ -80,9 +81,11 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
                 stages[stage] = progress.add_task(STAGE_LABELS.get(stage, stage), total=total)
             progress.update(stages[stage], completed=done, total=total)
 
-        measured = run_suite(cfg, out_dir, on_run, on_stage, skip=console.print)
+        def on_round(measured: list[Measured]) -> None:
+            report.write_outputs(out_dir, report.make_rows(cfg, measured), env)
+
+        measured = run_suite(cfg, out_dir, on_run, on_stage, console.print, on_round)
     rows = report.make_rows(cfg, measured)
-    env = report.environment("leo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
     paths = report.write_outputs(out_dir, rows, env)
     console.print(results_table(rows, report.hidden_shares(rows)))
     console.print("Wrote " + ", ".join(str(p) for p in paths))
