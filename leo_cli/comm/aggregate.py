@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -93,44 +92,19 @@ class ComputeOnlyAggregator(_Base):
         return kernels.spmm(self.adj, torch.cat([h_NF, halo_HF]))
 
 
-def _exchange_counts(counts: list[int], device: torch.device) -> list[int]:
-    """What every peer tells this worker: out[q] = counts[me] as peer q computed it."""
-    send = torch.tensor(counts, dtype=torch.int64, device=device)
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send)
-    return [int(c) for c in recv.tolist()]
+class PerLayerAggregator(_Base):
+    """Layer 0 on its own halo view (replicas left out), the other layers on theirs."""
 
+    def __init__(self, first: Aggregator, rest: Aggregator) -> None:
+        self.first, self.rest, self.stats = first, rest, rest.stats
 
-def fine_grained_view(adj: kernels.CSR, plan: HaloPlan) -> tuple[kernels.CSR, HaloPlan]:
-    """MGG's scheme as data: one halo column (and one transferred row) per remote edge.
+    def _of(self, layer: int) -> Aggregator:
+        return self.first if layer == 0 else self.rest
 
-    Remote edges are grouped by owner (CSR order within an owner); each becomes its own
-    column. Owners learn, once, which of their rows each remote edge reads (an all-to-all of
-    positions in the reader's halo block), so every later exchange is a plain all-to-all.
-    """
-    n, device = plan.num_inner, adj.device
-    cols_E = adj.indices.long()
-    remote_E = torch.nonzero(cols_E >= n).squeeze(1)
-    halo_col = cols_E[remote_E] - n
-    recv_offsets = torch.tensor(plan.recv_offsets(), device=device)
-    owner = torch.searchsorted(recv_offsets[1:], halo_col, right=True)
-    order = torch.sort(owner, stable=True).indices
-    new_cols = cols_E.clone()
-    new_cols[remote_E[order]] = n + torch.arange(order.shape[0], device=device)
-    edge_adj = kernels.CSR.from_arrays(
-        adj.indptr, new_cols, adj.values, num_cols=n + int(order.shape[0])
-    )
-    recv_counts = torch.bincount(owner, minlength=len(plan.recv_counts)).tolist()
-    # Position of each requested row inside this worker's halo block of its owner.
-    wanted = (halo_col - recv_offsets[owner])[order]
-    send_counts = _exchange_counts(recv_counts, device)
-    positions = wanted.new_empty(sum(send_counts))
-    dist.all_to_all_single(positions, wanted, send_counts, recv_counts)
-    # An owner's rows for reader r are send_idx[block r]; map positions through that block.
-    send_offsets = torch.tensor(plan.send_offsets(), device=device)
-    reader = torch.repeat_interleave(
-        torch.arange(len(send_counts), device=device), torch.tensor(send_counts, device=device)
-    )
-    send_idx = plan.send_idx_S[send_offsets[reader] + positions]
-    edge_plan = HaloPlan(n, send_idx, send_counts, recv_counts, plan.stats)
-    return edge_adj, edge_plan
+    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
+        return self._of(layer).aggregate(h_NF, layer)
+
+    def transform_aggregate(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        return self._of(layer).transform_aggregate(x_NF, weight_OF, layer)

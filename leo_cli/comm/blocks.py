@@ -94,3 +94,20 @@ def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
     boundaries from the same counts, so senders and receivers agree without talking.
     """
     return [num_rows * c // num_chunks for c in range(num_chunks + 1)]
+
+
+def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
+    """The block of the columns `cols_C` (sorted, any positions), compact, renumbered 0..C-1.
+
+    Used for replicated halo rows, which are not contiguous in the part's column order.
+    """
+    cols_E = adj.indices.long()
+    pos_E = torch.searchsorted(cols_C, cols_E)
+    found_E = pos_E < cols_C.shape[0]
+    found_E[found_E.clone()] = cols_C[pos_E[found_E]] == cols_E[found_E]
+    rows_E = row_of_edges(adj.indptr)[found_E]
+    rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
+    fwd = kernels.CSR.from_coo(
+        rows_E, pos_E[found_E], adj.values[found_E], int(rows_R.shape[0]), int(cols_C.shape[0])
+    )
+    return ColumnBlock(0, int(cols_C.shape[0]), rows_R, fwd, fwd.transpose())

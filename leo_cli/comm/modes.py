@@ -11,11 +11,12 @@ from leo_cli.comm.aggregate import (
     BlockingAggregator,
     ComputeOnlyAggregator,
     LocalAggregator,
-    fine_grained_view,
+    PerLayerAggregator,
 )
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.pipeline import PipelinedAggregator
 from leo_cli.comm.shm import SharedMemoryAggregator
+from leo_cli.comm.views import fine_grained_view
 
 # `auto` chunking: one chunk per this many bytes of a peer's rows at the widest layer...
 AUTO_CHUNK_BYTES = 4 << 20
@@ -40,7 +41,7 @@ def make_aggregator(
     plan: HaloPlan,
     world_size: int,
     *,
-    num_chunks: int,
+    num_chunks: list[int],
     width: int,
     halo_local_H: Tensor,
 ) -> Aggregator:
@@ -51,7 +52,7 @@ def make_aggregator(
         adj: local CSR, inner rows and `[inner | halo]` columns.
         plan: halo plan of this worker.
         world_size: number of workers (1 means no halo and no communication).
-        num_chunks: chunks per peer for the pipelined mode.
+        num_chunks: chunks per peer of every layer, for the pipelined mode.
         width: the widest rows any layer exchanges (sizes shared segments).
         halo_local_H: owner-local row of every halo node (shared-memory mode).
     """
@@ -68,3 +69,22 @@ def make_aggregator(
     if mode == "compute-only":
         return ComputeOnlyAggregator(adj, plan)
     raise ValueError(f"unknown pipeline mode {mode!r}")
+
+
+def make_layer_aggregators(
+    mode: str,
+    layer0: tuple[kernels.CSR, HaloPlan],
+    others: tuple[kernels.CSR, HaloPlan],
+    world_size: int,
+    *,
+    num_chunks: list[int],
+    width: int,
+    halo_local_H: Tensor,
+) -> Aggregator:
+    """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest."""
+    kwargs = {"num_chunks": num_chunks, "width": width, "halo_local_H": halo_local_H}
+    rest = make_aggregator(mode, *others, world_size, **kwargs)  # type: ignore[arg-type]
+    if layer0 is others or world_size == 1 or mode in ("shared-memory", "compute-only"):
+        return rest
+    first = make_aggregator(mode, *layer0, world_size, **kwargs)  # type: ignore[arg-type]
+    return PerLayerAggregator(first, rest)

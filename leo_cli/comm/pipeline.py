@@ -76,7 +76,12 @@ def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int)
 class PipelinedAggregator(_Base):
     """LEO mode: boundary-first update, chunked asynchronous halo, per-chunk aggregation."""
 
-    def __init__(self, adj: kernels.CSR, plan: HaloPlan, num_chunks: int) -> None:
+    def __init__(self, adj: kernels.CSR, plan: HaloPlan, num_chunks: list[int]) -> None:
+        """Args:
+        adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
+        plan: its halo plan.
+        num_chunks: chunks per peer of every layer (the last one serves deeper layers).
+        """
         self.adj, self.plan, self.stats = adj, plan, plan.stats
         self.num_chunks = num_chunks
         self.boundary_B = torch.unique(plan.send_idx_S)  # sorted
@@ -87,8 +92,8 @@ class PipelinedAggregator(_Base):
         self._schedules: dict[int, Schedule] = {}
 
     def schedule(self, layer: int) -> Schedule:
-        """The chunking of a layer (one count for every layer until a cache plan sets them)."""
-        k = self.num_chunks
+        """The chunking of a layer (built once per chunk count)."""
+        k = self.num_chunks[min(layer, len(self.num_chunks) - 1)]
         if k not in self._schedules:
             self._schedules[k] = build_schedule(self.adj, self.plan, self.boundary_B, k)
         return self._schedules[k]

@@ -111,13 +111,34 @@ class TrainConfig(Section):
     """Floating-point type of features, weights and embeddings."""
 
 
+Budget = Annotated[float, Field(ge=0)] | str
+
+
 class CacheConfig(Section):
-    policy: Literal["none", "degree", "leo"] = "none"
-    """How halo rows are assigned to cache levels: `none`, `degree` or the `leo` cost model."""
-    replica_budget_mb: float = Field(256.0, ge=0)
-    """Memory budget for L1 replicas of remote input features, per worker, in MiB."""
-    halo_budget_mb: float = Field(1024.0, ge=0)
-    """Memory budget for the L2 halo buffers, per worker, in MiB."""
+    policy: Literal["none", "degree", "leo"] = "leo"
+    """How halo rows are assigned to cache levels: `none` (exchange every halo row each
+    layer), `degree` (replicate the most-read rows first) or `leo` (the cost model decides)."""
+    replica_budget_mb: Budget = 256.0
+    """Memory for L1 replicas (layer-0 input rows of halo nodes) per worker: MiB, or a
+    percentage of the part's own feature bytes such as "50%"."""
+    halo_budget_mb: Budget = 1024.0
+    """Memory for the L2 halo buffer per worker (MiB or "N%"); rows beyond it are fetched per
+    edge (L3), the least-read first."""
+    static_aggregate: bool = True
+    """Compute layer 0's aggregation `Â·X` once when its input never changes
+    (`model.input_dropout` = 0): layer 0 then needs no exchange and no SpMM (level L1s)."""
+    hardware: Path | None = None
+    """A hardware profile written by `leo profile-cache` (hardware.json) to use instead of
+    probing this machine; null probes once per run folder."""
+
+    @field_validator("replica_budget_mb", "halo_budget_mb")
+    @classmethod
+    def _budget(cls, value: float | str) -> float | str:
+        if isinstance(value, str):
+            number = value.rstrip("%")
+            if not value.endswith("%") or not number.replace(".", "", 1).isdigit():
+                raise ValueError('must be MiB (a number >= 0) or a percentage such as "50%"')
+        return value
 
 
 class PipelineConfig(Section):

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from leo_cli.config.schema import ModelConfig
 from leo_cli.models.dropout import counter_dropout, stream_key
-from leo_cli.models.graph import LocalGraph
+from leo_cli.models.graph import LayerInput, LocalGraph
 from leo_cli.models.layers import CONVS
 
 
@@ -28,9 +28,17 @@ class GNN(nn.Module):
         h = x_NF
         for layer, conv in enumerate(self.convs):
             p = self.input_dropout if layer == 0 else self.dropout
-            if self.training and p > 0:
-                h = counter_dropout(h, g.global_ids_N, p, stream_key(seed, epoch, layer))
-            h = conv(h, g, layer)
+            dropped = self.training and p > 0
+            key = stream_key(seed, epoch, layer)
+            if dropped:
+                h = counter_dropout(h, g.global_ids_N, p, key)
+            at = LayerInput(layer, static=layer == 0 and not dropped)
+            if layer == 0 and g.replicas is not None:
+                # Replicated halo rows draw the masks their owners draw (keyed by global id).
+                xr = g.replicas.x_RF
+                xr = counter_dropout(xr, g.replicas.ids_R, p, key) if dropped else xr
+                at = LayerInput(layer, static=not dropped, replica_RF=xr)
+            h = conv(h, g, at)
             if layer < len(self.convs) - 1:
                 h = torch.relu(h)
         return h

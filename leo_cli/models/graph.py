@@ -6,7 +6,6 @@ Legend: N inner rows, H halo rows, E local edges, F in-width, O out-width.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +14,24 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.levels import Replicas
 from leo_cli.graph.layout import LocalPart
+
+
+@dataclass(frozen=True)
+class LayerInput:
+    """Where a layer sits and what its input is.
+
+    Attributes:
+        layer: index of the layer (per-layer plans key on it).
+        static: the input is the raw features, unchanged since set-up (layer 0 without
+            input dropout, or evaluation): a precomputed `Â·X` may stand in.
+        replica_RF: layer 0's input rows of replicated halo nodes, dropout applied.
+    """
+
+    layer: int
+    static: bool = False
+    replica_RF: Tensor | None = None
 
 
 @dataclass
@@ -27,11 +43,15 @@ class LocalGraph:
         global_ids_N: global node ids of inner rows (keys of the dropout masks).
         aggregator: sums in-neighbours over `[inner | halo]` columns, exchanging halo rows
             (and their gradients) as its pipeline mode does.
+        replicas: layer-0 input rows of replicated halo nodes (cache level L1), or None.
+        static_agg_NF: `Â·X` of layer 0 computed once (cache level L1s), or None.
     """
 
     self_weight_N: Tensor | None
     global_ids_N: Tensor
     aggregator: Aggregator
+    replicas: Replicas | None = None
+    static_agg_NF: Tensor | None = None
 
     @property
     def num_inner(self) -> int:
@@ -46,6 +66,15 @@ class LocalGraph:
     ) -> tuple[Tensor, Tensor]:
         """(Σ_j w_ij h_j, h) with h = x·Wᵀ: the mode may overlap the GEMM with the exchange."""
         return self.aggregator.transform_aggregate(x_NF, weight_OF, layer)
+
+    def add_replicas(
+        self, out_NO: Tensor, xr_RF: Tensor | None, weight_OF: Tensor | None, layer: int
+    ) -> Tensor:
+        """Layer 0: add the replicated columns' share `(Â_R·X'_R)·Wᵀ` (left out of exchange)."""
+        if layer != 0 or self.replicas is None:
+            return out_NO
+        assert xr_RF is not None, "layer 0 needs the replicated rows when replicas exist"
+        return self.replicas.add_into(out_NO, xr_RF, weight_OF)
 
 
 def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
@@ -68,18 +97,11 @@ def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor
     return torch.ones(cols.shape[0], dtype=dtype), None
 
 
-def build_local_graph(
-    part: LocalPart,
-    model: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    aggregator_for: Callable[[kernels.CSR], Aggregator],
-) -> LocalGraph:
-    """Assemble the LocalGraph of one part for one model.
-
-    `aggregator_for` receives the part's CSR (inner rows, `[inner | halo]` columns, weighted
-    for `model`, on `device`) and returns the aggregator of the pipeline mode.
-    """
+def part_adjacency(
+    part: LocalPart, model: str, dtype: torch.dtype, device: torch.device
+) -> tuple[kernels.CSR, Tensor | None]:
+    """The part's CSR (inner rows, `[inner | halo]` columns) weighted for `model`, and the
+    self-loop weight of every inner row (None when the model has none)."""
     values, self_weight = edge_values(part, model, dtype)
     adj = kernels.CSR.from_arrays(
         torch.from_numpy(np.asarray(part.indptr)),
@@ -87,8 +109,4 @@ def build_local_graph(
         values,
         num_cols=part.num_inner + part.num_halo,
     ).to(device)
-    return LocalGraph(
-        self_weight_N=None if self_weight is None else self_weight.to(device),
-        global_ids_N=torch.from_numpy(np.asarray(part.inner_nodes)).to(device),
-        aggregator=aggregator_for(adj),
-    )
+    return adj, None if self_weight is None else self_weight.to(device)

@@ -11,17 +11,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from leo_cli.models.graph import LocalGraph
+from leo_cli.models.graph import LayerInput, LocalGraph
 
 
 def propagate(
-    x_NF: Tensor, lin: nn.Linear, g: LocalGraph, self_scale: Tensor | None, layer: int
+    x_NF: Tensor, lin: nn.Linear, g: LocalGraph, self_scale: Tensor | None, at: LayerInput
 ) -> Tensor:
-    """lin(A·x + s⊙x) without bias, in whichever order exchanges fewer columns."""
+    """lin(A·x + s⊙x) without bias, in whichever order exchanges fewer columns.
+
+    When the input is static and `Â·X` was computed once (cache level L1s), it stands in for
+    the aggregation; replicated halo rows (L1) are aggregated here, at input width.
+    """
+    if at.static and g.static_agg_NF is not None and at.layer == 0:
+        agg_NF = g.static_agg_NF
+        agg_NF = agg_NF if self_scale is None else agg_NF + self_scale * x_NF
+        static_out: Tensor = lin(agg_NF)
+        return static_out
     if lin.out_features < lin.in_features:
-        out, h_NO = g.transform_aggregate(x_NF, lin.weight, layer)
+        out, h_NO = g.transform_aggregate(x_NF, lin.weight, at.layer)
+        out = g.add_replicas(out, at.replica_RF, lin.weight, at.layer)
         return out if self_scale is None else out + self_scale * h_NO
-    agg_NF = g.aggregate(x_NF, layer)
+    agg_NF = g.add_replicas(g.aggregate(x_NF, at.layer), at.replica_RF, None, at.layer)
     if self_scale is not None:
         agg_NF = agg_NF + self_scale * x_NF
     result: Tensor = lin(agg_NF)
@@ -41,8 +51,8 @@ class GCNConv(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_channels))
         nn.init.xavier_uniform_(self.lin.weight)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
-        return propagate(x_NF, self.lin, g, column(g.self_weight_N), layer) + self.bias
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
+        return propagate(x_NF, self.lin, g, column(g.self_weight_N), at) + self.bias
 
 
 class SAGEConv(nn.Module):
@@ -53,9 +63,9 @@ class SAGEConv(nn.Module):
         self.lin_l = nn.Linear(in_channels, out_channels, bias=False)
         self.lin_r = nn.Linear(in_channels, out_channels, bias=True)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
         root: Tensor = self.lin_r(x_NF)
-        return propagate(x_NF, self.lin_l, g, None, layer) + root
+        return propagate(x_NF, self.lin_l, g, None, at) + root
 
 
 class GINConv(nn.Module):
@@ -74,8 +84,8 @@ class GINConv(nn.Module):
         self.bias1 = nn.Parameter(torch.zeros(out_channels))
         self.lin2 = nn.Linear(out_channels, out_channels)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
-        z = propagate(x_NF, self.lin1, g, 1 + self.eps, layer)
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
+        z = propagate(x_NF, self.lin1, g, 1 + self.eps, at)
         out: Tensor = self.lin2(torch.relu(z + self.bias1))
         return out
 

@@ -9,18 +9,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer, make_grad_reducer
-from leo_cli.comm.modes import auto_chunks, make_aggregator
+from leo_cli.comm.levels import RankLevels, build_levels, levels_for_mode
+from leo_cli.comm.modes import auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_part
-from leo_cli.kernels import CSR
 from leo_cli.models.gnn import GNN, build_model
-from leo_cli.models.graph import LocalGraph, build_local_graph
+from leo_cli.models.graph import LocalGraph, part_adjacency
 from leo_cli.train.trainer import WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -51,30 +51,67 @@ def exchange_width(model: ModelConfig, num_features: int, num_classes: int) -> i
     return max(min(a, b) for a, b in zip(widths, widths[1:], strict=False))
 
 
+def chunk_counts(
+    setting: str | int,
+    planned: list[int] | None,
+    plan: HaloPlan,
+    width: int,
+    dtype: torch.dtype,
+) -> list[int]:
+    """Chunks per peer of every layer: the setting, else the plan's, else the heuristic.
+
+    Both ends of a transfer must cut it the same way, so the heuristic's count is agreed
+    on by all workers (the largest any of them wants).
+    """
+    if setting != "auto":
+        return [int(setting)]
+    if planned:
+        return planned
+    wanted = torch.tensor([auto_chunks(plan, width, dtype)], dtype=torch.int64)
+    return [int(all_reduce_(wanted, op="max").item())]
+
+
 def assemble(
-    cfg: LeoConfig, part: LocalPart, dataset: dict[str, Any], world_size: int, device: torch.device
+    cfg: LeoConfig,
+    part: LocalPart,
+    dataset: dict[str, Any],
+    world_size: int,
+    device: torch.device,
+    cache: RankLevels | None = None,
+    chunks_planned: list[int] | None = None,
 ) -> Job:
-    """Build a job from an in-memory part (used by workers and by the single-process oracle)."""
+    """Build a job from an in-memory part (used by workers and by the single-process oracle).
+
+    `cache` is this rank's share of the cache plan; None means no cache (every halo row is
+    exchanged each layer). Every rank must pass one, or none (set-up runs collectives).
+    `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`.
+    """
     dtype = DTYPES[cfg.train.dtype]
     plan = halo_plan(part, device)
-    width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
-    chunks = cfg.pipeline.num_chunks
-    num_chunks = auto_chunks(plan, width, dtype) if chunks == "auto" else int(chunks)
-    halo_local = torch.from_numpy(np.array(part.halo_owner_local)).to(device)
-
-    def aggregator_for(adj: CSR) -> Aggregator:
-        return make_aggregator(
-            cfg.pipeline.mode,
-            adj,
-            plan,
-            world_size,
-            num_chunks=num_chunks,
-            width=width,
-            halo_local_H=halo_local,
-        )
-
-    graph = build_local_graph(part, cfg.model.name, dtype, device, aggregator_for)
+    adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, int(dataset["num_train"]), dtype, device)
+    levels = None
+    if cache is not None:
+        halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
+        mode_cache = levels_for_mode(cache, cfg.pipeline.mode)
+        levels = build_levels(adj, plan, data.x_NF, halo_ids, mode_cache, world_size > 1)
+    width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
+    aggregator = make_layer_aggregators(
+        cfg.pipeline.mode,
+        (adj, plan) if levels is None else levels.layer0,
+        (adj, plan) if levels is None else levels.others,
+        world_size,
+        num_chunks=chunk_counts(cfg.pipeline.num_chunks, chunks_planned, plan, width, dtype),
+        width=width,
+        halo_local_H=torch.from_numpy(np.array(part.halo_owner_local)).to(device),
+    )
+    graph = LocalGraph(
+        self_weight_N=self_weight,
+        global_ids_N=torch.from_numpy(np.asarray(part.inner_nodes)).to(device),
+        aggregator=aggregator,
+        replicas=None if levels is None else levels.replicas,
+        static_agg_NF=None if levels is None else levels.static_agg_NF,
+    )
     model = build_model(
         cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]), cfg.run.seed
     ).to(device=device, dtype=dtype)

@@ -1,0 +1,221 @@
+"""The cache plan: `cache-plan.json` in the run folder, made once, read by every worker.
+
+It holds, per rank, the cache levels (static aggregate, replicated halo positions, halo
+positions fetched per edge), the chunk count of every layer (the same on every rank, since
+both ends of a transfer must cut it the same way), the predicted stage times, and the
+predicted step time of every mode, so `leo train` can put prediction beside measurement. A
+sweep over replica budgets feeds `cache-plan.png`.
+
+The plan is stale when the partitions, the model's widths or dropout, the policy, the
+budgets or the hardware profile change (its `key` covers all of them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from leo_cli.cache.hardware import HardwareProfile
+
+from leo_cli.cache.cost import MODES, ModelShape, RankCache, predict
+from leo_cli.cache.policy import Budgets, decide
+from leo_cli.cache.profile import PartProfile
+from leo_cli.config.schema import CacheConfig, ModelConfig
+from leo_cli.errors import CacheError
+
+PLAN = "cache-plan.json"
+FORMAT_VERSION = 1
+SWEEP_FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+
+
+def model_shape(
+    model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int
+) -> ModelShape:
+    widths = (num_features, *([model.hidden_channels] * (model.num_layers - 1)), num_classes)
+    input_dropout = model.dropout if model.input_dropout is None else model.input_dropout
+    return ModelShape(widths, model.dropout, input_dropout, dtype_bytes, model.name != "gcn")
+
+
+def budget_bytes(value: float | str, own_bytes: int) -> int:
+    """A budget in MiB, or a percentage of the part's own feature bytes ("25%")."""
+    if isinstance(value, str):
+        return int(float(value.rstrip("%")) / 100.0 * own_bytes)
+    return int(value * 2**20)
+
+
+def budgets(cache: CacheConfig, profiles: list[PartProfile], shape: ModelShape) -> Budgets:
+    own = [p.num_inner * shape.widths[0] * shape.dtype_bytes for p in profiles]
+    return Budgets(
+        [budget_bytes(cache.replica_budget_mb, o) for o in own],
+        [budget_bytes(cache.halo_budget_mb, o) for o in own],
+    )
+
+
+def plan_key(
+    partition_meta: dict[str, Any],
+    model: ModelConfig,
+    cache: CacheConfig,
+    dtype: str,
+    hw: HardwareProfile | None,
+) -> str:
+    """Staleness key: partitions, model, cache settings, dtype and the hardware profile."""
+    material = {
+        "format": FORMAT_VERSION,
+        "partitions": partition_meta.get("files_sha256") or partition_meta,
+        "model": model.model_dump(mode="json"),
+        "cache": cache.model_dump(mode="json"),
+        "dtype": dtype,
+        "hardware": None if hw is None else hw.fingerprint(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class CachePlan:
+    """What `cache-plan.json` holds (see the module docstring)."""
+
+    key: str
+    policy: str
+    caches: list[RankCache]
+    num_chunks: list[int]
+    predicted: dict[str, float]
+    stages: dict[str, dict[str, float]]
+    bytes_per_level: list[dict[str, int]]
+    sweep: list[dict[str, float]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "key": self.key,
+            "policy": self.policy,
+            "num_chunks": self.num_chunks,
+            "predicted_epoch_time_s": self.predicted,
+            "predicted_stages_s": self.stages,
+            "ranks": [
+                {
+                    "rank": r,
+                    "static_aggregate": c.static_aggregate,
+                    "replica_rows": c.replica_rows.tolist(),
+                    "l3_rows": c.l3_rows.tolist(),
+                    "bytes_per_level": self.bytes_per_level[r],
+                }
+                for r, c in enumerate(self.caches)
+            ],
+            "replica_budget_sweep": self.sweep,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], path: Path) -> CachePlan:
+        try:
+            if data["format_version"] != FORMAT_VERSION:
+                raise KeyError("format_version")
+            caches = [
+                RankCache(
+                    bool(r["static_aggregate"]),
+                    np.asarray(r["replica_rows"], dtype=np.int64),
+                    np.asarray(r["l3_rows"], dtype=np.int64),
+                )
+                for r in data["ranks"]
+            ]
+            return cls(
+                data["key"], data["policy"], caches, [int(k) for k in data["num_chunks"]],
+                data["predicted_epoch_time_s"], data["predicted_stages_s"],
+                [r["bytes_per_level"] for r in data["ranks"]], data["replica_budget_sweep"],
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CacheError(
+                f"{path} is not a cache plan this version reads ({exc}); delete it and run "
+                "leo profile-cache."
+            ) from None
+
+
+def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str, int]:
+    """Bytes this rank holds at L1 (replicas, static aggregate) and receives per step at L2/L3."""
+    l3 = np.zeros(p.num_halo, dtype=bool)
+    l3[c.l3_rows] = True
+    l1 = np.zeros(p.num_halo, dtype=bool)
+    l1[c.replica_rows] = True
+    per_step_l2 = per_step_l3 = 0
+    for layer in range(shape.num_layers):
+        if layer == 0 and c.static_aggregate:
+            continue
+        w = shape.exchanged_width(layer) * shape.dtype_bytes * 2  # forward rows + gradients
+        skip = l1 if layer == 0 else np.zeros_like(l1)
+        per_step_l2 += int((~l3 & ~skip).sum()) * w
+        per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w
+    row_in = shape.widths[0] * shape.dtype_bytes
+    return {
+        "L1_replica_bytes": int(l1.sum()) * row_in,
+        "L1s_static_bytes": p.num_inner * row_in if c.static_aggregate else 0,
+        "L2_bytes_per_step": per_step_l2,
+        "L3_bytes_per_step": per_step_l3,
+    }
+
+
+def make_plan(
+    cache: CacheConfig,
+    profiles: list[PartProfile],
+    shape: ModelShape,
+    hw: HardwareProfile,
+    key: str,
+) -> CachePlan:
+    """Run the policy, predict every mode, sweep the replica budget for the plot."""
+    b = budgets(cache, profiles, shape)
+    decision = decide(cache.policy, profiles, shape, b, hw, cache.static_aggregate)
+    none = [RankCache() for _ in profiles]
+    predicted, stages = {}, {}
+    for mode in MODES:
+        caches = decision.caches if mode == "leo" else none
+        pred = predict(profiles, caches, shape, hw, mode, decision.num_chunks)
+        predicted[mode], stages[mode] = pred.epoch_time_s, pred.stages
+    return CachePlan(
+        key, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
+        [bytes_per_level(p, c, shape) for p, c in zip(profiles, decision.caches, strict=True)],
+        sweep(cache, profiles, shape, hw),
+    )  # fmt: skip
+
+
+def sweep(
+    cache: CacheConfig, profiles: list[PartProfile], shape: ModelShape, hw: HardwareProfile
+) -> list[dict[str, float]]:
+    """Predicted `leo` step time against the replica budget (a fraction of the halo's bytes)."""
+    out = []
+    halo_bytes = max(p.num_halo for p in profiles) * shape.widths[0] * shape.dtype_bytes
+    for f in SWEEP_FRACTIONS:
+        mb = f * halo_bytes / 2**20
+        trial = cache.model_copy(update={"replica_budget_mb": mb})
+        decision = decide(
+            trial.policy, profiles, shape, budgets(trial, profiles, shape), hw,
+            trial.static_aggregate,
+        )  # fmt: skip
+        assert decision.prediction is not None
+        out.append(
+            {"replica_budget_mb": mb, "predicted_epoch_time_s": decision.prediction.epoch_time_s}
+        )
+    return out
+
+
+def write_plan(run_dir: Path, plan: CachePlan) -> Path:
+    path = run_dir / PLAN
+    tmp = path.with_name(f".{PLAN}.tmp")
+    tmp.write_text(json.dumps(plan.to_json()))
+    tmp.replace(path)
+    return path
+
+
+def read_plan(run_dir: Path) -> CachePlan | None:
+    """The run folder's plan, or None when there is none."""
+    path = run_dir / PLAN
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CacheError(
+            f"cannot read {path} ({exc}); delete it and run leo profile-cache."
+        ) from None
+    return CachePlan.from_json(data, path)

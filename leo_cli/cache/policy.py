@@ -1,0 +1,161 @@
+"""Cache policies: which halo rows each rank keeps at which level, under the budgets.
+
+- `none`: every halo row is exchanged (deduplicated, L2) at every layer.
+- `degree`: the most-read halo rows are replicated (L1) first, up to the replica budget.
+- `leo`: the cost model decides. Replicating a row saves its transfer (forward and
+  backward) but costs its dropout mask at input width and aggregation of its edges at input
+  width; rows are ranked by that trade and the number replicated per rank, and the chunk
+  count per layer, are chosen to minimise the slowest rank's predicted step time.
+
+For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
+changes (`model.input_dropout` = 0); rows that do not fit the halo budget are fetched per
+edge (L3), the least-read first. Legend: H halo rows of a rank, R replicated rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from leo_cli.cache.hardware import HardwareProfile
+
+from leo_cli.cache.cost import ModelShape, Prediction, RankCache, predict
+from leo_cli.cache.profile import PartProfile
+from leo_cli.graph.types import IntArray
+
+CHUNK_CHOICES = (1, 2, 4, 8)
+REPLICA_FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Bytes per rank for L1 replicas and for the L2 halo buffer."""
+
+    replica_bytes: list[int]
+    halo_bytes: list[int]
+
+
+@dataclass
+class Decision:
+    """What a policy decided, and what the cost model predicts for it."""
+
+    caches: list[RankCache]
+    num_chunks: list[int]
+    prediction: Prediction | None
+
+
+def l3_rows(p: PartProfile, halo_bytes: int, row_bytes: int) -> IntArray:
+    """Rows beyond the halo buffer budget, the least-read first (they gain least from dedup)."""
+    fits = halo_bytes // max(row_bytes, 1)
+    if fits >= p.num_halo:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(-p.reuse_H, kind="stable")
+    return np.sort(order[fits:]).astype(np.int64)
+
+
+def replica_order(p: PartProfile, shape: ModelShape, hw: HardwareProfile | None) -> IntArray:
+    """Halo rows in the order they are worth replicating.
+
+    `degree` (no hardware): most-read first. With rates: a row saves its transfer at the
+    exchanged width (both directions) and the aggregation of its edges at that width (both
+    directions); it costs its mask and the aggregation of its edges at input width. The
+    per-edge part decides the direction: rows whose edges are cheap to move first.
+    """
+    if hw is None:
+        return np.argsort(-p.reuse_H, kind="stable").astype(np.int64)
+    a, w = shape.widths[0], shape.exchanged_width(0)
+    per_edge = hw.spmm_seconds(1_000_000, a) - 2 * hw.spmm_seconds(1_000_000, w)
+    return np.argsort(p.reuse_H * np.sign(per_edge) * 1.0, kind="stable").astype(np.int64)
+
+
+def most_read(p: PartProfile, shape: ModelShape, budget: int) -> IntArray:
+    """The `degree` policy's replicas: the most-read halo rows that fit the budget."""
+    return replica_order(p, shape, None)[: fits(p.num_halo, shape, budget)]
+
+
+def fits(count: int, shape: ModelShape, budget: int) -> int:
+    """How many replica rows (input width) fit a budget of bytes."""
+    return min(count, budget // max(shape.widths[0] * shape.dtype_bytes, 1))
+
+
+def decide(
+    policy: str,
+    profiles: list[PartProfile],
+    shape: ModelShape,
+    budgets: Budgets,
+    hw: HardwareProfile | None,
+    static_aggregate: bool,
+) -> Decision:
+    """The policy's levels for every rank, and the chunk count of every layer."""
+    static = policy != "none" and static_aggregate and shape.input_dropout == 0
+    row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
+    l3 = [
+        l3_rows(p, budgets.halo_bytes[r], row_bytes) if policy != "none" else np.zeros(0, np.int64)
+        for r, p in enumerate(profiles)
+    ]
+    base = [RankCache(static, np.zeros(0, np.int64), l3[r]) for r in range(len(profiles))]
+    chunks = [1] * shape.num_layers
+    if policy == "none" or static or shape.input_dropout == 0:
+        caches = base
+    elif policy == "degree":
+        caches = [
+            RankCache(
+                False, np.sort(replica_order(p, shape, None)[: fits(p.num_halo, shape, b)]), l3[r]
+            )
+            for r, (p, b) in enumerate(zip(profiles, budgets.replica_bytes, strict=True))
+        ]
+    else:
+        assert hw is not None, "the leo policy needs a hardware profile"
+        caches = choose_replicas(profiles, shape, budgets, hw, base)
+    if hw is None:
+        return Decision(caches, chunks, None)
+    chunks = choose_chunks(profiles, caches, shape, hw)
+    return Decision(caches, chunks, predict(profiles, caches, shape, hw, "leo", chunks))
+
+
+def choose_replicas(
+    profiles: list[PartProfile],
+    shape: ModelShape,
+    budgets: Budgets,
+    hw: HardwareProfile,
+    base: list[RankCache],
+) -> list[RankCache]:
+    """Per rank, the replicated share that minimises the predicted step (two sweeps)."""
+    orders = [replica_order(p, shape, hw) for p in profiles]
+    counts = [0] * len(profiles)
+    chunks = [1] * shape.num_layers
+
+    def caches_for(cs: list[int]) -> list[RankCache]:
+        return [
+            RankCache(False, np.sort(orders[r][: cs[r]]), base[r].l3_rows)
+            for r in range(len(profiles))
+        ]
+
+    for _ in range(2):
+        for r, p in enumerate(profiles):
+            limit = fits(p.num_halo, shape, budgets.replica_bytes[r])
+            options = sorted({int(limit * f) for f in REPLICA_FRACTIONS})
+            best = min(
+                options,
+                key=lambda c, r=r: predict(
+                    profiles, caches_for(counts[:r] + [c] + counts[r + 1 :]), shape, hw, "leo",
+                    chunks,
+                ).epoch_time_s,
+            )  # fmt: skip
+            counts[r] = best
+    return caches_for(counts)
+
+
+def choose_chunks(
+    profiles: list[PartProfile], caches: list[RankCache], shape: ModelShape, hw: HardwareProfile
+) -> list[int]:
+    """Per layer, the chunk count (the same on every rank) with the fastest predicted step."""
+    chunks = [1] * shape.num_layers
+    for layer in range(shape.num_layers):
+
+        def time_with(k: int, layer: int = layer) -> float:
+            trial = chunks[:layer] + [k] + chunks[layer + 1 :]
+            return predict(profiles, caches, shape, hw, "leo", trial).epoch_time_s
+
+        chunks[layer] = min(CHUNK_CHOICES, key=time_with)
+    return chunks

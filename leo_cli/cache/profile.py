@@ -1,0 +1,70 @@
+"""Access profiling: what each part's halo costs, read from the part files alone.
+
+For every rank: inner rows, boundary rows (sent to some peer), edges between inner rows,
+and per halo row its owner and its reuse (how many local edges read it). The cost model
+and the policies work from these numbers only, so a plan can be made without a process
+group. Legend: N inner rows, H halo rows, P parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from leo_cli.graph.layout import LocalPart
+from leo_cli.graph.types import IntArray
+
+
+@dataclass(frozen=True)
+class PartProfile:
+    """The numbers of one part that the cost model needs.
+
+    Attributes:
+        rank: the part's rank.
+        num_inner: N.
+        num_boundary: inner rows that some peer reads (sent at every exchange).
+        inner_edges: edges whose source is an inner row.
+        reuse_H: (H) local edges reading each halo row.
+        owner_H: (H) rank owning each halo row.
+        send_counts: (P) rows sent to each peer.
+        recv_counts: (P) halo rows received from each peer.
+        rows_reading_halo: inner rows with at least one halo in-edge.
+    """
+
+    rank: int
+    num_inner: int
+    num_boundary: int
+    inner_edges: int
+    reuse_H: IntArray
+    owner_H: IntArray
+    send_counts: list[int]
+    recv_counts: list[int]
+    rows_reading_halo: int
+
+    @property
+    def num_halo(self) -> int:
+        return int(self.reuse_H.shape[0])
+
+    @property
+    def halo_edges(self) -> int:
+        return int(self.reuse_H.sum())
+
+    @classmethod
+    def from_part(cls, part: LocalPart) -> PartProfile:
+        n = part.num_inner
+        indices = np.asarray(part.indices)
+        remote = indices >= n
+        reuse = np.bincount(indices[remote] - n, minlength=part.num_halo).astype(np.int64)
+        rows = np.repeat(np.arange(n), np.diff(np.asarray(part.indptr)))
+        return cls(
+            rank=part.rank,
+            num_inner=n,
+            num_boundary=int(np.unique(np.asarray(part.send_idx)).shape[0]),
+            inner_edges=int((~remote).sum()),
+            reuse_H=reuse,
+            owner_H=np.asarray(part.halo_owner, dtype=np.int64),
+            send_counts=[int(c) for c in part.send_counts],
+            recv_counts=[int(c) for c in part.recv_counts],
+            rows_reading_halo=int(np.unique(rows[remote]).shape[0]),
+        )

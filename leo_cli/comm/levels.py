@@ -1,0 +1,115 @@
+"""The cache levels of one worker at run time, built once from its part of the cache plan.
+
+- L1s static aggregate: when layer 0's input never changes (no input dropout, or evaluation),
+  `Â·X` is computed once here: layer 0 then needs no exchange and no SpMM.
+- L1 replicas: layer-0 input rows of chosen halo nodes are fetched once and kept; layer 0
+  aggregates them locally at input width, `(Â_R·X'_R)·W`, with their dropout masks drawn
+  here (keyed by global id, so exactly the masks their owners draw); the exchange of layer 0
+  leaves them out, forward and backward.
+- L2 / L3: the exchanged rows, deduplicated or fetched per edge (a view of the halo).
+
+Legend: N inner rows, H halo rows, R replicated rows, F input width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
+from leo_cli.comm.exchange import HaloPlan, exchange_halo
+from leo_cli.comm.views import L1, L2, L3, level_view, remap_halo
+
+
+@dataclass(frozen=True)
+class RankLevels:
+    """This worker's share of the cache plan (halo positions are local ids minus N)."""
+
+    static_aggregate: bool
+    replica_rows: list[int]
+    l3_rows: list[int]
+
+
+@dataclass
+class Replicas:
+    """Layer-0 input rows of replicated halo nodes and the edges that read them."""
+
+    x_RF: Tensor
+    ids_R: Tensor
+    block: ColumnBlock
+
+    def add_into(self, out_NO: Tensor, xr_RF: Tensor, weight_OF: Tensor | None) -> Tensor:
+        """out + (Â_R·X'_R)·Wᵀ on the rows that read replicas (out of place, differentiable)."""
+        part = self.block.forward(xr_RF)
+        if weight_OF is not None:
+            part = torch.nn.functional.linear(part, weight_OF)
+        assert self.block.rows_R is not None
+        return out_NO.index_add(0, self.block.rows_R, part)
+
+
+@dataclass
+class Levels:
+    """What the cache changes for the layers: views per layer, replicas, static aggregate."""
+
+    layer0: tuple[kernels.CSR, HaloPlan]
+    others: tuple[kernels.CSR, HaloPlan]
+    replicas: Replicas | None
+    static_agg_NF: Tensor | None
+
+
+def levels_for_mode(levels: RankLevels, mode: str) -> RankLevels:
+    """What a mode can use of a plan: shared memory reads every halo row in place and
+    compute-only exchanges nothing, so only the static aggregate applies to them
+    (fine-grained then fetches every row that is not replicated once per edge)."""
+    if mode in ("shared-memory", "compute-only"):
+        return RankLevels(levels.static_aggregate, [], [])
+    return levels
+
+
+def level_of_rows(num_halo: int, levels: RankLevels, device: torch.device) -> Tensor:
+    level = torch.full((num_halo,), L2, dtype=torch.int64, device=device)
+    level[torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)] = L3
+    level[torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)] = L1
+    return level
+
+
+@torch.no_grad()
+def build_levels(
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    x_NF: Tensor,
+    halo_ids_H: Tensor,
+    levels: RankLevels,
+    distributed: bool,
+) -> Levels:
+    """Fetch replicas, precompute the static aggregate, lay out the exchanged halo.
+
+    Every worker calls this at the same point (it runs collectives) when a plan exists.
+    """
+    static = None
+    if levels.static_aggregate:
+        full = exchange_halo(x_NF, plan) if distributed else x_NF
+        static = kernels.spmm(adj, full)
+    if not distributed:
+        return Levels((adj, plan), (adj, plan), None, static)
+    level = level_of_rows(plan.num_halo, levels, adj.device)
+    layer0 = level_view(adj, plan, level)
+    others = level_view(adj, plan, torch.where(level == L1, L2, level))
+    return Levels(layer0, others, fetch_replicas(adj, plan, x_NF, halo_ids_H, level), static)
+
+
+def fetch_replicas(
+    adj: kernels.CSR, plan: HaloPlan, x_NF: Tensor, halo_ids_H: Tensor, level_H: Tensor
+) -> Replicas | None:
+    """Bring the input rows of L1 halo nodes here once (an exchange restricted to them)."""
+    rows_R = torch.nonzero(level_H == L1).squeeze(1)
+    no_edges = torch.full((int((adj.indices.long() >= plan.num_inner).sum()),), -1)
+    _, plan_R = remap_halo(adj, plan, rows_R, no_edges.to(adj.device))
+    x_RF = exchange_halo(x_NF, plan_R)[plan.num_inner :]
+    if rows_R.numel() == 0:
+        return None
+    block = selected_columns_block(adj, rows_R + plan.num_inner)
+    return Replicas(x_RF, halo_ids_H[rows_R], block)

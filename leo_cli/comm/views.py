@@ -1,0 +1,115 @@
+"""Other layouts of a worker's halo: rows dropped (kept as replicas), rows fetched per edge.
+
+The halo of a part is one row per remote source node, deduplicated (level L2). A view
+re-lays it out: each remote edge either reads a deduplicated row (L2), its own row fetched
+for that edge alone (L3, MGG's scheme), or no exchanged row at all (its source is replicated
+locally, L1). Owners learn once, at set-up, which of their rows each new halo row is, so a
+view is just another (CSR, HaloPlan) pair for the same exchange code.
+
+Legend: N inner rows, H halo rows of the part, K halo rows of the view, E edges, P peers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.comm.exchange import HaloPlan
+from leo_cli.kernels.csr import row_of_edges
+
+L1, L2, L3 = 1, 2, 3  # replicated, deduplicated halo buffer, fetched per edge
+
+
+def _exchange_counts(counts: list[int], device: torch.device) -> list[int]:
+    """What every peer tells this worker: out[q] = counts[me] as peer q computed it."""
+    send = torch.tensor(counts, dtype=torch.int64, device=device)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return [int(c) for c in recv.tolist()]
+
+
+def halo_owner(plan: HaloPlan, halo_H: Tensor) -> Tensor:
+    """Peer owning each halo position (halo columns are contiguous per owner)."""
+    offsets = torch.tensor(plan.recv_offsets(), device=halo_H.device)
+    return torch.searchsorted(offsets[1:], halo_H, right=True)
+
+
+def remap_halo(
+    adj: kernels.CSR, plan: HaloPlan, rows_K: Tensor, edge_cols: Tensor
+) -> tuple[kernels.CSR, HaloPlan]:
+    """The view whose halo rows are `rows_K` (original halo positions, grouped by owner,
+    repeats allowed) and whose remote edges read `edge_cols` (view halo column, or -1: the
+    edge leaves the CSR).
+
+    Args:
+        adj: the part's CSR, inner rows and `[inner | halo]` columns.
+        plan: its halo plan.
+        rows_K: (K) halo position behind each view halo row, owners in increasing order.
+        edge_cols: (E_remote) for every edge with a halo column (CSR order), its view column
+            in `0..K-1`, or -1.
+    """
+    n, device = plan.num_inner, adj.device
+    cols_E = adj.indices.long()
+    remote_E = torch.nonzero(cols_E >= n).squeeze(1)
+    new_cols = cols_E.clone()
+    new_cols[remote_E] = torch.where(edge_cols >= 0, n + edge_cols, -1)
+    keep_E = new_cols >= 0
+    rows_E = row_of_edges(adj.indptr)[keep_E]
+    view_adj = kernels.CSR.from_coo(
+        rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, n + int(rows_K.shape[0])
+    )
+    owner_K = halo_owner(plan, rows_K)
+    recv_counts = torch.bincount(owner_K, minlength=len(plan.recv_counts)).tolist()
+    recv_offsets = torch.tensor(plan.recv_offsets(), device=device)
+    wanted = rows_K - recv_offsets[owner_K]  # position inside this worker's block of the owner
+    send_counts = _exchange_counts(recv_counts, device)
+    positions = wanted.new_empty(sum(send_counts))
+    dist.all_to_all_single(positions, wanted, send_counts, recv_counts)
+    # An owner's rows for reader r are send_idx[block r]; map positions through that block.
+    send_offsets = torch.tensor(plan.send_offsets(), device=device)
+    counts = torch.tensor(send_counts, device=device)
+    reader = torch.repeat_interleave(torch.arange(len(send_counts), device=device), counts)
+    send_idx = plan.send_idx_S[send_offsets[reader] + positions]
+    return view_adj, HaloPlan(n, send_idx, send_counts, recv_counts, plan.stats)
+
+
+def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:
+    """(E_remote) halo position read by every edge with a halo column, in CSR order."""
+    cols_E = adj.indices.long()
+    return cols_E[cols_E >= num_inner] - num_inner
+
+
+def level_view(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[kernels.CSR, HaloPlan]:
+    """The view of a per-row level assignment: L2 rows once, L3 rows once per reading edge,
+    L1 rows left out (their edges leave the CSR: replicas are aggregated elsewhere).
+
+    Per owner, the view's rows are its L2 rows (in halo order), then one row per edge that
+    reads one of its L3 rows (in CSR order), so every owner's rows stay contiguous.
+    """
+    halo_e = remote_edges(adj, plan.num_inner)
+    device = halo_e.device
+    num_halo = plan.num_halo
+    owner_H = halo_owner(plan, torch.arange(num_halo, device=device))
+    l2_H = torch.nonzero(level_H == L2).squeeze(1)
+    l3_e = torch.nonzero(level_H[halo_e] == L3).squeeze(1)
+    # Sort key: owner first, then L2 rows before L3 edges, then halo / CSR order.
+    key_l2 = owner_H[l2_H] * 2 * (num_halo + halo_e.shape[0] + 1) + l2_H
+    key_l3 = owner_H[halo_e[l3_e]] * 2 * (num_halo + halo_e.shape[0] + 1)
+    key_l3 = key_l3 + num_halo + 1 + l3_e
+    order = torch.sort(torch.cat([key_l2, key_l3])).indices
+    rows_K = torch.cat([l2_H, halo_e[l3_e]])[order]
+    view_col = torch.empty_like(order)
+    view_col[order] = torch.arange(order.shape[0], device=device)
+    col_of_l2_row = torch.full((num_halo,), -1, dtype=torch.int64, device=device)
+    col_of_l2_row[l2_H] = view_col[: l2_H.shape[0]]
+    edge_cols = col_of_l2_row[halo_e]
+    edge_cols[l3_e] = view_col[l2_H.shape[0] :]
+    return remap_halo(adj, plan, rows_K, edge_cols)
+
+
+def fine_grained_view(adj: kernels.CSR, plan: HaloPlan) -> tuple[kernels.CSR, HaloPlan]:
+    """MGG's scheme: every halo row fetched once per remote edge (all rows at L3)."""
+    level = torch.full((plan.num_halo,), L3, dtype=torch.int64, device=adj.device)
+    return level_view(adj, plan, level)
