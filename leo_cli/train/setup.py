@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer, make_grad_reducer
 from leo_cli.comm.modes import auto_chunks, make_aggregator
@@ -51,6 +52,15 @@ def exchange_width(model: ModelConfig, num_features: int, num_classes: int) -> i
     return max(min(a, b) for a, b in zip(widths, widths[1:], strict=False))
 
 
+def chunk_count(setting: str | int, plan: HaloPlan, width: int, dtype: torch.dtype) -> int:
+    """Chunks per peer: the setting, or the heuristic's count agreed on by all workers (the
+    largest any wants), since both ends of a transfer must cut it the same way."""
+    if setting != "auto":
+        return int(setting)
+    wanted = torch.tensor([auto_chunks(plan, width, dtype)], dtype=torch.int64)
+    return int(all_reduce_(wanted, op="max").item())
+
+
 def assemble(
     cfg: LeoConfig, part: LocalPart, dataset: dict[str, Any], world_size: int, device: torch.device
 ) -> Job:
@@ -58,8 +68,7 @@ def assemble(
     dtype = DTYPES[cfg.train.dtype]
     plan = halo_plan(part, device)
     width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
-    chunks = cfg.pipeline.num_chunks
-    num_chunks = auto_chunks(plan, width, dtype) if chunks == "auto" else int(chunks)
+    num_chunks = chunk_count(cfg.pipeline.num_chunks, plan, width, dtype)
     halo_local = torch.from_numpy(np.array(part.halo_owner_local)).to(device)
 
     def aggregator_for(adj: CSR) -> Aggregator:
