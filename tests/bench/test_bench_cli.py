@@ -59,9 +59,10 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     assert by_mode["blocking"]["vs_blocking"] == pytest.approx(1.0)
     assert by_mode["compute-only"]["exact"] is False and by_mode["leo"]["exact"] is True
     assert by_mode["compute-only"]["comm_bytes_per_epoch"] == 0
-    assert by_mode["fine-grained"]["comm_bytes_per_epoch"] > by_mode["blocking"][
-        "comm_bytes_per_epoch"
-    ]
+    assert (
+        by_mode["fine-grained"]["comm_bytes_per_epoch"]
+        > by_mode["blocking"]["comm_bytes_per_epoch"]
+    )
     assert by_mode["leo"]["comm_bytes_per_epoch"] == by_mode["blocking"]["comm_bytes_per_epoch"]
     # Exact modes train the same model: same accuracy.
     assert len({by_mode[m]["test_acc"] for m in ("leo", "blocking", "fine-grained")}) == 1

@@ -19,7 +19,9 @@ pytest.importorskip("torch_geometric")
 @pytest.mark.parametrize("system", ["pyg", "pyg-csr"])
 def test_leo_gcn_equals_pyg_gcnconv(system: str) -> None:
     g = random_graph(num_nodes=80, num_edges=300, num_features=6, num_classes=3, seed=4)
-    cfg = load_config(None, ["train.dtype=float64", "model.hidden_channels=5", "model.num_layers=3"])
+    cfg = load_config(
+        None, ["train.dtype=float64", "model.hidden_channels=5", "model.num_layers=3"]
+    )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
     info = {"num_train": int(g.train_mask_N.sum()), "num_features": 6, "num_classes": 3}
     job = assemble(cfg, part, info, 1, torch.device("cpu"))
