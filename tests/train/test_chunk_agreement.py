@@ -37,7 +37,6 @@ def test_auto_chunk_counts_agree_across_ranks() -> None:
     assert len({g // 1000 for g in got}) > 1  # what each rank would pick alone differs
     agreed = {g % 1000 for g in got}
     assert len(agreed) == 1 and agreed == {modes.AUTO_MAX_CHUNKS}
-    assert (
-        chunk_count(3, HaloPlan(0, torch.zeros(0, dtype=torch.int64), [0], [0]), 4, torch.float32)
-        == 3
-    )
+    empty = HaloPlan(0, torch.zeros(0, dtype=torch.int64), [0], [0])
+    assert chunk_counts(3, [2, 5], empty, 4, torch.float32) == [3]
+    assert chunk_counts("auto", [2, 5], empty, 4, torch.float32) == [2, 5]
