@@ -65,7 +65,7 @@ def plan_key(
     """Staleness key: partitions, model, cache settings, dtype and the hardware profile."""
     material = {
         "format": FORMAT_VERSION,
-        "partitions": partition_meta.get("files_sha256") or partition_meta,
+        "partitions": partition_meta.get("files", partition_meta),
         "model": model.model_dump(mode="json"),
         "cache": cache.model_dump(mode="json"),
         "dtype": dtype,

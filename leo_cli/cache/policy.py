@@ -131,18 +131,15 @@ def choose_replicas(
             for r in range(len(profiles))
         ]
 
+    def step_time(r: int, c: int) -> float:
+        trial = counts[:r] + [c] + counts[r + 1 :]
+        return predict(profiles, caches_for(trial), shape, hw, "leo", chunks).epoch_time_s
+
     for _ in range(2):
         for r, p in enumerate(profiles):
             limit = fits(p.num_halo, shape, budgets.replica_bytes[r])
             options = sorted({int(limit * f) for f in REPLICA_FRACTIONS})
-            best = min(
-                options,
-                key=lambda c, r=r: predict(
-                    profiles, caches_for(counts[:r] + [c] + counts[r + 1 :]), shape, hw, "leo",
-                    chunks,
-                ).epoch_time_s,
-            )  # fmt: skip
-            counts[r] = best
+            counts[r] = min(options, key=lambda c, r=r: step_time(r, c))  # type: ignore[misc]
     return caches_for(counts)
 
 

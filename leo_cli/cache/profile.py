@@ -56,7 +56,8 @@ class PartProfile:
         indices = np.asarray(part.indices)
         remote = indices >= n
         reuse = np.bincount(indices[remote] - n, minlength=part.num_halo).astype(np.int64)
-        rows = np.repeat(np.arange(n), np.diff(np.asarray(part.indptr)))
+        degrees: IntArray = np.diff(np.asarray(part.indptr, dtype=np.int64))
+        rows = np.repeat(np.arange(n), degrees)
         return cls(
             rank=part.rank,
             num_inner=n,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from leo_cli.cli import bench, partition, train
+from leo_cli.cli import bench, partition, profile_cache, train
 from leo_cli.cli import compile as compile_cli
 
 app = typer.Typer(
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("partition")(partition.partition_cmd)
+app.command("profile-cache")(profile_cache.profile_cache_cmd)
 app.command("train")(train.train_cmd)
 app.command("bench")(bench.bench_cmd)
 app.command("compile")(compile_cli.compile_cmd)

@@ -12,13 +12,8 @@ from pydantic import BaseModel
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
 
-IMPLEMENTED_CACHE_POLICIES = ("none",)
 # Settings that validate but that no code reads yet (a key, or a whole section), and why.
-_NO_CACHE = "no cache level holds rows before the cache policies land"
-NOT_READ = {
-    "cache.replica_budget_mb": _NO_CACHE,
-    "cache.halo_budget_mb": _NO_CACHE,
-}
+NOT_READ: dict[str, str] = {}
 
 
 def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
@@ -28,10 +23,11 @@ def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
         cfg: the resolved config.
         allow_inexact: permit `pipeline.mode=compute-only` (`leo train --allow-inexact`).
     """
-    if cfg.cache.policy not in IMPLEMENTED_CACHE_POLICIES:
+    if cfg.cache.policy != "none" and cfg.launch.nnodes > 1 and cfg.cache.hardware is None:
         raise ConfigError(
-            f"cache.policy={cfg.cache.policy!r} is not implemented yet; use cache.policy=none "
-            "(every halo row is exchanged in bulk each layer)."
+            f"cache.policy={cfg.cache.policy} on launch.nnodes={cfg.launch.nnodes} machines needs "
+            "cache.hardware (a hardware.json from leo profile-cache; the probe measures one "
+            "machine), or cache.policy=none."
         )
     if cfg.pipeline.mode == "compute-only" and not allow_inexact:
         raise ConfigError(

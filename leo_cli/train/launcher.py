@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from leo_cli.cache.plan import PLAN
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError
@@ -27,6 +28,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_config
 from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.worker import config_fingerprint
 
 # Keys that may change when resuming; anything else must match the run folder.
@@ -112,12 +114,13 @@ def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None
     while time.monotonic() < deadline:
         ready = (partition_dir(run_dir) / META).is_file()
         ready = ready and (run_dir / "resolved_config.yaml").is_file()
+        ready = ready and (cfg.cache.policy == "none" or (run_dir / PLAN).is_file())
         if ready and read_meta(partition_dir(run_dir))["num_parts"] == cfg.partition.num_parts:
             return
         time.sleep(0.5)
     raise TrainError(
         f"Node {cfg.launch.node_rank} waited {timeout_s:.0f} s for node 0 to write "
-        f"{partition_dir(run_dir)}; is the run folder shared between nodes?"
+        f"{partition_dir(run_dir)} (and {PLAN}); is the run folder shared between nodes?"
     )
 
 
@@ -141,6 +144,7 @@ def prepare(
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
+    ensure_plan(cfg, run_dir)
     return run_dir
 
 

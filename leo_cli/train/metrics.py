@@ -66,7 +66,13 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-def summarize(rows: list[dict[str, Any]], world_size: int, mode: str, name: str) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]],
+    world_size: int,
+    mode: str,
+    name: str,
+    predicted_s: float | None = None,
+) -> dict[str, Any]:
     """summary.json: name, best val (and test at best val), final loss, warm epoch time, bytes."""
     evaluated = [r for r in rows if r.get("val_acc") is not None]
     best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else {}
@@ -81,6 +87,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int, mode: str, name: str)
         "final_test_acc": evaluated[-1]["test_acc"] if evaluated else None,
         "num_epochs": len(rows),
         "mean_epoch_time_s": sum(warm) / len(warm) if warm else None,
+        "predicted_epoch_time_s": predicted_s,
         "mean_comm_wait_s": _mean(warm_rows, "comm_wait_s"),
         "mean_comm_transfer_s": _mean(warm_rows, "comm_transfer_s"),
         "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),

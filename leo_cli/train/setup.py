@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from leo_cli.cache.plan import PLAN, read_plan
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer, make_grad_reducer
@@ -16,6 +17,7 @@ from leo_cli.comm.levels import RankLevels, build_levels, levels_for_mode
 from leo_cli.comm.modes import auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import ModelConfig
+from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_part
@@ -129,4 +131,14 @@ def build_job(
     device: torch.device,
 ) -> Job:
     part = read_part(partition_dir(run_dir), rank)
-    return assemble(cfg, part, meta["dataset"], world_size, device)
+    plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
+    if cfg.cache.policy != "none" and (plan is None or len(plan.caches) != world_size):
+        raise TrainError(
+            f"{run_dir / PLAN} is missing or made for another worker count; run "
+            "leo profile-cache with this config (leo train does so itself)."
+        )
+    if plan is None:
+        return assemble(cfg, part, meta["dataset"], world_size, device)
+    c = plan.caches[rank]
+    levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
+    return assemble(cfg, part, meta["dataset"], world_size, device, levels, plan.num_chunks)

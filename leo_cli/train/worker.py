@@ -39,6 +39,7 @@ from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_config
 from leo_cli.train.heartbeat import start_heartbeat
+from leo_cli.train.plan_stage import predicted_time
 from leo_cli.train.setup import Job, build_job
 from leo_cli.train.trainer import evaluate, train_step
 
@@ -198,7 +199,13 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
     rows = run_files.read_metrics(run_dir)
     run_files.write_json(
         run_dir / "summary.json",
-        run_files.summarize(rows, world_size, cfg.pipeline.mode, cfg.run.name),
+        run_files.summarize(
+            rows,
+            world_size,
+            cfg.pipeline.mode,
+            cfg.run.name,
+            predicted_time(run_dir, cfg.pipeline.mode, cfg.cache.policy),
+        ),
     )
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})

@@ -1,0 +1,114 @@
+"""`leo profile-cache`: partitions + hardware profile -> cache plan, table and plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from leo_cli.cache.plan import CachePlan
+from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.render import stage_progress
+from leo_cli.graph.stage import ensure_partitions
+from leo_cli.train.checks import check_config
+from leo_cli.train.plan_stage import ensure_plan
+
+
+def plan_table(plan: CachePlan) -> Table:
+    table = Table(title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks})")
+    for name in ("rank", "static Â·X", "L1 replicas", "L3 rows", "L2 MB/step", "L3 MB/step"):
+        table.add_column(name, justify="right")
+    for r, (c, b) in enumerate(zip(plan.caches, plan.bytes_per_level, strict=True)):
+        table.add_row(
+            str(r),
+            "yes" if c.static_aggregate else "no",
+            f"{c.replica_rows.shape[0]:,}",
+            f"{c.l3_rows.shape[0]:,}",
+            f"{b['L2_bytes_per_step'] / 1e6:.1f}",
+            f"{b['L3_bytes_per_step'] / 1e6:.1f}",
+        )
+    return table
+
+
+def prediction_table(plan: CachePlan) -> Table:
+    table = Table(title="predicted training step per mode")
+    table.add_column("mode")
+    for name in ("step s", "forward s", "backward s", "exposed wait s"):
+        table.add_column(name, justify="right")
+    for mode, t in plan.predicted.items():
+        st = plan.stages[mode]
+        table.add_row(
+            mode,
+            f"{t:.3f}",
+            f"{st['forward_s']:.3f}",
+            f"{st['backward_s']:.3f}",
+            f"{st['comm_wait_s']:.3f}",
+        )
+    return table
+
+
+def plot_plan(plan: CachePlan, chosen_mb: float, path: Path) -> None:
+    """Predicted `leo` step time against the replica budget, the configured budget marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p["replica_budget_mb"] for p in plan.sweep]
+    ys = [p["predicted_epoch_time_s"] for p in plan.sweep]
+    ax.plot(xs, ys, marker="o", label="leo (predicted)")
+    ax.plot([chosen_mb], [plan.predicted["leo"]], marker="*", markersize=16, color="red",
+            linestyle="none", label="configured budget")  # fmt: skip
+    for mode, style in (("blocking", "--"), ("leo-no-cache", ":")):
+        ax.axhline(plan.predicted[mode], linestyle=style, color="gray", label=mode)
+    ax.set(xlabel="replica budget per worker (MiB)", ylabel="predicted step time (s)",
+           title="cache plan: predicted step time against replica budget")  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+@handle_errors
+def profile_cache_cmd(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    hardware: Annotated[
+        Path | None,
+        typer.Option(
+            "--hardware",
+            help="Use this hardware profile (a hardware.json written by an earlier run) "
+            "instead of probing the machine.",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Make the plan again even when it is fresh.")
+    ] = False,
+) -> None:
+    """Decide which halo rows to cache at which level, and predict every mode's step time.
+
+    Partitions the graph when needed, profiles halo reuse per rank, measures the machine
+    with a short probe (or reads --hardware), then writes cache-plan.json and
+    cache-plan.png into run.out_dir.
+    """
+    cfg = resolve_config(config, overrides)
+    check_config(cfg)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    with stage_progress() as progress:
+        ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
+    with console.status("measuring the machine and planning the cache..."):
+        plan = ensure_plan(cfg, run_dir, hardware, force, always=True)
+    assert plan is not None
+    console.print(plan_table(plan))
+    console.print(prediction_table(plan))
+    budget = cfg.cache.replica_budget_mb
+    chosen = budget if isinstance(budget, float | int) else plan.sweep[-1]["replica_budget_mb"]
+    plot_plan(plan, float(chosen), run_dir / "cache-plan.png")
+    console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")
