@@ -56,7 +56,8 @@ class PartProfile:
         indices = np.asarray(part.indices)
         remote = indices >= n
         reuse = np.bincount(indices[remote] - n, minlength=part.num_halo).astype(np.int64)
-        degrees: IntArray = np.diff(np.asarray(part.indptr, dtype=np.int64))
+        indptr: IntArray = np.asarray(part.indptr, dtype=np.int64)
+        degrees = indptr[1:] - indptr[:-1]
         rows = np.repeat(np.arange(n), degrees)
         return cls(
             rank=part.rank,
