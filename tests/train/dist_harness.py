@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from leo_cli.comm.levels import RankLevels
 from leo_cli.config import LeoConfig
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
@@ -36,11 +37,30 @@ def dataset_info(g: Graph) -> dict[str, Any]:
     }
 
 
+def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
+    """Cache levels by name, for exactness tests: `none`, `static`, `half` (every other halo
+    row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
+    (every halo row fetched per edge); `static+` in front adds the static aggregate."""
+    if spec is None:
+        return None
+    static = spec.startswith("static")
+    rule = spec.removeprefix("static").removeprefix("+") or "none"
+    h = list(range(part.num_halo))
+    replicas = {"half": h[::2], "all": h}.get(rule, [])
+    l3 = {"half": h[1::4], "l3": h}.get(rule, [])
+    return RankLevels(static, replicas, l3)
+
+
 def run_job(
-    cfg: LeoConfig, part: LocalPart, info: dict[str, Any], world: int, num_steps: int
+    cfg: LeoConfig,
+    part: LocalPart,
+    info: dict[str, Any],
+    world: int,
+    num_steps: int,
+    spec: str | None = None,
 ) -> dict[str, Any]:
     """Train num_steps epochs; return losses, final logits by global id and parameters."""
-    job = assemble(cfg, part, info, world, torch.device("cpu"))
+    job = assemble(cfg, part, info, world, torch.device("cpu"), spec_levels(spec, part))
     grads = first_gradients(job, cfg.run.seed)
     losses = [
         train_step(job.model, job.optimizer, job.reducer, job.graph, job.data, cfg.run.seed, e)[0]
@@ -133,9 +153,13 @@ def _train_configs(
     parts: list[LocalPart],
     info: dict[str, Any],
     num_steps: int,
+    specs: list[str | None],
 ) -> list[dict[str, Any]]:
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    return [run_job(cfg, parts[rank], info, world, num_steps) for cfg in cfgs]
+    return [
+        run_job(cfg, parts[rank], info, world, num_steps, spec)
+        for cfg, spec in zip(cfgs, specs, strict=True)
+    ]
 
 
 def run_many(
@@ -145,16 +169,22 @@ def run_many(
     num_steps: int,
     method: str = "metis",
     owner: np.ndarray | None = None,
+    specs: list[str | None] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Partition g into `world` parts (or use the given owner of every node) and train every
     config on that many gloo ranks (one process group for all configs, to pay the start-up
-    once). Results [config][rank]."""
+    once), with the cache levels `specs` names (see spec_levels). Results [config][rank]."""
     if owner is None:
         owner = assign_parts(g, world, method, seed=0)
     parts = build_parts(g, owner, world)
+    specs = specs or [None] * len(cfgs)
+    info = dataset_info(g)
     if world == 1:
-        return [[run_job(cfg, parts[0], dataset_info(g), 1, num_steps)] for cfg in cfgs]
-    by_rank = spawn_ranks(_train_configs, world, cfgs, parts, dataset_info(g), num_steps)
+        return [
+            [run_job(cfg, parts[0], info, 1, num_steps, spec)]
+            for cfg, spec in zip(cfgs, specs, strict=True)
+        ]
+    by_rank = spawn_ranks(_train_configs, world, cfgs, parts, info, num_steps, specs)
     for result in by_rank:
         if isinstance(result, Exception):
             raise result
