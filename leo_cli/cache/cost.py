@@ -113,11 +113,9 @@ def _layer_phases(
     """Forward and backward phases of rank r at one layer."""
     a, b, w = shape.a, shape.b, shape.w
     n, bnd = p.num_inner, min(p.num_boundary, p.num_inner)
-    peers = int(np.count_nonzero(cnt.recv[r]))
-    recv_bytes = cnt.recv[r].sum() * w * shape.dtype_bytes
-    send_bytes = cnt.send[r] * w * shape.dtype_bytes
+    row = w * shape.dtype_bytes
     link = "shm" if mode == "shared-memory" else "gloo"
-    msgs = peers * (k if mode in ("leo", "leo-no-cache") else 1)
+    chunks = k if mode in ("leo", "leo-no-cache") else 1
     mask = hw.mask_seconds(n, a) if shape.p > 0 else 0.0
     mask += hw.mask_seconds(int(cnt.replica_rows[r]), a) if shape.p > 0 else 0.0
     gemm = hw.gemm_seconds(n, a, b) * (2 if shape.extra else 1)
@@ -125,11 +123,14 @@ def _layer_phases(
     replicas += hw.gemm_seconds(min(int(cnt.replica_edges[r]), n), a, b)  # rows reading them
     halo = hw.spmm_seconds(int(cnt.halo_edges[r]), w)
     unpack_rows = min(p.rows_reading_halo, n)
-    comm_f = hw.transfer_seconds(recv_bytes, msgs, link) if mode != "compute-only" else 0.0
-    comm_b = hw.transfer_seconds(send_bytes, msgs, link) if mode != "compute-only" else 0.0
+    # Peers exchange at the same time: a rank waits for its slowest peer.
+    comm_f = comm_b = 0.0
+    if mode != "compute-only" and cnt.recv.shape[0] > 1:
+        comm_f = max(hw.transfer_seconds(rows * row, chunks, link) for rows in cnt.recv[r])
+        comm_b = max(hw.transfer_seconds(rows * row, chunks, link) for rows in cnt.recv[:, r])
     if mode == "shared-memory":  # every worker writes all its rows, then a barrier
-        comm_f = hw.transfer_seconds(n * w * shape.dtype_bytes, 1, link) + hw.barrier_seconds()
-        comm_b = hw.transfer_seconds(recv_bytes, 1, link) + hw.barrier_seconds()
+        comm_f = hw.transfer_seconds(n * row, 1, link) + hw.barrier_seconds()
+        comm_b = hw.transfer_seconds(cnt.recv[r].sum() * row, 1, link) + hw.barrier_seconds()
     pack = hw.gather_seconds(int(cnt.send[r]), w)
     fwd = Phases(
         pre=mask + hw.gemm_seconds(bnd, a, b) * shape.upd + pack,

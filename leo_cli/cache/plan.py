@@ -82,7 +82,7 @@ class CachePlan:
     policy: str
     caches: list[RankCache]
     num_chunks: list[int]
-    predicted: dict[str, float]
+    predicted: dict[str, float | None]
     stages: dict[str, dict[str, float]]
     bytes_per_level: list[dict[str, int]]
     sweep: list[dict[str, float]]
@@ -167,10 +167,15 @@ def make_plan(
     b = budgets(cache, profiles, shape)
     decision = decide(cache.policy, profiles, shape, b, hw, cache.static_aggregate)
     none = [RankCache() for _ in profiles]
-    predicted, stages = {}, {}
+    predicted: dict[str, float | None] = {}
+    stages: dict[str, dict[str, float]] = {}
     for mode in MODES:
         caches = decision.caches if mode == "leo" else none
-        pred = predict(profiles, caches, shape, hw, mode, decision.num_chunks)
+        try:
+            pred = predict(profiles, caches, shape, hw, mode, decision.num_chunks)
+        except CacheError:  # the profile lacks that link (e.g. shared memory across hosts)
+            predicted[mode] = None
+            continue
         predicted[mode], stages[mode] = pred.epoch_time_s, pred.stages
     return CachePlan(
         key, cache.policy, decision.caches, decision.num_chunks, predicted, stages,

@@ -39,6 +39,9 @@ def prediction_table(plan: CachePlan) -> Table:
     for name in ("step s", "forward s", "backward s", "exposed wait s"):
         table.add_column(name, justify="right")
     for mode, t in plan.predicted.items():
+        if t is None:
+            table.add_row(mode, "-", "-", "-", "-")
+            continue
         st = plan.stages[mode]
         table.add_row(
             mode,
@@ -64,7 +67,9 @@ def plot_plan(plan: CachePlan, chosen_mb: float, path: Path) -> None:
     ax.plot([chosen_mb], [plan.predicted["leo"]], marker="*", markersize=16, color="red",
             linestyle="none", label="configured budget")  # fmt: skip
     for mode, style in (("blocking", "--"), ("leo-no-cache", ":")):
-        ax.axhline(plan.predicted[mode], linestyle=style, color="gray", label=mode)
+        t = plan.predicted[mode]
+        if t is not None:
+            ax.axhline(t, linestyle=style, color="gray", label=mode)
     ax.set(xlabel="replica budget per worker (MiB)", ylabel="predicted step time (s)",
            title="cache plan: predicted step time against replica budget")  # fmt: skip
     ax.legend()
