@@ -65,9 +65,9 @@ class ProbeSizes(_Record):
     large_message_bytes: int = Field(4 << 20, ge=8)
     """Message size (B) of the bandwidth point of each link fit."""
     small_iters: int = Field(20, ge=1)
-    """Back-to-back small transfers timed per link fit (after one warm-up)."""
+    """Small transfers timed one at a time per link fit (median kept, after one warm-up)."""
     large_iters: int = Field(4, ge=1)
-    """Back-to-back large transfers timed per link fit (after one warm-up)."""
+    """Large transfers timed one at a time per link fit (median kept, after one warm-up)."""
 
     @model_validator(mode="after")
     def _check(self) -> ProbeSizes:
@@ -283,8 +283,11 @@ class HardwareProfile(_Record):
         """Write the profile atomically (temporary file in the same folder, then rename)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # left only when the rename failed
 
     @classmethod
     def read(cls, path: Path) -> HardwareProfile:

@@ -185,7 +185,7 @@ def fit_link(small_bytes: int, small_s: float, large_bytes: int, large_s: float)
 
 
 def gloo_exchange_seconds(peers: list[int], num_bytes: int, iters: int) -> float:
-    """Mean seconds of one exchange of `num_bytes` with every peer at once (isend + irecv),
+    """Median seconds of one exchange of `num_bytes` with every peer at once (isend + irecv),
     after one warm-up exchange; each transfer is one message."""
     send = torch.ones(num_bytes // 4)
     recv = {q: torch.empty(num_bytes // 4) for q in peers}
@@ -196,11 +196,7 @@ def gloo_exchange_seconds(peers: list[int], num_bytes: int, iters: int) -> float
             assert w is not None
             w.wait()
 
-    once()
-    start = time.perf_counter()
-    for _ in range(iters):
-        once()
-    return (time.perf_counter() - start) / iters
+    return median_seconds(once, iters)
 
 
 class ShmBlocks:
@@ -230,12 +226,8 @@ class ShmBlocks:
             self.landing[:count].copy_(self.view(q, self.rank, count))
 
     def seconds(self, peers: list[int], num_bytes: int, iters: int) -> float:
-        """Mean seconds of one transfer of `num_bytes` per peer, after one warm-up."""
-        self.once(peers, num_bytes // 4)
-        start = time.perf_counter()
-        for _ in range(iters):
-            self.once(peers, num_bytes // 4)
-        return (time.perf_counter() - start) / iters
+        """Median seconds of one transfer of `num_bytes` per peer, after one warm-up."""
+        return median_seconds(lambda: self.once(peers, num_bytes // 4), iters)
 
 
 Timer = Callable[[list[int], int, int], float]
@@ -274,14 +266,10 @@ def two_points(timer: Timer, peers: list[int], sizes: ProbeSizes) -> tuple[float
 
 
 def barrier_seconds(iters: int) -> float:
-    """Mean seconds of a barrier, averaged over ranks."""
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.barrier()
-    mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-    dist.all_reduce(mean)
-    return float(mean) / dist.get_world_size()
+    """Median seconds of a barrier (after a warm-up), averaged over ranks."""
+    mine = torch.tensor([median_seconds(dist.barrier, iters)], dtype=torch.float64)
+    dist.all_reduce(mine)
+    return float(mine) / dist.get_world_size()
 
 
 def measure_links(sizes: ProbeSizes, same_host: bool) -> Links:
