@@ -58,15 +58,15 @@ class ProbeSizes(_Record):
     """Edges per row of the probe's CSRs; they have twice as many columns as rows."""
     dense_elements: int = Field(1 << 20, ge=1)
     """Rows x width of one GEMM, mask, gather or scatter-add call."""
-    repeats: int = Field(3, ge=1)
+    repeats: int = Field(5, ge=1)
     """Timed calls per measurement after one warm-up; the median is kept."""
     small_message_bytes: int = Field(256, ge=4)
     """Message size (B) of the latency point of each link fit."""
     large_message_bytes: int = Field(4 << 20, ge=8)
-    """Message size (B) of the bandwidth point of each link fit."""
-    small_iters: int = Field(20, ge=1)
+    """Message size (B) of the bandwidth point of each link fit (4 MiB: a pipeline chunk)."""
+    small_iters: int = Field(50, ge=1)
     """Small transfers timed one at a time per link fit (median kept, after one warm-up)."""
-    large_iters: int = Field(4, ge=1)
+    large_iters: int = Field(8, ge=1)
     """Large transfers timed one at a time per link fit (median kept, after one warm-up)."""
 
     @model_validator(mode="after")
@@ -110,9 +110,9 @@ class LinkFit(_Record):
     """`seconds = latency_s + bytes / bandwidth_bytes_per_s` for one message to one peer."""
 
     bandwidth_bytes_per_s: Rate
-    """Bytes per second in one direction while the other direction is busy too (the slope)."""
+    """Bytes per second in one direction while the other direction is busy too."""
     latency_s: Seconds
-    """Seconds a message costs besides its bytes (the intercept)."""
+    """Seconds a message costs besides its bytes."""
 
 
 class PairFit(LinkFit):
@@ -137,7 +137,8 @@ class Links(_Record):
     gloo: LinkProfile | None
     """The process group (gloo `isend`/`irecv`, the pipeline's transport)."""
     shm: LinkProfile | None
-    """A /dev/shm segment: write rows, barrier, a peer reads them (null across hosts)."""
+    """A /dev/shm segment: write rows, barrier, a peer reads them (null across hosts). Its
+    latency is the barrier's time, its bandwidth that of the copies in and out."""
     barrier_s: Seconds | None
     """Seconds of one `dist.barrier()` of all workers."""
 

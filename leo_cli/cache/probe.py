@@ -54,7 +54,12 @@ def no_sync() -> None:
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, sync: Sync = no_sync) -> float:
-    """Median wall seconds of `repeats` calls of `fn` after one warm-up call."""
+    """Median wall seconds of `repeats` calls of `fn` after one warm-up call.
+
+    `sync` runs before every call, the warm-up included: under the probe worker every rank
+    then runs the same kernel at the same moment, never beside another rank's set-up.
+    """
+    sync()
     fn()
     times = []
     for _ in range(repeats):
@@ -199,12 +204,23 @@ def gloo_exchange_seconds(peers: list[int], num_bytes: int, iters: int) -> float
     return median_seconds(once, iters)
 
 
+def gloo_fit(peers: list[int], sizes: ProbeSizes) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of gloo to `peers`, fitted through a small and a large
+    exchange: both directions flow at once, as in a layer's halo exchange."""
+    small = gloo_exchange_seconds(peers, sizes.small_message_bytes, sizes.small_iters)
+    large = gloo_exchange_seconds(peers, sizes.large_message_bytes, sizes.large_iters)
+    fit = fit_link(sizes.small_message_bytes, small, sizes.large_message_bytes, large)
+    return fit.bandwidth_bytes_per_s, fit.latency_s
+
+
 class ShmBlocks:
     """A /dev/shm segment with one block per (writer, reader) pair of ranks.
 
-    One transfer: each active rank copies `num_bytes` into its block for every peer, all ranks
+    One transfer: each active rank copies its rows into its block for every peer, all ranks
     pass a barrier (as the shared-memory mode does per exchange), then each active rank copies
-    its peers' blocks for it out. Inactive ranks only join the barrier.
+    its peers' blocks for it out. Inactive ranks only join the barrier. The copies and the
+    barrier are timed apart: the barrier is the link's latency, the copies its bandwidth (a
+    two-point fit drowns the copies of a few MiB in the barrier's jitter).
     """
 
     def __init__(self, block_bytes: int) -> None:
@@ -218,51 +234,60 @@ class ShmBlocks:
         start = (writer * self.world + reader) * self.block
         return self.segment[start : start + count]
 
-    def once(self, peers: list[int], count: int) -> None:
+    def once(self, peers: list[int], count: int) -> tuple[float, float]:
+        """Seconds spent copying and seconds spent in the barrier, for one transfer."""
+        t0 = time.perf_counter()
         for q in peers:
             self.view(self.rank, q, count).copy_(self.local[:count])
+        t1 = time.perf_counter()
         dist.barrier()
+        t2 = time.perf_counter()
         for q in peers:
             self.landing[:count].copy_(self.view(q, self.rank, count))
+        return t1 - t0 + time.perf_counter() - t2, t2 - t1
 
-    def seconds(self, peers: list[int], num_bytes: int, iters: int) -> float:
-        """Median seconds of one transfer of `num_bytes` per peer, after one warm-up."""
-        return median_seconds(lambda: self.once(peers, num_bytes // 4), iters)
+    def fit(self, peers: list[int], sizes: ProbeSizes) -> tuple[float, float]:
+        """(bandwidth B/s, latency s) to `peers`; (0, 0) for a rank without peers."""
+        small = [
+            self.once(peers, sizes.small_message_bytes // 4) for _ in range(sizes.small_iters + 1)
+        ]
+        count = sizes.large_message_bytes // 4
+        large = [self.once(peers, count) for _ in range(sizes.large_iters + 1)]
+        if not peers:
+            return 0.0, 0.0
+        copy_s = max(statistics.median(c for c, _ in large[1:]), 1e-9)
+        return 4 * count / copy_s, statistics.median(b for _, b in small[1:])
 
 
-Timer = Callable[[list[int], int, int], float]
+FitFn = Callable[[list[int], ProbeSizes], tuple[float, float]]
 
 
-def link_profile(timer: Timer, sizes: ProbeSizes, everyone_times: bool) -> LinkProfile:
+def link_profile(fit: FitFn, sizes: ProbeSizes, everyone_fits: bool) -> LinkProfile:
     """Fits of one transport: each pair alone, then all pairs at once.
 
-    `everyone_times`: every rank calls `timer` even with no peers (the shm barrier needs all).
+    `everyone_fits`: every rank calls `fit`, even without peers (the shm barrier needs all).
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     pairs = list(itertools.combinations(range(world), 2))
-    times_K2 = torch.zeros(len(pairs) + 1, 2, dtype=torch.float64)
+    fits_K2 = torch.zeros(len(pairs) + 1, 2, dtype=torch.float64)
     for k, (a, b) in enumerate(pairs):
         dist.barrier()
         peers = [b] if rank == a else [a] if rank == b else []
-        if peers or everyone_times:
-            measured = two_points(timer, peers, sizes)
-            times_K2[k] = torch.tensor(measured) if rank == a else 0.0
+        if peers or everyone_fits:
+            measured = fit(peers, sizes)
+            fits_K2[k] = torch.tensor(measured) if rank == a else 0.0
     dist.barrier()
-    times_K2[-1] = torch.tensor(two_points(timer, [q for q in range(world) if q != rank], sizes))
-    dist.all_reduce(times_K2)
-    times_K2[-1] /= world  # mean over ranks of the all-pairs exchange
-    small, large = sizes.small_message_bytes, sizes.large_message_bytes
-    fits = [fit_link(small, t[0], large, t[1]) for t in times_K2.tolist()]
+    fits_K2[-1] = torch.tensor(fit([q for q in range(world) if q != rank], sizes))
+    dist.all_reduce(fits_K2)
+    fits_K2[-1] /= world  # mean over ranks of the all-pairs exchange
+    (bandwidth, latency), *_ = fits_K2[-1:].tolist()
     return LinkProfile(
-        concurrent=fits[-1],
-        pairs=[PairFit(ranks=p, **f.model_dump()) for p, f in zip(pairs, fits[:-1], strict=True)],
+        concurrent=LinkFit(bandwidth_bytes_per_s=bandwidth, latency_s=latency),
+        pairs=[
+            PairFit(ranks=p, bandwidth_bytes_per_s=f[0], latency_s=f[1])
+            for p, f in zip(pairs, fits_K2[:-1].tolist(), strict=True)
+        ],
     )
-
-
-def two_points(timer: Timer, peers: list[int], sizes: ProbeSizes) -> tuple[float, float]:
-    """Seconds of a small and of a large transfer to `peers`."""
-    small = timer(peers, sizes.small_message_bytes, sizes.small_iters)
-    return small, timer(peers, sizes.large_message_bytes, sizes.large_iters)
 
 
 def barrier_seconds(iters: int) -> float:
@@ -276,10 +301,10 @@ def measure_links(sizes: ProbeSizes, same_host: bool) -> Links:
     """gloo and (on one host) shared-memory fits between the ranks of the process group."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return Links(gloo=None, shm=None, barrier_s=None)
-    gloo = link_profile(gloo_exchange_seconds, sizes, everyone_times=False)
+    gloo = link_profile(gloo_fit, sizes, everyone_fits=False)
     shm = None
     if same_host:
         blocks = ShmBlocks(sizes.large_message_bytes)
-        shm = link_profile(blocks.seconds, sizes, everyone_times=True)
+        shm = link_profile(blocks.fit, sizes, everyone_fits=True)
         del blocks
     return Links(gloo=gloo, shm=shm, barrier_s=barrier_seconds(sizes.small_iters))

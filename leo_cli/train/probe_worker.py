@@ -52,7 +52,10 @@ def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
     compute = measure_compute(sizes, counter_dropout, barrier if group else no_sync)
     if group:
         compute = median_over_ranks(compute)
+    compute_s = time.perf_counter() - start
     links = measure_links(sizes, same_host=env.local_world_size == env.world_size)
+    if env.rank == 0:  # lands in the probe's log
+        print(f"compute {compute_s:.1f} s, links {time.perf_counter() - start - compute_s:.1f} s")
     return HardwareProfile(
         format_version=FORMAT_VERSION,
         created_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

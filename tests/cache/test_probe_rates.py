@@ -29,8 +29,8 @@ def test_compute_rates_are_positive_and_finite() -> None:
     for name in type(rates).model_fields:
         values = getattr(rates, name)
         assert len(values) == 2 and all(v > 0 and math.isfinite(v) for v in values), name
-    # One sync before each timed call: 6 measurements x 2 widths x 2 repeats.
-    assert len(calls) == 6 * 2 * TINY.repeats
+    # One sync before each call: 6 measurements x 2 widths x (warm-up + 2 repeats).
+    assert len(calls) == 6 * 2 * (1 + TINY.repeats)
 
 
 def test_quick_sizes_are_valid() -> None:
