@@ -4,8 +4,9 @@
 masks, row gather, row scatter-add) at several row widths; `measure_links` times the transports
 between the workers of a process group (gloo `isend`/`irecv` and a /dev/shm segment) and the
 barrier. Every measurement keeps the median of `repeats` timed calls after one warm-up, and
-calls `sync` (a barrier under the probe worker) before each timed call, so every worker
-computes at the same moments and they contend for the cores as in training.
+calls `sync` (a barrier under the probe worker) before every call, so every worker computes at
+the same moments and they contend for the cores as in training. The dropout under test is
+passed in (`dropout=counter_dropout`): models/ sits above cache/ in the import order.
 
 The SpMM runs on a random CSR per width with `spmm_elements / width` edges, `avg_degree` edges
 per row and twice as many columns as rows (inner + halo), uniformly random columns: no locality,
