@@ -23,3 +23,7 @@ class TrainError(LeoError):
 
 class KernelError(LeoError):
     """Kernels cannot be built, loaded or given the arrays they need (CSR, extension, nvcc)."""
+
+
+class CacheError(LeoError):
+    """A hardware profile or cache plan is missing, unreadable or does not fit the run."""

@@ -179,9 +179,20 @@ def worker_threads(nproc: int) -> str:
 
 
 def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
-    """Start the workers and block until they finish; failures become TrainError."""
-    args = ["-m", "leo_cli.train.worker", str(run_dir), "--config-sha", config_fingerprint(cfg)]
+    """Start the training workers and block until they finish; failures become TrainError."""
+    args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
+    launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+
+
+def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -> None:
+    """Run `python -m <module> <args>` in this node's workers, as `leo train` runs its own.
+
+    Same elastic launch config (worker count, rendezvous, restarts), threads per worker and
+    stall watch; logs land in `<run_dir>/logs`, a worker's user error is read from
+    `<run_dir>/.errors`, heartbeats from `<run_dir>/.heartbeat`. Blocks until the workers
+    finish; failures become TrainError.
+    """
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
@@ -189,7 +200,9 @@ def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch:
         try:
-            elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(*args)
+            elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(
+                "-m", module, *args
+            )
         except ChildFailedError as exc:
             stalled = watch.killed or stalled_ranks(run_dir, cfg.launch.timeout_s)
             message = worker_error(run_dir) or describe_failure(

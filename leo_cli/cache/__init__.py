@@ -1,0 +1,2 @@
+"""The hierarchical cache: hardware probe and profile (more to come: access profiling, cost
+model, cache policies, plan I/O)."""

@@ -1,0 +1,39 @@
+"""The parent side of the hardware probe: start `leo_cli.train.probe_worker` with the launcher
+of `leo train` (one worker per part) and read the profile it writes to
+`<run_dir>/hardware.json`. The probe's own logs and heartbeats go to `<run_dir>/probe/`, apart
+from training's."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError, TrainError
+from leo_cli.train.launcher import launch_module
+
+PROBE_FOLDER = "probe"
+
+
+def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwareProfile:
+    """Measure this machine with `partition.num_parts` workers; returns the written profile.
+
+    Args:
+        cfg: the run's config (its `launch` and `partition` sections shape the launch).
+        run_dir: the run folder; receives `hardware.json` and `probe/logs`.
+        quick: tiny sizes (a few seconds; rough rates, for tests).
+
+    Raises:
+        CacheError: a probe worker failed (the message says where its log is).
+    """
+    run_dir = run_dir.resolve()
+    work_dir = run_dir / PROBE_FOLDER
+    shutil.rmtree(work_dir, ignore_errors=True)  # logs and heartbeats of an earlier probe
+    out = run_dir / HARDWARE_FILE
+    args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
+    try:
+        launch_module(cfg, work_dir, "leo_cli.train.probe_worker", args + ["--quick"] * quick)
+    except TrainError as exc:
+        raise CacheError(f"The hardware probe failed: {exc}") from None
+    return HardwareProfile.read(out)

@@ -1,0 +1,215 @@
+"""The hardware profile: rate lookups on a hand-made profile, JSON round trip, and one clear
+CacheError naming the file for every kind of bad file."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leo_cli.cache.hardware import (
+    FORMAT_VERSION,
+    HardwareProfile,
+    LinkFit,
+    interpolate,
+    per_row_rate,
+)
+from leo_cli.errors import CacheError, LeoError
+
+
+def link(bandwidth: float, latency: float, pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    ranks = [(0, 1), (0, 2), (1, 2)]
+    return {
+        "concurrent": {"bandwidth_bytes_per_s": bandwidth, "latency_s": latency},
+        "pairs": [
+            {"ranks": list(r), "bandwidth_bytes_per_s": b, "latency_s": t}
+            for r, (b, t) in zip(ranks, pairs, strict=True)
+        ],
+    }
+
+
+def profile_dict() -> dict[str, Any]:
+    """Three workers; every rate chosen so that lookups give round numbers."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_utc": "2026-12-01T00:00:00+00:00",
+        "hostname": "test",
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "kernels_backend": "reference",
+        "dtype": "float32",
+        "world_size": 3,
+        "threads_per_worker": 1,
+        "quick": False,
+        "probe_s": 10.0,
+        "sizes": {"widths": [8, 32]},
+        "compute": {
+            "widths": [8, 32],
+            "spmm_edges_per_s": [100.0, 25.0],
+            "spmm_t_edges_per_s": [200.0, 50.0],
+            "gemm_flop_per_s": [1e9, 4e9],
+            "mask_rows_per_s": [1000.0, 250.0],
+            "gather_rows_per_s": [4000.0, 1000.0],
+            "scatter_add_rows_per_s": [2000.0, 500.0],
+        },
+        "links": {
+            "gloo": link(1e9, 1e-4, [(2e9, 5e-5), (1e9, 1e-4), (3e9, 2e-4)]),
+            "shm": link(4e9, 2e-4, [(8e9, 3e-4), (8e9, 3e-4), (8e9, 3e-4)]),
+            "barrier_s": 3e-4,
+        },
+    }
+
+
+@pytest.fixture
+def hw() -> HardwareProfile:
+    return HardwareProfile.model_validate(profile_dict())
+
+
+def test_interpolation_is_log_log_and_clamped() -> None:
+    widths, rates = [8, 32], [100.0, 25.0]
+    assert interpolate(widths, rates, 16) == pytest.approx(50.0, rel=1e-12)
+    assert interpolate(widths, rates, 8) == 100.0
+    assert interpolate(widths, rates, 2) == 100.0  # narrower: the narrowest rate
+    assert interpolate(widths, rates, 512) == 25.0
+    # Per row: above the widest width, elements per second stay the widest one's.
+    assert per_row_rate(widths, rates, 64) == pytest.approx(12.5, rel=1e-12)
+    assert per_row_rate(widths, rates, 4) == 100.0
+    assert interpolate([8, 16, 64], [10.0, 20.0, 5.0], 32) == pytest.approx(10.0, rel=1e-12)
+
+
+def test_compute_lookups(hw: HardwareProfile) -> None:
+    assert hw.spmm_seconds(1000, 16) == pytest.approx(20.0, rel=1e-12)
+    assert hw.spmm_seconds(1000, 16, backward=True) == pytest.approx(10.0, rel=1e-12)
+    assert hw.spmm_seconds(1000, 64) == pytest.approx(80.0, rel=1e-12)
+    assert hw.spmm_seconds(0, 16) == 0.0
+    # sqrt(8 x 32) = 16 -> 2e9 FLOP/s; 2 x 10 x 8 x 32 FLOP.
+    assert hw.gemm_seconds(10, 8, 32) == pytest.approx(5120 / 2e9, rel=1e-12)
+    assert hw.gemm_seconds(10, 256, 256) == pytest.approx(2 * 10 * 256 * 256 / 4e9, rel=1e-12)
+    assert hw.gemm_seconds(0, 8, 8) == 0.0
+    assert hw.mask_seconds(500, 8) == pytest.approx(0.5, rel=1e-12)
+    assert hw.mask_seconds(500, 16) == pytest.approx(1.0, rel=1e-12)
+    assert hw.gather_seconds(2000, 32) == pytest.approx(2.0, rel=1e-12)
+    assert hw.scatter_add_seconds(2000, 32) == pytest.approx(4.0, rel=1e-12)
+
+
+def test_link_lookups(hw: HardwareProfile) -> None:
+    assert hw.transfer_seconds(1e6, 2) == pytest.approx(1e-3 + 2e-4, rel=1e-12)
+    assert hw.transfer_seconds(8e6, 1, "shm") == pytest.approx(2e-3 + 2e-4, rel=1e-12)
+    # One pair alone, either order; without a pair, the median pair (2e9 B/s, 1e-4 s).
+    alone = hw.transfer_seconds(2e6, 1, pair=(1, 0))
+    assert alone == pytest.approx(1e-3 + 5e-5, rel=1e-12)
+    median = hw.transfer_seconds(2e6, 1, concurrent=False)
+    assert median == pytest.approx(1e-3 + 1e-4, rel=1e-12)
+    assert hw.link_fit("gloo", concurrent=False) == LinkFit(
+        bandwidth_bytes_per_s=2e9, latency_s=1e-4
+    )
+    assert hw.transfer_seconds(0, 0) == 0.0
+    assert hw.barrier_seconds() == 3e-4
+    with pytest.raises(CacheError, match="no pair"):
+        hw.transfer_seconds(1, 1, pair=(0, 5))
+
+
+def test_single_worker_profile_has_no_links() -> None:
+    data = profile_dict()
+    data["world_size"] = 1
+    data["links"] = {"gloo": None, "shm": None, "barrier_s": None}
+    single = HardwareProfile.model_validate(data)
+    assert single.barrier_seconds() == 0.0
+    with pytest.raises(CacheError, match="no gloo link"):
+        single.transfer_seconds(1, 1)
+
+
+def test_round_trip_and_fingerprint(tmp_path: Path, hw: HardwareProfile) -> None:
+    path = tmp_path / "sub" / "hardware.json"
+    hw.write(path)
+    assert [p.name for p in path.parent.iterdir()] == ["hardware.json"]  # no temp file left
+    back = HardwareProfile.read(path)
+    assert back == hw
+    assert back.fingerprint() == hw.fingerprint()
+    assert len(hw.fingerprint()) == 64
+    data = profile_dict()
+    data["compute"]["mask_rows_per_s"][0] = 999.0
+    assert HardwareProfile.model_validate(data).fingerprint() != hw.fingerprint()
+
+
+def drop(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    del node[keys[-1]]
+    return data
+
+
+def setitem(data: dict[str, Any], value: Any, *keys: str) -> dict[str, Any]:
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return data
+
+
+BAD_CONTENTS: dict[str, tuple[bytes, str]] = {
+    "empty": (b"", "not valid JSON"),
+    "truncated": (json.dumps(profile_dict()).encode()[:-40], "not valid JSON"),
+    "not utf-8": (b"\xff\xfe{", "not UTF-8"),
+    "a list": (b"[1, 2]", "JSON object"),
+    "old version": (
+        json.dumps(setitem(profile_dict(), 0, "format_version")).encode(),
+        "format_version 0",
+    ),
+    "no version": (json.dumps(drop(profile_dict(), "format_version")).encode(), "format_version"),
+    "missing section": (json.dumps(drop(profile_dict(), "compute")).encode(), "compute"),
+    "missing rate": (
+        json.dumps(drop(profile_dict(), "compute", "mask_rows_per_s")).encode(),
+        "compute.mask_rows_per_s",
+    ),
+    "missing link": (
+        json.dumps(drop(profile_dict(), "links", "gloo", "concurrent")).encode(),
+        "links.gloo.concurrent",
+    ),
+    "short rate list": (
+        json.dumps(setitem(profile_dict(), [1.0], "compute", "gather_rows_per_s")).encode(),
+        "one rate per width",
+    ),
+    "negative rate": (
+        json.dumps(setitem(profile_dict(), [-1.0, 2.0], "compute", "spmm_edges_per_s")).encode(),
+        "compute.spmm_edges_per_s.0",
+    ),
+    "nan latency": (
+        json.dumps(setitem(profile_dict(), math.nan, "links", "barrier_s")).encode(),
+        "links.barrier_s",
+    ),
+    "unknown key": (json.dumps(setitem(profile_dict(), 1, "extra")).encode(), "extra"),
+    "pairs missing": (
+        json.dumps(setitem(profile_dict(), [], "links", "shm", "pairs")).encode(),
+        "one pair fit per pair",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONTENTS))
+def test_bad_file_names_the_file(tmp_path: Path, case: str) -> None:
+    content, expected = BAD_CONTENTS[case]
+    path = tmp_path / "hardware.json"
+    path.write_bytes(content)
+    with pytest.raises(CacheError) as info:
+        HardwareProfile.read(path)
+    message = str(info.value)
+    assert str(path) in message and expected in message
+    assert "leo profile-cache" in message and "\n" not in message
+    error = info.value  # rendered alone, no chained traceback
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert isinstance(info.value, LeoError)
+
+
+def test_missing_and_unreadable_files(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing.json"
+    with pytest.raises(CacheError, match="does not exist") as info:
+        HardwareProfile.read(missing)
+    assert str(missing) in str(info.value)
+    with pytest.raises(CacheError, match="Cannot read") as info:
+        HardwareProfile.read(tmp_path)  # a folder
+    assert str(tmp_path) in str(info.value)

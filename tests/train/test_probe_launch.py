@@ -1,0 +1,43 @@
+"""The hardware probe through the training launcher: 2 gloo workers write a valid profile;
+a worker that fails becomes one CacheError saying where its log is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.config import load_config
+from leo_cli.errors import CacheError
+from leo_cli.train.launcher import worker_threads
+from leo_cli.train.probe import PROBE_FOLDER, run_probe
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher sets OMP_NUM_THREADS in this process; later tests must not inherit it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
+def test_probe_on_two_workers(tmp_path: Path) -> None:
+    cfg = load_config(None, ["partition.num_parts=2", f"run.out_dir={tmp_path}"])
+    profile = run_probe(cfg, tmp_path, quick=True)
+    assert HardwareProfile.read(tmp_path / HARDWARE_FILE) == profile
+    assert profile.world_size == 2 and profile.quick
+    assert profile.threads_per_worker == int(worker_threads(2))
+    for link in (profile.links.gloo, profile.links.shm):
+        assert link is not None and [p.ranks for p in link.pairs] == [(0, 1)]
+    assert profile.barrier_seconds() > 0
+    assert profile.transfer_seconds(1 << 20, 1) > profile.transfer_seconds(1 << 10, 1)
+    assert list((tmp_path / PROBE_FOLDER / "logs").iterdir())
+
+
+def test_failed_probe_names_the_log(tmp_path: Path) -> None:
+    (tmp_path / HARDWARE_FILE).mkdir()  # rank 0 cannot write the profile over a folder
+    cfg = load_config(None, ["partition.num_parts=2", f"run.out_dir={tmp_path}"])
+    with pytest.raises(CacheError, match="hardware probe failed") as info:
+        run_probe(cfg, tmp_path, quick=True)
+    assert str(tmp_path / PROBE_FOLDER / "logs") in str(info.value)
