@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from leo_cli.cache.hardware import HardwareProfile
 
+from leo_cli.cache.hardware import HardwareProfile, Link
 from leo_cli.cache.profile import PartProfile
 from leo_cli.graph.types import IntArray
 
@@ -114,7 +114,7 @@ def _layer_phases(
     a, b, w = shape.a, shape.b, shape.w
     n, bnd = p.num_inner, min(p.num_boundary, p.num_inner)
     row = w * shape.dtype_bytes
-    link = "shm" if mode == "shared-memory" else "gloo"
+    link: Link = "shm" if mode == "shared-memory" else "gloo"
     chunks = k if mode in ("leo", "leo-no-cache") else 1
     mask = hw.mask_seconds(n, a) if shape.p > 0 else 0.0
     mask += hw.mask_seconds(int(cnt.replica_rows[r]), a) if shape.p > 0 else 0.0

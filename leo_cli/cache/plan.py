@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from leo_cli.cache.hardware import HardwareProfile
 
 from leo_cli.cache.cost import MODES, ModelShape, RankCache, predict
+from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.policy import Budgets, decide
 from leo_cli.cache.profile import PartProfile
 from leo_cli.config.schema import CacheConfig, ModelConfig

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from leo_cli.cache.hardware import HardwareProfile
 
 from leo_cli.cache.cost import ModelShape, Prediction, RankCache, predict
+from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.profile import PartProfile
 from leo_cli.graph.types import IntArray
 

@@ -64,7 +64,7 @@ def plot_plan(plan: CachePlan, chosen_mb: float, path: Path) -> None:
     xs = [p["replica_budget_mb"] for p in plan.sweep]
     ys = [p["predicted_epoch_time_s"] for p in plan.sweep]
     ax.plot(xs, ys, marker="o", label="leo (predicted)")
-    ax.plot([chosen_mb], [plan.predicted["leo"]], marker="*", markersize=16, color="red",
+    ax.plot([chosen_mb], [plan.predicted["leo"] or 0.0], marker="*", markersize=16, color="red",
             linestyle="none", label="configured budget")  # fmt: skip
     for mode, style in (("blocking", "--"), ("leo-no-cache", ":")):
         t = plan.predicted[mode]
