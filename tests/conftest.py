@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,19 @@ from leo_cli.graph.types import Graph, symmetrize
 def shared_datasets() -> Path:
     env = os.environ.get("LEO_SHARED_DATASETS")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def hardware_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One machine profile per worker count for the whole session (never ~/.cache)."""
+    folder = tmp_path_factory.mktemp("hardware-cache")
+    old = os.environ.get("LEO_HARDWARE_CACHE")
+    os.environ["LEO_HARDWARE_CACHE"] = str(folder)
+    yield folder
+    if old is None:
+        del os.environ["LEO_HARDWARE_CACHE"]
+    else:
+        os.environ["LEO_HARDWARE_CACHE"] = old
 
 
 @pytest.fixture

@@ -94,7 +94,10 @@ def profile_cache_cmd(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Make the plan again even when it is fresh.")
+        bool,
+        typer.Option(
+            "--force", help="Probe the machine and make the plan again even when they are fresh."
+        ),
     ] = False,
 ) -> None:
     """Decide which halo rows to cache at which level, and predict every mode's step time.

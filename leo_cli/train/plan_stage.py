@@ -2,14 +2,20 @@
 
 `leo profile-cache` runs it on its own; `leo train` runs it before starting workers when the
 plan is missing or stale. The hardware profile comes from `--hardware FILE` or
-`cache.hardware`, else from the run folder's hardware.json when it was measured with as many
-workers, else from a short probe through the same launcher as training.
+`cache.hardware`, else from the run folder's hardware.json or this machine's saved profile
+when measured with as many workers and threads, else from a short probe through the same
+launcher as training (then saved in both places).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 from pathlib import Path
+
+import torch
 
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.plan import CachePlan, make_plan, model_shape, plan_key, read_plan, write_plan
@@ -17,6 +23,7 @@ from leo_cli.cache.profile import PartProfile
 from leo_cli.config import LeoConfig
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.train.launch import worker_threads, workers_per_node
 from leo_cli.train.probe import run_probe
 
 HARDWARE = "hardware.json"
@@ -34,19 +41,41 @@ def part_profiles(run_dir: Path) -> tuple[dict[str, object], list[PartProfile]]:
     return meta, profiles
 
 
+def machine_cache(num_workers: int, threads: str) -> Path:
+    """Where this machine's profile for a worker count is kept between runs.
+
+    `LEO_HARDWARE_CACHE` names the folder (default ~/.cache/leo/hardware).
+    """
+    root = os.environ.get("LEO_HARDWARE_CACHE") or Path.home() / ".cache" / "leo" / "hardware"
+    name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}.json"
+    return Path(root) / name
+
+
+def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
+    return hw.world_size == num_workers and str(hw.threads_per_worker) == threads
+
+
 def hardware_profile(
-    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int
+    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool = False
 ) -> HardwareProfile:
-    """The given profile, the run folder's (if measured with as many workers), or a probe."""
+    """The given profile; else the run folder's or this machine's saved one when it was
+    measured with as many workers and threads; else a probe (saved in both places)."""
     path = given or cfg.cache.hardware
     if path is not None:
         return HardwareProfile.read(Path(path))
-    saved = run_dir / HARDWARE
-    if saved.is_file():
-        hw = HardwareProfile.read(saved)
-        if hw.world_size == num_workers:
-            return hw
-    return run_probe(cfg, run_dir)
+    threads = worker_threads(workers_per_node(cfg))
+    cached = machine_cache(num_workers, threads)
+    for saved in (run_dir / HARDWARE, cached):
+        if saved.is_file() and not reprobe:
+            hw = HardwareProfile.read(saved)
+            if matches(hw, num_workers, threads):
+                if saved == cached:
+                    hw.write(run_dir / HARDWARE)
+                return hw
+    hw = run_probe(cfg, run_dir)
+    with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
+        hw.write(cached)
+    return hw
 
 
 def ensure_plan(
@@ -66,7 +95,7 @@ def ensure_plan(
     meta, profiles = part_profiles(run_dir)
     dataset = meta["dataset"]
     assert isinstance(dataset, dict)
-    hw = hardware_profile(cfg, run_dir, hardware, len(profiles))
+    hw = hardware_profile(cfg, run_dir, hardware, len(profiles), reprobe=force)
     key = plan_key(meta, cfg.model, cfg.cache, cfg.train.dtype, hw)
     existing = read_plan(run_dir)
     if existing is not None and existing.key == key and not force:

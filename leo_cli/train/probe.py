@@ -11,7 +11,7 @@ from pathlib import Path
 from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, TrainError
-from leo_cli.train.launcher import launch_module
+from leo_cli.train.launch import launch_module
 
 PROBE_FOLDER = "probe"
 

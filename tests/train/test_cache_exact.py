@@ -54,8 +54,8 @@ def close(got: list[dict], ref: dict, num_nodes: int, label: str) -> None:
 def test_cache_levels_match_single_process(world: int) -> None:
     g = random_graph(**GRAPH)
     # (model, input dropout, spec): replicas partial / all, per-edge rows, static aggregate.
-    cases = [(m, 0.4, s) for m in MODELS for s in ("half", "all", "l3")]
-    cases += [(m, 0.0, s) for m in MODELS for s in ("static", "static+half")]
+    cases = [(m, 0.4, s) for m in MODELS for s in ("half", "all", "l3", None)]
+    cases += [(m, 0.0, s) for m in MODELS for s in ("static", "static+half", None)]
     cases += [("gcn", 0.4, "static+half"), ("gcn", 0.0, "half")]
     refs = {
         (m, p): r[0]
@@ -68,8 +68,14 @@ def test_cache_levels_match_single_process(world: int) -> None:
     results = run_many(
         [cfg(m, p) for m, p, _ in cases], g, world, 3, specs=[s for _, _, s in cases]
     )
+    sent = {}
     for (model, p, spec), got in zip(cases, results, strict=True):
         close(got, refs[(model, p)], g.num_nodes, f"{model} input_dropout={p} {spec} P={world}")
+        sent[(model, p, spec)] = sum(r["bytes"] for r in got)
+    for m in MODELS:  # the levels were really used: fewer bytes, or more for per-edge rows
+        assert sent[(m, 0.4, "all")] < sent[(m, 0.4, None)]
+        assert sent[(m, 0.4, "l3")] > sent[(m, 0.4, None)]
+        assert sent[(m, 0.0, "static")] < sent[(m, 0.0, None)]
 
 
 def test_modes_with_a_cache_and_aggregate_first_layers() -> None:

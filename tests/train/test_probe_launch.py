@@ -10,7 +10,7 @@ import pytest
 from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
-from leo_cli.train.launcher import worker_threads
+from leo_cli.train.launch import worker_threads
 from leo_cli.train.probe import PROBE_FOLDER, run_probe
 
 pytestmark = pytest.mark.dist
