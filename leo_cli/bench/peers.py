@@ -57,15 +57,18 @@ class PygGCN(nn.Module):
         return h
 
 
-def adjacency(edge_index_2E: np.ndarray, num_nodes: int, system: str) -> Any:
-    """`edge_index` for `pyg`, a sparse CSR adjacency (adj_t) for `pyg-csr`."""
+def adjacency(
+    edge_index_2E: np.ndarray, num_nodes: int, system: str, dtype: torch.dtype = torch.float32
+) -> Any:
+    """`edge_index` for `pyg`, a sparse CSR adjacency (adj_t, values of `dtype`) for `pyg-csr`."""
     edge_index = torch.from_numpy(np.ascontiguousarray(edge_index_2E))
     if system == "pyg":
         return edge_index
     from torch_geometric.utils import to_torch_csr_tensor
 
     # GCNConv aggregates over adj_t (row = target); the graph is symmetric, so adj_t = adj.
-    return to_torch_csr_tensor(edge_index, size=(num_nodes, num_nodes))
+    ones = torch.ones(edge_index.shape[1], dtype=dtype)
+    return to_torch_csr_tensor(edge_index, ones, size=(num_nodes, num_nodes))
 
 
 def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:

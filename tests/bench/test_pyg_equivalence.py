@@ -34,5 +34,5 @@ def test_leo_gcn_equals_pyg_gcnconv(system: str) -> None:
     x = torch.from_numpy(g.x_NF).double()
     with torch.no_grad():
         leo_logits = job.model(x, job.graph)
-        pyg_logits = peer(x, adjacency(g.edge_index_2E, g.num_nodes, system))
+        pyg_logits = peer(x, adjacency(g.edge_index_2E, g.num_nodes, system, torch.float64))
     torch.testing.assert_close(leo_logits, pyg_logits, rtol=1e-12, atol=1e-12)
