@@ -30,15 +30,10 @@ HARDWARE = "hardware.json"
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def part_profiles(run_dir: Path) -> tuple[dict[str, object], list[PartProfile]]:
-    """META.json and the profile of every part (memory-mapped: features stay on disk)."""
+def part_profiles(run_dir: Path, num_parts: int) -> list[PartProfile]:
+    """The profile of every part (checksums verified; memory-mapped: features stay on disk)."""
     root = partition_dir(run_dir)
-    meta = read_meta(root)
-    num_parts = int(meta["num_parts"])
-    profiles = [
-        PartProfile.from_part(read_part(root, r, verify=False, mmap=True)) for r in range(num_parts)
-    ]
-    return meta, profiles
+    return [PartProfile.from_part(read_part(root, r, mmap=True)) for r in range(num_parts)]
 
 
 def machine_cache(num_workers: int, threads: str) -> Path:
@@ -92,14 +87,15 @@ def ensure_plan(
     """
     if cfg.cache.policy == "none" and not always:
         return None
-    meta, profiles = part_profiles(run_dir)
+    meta = read_meta(partition_dir(run_dir))
     dataset = meta["dataset"]
-    assert isinstance(dataset, dict)
-    hw = hardware_profile(cfg, run_dir, hardware, len(profiles), reprobe=force)
+    num_parts = int(meta["num_parts"])
+    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force)
     key = plan_key(meta, cfg.model, cfg.cache, cfg.train.dtype, hw)
     existing = read_plan(run_dir)
     if existing is not None and existing.key == key and not force:
         return existing
+    profiles = part_profiles(run_dir, num_parts)
     shape = model_shape(
         cfg.model,
         int(dataset["num_features"]),

@@ -18,9 +18,7 @@ from leo_cli.train.checks import check_config
 
 REFUSED = [
     ("pipeline.mode=compute-only", "pipeline.mode=compute-only skips the halo exchange"),
-    ("cache.policy=degree", "cache.policy='degree' is not implemented yet"),
-    ("cache.replica_budget_mb=64", "cache.replica_budget_mb=64.0 is not implemented yet"),
-    ("cache.halo_budget_mb=0", "cache.halo_budget_mb=0.0 is not implemented yet"),
+    ("launch.nnodes=2", "needs cache.hardware"),
 ]
 
 
@@ -39,10 +37,14 @@ def test_check_config_names_the_key(override: str, message: str) -> None:
         "pipeline.mode=leo",
         "pipeline.mode=shared-memory",
         "bench.repeats=5",
+        "cache.policy=degree",
+        "cache.replica_budget_mb=64",
+        "cache.halo_budget_mb=50%",
+        "launch.nnodes=2 cache.policy=none",
     ],
 )
 def test_defaults_and_read_options_pass(override: str) -> None:
-    check_config(load_config(None, [override]))
+    check_config(load_config(None, override.split()))
 
 
 def test_compute_only_needs_the_bench_flag() -> None:
@@ -50,7 +52,7 @@ def test_compute_only_needs_the_bench_flag() -> None:
 
 
 def test_shared_memory_is_refused_across_hosts() -> None:
-    cfg = load_config(None, ["pipeline.mode=shared-memory", "launch.nnodes=2"])
+    cfg = load_config(None, ["pipeline.mode=shared-memory", "launch.nnodes=2", "cache.policy=none"])
     with pytest.raises(ConfigError, match="one host"):
         check_config(cfg)
 
@@ -58,14 +60,14 @@ def test_shared_memory_is_refused_across_hosts() -> None:
 def test_leo_train_refuses_before_partitioning(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = CliRunner().invoke(
-        app, ["train", "--set", f"run.out_dir={run}", "--set", "cache.halo_budget_mb=1"]
+        app, ["train", "--set", f"run.out_dir={run}", "--set", "pipeline.mode=compute-only"]
     )
     assert result.exit_code == 2
-    assert "cache.halo_budget_mb=1.0 is not implemented yet" in " ".join(result.stderr.split())
+    assert "--allow-inexact" in " ".join(result.stderr.split())
     assert not (run / "partitions").exists()
 
 
-@pytest.mark.parametrize(("override", "message"), [REFUSED[0], REFUSED[2]])
+@pytest.mark.parametrize(("override", "message"), REFUSED)
 def test_worker_without_launcher_refuses_in_one_sentence(
     tmp_path: Path, override: str, message: str
 ) -> None:

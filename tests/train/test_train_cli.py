@@ -259,6 +259,8 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
         "--set",
         "train.num_epochs=5",
         "--set",
+        "cache.policy=none",  # the probe measures one machine; see test_checks
+        "--set",
         "launch.nnodes=2",
         "--set",
         f"launch.master_port={free_port()}",
@@ -285,7 +287,7 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
 def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
     """Node 1 runs node 0's resolved config; it must not silently replace its own."""
     common = [*TINY, "--set", "launch.nnodes=2", "--set", f"launch.master_port={free_port()}"]
-    common += ["--set", f"run.out_dir={tmp_path / 'run'}"]
+    common += ["--set", f"run.out_dir={tmp_path / 'run'}", "--set", "cache.policy=none"]
     node0 = start("train", *common, "--set", "launch.node_rank=0")
     node1 = start("train", *common, "--set", "launch.node_rank=1", "--set", "train.lr=0.5")
     for node in (node0, node1):
@@ -304,7 +306,7 @@ def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
         (["--set", "partition.num_parts=1000"], "partition.num_parts=1000"),
         (["--set", "launch.nproc=3"], "launch.nproc=3"),
         (["--set", "pipeline.mode=compute-only"], "--allow-inexact"),
-        (["--set", "cache.policy=leo"], "cache.policy='leo'"),
+        (["--set", "cache.replica_budget_mb=lots"], "cache.replica_budget_mb"),
         (["--set", "model.name=gat"], "model.name"),
     ],
 )
