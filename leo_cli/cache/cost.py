@@ -1,19 +1,48 @@
 """The LEO cost model: predicted seconds of every stage of a training step, per rank and mode.
 
 Per layer and direction, a rank's work splits into what must happen before its rows leave
-(`pre`: boundary GEMM, dropout masks, packing), what can overlap the transfer (`window`:
-interior GEMM, aggregation of inner and replicated columns), the transfer itself (`comm`)
-and what needs the arrived rows (`post`: halo aggregation, unpacking). Modes combine them:
+(`pre`), what can overlap the transfer (`window`), the transfer itself (`comm`) and what needs
+the arrived rows (`post`). Each phase is a sum of named terms, each priced by the hardware
+profile (`leo profile-cache` measures it; every compute rate is the slowest worker's while all
+workers run the kernel at once, so cores shared by several workers are priced as shared):
 
-- blocking:  max_r(pre + window) + max_r comm + max_r post   (everyone waits for everyone)
-- leo:       max_r [max(pre_r + window_r + post_r·(k-1)/k, max_q pre_q + comm_r(k)) + post_r/k]
-  (chunk c + 1 travels while chunk c is aggregated; k chunks cost k messages per peer)
-- fine-grained: blocking, one row per remote edge; shared-memory: blocking, the transfer is a
-  write into the shared segment plus a barrier; compute-only: blocking without transfer.
+- `dropout` (mask_seconds): the counter-based mask and its apply on the layer's input (N x a,
+  and the replicated rows); backward, the mask on the gradient (layers > 0: layer 0's input
+  needs no gradient).
+- `gemm` (gemm_seconds, a roofline): the update x·Wᵀ (N x a -> b); backward, the weight
+  gradient, and the input gradient past layer 0.
+- `pack` (gather_seconds): the rows sent (S x w); leo also splits the update boundary-first
+  (x rows gathered at width a, h rows placed at width w); backward, the rows of each chunk.
+- `join` (pass_seconds): `[h | halo]` assembled for one SpMM (blocking, fine-grained,
+  compute-only, whose halo is zeros).
+- `spmm` (spmm_seconds + pass_seconds): aggregation at the exchanged width w, its edges priced
+  by the bytes of the rows they read ((N+H) x w forward, N x w backward; rows fetched per edge
+  or per chunk make small blocks), plus writing its fresh output.
+- `unpack` (scatter_add_seconds + pass_seconds): backward, the gradients of the sent rows
+  added to their owners' (scatter-add of S x w, two passes over N x w); leo forward, each
+  chunk's partial sums added into the rows that read it.
+- `epilogue` (pass_seconds): the self-loop term (two passes at the aggregated width), bias and
+  ReLU (two passes at b; the last layer has no ReLU), forward and backward alike.
+- `comm`: blocking and fine-grained, one gloo all-to-all sized by the busiest rank's bytes
+  (alltoall_seconds); leo, isend/irecv of k chunks per peer, waiting for the slowest peer
+  (transfer_seconds); shared-memory, the rows written to the segment and a barrier.
+- `loss` (pass_seconds): the logits' gradient (two passes over N x classes).
+- `allreduce` (transfer_seconds): the weight gradients summed over the ranks.
 
-Rates come from the hardware profile (`leo profile-cache` measures it). Legend: N inner rows,
-B boundary rows, R replicated rows, E edges, a/b a layer's input/output width, w the width
-it exchanges, k chunks per peer.
+Modes combine the phases of a layer and direction:
+
+- blocking, fine-grained, shared-memory, compute-only (every exchange waits for every rank):
+  `max_r(pre + window) + max_r comm + max_r post`; fine-grained moves one row per remote edge,
+  compute-only moves nothing (its halo is zeros, still joined).
+- leo: rank r's transfer starts once every sender has posted (`start = max_q pre_q`); its
+  `local` work (window, and (k-1)/k of post: chunk c+1 travels while chunk c is aggregated)
+  and the transfer run at once, sharing the cores: while both run, the probe's `overlap` share
+  of the time is hidden. `t_r = max(pre_r + local_r, start + comm_r) + (1 - overlap) *
+  max(0, min(pre_r + local_r, start + comm_r) - start) + post_r / k`; the layer takes max_r t_r.
+- layer 0 with the static aggregate (L1s) has no exchange and no SpMM: gemm and epilogue only.
+
+Legend: N inner rows, H halo rows exchanged, B boundary rows, S rows sent, R replicated rows,
+E edges, a/b a layer's input/output width, w the width it exchanges, k chunks per peer.
 """
 
 from __future__ import annotations
@@ -27,6 +56,10 @@ from leo_cli.cache.profile import PartProfile
 from leo_cli.graph.types import IntArray
 
 MODES = ("leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only")
+PIPELINED = ("leo", "leo-no-cache")
+SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
+BIAS_RELU_PASSES = 2  # bias and ReLU (the last layer: bias only), forward and backward
+LOSS_PASSES = 2  # the logits' gradient: zero-filled, then the training rows' written
 
 
 @dataclass(frozen=True)
@@ -69,11 +102,30 @@ class Phases:
 
 @dataclass
 class Prediction:
-    """Predicted step time of a mode and where it goes."""
+    """Predicted step time of a mode and where it goes.
+
+    `stages`: forward_s, backward_s (layers, waits included), comm_wait_s (exposed transfer
+    and waiting, mean over ranks), loss_s, allreduce_s, and per term (`<term>_s`, the slowest
+    rank's seconds of that term summed over layers and directions).
+    """
 
     epoch_time_s: float
     stages: dict[str, float]
     per_rank: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class ShapeLayer:
+    """One layer of the model: index, widths in/out/exchanged, dropout on its input."""
+
+    layer: int
+    a: int
+    b: int
+    w: int
+    p: float
+    upd: bool  # update-first: the GEMM runs before the exchange
+    extra: bool
+    last: bool
 
 
 class _Counts:
@@ -87,96 +139,225 @@ class _Counts:
         self.halo_edges = np.zeros(num)
         self.replica_edges = np.zeros(num)
         self.replica_rows = np.zeros(num)
+        self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
         for r, (p, c) in enumerate(zip(profiles, caches, strict=True)):
             l1 = np.zeros(p.num_halo, dtype=bool)
             if layer == 0:
                 l1[c.replica_rows] = True
             l3 = np.zeros(p.num_halo, dtype=bool)
             l3[c.l3_rows] = True
-            rows_per_row = np.where(l3 | per_edge, p.reuse_H, 1) * ~l1
+            if per_edge:
+                l3[:] = True
+            rows_per_row = np.where(l3, p.reuse_H, 1) * ~l1
             self.recv[r] = np.bincount(p.owner_H, weights=rows_per_row, minlength=num)
             self.halo_edges[r] = p.reuse_H[~l1].sum()
             self.replica_edges[r] = p.reuse_H[l1].sum()
             self.replica_rows[r] = l1.sum()
+            self.per_edge_edges[r] = p.reuse_H[l3 & ~l1].sum()
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
+        self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
 
 
-def _layer_phases(
-    p: PartProfile,
-    r: int,
-    cnt: _Counts,
-    shape: ShapeLayer,
-    hw: HardwareProfile,
-    mode: str,
-    k: int,
-) -> tuple[Phases, Phases]:
-    """Forward and backward phases of rank r at one layer."""
-    a, b, w = shape.a, shape.b, shape.w
-    n, bnd = p.num_inner, min(p.num_boundary, p.num_inner)
-    row = w * shape.dtype_bytes
-    link: Link = "shm" if mode == "shared-memory" else "gloo"
-    chunks = k if mode in ("leo", "leo-no-cache") else 1
-    mask = hw.mask_seconds(n, a) if shape.p > 0 else 0.0
-    mask += hw.mask_seconds(int(cnt.replica_rows[r]), a) if shape.p > 0 else 0.0
-    gemm = hw.gemm_seconds(n, a, b) * (2 if shape.extra else 1)
-    replicas = hw.spmm_seconds(int(cnt.replica_edges[r]), a)
-    replicas += hw.gemm_seconds(min(int(cnt.replica_edges[r]), n), a, b)  # rows reading them
-    halo = hw.spmm_seconds(int(cnt.halo_edges[r]), w)
-    unpack_rows = min(p.rows_reading_halo, n)
-    # Peers exchange at the same time: a rank waits for its slowest peer.
-    comm_f = comm_b = 0.0
-    if mode != "compute-only" and cnt.recv.shape[0] > 1:
-        comm_f = max(hw.transfer_seconds(rows * row, chunks, link) for rows in cnt.recv[r])
-        comm_b = max(hw.transfer_seconds(rows * row, chunks, link) for rows in cnt.recv[:, r])
-    if mode == "shared-memory":  # every worker writes all its rows, then a barrier
-        comm_f = hw.transfer_seconds(n * row, 1, link) + hw.barrier_seconds()
-        comm_b = hw.transfer_seconds(cnt.recv[r].sum() * row, 1, link) + hw.barrier_seconds()
-    pack = hw.gather_seconds(int(cnt.send[r]), w)
-    fwd = Phases(
-        pre=mask + hw.gemm_seconds(bnd, a, b) * shape.upd + pack,
-        window=hw.gemm_seconds(n - bnd, a, b) * shape.upd
-        + hw.spmm_seconds(p.inner_edges, w)
-        + replicas,
-        comm=comm_f,
-        post=halo + hw.scatter_add_seconds(unpack_rows, w) + gemm * (not shape.upd),
-    )
-    grad_gemm = gemm * (2 if shape.layer > 0 else 1)
-    bwd = Phases(
-        pre=halo + hw.gather_seconds(unpack_rows, w),
-        window=hw.spmm_seconds(p.inner_edges, w),
-        comm=comm_b,
-        post=hw.scatter_add_seconds(int(cnt.send[r]), w) + grad_gemm,
-    )
-    return fwd, bwd
+Terms = dict[str, float]
+
+
+def _spmm(hw: HardwareProfile, edges: float, w: int, rows_read: float, out_rows: float,
+          backward: bool = False) -> float:  # fmt: skip
+    """An SpMM over `edges` reading rows of a (rows_read x w) matrix, writing (out_rows x w)."""
+    if edges <= 0:
+        return 0.0
+    read_bytes = rows_read * w * hw.dtype_bytes
+    return hw.spmm_seconds(edges, w, backward, read_bytes) + hw.pass_seconds(out_rows, w)
+
+
+def _dense(hw: HardwareProfile, n: int, sl: ShapeLayer, backward: bool, self_width: int) -> Terms:
+    """Dropout, GEMMs and the epilogue of one rank's layer (no aggregation, no exchange);
+    `self_width`: width of the self-loop term (0: none)."""
+    a, b = sl.a, sl.b
+    gemms = 2 if sl.extra else 1
+    epilogue = hw.pass_seconds(n, b) * (BIAS_RELU_PASSES - sl.last)
+    epilogue += hw.pass_seconds(n, self_width) * SELF_TERM_PASSES if self_width else 0.0
+    if not backward:
+        drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
+        return {"dropout": drop, "gemm": gemms * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
+    drop = hw.mask_seconds(n, a, backward=True) if sl.p > 0 and sl.layer > 0 else 0.0
+    grads = 2 if sl.layer > 0 else 1  # weight gradient; input gradient past layer 0
+    return {"dropout": drop, "gemm": gemms * grads * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
+
+
+def _self_width(sl: ShapeLayer, backward: bool) -> int:
+    """Width of the self-loop term's passes; none backward where no gradient needs it."""
+    if backward and sl.layer == 0 and not sl.upd:
+        return 0  # aggregate-first layer 0: the input needs no gradient
+    return sl.w
+
+
+def _blocks(hw: HardwareProfile, count: float, edges: float, w: int, rows_read: float,
+            out_rows: float, backward: bool = False) -> float:  # fmt: skip
+    """`count` SpMMs over column blocks sharing `edges`, `rows_read` and `out_rows` evenly."""
+    if count <= 0 or edges <= 0:
+        return 0.0
+    return count * _spmm(hw, edges / count, w, rows_read / count, out_rows / count, backward)
+
+
+def _replica_terms(hw: HardwareProfile, r: int, cnt: _Counts, sl: ShapeLayer, n: int) -> Terms:
+    """Layer 0's replicated columns: their masks, aggregation at input width, then GEMM."""
+    rows = min(cnt.replica_edges[r], n)  # rows reading a replica (at most every row)
+    if cnt.replica_rows[r] == 0:
+        return {}
+    return {
+        "dropout": hw.mask_seconds(cnt.replica_rows[r], sl.a) if sl.p > 0 else 0.0,
+        "spmm": _spmm(hw, cnt.replica_edges[r], sl.a, cnt.replica_rows[r], rows),
+        "gemm": hw.gemm_seconds(rows, sl.a, sl.b),
+        "unpack": hw.scatter_add_seconds(rows, sl.b),
+    }
+
+
+def _add(*parts: Terms) -> Terms:
+    out: Terms = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 @dataclass(frozen=True)
-class ShapeLayer:
-    layer: int
-    a: int
-    b: int
-    w: int
-    p: float
-    upd: bool
-    extra: bool
-    dtype_bytes: int
+class _Split:
+    """Named terms of each phase of one rank's layer and direction."""
+
+    pre: Terms
+    window: Terms
+    comm: float
+    post: Terms
+
+    def phases(self) -> Phases:
+        return Phases(
+            sum(self.pre.values()), sum(self.window.values()), self.comm, sum(self.post.values())
+        )
+
+    def terms(self) -> Terms:
+        return _add(self.pre, self.window, self.post, {"comm": self.comm})
 
 
-def _combine(phases: list[Phases], mode: str, k: int) -> tuple[float, float, list[float]]:
-    """Seconds of one layer and direction over all ranks, the exposed wait, per-rank times."""
-    if mode in ("leo", "leo-no-cache"):
+def _comm(
+    hw: HardwareProfile,
+    r: int,
+    cnt: _Counts,
+    row: int,
+    mode: str,
+    k: int,
+    written: float,
+    backward: bool = False,
+) -> float:
+    """Transfer seconds of rank r at one layer and direction (see the module docstring);
+    `written`: rows the shared-memory mode copies into the segment."""
+    num = cnt.recv.shape[0]
+    if mode == "compute-only" or num == 1:
+        return 0.0
+    incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
+    if mode in PIPELINED:
+        link: Link = "gloo"
+        return max(hw.transfer_seconds(rows * row, k, link) for rows in incoming)
+    if mode == "shared-memory":
+        return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
+    busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it
+    return hw.alltoall_seconds(busiest * row)
+
+
+def _forward(
+    hw: HardwareProfile, p: PartProfile, r: int, cnt: _Counts, sl: ShapeLayer, mode: str, k: int
+) -> _Split:
+    """Forward terms of rank r at one layer."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    bnd = min(p.num_boundary, n)
+    dense = _dense(hw, n, sl, backward=False, self_width=_self_width(sl, backward=False))
+    gemm = dense.pop("gemm")
+    update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
+    update_window = gemm - update_pre if sl.upd else 0.0
+    pack = hw.gather_seconds(cnt.send[r], w)
+    window_spmm = unpack = join = 0.0
+    if mode in PIPELINED:
+        if sl.upd:  # boundary-first: x rows gathered, h rows placed, in two parts
+            pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
+        blocks = p.num_blocks(k)
+        rows = p.rows_reading_blocks(k)
+        window_spmm = _spmm(hw, p.inner_edges, w, n, n)
+        post_spmm = _blocks(hw, blocks, cnt.halo_edges[r], w, halo, rows)
+        unpack = hw.scatter_add_seconds(rows, w)
+    else:
+        per_edge = cnt.per_edge_edges[r]  # read once each, in order: a small block at a time
+        post_spmm = _spmm(hw, cnt.halo_edges[r] + p.inner_edges - per_edge, w, n + halo, n)
+        post_spmm += _spmm(hw, per_edge, w, 1, 0)
+        if mode != "shared-memory":  # the others join [h | halo] (compute-only: zeros)
+            join = hw.pass_seconds(n + halo, w) + hw.pass_seconds(halo, w) * (
+                mode == "compute-only"
+            )
+    pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
+    window = _add({"gemm": update_window, "spmm": window_spmm}, _replica_terms(hw, r, cnt, sl, n))
+    post = {"join": join, "spmm": post_spmm, "unpack": unpack, "gemm": gemm * (not sl.upd)}
+    comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=n)
+    return _Split(pre, window, comm, _add(post, dense))
+
+
+def _backward(
+    hw: HardwareProfile, p: PartProfile, r: int, cnt: _Counts, sl: ShapeLayer, mode: str, k: int
+) -> _Split:
+    """Backward terms of rank r at one layer (the forward's mirror)."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
+    if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
+        return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
+    pre: Terms = {"epilogue": dense.pop("epilogue")}
+    window: Terms = {}
+    if mode in PIPELINED:
+        blocks, rows = p.num_blocks(k), p.rows_reading_blocks(k)
+        pre["spmm"] = _blocks(hw, blocks, cnt.halo_edges[r], w, rows, halo, backward=True)
+        pre["pack"] = hw.gather_seconds(rows, w)
+        window["spmm"] = _spmm(hw, p.inner_edges, w, n, n, backward=True)
+    else:
+        edges = p.inner_edges + cnt.halo_edges[r]
+        pre["spmm"] = _spmm(hw, edges, w, n, n + halo, backward=True)
+    unpack = hw.scatter_add_seconds(cnt.send[r], w) + hw.pass_seconds(n, w) * 2
+    if mode == "shared-memory":  # the sent rows' gradients are read out of the segment
+        unpack += hw.gather_seconds(cnt.send[r], w)
+    if mode == "compute-only":
+        unpack = 0.0
+    comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
+    return _Split(pre, window, comm, _add({"unpack": unpack}, dense))
+
+
+def _static_layer(hw: HardwareProfile, p: PartProfile, sl: ShapeLayer) -> tuple[Terms, Terms]:
+    """Layer 0 over the precomputed `Â·X` (L1s): no exchange, no SpMM, no dropout; the
+    self-loop term is added at input width, and no gradient flows back through it."""
+    n = p.num_inner
+    return (
+        _dense(hw, n, sl, backward=False, self_width=sl.a),
+        _dense(hw, n, sl, backward=True, self_width=0),
+    )
+
+
+def _combine(phases: list[Phases], mode: str, k: int, overlap: float) -> tuple[float, list[float]]:
+    """Seconds of one layer and direction over all ranks, and each rank's finish time."""
+    if mode in PIPELINED:
         start = max(ph.pre for ph in phases)
         times = []
         for ph in phases:
-            ready = ph.pre + ph.window + ph.post * (k - 1) / k
-            times.append(max(ready, start + ph.comm) + ph.post / k)
-        waits = [t - (ph.pre + ph.window + ph.post) for t, ph in zip(times, phases, strict=True)]
-        return max(times), float(np.mean(waits)), times
+            local_end = ph.pre + ph.window + ph.post * (k - 1) / k
+            comm_end = start + ph.comm
+            shared = max(0.0, min(local_end, comm_end) - start)
+            times.append(max(local_end, comm_end) + (1 - overlap) * shared + ph.post / k)
+        return max(times), times
     compute = max(ph.pre + ph.window for ph in phases)
-    comm = max(ph.comm for ph in phases)
-    post = max(ph.post for ph in phases)
-    times = [compute + comm + post] * len(phases)
-    return times[0], comm, times
+    total = compute + max(ph.comm for ph in phases) + max(ph.post for ph in phases)
+    return total, [total] * len(phases)
+
+
+def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
+    a, b = shape.widths[layer], shape.widths[layer + 1]
+    p = shape.input_dropout if layer == 0 else shape.dropout
+    last = layer == shape.num_layers - 1
+    w = shape.exchanged_width(layer)
+    return ShapeLayer(layer, a, b, w, p, b < a, shape.extra_gemm, last)
 
 
 def predict(
@@ -188,31 +369,39 @@ def predict(
     num_chunks: list[int],
 ) -> Prediction:
     """Predicted training-step time of `mode` (evaluation excluded, as epoch_time_s is)."""
+    num = len(profiles)
     per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in profiles]
     stages = {"forward_s": 0.0, "backward_s": 0.0, "comm_wait_s": 0.0}
+    rank_terms: list[Terms] = [{} for _ in profiles]
+    static = bool(caches) and all(c.static_aggregate for c in caches)
     for layer in range(shape.num_layers):
-        a, b = shape.widths[layer], shape.widths[layer + 1]
-        p = shape.input_dropout if layer == 0 else shape.dropout
-        sl = ShapeLayer(
-            layer, a, b, shape.exchanged_width(layer), p, b < a, shape.extra_gemm,
-            shape.dtype_bytes,
-        )  # fmt: skip
-        if layer == 0 and p == 0 and caches and all(c.static_aggregate for c in caches):
-            t = max(hw.gemm_seconds(pr.num_inner, a, b) for pr in profiles)
-            stages["forward_s"] += t
-            stages["backward_s"] += t
+        sl = _shape_layer(shape, layer)
+        if layer == 0 and sl.p == 0 and static:
+            pairs = [_static_layer(hw, pr, sl) for pr in profiles]
+            for direction, idx in (("forward_s", 0), ("backward_s", 1)):
+                times = [sum(terms[idx].values()) for terms in pairs]
+                stages[direction] += max(times)
+                for r, t in enumerate(times):
+                    per_rank[r][direction] += t
+                    rank_terms[r] = _add(rank_terms[r], pairs[r][idx])
             continue
-        k = num_chunks[layer] if mode in ("leo", "leo-no-cache") else 1
+        k = num_chunks[min(layer, len(num_chunks) - 1)] if mode in PIPELINED else 1
         cnt = _Counts(profiles, caches, layer, per_edge=mode == "fine-grained")
-        pairs = [_layer_phases(pr, r, cnt, sl, hw, mode, k) for r, pr in enumerate(profiles)]
-        for direction, idx in (("forward_s", 0), ("backward_s", 1)):
-            total, wait, times = _combine([ph[idx] for ph in pairs], mode, k)
+        for direction, build in (("forward_s", _forward), ("backward_s", _backward)):
+            splits = [build(hw, pr, r, cnt, sl, mode, k) for r, pr in enumerate(profiles)]
+            phases = [s.phases() for s in splits]
+            total, times = _combine(phases, mode, k, hw.overlap_share())
             stages[direction] += total
-            stages["comm_wait_s"] += wait
-            for r, t in enumerate(times):
+            for r, (t, s, ph) in enumerate(zip(times, splits, phases, strict=True)):
                 per_rank[r][direction] += t
-    params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
-    if len(profiles) > 1:
-        stages["allreduce_s"] = hw.transfer_seconds(params * 4, len(profiles) - 1, "gloo")
+                rank_terms[r] = _add(rank_terms[r], s.terms())
+                stages["comm_wait_s"] += (t - ph.pre - ph.window - ph.post) / num
+    classes = shape.widths[-1]
+    stages["loss_s"] = max(hw.pass_seconds(pr.num_inner, classes) for pr in profiles) * LOSS_PASSES
+    if num > 1:
+        params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
+        stages["allreduce_s"] = hw.transfer_seconds(params * 4, num - 1, "gloo")
     total = sum(v for key, v in stages.items() if key != "comm_wait_s")
+    for name in sorted({t for terms in rank_terms for t in terms}):
+        stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)
     return Prediction(total, stages, per_rank)

@@ -2,16 +2,20 @@
 rate lookups the cost model prices pipeline stages with.
 
 One file (`<run_dir>/hardware.json`, or any file passed with `--hardware`) holds compute rates
-per row width (SpMM forward and backward, GEMM, dropout masks, row gather, row scatter-add),
-measured while every worker computed at once (the contention training sees), and the links
-between workers: the process group (gloo `isend`/`irecv`) and a /dev/shm segment, each fitted
-as `seconds = latency + bytes / bandwidth`, per pair of workers and with every pair at once.
+and the links between workers. Every compute rate is measured with all workers running the
+same kernel at the same moment and is the **slowest** worker's (on a machine with fewer cores
+than workers they share the cores as in training, and a synchronised layer waits for the last
+one). Rates per row width; SpMM rates also per working-set size (the bytes of the matrix whose
+rows the edges gather: an SpMM over rows that stay in the caches is several times faster than
+one that misses them); elementwise passes per output size (past the allocator's threshold for
+fresh memory, every new tensor pays its page faults). Links: the process group (gloo
+`isend`/`irecv` per pair and with all pairs at once, and gloo `all_to_all_single` with every
+worker), a /dev/shm segment, a barrier, and how much of a transfer hides behind computation.
 
-Between measured widths a rate is interpolated log-log (a power law between neighbours).
-Below the narrowest width the narrowest rate holds (a row never costs less than its
-overhead); above the widest, per-row and per-edge rates fall as 1 / width (the throughput in
-elements per second stays the widest one's). GEMM FLOP/s is looked up at the geometric mean
-of the input and output widths and held constant outside the measured range.
+Lookups between measured points are log-log (a power law between neighbours), clamped at both
+ends; above the widest width, per-row and per-edge rates fall as 1 / width (the throughput in
+elements per second stays the widest one's). Elementwise passes use the measured size at or
+below theirs (the cost of fresh memory is a step, not a slope).
 
 Units: seconds (s), bytes (B); rates are per second. A width is a row's element count.
 """
@@ -32,13 +36,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from leo_cli.errors import CacheError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HARDWARE_FILE = "hardware.json"
 Link = Literal["gloo", "shm"]
+MiB = 1 << 20
 
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Width = Annotated[int, Field(ge=1)]
+Bytes = Annotated[int, Field(ge=1)]
+Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 _REDO = "delete it and run `leo profile-cache` to probe again, or pass a valid file with --hardware"
 
@@ -52,57 +59,87 @@ class ProbeSizes(_Record):
 
     widths: tuple[Width, ...] = (8, 16, 32, 64, 128, 256)
     """Row widths (elements) at which every compute rate is measured, increasing."""
-    spmm_elements: int = Field(1 << 23, ge=1)
-    """Edges x width of one SpMM call (each width gets its own random CSR of this size)."""
+    spmm_bytes: tuple[Bytes, ...] = (1 * MiB, 8 * MiB, 32 * MiB)
+    """Working-set sizes (B) of the SpMM measurements, increasing: the matrix the edges read."""
     avg_degree: int = Field(16, ge=1)
-    """Edges per row of the probe's CSRs; they have twice as many columns as rows."""
-    dense_elements: int = Field(1 << 20, ge=1)
-    """Rows x width of one GEMM, mask, gather or scatter-add call."""
-    repeats: int = Field(5, ge=1)
+    """Edges summed into each written row of the probe's SpMMs (see `probe.gather_shape`)."""
+    spmm_min_edges: int = Field(1 << 16, ge=1)
+    """Fewest edges of one SpMM call (small working sets would time call overheads)."""
+    dense_elements: int = Field(1 << 21, ge=1)
+    """Rows x width of one GEMM, gather or scatter-add call."""
+    mask_elements: int = Field(1 << 20, ge=1)
+    """Rows x width of one dropout call (forward, then backward)."""
+    pass_bytes: tuple[Bytes, ...] = tuple(MiB << k for k in range(7))
+    """Output sizes (B) of the elementwise pass measurements, increasing (1 to 64 MiB)."""
+    repeats: int = Field(3, ge=1)
     """Timed calls per measurement after one warm-up; the median is kept."""
     small_message_bytes: int = Field(256, ge=4)
     """Message size (B) of the latency point of each link fit."""
     large_message_bytes: int = Field(4 << 20, ge=8)
     """Message size (B) of the bandwidth point of each link fit (4 MiB: a pipeline chunk)."""
-    small_iters: int = Field(50, ge=1)
+    small_iters: int = Field(20, ge=1)
     """Small transfers timed one at a time per link fit (median kept, after one warm-up)."""
-    large_iters: int = Field(8, ge=1)
+    large_iters: int = Field(5, ge=1)
     """Large transfers timed one at a time per link fit (median kept, after one warm-up)."""
 
     @model_validator(mode="after")
     def _check(self) -> ProbeSizes:
-        if not increasing(self.widths):
-            raise ValueError("widths must be a non-empty increasing list")
+        for name in ("widths", "spmm_bytes", "pass_bytes"):
+            if not increasing(getattr(self, name)):
+                raise ValueError(f"{name} must be a non-empty increasing list")
         if self.large_message_bytes <= self.small_message_bytes:
             raise ValueError("large_message_bytes must exceed small_message_bytes")
         return self
 
 
 class ComputeRates(_Record):
-    """Kernel throughput of one worker while all workers compute at once (median over ranks)."""
+    """Kernel throughput of the slowest worker while all workers run the kernel at once."""
 
     widths: list[Width]
-    """Row widths (elements per row) at which each rate below was measured, increasing."""
-    spmm_edges_per_s: list[Rate]
-    """Forward aggregation `A @ X` (`kernels.spmm`): edges per second, one per width."""
-    spmm_t_edges_per_s: list[Rate]
-    """Backward aggregation `A^T @ G` (the SpMM's autograd backward): edges per second."""
+    """Row widths (elements per row) at which each per-width rate below was measured."""
+    spmm_bytes: list[Bytes]
+    """Working-set sizes (B) of the SpMM rates, increasing."""
+    spmm_edges_per_s: list[list[Rate]]
+    """Forward aggregation `A @ X` (`kernels.spmm`), X of `spmm_bytes[i]` bytes, uniformly
+    random columns: edges per second, [size][width]."""
+    spmm_t_edges_per_s: list[list[Rate]]
+    """Backward aggregation `A^T @ G` (the SpMM's autograd backward), G of `spmm_bytes[i]`
+    bytes: edges per second, [size][width]."""
     gemm_flop_per_s: list[Rate]
     """Dense update `F.linear` with in = out = width: FLOP (2 x rows x in x out) per second."""
+    gemm_narrow_bytes_per_s: list[Rate]
+    """`F.linear` from width to 8 columns (memory bound): bytes in + out per second."""
     mask_rows_per_s: list[Rate]
-    """Counter-based dropout, mask generation and apply: rows per second."""
+    """Counter-based dropout forward (mask generation and apply): rows per second."""
+    mask_backward_rows_per_s: list[Rate]
+    """Its autograd backward (the mask applied to the gradient): rows per second."""
     gather_rows_per_s: list[Rate]
     """Row gather `x[idx]` (`kernels.gather_rows`, packs send buffers): rows per second."""
     scatter_add_rows_per_s: list[Rate]
     """Row scatter-add `out.index_add_(0, idx, src)` (unpacks gradients): rows per second."""
+    pass_bytes: list[Bytes]
+    """Output sizes (B) of the elementwise pass rates, increasing."""
+    pass_bytes_per_s: list[Rate]
+    """Elementwise `a + b` into a fresh tensor: output bytes per second, one per size."""
 
     @model_validator(mode="after")
     def _check(self) -> ComputeRates:
-        if not increasing(self.widths):
-            raise ValueError("widths must be a non-empty increasing list")
+        for name in ("widths", "spmm_bytes", "pass_bytes"):
+            if not increasing(getattr(self, name)):
+                raise ValueError(f"{name} must be a non-empty increasing list")
+        for name in ("spmm_edges_per_s", "spmm_t_edges_per_s"):
+            table = getattr(self, name)
+            if len(table) != len(self.spmm_bytes) or any(
+                len(row) != len(self.widths) for row in table
+            ):
+                raise ValueError(f"{name} must hold one rate per size and width")
         for name in type(self).model_fields:
-            if len(getattr(self, name)) != len(self.widths):
-                raise ValueError(f"{name} must hold one rate per width ({len(self.widths)})")
+            values = getattr(self, name)
+            if name.startswith(("spmm", "pass", "widths")) or len(values) == len(self.widths):
+                continue
+            raise ValueError(f"{name} must hold one rate per width ({len(self.widths)})")
+        if len(self.pass_bytes_per_s) != len(self.pass_bytes):
+            raise ValueError("pass_bytes_per_s must hold one rate per size")
         return self
 
 
@@ -141,6 +178,13 @@ class Links(_Record):
     latency is the barrier's time, its bandwidth that of the copies in and out."""
     barrier_s: Seconds | None
     """Seconds of one `dist.barrier()` of all workers."""
+    alltoall: LinkFit | None
+    """gloo `all_to_all_single` with every worker at once (the blocking exchange): its
+    bandwidth counts the bytes one worker receives from all peers together."""
+    overlap: Share | None
+    """Share of the shorter of a transfer (isend/irecv to every peer) and a computation (GEMMs)
+    that hides behind the other when both run at once: 1 is perfect overlap, 0 none (they
+    compete for the same cores)."""
 
 
 class HardwareProfile(_Record):
@@ -177,9 +221,13 @@ class HardwareProfile(_Record):
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:
-        gloo, world = self.links.gloo, self.world_size
-        if (gloo is None) != (world == 1) or (self.links.barrier_s is None) != (world == 1):
-            raise ValueError("links.gloo and links.barrier_s are measured iff world_size > 1")
+        links, world = self.links, self.world_size
+        gloo = links.gloo
+        group = (gloo, links.barrier_s, links.alltoall, links.overlap)
+        if any((m is None) != (world == 1) for m in group):
+            raise ValueError(
+                "links.gloo, barrier_s, alltoall and overlap are measured iff world_size > 1"
+            )
         for link in (gloo, self.links.shm):
             if link is not None and len(link.pairs) != world * (world - 1) // 2:
                 raise ValueError(f"a link needs one pair fit per pair of the {world} workers")
@@ -187,36 +235,73 @@ class HardwareProfile(_Record):
 
     # -- compute ------------------------------------------------------------------------------
 
-    def spmm_seconds(self, num_edges: int, width: int, backward: bool = False) -> float:
-        """Seconds of one SpMM over `num_edges` edges at `width` (backward: `A^T @ G`)."""
-        c = self.compute
-        rates = c.spmm_t_edges_per_s if backward else c.spmm_edges_per_s
-        return num_edges / per_row_rate(c.widths, rates, width)
+    def spmm_seconds(
+        self, num_edges: float, width: int, backward: bool = False, working_bytes: float = 0
+    ) -> float:
+        """Seconds of one SpMM over `num_edges` edges at `width` (backward: `A^T @ G`).
 
-    def gemm_seconds(self, rows: int, in_width: int, out_width: int) -> float:
-        """Seconds of `F.linear` on (rows x in_width) with an (out_width x in_width) weight.
-
-        A layer's backward costs two more of these: (rows x out) @ (out x in) and the weight
-        gradient (in x rows) @ (rows x out), the same FLOP count.
+        `working_bytes`: the bytes of the matrix the edges gather rows from (X forward, G
+        backward); the rate is looked up log-log between the measured sizes, clamped (0: the
+        smallest, rows that stay cached).
         """
-        flop = 2.0 * rows * in_width * out_width
-        if flop == 0:
+        if num_edges <= 0:
             return 0.0
         c = self.compute
-        return flop / interpolate(c.widths, c.gemm_flop_per_s, math.sqrt(in_width * out_width))
+        table = c.spmm_t_edges_per_s if backward else c.spmm_edges_per_s
+        per_size = [per_row_rate(c.widths, row, width) for row in table]
+        size = max(float(working_bytes), float(c.spmm_bytes[0]))
+        return num_edges / interpolate(c.spmm_bytes, per_size, size)
 
-    def mask_seconds(self, rows: int, width: int) -> float:
-        """Seconds of counter-based dropout (mask + apply) on (rows x width)."""
-        return rows / per_row_rate(self.compute.widths, self.compute.mask_rows_per_s, width)
+    def gemm_seconds(self, rows: float, in_width: int, out_width: int) -> float:
+        """Seconds of `F.linear` on (rows x in_width) with an (out_width x in_width) weight.
 
-    def gather_seconds(self, rows: int, width: int) -> float:
+        A roofline: the larger of its FLOP (2 x rows x in x out) at the square GEMM's FLOP/s
+        (looked up at the geometric mean width) and its bytes (rows x (in + out) elements) at
+        the narrow GEMM's bytes/s (looked up at the wider side). A layer's backward costs two
+        more of these: (rows x out) @ (out x in) and the weight gradient (in x rows) @ (rows x
+        out), with the same FLOP and bytes.
+        """
+        if rows <= 0:
+            return 0.0
+        c = self.compute
+        flop = 2.0 * rows * in_width * out_width
+        compute_s = flop / interpolate(c.widths, c.gemm_flop_per_s, math.sqrt(in_width * out_width))
+        moved = rows * (in_width + out_width) * self.dtype_bytes
+        memory_s = moved / interpolate(
+            c.widths, c.gemm_narrow_bytes_per_s, max(in_width, out_width)
+        )
+        return max(compute_s, memory_s)
+
+    def mask_seconds(self, rows: float, width: int, backward: bool = False) -> float:
+        """Seconds of counter-based dropout on (rows x width): forward (mask + apply) or its
+        backward (the mask applied to the gradient)."""
+        c = self.compute
+        rates = c.mask_backward_rows_per_s if backward else c.mask_rows_per_s
+        return rows / per_row_rate(c.widths, rates, width)
+
+    def gather_seconds(self, rows: float, width: int) -> float:
         """Seconds to gather `rows` rows of `width` into a contiguous buffer (pack)."""
         return rows / per_row_rate(self.compute.widths, self.compute.gather_rows_per_s, width)
 
-    def scatter_add_seconds(self, rows: int, width: int) -> float:
+    def scatter_add_seconds(self, rows: float, width: int) -> float:
         """Seconds to add `rows` received rows of `width` into their places (unpack)."""
         rates = self.compute.scatter_add_rows_per_s
         return rows / per_row_rate(self.compute.widths, rates, width)
+
+    def pass_seconds(self, rows: float, width: int) -> float:
+        """Seconds of one elementwise pass writing a fresh (rows x width) tensor (an add, a
+        ReLU, a copy), at the rate of the largest measured output size not above its own."""
+        num_bytes = rows * width * self.dtype_bytes
+        if num_bytes <= 0:
+            return 0.0
+        c = self.compute
+        i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
+        return num_bytes / c.pass_bytes_per_s[i]
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the measured rows."""
+        return 8 if self.dtype == "float64" else 4
 
     # -- links --------------------------------------------------------------------------------
 
@@ -272,6 +357,18 @@ class HardwareProfile(_Record):
     def barrier_seconds(self) -> float:
         """Seconds of one barrier of all workers (0 for a single worker)."""
         return self.links.barrier_s or 0.0
+
+    def alltoall_seconds(self, num_bytes: float) -> float:
+        """Seconds of one gloo `all_to_all_single` in which the busiest worker receives (or
+        sends) `num_bytes` from (to) all its peers together (0 for a single worker)."""
+        fit = self.links.alltoall
+        if fit is None:
+            return 0.0
+        return fit.latency_s + num_bytes / fit.bandwidth_bytes_per_s
+
+    def overlap_share(self) -> float:
+        """Share of the shorter of transfer and computation hidden when both run (0 alone)."""
+        return self.links.overlap or 0.0
 
     # -- file ---------------------------------------------------------------------------------
 

@@ -1,19 +1,24 @@
 """The measurements of the hardware probe, as functions that also run in a single process.
 
-`measure_compute` times the kernels a layer runs (SpMM forward and backward, GEMM, dropout
-masks, row gather, row scatter-add) at several row widths; `measure_links` times the transports
-between the workers of a process group (gloo `isend`/`irecv` and a /dev/shm segment) and the
-barrier. Every measurement keeps the median of `repeats` timed calls after one warm-up, and
-calls `sync` (a barrier under the probe worker) before every call, so every worker computes at
-the same moments and they contend for the cores as in training. The dropout under test is
-passed in (`dropout=counter_dropout`): models/ sits above cache/ in the import order.
+`measure_compute` times the kernels a layer runs (SpMM forward and backward at several
+working-set sizes, GEMM, dropout forward and backward, row gather, row scatter-add,
+elementwise passes) at several row widths; `measure_links` times the transports between the
+workers of a process group (gloo `isend`/`irecv`, gloo `all_to_all_single`, a /dev/shm
+segment), the barrier, and how much of a transfer hides behind computation. Every measurement
+keeps the median of `repeats` timed calls after one warm-up. Under the probe worker, a `Pace`
+starts every call on every rank at once (a barrier) and keeps, per call, the slowest rank's
+time: workers then contend for the cores as in training, and a layer waits for the last one.
+The dropout under test is passed in (`dropout=counter_dropout`): models/ sits above cache/ in
+the import order.
 
-The SpMM runs on a random CSR per width with `spmm_elements / width` edges, `avg_degree` edges
-per row and twice as many columns as rows (inner + halo), uniformly random columns: no locality,
-a pessimistic stand-in for a METIS part. Its feature matrix has the same bytes at every width.
+The SpMMs run on random CSRs with uniformly random columns (no locality: every edge beyond
+the caches misses them), sized by the bytes of the matrix they gather rows from: the
+forward's X (its columns), the backward's G (the rows of a matrix whose transpose the
+backward multiplies). Every gathered row is read by equally many edges (one, or more for
+`spmm_min_edges`), every written row sums `avg_degree` of them (see `gather_shape`).
 
 Legend: R rows, C columns, E edges, F width, N rows gathered or scattered, K kernels or pairs,
-W widths.
+W widths, S sizes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -29,7 +35,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.cache.hardware import ComputeRates, LinkFit, LinkProfile, Links, PairFit, ProbeSizes
+from leo_cli.cache.hardware import (
+    ComputeRates,
+    LinkFit,
+    LinkProfile,
+    Links,
+    PairFit,
+    ProbeSizes,
+)
 from leo_cli.comm.shm import open_segment
 
 Sync = Callable[[], None]
@@ -39,8 +52,10 @@ DropoutFn = Callable[[Tensor, Tensor, float, int], Tensor]
 DEFAULT_SIZES = ProbeSizes()
 QUICK_SIZES = ProbeSizes(
     widths=(8, 64),
-    spmm_elements=1 << 16,
+    spmm_bytes=(1 << 14, 1 << 16),
     dense_elements=1 << 14,
+    mask_elements=1 << 12,
+    pass_bytes=(1 << 14, 1 << 16),
     repeats=2,
     large_message_bytes=1 << 16,
     small_iters=3,
@@ -48,129 +63,196 @@ QUICK_SIZES = ProbeSizes(
 )
 _DROPOUT_P = 0.5
 _SEED = 0
+_NARROW = 8  # output width of the memory-bound GEMM
 
 
 def no_sync() -> None:
     """The `sync` of a single process: nothing to wait for."""
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, sync: Sync = no_sync) -> float:
-    """Median wall seconds of `repeats` calls of `fn` after one warm-up call.
+def own_times(times: list[float]) -> list[float]:
+    """The `slowest` of a single process: its own times."""
+    return times
 
-    `sync` runs before every call, the warm-up included: under the probe worker every rank
+
+@dataclass(frozen=True)
+class Pace:
+    """How the ranks time a call together: `sync` before each call, then per call the
+    `slowest` rank's time (identity and no-op in a single process)."""
+
+    sync: Sync = no_sync
+    slowest: Callable[[list[float]], list[float]] = field(default=own_times)
+
+
+ALONE = Pace()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, pace: Pace = ALONE) -> float:
+    """Median over `repeats` calls of `fn` (after one warm-up call) of the slowest rank's time.
+
+    `pace.sync` runs before every call, the warm-up included: under the probe worker every rank
     then runs the same kernel at the same moment, never beside another rank's set-up.
     """
-    sync()
+    pace.sync()
     fn()
     times = []
     for _ in range(repeats):
-        sync()
+        pace.sync()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return max(statistics.median(times), 1e-9)  # a rate must stay finite
+    return max(statistics.median(pace.slowest(times)), 1e-9)  # a rate must stay finite
 
 
 # -- compute ----------------------------------------------------------------------------------
 
 
-def random_csr(num_rows: int, avg_degree: int, gen: torch.Generator) -> kernels.CSR:
-    """An (R x 2R) CSR with about `avg_degree` uniformly random columns per row."""
-    num_edges, num_cols = num_rows * avg_degree, 2 * num_rows
-    rows_E = torch.randint(0, num_rows, (num_edges,), generator=gen)
-    counts = torch.bincount(rows_E, minlength=num_rows)
-    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-    # Columns are iid, so they need no sorting by row: any grouping is as random.
-    indices_E = torch.randint(0, num_cols, (num_edges,), generator=gen)
-    values_E = torch.rand(num_edges, generator=gen)
-    return kernels.CSR.from_arrays(indptr, indices_E, values_E, num_cols, validate=False)
+def regular_csr(num_rows: int, num_cols: int, num_edges: int, gen: torch.Generator) -> kernels.CSR:
+    """An (R x C) CSR with E edges, E / R per row and E / C per column, at random places.
 
-
-def spmm_rates(sizes: ProbeSizes, width: int, sync: Sync = no_sync) -> tuple[float, float]:
-    """Edges per second of `A @ X` and of its autograd backward `A^T @ G`, at `width`."""
-    gen = torch.Generator().manual_seed(_SEED)
-    num_rows = max(1, sizes.spmm_elements // (width * sizes.avg_degree))
-    adj = random_csr(num_rows, sizes.avg_degree, gen)
-    x_CF = torch.randn(adj.num_cols, width, generator=gen, requires_grad=True)
-    with torch.no_grad():
-        forward_s = median_seconds(lambda: kernels.spmm(adj, x_CF), sizes.repeats, sync)
-    out_RF = kernels.spmm(adj, x_CF)
-    grad_RF = torch.randn(out_RF.shape, generator=gen)
-    backward_s = median_seconds(
-        lambda: torch.autograd.grad(out_RF, x_CF, grad_RF, retain_graph=True),
-        sizes.repeats,
-        sync,
+    Edge e reads column `perm[e] // (E / C)` for a random permutation `perm`, so the
+    transpose comes in O(E) (no sort): column c's edges are those whose `perm` falls in its
+    block, in the order of the inverse permutation.
+    """
+    per_row, per_col = num_edges // num_rows, num_edges // num_cols
+    assert per_row * num_rows == num_edges == per_col * num_cols, "E must divide by R and C"
+    perm_E = torch.randperm(num_edges, generator=gen)
+    t_perm_E = torch.empty_like(perm_E)
+    t_perm_E[perm_E] = torch.arange(num_edges)
+    return kernels.CSR(
+        indptr=torch.arange(num_rows + 1, dtype=torch.int32) * per_row,
+        indices=(perm_E // per_col).to(torch.int32),
+        values=torch.full((num_edges,), 0.5),
+        num_rows=num_rows,
+        num_cols=num_cols,
+        t_indptr=torch.arange(num_cols + 1, dtype=torch.int32) * per_col,
+        t_indices=(t_perm_E // per_row).to(torch.int32),
+        t_perm=t_perm_E,
     )
-    return adj.num_edges / forward_s, adj.num_edges / backward_s
 
 
-def dense_rows(sizes: ProbeSizes, width: int) -> int:
-    """Rows of one dense call: `dense_elements` elements in all."""
-    return max(1, sizes.dense_elements // width)
+def gather_shape(sizes: ProbeSizes, width: int, num_bytes: int) -> tuple[int, int, int]:
+    """(rows gathered, rows written, edges) of a probe SpMM reading `num_bytes` at `width`.
+
+    The gathered matrix has `num_bytes` (a multiple of `avg_degree` rows); every gathered
+    row is read by the same number of edges, at least one and enough for `spmm_min_edges`;
+    every written row sums `avg_degree` edges.
+    """
+    d = sizes.avg_degree
+    big = max(d, num_bytes // (4 * width) // d * d)
+    per_row = max(1, -(-sizes.spmm_min_edges // big))
+    return big, big * per_row // d, big * per_row
 
 
-def gemm_rate(sizes: ProbeSizes, width: int, sync: Sync = no_sync) -> float:
-    """FLOP per second of `F.linear` from `width` to `width` columns."""
+def spmm_rates(
+    sizes: ProbeSizes, width: int, num_bytes: int, pace: Pace = ALONE
+) -> tuple[float, float]:
+    """Edges per second of `A @ X` and of the backward `A^T @ G`, X and G of `num_bytes`."""
     gen = torch.Generator().manual_seed(_SEED)
-    rows = dense_rows(sizes, width)
-    x_NF = torch.randn(rows, width, generator=gen)
-    weight = torch.randn(width, width, generator=gen)
-    seconds = median_seconds(lambda: F.linear(x_NF, weight), sizes.repeats, sync)
-    return 2.0 * rows * width * width / seconds
+    big, small, num_edges = gather_shape(sizes, width, num_bytes)
+    forward = regular_csr(small, big, num_edges, gen)
+    x_CF = torch.ones(big, width)
+    forward_s = median_seconds(lambda: kernels.spmm(forward, x_CF), sizes.repeats, pace)
+    backward = regular_csr(big, small, num_edges, gen)  # its transpose gathers G's big rows
+    x_cF = torch.ones(small, width, requires_grad=True)
+    out_RF = kernels.spmm(backward, x_cF)
+    grad_RF = torch.ones(out_RF.shape)
+    backward_s = median_seconds(
+        lambda: torch.autograd.grad(out_RF, x_cF, grad_RF, retain_graph=True),
+        sizes.repeats,
+        pace,
+    )
+    return num_edges / forward_s, num_edges / backward_s
 
 
-def mask_rate(sizes: ProbeSizes, width: int, dropout: DropoutFn, sync: Sync = no_sync) -> float:
-    """Rows per second of counter-based dropout (mask generation and apply)."""
-    rows = dense_rows(sizes, width)
-    x_NF = torch.randn(rows, width, generator=torch.Generator().manual_seed(_SEED))
+def dense_rows(elements: int, width: int) -> int:
+    """Rows of one dense call of `elements` elements in all."""
+    return max(1, elements // width)
+
+
+def gemm_rates(sizes: ProbeSizes, width: int, pace: Pace = ALONE) -> tuple[float, float]:
+    """FLOP/s of `F.linear` from `width` to `width` columns, and bytes (in + out) per second
+    of `F.linear` from `width` to 8 columns (memory bound)."""
+    rows = dense_rows(sizes.dense_elements, width)
+    x_NF = torch.ones(rows, width)
+    square, narrow = torch.ones(width, width), torch.ones(_NARROW, width)
+    square_s = median_seconds(lambda: F.linear(x_NF, square), sizes.repeats, pace)
+    narrow_s = median_seconds(lambda: F.linear(x_NF, narrow), sizes.repeats, pace)
+    return 2.0 * rows * width * width / square_s, 4.0 * rows * (width + _NARROW) / narrow_s
+
+
+def mask_rates(
+    sizes: ProbeSizes, width: int, dropout: DropoutFn, pace: Pace = ALONE
+) -> tuple[float, float]:
+    """Rows per second of counter-based dropout forward (mask generation and apply) and of
+    its autograd backward."""
+    rows = dense_rows(sizes.mask_elements, width)
+    gen = torch.Generator().manual_seed(_SEED)
+    x_NF = torch.randn(rows, width, generator=gen, requires_grad=True)
     ids_N = torch.arange(rows, dtype=torch.int64)
-    seconds = median_seconds(lambda: dropout(x_NF, ids_N, _DROPOUT_P, 12345), sizes.repeats, sync)
-    return rows / seconds
+    with torch.no_grad():
+        forward_s = median_seconds(
+            lambda: dropout(x_NF, ids_N, _DROPOUT_P, 12345), sizes.repeats, pace
+        )
+    y_NF = dropout(x_NF, ids_N, _DROPOUT_P, 12345)
+    grad_NF = torch.ones(y_NF.shape)
+    backward_s = median_seconds(
+        lambda: torch.autograd.grad(y_NF, x_NF, grad_NF, retain_graph=True), sizes.repeats, pace
+    )
+    return rows / forward_s, rows / backward_s
 
 
-def gather_rate(sizes: ProbeSizes, width: int, sync: Sync = no_sync) -> float:
+def gather_rate(sizes: ProbeSizes, width: int, pace: Pace = ALONE) -> float:
     """Rows per second of `kernels.gather_rows` (random rows of a twice taller matrix)."""
     gen = torch.Generator().manual_seed(_SEED)
-    rows = dense_rows(sizes, width)
-    x_CF = torch.randn(2 * rows, width, generator=gen)
+    rows = dense_rows(sizes.dense_elements, width)
+    x_CF = torch.ones(2 * rows, width)
     idx_N = torch.randint(0, 2 * rows, (rows,), generator=gen)
-    return rows / median_seconds(lambda: kernels.gather_rows(x_CF, idx_N), sizes.repeats, sync)
+    return rows / median_seconds(lambda: kernels.gather_rows(x_CF, idx_N), sizes.repeats, pace)
 
 
-def scatter_add_rate(sizes: ProbeSizes, width: int, sync: Sync = no_sync) -> float:
+def scatter_add_rate(sizes: ProbeSizes, width: int, pace: Pace = ALONE) -> float:
     """Rows per second of `out.index_add_(0, idx, src)` into random rows of a taller matrix."""
     gen = torch.Generator().manual_seed(_SEED)
-    rows = dense_rows(sizes, width)
+    rows = dense_rows(sizes.dense_elements, width)
     out_CF = torch.zeros(2 * rows, width)
-    src_NF = torch.randn(rows, width, generator=gen)
+    src_NF = torch.ones(rows, width)
     idx_N = torch.randint(0, 2 * rows, (rows,), generator=gen)
-    seconds = median_seconds(lambda: out_CF.index_add_(0, idx_N, src_NF), sizes.repeats, sync)
+    seconds = median_seconds(lambda: out_CF.index_add_(0, idx_N, src_NF), sizes.repeats, pace)
     return rows / seconds
 
 
-def measure_compute(sizes: ProbeSizes, dropout: DropoutFn, sync: Sync = no_sync) -> ComputeRates:
-    """Every compute rate at every width of `sizes`, for this process."""
-    rates: dict[str, list[float]] = {name: [] for name in ComputeRates.model_fields}
+def pass_rate(sizes: ProbeSizes, num_bytes: int, pace: Pace = ALONE) -> float:
+    """Output bytes per second of `a + b` into a fresh tensor of `num_bytes`."""
+    a_N = torch.ones(max(1, num_bytes // 4))
+    b_N = torch.ones_like(a_N)
+    return 4 * a_N.numel() / median_seconds(lambda: a_N + b_N, sizes.repeats, pace)
+
+
+def measure_compute(sizes: ProbeSizes, dropout: DropoutFn, pace: Pace = ALONE) -> ComputeRates:
+    """Every compute rate at every width (and size) of `sizes`, for this process."""
+    rates: dict[str, list[float]] = {
+        n: [] for n in ComputeRates.model_fields if not n.startswith(("spmm", "pass", "widths"))
+    }
+    spmm = {(b, w): spmm_rates(sizes, w, b, pace) for b in sizes.spmm_bytes for w in sizes.widths}
     for width in sizes.widths:
-        forward, backward = spmm_rates(sizes, width, sync)
-        rates["widths"].append(width)
-        rates["spmm_edges_per_s"].append(forward)
-        rates["spmm_t_edges_per_s"].append(backward)
-        rates["gemm_flop_per_s"].append(gemm_rate(sizes, width, sync))
-        rates["mask_rows_per_s"].append(mask_rate(sizes, width, dropout, sync))
-        rates["gather_rows_per_s"].append(gather_rate(sizes, width, sync))
-        rates["scatter_add_rows_per_s"].append(scatter_add_rate(sizes, width, sync))
-    return ComputeRates.model_validate(rates)
-
-
-def median_over_ranks(mine: ComputeRates) -> ComputeRates:
-    """Each rate's median over the ranks of the process group (every rank gets it)."""
-    names = [n for n in ComputeRates.model_fields if n != "widths"]
-    mine_KW = torch.tensor([getattr(mine, n) for n in names], dtype=torch.float64)
-    out = [torch.empty_like(mine_KW) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine_KW)
-    median_KW = torch.quantile(torch.stack(out), 0.5, dim=0)  # mean of the middle two if even
-    return ComputeRates(widths=mine.widths, **dict(zip(names, median_KW.tolist(), strict=True)))
+        flop, narrow = gemm_rates(sizes, width, pace)
+        rates["gemm_flop_per_s"].append(flop)
+        rates["gemm_narrow_bytes_per_s"].append(narrow)
+        forward, backward = mask_rates(sizes, width, dropout, pace)
+        rates["mask_rows_per_s"].append(forward)
+        rates["mask_backward_rows_per_s"].append(backward)
+        rates["gather_rows_per_s"].append(gather_rate(sizes, width, pace))
+        rates["scatter_add_rows_per_s"].append(scatter_add_rate(sizes, width, pace))
+    return ComputeRates(
+        widths=list(sizes.widths),
+        spmm_bytes=list(sizes.spmm_bytes),
+        spmm_edges_per_s=[[spmm[b, w][0] for w in sizes.widths] for b in sizes.spmm_bytes],
+        spmm_t_edges_per_s=[[spmm[b, w][1] for w in sizes.widths] for b in sizes.spmm_bytes],
+        pass_bytes=list(sizes.pass_bytes),
+        pass_bytes_per_s=[pass_rate(sizes, b, pace) for b in sizes.pass_bytes],
+        **rates,
+    )
 
 
 # -- links ------------------------------------------------------------------------------------
@@ -298,14 +380,98 @@ def barrier_seconds(iters: int) -> float:
     return float(mine) / dist.get_world_size()
 
 
+def slowest_over_ranks(times: list[float]) -> list[float]:
+    """Per call, the slowest rank's time (every rank gets the same list)."""
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(v) for v in t.tolist()]
+
+
+def barrier() -> None:
+    """Every rank starts a timed call together (the contention of training)."""
+    dist.barrier()
+
+
+GROUP = Pace(sync=barrier, slowest=slowest_over_ranks)
+"""The pace of a process group: start together, keep the slowest rank."""
+
+
+def alltoall_seconds(num_bytes: int, iters: int) -> float:
+    """Median (slowest rank) seconds of one `all_to_all_single` sending `num_bytes` to every
+    peer (and receiving as much from each), after one warm-up."""
+    world = dist.get_world_size()
+    send = torch.ones(max(1, num_bytes // 4) * world)
+    recv = torch.empty_like(send)
+    return median_seconds(lambda: dist.all_to_all_single(recv, send), iters, GROUP)
+
+
+def alltoall_fit(sizes: ProbeSizes) -> LinkFit:
+    """`seconds = latency + bytes received from all peers / bandwidth` of gloo's all-to-all."""
+    peers = dist.get_world_size() - 1
+    small = alltoall_seconds(sizes.small_message_bytes, sizes.small_iters)
+    large = alltoall_seconds(sizes.large_message_bytes, sizes.large_iters)
+    return fit_link(
+        sizes.small_message_bytes * peers, small, sizes.large_message_bytes * peers, large
+    )
+
+
+def overlap_share(sizes: ProbeSizes) -> float:
+    """How much of the shorter of a transfer and a computation hides behind the other.
+
+    The transfer: one large message to and from every peer (isend/irecv, the pipeline's
+    transport). The computation: GEMMs at width 64, as many as take about as long alone.
+    Both alone, then both at once (the transfer posted first); share =
+    (comm + work - both) / min(comm, work), clamped to [0, 1]; slowest ranks, medians.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    peers = [q for q in range(world) if q != rank]
+    send = torch.ones(sizes.large_message_bytes // 4)
+    recv = {q: torch.empty_like(send) for q in peers}
+
+    def post() -> list[dist.Work]:
+        works = [dist.irecv(recv[q], q) for q in peers] + [dist.isend(send, q) for q in peers]
+        return [w for w in works if w is not None]
+
+    def exchange() -> None:
+        for w in post():
+            w.wait()
+
+    x_NF, weight = torch.ones(dense_rows(sizes.dense_elements, 64), 64), torch.ones(64, 64)
+    gemm_s = median_seconds(lambda: F.linear(x_NF, weight), sizes.repeats, GROUP)
+    comm_s = median_seconds(exchange, sizes.large_iters, GROUP)
+    count = torch.tensor([max(1, round(comm_s / gemm_s))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank runs as many
+
+    def work() -> None:
+        for _ in range(int(count)):
+            F.linear(x_NF, weight)
+
+    def both() -> None:
+        works = post()
+        work()
+        for w in works:
+            w.wait()
+
+    work_s = median_seconds(work, sizes.large_iters, GROUP)
+    both_s = median_seconds(both, sizes.large_iters, GROUP)
+    hidden = (comm_s + work_s - both_s) / min(comm_s, work_s)
+    return min(1.0, max(0.0, hidden))
+
+
 def measure_links(sizes: ProbeSizes, same_host: bool) -> Links:
     """gloo and (on one host) shared-memory fits between the ranks of the process group."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return Links(gloo=None, shm=None, barrier_s=None)
+        return Links(gloo=None, shm=None, barrier_s=None, alltoall=None, overlap=None)
     gloo = link_profile(gloo_fit, sizes, everyone_fits=False)
     shm = None
     if same_host:
         blocks = ShmBlocks(sizes.large_message_bytes)
         shm = link_profile(blocks.fit, sizes, everyone_fits=True)
         del blocks
-    return Links(gloo=gloo, shm=shm, barrier_s=barrier_seconds(sizes.small_iters))
+    return Links(
+        gloo=gloo,
+        shm=shm,
+        barrier_s=barrier_seconds(sizes.small_iters),
+        alltoall=alltoall_fit(sizes),
+        overlap=overlap_share(sizes),
+    )

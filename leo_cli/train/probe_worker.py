@@ -5,9 +5,9 @@
 the probe sees what training sees: the same worker count, the same threads per worker
 (OMP_NUM_THREADS), the same process group. Every rank measures the compute rates at the same
 moments as the others (on a machine with fewer cores than workers, they share them as in
-training), then the links between them; rank 0 writes the profile (compute rates: medians over
-ranks). It lives in train/ rather than cache/ because it joins two layers: the measurements of
-cache/ and the dropout of models/.
+training), then the links between them; rank 0 writes the profile (compute rates: the slowest
+rank's, per call). It lives in train/ rather than cache/ because it joins two layers: the
+measurements of cache/ and the dropout of models/.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from leo_cli import kernels
 from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile, ProbeSizes
 from leo_cli.cache.probe import (
+    ALONE,
     DEFAULT_SIZES,
+    GROUP,
     QUICK_SIZES,
     measure_compute,
     measure_links,
-    median_over_ranks,
-    no_sync,
 )
 from leo_cli.comm.dist import DistEnv, init_process_group
 from leo_cli.models.dropout import counter_dropout
@@ -40,18 +40,11 @@ from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.worker import die_with_parent
 
 
-def barrier() -> None:
-    """Every rank starts a timed call together (the contention of training)."""
-    dist.barrier()
-
-
 def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
     """Measure compute rates (all ranks at once), then the links; the same result on every rank."""
     start = time.perf_counter()
     group = env.world_size > 1
-    compute = measure_compute(sizes, counter_dropout, barrier if group else no_sync)
-    if group:
-        compute = median_over_ranks(compute)
+    compute = measure_compute(sizes, counter_dropout, GROUP if group else ALONE)
     compute_s = time.perf_counter() - start
     links = measure_links(sizes, same_host=env.local_world_size == env.world_size)
     if env.rank == 0:  # lands in the probe's log

@@ -48,17 +48,24 @@ def profile_dict() -> dict[str, Any]:
         "sizes": {"widths": [8, 32]},
         "compute": {
             "widths": [8, 32],
-            "spmm_edges_per_s": [100.0, 25.0],
-            "spmm_t_edges_per_s": [200.0, 50.0],
+            "spmm_bytes": [1000, 4000],
+            "spmm_edges_per_s": [[100.0, 25.0], [10.0, 2.5]],
+            "spmm_t_edges_per_s": [[200.0, 50.0], [20.0, 5.0]],
             "gemm_flop_per_s": [1e9, 4e9],
+            "gemm_narrow_bytes_per_s": [1e8, 4e8],
             "mask_rows_per_s": [1000.0, 250.0],
+            "mask_backward_rows_per_s": [2000.0, 500.0],
             "gather_rows_per_s": [4000.0, 1000.0],
             "scatter_add_rows_per_s": [2000.0, 500.0],
+            "pass_bytes": [100, 10000],
+            "pass_bytes_per_s": [1e4, 1e3],
         },
         "links": {
             "gloo": link(1e9, 1e-4, [(2e9, 5e-5), (1e9, 1e-4), (3e9, 2e-4)]),
             "shm": link(4e9, 2e-4, [(8e9, 3e-4), (8e9, 3e-4), (8e9, 3e-4)]),
             "barrier_s": 3e-4,
+            "alltoall": {"bandwidth_bytes_per_s": 1e6, "latency_s": 1e-3},
+            "overlap": 0.25,
         },
     }
 
@@ -85,14 +92,27 @@ def test_compute_lookups(hw: HardwareProfile) -> None:
     assert hw.spmm_seconds(1000, 16, backward=True) == pytest.approx(10.0, rel=1e-12)
     assert hw.spmm_seconds(1000, 64) == pytest.approx(80.0, rel=1e-12)
     assert hw.spmm_seconds(0, 16) == 0.0
-    # sqrt(8 x 32) = 16 -> 2e9 FLOP/s; 2 x 10 x 8 x 32 FLOP.
-    assert hw.gemm_seconds(10, 8, 32) == pytest.approx(5120 / 2e9, rel=1e-12)
-    assert hw.gemm_seconds(10, 256, 256) == pytest.approx(2 * 10 * 256 * 256 / 4e9, rel=1e-12)
+    # Working sets: 10x slower at 4000 B, log-log between (2000 B: sqrt(10)x), clamped.
+    assert hw.spmm_seconds(1000, 8, working_bytes=4000) == pytest.approx(100.0, rel=1e-12)
+    assert hw.spmm_seconds(1000, 8, working_bytes=2000) == pytest.approx(10**1.5, rel=1e-12)
+    assert hw.spmm_seconds(1000, 8, working_bytes=10**9) == pytest.approx(100.0, rel=1e-12)
+    assert hw.spmm_seconds(1000, 8, True, 10) == pytest.approx(5.0, rel=1e-12)
+    # Roofline: sqrt(8 x 32) = 16 -> 2e9 FLOP/s; 2 x 10 x 8 x 32 FLOP take 2.56e-6 s, while
+    # 10 x 40 x 4 B at 4e8 B/s (the narrow rate at width 32) take 4e-6 s: memory bound.
+    assert hw.gemm_seconds(10, 8, 32) == pytest.approx(1600 / 4e8, rel=1e-12)
+    assert hw.gemm_seconds(10**6, 256, 256) == pytest.approx(2 * 10**6 * 256**2 / 4e9, rel=1e-12)
     assert hw.gemm_seconds(0, 8, 8) == 0.0
     assert hw.mask_seconds(500, 8) == pytest.approx(0.5, rel=1e-12)
     assert hw.mask_seconds(500, 16) == pytest.approx(1.0, rel=1e-12)
+    assert hw.mask_seconds(500, 8, backward=True) == pytest.approx(0.25, rel=1e-12)
     assert hw.gather_seconds(2000, 32) == pytest.approx(2.0, rel=1e-12)
     assert hw.scatter_add_seconds(2000, 32) == pytest.approx(4.0, rel=1e-12)
+    # Passes: the rate of the largest measured size not above the output's (a step).
+    assert hw.pass_seconds(2, 8) == pytest.approx(64 / 1e4, rel=1e-12)  # below 100 B
+    assert hw.pass_seconds(100, 8) == pytest.approx(3200 / 1e4, rel=1e-12)
+    assert hw.pass_seconds(1000, 8) == pytest.approx(32000 / 1e3, rel=1e-12)
+    assert hw.pass_seconds(0, 8) == 0.0
+    assert hw.dtype_bytes == 4
 
 
 def test_link_lookups(hw: HardwareProfile) -> None:
@@ -108,6 +128,8 @@ def test_link_lookups(hw: HardwareProfile) -> None:
     )
     assert hw.transfer_seconds(0, 0) == 0.0
     assert hw.barrier_seconds() == 3e-4
+    assert hw.alltoall_seconds(2e6) == pytest.approx(1e-3 + 2.0, rel=1e-12)
+    assert hw.overlap_share() == 0.25
     with pytest.raises(CacheError, match="no pair"):
         hw.transfer_seconds(1, 1, pair=(0, 5))
 
@@ -115,9 +137,12 @@ def test_link_lookups(hw: HardwareProfile) -> None:
 def test_single_worker_profile_has_no_links() -> None:
     data = profile_dict()
     data["world_size"] = 1
-    data["links"] = {"gloo": None, "shm": None, "barrier_s": None}
+    data["links"] = {
+        "gloo": None, "shm": None, "barrier_s": None, "alltoall": None, "overlap": None
+    }  # fmt: skip
     single = HardwareProfile.model_validate(data)
     assert single.barrier_seconds() == 0.0
+    assert single.alltoall_seconds(1e6) == 0.0 and single.overlap_share() == 0.0
     with pytest.raises(CacheError, match="no gloo link"):
         single.transfer_seconds(1, 1)
 
@@ -175,8 +200,24 @@ BAD_CONTENTS: dict[str, tuple[bytes, str]] = {
         "one rate per width",
     ),
     "negative rate": (
-        json.dumps(setitem(profile_dict(), [-1.0, 2.0], "compute", "spmm_edges_per_s")).encode(),
-        "compute.spmm_edges_per_s.0",
+        json.dumps(setitem(profile_dict(), [-1.0, 2.0], "compute", "gemm_flop_per_s")).encode(),
+        "compute.gemm_flop_per_s.0",
+    ),
+    "short size table": (
+        json.dumps(setitem(profile_dict(), [[1.0, 2.0]], "compute", "spmm_edges_per_s")).encode(),
+        "one rate per size and width",
+    ),
+    "unsorted sizes": (
+        json.dumps(setitem(profile_dict(), [9, 3], "compute", "pass_bytes")).encode(),
+        "pass_bytes must be a non-empty increasing list",
+    ),
+    "overlap above one": (
+        json.dumps(setitem(profile_dict(), 1.5, "links", "overlap")).encode(),
+        "links.overlap",
+    ),
+    "alltoall missing": (
+        json.dumps(setitem(profile_dict(), None, "links", "alltoall")).encode(),
+        "measured iff world_size > 1",
     ),
     "nan latency": (
         json.dumps(setitem(profile_dict(), math.nan, "links", "barrier_s")).encode(),

@@ -1,0 +1,185 @@
+"""The cost model's arithmetic on a hand-made hardware profile and two hand-built parts.
+
+Every rate of the profile is the same at every width and size, so each term below is a
+count divided by one round rate, and the expected seconds are written out term by term.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from leo_cli.cache.cost import ModelShape, Phases, RankCache, _combine, predict
+from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile
+from leo_cli.cache.profile import PartProfile
+
+# Rates: SpMM 1000 edges/s forward, 500 backward; GEMM 1e6 FLOP/s (never memory bound);
+# gather 1000 rows/s, scatter-add 500; a pass writes 1e4 B/s; masks 100 / 200 rows/s.
+# Links: gloo 1 MB/s + 1 ms per message, all-to-all 1 MB/s + 2 ms, shm 2 MB/s, barrier 1 ms.
+SPMM, SPMM_T, FLOPS, GATHER, SCATTER, PASS = 1000.0, 500.0, 1e6, 1000.0, 500.0, 1e4
+
+
+def hardware(overlap: float = 0.5) -> HardwareProfile:
+    fit = {"bandwidth_bytes_per_s": 1e6, "latency_s": 1e-3}
+    pair = {"ranks": [0, 1], **fit}
+    data: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "created_utc": "2026-12-01T00:00:00+00:00",
+        "hostname": "test",
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "kernels_backend": "reference",
+        "dtype": "float32",
+        "world_size": 2,
+        "threads_per_worker": 1,
+        "quick": False,
+        "probe_s": 1.0,
+        "sizes": {},
+        "compute": {
+            "widths": [4, 16],
+            "spmm_bytes": [100, 10000],
+            "spmm_edges_per_s": [[SPMM, SPMM], [SPMM, SPMM]],
+            "spmm_t_edges_per_s": [[SPMM_T, SPMM_T], [SPMM_T, SPMM_T]],
+            "gemm_flop_per_s": [FLOPS, FLOPS],
+            "gemm_narrow_bytes_per_s": [1e12, 1e12],
+            "mask_rows_per_s": [100.0, 100.0],
+            "mask_backward_rows_per_s": [200.0, 200.0],
+            "gather_rows_per_s": [GATHER, GATHER],
+            "scatter_add_rows_per_s": [SCATTER, SCATTER],
+            "pass_bytes": [1, 1 << 30],
+            "pass_bytes_per_s": [PASS, PASS],
+        },
+        "links": {
+            "gloo": {"concurrent": fit, "pairs": [pair]},
+            "shm": {
+                "concurrent": {"bandwidth_bytes_per_s": 2e6, "latency_s": 0.0},
+                "pairs": [{"ranks": [0, 1], "bandwidth_bytes_per_s": 2e6, "latency_s": 0.0}],
+            },
+            "barrier_s": 1e-3,
+            "alltoall": {"bandwidth_bytes_per_s": 1e6, "latency_s": 2e-3},
+            "overlap": overlap,
+        },
+    }
+    return HardwareProfile.model_validate(data)
+
+
+def part(rank: int) -> PartProfile:
+    """10 inner rows (4 boundary), 20 inner edges, 4 halo rows of the other rank read by
+    5 edges (one row twice) from 3 rows."""
+    peer = 1 - rank
+    counts = [0, 0]
+    counts[peer] = 4
+    readers = [0, 0]
+    readers[peer] = 3
+    return PartProfile(
+        rank=rank,
+        num_inner=10,
+        num_boundary=4,
+        inner_edges=20,
+        reuse_H=np.array([2, 1, 1, 1]),
+        owner_H=np.full(4, peer),
+        send_counts=counts,
+        recv_counts=counts,
+        rows_reading_halo=3,
+        rows_reading_peer=readers,
+    )
+
+
+# One GCN layer, 16 -> 4 (update-first: 4 columns cross the wire), no dropout.
+SHAPE = ModelShape(widths=(16, 4), dropout=0.0, input_dropout=0.0, dtype_bytes=4, extra_gemm=False)
+NONE = [RankCache(), RankCache()]
+
+
+def passes(rows: int, width: int = 4) -> float:
+    return rows * width * 4 / PASS
+
+
+def test_blocking_step_term_by_term() -> None:
+    gemm = 2 * 10 * 16 * 4 / FLOPS  # one update; backward: the weight gradient only
+    epilogue = passes(10) * 2 + passes(10)  # self-loop term (2) + bias (last layer: no ReLU)
+    comm = 2e-3 + 4 * 16 / 1e6  # the busiest rank receives 4 rows of 16 B
+    fwd_pre = gemm * 4 / 10 + 4 / GATHER  # boundary share of the update, pack 4 rows
+    fwd_window = gemm * 6 / 10
+    fwd_post = passes(14) + (25 / SPMM + passes(10)) + epilogue  # join, spmm (+ output)
+    bwd_pre = epilogue + 25 / SPMM_T + passes(14)  # spmm backward writes 14 rows
+    bwd_post = 4 / SCATTER + 2 * passes(10) + gemm  # unpack, weight gradient
+    loss = 2 * passes(10)
+    allreduce = 16 * 4 * 4 / 1e6 + 1e-3  # 64 weights, one message
+    expected = fwd_pre + fwd_window + comm + fwd_post + bwd_pre + comm + bwd_post
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "blocking", [1])
+    assert pred.epoch_time_s == pytest.approx(expected + loss + allreduce, rel=1e-12)
+    assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
+    assert pred.stages["join_s"] == pytest.approx(passes(14), rel=1e-12)
+    assert pred.stages["comm_wait_s"] == pytest.approx(2 * comm, rel=1e-12)
+
+
+def test_compute_only_skips_the_transfer_but_joins_zeros() -> None:
+    hw = hardware()
+    blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    floor = predict([part(0), part(1)], NONE, SHAPE, hw, "compute-only", [1])
+    comm = 2e-3 + 4 * 16 / 1e6
+    unpack = 4 / SCATTER + 2 * passes(10)
+    zeros = passes(4)
+    assert floor.epoch_time_s == pytest.approx(
+        blocking.epoch_time_s - 2 * comm - unpack + zeros, rel=1e-12
+    )
+
+
+def test_static_aggregate_layer_has_no_exchange() -> None:
+    static = [RankCache(static_aggregate=True), RankCache(static_aggregate=True)]
+    pred = predict([part(0), part(1)], static, SHAPE, hardware(), "leo", [1])
+    gemm = 2 * 10 * 16 * 4 / FLOPS
+    fwd = gemm + passes(10, 16) * 2 + passes(10)  # self-loop term at input width, bias
+    bwd = gemm + passes(10)  # weight gradient, bias
+    loss, allreduce = 2 * passes(10), 16 * 4 * 4 / 1e6 + 1e-3
+    assert pred.epoch_time_s == pytest.approx(fwd + bwd + loss + allreduce, rel=1e-12)
+    assert pred.stages["comm_wait_s"] == 0.0
+
+
+def test_fine_grained_moves_a_row_per_edge() -> None:
+    hw = hardware()
+    blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    fine = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])
+    # 5 rows instead of 4 each way: one more row to pack, join, send, unpack, and to write
+    # in the backward SpMM's output.
+    more = 1 / GATHER + 2 * passes(1) + 2 * (16 / 1e6) + 1 / SCATTER
+    # The 5 per-edge rows are read in order (a small block): priced apart, no output.
+    assert fine.epoch_time_s == pytest.approx(blocking.epoch_time_s + more, rel=1e-12)
+
+
+def test_pipelined_combine_hides_the_overlap_share() -> None:
+    # Rank 0 posts after 1 s, rank 1 after 2 s: transfers start at 2 s.
+    phases = [Phases(pre=1.0, window=4.0, comm=2.0, post=2.0), Phases(2.0, 1.0, 3.0, 1.0)]
+    total, times = _combine(phases, "leo", k=2, overlap=0.5)
+    # Rank 0: local work ends at 1 + 4 + 1 = 6, its transfer at 2 + 2 = 4; they shared the
+    # cores from 2 to 4, half of it lost; then the last chunk's post (1).
+    assert times[0] == pytest.approx(6 + 0.5 * 2 + 1)
+    # Rank 1: local ends at 2 + 1 + 0.5 = 3.5, transfer at 5; shared 1.5 s.
+    assert times[1] == pytest.approx(5 + 0.5 * 1.5 + 0.5)
+    assert total == max(times)
+    serial, _ = _combine(phases, "leo", k=1, overlap=0.0)
+    assert serial == pytest.approx(max(1 + 4 + 2 + 2, 2 + 1 + 3 + 1))
+
+
+def test_blocking_combine_waits_for_every_rank() -> None:
+    phases = [Phases(1.0, 4.0, 2.0, 2.0), Phases(2.0, 1.0, 3.0, 1.0)]
+    total, times = _combine(phases, "blocking", k=1, overlap=1.0)
+    assert total == pytest.approx(5 + 3 + 2) and times == [total, total]
+
+
+def test_pipelined_step_uses_point_to_point_chunks() -> None:
+    hw = hardware(overlap=1.0)
+    pred = predict([part(0), part(1)], NONE, SHAPE, hw, "leo-no-cache", [2])
+    # Two chunks of 4 rows of 16 B: 64 B at 1 MB/s + 2 messages of 1 ms, per direction.
+    assert pred.stages["comm_s"] == pytest.approx(2 * (64 / 1e6 + 2e-3), rel=1e-12)
+    # No join: the pipeline aggregates each chunk on its own.
+    assert pred.stages.get("join_s", 0.0) == 0.0
+
+
+def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "shared-memory", [1])
+    forward = 10 * 16 / 2e6 + 1e-3  # every inner row written, then the barrier
+    backward = 4 * 16 / 2e6 + 1e-3  # the halo rows' gradients
+    assert pred.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
