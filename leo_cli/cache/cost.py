@@ -9,10 +9,14 @@ workers run the kernel at once, so cores shared by several workers are priced as
 - `dropout` (mask_seconds): the counter-based mask and its apply on the layer's input (N x a,
   and the replicated rows); backward, the mask on the gradient (layers > 0: layer 0's input
   needs no gradient).
+- replicated rows (L1, layer 0): their masks, their SpMM at input width, a GEMM and an
+  out-of-place add for the rows reading them; backward, that GEMM's weight gradient and a
+  gather (counted under `dropout`, `spmm`, `gemm`, `unpack`, `pack`).
 - `gemm` (gemm_seconds, a roofline): the update x·Wᵀ (N x a -> b); backward, the weight
   gradient, and the input gradient past layer 0.
-- `pack` (gather_seconds): the rows sent (S x w); leo also splits the update boundary-first
-  (x rows gathered at width a, h rows placed at width w); backward, the rows of each chunk.
+- `pack` (gather_seconds + fresh_seconds): the rows sent (S x w) into a fresh buffer; leo also
+  splits the update boundary-first (x rows gathered at width a, h rows placed at width w);
+  backward, the rows of each chunk.
 - `join` (pass_seconds): `[h | halo]` assembled for one SpMM (blocking, fine-grained,
   compute-only, whose halo is zeros).
 - `spmm` (spmm_seconds + pass_seconds): aggregation at the exchanged width w, its edges priced
@@ -25,7 +29,9 @@ workers run the kernel at once, so cores shared by several workers are priced as
   ReLU (two passes at b; the last layer has no ReLU), forward and backward alike.
 - `comm`: blocking and fine-grained, one gloo all-to-all sized by the busiest rank's bytes
   (alltoall_seconds); leo, isend/irecv of k chunks per peer, waiting for the slowest peer
-  (transfer_seconds); shared-memory, the rows written to the segment and a barrier.
+  (transfer_seconds); both land in a fresh buffer (fresh_seconds: page faults of new memory,
+  0 where the allocator reuses it); shared-memory, the rows written to the segment and a
+  barrier.
 - `loss` (pass_seconds): the logits' gradient (two passes over N x classes).
 - `allreduce` (transfer_seconds): the weight gradients summed over the ranks.
 
@@ -200,16 +206,22 @@ def _blocks(hw: HardwareProfile, count: float, edges: float, w: int, rows_read: 
     return count * _spmm(hw, edges / count, w, rows_read / count, out_rows / count, backward)
 
 
-def _replica_terms(hw: HardwareProfile, r: int, cnt: _Counts, sl: ShapeLayer, n: int) -> Terms:
-    """Layer 0's replicated columns: their masks, aggregation at input width, then GEMM."""
+def _replica_terms(
+    hw: HardwareProfile, r: int, cnt: _Counts, sl: ShapeLayer, n: int, backward: bool
+) -> Terms:
+    """Layer 0's replicated columns: forward, their masks, aggregation at input width, GEMM
+    and the out-of-place add into the layer's rows; backward, the weight gradient of that
+    GEMM and its rows' gradients gathered."""
     rows = min(cnt.replica_edges[r], n)  # rows reading a replica (at most every row)
     if cnt.replica_rows[r] == 0:
         return {}
+    if backward:
+        return {"gemm": hw.gemm_seconds(rows, sl.a, sl.b), "pack": hw.gather_seconds(rows, sl.b)}
     return {
         "dropout": hw.mask_seconds(cnt.replica_rows[r], sl.a) if sl.p > 0 else 0.0,
         "spmm": _spmm(hw, cnt.replica_edges[r], sl.a, cnt.replica_rows[r], rows),
         "gemm": hw.gemm_seconds(rows, sl.a, sl.b),
-        "unpack": hw.scatter_add_seconds(rows, sl.b),
+        "unpack": hw.scatter_add_seconds(rows, sl.b) + hw.pass_seconds(n, sl.b),
     }
 
 
@@ -274,7 +286,7 @@ def _forward(
     gemm = dense.pop("gemm")
     update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
     update_window = gemm - update_pre if sl.upd else 0.0
-    pack = hw.gather_seconds(cnt.send[r], w)
+    pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
     window_spmm = unpack = join = 0.0
     if mode in PIPELINED:
         if sl.upd:  # boundary-first: x rows gathered, h rows placed, in two parts
@@ -286,16 +298,20 @@ def _forward(
         unpack = hw.scatter_add_seconds(rows, w)
     else:
         per_edge = cnt.per_edge_edges[r]  # read once each, in order: a small block at a time
-        post_spmm = _spmm(hw, cnt.halo_edges[r] + p.inner_edges - per_edge, w, n + halo, n)
+        edges = cnt.halo_edges[r] + p.inner_edges - per_edge
+        post_spmm = _spmm(hw, edges, w, n + halo - per_edge, n)
         post_spmm += _spmm(hw, per_edge, w, 1, 0)
         if mode != "shared-memory":  # the others join [h | halo] (compute-only: zeros)
             join = hw.pass_seconds(n + halo, w) + hw.pass_seconds(halo, w) * (
                 mode == "compute-only"
             )
     pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
-    window = _add({"gemm": update_window, "spmm": window_spmm}, _replica_terms(hw, r, cnt, sl, n))
+    replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
+    window = _add({"gemm": update_window, "spmm": window_spmm}, replicas)
     post = {"join": join, "spmm": post_spmm, "unpack": unpack, "gemm": gemm * (not sl.upd)}
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=n)
+    if comm > 0 and mode != "shared-memory":  # the rows land in a fresh buffer
+        comm += hw.fresh_seconds(halo, w)
     return _Split(pre, window, comm, _add(post, dense))
 
 
@@ -323,7 +339,10 @@ def _backward(
     if mode == "compute-only":
         unpack = 0.0
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
-    return _Split(pre, window, comm, _add({"unpack": unpack}, dense))
+    if comm > 0 and mode != "shared-memory":  # the gradients land in a fresh buffer
+        comm += hw.fresh_seconds(cnt.send[r], w)
+    replicas = _replica_terms(hw, r, cnt, sl, n, backward=True)
+    return _Split(pre, window, comm, _add({"unpack": unpack}, dense, replicas))
 
 
 def _static_layer(hw: HardwareProfile, p: PartProfile, sl: ShapeLayer) -> tuple[Terms, Terms]:
@@ -404,4 +423,6 @@ def predict(
     total = sum(v for key, v in stages.items() if key != "comm_wait_s")
     for name in sorted({t for terms in rank_terms for t in terms}):
         stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)
-    return Prediction(total, stages, per_rank)
+    stages = {key: float(v) for key, v in stages.items()}
+    per_rank = [{key: float(v) for key, v in times.items()} for times in per_rank]
+    return Prediction(float(total), stages, per_rank)

@@ -298,6 +298,15 @@ class HardwareProfile(_Record):
         i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
         return num_bytes / c.pass_bytes_per_s[i]
 
+    def fresh_seconds(self, rows: float, width: int) -> float:
+        """Seconds a fresh (rows x width) buffer costs beyond writing it at the fastest
+        measured pass rate: the page faults of new memory (0 where the allocator reuses it).
+        Kernels whose probe output was small pay this for their real, larger outputs."""
+        num_bytes = rows * width * self.dtype_bytes
+        if num_bytes <= 0:
+            return 0.0
+        return self.pass_seconds(rows, width) - num_bytes / max(self.compute.pass_bytes_per_s)
+
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the measured rows."""

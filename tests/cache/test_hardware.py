@@ -112,6 +112,9 @@ def test_compute_lookups(hw: HardwareProfile) -> None:
     assert hw.pass_seconds(100, 8) == pytest.approx(3200 / 1e4, rel=1e-12)
     assert hw.pass_seconds(1000, 8) == pytest.approx(32000 / 1e3, rel=1e-12)
     assert hw.pass_seconds(0, 8) == 0.0
+    # Fresh memory: what a pass costs beyond the fastest measured one (1e4 B/s).
+    assert hw.fresh_seconds(1000, 8) == pytest.approx(32000 / 1e3 - 32000 / 1e4, rel=1e-12)
+    assert hw.fresh_seconds(100, 8) == 0.0
     assert hw.dtype_bytes == 4
 
 
