@@ -143,7 +143,11 @@ def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str
     for layer in range(shape.num_layers):
         if layer == 0 and c.static_aggregate:
             continue
-        w = shape.exchanged_width(layer) * shape.dtype_bytes * 2  # forward rows + gradients
+        a, b = shape.widths[layer], shape.widths[layer + 1]
+        # Rows forward, gradients backward, except layer 0 aggregating first: its input
+        # needs no gradient, so nothing flows back.
+        directions = 1 if layer == 0 and b >= a else 2
+        w = shape.exchanged_width(layer) * shape.dtype_bytes * directions
         skip = l1 if layer == 0 else np.zeros_like(l1)
         per_step_l2 += int((~l3 & ~skip).sum()) * w
         per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from leo_cli.cache.plan import read_plan
 from leo_cli.comm.dist import (
     DistEnv,
     all_gather_,
@@ -145,9 +146,22 @@ def check_same_start(starts: torch.Tensor) -> None:
         )
 
 
+def level_bytes(cfg: LeoConfig, run_dir: Path) -> dict[str, int]:
+    """Bytes per cache level of one training step, all workers (from the plan; leo and
+    blocking move exactly these, a test checks them against the measured bytes)."""
+    plan = read_plan(run_dir) if cfg.cache.policy != "none" else None
+    if plan is None or cfg.pipeline.mode not in ("leo", "blocking"):
+        return {}
+    return {
+        f"step_{level}_bytes": sum(r[f"{level}_bytes_per_step"] for r in plan.bytes_per_level)
+        for level in ("L2", "L3")
+    }
+
+
 def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
     """The epoch loop: step, evaluate, log (rank 0), checkpoint (rank 0)."""
     tc = cfg.train
+    levels = level_bytes(cfg, run_dir) if env.rank == 0 else {}
     for epoch in range(start + 1, tc.num_epochs + 1):
         job.plan.stats.reset()
         loss, times = train_step(
@@ -166,6 +180,7 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
             row.update(evaluate(job.model, job.graph, job.data))
             row["eval_s"] = time.perf_counter() - t0
         row.update(reduce_epoch_stats(times["step_s"], *step_comm, job.plan.stats.bytes_sent))
+        row.update(levels)
         row["cold"] = epoch == start + 1
         if env.rank == 0:
             run_files.append_metrics(run_dir, row)
