@@ -69,9 +69,7 @@ def levels_for_mode(levels: RankLevels, mode: str) -> RankLevels:
     return levels
 
 
-def level_of_rows(
-    num_halo: int, levels: RankLevels, device: torch.device, layer0: bool
-) -> Tensor:
+def level_of_rows(num_halo: int, levels: RankLevels, device: torch.device, layer0: bool) -> Tensor:
     """Level of every halo row at layer 0 (replicas win) or at the other layers (replicas
     exist only for layer 0's input; there a row is L3 if the plan fetches it per edge)."""
     level = torch.full((num_halo,), L2, dtype=torch.int64, device=device)
