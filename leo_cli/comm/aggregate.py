@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.comm.blocks import block_product, column_block
 from leo_cli.comm.exchange import CommStats, HaloPlan, exchange_halo
 
 # Modes whose numbers equal single-process training (compute-only is for benchmarks only).
@@ -58,10 +59,11 @@ class LocalAggregator(_Base):
 
     def __init__(self, adj: kernels.CSR) -> None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        self.adj, self.stats = adj, CommStats()
+        self.block = column_block(adj, 0, adj.num_cols, compact=False)
+        self.stats = CommStats()
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return kernels.spmm(self.adj, h_NF)
+        return block_product(self.block, h_NF)
 
 
 class BlockingAggregator(_Base):

@@ -114,6 +114,7 @@ def assemble(
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
+    graph.fold_self_loops(data.x_NF)
     model = build_model(
         cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]), cfg.run.seed
     ).to(device=device, dtype=dtype)
