@@ -49,12 +49,6 @@ class ColumnBlock:
     def num_edges(self) -> int:
         return self.fwd.num_edges
 
-    def to(self, device: torch.device) -> ColumnBlock:
-        rows = None if self.rows_R is None else self.rows_R.to(device)
-        return ColumnBlock(
-            self.col_start, self.col_end, rows, self.fwd.to(device), self.bwd.to(device)
-        )
-
     def forward(self, x_CF: Tensor) -> Tensor:
         """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row."""
         return kernels.spmm(self.fwd, x_CF)

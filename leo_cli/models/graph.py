@@ -55,10 +55,6 @@ class LocalGraph:
     static_agg_NF: Tensor | None = None
     static_has_self: bool = False
 
-    @property
-    def num_inner(self) -> int:
-        return int(self.global_ids_N.shape[0])
-
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         """Σ_j w_ij h_j over in-edges, halo rows included; the self term is not included."""
         return self.aggregator.aggregate(h_NF, layer)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from leo_cli.cache.plan import read_plan
+from leo_cli.cache.plan import PLAN, read_plan
 from leo_cli.comm.dist import (
     DistEnv,
     all_gather_,
@@ -35,13 +35,13 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.stage import partition_dir
-from leo_cli.graph.storage import read_meta
+from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_config
 from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.plan_stage import predicted_time
-from leo_cli.train.setup import Job, build_job
+from leo_cli.train.setup import Job, build_job, halo_plan
 from leo_cli.train.trainer import evaluate, train_step
 
 USER_ERROR_EXIT = 3
@@ -78,14 +78,13 @@ def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
         )
 
 
-def resume_state(job: Job, run_dir: Path) -> int:
-    """Load the latest checkpoint into the job; returns the number of epochs it holds."""
-    state = load_latest(run_dir)
-    if state is None:
-        return 0
-    job.model.load_state_dict(state["model"])
-    job.optimizer.load_state_dict(state["optimizer"])
-    return int(state["epoch"])
+def with_plan(fingerprint: str, run_dir: Path, cfg: LeoConfig) -> str:
+    """The config fingerprint combined with the cache plan's bytes: every rank must train
+    with the same plan (both ends of a transfer cut it the same way)."""
+    plan = run_dir / PLAN
+    if cfg.cache.policy == "none" or not plan.is_file():
+        return fingerprint
+    return hashlib.sha256(bytes.fromhex(fingerprint) + plan.read_bytes()).hexdigest()
 
 
 def config_fingerprint(cfg: LeoConfig) -> str:
@@ -219,7 +218,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
             world_size,
             cfg.pipeline.mode,
             cfg.run.name,
-            predicted_time(run_dir, cfg.pipeline.mode, cfg.cache.policy),
+            predicted_time(run_dir, cfg),
         ),
     )
     run_files.plot_curves(rows, run_dir / "curves.png")
@@ -275,9 +274,17 @@ def run_worker(
     device = pick_device(cfg.launch, env)
     if env.world_size > 1:
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
-    job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
-    start = resume_state(job, run_dir) if resume else 0
-    check_consistent(job.plan, config_sha or config_fingerprint(cfg), start)
+    # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
+    # not hang in the first exchange.
+    part = read_part(partition_dir(run_dir), env.rank)
+    state = load_latest(run_dir) if resume else None
+    start = 0 if state is None else int(state["epoch"])
+    fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
+    check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
+    job = build_job(run_dir, cfg, meta, part, env.world_size, device)
+    if state is not None:
+        job.model.load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from leo_cli.cache.cost import ModelShape
 from leo_cli.cache.policy import Budgets, decide
 from leo_cli.cache.profile import PartProfile
+from leo_cli.errors import CacheError
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.types import Graph, symmetrize
 
@@ -54,9 +56,10 @@ def test_budget_beyond_the_halo_replicates_every_row() -> None:
     assert got.replica_rows.tolist() == [0, 1, 2]
 
 
-def test_rows_beyond_the_halo_budget_are_fetched_per_edge_least_read_first() -> None:
-    got = run("degree", [1, 9, 3, 2], replica_rows=0, halo_rows=2).caches[0]
-    assert got.l3_rows.tolist() == [0, 3]  # read once and twice; 9 and 3 stay deduplicated
+def test_a_halo_budget_below_the_halo_buffer_is_refused() -> None:
+    with pytest.raises(CacheError, match="cache.halo_budget_mb is below the halo buffer of rank 0"):
+        run("degree", [1, 9, 3, 2], replica_rows=0, halo_rows=3)
+    assert run("degree", [1, 9, 3, 2], replica_rows=0, halo_rows=4).caches[0].l3_rows.size == 0
 
 
 def test_static_aggregate_when_the_input_never_changes() -> None:
@@ -65,7 +68,7 @@ def test_static_aggregate_when_the_input_never_changes() -> None:
 
 
 def test_policy_none_keeps_every_row_exchanged() -> None:
-    got = run("none", [1, 9, 3], replica_rows=1000, halo_rows=0, p=0.0).caches[0]
+    got = run("none", [1, 9, 3], replica_rows=1000, halo_rows=0, p=0.0).caches[0]  # no budget
     assert not got.static_aggregate
     assert got.replica_rows.size == 0 and got.l3_rows.size == 0
 

@@ -19,11 +19,10 @@ TINY = [
     "--set", "partition.num_parts=3",
     "--set", "train.num_epochs=4",
 ]  # fmt: skip
-# Half of the halo replicated, a halo buffer too small for the rest: every level is used.
+# Part of the halo replicated, the rest exchanged: L1 at layer 0 and L2.
 LEVELS = [
     "--set", "cache.policy=degree",
     "--set", "cache.replica_budget_mb=30%",
-    "--set", "cache.halo_budget_mb=20%",
 ]  # fmt: skip
 
 
@@ -73,7 +72,17 @@ def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (cached / "metrics.jsonl").read_text().splitlines()]
     for row in rows:  # the plan's bytes per level are what the workers moved
         assert row["step_L2_bytes"] + row["step_L3_bytes"] == row["step_comm_bytes"]
-    assert rows[-1]["step_L3_bytes"] > 0 and rows[-1]["step_L2_bytes"] > 0
+    assert rows[-1]["step_L3_bytes"] == 0 and rows[-1]["step_L2_bytes"] > 0
+    assert a["total_comm_bytes"] < b["total_comm_bytes"]  # replicas leave layer 0's exchange
+
+
+def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
+    res = leo(
+        "train", *TINY, "--set", "cache.halo_budget_mb=1%", "--set", f"run.out_dir={tmp_path}"
+    )
+    assert res.returncode == 2
+    assert "cache.halo_budget_mb is below the halo buffer" in " ".join(res.stderr.split())
+    assert "Traceback" not in res.stderr
 
 
 def test_bad_hardware_file_is_one_sentence(tmp_path: Path) -> None:

@@ -39,9 +39,9 @@ def dataset_info(g: Graph) -> dict[str, Any]:
 
 def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
     """Cache levels by name, for exactness tests: `none`, `static`, `half` (every other halo
-    row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
-    (every halo row fetched per edge), `overlap` (half replicated at layer 0, every row
-fetched per edge at the others); `static+` in front adds the static aggregate."""
+        row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
+        (every halo row fetched per edge), `overlap` (half replicated at layer 0, every row
+    fetched per edge at the others); `static+` in front adds the static aggregate."""
     if spec is None:
         return None
     static = spec.startswith("static")
