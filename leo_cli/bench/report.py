@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import platform
 import statistics
@@ -50,7 +51,21 @@ def _median(runs: list[dict[str, Any]], key: str) -> Any:
     return statistics.median(values) if values else None
 
 
-def make_rows(cfg: LeoConfig, measured: list[Measured]) -> list[dict[str, Any]]:
+def planned_time(out_dir: Path | None, mode: str, world_size: int) -> float | None:
+    """What the cache plan of that world size predicts for a mode (every LEO row)."""
+    if out_dir is None:
+        return None
+    path = out_dir / f"p{world_size}" / "cache-plan.json"
+    try:
+        value = json.loads(path.read_text())["predicted_epoch_time_s"].get(mode)
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return float(value) if value is not None else None
+
+
+def make_rows(
+    cfg: LeoConfig, measured: list[Measured], out_dir: Path | None = None
+) -> list[dict[str, Any]]:
     """One row per variant, with paired ratios to blocking (same P) and to pyg."""
     by_key = {(m.variant.mode, m.variant.world_size): m for m in measured}
     pyg = by_key.get(("pyg", 1))
@@ -77,7 +92,8 @@ def make_rows(cfg: LeoConfig, measured: list[Measured]) -> list[dict[str, Any]]:
                 "comm_bytes_per_epoch": _median(m.runs, "comm_bytes_per_epoch"),
                 "comm_wait_s": _median(m.runs, "comm_wait_s"),
                 "test_acc": _median(m.runs, "test_acc"),
-                "predicted_epoch_time_s": _median(m.runs, "predicted_epoch_time_s"),
+                "predicted_epoch_time_s": _median(m.runs, "predicted_epoch_time_s")
+                or (planned_time(out_dir, v.mode, v.world_size) if v.system == "leo" else None),
                 "exact": all(r.get("exact", True) for r in m.runs),
                 "epochs_kept": len(m.epochs),
                 "epochs_dropped": m.dropped,
@@ -143,6 +159,7 @@ MD_HEAD = (
     "epoch s (p10-p90)",
     "vs blocking (95% CI)",
     "vs pyg",
+    "predicted s",
     "MB/epoch",
     "wait s",
     "test acc",
@@ -165,6 +182,7 @@ def md_cells(r: dict[str, Any]) -> list[str]:
         epoch,
         ratio,
         _fmt(r["vs_pyg"], 2),
+        _fmt(r["predicted_epoch_time_s"]),
         _fmt(mb, 1),
         _fmt(r["comm_wait_s"]),
         _fmt(r["test_acc"], 4),

@@ -55,23 +55,36 @@ def budgets(cache: CacheConfig, profiles: list[PartProfile], shape: ModelShape) 
     )
 
 
-def plan_key(
-    partition_meta: dict[str, Any],
-    model: ModelConfig,
-    cache: CacheConfig,
-    dtype: str,
-    hw: HardwareProfile | None,
-) -> str:
-    """Staleness key: partitions, model, cache settings, dtype and the hardware profile."""
-    material = {
-        "format": FORMAT_VERSION,
-        "partitions": partition_meta.get("files", partition_meta),
-        "model": model.model_dump(mode="json"),
-        "cache": cache.model_dump(mode="json"),
-        "dtype": dtype,
-        "hardware": None if hw is None else hw.fingerprint(),
-    }
+def _digest(material: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def graph_inputs(partition_meta: dict[str, Any], model: ModelConfig, dtype: str) -> str:
+    """Digest of what every mode's prediction depends on: partitions, model, dtype."""
+    return _digest(
+        {
+            "format": FORMAT_VERSION,
+            "partitions": partition_meta.get("files", partition_meta),
+            "model": model.model_dump(mode="json"),
+            "dtype": dtype,
+        }
+    )
+
+
+def plan_inputs(
+    partition_meta: dict[str, Any], model: ModelConfig, cache: CacheConfig, dtype: str
+) -> str:
+    """Digest of what the cache levels depend on: the graph inputs and the cache settings.
+
+    Workers check it, so a plan made for other partitions or settings is never used.
+    """
+    settings = cache.model_dump(mode="json", exclude={"hardware"})
+    return _digest({"graph": graph_inputs(partition_meta, model, dtype), "cache": settings})
+
+
+def plan_key(inputs: str, hw: HardwareProfile) -> str:
+    """Staleness key: the plan's inputs and the hardware profile it was predicted with."""
+    return _digest({"inputs": inputs, "hardware": hw.fingerprint()})
 
 
 @dataclass
@@ -79,6 +92,8 @@ class CachePlan:
     """What `cache-plan.json` holds (see the module docstring)."""
 
     key: str
+    inputs: str
+    graph_inputs: str
     policy: str
     caches: list[RankCache]
     num_chunks: list[int]
@@ -86,11 +101,14 @@ class CachePlan:
     stages: dict[str, dict[str, float]]
     bytes_per_level: list[dict[str, int]]
     sweep: list[dict[str, float]]
+    replica_budget_mb: float
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
             "key": self.key,
+            "inputs": self.inputs,
+            "graph_inputs": self.graph_inputs,
             "policy": self.policy,
             "num_chunks": self.num_chunks,
             "predicted_epoch_time_s": self.predicted,
@@ -106,6 +124,7 @@ class CachePlan:
                 for r, c in enumerate(self.caches)
             ],
             "replica_budget_sweep": self.sweep,
+            "replica_budget_mb": self.replica_budget_mb,
         }
 
     @classmethod
@@ -122,9 +141,11 @@ class CachePlan:
                 for r in data["ranks"]
             ]
             return cls(
-                data["key"], data["policy"], caches, [int(k) for k in data["num_chunks"]],
+                data["key"], data["inputs"], data["graph_inputs"], data["policy"], caches,
+                [int(k) for k in data["num_chunks"]],
                 data["predicted_epoch_time_s"], data["predicted_stages_s"],
                 [r["bytes_per_level"] for r in data["ranks"]], data["replica_budget_sweep"],
+                float(data["replica_budget_mb"]),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheError(
@@ -143,7 +164,11 @@ def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str
     for layer in range(shape.num_layers):
         if layer == 0 and c.static_aggregate:
             continue
-        w = shape.exchanged_width(layer) * shape.dtype_bytes * 2  # forward rows + gradients
+        a, b = shape.widths[layer], shape.widths[layer + 1]
+        # Rows forward, gradients backward, except layer 0 aggregating first: its input
+        # needs no gradient, so nothing flows back.
+        directions = 1 if layer == 0 and b >= a else 2
+        w = shape.exchanged_width(layer) * shape.dtype_bytes * directions
         skip = l1 if layer == 0 else np.zeros_like(l1)
         per_step_l2 += int((~l3 & ~skip).sum()) * w
         per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w
@@ -161,9 +186,12 @@ def make_plan(
     profiles: list[PartProfile],
     shape: ModelShape,
     hw: HardwareProfile,
-    key: str,
+    keys: tuple[str, str, str],
 ) -> CachePlan:
-    """Run the policy, predict every mode, sweep the replica budget for the plot."""
+    """Run the policy, predict every mode, sweep the replica budget for the plot.
+
+    `keys` are the plan's (key, inputs, graph_inputs) digests.
+    """
     b = budgets(cache, profiles, shape)
     decision = decide(cache.policy, profiles, shape, b, hw, cache.static_aggregate)
     none = [RankCache() for _ in profiles]
@@ -178,9 +206,9 @@ def make_plan(
             continue
         predicted[mode], stages[mode] = pred.epoch_time_s, pred.stages
     return CachePlan(
-        key, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
+        *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [bytes_per_level(p, c, shape) for p, c in zip(profiles, decision.caches, strict=True)],
-        sweep(cache, profiles, shape, hw),
+        sweep(cache, profiles, shape, hw), max(b.replica_bytes) / 2**20,
     )  # fmt: skip
 
 

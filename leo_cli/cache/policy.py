@@ -8,8 +8,10 @@
   count per layer, are chosen to minimise the slowest rank's predicted step time.
 
 For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
-changes (`model.input_dropout` = 0); rows that do not fit the halo budget are fetched per
-edge (L3), the least-read first. Legend: H halo rows of a rank, R replicated rows.
+changes (`model.input_dropout` = 0), and the deduplicated halo buffer (L2) must fit
+`cache.halo_budget_mb`. No policy puts rows at L3 (fetched per edge) yet: without on-demand
+reads from peer or shared memory, a row fetched per edge costs more buffer, not less (the
+fine-grained baseline uses L3 for every row). Legend: H halo rows of a rank, R replicas.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from leo_cli.cache.cost import ModelShape, Prediction, RankCache, predict
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.profile import PartProfile
+from leo_cli.errors import CacheError
 from leo_cli.graph.types import IntArray
 
 CHUNK_CHOICES = (1, 2, 4, 8)
@@ -44,13 +47,20 @@ class Decision:
     prediction: Prediction | None
 
 
-def l3_rows(p: PartProfile, halo_bytes: int, row_bytes: int) -> IntArray:
-    """Rows beyond the halo buffer budget, the least-read first (they gain least from dedup)."""
-    fits = halo_bytes // max(row_bytes, 1)
-    if fits >= p.num_halo:
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(-p.reuse_H, kind="stable")
-    return np.sort(order[fits:]).astype(np.int64)
+def check_halo_budget(profiles: list[PartProfile], budgets: Budgets, row_bytes: int) -> None:
+    """Every rank's deduplicated halo buffer must fit `cache.halo_budget_mb`.
+
+    Rows beyond it would go to L3, read on demand without a local copy; that needs peer memory
+    (GPUs) or shared memory, which this version's exchange does not have: here a row fetched
+    per edge takes more buffer than a deduplicated one, so L3 cannot honour a budget.
+    """
+    for r, p in enumerate(profiles):
+        need = p.num_halo * row_bytes
+        if need > budgets.halo_bytes[r]:
+            raise CacheError(
+                f"cache.halo_budget_mb is below the halo buffer of rank {r} ({need / 2**20:.1f} "
+                "MiB); raise it (on-demand L3 reads without a local copy are not implemented)."
+            )
 
 
 def replica_order(p: PartProfile, shape: ModelShape, hw: HardwareProfile | None) -> IntArray:
@@ -89,24 +99,20 @@ def decide(
     """The policy's levels for every rank, and the chunk count of every layer."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
     row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
-    l3 = [
-        l3_rows(p, budgets.halo_bytes[r], row_bytes) if policy != "none" else np.zeros(0, np.int64)
-        for r, p in enumerate(profiles)
-    ]
-    base = [RankCache(static, np.zeros(0, np.int64), l3[r]) for r in range(len(profiles))]
+    if policy != "none":
+        check_halo_budget(profiles, budgets, row_bytes)
+    base = [RankCache(static) for _ in profiles]
     chunks = [1] * shape.num_layers
-    if policy == "none" or static or shape.input_dropout == 0:
+    if policy == "none" or static:
         caches = base
     elif policy == "degree":
         caches = [
-            RankCache(
-                False, np.sort(replica_order(p, shape, None)[: fits(p.num_halo, shape, b)]), l3[r]
-            )
-            for r, (p, b) in enumerate(zip(profiles, budgets.replica_bytes, strict=True))
+            RankCache(False, np.sort(most_read(p, shape, b)))
+            for p, b in zip(profiles, budgets.replica_bytes, strict=True)
         ]
     else:
         assert hw is not None, "the leo policy needs a hardware profile"
-        caches = choose_replicas(profiles, shape, budgets, hw, base)
+        caches = choose_replicas(profiles, shape, budgets, hw)
     if hw is None:
         return Decision(caches, chunks, None)
     chunks = choose_chunks(profiles, caches, shape, hw)
@@ -118,7 +124,6 @@ def choose_replicas(
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile,
-    base: list[RankCache],
 ) -> list[RankCache]:
     """Per rank, the replicated share that minimises the predicted step (two sweeps)."""
     orders = [replica_order(p, shape, hw) for p in profiles]
@@ -126,10 +131,7 @@ def choose_replicas(
     chunks = [1] * shape.num_layers
 
     def caches_for(cs: list[int]) -> list[RankCache]:
-        return [
-            RankCache(False, np.sort(orders[r][: cs[r]]), base[r].l3_rows)
-            for r in range(len(profiles))
-        ]
+        return [RankCache(False, np.sort(orders[r][: cs[r]])) for r in range(len(profiles))]
 
     def step_time(r: int, c: int) -> float:
         trial = counts[:r] + [c] + counts[r + 1 :]

@@ -82,10 +82,10 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
             progress.update(stages[stage], completed=done, total=total)
 
         def on_round(measured: list[Measured]) -> None:
-            report.write_outputs(out_dir, report.make_rows(cfg, measured), env)
+            report.write_outputs(out_dir, report.make_rows(cfg, measured, out_dir), env)
 
         measured = run_suite(cfg, out_dir, on_run, on_stage, console.print, on_round)
-    rows = report.make_rows(cfg, measured)
+    rows = report.make_rows(cfg, measured, out_dir)
     paths = report.write_outputs(out_dir, rows, env)
     console.print(results_table(rows, report.hidden_shares(rows)))
     console.print("Wrote " + ", ".join(str(p) for p in paths))

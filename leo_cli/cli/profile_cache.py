@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -53,33 +52,6 @@ def prediction_table(plan: CachePlan) -> Table:
     return table
 
 
-def plot_plan(plan: CachePlan, chosen_mb: float, path: Path) -> None:
-    """Predicted `leo` step time against the replica budget, the configured budget marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p["replica_budget_mb"] for p in plan.sweep]
-    ys = [p["predicted_epoch_time_s"] for p in plan.sweep]
-    ax.plot(xs, ys, marker="o", label="leo (predicted)")
-    ax.plot([chosen_mb], [plan.predicted["leo"] or 0.0], marker="*", markersize=16, color="red",
-            linestyle="none", label="configured budget")  # fmt: skip
-    for mode, style in (("blocking", "--"), ("leo-no-cache", ":")):
-        t = plan.predicted[mode]
-        if t is not None:
-            ax.axhline(t, linestyle=style, color="gray", label=mode)
-    ax.set(xlabel="replica budget per worker (MiB)", ylabel="predicted step time (s)",
-           title="cache plan: predicted step time against replica budget")  # fmt: skip
-    ax.legend()
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-
-
 @handle_errors
 def profile_cache_cmd(
     config: ConfigOpt = None,
@@ -116,7 +88,4 @@ def profile_cache_cmd(
     assert plan is not None
     console.print(plan_table(plan))
     console.print(prediction_table(plan))
-    budget = cfg.cache.replica_budget_mb
-    chosen = budget if isinstance(budget, float | int) else plan.sweep[-1]["replica_budget_mb"]
-    plot_plan(plan, float(chosen), run_dir / "cache-plan.png")
     console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.comm.blocks import block_product, column_block
 from leo_cli.comm.exchange import CommStats, HaloPlan, exchange_halo
 
 # Modes whose numbers equal single-process training (compute-only is for benchmarks only).
@@ -38,7 +39,7 @@ class Aggregator(Protocol):
         ...
 
 
-class _Base:
+class AggregatorBase:
     """Update-first as 'transform, then aggregate'; modes that overlap the two override it."""
 
     stats: CommStats
@@ -53,18 +54,19 @@ class _Base:
         return self.aggregate(h_NO, layer), h_NO
 
 
-class LocalAggregator(_Base):
+class LocalAggregator(AggregatorBase):
     """A single worker owns every node: no halo, one SpMM."""
 
     def __init__(self, adj: kernels.CSR) -> None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        self.adj, self.stats = adj, CommStats()
+        self.block = column_block(adj, 0, adj.num_cols, compact=False)
+        self.stats = CommStats()
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return kernels.spmm(self.adj, h_NF)
+        return block_product(self.block, h_NF)
 
 
-class BlockingAggregator(_Base):
+class BlockingAggregator(AggregatorBase):
     """Exchange the whole halo, wait, then one SpMM (DGL/PyG-style; the exact reference).
 
     With an edge-level plan and CSR (`fine_grained_view`) the same code is MGG's scheme:
@@ -78,7 +80,7 @@ class BlockingAggregator(_Base):
         return kernels.spmm(self.adj, exchange_halo(h_NF, self.plan))
 
 
-class ComputeOnlyAggregator(_Base):
+class ComputeOnlyAggregator(AggregatorBase):
     """The halo is never exchanged (zeros instead): the time perfect overlap would reach.
 
     Numbers are wrong on purpose; `leo bench` uses it as the floor of the other modes.
@@ -92,7 +94,7 @@ class ComputeOnlyAggregator(_Base):
         return kernels.spmm(self.adj, torch.cat([h_NF, halo_HF]))
 
 
-class PerLayerAggregator(_Base):
+class PerLayerAggregator(AggregatorBase):
     """Layer 0 on its own halo view (replicas left out), the other layers on theirs."""
 
     def __init__(self, first: Aggregator, rest: Aggregator) -> None:

@@ -13,6 +13,7 @@ Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,12 +49,6 @@ class ColumnBlock:
     def num_edges(self) -> int:
         return self.fwd.num_edges
 
-    def to(self, device: torch.device) -> ColumnBlock:
-        rows = None if self.rows_R is None else self.rows_R.to(device)
-        return ColumnBlock(
-            self.col_start, self.col_end, rows, self.fwd.to(device), self.bwd.to(device)
-        )
-
     def forward(self, x_CF: Tensor) -> Tensor:
         """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row."""
         return kernels.spmm(self.fwd, x_CF)
@@ -70,6 +65,26 @@ class ColumnBlock:
             out_NF += part_RF
         else:
             out_NF.index_add_(0, self.rows_R, part_RF)
+
+
+class _BlockProduct(torch.autograd.Function):
+    """x -> A[:, block]·x, its backward over the block's precomputed transpose (no per-call
+    gather of transposed edge values, unlike the op's own autograd)."""
+
+    @staticmethod
+    def forward(ctx: Any, x_CF: Tensor, block: ColumnBlock) -> Tensor:
+        ctx.block = block
+        return block.forward(x_CF)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return ctx.block.backward(grad), None
+
+
+def block_product(block: ColumnBlock, x_CF: Tensor) -> Tensor:
+    """A[:, block]·x, differentiable in x (edge values are constants)."""
+    out: Tensor = _BlockProduct.apply(x_CF, block)  # type: ignore[no-untyped-call]
+    return out
 
 
 def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> ColumnBlock:

@@ -76,18 +76,15 @@ class HaloPlan:
     def num_halo(self) -> int:
         return sum(self.recv_counts)
 
-    @property
-    def device(self) -> torch.device:
-        return self.send_idx_S.device
-
     def send_offsets(self) -> list[int]:
-        return _offsets(self.send_counts)
+        return offsets(self.send_counts)
 
     def recv_offsets(self) -> list[int]:
-        return _offsets(self.recv_counts)
+        return offsets(self.recv_counts)
 
 
-def _offsets(counts: list[int]) -> list[int]:
+def offsets(counts: list[int]) -> list[int]:
+    """Prefix sums: where each count's block starts (and, last, the total)."""
     out = [0]
     for c in counts:
         out.append(out[-1] + c)
@@ -135,45 +132,39 @@ def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
 
 
 class Transfer:
-    """Chunks in flight between this worker and its peers (one exchange of one layer).
+    """Rounds of chunks in flight between this worker and its peers (one exchange of a layer).
 
-    Receives are posted first (`expect`), sends as soon as their rows exist (`send`);
-    `wait(i)` blocks until the i-th expected chunk has landed, `finish()` until every send is
-    done (send buffers stay alive until then). Chunks between a pair of workers are matched
-    in posting order, so both sides list them in the same order (they cut the same counts
-    the same way). Empty chunks are skipped on both sides.
+    A round is one chunk per peer, posted as one batch of receives and sends: NCCL needs a
+    pair's sends and receives grouped, or both sides block on their receives. Rounds are
+    posted as soon as their rows exist; `wait(r)` blocks until round r has landed (its sends
+    done too) and returns its receive buffers; `finish()` closes the exchange. Both sides of a
+    pair list their rounds in the same order (they cut the same counts the same way); empty
+    chunks are skipped on both sides.
     """
 
     def __init__(self, stats: CommStats, device: torch.device) -> None:
         self.stats, self.device = stats, device
-        self.recv_buffers: list[Tensor] = []
-        self.recv_works: list[Any] = []
-        self.send_works: list[Any] = []
-        self.sent_buffers: list[Tensor] = []
+        self.rounds: list[tuple[list[Any], list[Tensor], list[Tensor]]] = []
         self.posted_at = time.perf_counter()
 
-    def expect(self, peer: int, buf: Tensor) -> None:
-        self.recv_buffers.append(buf)
-        self.recv_works.append(dist.irecv(buf, peer) if buf.numel() > 0 else None)
+    def post(self, recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]]) -> None:
+        """Post one round: receive into each (peer, buffer), send each (peer, rows)."""
+        sent = [(peer, rows.contiguous()) for peer, rows in sends if rows.numel() > 0]
+        ops = [dist.P2POp(dist.irecv, buf, peer) for peer, buf in recvs if buf.numel() > 0]
+        ops += [dist.P2POp(dist.isend, rows, peer) for peer, rows in sent]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        self.stats.bytes_sent += sum(rows.numel() * rows.element_size() for _, rows in sent)
+        self.rounds.append((works, [buf for _, buf in recvs], [rows for _, rows in sent]))
 
-    def send(self, peer: int, rows: Tensor) -> None:
-        if rows.numel() == 0:
-            return
-        rows = rows.contiguous()
-        self.send_works.append(dist.isend(rows, peer))
-        self.sent_buffers.append(rows)
-        self.stats.bytes_sent += rows.numel() * rows.element_size()
-
-    def wait(self, i: int) -> Tensor:
-        """The i-th expected chunk, once it has landed."""
+    def wait(self, r: int) -> list[Tensor]:
+        """Round r's receive buffers, once it has landed."""
+        works, buffers, _ = self.rounds[r]
         with self.stats.waiting(self.device):
-            if self.recv_works[i] is not None:
-                self.recv_works[i].wait()
-        return self.recv_buffers[i]
+            for work in works:
+                work.wait()
+        return buffers
 
     def finish(self) -> None:
-        with self.stats.waiting(self.device):
-            for work in self.send_works:
-                work.wait()
+        """Every round has been waited for: account the exchange, release send buffers."""
         self.stats.transfer_s += time.perf_counter() - self.posted_at
-        self.sent_buffers.clear()
+        self.rounds.clear()

@@ -69,10 +69,13 @@ def levels_for_mode(levels: RankLevels, mode: str) -> RankLevels:
     return levels
 
 
-def level_of_rows(num_halo: int, levels: RankLevels, device: torch.device) -> Tensor:
+def level_of_rows(num_halo: int, levels: RankLevels, device: torch.device, layer0: bool) -> Tensor:
+    """Level of every halo row at layer 0 (replicas win) or at the other layers (replicas
+    exist only for layer 0's input; there a row is L3 if the plan fetches it per edge)."""
     level = torch.full((num_halo,), L2, dtype=torch.int64, device=device)
     level[torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)] = L3
-    level[torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)] = L1
+    if layer0:
+        level[torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)] = L1
     return level
 
 
@@ -95,9 +98,9 @@ def build_levels(
         static = kernels.spmm(adj, full)
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
-    level = level_of_rows(plan.num_halo, levels, adj.device)
+    level = level_of_rows(plan.num_halo, levels, adj.device, layer0=True)
     layer0 = level_view(adj, plan, level)
-    others = level_view(adj, plan, torch.where(level == L1, L2, level))
+    others = level_view(adj, plan, level_of_rows(plan.num_halo, levels, adj.device, False))
     return Levels(layer0, others, fetch_replicas(adj, plan, x_NF, halo_ids_H, level), static)
 
 

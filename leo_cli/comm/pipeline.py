@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.aggregate import _Base
+from leo_cli.comm.aggregate import AggregatorBase
 from leo_cli.comm.blocks import ColumnBlock, chunk_bounds, column_block
 from leo_cli.comm.exchange import HaloPlan, Transfer
 
@@ -42,17 +42,20 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The order in which chunks are posted and aggregated, for one chunk count."""
+    """The rounds in which chunks are posted and aggregated, for one chunk count: round c
+    holds chunk c of every peer (peers with nothing to move in it are left out)."""
 
     num_chunks: int
-    chunks: list[Chunk]
+    rounds: list[list[Chunk]]
 
 
 def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int) -> Schedule:
-    """Cut every peer's rows into k chunks; chunk c of every peer before chunk c + 1."""
+    """Cut every peer's rows into k chunks; round c holds chunk c of every peer."""
     send_off, recv_off = plan.send_offsets(), plan.recv_offsets()
-    n, chunks = plan.num_inner, []
+    n, rounds = plan.num_inner, []
     for c in range(k):
+        chunks: list[Chunk] = []
+        rounds.append(chunks)
         for peer in range(len(plan.send_counts)):
             s = chunk_bounds(plan.send_counts[peer], k)
             r = chunk_bounds(plan.recv_counts[peer], k)
@@ -70,10 +73,10 @@ def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int)
                     column_block(adj, n + lo, n + hi, compact=True),
                 )
             )
-    return Schedule(k, chunks)
+    return Schedule(k, [chunks for chunks in rounds if chunks])
 
 
-class PipelinedAggregator(_Base):
+class PipelinedAggregator(AggregatorBase):
     """LEO mode: boundary-first update, chunked asynchronous halo, per-chunk aggregation."""
 
     def __init__(self, adj: kernels.CSR, plan: HaloPlan, num_chunks: list[int]) -> None:
@@ -126,39 +129,42 @@ class PipelinedAggregator(_Base):
         return h_NO, transfer
 
     def post_rows(self, rows: Tensor, sched: Schedule, by_position: bool) -> Transfer:
-        """Expect every halo chunk, then send every boundary chunk."""
+        """Post every round: halo chunks in, boundary chunks out."""
         transfer = Transfer(self.stats, rows.device)
         halo_HF = rows.new_empty((self.plan.num_halo, rows.shape[1]))
-        for c in sched.chunks:
-            transfer.expect(c.peer, halo_HF[c.recv_start : c.recv_end])
-        for c in sched.chunks:
-            transfer.send(
-                c.peer, kernels.gather_rows(rows, c.send_pos if by_position else c.send_idx)
-            )
+        for chunks in sched.rounds:
+            recvs = [(c.peer, halo_HF[c.recv_start : c.recv_end]) for c in chunks]
+            sends = [
+                (c.peer, kernels.gather_rows(rows, c.send_pos if by_position else c.send_idx))
+                for c in chunks
+            ]
+            transfer.post(recvs, sends)
         return transfer
 
     def aggregate_arrivals(self, h_NF: Tensor, transfer: Transfer, sched: Schedule) -> Tensor:
-        """Inner block first, then every chunk as soon as it has landed."""
+        """Inner block first, then every round's chunks as soon as the round has landed."""
         out_NF = self.inner.forward(h_NF)
-        for i, c in enumerate(sched.chunks):
-            halo = transfer.wait(i)
-            if c.block.num_edges > 0:
-                c.block.add_into(out_NF, halo)
+        for r, chunks in enumerate(sched.rounds):
+            for c, halo in zip(chunks, transfer.wait(r), strict=True):
+                if c.block.num_edges > 0:
+                    c.block.add_into(out_NF, halo)
         transfer.finish()
         return out_NF
 
     # -- backward pieces -----------------------------------------------------------------
 
     def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
-        """Gradient of h: halo chunks sent to their owners first, the inner block meanwhile."""
+        """Gradient of h: each round's halo-gradient chunks leave for their owners as soon as
+        they exist, the inner block's backward runs meanwhile, arrivals are added last."""
         transfer = Transfer(self.stats, grad_NO.device)
-        for c in sched.chunks:
-            transfer.expect(c.peer, grad_NO.new_empty((c.send_idx.shape[0], grad_NO.shape[1])))
-        for c in sched.chunks:  # each chunk leaves as soon as its gradient exists
-            transfer.send(c.peer, c.block.backward(grad_NO))
+        width = grad_NO.shape[1]
+        for chunks in sched.rounds:
+            recvs = [(c.peer, grad_NO.new_empty((c.send_idx.shape[0], width))) for c in chunks]
+            transfer.post(recvs, [(c.peer, c.block.backward(grad_NO)) for c in chunks])
         grad_h = self.inner.backward(grad_NO)
-        for i, c in enumerate(sched.chunks):
-            grad_h.index_add_(0, c.send_idx, transfer.wait(i))
+        for r, chunks in enumerate(sched.rounds):
+            for c, grad in zip(chunks, transfer.wait(r), strict=True):
+                grad_h.index_add_(0, c.send_idx, grad)
         transfer.finish()
         return grad_h
 

@@ -15,6 +15,7 @@ Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -25,8 +26,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.aggregate import _Base
-from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.aggregate import AggregatorBase
+from leo_cli.comm.dist import all_gather_
+from leo_cli.comm.exchange import HaloPlan, offsets
+from leo_cli.errors import TrainError
 
 SHM_DIR = "/dev/shm"
 
@@ -34,30 +37,47 @@ SHM_DIR = "/dev/shm"
 def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
     """A flat tensor mapped from one /dev/shm file by every worker (rank 0 creates it).
 
-    The file is unlinked once everyone has mapped it, so no file outlives the job.
+    The space is reserved up front (a full /dev/shm then fails here with a sentence, instead
+    of killing a worker with SIGBUS on first write), and the file is unlinked once everyone
+    has mapped it, so no file outlives the job.
     """
+    num_bytes = max(num_elements, 1) * torch.empty(0, dtype=dtype).element_size()
     names: list[Any] = [None]
     if dist.get_rank() == 0:
-        names[0] = os.path.join(SHM_DIR, f"leo-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        with open(names[0], "wb") as f:
-            f.truncate(max(num_elements, 1) * torch.empty(0, dtype=dtype).element_size())
+        names[0] = _create(num_bytes)
     dist.broadcast_object_list(names, src=0)
-    segment = torch.from_file(names[0], shared=True, size=max(num_elements, 1), dtype=dtype)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        os.unlink(names[0])
+    if names[0].startswith("!"):
+        raise TrainError(
+            f"cannot reserve {num_bytes / 2**20:.0f} MiB in {SHM_DIR} ({names[0][1:]}); free "
+            "space there (or enlarge it) or use pipeline.mode=leo."
+        )
+    try:
+        segment = torch.from_file(names[0], shared=True, size=max(num_elements, 1), dtype=dtype)
+        dist.barrier()
+    finally:
+        if dist.get_rank() == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(names[0])
     return segment
 
 
-def _all_gather_ints(values: list[int], device: torch.device) -> list[list[int]]:
-    """Every rank's list of ints (equal lengths), as one all-gather."""
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
-    return [[int(v) for v in t.tolist()] for t in out]
+def _create(num_bytes: int) -> str:
+    """A new file of num_bytes reserved bytes in /dev/shm; "!reason" when that fails."""
+    name = os.path.join(SHM_DIR, f"leo-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, num_bytes)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        return f"!{exc.strerror or exc}"
+    return name
 
 
-class SharedMemoryAggregator(_Base):
+class SharedMemoryAggregator(AggregatorBase):
     """Shared segment + barrier: no copies through the process group at all."""
 
     def __init__(self, adj: kernels.CSR, plan: HaloPlan, halo_local_H: Tensor, width: int) -> None:
@@ -69,20 +89,20 @@ class SharedMemoryAggregator(_Base):
         """
         self.adj, self.plan, self.stats = adj, plan, plan.stats
         self.device, self.width, self.rank = adj.device, width, dist.get_rank()
-        cpu = torch.device("cpu")
-        counts = _all_gather_ints([plan.num_inner, plan.num_halo, *plan.recv_offsets()], cpu)
-        inner_off = _prefix([c[0] for c in counts])
-        halo_off = _prefix([c[1] for c in counts])
+        mine = torch.tensor([plan.num_inner, plan.num_halo, *plan.recv_offsets()])
+        counts = [[int(v) for v in row] for row in all_gather_(mine).tolist()]
+        inner_off = offsets([c[0] for c in counts])
+        halo_off = offsets([c[1] for c in counts])
         self.rows_T, self.halo_T = inner_off[-1], halo_off[-1]
         self.my_inner_off = inner_off[self.rank]
         self.my_halo_off = halo_off[self.rank]
         owner_H = torch.repeat_interleave(
             torch.arange(len(plan.recv_counts)), torch.tensor(plan.recv_counts)
         )
-        offsets = torch.tensor(inner_off[:-1], dtype=torch.int64)
+        inner_start = torch.tensor(inner_off[:-1], dtype=torch.int64)
         # Where each of my halo rows lives in the segment, and where my readers put the
         # gradients of my rows (reader r's block for me starts at its recv offset of me).
-        self.halo_rows_H = offsets[owner_H] + halo_local_H.cpu()
+        self.halo_rows_H = inner_start[owner_H] + halo_local_H.cpu()
         self.grad_rows_S = torch.cat(
             [
                 halo_off[r] + counts[r][2 + self.rank] + torch.arange(plan.send_counts[r])
@@ -160,10 +180,3 @@ class _SharedHalo(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_NF: Tensor) -> tuple[Tensor, None]:
         return ctx.agg.backward_rows(grad_NF.contiguous()), None
-
-
-def _prefix(counts: list[int]) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out

@@ -45,6 +45,7 @@ class LocalGraph:
             (and their gradients) as its pipeline mode does.
         replicas: layer-0 input rows of replicated halo nodes (cache level L1), or None.
         static_agg_NF: `Â·X` of layer 0 computed once (cache level L1s), or None.
+        static_has_self: the static aggregate already holds the fixed self-loop term.
     """
 
     self_weight_N: Tensor | None
@@ -52,10 +53,7 @@ class LocalGraph:
     aggregator: Aggregator
     replicas: Replicas | None = None
     static_agg_NF: Tensor | None = None
-
-    @property
-    def num_inner(self) -> int:
-        return int(self.global_ids_N.shape[0])
+    static_has_self: bool = False
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         """Σ_j w_ij h_j over in-edges, halo rows included; the self term is not included."""
@@ -66,6 +64,12 @@ class LocalGraph:
     ) -> tuple[Tensor, Tensor]:
         """(Σ_j w_ij h_j, h) with h = x·Wᵀ: the mode may overlap the GEMM with the exchange."""
         return self.aggregator.transform_aggregate(x_NF, weight_OF, layer)
+
+    def fold_self_loops(self, x_NF: Tensor) -> None:
+        """Add the fixed self-loop term (GCN's) to the static aggregate once, not per step."""
+        if self.static_agg_NF is not None and self.self_weight_N is not None:
+            self.static_agg_NF = self.static_agg_NF + self.self_weight_N.unsqueeze(1) * x_NF
+            self.static_has_self = True
 
     def add_replicas(
         self, out_NO: Tensor, xr_RF: Tensor | None, weight_OF: Tensor | None, layer: int

@@ -24,7 +24,8 @@ def propagate(
     """
     if at.static and g.static_agg_NF is not None and at.layer == 0:
         agg_NF = g.static_agg_NF
-        agg_NF = agg_NF if self_scale is None else agg_NF + self_scale * x_NF
+        if self_scale is not None and not g.static_has_self:
+            agg_NF = agg_NF + self_scale * x_NF
         static_out: Tensor = lin(agg_NF)
         return static_out
     if lin.out_features < lin.in_features:

@@ -7,13 +7,8 @@ rather than validated and then ignored, or failing deep inside a worker.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
-
-# Settings that validate but that no code reads yet (a key, or a whole section), and why.
-NOT_READ: dict[str, str] = {}
 
 
 def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
@@ -39,14 +34,3 @@ def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
             "pipeline.mode=shared-memory needs every worker on one host (launch.nnodes=1); "
             "use pipeline.mode=leo across machines."
         )
-    for section_name in ("cache",):
-        section: BaseModel = getattr(cfg, section_name)
-        default = type(section)()
-        for name in type(section).model_fields:
-            key, value = f"{section_name}.{name}", getattr(section, name)
-            why = NOT_READ.get(key) or NOT_READ.get(section_name)
-            if why and value != getattr(default, name):
-                raise ConfigError(
-                    f"{key}={value!r} is not implemented yet ({why}); leave it at its "
-                    f"default {getattr(default, name)!r}."
-                )

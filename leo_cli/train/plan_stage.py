@@ -10,23 +10,32 @@ launcher as training (then saved in both places).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 from pathlib import Path
 
 import torch
 
-from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.cache.plan import CachePlan, make_plan, model_shape, plan_key, read_plan, write_plan
+from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.cache.plan import (
+    CachePlan,
+    graph_inputs,
+    make_plan,
+    model_shape,
+    plan_inputs,
+    plan_key,
+    read_plan,
+    write_plan,
+)
+from leo_cli.cache.plot import plot_plan
 from leo_cli.cache.profile import PartProfile
 from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.train.launch import worker_threads, workers_per_node
 from leo_cli.train.probe import run_probe
 
-HARDWARE = "hardware.json"
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
@@ -47,26 +56,46 @@ def machine_cache(num_workers: int, threads: str) -> Path:
 
 
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
-    return hw.world_size == num_workers and str(hw.threads_per_worker) == threads
+    """Measured here, with this torch, as many workers and as many threads each."""
+    return (
+        hw.world_size == num_workers
+        and str(hw.threads_per_worker) == threads
+        and hw.hostname == socket.gethostname()
+        and hw.torch_version == torch.__version__
+    )
+
+
+def saved_profile(path: Path) -> HardwareProfile | None:
+    """A saved copy, or None when it is missing or unreadable (a cache: probe again)."""
+    if not path.is_file():
+        return None
+    try:
+        return HardwareProfile.read(path)
+    except CacheError:
+        return None
 
 
 def hardware_profile(
     cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool = False
 ) -> HardwareProfile:
-    """The given profile; else the run folder's or this machine's saved one when it was
-    measured with as many workers and threads; else a probe (saved in both places)."""
+    """The given profile (kept as the run folder's); else the run folder's profile when it was
+    measured with as many workers; else this machine's saved one for as many workers and
+    threads; else a probe (saved in both places). `--force` probes again."""
     path = given or cfg.cache.hardware
-    if path is not None:
-        return HardwareProfile.read(Path(path))
+    if path is not None:  # kept in the run folder too, so later stages use the same one
+        hw = HardwareProfile.read(Path(path))
+        if Path(path).resolve() != (run_dir / HARDWARE_FILE).resolve():
+            hw.write(run_dir / HARDWARE_FILE)
+        return hw
     threads = worker_threads(workers_per_node(cfg))
     cached = machine_cache(num_workers, threads)
-    for saved in (run_dir / HARDWARE, cached):
-        if saved.is_file() and not reprobe:
-            hw = HardwareProfile.read(saved)
-            if matches(hw, num_workers, threads):
-                if saved == cached:
-                    hw.write(run_dir / HARDWARE)
-                return hw
+    own = None if reprobe else saved_profile(run_dir / HARDWARE_FILE)
+    if own is not None and own.world_size == num_workers:
+        return own
+    machine = None if reprobe else saved_profile(cached)
+    if machine is not None and matches(machine, num_workers, threads):
+        machine.write(run_dir / HARDWARE_FILE)
+        return machine
     hw = run_probe(cfg, run_dir)
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
         hw.write(cached)
@@ -91,7 +120,8 @@ def ensure_plan(
     dataset = meta["dataset"]
     num_parts = int(meta["num_parts"])
     hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force)
-    key = plan_key(meta, cfg.model, cfg.cache, cfg.train.dtype, hw)
+    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
+    key = plan_key(inputs, hw)
     existing = read_plan(run_dir)
     if existing is not None and existing.key == key and not force:
         return existing
@@ -102,21 +132,30 @@ def ensure_plan(
         int(dataset["num_classes"]),
         DTYPE_BYTES[cfg.train.dtype],
     )
-    plan = make_plan(cfg.cache, profiles, shape, hw, key)
+    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype))
+    plan = make_plan(cfg.cache, profiles, shape, hw, keys)
     write_plan(run_dir, plan)
+    plot_plan(plan, run_dir / "cache-plan.png")
     return plan
 
 
-def predicted_time(run_dir: Path, mode: str, policy: str) -> float | None:
-    """The plan's predicted step time of `mode` (`leo-no-cache` for the pipeline without a
-    cache), if the run folder has a plan."""
-    if mode == "leo" and policy == "none":
-        mode = "leo-no-cache"
-    path = run_dir / "cache-plan.json"
-    if not path.is_file():
-        return None
+def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
+    """The plan's predicted step time of this run's mode, when the run folder's plan was made
+    for these partitions and settings (`leo-no-cache` for the pipeline without a cache)."""
     try:
-        value = json.loads(path.read_text())["predicted_epoch_time_s"].get(mode)
-    except (OSError, ValueError, KeyError, AttributeError):
+        plan = read_plan(run_dir)
+        meta = read_meta(partition_dir(run_dir))
+    except LeoError:
         return None
-    return float(value) if value is not None else None
+    if plan is None:
+        return None
+    mode: str = cfg.pipeline.mode
+    cached = cfg.cache.policy != "none"
+    if cached:
+        fresh = plan.inputs == plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
+    else:
+        fresh = plan.graph_inputs == graph_inputs(meta, cfg.model, cfg.train.dtype)
+        mode = "leo-no-cache" if mode == "leo" else mode
+    if not fresh or (cached and mode != "leo"):
+        return None  # the plan predicts baselines without a cache
+    return plan.predicted.get(mode)

@@ -9,18 +9,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from leo_cli.cache.plan import PLAN, read_plan
+from leo_cli.cache.plan import PLAN, plan_inputs, read_plan
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer, make_grad_reducer
-from leo_cli.comm.levels import RankLevels, build_levels, levels_for_mode
+from leo_cli.comm.levels import Levels, RankLevels, build_levels, levels_for_mode
 from leo_cli.comm.modes import auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import ModelConfig
 from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
-from leo_cli.graph.stage import partition_dir
-from leo_cli.graph.storage import read_part
 from leo_cli.models.gnn import GNN, build_model
 from leo_cli.models.graph import LocalGraph, part_adjacency
 from leo_cli.train.trainer import WorkerData
@@ -73,6 +71,12 @@ def chunk_counts(
     return [int(all_reduce_(wanted, op="max").item())]
 
 
+def layer0_is_static(cfg: LeoConfig, levels: Levels) -> bool:
+    """Layer 0 never aggregates when its static aggregate stands in (no input dropout)."""
+    p = cfg.model.dropout if cfg.model.input_dropout is None else cfg.model.input_dropout
+    return levels.static_agg_NF is not None and p == 0
+
+
 def assemble(
     cfg: LeoConfig,
     part: LocalPart,
@@ -98,10 +102,12 @@ def assemble(
         mode_cache = levels_for_mode(cache, cfg.pipeline.mode)
         levels = build_levels(adj, plan, data.x_NF, halo_ids, mode_cache, world_size > 1)
     width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
+    others = (adj, plan) if levels is None else levels.others
+    first = others if levels is None or layer0_is_static(cfg, levels) else levels.layer0
     aggregator = make_layer_aggregators(
         cfg.pipeline.mode,
-        (adj, plan) if levels is None else levels.layer0,
-        (adj, plan) if levels is None else levels.others,
+        first,
+        others,
         world_size,
         num_chunks=chunk_counts(cfg.pipeline.num_chunks, chunks_planned, plan, width, dtype),
         width=width,
@@ -114,6 +120,7 @@ def assemble(
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
+    graph.fold_self_loops(data.x_NF)
     model = build_model(
         cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]), cfg.run.seed
     ).to(device=device, dtype=dtype)
@@ -126,15 +133,20 @@ def build_job(
     run_dir: Path,
     cfg: LeoConfig,
     meta: dict[str, Any],
-    rank: int,
+    part: LocalPart,
     world_size: int,
     device: torch.device,
 ) -> Job:
-    part = read_part(partition_dir(run_dir), rank)
+    """The job of one part, with its share of the run's cache plan (checked to be made for
+    these partitions and settings)."""
+    rank = part.rank
     plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
-    if cfg.cache.policy != "none" and (plan is None or len(plan.caches) != world_size):
+    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
+    if plan is not None and (plan.inputs != inputs or len(plan.caches) != world_size):
+        plan = None
+    if cfg.cache.policy != "none" and plan is None:
         raise TrainError(
-            f"{run_dir / PLAN} is missing or made for another worker count; run "
+            f"{run_dir / PLAN} is missing or was made for other partitions or settings; run "
             "leo profile-cache with this config (leo train does so itself)."
         )
     if plan is None:

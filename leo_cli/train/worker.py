@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from leo_cli.cache.plan import PLAN, read_plan
 from leo_cli.comm.dist import (
     DistEnv,
     all_gather_,
@@ -34,13 +35,13 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.stage import partition_dir
-from leo_cli.graph.storage import read_meta
+from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_config
 from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.plan_stage import predicted_time
-from leo_cli.train.setup import Job, build_job
+from leo_cli.train.setup import Job, build_job, halo_plan
 from leo_cli.train.trainer import evaluate, train_step
 
 USER_ERROR_EXIT = 3
@@ -77,14 +78,13 @@ def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
         )
 
 
-def resume_state(job: Job, run_dir: Path) -> int:
-    """Load the latest checkpoint into the job; returns the number of epochs it holds."""
-    state = load_latest(run_dir)
-    if state is None:
-        return 0
-    job.model.load_state_dict(state["model"])
-    job.optimizer.load_state_dict(state["optimizer"])
-    return int(state["epoch"])
+def with_plan(fingerprint: str, run_dir: Path, cfg: LeoConfig) -> str:
+    """The config fingerprint combined with the cache plan's bytes: every rank must train
+    with the same plan (both ends of a transfer cut it the same way)."""
+    plan = run_dir / PLAN
+    if cfg.cache.policy == "none" or not plan.is_file():
+        return fingerprint
+    return hashlib.sha256(bytes.fromhex(fingerprint) + plan.read_bytes()).hexdigest()
 
 
 def config_fingerprint(cfg: LeoConfig) -> str:
@@ -145,9 +145,22 @@ def check_same_start(starts: torch.Tensor) -> None:
         )
 
 
+def level_bytes(cfg: LeoConfig, run_dir: Path) -> dict[str, int]:
+    """Bytes per cache level of one training step, all workers (from the plan; leo and
+    blocking move exactly these, a test checks them against the measured bytes)."""
+    plan = read_plan(run_dir) if cfg.cache.policy != "none" else None
+    if plan is None or cfg.pipeline.mode not in ("leo", "blocking"):
+        return {}
+    return {
+        f"step_{level}_bytes": sum(r[f"{level}_bytes_per_step"] for r in plan.bytes_per_level)
+        for level in ("L2", "L3")
+    }
+
+
 def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
     """The epoch loop: step, evaluate, log (rank 0), checkpoint (rank 0)."""
     tc = cfg.train
+    levels = level_bytes(cfg, run_dir) if env.rank == 0 else {}
     for epoch in range(start + 1, tc.num_epochs + 1):
         job.plan.stats.reset()
         loss, times = train_step(
@@ -166,6 +179,7 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
             row.update(evaluate(job.model, job.graph, job.data))
             row["eval_s"] = time.perf_counter() - t0
         row.update(reduce_epoch_stats(times["step_s"], *step_comm, job.plan.stats.bytes_sent))
+        row.update(levels)
         row["cold"] = epoch == start + 1
         if env.rank == 0:
             run_files.append_metrics(run_dir, row)
@@ -204,7 +218,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
             world_size,
             cfg.pipeline.mode,
             cfg.run.name,
-            predicted_time(run_dir, cfg.pipeline.mode, cfg.cache.policy),
+            predicted_time(run_dir, cfg),
         ),
     )
     run_files.plot_curves(rows, run_dir / "curves.png")
@@ -260,9 +274,17 @@ def run_worker(
     device = pick_device(cfg.launch, env)
     if env.world_size > 1:
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
-    job = build_job(run_dir, cfg, meta, env.rank, env.world_size, device)
-    start = resume_state(job, run_dir) if resume else 0
-    check_consistent(job.plan, config_sha or config_fingerprint(cfg), start)
+    # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
+    # not hang in the first exchange.
+    part = read_part(partition_dir(run_dir), env.rank)
+    state = load_latest(run_dir) if resume else None
+    start = 0 if state is None else int(state["epoch"])
+    fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
+    check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
+    job = build_job(run_dir, cfg, meta, part, env.world_size, device)
+    if state is not None:
+        job.model.load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)

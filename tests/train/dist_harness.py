@@ -39,15 +39,16 @@ def dataset_info(g: Graph) -> dict[str, Any]:
 
 def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
     """Cache levels by name, for exactness tests: `none`, `static`, `half` (every other halo
-    row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
-    (every halo row fetched per edge); `static+` in front adds the static aggregate."""
+        row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
+        (every halo row fetched per edge), `overlap` (half replicated at layer 0, every row
+    fetched per edge at the others); `static+` in front adds the static aggregate."""
     if spec is None:
         return None
     static = spec.startswith("static")
     rule = spec.removeprefix("static").removeprefix("+") or "none"
     h = list(range(part.num_halo))
-    replicas = {"half": h[::2], "all": h}.get(rule, [])
-    l3 = {"half": h[1::4], "l3": h}.get(rule, [])
+    replicas = {"half": h[::2], "all": h, "overlap": h[::2]}.get(rule, [])
+    l3 = {"half": h[1::4], "l3": h, "overlap": h}.get(rule, [])
     return RankLevels(static, replicas, l3)
 
 

@@ -1,0 +1,87 @@
+"""Cache policies on hand-built parts where the right levels are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from leo_cli.cache.cost import ModelShape
+from leo_cli.cache.policy import Budgets, decide
+from leo_cli.cache.profile import PartProfile
+from leo_cli.errors import CacheError
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.types import Graph, symmetrize
+
+ROW = 16 * 4  # bytes of one replicated row: input width 16, float32
+
+
+def part(reuse: list[int]) -> PartProfile:
+    """Rank 0 with halo rows owned by rank 1, read by `reuse[i]` local edges each."""
+    reuse_H = np.asarray(reuse, dtype=np.int64)
+    return PartProfile(
+        rank=0,
+        num_inner=10,
+        num_boundary=4,
+        inner_edges=20,
+        reuse_H=reuse_H,
+        owner_H=np.ones(len(reuse), dtype=np.int64),
+        send_counts=[0, 4],
+        recv_counts=[0, len(reuse)],
+        rows_reading_halo=5,
+    )
+
+
+def shape(input_dropout: float) -> ModelShape:
+    return ModelShape((16, 8, 4), 0.5, input_dropout, 4, extra_gemm=False)
+
+
+def run(policy: str, reuse: list[int], replica_rows: int, halo_rows: int, p: float = 0.5):
+    budgets = Budgets([replica_rows * ROW], [halo_rows * 8 * 4])
+    return decide(policy, [part(reuse)], shape(p), budgets, None, static_aggregate=True)
+
+
+def test_most_read_rows_are_replicated_first() -> None:
+    got = run("degree", [1, 9, 3, 1, 5], replica_rows=2, halo_rows=100).caches[0]
+    assert got.replica_rows.tolist() == [1, 4]  # read 9 and 5 times
+    assert not got.static_aggregate and got.l3_rows.size == 0
+
+
+def test_zero_budget_replicates_nothing() -> None:
+    got = run("degree", [1, 9, 3], replica_rows=0, halo_rows=100).caches[0]
+    assert got.replica_rows.size == 0
+
+
+def test_budget_beyond_the_halo_replicates_every_row() -> None:
+    got = run("degree", [1, 9, 3], replica_rows=1000, halo_rows=100).caches[0]
+    assert got.replica_rows.tolist() == [0, 1, 2]
+
+
+def test_a_halo_budget_below_the_halo_buffer_is_refused() -> None:
+    with pytest.raises(CacheError, match="cache.halo_budget_mb is below the halo buffer of rank 0"):
+        run("degree", [1, 9, 3, 2], replica_rows=0, halo_rows=3)
+    assert run("degree", [1, 9, 3, 2], replica_rows=0, halo_rows=4).caches[0].l3_rows.size == 0
+
+
+def test_static_aggregate_when_the_input_never_changes() -> None:
+    got = run("degree", [1, 9, 3], replica_rows=1000, halo_rows=100, p=0.0).caches[0]
+    assert got.static_aggregate and got.replica_rows.size == 0  # replicas would be useless
+
+
+def test_policy_none_keeps_every_row_exchanged() -> None:
+    got = run("none", [1, 9, 3], replica_rows=1000, halo_rows=0, p=0.0).caches[0]  # no budget
+    assert not got.static_aggregate
+    assert got.replica_rows.size == 0 and got.l3_rows.size == 0
+
+
+def test_profile_counts_reuse_from_a_part() -> None:
+    # Path 0-1-2 with 0 and 1 on rank 0, 2 on rank 1: node 1 reads halo node 2 once.
+    edges = symmetrize(np.array([[0, 1], [1, 2]]), 3)
+    g = Graph(
+        "path", edges, np.zeros((3, 2), np.float32), np.zeros(3, np.int64),
+        np.ones(3, bool), np.zeros(3, bool), np.zeros(3, bool), 2,
+    )  # fmt: skip
+    parts = build_parts(g, np.array([0, 0, 1]), 2)
+    p0, p1 = (PartProfile.from_part(p) for p in parts)
+    assert p0.reuse_H.tolist() == [1] and p0.owner_H.tolist() == [1]
+    assert p0.inner_edges == 2 and p0.num_boundary == 1 and p0.rows_reading_halo == 1
+    assert p1.reuse_H.tolist() == [1] and p1.inner_edges == 0

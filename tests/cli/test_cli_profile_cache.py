@@ -1,0 +1,92 @@
+"""`leo profile-cache` and the cache through the real `leo train` path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+TINY = [
+    "--set", "data.synthetic.num_nodes=600",
+    "--set", "data.synthetic.num_features=16",
+    "--set", "model.hidden_channels=16",
+    "--set", "model.input_dropout=0.5",
+    "--set", "partition.num_parts=3",
+    "--set", "train.num_epochs=4",
+]  # fmt: skip
+# Part of the halo replicated, the rest exchanged: L1 at layer 0 and L2.
+LEVELS = [
+    "--set", "cache.policy=degree",
+    "--set", "cache.replica_budget_mb=30%",
+]  # fmt: skip
+
+
+def leo(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "leo_cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = leo("profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={run}")
+    assert res.returncode == 0, res.stderr
+    plan = read(run / "cache-plan.json")
+    assert len(plan["ranks"]) == 3 and plan["policy"] == "degree"
+    assert any(r["replica_rows"] for r in plan["ranks"])
+    assert not any(r["l3_rows"] for r in plan["ranks"])
+    modes = {"leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only"}
+    assert set(plan["predicted_epoch_time_s"]) == modes
+    assert all(v > 0 for v in plan["predicted_epoch_time_s"].values())
+    assert (run / "cache-plan.png").stat().st_size > 1000 and (run / "hardware.json").is_file()
+    assert "predicted training step per mode" in res.stdout
+    # A saved profile is read, not measured again; other budgets make the plan stale.
+    other = tmp_path / "other"
+    res = leo(
+        "profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={other}",
+        "--set", "cache.replica_budget_mb=0", "--hardware", str(run / "hardware.json"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert not (other / "probe").exists()
+    assert read(other / "cache-plan.json")["key"] != plan["key"]
+    assert not any(r["replica_rows"] for r in read(other / "cache-plan.json")["ranks"])
+
+
+def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
+    cached, plain = tmp_path / "cached", tmp_path / "plain"
+    assert leo("train", *TINY, *LEVELS, "--set", f"run.out_dir={cached}").returncode == 0
+    res = leo("train", *TINY, "--set", "cache.policy=none", "--set", f"run.out_dir={plain}")
+    assert res.returncode == 0, res.stderr
+    a, b = read(cached / "summary.json"), read(plain / "summary.json")
+    assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-5)
+    assert a["predicted_epoch_time_s"] > 0 and b["predicted_epoch_time_s"] is None
+    rows = [json.loads(line) for line in (cached / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # the plan's bytes per level are what the workers moved
+        assert row["step_L2_bytes"] + row["step_L3_bytes"] == row["step_comm_bytes"]
+    assert rows[-1]["step_L3_bytes"] == 0 and rows[-1]["step_L2_bytes"] > 0
+    assert a["total_comm_bytes"] < b["total_comm_bytes"]  # replicas leave layer 0's exchange
+
+
+def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
+    res = leo(
+        "train", *TINY, "--set", "cache.halo_budget_mb=1%", "--set", f"run.out_dir={tmp_path}"
+    )
+    assert res.returncode == 2
+    assert "cache.halo_budget_mb is below the halo buffer" in " ".join(res.stderr.split())
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_hardware_file_is_one_sentence(tmp_path: Path) -> None:
+    bad = tmp_path / "hw.json"
+    bad.write_text("{}")
+    res = leo("profile-cache", *TINY, "--set", f"run.out_dir={tmp_path}", "--hardware", str(bad))
+    assert res.returncode == 2
+    assert str(bad) in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
