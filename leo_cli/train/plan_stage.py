@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -96,6 +97,13 @@ def hardware_profile(
     if machine is not None and matches(machine, num_workers, threads):
         machine.write(run_dir / HARDWARE_FILE)
         return machine
+    if cfg.launch.device == "cuda" or (cfg.launch.device == "auto" and torch.cuda.is_available()):
+        print(
+            "warning: the hardware probe measures CPU kernels and the process group on the "
+            "host, so the plan's predicted times do not describe GPU training; pass a profile "
+            "with --hardware (or cache.hardware) or use cache.policy=degree or none.",
+            file=sys.stderr,
+        )
     hw = run_probe(cfg, run_dir)
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
         hw.write(cached)

@@ -10,6 +10,7 @@ import pytest
 from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
+from leo_cli.train import plan_stage
 from leo_cli.train.launch import worker_threads
 from leo_cli.train.probe import PROBE_FOLDER, run_probe
 
@@ -41,3 +42,23 @@ def test_failed_probe_names_the_log(tmp_path: Path) -> None:
     with pytest.raises(CacheError, match="hardware probe failed") as info:
         run_probe(cfg, tmp_path, quick=True)
     assert str(tmp_path / PROBE_FOLDER / "logs") in str(info.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_probe_for_gpu_training_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], device: str
+) -> None:
+    """The probe measures the host; a plan for GPU workers says its times are CPU figures."""
+    probed: list[Path] = []
+
+    class _Profile:
+        def write(self, path: Path) -> None:
+            probed.append(path)
+
+    monkeypatch.setenv("LEO_HARDWARE_CACHE", str(tmp_path / "machine"))
+    monkeypatch.setattr(plan_stage, "run_probe", lambda cfg, run_dir: _Profile())
+    cfg = load_config(None, [f"launch.device={device}", f"run.out_dir={tmp_path}"])
+    plan_stage.hardware_profile(cfg, tmp_path, None, num_workers=2)
+    assert len(probed) == 1
+    warned = "do not describe GPU training" in capsys.readouterr().err
+    assert warned == (device == "cuda")
