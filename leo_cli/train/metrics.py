@@ -94,8 +94,9 @@ def summarize(
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,
-        # compute-only skips the halo exchange on purpose: its numbers are not the model's.
-        "exact": mode != "compute-only" or world_size == 1,
+        # compute-only skips the halo exchange on purpose: its numbers are not the model's,
+        # and a run resumed in another mode is exact only if every epoch was.
+        "exact": all(r.get("exact", mode != "compute-only" or world_size == 1) for r in rows),
         "kernels": kernels.backend_name(),
         "versions": {
             "leo": leo_cli.__version__,

@@ -181,6 +181,7 @@ def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int
         row.update(reduce_epoch_stats(times["step_s"], *step_comm, job.plan.stats.bytes_sent))
         row.update(levels)
         row["cold"] = epoch == start + 1
+        row["exact"] = cfg.pipeline.mode != "compute-only" or env.world_size == 1
         if env.rank == 0:
             run_files.append_metrics(run_dir, row)
             if epoch % tc.checkpoint_every == 0 or epoch == tc.num_epochs:

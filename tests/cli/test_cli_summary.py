@@ -1,4 +1,5 @@
-"""summary.json and the `leo train` summary table carry the run's name (`run.name`)."""
+"""summary.json and the `leo train` summary table: the run's name (`run.name`), and `exact`
+over every epoch of a resumed run."""
 
 from __future__ import annotations
 
@@ -27,3 +28,12 @@ def test_summary_and_table_name_the_run() -> None:
     console = Console(record=True, width=100)
     console.print(summary_table(summary))
     assert "training summary: [bold]cora-4" in console.export_text()  # shown, not markup
+
+
+def test_a_run_resumed_after_inexact_epochs_is_not_exact() -> None:
+    """`exact` covers every epoch: compute-only epochs 1-2 then blocking ones stay inexact."""
+    rows = [dict(r, exact=False) for r in ROWS] + [dict(ROWS[1], epoch=3, exact=True)]
+    assert summarize(rows, 2, "blocking", "r")["exact"] is False
+    assert summarize(rows[2:], 2, "blocking", "r")["exact"] is True
+    assert summarize(ROWS, 2, "compute-only", "r")["exact"] is False  # rows from before the key
+    assert summarize(ROWS, 1, "compute-only", "r")["exact"] is True
