@@ -75,7 +75,8 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     with (out / "bench.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     md = (out / "bench.md").read_text()
-    assert "Share of communication hidden at P=2" in md and "| compute-only | 2 |" in md
+    assert "| compute-only | 2 |" in md
+    assert "hidden at P=2" in md and "(blocking - leo-no-cache) / (blocking - compute-only)" in md
     assert (out / "bench.png").stat().st_size > 1000
     assert "leo bench" in res.stdout
 
