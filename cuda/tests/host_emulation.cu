@@ -72,10 +72,20 @@ bool g_race_mode = false;
 // The A of a phase that issues no atomics (gathers, plain stores).
 struct NoAtomics {};
 
+// Which emulated thread stored each element of a buffer (-1: none yet). Shared by the phases
+// of all blocks of one kernel that write global memory: blocks run concurrently, so two blocks
+// storing one element is a race as much as two threads of one block.
+struct Writers {
+  std::vector<int64_t> who;
+  int64_t block_offset = 0;  // added to thread ids: block * threads
+};
+
 // One phase of `num_threads` threads; body(thread, mem) writes only through `mem` (M elements).
 // Race mode: private copies, logged atomics of accumulator type A, merge at the barrier.
+// `writers`: the kernel-wide record for global memory (null: this phase's own, for shared).
 template <typename A, typename M, typename Fn>
-void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name, Fn body) {
+void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name, Fn body,
+               Writers* writers = nullptr) {
   if (!g_race_mode) {
     for (int64_t t = 0; t < num_threads; ++t) body(t, mem.data());
     return;
@@ -83,7 +93,10 @@ void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name
   constexpr bool kAtomics = !std::is_same<A, NoAtomics>::value;
   const std::vector<M> start = mem;
   std::vector<M> copy;
-  std::vector<int64_t> writer(mem.size(), -1);
+  Writers local;
+  Writers& record = writers == nullptr ? local : *writers;
+  if (record.who.size() != mem.size()) record.who.assign(mem.size(), -1);
+  std::vector<int64_t>& writer = record.who;
   std::vector<std::pair<size_t, A>> atomics;
   int races = 0;
   for (int64_t t = 0; t < num_threads; ++t) {
@@ -99,10 +112,11 @@ void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name
       leo::host_atomic_hook<A>() = nullptr;
       atomics.insert(atomics.end(), AtomicLog<A>::entries.begin(), AtomicLog<A>::entries.end());
     }
+    const int64_t id = record.block_offset + t;
     for (size_t i = 0; i < copy.size(); ++i) {
       if (std::memcmp(&copy[i], &start[i], sizeof(M)) == 0) continue;
-      if (writer[i] >= 0 && writer[i] != t) ++races;
-      writer[i] = t;
+      if (writer[i] >= 0 && writer[i] != id) ++races;
+      writer[i] = id;
       mem[i] = copy[i];  // last store wins; the other thread's update is lost
     }
   }
@@ -242,8 +256,10 @@ void run_hub_pass(leo::SpmmArgs<T, I> a, const leo::SpmmConfig& cfg, int64_t num
   partial.assign(static_cast<size_t>(leo::spmm_workspace_elements(cfg, a.num_features)),
                  Acc(77));  // garbage: every slot must be written
   std::vector<Acc> shared(static_cast<size_t>(2 * cfg.chunk_features));
+  Writers global;
   for (int64_t k = 0; k < cfg.hub_chunks; ++k) {
     for (int64_t s = 0; s < cfg.feature_slices; ++s) {
+      global.block_offset = (k * cfg.feature_slices + s) * cfg.threads;
       run_phase<NoAtomics>(shared, cfg.threads, name + " hub zero",
                      [&](int64_t t, Acc* m) { leo::hub_zero(cfg, static_cast<int>(t), m); });
       run_phase<Acc>(shared, cfg.threads, name + " hub sum", [&](int64_t t, Acc* m) {
@@ -253,7 +269,7 @@ void run_hub_pass(leo::SpmmArgs<T, I> a, const leo::SpmmConfig& cfg, int64_t num
         leo::SpmmArgs<T, I> b = a;
         b.partial = m;
         leo::hub_store<T, I>(b, cfg, k, s, static_cast<int>(t), shared.data());
-      });
+      }, &global);
     }
   }
 }
@@ -276,12 +292,14 @@ void check_spmm(const Graph& g, int64_t num_features, int64_t hub_degree, const 
                         nullptr,       g.num_rows,     num_features};
   if (cfg.hub_degree > 0) run_hub_pass<T, I, VEC>(a, cfg, num_edges, partial, name);
   a.partial = partial.data();
+  Writers global;
   for (int64_t b = 0; b < cfg.blocks; ++b) {
+    global.block_offset = b * cfg.threads;
     run_phase<NoAtomics>(out, cfg.threads, name, [&](int64_t t, T* m) {
       leo::SpmmArgs<T, I> w = a;
       w.out = m;
       leo::spmm_thread<T, I, VEC>(w, cfg, b, static_cast<int>(t));
-    });
+    }, &global);
   }
   std::vector<double> want(out.size(), 0.0), scale(out.size(), 0.0);
   reference_spmm(g, values, x, num_features, want, scale);
@@ -335,8 +353,10 @@ void check_fused(const Graph& local, const Graph& remote, int64_t num_features, 
       local.num_rows, static_cast<int64_t>(local.indices.size()),
       static_cast<int64_t>(remote.indices.size()), num_features, VEC, sizeof(Acc), remote_cost);
   std::vector<Acc> shared(static_cast<size_t>(cfg.smem_bytes) / sizeof(Acc));
+  Writers global;
   for (int64_t tile = 0; tile < cfg.row_tiles; ++tile) {
     for (int64_t chunk = 0; chunk < cfg.feature_chunks; ++chunk) {
+      global.block_offset = (tile * cfg.feature_chunks + chunk) * cfg.threads;
       // Each phase ends at a __syncthreads() in the kernel.
       run_phase<NoAtomics>(shared, cfg.threads, name + " zero",
                      [&](int64_t t, Acc* m) { leo::fused_zero(cfg, static_cast<int>(t), m); });
@@ -347,7 +367,7 @@ void check_fused(const Graph& local, const Graph& remote, int64_t num_features, 
         leo::FusedArgs<T, I> w = a;
         w.out = m;
         leo::fused_store<T, I>(w, cfg, tile, chunk, static_cast<int>(t), shared.data());
-      });
+      }, &global);
     }
   }
   std::vector<double> want(out.size(), 0.0), scale(out.size(), 0.0);
@@ -376,12 +396,14 @@ void check_rows(int64_t num_features, bool bad, const char* tn, const char* in) 
   std::vector<T> gathered(static_cast<size_t>(n * num_features), to_storage<T>(99.0));
   leo::GatherArgs<T, I> ga{x.data(), idx.data(), gathered.data(), src_rows, n, num_features};
   const auto gcfg = leo::make_row_config(n, num_features / VEC);
+  Writers gathered_by;
   for (int64_t b = 0; b < gcfg.blocks; ++b) {
+    gathered_by.block_offset = b * leo::kRowThreads;
     run_phase<NoAtomics>(gathered, leo::kRowThreads, "gather", [&](int64_t t, T* m) {
       leo::GatherArgs<T, I> w = ga;
       w.out = m;
       leo::gather_thread<T, I, VEC>(w, gcfg, b, static_cast<int>(t));
-    });
+    }, &gathered_by);
   }
   std::vector<double> want(gathered.size(), 0.0), scale(gathered.size(), 0.0);
   for (int64_t i = 0; i < n; ++i) {
@@ -397,12 +419,14 @@ void check_rows(int64_t num_features, bool bad, const char* tn, const char* in) 
   std::vector<Acc> acc(static_cast<size_t>(src_rows * num_features), Acc(0));
   leo::ScatterArgs<T, I> sa{gathered.data(), idx.data(), acc.data(), src_rows, n, num_features};
   const auto scfg = leo::make_row_config(n, num_features);
+  Writers scattered_by;
   for (int64_t b = 0; b < scfg.blocks; ++b) {
+    scattered_by.block_offset = b * leo::kRowThreads;
     run_phase<Acc>(acc, leo::kRowThreads, "scatter_add", [&](int64_t t, Acc* m) {
       leo::ScatterArgs<T, I> w = sa;
       w.acc = m;
       leo::scatter_add_thread<T, I>(w, scfg, b, static_cast<int>(t));
-    });
+    }, &scattered_by);
   }
   std::vector<T> summed(acc.size());
   for (size_t i = 0; i < acc.size(); ++i) summed[i] = NumTraits<T>::store(acc[i]);

@@ -18,7 +18,7 @@ from leo_cli import kernels
 from leo_cli.errors import KernelError
 from leo_cli.kernels import backend, ops
 from leo_cli.kernels.backend import select_backend
-from leo_cli.kernels.synthetic import random_csr, split_local_remote
+from leo_cli.kernels.synthetic import power_law_csr, random_csr, split_local_remote
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},
@@ -100,6 +100,14 @@ def test_csr_records_max_degrees_once_and_transpose_swaps_them() -> None:
     hub = random_csr(50, 40, 100, seed=2, huge_row_degree=500)
     assert hub.max_degree >= 500 and hub.to("cpu").max_degree == hub.max_degree
     assert hub.with_values(hub.values * 2).max_degree == hub.max_degree
+
+
+def test_power_law_graph_has_hub_rows_and_columns() -> None:
+    csr = power_law_csr(2000, 1000, 20_000, seed=3, index_dtype=torch.int32)
+    assert csr.num_edges == 20_000 and csr.indices.dtype == torch.int32
+    mean = csr.num_edges / csr.num_rows
+    assert csr.max_degree > 50 * mean and csr.t_max_degree > 50 * csr.num_edges / csr.num_cols
+    assert csr.max_degree == power_law_csr(2000, 1000, 20_000, seed=3).max_degree  # seeded
 
 
 def test_float_indices_are_refused() -> None:
