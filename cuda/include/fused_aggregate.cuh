@@ -11,8 +11,9 @@
 // the two indptr arrays at the tile's bounds), a remote edge priced by the link it crosses
 // (remote_edge_cost: same GPU, peer GPU, host memory), so a tile without remote edges gives
 // every warp to its local edges.
-// Each warp is split into lane groups of G lanes (a group reads VEC features per lane, 16 bytes
-// at a time when possible). The tile's edges of one side are contiguous in its CSR; they are cut
+// Each warp is split into lane groups of G lanes (a lane covers VEC features). Each side reads
+// with its own width (VL, VR): 16-byte vectors when the width allows and that side's buffer is
+// aligned, else scalars, so a misaligned peer buffer does not slow the local side down. The tile's edges of one side are contiguous in its CSR; they are cut
 // into equal contiguous ranges, one per lane group of that side. That gives per-degree
 // granularity without a precomputed bin array: several low-degree rows fall into one group's
 // range, and a high-degree row is split across all groups (hence warps) of its side. A group
@@ -59,6 +60,24 @@ LEO_HD int remote_warps_for(int64_t local_edges, int64_t remote_edges, int64_t r
   const int64_t total = local_edges + weighted;
   const int64_t rounded = (2 * kFusedWarps * weighted + total) / (2 * total);
   return static_cast<int>(max64(1, min64(kFusedWarps - 1, rounded)));
+}
+
+// VEC (features per lane) and each side's load width: VEC = 16 bytes of features when F is a
+// multiple of it and at least one side is aligned; an unaligned side reads them one by one.
+// Output alignment does not matter: the kernel stores from shared memory, element by element.
+struct FusedWidths {
+  int vec;
+  int local;
+  int remote;
+};
+
+template <typename T>
+inline FusedWidths fused_widths(int64_t num_features, const void* x_local, const void* x_remote) {
+  const bool whole = num_features % kMaxVec<T> == 0;
+  const bool local = whole && is_aligned16(x_local);
+  const bool remote = whole && is_aligned16(x_remote);
+  if (!local && !remote) return FusedWidths{1, 1, 1};
+  return FusedWidths{kMaxVec<T>, local ? kMaxVec<T> : 1, remote ? kMaxVec<T> : 1};
 }
 
 inline FusedConfig make_fused_config(int64_t num_rows, int64_t local_edges, int64_t remote_edges,
@@ -133,8 +152,9 @@ LEO_HD void fused_zero(const FusedConfig& cfg, int thread, A* acc) {
 }
 
 // Phase 2: this thread's lane group sums its contiguous range of the tile's edges of its side,
-// flushing one partial row sum into the accumulator each time the range leaves a row.
-template <typename T, typename I, int VEC>
+// flushing one partial row sum into the accumulator each time the range leaves a row. VL / VR:
+// load widths of the local / remote side (VEC or 1).
+template <typename T, typename I, int VEC, int VL = VEC, int VR = VEC>
 LEO_HD void fused_accumulate(const FusedArgs<T, I>& a, const FusedConfig& cfg, int64_t tile,
                              int64_t chunk, int thread, AccT<T>* acc) {
   const int64_t r0 = tile * cfg.tile_rows;
@@ -163,7 +183,13 @@ LEO_HD void fused_accumulate(const FusedArgs<T, I>& a, const FusedConfig& cfg, i
     const int64_t row_end = min64(row_last, stop);
     if (s.hub_degree == 0 || row_last - row_begin <= s.hub_degree) {  // hub rows: hub pass
       AccT<T> part[VEC] = {};
-      accumulate_edges<T, I, VEC>(s.indices, s.values, s.x, a.num_features, f, e, row_end, part);
+      if (role.side == 0) {  // warp-uniform: a warp serves one side
+        accumulate_edges<T, I, VEC, VL>(s.indices, s.values, s.x, a.num_features, f, e, row_end,
+                                        part);
+      } else {
+        accumulate_edges<T, I, VEC, VR>(s.indices, s.values, s.x, a.num_features, f, e, row_end,
+                                        part);
+      }
       AccT<T>* dst = acc + (row - r0) * cfg.chunk_features + fc;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) atomic_add(dst + v, part[v]);

@@ -87,12 +87,16 @@ LEO_HD V load_ro(const V* p) {
 #endif
 }
 
-// VEC consecutive elements starting at p, converted to the accumulator type. With VEC > 1 the
-// caller guarantees a 16-byte aligned address: one vector load instead of VEC scalar ones.
-template <typename T, int VEC>
+// VEC consecutive elements starting at p, converted to the accumulator type, read W at a time:
+// W == VEC > 1 is one 16-byte load (the caller guarantees a 16-byte aligned address), W == 1
+// scalar loads (any alignment). A lane covers VEC features either way, so sides of one kernel
+// can read with different widths.
+template <typename T, int VEC, int W = VEC>
 LEO_HD void load_vec(const T* p, AccT<T> (&out)[VEC]) {
-  if constexpr (VEC == 1) {
-    out[0] = NumTraits<T>::load(load_ro(p));
+  static_assert(W == VEC || W == 1, "a lane reads its features in one vector or one by one");
+  if constexpr (W == 1) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = NumTraits<T>::load(load_ro(p + v));
   } else {
     static_assert(VEC * sizeof(T) == kVectorBytes, "vector loads are 16 bytes");
     const uint4 raw = load_ro(reinterpret_cast<const uint4*>(p));
@@ -154,10 +158,10 @@ LEO_HD void atomic_add(A* addr, A value) {
 #endif
 }
 
-// acc[v] += sum over edges [begin, end) of values[e] * x_CF[indices[e], f + v].
-// Two edges per iteration so both gathers are in flight before either is used: most rows are
-// short, and this is where their latency hides.
-template <typename T, typename I, int VEC>
+// acc[v] += sum over edges [begin, end) of values[e] * x_CF[indices[e], f + v], x read W
+// elements at a time (see load_vec). Two edges per iteration so both gathers are in flight
+// before either is used: most rows are short, and this is where their latency hides.
+template <typename T, typename I, int VEC, int W = VEC>
 LEO_HD void accumulate_edges(const I* __restrict__ indices, const T* __restrict__ values,
                              const T* __restrict__ x_CF,
                              int64_t num_features, int64_t f, int64_t begin, int64_t end,
@@ -171,8 +175,8 @@ LEO_HD void accumulate_edges(const I* __restrict__ indices, const T* __restrict_
     const Acc w1 = NumTraits<T>::load(load_ro(values + e + 1));
     Acc x0[VEC];
     Acc x1[VEC];
-    load_vec<T, VEC>(x_CF + c0 * num_features + f, x0);
-    load_vec<T, VEC>(x_CF + c1 * num_features + f, x1);
+    load_vec<T, VEC, W>(x_CF + c0 * num_features + f, x0);
+    load_vec<T, VEC, W>(x_CF + c1 * num_features + f, x1);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += w0 * x0[v] + w1 * x1[v];
   }
@@ -180,7 +184,7 @@ LEO_HD void accumulate_edges(const I* __restrict__ indices, const T* __restrict_
     const int64_t c0 = static_cast<int64_t>(load_ro(indices + e));
     const Acc w0 = NumTraits<T>::load(load_ro(values + e));
     Acc x0[VEC];
-    load_vec<T, VEC>(x_CF + c0 * num_features + f, x0);
+    load_vec<T, VEC, W>(x_CF + c0 * num_features + f, x0);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += w0 * x0[v];
   }

@@ -6,7 +6,7 @@
 namespace leo {
 namespace {
 
-template <typename T, typename I, int VEC>
+template <typename T, typename I, int VEC, int VL, int VR>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_aggregate_kernel(const FusedArgs<T, I> args, const FusedConfig cfg) {
   // Raw bytes, typed below: one extern shared array serves every instantiation.
@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int thread = static_cast<int>(threadIdx.x);
   fused_zero(cfg, thread, acc);
   __syncthreads();
-  fused_accumulate<T, I, VEC>(args, cfg, tile, chunk, thread, acc);
+  fused_accumulate<T, I, VEC, VL, VR>(args, cfg, tile, chunk, thread, acc);
   __syncthreads();
   fused_store<T, I>(args, cfg, tile, chunk, thread, acc);
 }
@@ -44,6 +44,16 @@ cudaError_t side_hub_pass(const CsrRef& adj, int64_t num_features, AccT<T>* work
   args.num_rows = adj.num_rows;
   args.num_features = num_features;
   return launch_hub_pass<T, I, VEC>(args, cfg, adj.num_edges, stream);
+}
+
+// Calls fn(VecTag<VEC>, VecTag<VL>, VecTag<VR>) for the widths chosen by fused_widths.
+template <typename T, typename Fn>
+cudaError_t dispatch_widths(const FusedWidths& w, Fn fn) {
+  constexpr int kVec = kMaxVec<T>;
+  if (w.vec == 1) return fn(VecTag<1>{}, VecTag<1>{}, VecTag<1>{});
+  if (w.local == 1) return fn(VecTag<kVec>{}, VecTag<1>{}, VecTag<kVec>{});
+  if (w.remote == 1) return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<1>{});
+  return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<kVec>{});
 }
 
 template <typename T, typename I>
@@ -101,17 +111,19 @@ cudaError_t launch_fused_aggregate(DType dtype, IndexType index_type, CsrRef loc
     args.out = static_cast<T*>(out_RF);
     args.num_rows = local.num_rows;
     args.num_features = num_features;
-    const bool vectors = can_use_vectors<T>(num_features, x_local, x_remote, out_RF);
-    return dispatch_vec<T>(vectors, [&](auto vec_tag) {
+    const FusedWidths widths = fused_widths<T>(num_features, x_local, x_remote);
+    return dispatch_widths<T>(widths, [&](auto vec_tag, auto local_tag, auto remote_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
+      constexpr int VL = decltype(local_tag)::value;
+      constexpr int VR = decltype(remote_tag)::value;
       AccT<T>* ws = static_cast<AccT<T>*>(workspace);
-      cudaError_t status = side_hub_pass<T, I, VEC>(local, num_features, ws, &args.local, stream);
+      cudaError_t status = side_hub_pass<T, I, VL>(local, num_features, ws, &args.local, stream);
       if (status != cudaSuccess) return status;
       const SpmmConfig local_hubs =
           make_spmm_config(local.num_rows, local.num_edges, num_features, 1, local.max_degree);
       AccT<T>* remote_ws = ws == nullptr ? nullptr : ws + spmm_workspace_elements(local_hubs,
                                                                                   num_features);
-      status = side_hub_pass<T, I, VEC>(remote, num_features, remote_ws, &args.remote, stream);
+      status = side_hub_pass<T, I, VR>(remote, num_features, remote_ws, &args.remote, stream);
       if (status != cudaSuccess) return status;
       const FusedConfig cfg =
           make_fused_config(local.num_rows, local.num_edges, remote.num_edges, num_features, VEC,
@@ -122,7 +134,7 @@ cudaError_t launch_fused_aggregate(DType dtype, IndexType index_type, CsrRef loc
       const dim3 grid(static_cast<unsigned int>(cfg.row_tiles),
                       static_cast<unsigned int>(cfg.feature_chunks));
       const size_t smem = static_cast<size_t>(cfg.smem_bytes);
-      fused_aggregate_kernel<T, I, VEC><<<grid, cfg.threads, smem, stream>>>(args, cfg);
+      fused_aggregate_kernel<T, I, VEC, VL, VR><<<grid, cfg.threads, smem, stream>>>(args, cfg);
       return cudaGetLastError();
     });
   });

@@ -333,19 +333,20 @@ leo::FusedSide<T, I> fused_side(const Graph& g, SideData<T, I>& d, int64_t num_f
           cfg.hub_degree};
 }
 
-template <typename T, typename I, int VEC>
+// VL / VR: the load widths of the local / remote side (VEC or 1), as fused_widths picks them.
+template <typename T, typename I, int VEC, int VL = VEC, int VR = VEC>
 void check_fused(const Graph& local, const Graph& remote, int64_t num_features, int64_t hub_degree,
                  int64_t remote_cost, const char* tn, const char* in) {
   using Acc = AccT<T>;
   const int64_t edges = static_cast<int64_t>(local.indices.size() + remote.indices.size());
   const std::string name =
       case_name("fused", tn, in, num_features, VEC, edges, hub_degree) + "cost=" +
-      std::to_string(remote_cost);
+      std::to_string(remote_cost) + ",VL=" + std::to_string(VL) + ",VR=" + std::to_string(VR);
   SideData<T, I> l(local, num_features, 11), r(remote, num_features, 13);
   std::vector<T> out(static_cast<size_t>(local.num_rows * num_features), to_storage<T>(99.0));
   leo::FusedArgs<T, I> a;
-  a.local = fused_side<T, I, VEC>(local, l, num_features, hub_degree, name);
-  a.remote = fused_side<T, I, VEC>(remote, r, num_features, hub_degree, name);
+  a.local = fused_side<T, I, VL>(local, l, num_features, hub_degree, name);
+  a.remote = fused_side<T, I, VR>(remote, r, num_features, hub_degree, name);
   a.out = out.data();
   a.num_rows = local.num_rows;
   a.num_features = num_features;
@@ -361,7 +362,7 @@ void check_fused(const Graph& local, const Graph& remote, int64_t num_features, 
       run_phase<NoAtomics>(shared, cfg.threads, name + " zero",
                      [&](int64_t t, Acc* m) { leo::fused_zero(cfg, static_cast<int>(t), m); });
       run_phase<Acc>(shared, cfg.threads, name + " sum", [&](int64_t t, Acc* m) {
-        leo::fused_accumulate<T, I, VEC>(a, cfg, tile, chunk, static_cast<int>(t), m);
+        leo::fused_accumulate<T, I, VEC, VL, VR>(a, cfg, tile, chunk, static_cast<int>(t), m);
       });
       run_phase<NoAtomics>(out, cfg.threads, name + " store", [&](int64_t t, T* m) {
         leo::FusedArgs<T, I> w = a;
@@ -486,6 +487,10 @@ void check_width(int64_t num_features, const char* tn, const char* in) {
   // Tiles with only local edges next to tiles with only remote edges.
   check_fused<T, I, VEC>(half_rows(mixed, true), half_rows(remote, false), num_features, 64, 3,
                          tn, in);
+  if constexpr (VEC > 1) {  // one side unaligned: it reads one element at a time
+    check_fused<T, I, VEC, VEC, 1>(mixed, remote, num_features, 64, 3, tn, in);
+    check_fused<T, I, VEC, 1, VEC>(mixed, remote, num_features, 64, 3, tn, in);
+  }
   check_rows<T, I, VEC>(num_features, false, tn, in);
   check_rows<T, I, VEC>(num_features, true, tn, in);
 }
@@ -519,6 +524,24 @@ void check_tile_split() {
   expect(remote_warps_for(1000, 1, 1) == 1, "a side with edges keeps one warp");
 }
 
+// Load widths per side: an unaligned side (or a width that is not a multiple of 16 bytes)
+// reads one element at a time; the other side keeps its vectors.
+void check_fused_widths() {
+  alignas(16) static float buffer[16];
+  const void* aligned = buffer;
+  const void* shifted = buffer + 1;
+  const auto both = leo::fused_widths<float>(8, aligned, aligned);
+  expect(both.vec == 4 && both.local == 4 && both.remote == 4, "both sides aligned: vectors");
+  const auto remote = leo::fused_widths<float>(8, aligned, shifted);
+  expect(remote.vec == 4 && remote.local == 4 && remote.remote == 1, "unaligned remote side");
+  const auto local = leo::fused_widths<float>(8, shifted, aligned);
+  expect(local.vec == 4 && local.local == 1 && local.remote == 4, "unaligned local side");
+  const auto neither = leo::fused_widths<float>(8, shifted, shifted);
+  expect(neither.vec == 1 && neither.local == 1 && neither.remote == 1, "no side aligned");
+  const auto odd = leo::fused_widths<float>(6, aligned, aligned);
+  expect(odd.vec == 1, "width not a multiple of 16 bytes: scalars");
+}
+
 // Race mode over cases where threads of one block (and blocks) share outputs: rows split across
 // lane groups (shared atomics), hub chunks, duplicate scatter indices.
 void check_races() {
@@ -529,6 +552,7 @@ void check_races() {
   check_spmm<float, int64_t, 4>(mixed, 8, leo::kHubDegree, "float32", "int64");
   check_fused<float, int32_t, 1>(mixed, remote, 5, leo::kHubDegree, 3, "float32", "int32");
   check_fused<double, int64_t, 2>(mixed, remote, 4, 16, 1, "float64", "int64");
+  check_fused<float, int32_t, 4, 4, 1>(mixed, remote, 8, 16, 3, "float32", "int32");
   check_rows<float, int32_t, 1>(3, false, "float32", "int32");
   g_race_mode = false;
 }
@@ -537,6 +561,7 @@ void check_races() {
 
 int main() {
   check_tile_split();
+  check_fused_widths();
   check_races();
 #ifndef LEO_RACE_CHECK_ONLY
   check_indices<float>("float32");
