@@ -129,6 +129,8 @@ at::Tensor spmm_csr_cuda(const at::Tensor& indptr, const at::Tensor& indices,
 // non-contiguous one is copied on the peer's current stream, and that copy is ordered before
 // our stream's kernel (an event) and kept from reuse until our stream is done with it
 // (recordStream). Host memory must be pinned and contiguous (read through its mapped address).
+// As with any tensor a kernel reads asynchronously, the caller keeps a host or peer x_remote
+// (not a copy made here) alive and unchanged until this stream has run the kernel.
 struct RemoteRows {
   at::Tensor x;
   const void* ptr;
