@@ -36,10 +36,9 @@ pytest: install
 
 test: lint typecheck cuda-check pytest
 
+# On a GPU machine: build the kernels, GPU tests, kernel benchmark (logs in gpu-check/).
 test-gpu: install
-	$(VENV)/bin/leo compile
-	$(VENV)/bin/pytest -q -m "gpu or cuda_ext"
-	$(PY) -m leo_cli.kernels.bench_gpu
+	scripts/gpu-check.sh gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -76,15 +76,30 @@ inline int pow2_ceil(int v) {
 
 inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// VEC consecutive elements starting at p, converted to the accumulator type. With VEC > 1 the
-// caller guarantees a 16-byte aligned address: one vector load instead of VEC scalar ones.
-template <typename T, int VEC>
+// Read-only load: through the non-coherent (texture) path on the device. Kernels only read
+// inputs they never write, so the stale-cache hazard of that path does not arise.
+template <typename V>
+LEO_HD V load_ro(const V* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// VEC consecutive elements starting at p, converted to the accumulator type, read W at a time:
+// W == VEC > 1 is one 16-byte load (the caller guarantees a 16-byte aligned address), W == 1
+// scalar loads (any alignment). A lane covers VEC features either way, so sides of one kernel
+// can read with different widths.
+template <typename T, int VEC, int W = VEC>
 LEO_HD void load_vec(const T* p, AccT<T> (&out)[VEC]) {
-  if constexpr (VEC == 1) {
-    out[0] = NumTraits<T>::load(p[0]);
+  static_assert(W == VEC || W == 1, "a lane reads its features in one vector or one by one");
+  if constexpr (W == 1) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = NumTraits<T>::load(load_ro(p + v));
   } else {
     static_assert(VEC * sizeof(T) == kVectorBytes, "vector loads are 16 bytes");
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const uint4 raw = load_ro(reinterpret_cast<const uint4*>(p));
     T vals[VEC];
     memcpy(vals, &raw, sizeof(raw));
 #pragma unroll
@@ -116,45 +131,77 @@ LEO_HD void copy_vec(T* dst, const T* src) {
   }
 }
 
-// atomicAdd on the device; a plain add when host emulation runs threads one at a time.
+// Host emulation hook: when set, host-side atomic_add calls it instead of adding in place, so
+// cuda/tests/host_emulation.cu can tell atomic updates from plain stores (its race check gives
+// every emulated thread a private copy of memory and merges the copies at each barrier).
+template <typename A>
+using HostAtomicHook = void (*)(A* addr, A value);
+
+template <typename A>
+inline HostAtomicHook<A>& host_atomic_hook() {
+  static HostAtomicHook<A> hook = nullptr;
+  return hook;
+}
+
+// atomicAdd on the device; on the host a plain add, or the emulation's hook when one is set.
 template <typename A>
 LEO_HD void atomic_add(A* addr, A value) {
 #ifdef __CUDA_ARCH__
   atomicAdd(addr, value);
 #else
-  *addr += value;
+  HostAtomicHook<A> hook = host_atomic_hook<A>();
+  if (hook != nullptr) {
+    hook(addr, value);
+  } else {
+    *addr += value;
+  }
 #endif
 }
 
-// acc[v] += sum over edges [begin, end) of values[e] * x_CF[indices[e], f + v].
-// Two edges per iteration so both gathers are in flight before either is used: most rows are
-// short, and this is where their latency hides.
-template <typename T, typename I, int VEC>
-LEO_HD void accumulate_edges(const I* indices, const T* values, const T* x_CF,
+// acc[v] += sum over edges [begin, end) of values[e] * x_CF[indices[e], f + v], x read W
+// elements at a time (see load_vec). Two edges per iteration so both gathers are in flight
+// before either is used: most rows are short, and this is where their latency hides.
+template <typename T, typename I, int VEC, int W = VEC>
+LEO_HD void accumulate_edges(const I* __restrict__ indices, const T* __restrict__ values,
+                             const T* __restrict__ x_CF,
                              int64_t num_features, int64_t f, int64_t begin, int64_t end,
                              AccT<T> (&acc)[VEC]) {
   using Acc = AccT<T>;
   int64_t e = begin;
   for (; e + 1 < end; e += 2) {
-    const int64_t c0 = static_cast<int64_t>(indices[e]);
-    const int64_t c1 = static_cast<int64_t>(indices[e + 1]);
-    const Acc w0 = NumTraits<T>::load(values[e]);
-    const Acc w1 = NumTraits<T>::load(values[e + 1]);
+    const int64_t c0 = static_cast<int64_t>(load_ro(indices + e));
+    const int64_t c1 = static_cast<int64_t>(load_ro(indices + e + 1));
+    const Acc w0 = NumTraits<T>::load(load_ro(values + e));
+    const Acc w1 = NumTraits<T>::load(load_ro(values + e + 1));
     Acc x0[VEC];
     Acc x1[VEC];
-    load_vec<T, VEC>(x_CF + c0 * num_features + f, x0);
-    load_vec<T, VEC>(x_CF + c1 * num_features + f, x1);
+    load_vec<T, VEC, W>(x_CF + c0 * num_features + f, x0);
+    load_vec<T, VEC, W>(x_CF + c1 * num_features + f, x1);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += w0 * x0[v] + w1 * x1[v];
   }
   if (e < end) {
-    const int64_t c0 = static_cast<int64_t>(indices[e]);
-    const Acc w0 = NumTraits<T>::load(values[e]);
+    const int64_t c0 = static_cast<int64_t>(load_ro(indices + e));
+    const Acc w0 = NumTraits<T>::load(load_ro(values + e));
     Acc x0[VEC];
-    load_vec<T, VEC>(x_CF + c0 * num_features + f, x0);
+    load_vec<T, VEC, W>(x_CF + c0 * num_features + f, x0);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += w0 * x0[v];
   }
+}
+
+// The row r in [lo, hi) with indptr[r] <= e < indptr[r + 1], given indptr[lo] <= e < indptr[hi].
+template <typename I>
+LEO_HD int64_t find_row(const I* indptr, int64_t lo, int64_t hi, int64_t e) {
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (static_cast<int64_t>(indptr[mid]) <= e) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
 
 // ---- dispatch: runtime (dtype, index type, vector width) -> template instantiation ----

@@ -1,11 +1,12 @@
 // Fused local + remote aggregation kernel (warp-specialised, hybrid workload mapping) and its
 // launcher. See fused_aggregate.cuh for the mapping.
 #include "fused_aggregate.cuh"
+#include "hub_pass.cuh"
 
 namespace leo {
 namespace {
 
-template <typename T, typename I, int VEC>
+template <typename T, typename I, int VEC, int VL, int VR>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_aggregate_kernel(const FusedArgs<T, I> args, const FusedConfig cfg) {
   // Raw bytes, typed below: one extern shared array serves every instantiation.
@@ -16,13 +17,44 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int thread = static_cast<int>(threadIdx.x);
   fused_zero(cfg, thread, acc);
   __syncthreads();
-  fused_accumulate<T, I, VEC>(args, cfg, tile, chunk, thread, acc);
+  fused_accumulate<T, I, VEC, VL, VR>(args, cfg, tile, chunk, thread, acc);
   __syncthreads();
   fused_store<T, I>(args, cfg, tile, chunk, thread, acc);
 }
 
-constexpr int64_t kMaxGridX = 2147483647;
-constexpr int64_t kMaxGridY = 65535;
+size_t acc_size(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
+
+// Hub pass of one side into its part of the workspace; fills side.partial / side.hub_degree.
+template <typename T, typename I, int VEC>
+cudaError_t side_hub_pass(const CsrRef& adj, int64_t num_features, AccT<T>* workspace,
+                          FusedSide<T, I>* side, cudaStream_t stream) {
+  const SpmmConfig cfg =
+      make_spmm_config(adj.num_rows, adj.num_edges, num_features, VEC, adj.max_degree);
+  side->hub_degree = cfg.hub_degree;
+  side->partial = workspace;
+  if (cfg.hub_degree == 0) return cudaSuccess;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  SpmmArgs<T, I> args;
+  args.indptr = side->indptr;
+  args.indices = side->indices;
+  args.values = side->values;
+  args.x = side->x;
+  args.out = nullptr;  // the hub pass writes partials only
+  args.partial = workspace;
+  args.num_rows = adj.num_rows;
+  args.num_features = num_features;
+  return launch_hub_pass<T, I, VEC>(args, cfg, adj.num_edges, stream);
+}
+
+// Calls fn(VecTag<VEC>, VecTag<VL>, VecTag<VR>) for the widths chosen by fused_widths.
+template <typename T, typename Fn>
+cudaError_t dispatch_widths(const FusedWidths& w, Fn fn) {
+  constexpr int kVec = kMaxVec<T>;
+  if (w.vec == 1) return fn(VecTag<1>{}, VecTag<1>{}, VecTag<1>{});
+  if (w.local == 1) return fn(VecTag<kVec>{}, VecTag<1>{}, VecTag<kVec>{});
+  if (w.remote == 1) return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<1>{});
+  return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<kVec>{});
+}
 
 template <typename T, typename I>
 FusedSide<T, I> make_side(const CsrRef& adj, const void* x) {
@@ -31,14 +63,43 @@ FusedSide<T, I> make_side(const CsrRef& adj, const void* x) {
   side.indices = static_cast<const I*>(adj.indices);
   side.values = static_cast<const T*>(adj.values);
   side.x = static_cast<const T*>(x);
+  side.partial = nullptr;
+  side.hub_degree = 0;
   return side;
 }
 
 }  // namespace
 
+int64_t remote_edge_cost(RemoteLink link) {
+  // Rough latency of one row read over the link, in local (same-GPU HBM) reads: only the order
+  // of magnitude matters to the warp split. A remote buffer on the same GPU costs what a local
+  // one does.
+  switch (link) {
+    case RemoteLink::kSameDevice:
+      return 1;
+    case RemoteLink::kPeer:
+      return 3;
+    case RemoteLink::kHost:
+      return 12;
+  }
+  return 1;
+}
+
+size_t fused_aggregate_workspace_bytes(DType dtype, CsrRef local, CsrRef remote,
+                                       int64_t num_features) {
+  size_t bytes = 0;
+  for (const CsrRef& adj : {local, remote}) {
+    const SpmmConfig cfg =
+        make_spmm_config(adj.num_rows, adj.num_edges, num_features, 1, adj.max_degree);
+    bytes += static_cast<size_t>(spmm_workspace_elements(cfg, num_features)) * acc_size(dtype);
+  }
+  return bytes;
+}
+
 cudaError_t launch_fused_aggregate(DType dtype, IndexType index_type, CsrRef local,
                                    const void* x_local, CsrRef remote, const void* x_remote,
-                                   void* out_RF, int64_t num_features, cudaStream_t stream) {
+                                   RemoteLink link, void* out_RF, int64_t num_features,
+                                   void* workspace, cudaStream_t stream) {
   if (local.num_rows != remote.num_rows) return cudaErrorInvalidValue;
   if (local.num_rows == 0 || num_features == 0) return cudaSuccess;
   return dispatch_types(dtype, index_type, [&](auto type_tag, auto index_tag) {
@@ -50,19 +111,30 @@ cudaError_t launch_fused_aggregate(DType dtype, IndexType index_type, CsrRef loc
     args.out = static_cast<T*>(out_RF);
     args.num_rows = local.num_rows;
     args.num_features = num_features;
-    const bool vectors = can_use_vectors<T>(num_features, x_local, x_remote, out_RF);
-    return dispatch_vec<T>(vectors, [&](auto vec_tag) {
+    const FusedWidths widths = fused_widths<T>(num_features, x_local, x_remote);
+    return dispatch_widths<T>(widths, [&](auto vec_tag, auto local_tag, auto remote_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
+      constexpr int VL = decltype(local_tag)::value;
+      constexpr int VR = decltype(remote_tag)::value;
+      AccT<T>* ws = static_cast<AccT<T>*>(workspace);
+      cudaError_t status = side_hub_pass<T, I, VL>(local, num_features, ws, &args.local, stream);
+      if (status != cudaSuccess) return status;
+      const SpmmConfig local_hubs =
+          make_spmm_config(local.num_rows, local.num_edges, num_features, 1, local.max_degree);
+      AccT<T>* remote_ws = ws == nullptr ? nullptr : ws + spmm_workspace_elements(local_hubs,
+                                                                                  num_features);
+      status = side_hub_pass<T, I, VR>(remote, num_features, remote_ws, &args.remote, stream);
+      if (status != cudaSuccess) return status;
       const FusedConfig cfg =
           make_fused_config(local.num_rows, local.num_edges, remote.num_edges, num_features, VEC,
-                            static_cast<int64_t>(sizeof(AccT<T>)));
+                            static_cast<int64_t>(sizeof(AccT<T>)), remote_edge_cost(link));
       if (cfg.row_tiles > kMaxGridX || cfg.feature_chunks > kMaxGridY) {
         return cudaErrorInvalidConfiguration;
       }
       const dim3 grid(static_cast<unsigned int>(cfg.row_tiles),
                       static_cast<unsigned int>(cfg.feature_chunks));
       const size_t smem = static_cast<size_t>(cfg.smem_bytes);
-      fused_aggregate_kernel<T, I, VEC><<<grid, cfg.threads, smem, stream>>>(args, cfg);
+      fused_aggregate_kernel<T, I, VEC, VL, VR><<<grid, cfg.threads, smem, stream>>>(args, cfg);
       return cudaGetLastError();
     });
   });

@@ -1,4 +1,5 @@
-// CSR SpMM kernel (lane group per row) and its launcher. See spmm_csr.cuh for the mapping.
+// CSR SpMM kernels (hub pass, then lane group per row) and their launcher. See spmm_csr.cuh.
+#include "hub_pass.cuh"
 #include "spmm_csr.cuh"
 
 namespace leo {
@@ -11,12 +12,21 @@ __global__ void __launch_bounds__(kSpmmThreads)
                          static_cast<int>(threadIdx.x));
 }
 
-constexpr int64_t kMaxGridX = 2147483647;
+
+size_t acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
 
 }  // namespace
 
+size_t spmm_csr_workspace_bytes(DType dtype, CsrRef adj, int64_t num_features) {
+  // The hub layout does not depend on the vector width, so VEC = 1 gives the size.
+  const SpmmConfig cfg =
+      make_spmm_config(adj.num_rows, adj.num_edges, num_features, 1, adj.max_degree);
+  return static_cast<size_t>(spmm_workspace_elements(cfg, num_features)) * acc_bytes(dtype);
+}
+
 cudaError_t launch_spmm_csr(DType dtype, IndexType index_type, CsrRef adj, const void* x_CF,
-                            void* out_RF, int64_t num_features, cudaStream_t stream) {
+                            void* out_RF, int64_t num_features, void* workspace,
+                            cudaStream_t stream) {
   if (adj.num_rows == 0 || num_features == 0) return cudaSuccess;
   return dispatch_types(dtype, index_type, [&](auto type_tag, auto index_tag) {
     using T = typename decltype(type_tag)::type;
@@ -27,13 +37,20 @@ cudaError_t launch_spmm_csr(DType dtype, IndexType index_type, CsrRef adj, const
     args.values = static_cast<const T*>(adj.values);
     args.x = static_cast<const T*>(x_CF);
     args.out = static_cast<T*>(out_RF);
+    args.partial = static_cast<AccT<T>*>(workspace);
     args.num_rows = adj.num_rows;
     args.num_features = num_features;
     const bool vectors = can_use_vectors<T>(num_features, x_CF, out_RF);
     return dispatch_vec<T>(vectors, [&](auto vec_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
-      const SpmmConfig cfg = make_spmm_config(adj.num_rows, adj.num_edges, num_features, VEC);
+      const SpmmConfig cfg = make_spmm_config(adj.num_rows, adj.num_edges, num_features, VEC,
+                                              adj.max_degree);
       if (cfg.blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
+      if (cfg.hub_degree > 0) {
+        if (workspace == nullptr) return cudaErrorInvalidValue;
+        const cudaError_t status = launch_hub_pass<T, I, VEC>(args, cfg, adj.num_edges, stream);
+        if (status != cudaSuccess) return status;
+      }
       const dim3 grid(static_cast<unsigned int>(cfg.blocks));
       spmm_csr_kernel<T, I, VEC><<<grid, cfg.threads, 0, stream>>>(args, cfg);
       return cudaGetLastError();

@@ -1,15 +1,29 @@
 // Host emulation of LEO's CUDA kernels: runs the per-thread kernel bodies of cuda/include on the
 // CPU, block by block and thread by thread (phase by phase where a kernel has barriers), with the
 // launchers' own configuration functions, and compares every result with a float64 reference.
-// It proves the index arithmetic (lane groups, tiles, edge ranges, row search, vector widths) on
-// machines without a GPU; tests/kernels/test_compile.py builds it with nvcc and runs it.
+// It proves the index arithmetic (lane groups, tiles, edge ranges, row search, vector widths, hub
+// chunks) on machines without a GPU; tests/kernels/test_kernel_compile.py builds it with nvcc
+// and runs it.
+//
+// Races. Running threads one after another makes a plain `+=` look like an atomic add, so a
+// second mode runs every barrier-delimited phase as if all its threads ran at once: each thread
+// works on a private copy of the phase's memory, its atomic_add calls are logged (through
+// leo::host_atomic_hook) instead of applied, and at the barrier the copies are merged. Two
+// threads storing to one element without an atomic is a race: it is reported, and the merge
+// keeps one store, losing the other's update, as a GPU would. Removing a needed atomic from a
+// kernel therefore fails here (tests/kernels/test_kernel_compile.py compiles such mutants).
 //
 // Build: nvcc -std=c++17 -O2 -I cuda/include cuda/tests/host_emulation.cu -o emulate
+// (-DLEO_RACE_CHECK_ONLY: only the race-mode cases, which compiles and runs faster).
 // Exit status 0 when every case matches; failures are printed one per line.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fused_aggregate.cuh"
@@ -21,6 +35,98 @@ namespace {
 using leo::AccT;
 using leo::NumTraits;
 
+int g_failures = 0;
+int g_cases = 0;
+
+void fail(const std::string& message) {
+  if (++g_failures <= 30) std::printf("FAIL %s\n", message.c_str());
+}
+
+// ---- phase runners: sequential, or race-checked (see the header comment) ----
+
+// The atomic adds of the running emulated thread, as (element offset, value) into the phase's
+// private copy.
+template <typename A>
+struct AtomicLog {
+  static const A* base;
+  static size_t size;
+  static std::vector<std::pair<size_t, A>> entries;
+  static void hook(A* addr, A value) {
+    const size_t offset = static_cast<size_t>(addr - base);
+    if (addr < base || offset >= size) {
+      fail("atomic_add outside the phase's memory");
+      return;
+    }
+    entries.emplace_back(offset, value);
+  }
+};
+template <typename A>
+const A* AtomicLog<A>::base = nullptr;
+template <typename A>
+size_t AtomicLog<A>::size = 0;
+template <typename A>
+std::vector<std::pair<size_t, A>> AtomicLog<A>::entries;
+
+bool g_race_mode = false;
+
+// The A of a phase that issues no atomics (gathers, plain stores).
+struct NoAtomics {};
+
+// Which emulated thread stored each element of a buffer (-1: none yet). Shared by the phases
+// of all blocks of one kernel that write global memory: blocks run concurrently, so two blocks
+// storing one element is a race as much as two threads of one block.
+struct Writers {
+  std::vector<int64_t> who;
+  int64_t block_offset = 0;  // added to thread ids: block * threads
+};
+
+// One phase of `num_threads` threads; body(thread, mem) writes only through `mem` (M elements).
+// Race mode: private copies, logged atomics of accumulator type A, merge at the barrier.
+// `writers`: the kernel-wide record for global memory (null: this phase's own, for shared).
+template <typename A, typename M, typename Fn>
+void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name, Fn body,
+               Writers* writers = nullptr) {
+  if (!g_race_mode) {
+    for (int64_t t = 0; t < num_threads; ++t) body(t, mem.data());
+    return;
+  }
+  constexpr bool kAtomics = !std::is_same<A, NoAtomics>::value;
+  const std::vector<M> start = mem;
+  std::vector<M> copy;
+  Writers local;
+  Writers& record = writers == nullptr ? local : *writers;
+  if (record.who.size() != mem.size()) record.who.assign(mem.size(), -1);
+  std::vector<int64_t>& writer = record.who;
+  std::vector<std::pair<size_t, A>> atomics;
+  int races = 0;
+  for (int64_t t = 0; t < num_threads; ++t) {
+    copy = start;
+    if constexpr (kAtomics) {
+      AtomicLog<A>::base = reinterpret_cast<const A*>(copy.data());
+      AtomicLog<A>::size = copy.size() * sizeof(M) / sizeof(A);
+      AtomicLog<A>::entries.clear();
+      leo::host_atomic_hook<A>() = &AtomicLog<A>::hook;
+    }
+    body(t, copy.data());
+    if constexpr (kAtomics) {
+      leo::host_atomic_hook<A>() = nullptr;
+      atomics.insert(atomics.end(), AtomicLog<A>::entries.begin(), AtomicLog<A>::entries.end());
+    }
+    const int64_t id = record.block_offset + t;
+    for (size_t i = 0; i < copy.size(); ++i) {
+      if (std::memcmp(&copy[i], &start[i], sizeof(M)) == 0) continue;
+      if (writer[i] >= 0 && writer[i] != id) ++races;
+      writer[i] = id;
+      mem[i] = copy[i];  // last store wins; the other thread's update is lost
+    }
+  }
+  if constexpr (kAtomics) {
+    A* acc = reinterpret_cast<A*>(mem.data());
+    for (const auto& [offset, value] : atomics) acc[offset] += value;
+  }
+  if (races > 0) fail(name + ": " + std::to_string(races) + " races (plain stores by two threads)");
+}
+
 struct Graph {
   int64_t num_rows = 0;
   int64_t num_cols = 0;
@@ -28,6 +134,12 @@ struct Graph {
   std::vector<int64_t> indices;
   std::vector<double> values;
 };
+
+int64_t max_degree(const Graph& g) {
+  int64_t best = 0;
+  for (int64_t r = 0; r < g.num_rows; ++r) best = std::max(best, g.indptr[r + 1] - g.indptr[r]);
+  return best;
+}
 
 // Rows with 0..8 edges (every fifth row empty), one row with `huge` edges, and repeated
 // columns inside rows (duplicates must be summed, not deduplicated).
@@ -98,9 +210,6 @@ double abs_tolerance() {
   return sizeof(T) == 2 ? 1e-6 : 0.0;
 }
 
-int g_failures = 0;
-int g_cases = 0;
-
 template <typename T>
 void expect_close(const std::string& name, const std::vector<T>& got,
                   const std::vector<double>& want, const std::vector<double>& scale) {
@@ -117,7 +226,6 @@ void expect_close(const std::string& name, const std::vector<T>& got,
   }
 }
 
-// Float64 reference of A @ x (+ sum |terms| per output element for the tolerance).
 template <typename T>
 void reference_spmm(const Graph& g, const std::vector<T>& values, const std::vector<T>& x,
                     int64_t num_features, std::vector<double>& out, std::vector<double>& scale) {
@@ -134,128 +242,257 @@ void reference_spmm(const Graph& g, const std::vector<T>& values, const std::vec
 }
 
 std::string case_name(const char* op, const char* type, const char* index, int64_t features,
-                      int vec, int64_t num_edges) {
+                      int vec, int64_t num_edges, int64_t hub_degree = 0) {
   return std::string(op) + "[" + type + "," + index + ",F=" + std::to_string(features) +
-         ",VEC=" + std::to_string(vec) + ",E=" + std::to_string(num_edges) + "]";
+         ",VEC=" + std::to_string(vec) + ",E=" + std::to_string(num_edges) +
+         ",hub=" + std::to_string(hub_degree) + "]";
+}
+
+// The hub pass of spmm_csr.cuh over `a` into `partial` (K x 2 x F), block by block.
+template <typename T, typename I, int VEC>
+void run_hub_pass(leo::SpmmArgs<T, I> a, const leo::SpmmConfig& cfg, int64_t num_edges,
+                  std::vector<AccT<T>>& partial, const std::string& name) {
+  using Acc = AccT<T>;
+  partial.assign(static_cast<size_t>(leo::spmm_workspace_elements(cfg, a.num_features)),
+                 Acc(77));  // garbage: every slot must be written
+  std::vector<Acc> shared(static_cast<size_t>(2 * cfg.chunk_features));
+  Writers global;
+  for (int64_t k = 0; k < cfg.hub_chunks; ++k) {
+    for (int64_t s = 0; s < cfg.feature_slices; ++s) {
+      global.block_offset = (k * cfg.feature_slices + s) * cfg.threads;
+      run_phase<NoAtomics>(shared, cfg.threads, name + " hub zero",
+                     [&](int64_t t, Acc* m) { leo::hub_zero(cfg, static_cast<int>(t), m); });
+      run_phase<Acc>(shared, cfg.threads, name + " hub sum", [&](int64_t t, Acc* m) {
+        leo::hub_accumulate<T, I, VEC>(a, cfg, num_edges, k, s, static_cast<int>(t), m);
+      });
+      run_phase<NoAtomics>(partial, cfg.threads, name + " hub store", [&](int64_t t, Acc* m) {
+        leo::SpmmArgs<T, I> b = a;
+        b.partial = m;
+        leo::hub_store<T, I>(b, cfg, k, s, static_cast<int>(t), shared.data());
+      }, &global);
+    }
+  }
 }
 
 template <typename T, typename I, int VEC>
-void check_spmm(const Graph& g, int64_t num_features, const char* tn, const char* in) {
+void check_spmm(const Graph& g, int64_t num_features, int64_t hub_degree, const char* tn,
+                const char* in) {
+  using Acc = AccT<T>;
   const auto indptr = cast_indices<I>(g.indptr);
   const auto indices = cast_indices<I>(g.indices);
   const auto values = cast_values<T>(g.values);
   const auto x = random_matrix<T>(g.num_cols, num_features, 7);
   std::vector<T> out(static_cast<size_t>(g.num_rows * num_features), to_storage<T>(99.0));
-  leo::SpmmArgs<T, I> a{indptr.data(), indices.data(), values.data(),
-                        x.data(),      out.data(),     g.num_rows, num_features};
-  const auto cfg = leo::make_spmm_config(g.num_rows, static_cast<int64_t>(g.indices.size()),
-                                         num_features, VEC);
+  const int64_t num_edges = static_cast<int64_t>(g.indices.size());
+  const auto cfg = leo::make_spmm_config(g.num_rows, num_edges, num_features, VEC, max_degree(g),
+                                         hub_degree);
+  const std::string name = case_name("spmm", tn, in, num_features, VEC, num_edges, hub_degree);
+  std::vector<Acc> partial;
+  leo::SpmmArgs<T, I> a{indptr.data(), indices.data(), values.data(), x.data(), out.data(),
+                        nullptr,       g.num_rows,     num_features};
+  if (cfg.hub_degree > 0) run_hub_pass<T, I, VEC>(a, cfg, num_edges, partial, name);
+  a.partial = partial.data();
+  Writers global;
   for (int64_t b = 0; b < cfg.blocks; ++b) {
-    for (int t = 0; t < cfg.threads; ++t) leo::spmm_thread<T, I, VEC>(a, cfg, b, t);
+    global.block_offset = b * cfg.threads;
+    run_phase<NoAtomics>(out, cfg.threads, name, [&](int64_t t, T* m) {
+      leo::SpmmArgs<T, I> w = a;
+      w.out = m;
+      leo::spmm_thread<T, I, VEC>(w, cfg, b, static_cast<int>(t));
+    }, &global);
   }
   std::vector<double> want(out.size(), 0.0), scale(out.size(), 0.0);
   reference_spmm(g, values, x, num_features, want, scale);
-  expect_close(case_name("spmm", tn, in, num_features, VEC, g.indices.size()), out, want, scale);
+  expect_close(name, out, want, scale);
 }
 
+// One side's CSR arrays in the kernel's types.
+template <typename T, typename I>
+struct SideData {
+  std::vector<I> indptr, indices;
+  std::vector<T> values, x;
+  std::vector<AccT<T>> partial;
+  SideData(const Graph& g, int64_t num_features, uint64_t seed)
+      : indptr(cast_indices<I>(g.indptr)),
+        indices(cast_indices<I>(g.indices)),
+        values(cast_values<T>(g.values)),
+        x(random_matrix<T>(g.num_cols, num_features, seed)) {}
+};
+
+// The side's FusedSide after running its hub pass (as the launcher does).
 template <typename T, typename I, int VEC>
-void check_fused(const Graph& local, const Graph& remote, int64_t num_features, const char* tn,
-                 const char* in) {
+leo::FusedSide<T, I> fused_side(const Graph& g, SideData<T, I>& d, int64_t num_features,
+                                int64_t hub_degree, const std::string& name) {
+  const int64_t num_edges = static_cast<int64_t>(g.indices.size());
+  const auto cfg = leo::make_spmm_config(g.num_rows, num_edges, num_features, VEC, max_degree(g),
+                                         hub_degree);
+  leo::SpmmArgs<T, I> a{d.indptr.data(), d.indices.data(), d.values.data(), d.x.data(), nullptr,
+                        nullptr,         g.num_rows,       num_features};
+  if (cfg.hub_degree > 0) run_hub_pass<T, I, VEC>(a, cfg, num_edges, d.partial, name);
+  return {d.indptr.data(), d.indices.data(), d.values.data(), d.x.data(), d.partial.data(),
+          cfg.hub_degree};
+}
+
+// VL / VR: the load widths of the local / remote side (VEC or 1), as fused_widths picks them.
+template <typename T, typename I, int VEC, int VL = VEC, int VR = VEC>
+void check_fused(const Graph& local, const Graph& remote, int64_t num_features, int64_t hub_degree,
+                 int64_t remote_cost, const char* tn, const char* in) {
   using Acc = AccT<T>;
-  const auto l_indptr = cast_indices<I>(local.indptr);
-  const auto l_indices = cast_indices<I>(local.indices);
-  const auto l_values = cast_values<T>(local.values);
-  const auto r_indptr = cast_indices<I>(remote.indptr);
-  const auto r_indices = cast_indices<I>(remote.indices);
-  const auto r_values = cast_values<T>(remote.values);
-  const auto x_local = random_matrix<T>(local.num_cols, num_features, 11);
-  const auto x_remote = random_matrix<T>(remote.num_cols, num_features, 13);
+  const int64_t edges = static_cast<int64_t>(local.indices.size() + remote.indices.size());
+  const std::string name =
+      case_name("fused", tn, in, num_features, VEC, edges, hub_degree) + "cost=" +
+      std::to_string(remote_cost) + ",VL=" + std::to_string(VL) + ",VR=" + std::to_string(VR);
+  SideData<T, I> l(local, num_features, 11), r(remote, num_features, 13);
   std::vector<T> out(static_cast<size_t>(local.num_rows * num_features), to_storage<T>(99.0));
   leo::FusedArgs<T, I> a;
-  a.local = {l_indptr.data(), l_indices.data(), l_values.data(), x_local.data()};
-  a.remote = {r_indptr.data(), r_indices.data(), r_values.data(), x_remote.data()};
+  a.local = fused_side<T, I, VL>(local, l, num_features, hub_degree, name);
+  a.remote = fused_side<T, I, VR>(remote, r, num_features, hub_degree, name);
   a.out = out.data();
   a.num_rows = local.num_rows;
   a.num_features = num_features;
   const auto cfg = leo::make_fused_config(
       local.num_rows, static_cast<int64_t>(local.indices.size()),
-      static_cast<int64_t>(remote.indices.size()), num_features, VEC, sizeof(Acc));
+      static_cast<int64_t>(remote.indices.size()), num_features, VEC, sizeof(Acc), remote_cost);
   std::vector<Acc> shared(static_cast<size_t>(cfg.smem_bytes) / sizeof(Acc));
+  Writers global;
   for (int64_t tile = 0; tile < cfg.row_tiles; ++tile) {
     for (int64_t chunk = 0; chunk < cfg.feature_chunks; ++chunk) {
-      // Each loop over threads is one phase; the kernel separates them with __syncthreads().
-      for (int t = 0; t < cfg.threads; ++t) leo::fused_zero(cfg, t, shared.data());
-      for (int t = 0; t < cfg.threads; ++t) {
-        leo::fused_accumulate<T, I, VEC>(a, cfg, tile, chunk, t, shared.data());
-      }
-      for (int t = 0; t < cfg.threads; ++t) {
-        leo::fused_store<T, I>(a, cfg, tile, chunk, t, shared.data());
-      }
+      global.block_offset = (tile * cfg.feature_chunks + chunk) * cfg.threads;
+      // Each phase ends at a __syncthreads() in the kernel.
+      run_phase<NoAtomics>(shared, cfg.threads, name + " zero",
+                     [&](int64_t t, Acc* m) { leo::fused_zero(cfg, static_cast<int>(t), m); });
+      run_phase<Acc>(shared, cfg.threads, name + " sum", [&](int64_t t, Acc* m) {
+        leo::fused_accumulate<T, I, VEC, VL, VR>(a, cfg, tile, chunk, static_cast<int>(t), m);
+      });
+      run_phase<NoAtomics>(out, cfg.threads, name + " store", [&](int64_t t, T* m) {
+        leo::FusedArgs<T, I> w = a;
+        w.out = m;
+        leo::fused_store<T, I>(w, cfg, tile, chunk, static_cast<int>(t), shared.data());
+      }, &global);
     }
   }
   std::vector<double> want(out.size(), 0.0), scale(out.size(), 0.0);
-  reference_spmm(local, l_values, x_local, num_features, want, scale);
-  reference_spmm(remote, r_values, x_remote, num_features, want, scale);
-  const int64_t edges = static_cast<int64_t>(local.indices.size() + remote.indices.size());
-  expect_close(case_name("fused", tn, in, num_features, VEC, edges), out, want, scale);
+  reference_spmm(local, l.values, l.x, num_features, want, scale);
+  reference_spmm(remote, r.values, r.x, num_features, want, scale);
+  expect_close(name, out, want, scale);
 }
 
+// Gather and scatter-add of rows, with repeated indices and, with `bad`, indices outside the
+// source rows (-1 and num_rows): gather must write zero rows for them, scatter-add skip them.
 template <typename T, typename I, int VEC>
-void check_rows(int64_t num_features, const char* tn, const char* in) {
+void check_rows(int64_t num_features, bool bad, const char* tn, const char* in) {
+  using Acc = AccT<T>;
   const int64_t src_rows = 50;
   std::vector<int64_t> idx64;
   for (int64_t i = 0; i < 120; ++i) idx64.push_back((i * 37 + i / 3) % src_rows);
+  if (bad) {
+    idx64[5] = -1;
+    idx64[17] = src_rows;
+  }
   const auto idx = cast_indices<I>(idx64);
   const int64_t n = static_cast<int64_t>(idx.size());
   const auto x = random_matrix<T>(src_rows, num_features, 17);
+  const std::string tag = bad ? "+bad" : "";
   // Gather.
-  std::vector<T> gathered(static_cast<size_t>(n * num_features));
-  leo::GatherArgs<T, I> ga{x.data(), idx.data(), gathered.data(), n, num_features};
-  for (int64_t t = 0; t < n * (num_features / VEC); ++t) leo::gather_item<T, I, VEC>(ga, t);
-  std::vector<double> want(gathered.size()), scale(gathered.size());
+  std::vector<T> gathered(static_cast<size_t>(n * num_features), to_storage<T>(99.0));
+  leo::GatherArgs<T, I> ga{x.data(), idx.data(), gathered.data(), src_rows, n, num_features};
+  const auto gcfg = leo::make_row_config(n, num_features / VEC);
+  Writers gathered_by;
+  for (int64_t b = 0; b < gcfg.blocks; ++b) {
+    gathered_by.block_offset = b * leo::kRowThreads;
+    run_phase<NoAtomics>(gathered, leo::kRowThreads, "gather", [&](int64_t t, T* m) {
+      leo::GatherArgs<T, I> w = ga;
+      w.out = m;
+      leo::gather_thread<T, I, VEC>(w, gcfg, b, static_cast<int>(t));
+    }, &gathered_by);
+  }
+  std::vector<double> want(gathered.size(), 0.0), scale(gathered.size(), 0.0);
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t f = 0; f < num_features; ++f) {
+    const bool valid = idx64[i] >= 0 && idx64[i] < src_rows;
+    for (int64_t f = 0; f < num_features && valid; ++f) {
       want[i * num_features + f] = from_storage(x[idx64[i] * num_features + f]);
       scale[i * num_features + f] = std::fabs(want[i * num_features + f]);
     }
   }
-  expect_close(case_name("gather", tn, in, num_features, VEC, n), gathered, want, scale);
+  expect_close(case_name(("gather" + tag).c_str(), tn, in, num_features, VEC, n), gathered, want,
+               scale);
   // Scatter-add of the gathered rows back: row r receives x[r] times its multiplicity.
-  std::vector<AccT<T>> acc(static_cast<size_t>(src_rows * num_features), AccT<T>(0));
-  leo::ScatterArgs<T, I> sa{gathered.data(), idx.data(), acc.data(), n, num_features};
-  for (int64_t t = 0; t < n * num_features; ++t) leo::scatter_add_item<T, I>(sa, t);
+  std::vector<Acc> acc(static_cast<size_t>(src_rows * num_features), Acc(0));
+  leo::ScatterArgs<T, I> sa{gathered.data(), idx.data(), acc.data(), src_rows, n, num_features};
+  const auto scfg = leo::make_row_config(n, num_features);
+  Writers scattered_by;
+  for (int64_t b = 0; b < scfg.blocks; ++b) {
+    scattered_by.block_offset = b * leo::kRowThreads;
+    run_phase<Acc>(acc, leo::kRowThreads, "scatter_add", [&](int64_t t, Acc* m) {
+      leo::ScatterArgs<T, I> w = sa;
+      w.acc = m;
+      leo::scatter_add_thread<T, I>(w, scfg, b, static_cast<int>(t));
+    }, &scattered_by);
+  }
   std::vector<T> summed(acc.size());
   for (size_t i = 0; i < acc.size(); ++i) summed[i] = NumTraits<T>::store(acc[i]);
   std::vector<double> want_s(acc.size(), 0.0), scale_s(acc.size(), 0.0);
   for (int64_t i = 0; i < n; ++i) {
+    if (idx64[i] < 0 || idx64[i] >= src_rows) continue;
     for (int64_t f = 0; f < num_features; ++f) {
       const double v = from_storage(x[idx64[i] * num_features + f]);
       want_s[idx64[i] * num_features + f] += v;
       scale_s[idx64[i] * num_features + f] += std::fabs(v);
     }
   }
-  expect_close(case_name("scatter_add", tn, in, num_features, 1, n), summed, want_s, scale_s);
+  expect_close(case_name(("scatter_add" + tag).c_str(), tn, in, num_features, 1, n), summed,
+               want_s, scale_s);
+}
+
+[[maybe_unused]] Graph no_edges(int64_t num_rows, int64_t num_cols) {
+  Graph g;
+  g.num_rows = num_rows;
+  g.num_cols = num_cols;
+  g.indptr.assign(static_cast<size_t>(num_rows + 1), 0);
+  return g;
+}
+
+// g with edges only in its first half of rows (`first_half`) or only in its second half: paired
+// with the other half of another graph, tiles have one side empty.
+[[maybe_unused]] Graph half_rows(const Graph& g, bool first_half) {
+  Graph h;
+  h.num_rows = g.num_rows;
+  h.num_cols = g.num_cols;
+  h.indptr.push_back(0);
+  for (int64_t r = 0; r < g.num_rows; ++r) {
+    if ((r < g.num_rows / 2) == first_half) {
+      for (int64_t e = g.indptr[r]; e < g.indptr[r + 1]; ++e) {
+        h.indices.push_back(g.indices[e]);
+        h.values.push_back(g.values[e]);
+      }
+    }
+    h.indptr.push_back(static_cast<int64_t>(h.indices.size()));
+  }
+  return h;
 }
 
 template <typename T, typename I, int VEC>
 void check_width(int64_t num_features, const char* tn, const char* in) {
   const Graph mixed = make_graph(300, 70, 2500, 1);
-  const Graph empty = make_graph(40, 10, 0, 2);  // rows of 0..8 edges, no huge row
-  Graph no_edges;
-  no_edges.num_rows = 40;
-  no_edges.num_cols = 10;
-  no_edges.indptr.assign(41, 0);
+  const Graph small = make_graph(40, 10, 0, 2);  // rows of 0..8 edges, no huge row
   const Graph remote = make_graph(300, 25, 600, 3);
-  check_spmm<T, I, VEC>(mixed, num_features, tn, in);
-  check_spmm<T, I, VEC>(empty, num_features, tn, in);
-  check_spmm<T, I, VEC>(no_edges, num_features, tn, in);
-  check_fused<T, I, VEC>(mixed, remote, num_features, tn, in);
-  Graph remote_only_local = no_edges;  // same 300 rows, no local edges
-  remote_only_local.num_rows = 300;
-  remote_only_local.indptr.assign(301, 0);
-  check_fused<T, I, VEC>(remote_only_local, remote, num_features, tn, in);
-  check_fused<T, I, VEC>(mixed, remote_only_local, num_features, tn, in);
-  check_rows<T, I, VEC>(num_features, tn, in);
+  for (int64_t hub : {leo::kHubDegree, int64_t{4}}) {  // 4: most rows are hub rows
+    check_spmm<T, I, VEC>(mixed, num_features, hub, tn, in);
+    check_spmm<T, I, VEC>(small, num_features, hub, tn, in);
+    check_fused<T, I, VEC>(mixed, remote, num_features, hub, 3, tn, in);
+  }
+  check_spmm<T, I, VEC>(no_edges(40, 10), num_features, leo::kHubDegree, tn, in);
+  check_fused<T, I, VEC>(no_edges(300, 10), remote, num_features, leo::kHubDegree, 1, tn, in);
+  check_fused<T, I, VEC>(mixed, no_edges(300, 10), num_features, leo::kHubDegree, 12, tn, in);
+  // Tiles with only local edges next to tiles with only remote edges.
+  check_fused<T, I, VEC>(half_rows(mixed, true), half_rows(remote, false), num_features, 64, 3,
+                         tn, in);
+  if constexpr (VEC > 1) {  // one side unaligned: it reads one element at a time
+    check_fused<T, I, VEC, VEC, 1>(mixed, remote, num_features, 64, 3, tn, in);
+    check_fused<T, I, VEC, 1, VEC>(mixed, remote, num_features, 64, 3, tn, in);
+  }
+  check_rows<T, I, VEC>(num_features, false, tn, in);
+  check_rows<T, I, VEC>(num_features, true, tn, in);
 }
 
 template <typename T, typename I>
@@ -271,13 +508,67 @@ void check_indices(const char* tn) {
   check_type<T, int64_t>(tn, "int64");
 }
 
+void expect(bool ok, const std::string& what) {
+  ++g_cases;
+  if (!ok) fail(what);
+}
+
+// The per-tile warp split: a side without edges gets no warp, the link's price moves warps.
+void check_tile_split() {
+  using leo::remote_warps_for;
+  expect(remote_warps_for(100, 0, 3) == 0, "tile without remote edges: every warp local");
+  expect(remote_warps_for(0, 5, 3) == leo::kFusedWarps, "tile without local edges: all remote");
+  expect(remote_warps_for(0, 0, 3) == 0, "empty tile");
+  expect(remote_warps_for(100, 100, 1) == leo::kFusedWarps / 2, "equal work, equal warps");
+  expect(remote_warps_for(100, 100, 3) > leo::kFusedWarps / 2, "dearer link, more warps");
+  expect(remote_warps_for(1000, 1, 1) == 1, "a side with edges keeps one warp");
+}
+
+// Load widths per side: an unaligned side (or a width that is not a multiple of 16 bytes)
+// reads one element at a time; the other side keeps its vectors.
+void check_fused_widths() {
+  alignas(16) static float buffer[16];
+  const void* aligned = buffer;
+  const void* shifted = buffer + 1;
+  const auto both = leo::fused_widths<float>(8, aligned, aligned);
+  expect(both.vec == 4 && both.local == 4 && both.remote == 4, "both sides aligned: vectors");
+  const auto remote = leo::fused_widths<float>(8, aligned, shifted);
+  expect(remote.vec == 4 && remote.local == 4 && remote.remote == 1, "unaligned remote side");
+  const auto local = leo::fused_widths<float>(8, shifted, aligned);
+  expect(local.vec == 4 && local.local == 1 && local.remote == 4, "unaligned local side");
+  const auto neither = leo::fused_widths<float>(8, shifted, shifted);
+  expect(neither.vec == 1 && neither.local == 1 && neither.remote == 1, "no side aligned");
+  const auto odd = leo::fused_widths<float>(6, aligned, aligned);
+  expect(odd.vec == 1, "width not a multiple of 16 bytes: scalars");
+}
+
+// Race mode over cases where threads of one block (and blocks) share outputs: rows split across
+// lane groups (shared atomics), hub chunks, duplicate scatter indices.
+void check_races() {
+  g_race_mode = true;
+  const Graph mixed = make_graph(120, 40, 700, 5);
+  const Graph remote = make_graph(120, 25, 300, 6);
+  check_spmm<float, int32_t, 1>(mixed, 5, 16, "float32", "int32");
+  check_spmm<float, int64_t, 4>(mixed, 8, leo::kHubDegree, "float32", "int64");
+  check_fused<float, int32_t, 1>(mixed, remote, 5, leo::kHubDegree, 3, "float32", "int32");
+  check_fused<double, int64_t, 2>(mixed, remote, 4, 16, 1, "float64", "int64");
+  check_fused<float, int32_t, 4, 4, 1>(mixed, remote, 8, 16, 3, "float32", "int32");
+  check_rows<float, int32_t, 1>(3, false, "float32", "int32");
+  g_race_mode = false;
+}
+
 }  // namespace
 
 int main() {
+  check_tile_split();
+  check_fused_widths();
+  check_races();
+#ifndef LEO_RACE_CHECK_ONLY
   check_indices<float>("float32");
   check_indices<double>("float64");
   check_indices<__nv_bfloat16>("bfloat16");
   check_indices<__half>("float16");
+#endif
   std::printf("%d cases, %d failed\n", g_cases, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -6,14 +6,23 @@ PyTorch reference; when `leo_cli._C` (built by `leo compile` from cuda/) imports
 serve CUDA tensors (`backend.py`; `LEO_KERNELS=ref` forces the reference). Everything here is
 differentiable and traceable by `torch.compile(fullgraph=True)`.
 
+Indices are checked before they reach a kernel, so a bad one raises the same `KernelError` on
+every device (the CUDA kernels would otherwise read or write out of bounds): a CSR's indices
+when it is built (`CSR.from_arrays`), a row index tensor of `gather_rows` / `scatter_add_rows`
+the first time it is used (its range is remembered per tensor and version, so the index
+tensors of a plan built once cost one check each).
+
 Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
 F features, N gathered or scattered rows.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
+from leo_cli.errors import KernelError
 from leo_cli.kernels import ops
 from leo_cli.kernels.backend import Backend, active_backend
 from leo_cli.kernels.csr import CSR
@@ -23,6 +32,7 @@ __all__ = [
     "Backend",
     "active_backend",
     "backend_name",
+    "check_row_indices",
     "fused_aggregate",
     "gather_rows",
     "scatter_add_rows",
@@ -64,6 +74,8 @@ def spmm(csr: CSR, x: Tensor) -> Tensor:
         csr.t_indices,
         csr.t_perm,
         csr.num_rows,
+        csr.max_degree,
+        csr.t_max_degree,
     )
     return out_RF
 
@@ -81,14 +93,62 @@ def sddmm(csr: CSR, a: Tensor, b: Tensor) -> Tensor:
     return values_E
 
 
+# idx tensor -> (its version when checked, min, max): a plan's index tensors are checked once.
+_INDEX_RANGES: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _index_range(idx: Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty index tensor, computed once per tensor and version."""
+    version = idx._version
+    cached = _INDEX_RANGES.get(idx)  # type: ignore[no-untyped-call]
+    if cached is not None and cached[0] == version:
+        return int(cached[1]), int(cached[2])
+    low, high = torch.aminmax(idx)
+    found = (int(low), int(high))
+    _INDEX_RANGES[idx] = (version, *found)
+    return found
+
+
+def check_row_indices(idx: Tensor, num_rows: int, op: str) -> None:
+    """Raise KernelError unless idx is a 1-D integer tensor with values in [0, num_rows).
+
+    Skipped while torch.compile traces (the indices were checked where the plan was built).
+    """
+    if idx.dim() != 1 or idx.dtype not in (torch.int32, torch.int64):
+        raise KernelError(f"{op}: idx must be a 1-D int32 or int64 tensor, got {idx.dtype}")
+    if idx.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = _index_range(idx)
+    if low < 0 or high >= num_rows:
+        raise KernelError(
+            f"{op}: indices must lie in [0, {num_rows}), got values in [{low}, {high}]"
+        )
+
+
 def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
-    """out_NF = x[idx] (packs send buffers); backward scatter-adds into x's rows."""
+    """out_NF = x[idx] (packs send buffers); backward scatter-adds into x's rows.
+
+    Raises:
+        KernelError: an index lies outside x's rows.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows x F), got shape {tuple(x.shape)}")
+    check_row_indices(idx, x.shape[0], "gather_rows")
     out_NF: Tensor = ops.gather_rows(x, idx)
     return out_NF
 
 
 def scatter_add_rows(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
-    """out = zeros(num_rows, F) with out[idx[i]] += src[i] (unpacks halo gradients)."""
+    """out = zeros(num_rows, F) with out[idx[i]] += src[i] (unpacks halo gradients).
+
+    Raises:
+        KernelError: an index lies outside [0, num_rows).
+    """
+    if src.dim() != 2 or idx.dim() != 1 or src.shape[0] != idx.shape[0]:
+        raise ValueError(
+            f"src (N x F) and idx (N) must match, got {tuple(src.shape)} and {tuple(idx.shape)}"
+        )
+    check_row_indices(idx, num_rows, "scatter_add_rows")
     out: Tensor = ops.scatter_add_rows(src, idx, num_rows)
     return out
 
@@ -100,7 +160,9 @@ def fused_aggregate(local_csr: CSR, x_local: Tensor, remote_csr: CSR, x_remote: 
         local_csr: edges whose sources are inner or cached rows, columns indexing x_local.
         x_local: (C_local x F) inner + cached features.
         remote_csr: edges read on demand, same rows as local_csr, columns indexing x_remote.
-        x_remote: (C_remote x F) features in another buffer (on GPUs possibly a peer's).
+        x_remote: (C_remote x F) features in another buffer: on GPUs possibly a peer GPU's
+            (peer access is enabled, or the call is refused with the reason) or pinned host
+            memory; elsewhere it is brought to x_local's device.
 
     Returns:
         (R x F) sums, differentiable in both feature matrices and both value arrays.
@@ -132,6 +194,10 @@ def fused_aggregate(local_csr: CSR, x_local: Tensor, remote_csr: CSR, x_remote: 
         remote_csr.t_indices,
         remote_csr.t_perm,
         local_csr.num_rows,
+        local_csr.max_degree,
+        local_csr.t_max_degree,
+        remote_csr.max_degree,
+        remote_csr.t_max_degree,
     )
     return out_RF
 

@@ -10,6 +10,13 @@ The environment variable `LEO_KERNELS` chooses:
 
 The choice is made once per process, the first time `leo_cli.kernels` is imported (a loaded
 extension cannot be unloaded), so set the variable before that.
+
+Loading is three steps, each of which can fail without taking the process down: import the
+library (it registers nothing by itself), `_C.register_kernels()` (all four kernels or none; a
+kernel whose signature drifted from the schemas in `ops.py` raises instead of aborting the
+process as a static registration would), and, where a GPU is visible, one tiny call of every
+op (a library built without this GPU's architecture fails there). A failure of the last two
+undoes the registration and falls back to the reference with one warning.
 """
 
 from __future__ import annotations
@@ -54,18 +61,64 @@ def requested_backend(env: Mapping[str, str] | None = None) -> str:
     return _CHOICES[raw]
 
 
-def _import_extension() -> str | None:
-    """Import leo_cli._C; None on success, else why it failed."""
+def _fallback(reason: str) -> str:
+    """Warn once that a built extension is unusable (a silent fallback would hide a slowdown)."""
+    warnings.warn(f"{reason}; using the reference kernels", RuntimeWarning, stacklevel=3)
+    return reason
+
+
+def first_use_failure() -> str | None:
+    """Run every op once on tiny CUDA tensors; None when they work (or no GPU is visible).
+
+    A library built without this GPU's architecture loads and registers fine and only fails
+    at its first launch ("no kernel image is available for execution on the device").
+    """
+    import torch
+
+    from leo_cli.kernels import ops
+    from leo_cli.kernels.csr import CSR
+
+    if not torch.cuda.is_available():
+        return None
     try:
-        importlib.import_module(EXTENSION)
+        csr = CSR.from_arrays(torch.tensor([0, 1, 2]), torch.tensor([1, 0])).to("cuda")
+        x = torch.ones(2, 4, device="cuda")
+        idx = torch.tensor([1, 0], device="cuda")
+        arrays = (csr.indptr, csr.indices, csr.values, x, csr.t_indptr, csr.t_indices, csr.t_perm)
+        ops.spmm_csr(*arrays, 2)
+        ops.fused_aggregate(*arrays, *arrays, 2)
+        ops.scatter_add_rows(ops.gather_rows(x, idx), idx, 2)
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def _import_extension() -> str | None:
+    """Import leo_cli._C, register its kernels and try them; None on success, else why not."""
+    from leo_cli.kernels import ops  # noqa: F401  (the schemas the kernels register against)
+
+    try:
+        module = importlib.import_module(EXTENSION)
     except ModuleNotFoundError:
         return f"{EXTENSION} is not built (run `leo compile` where torch has CUDA)"
     except (ImportError, OSError, RuntimeError) as exc:
-        # Built against another torch, or torch here has no CUDA libraries to link. Built but
-        # unusable deserves a warning: falling back silently would hide a slowdown.
-        reason = f"{EXTENSION} failed to load: {exc}"
-        warnings.warn(f"{reason}; using the reference kernels", RuntimeWarning, stacklevel=2)
-        return reason
+        # Built against another torch, or torch here has no CUDA libraries to link.
+        return _fallback(f"{EXTENSION} failed to load: {exc}")
+    try:
+        module.register_kernels()
+    except (AttributeError, RuntimeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _fallback(
+            f"{EXTENSION} does not match the leo:: op schemas of this checkout ({detail}); "
+            "rebuild it with `leo compile --force`"
+        )
+    failure = first_use_failure()
+    if failure is not None:
+        module.unregister_kernels()
+        return _fallback(
+            f"{EXTENSION} failed on its first use ({failure}); rebuild it for this GPU"
+        )
     return None
 
 

@@ -37,6 +37,9 @@ class CSR:
         t_indices: (E) columns of the transpose (original rows), grouped by original column.
         t_perm: (E) int64; transpose edge k is original edge `t_perm[k]`, so the transpose's
             values are `values[t_perm]`.
+        max_degree: edges of the longest row (-1: unknown). Computed once here, it tells the
+            CUDA SpMM whether some rows are hubs to split across blocks (see cuda/).
+        t_max_degree: the same for the transpose (the longest column: the backward's hub).
 
     `indptr`, `indices`, `t_indptr` and `t_indices` share one dtype (int32 or int64; int32
     unless the graph needs more).
@@ -51,6 +54,8 @@ class CSR:
     t_indptr: Tensor
     t_indices: Tensor
     t_perm: Tensor
+    max_degree: int = -1
+    t_max_degree: int = -1
 
     @classmethod
     def from_arrays(
@@ -89,7 +94,16 @@ class CSR:
         indptr, indices = indptr.to(dtype), indices.to(dtype)
         t_indptr, t_indices, t_perm = build_transpose(indptr, indices, num_cols)
         return cls(
-            indptr, indices, values, indptr.shape[0] - 1, num_cols, t_indptr, t_indices, t_perm
+            indptr,
+            indices,
+            values,
+            indptr.shape[0] - 1,
+            num_cols,
+            t_indptr,
+            t_indices,
+            t_perm,
+            max_degree=max_degree(indptr),
+            t_max_degree=max_degree(t_indptr),
         )
 
     @classmethod
@@ -154,6 +168,8 @@ class CSR:
             t_indptr=self.indptr,
             t_indices=self.indices,
             t_perm=inverse_permutation(self.t_perm),
+            max_degree=self.t_max_degree,
+            t_max_degree=self.max_degree,
         )
 
     def to_dense(self) -> Tensor:
@@ -165,6 +181,13 @@ class CSR:
             (row_of_edges(self.indptr), self.indices.long()), self.values, accumulate=True
         )
         return dense
+
+
+def max_degree(indptr: Tensor) -> int:
+    """Edges of the longest row (0 without rows)."""
+    if indptr.shape[0] < 2:
+        return 0
+    return int((indptr[1:] - indptr[:-1]).max())
 
 
 def row_of_edges(indptr: Tensor) -> Tensor:

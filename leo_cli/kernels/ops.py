@@ -94,12 +94,22 @@ def _spmm_transposed(
     t_indices: Tensor,
     t_perm: Tensor,
     grad_RF: Tensor,
+    degrees: tuple[int, int] = (-1, -1),
 ) -> Tensor:
-    """A^T @ grad (C x F), with the precomputed transpose."""
+    """A^T @ grad (C x F), with the precomputed transpose; degrees: (A's, A^T's) max degree."""
     num_cols = t_indptr.shape[0] - 1
     t_values = values_E.index_select(0, t_perm)  # ~4x faster than values_E[t_perm] on CPU
     grad_CF: Tensor = spmm_csr(
-        t_indptr, t_indices, t_values, grad_RF, indptr, indices, _back_perm(t_perm), num_cols
+        t_indptr,
+        t_indices,
+        t_values,
+        grad_RF,
+        indptr,
+        indices,
+        _back_perm(t_perm),
+        num_cols,
+        degrees[1],
+        degrees[0],
     )
     return grad_CF
 
@@ -118,10 +128,13 @@ def spmm_csr(
     t_indices: Tensor,
     t_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     """out[i] = sum over edges e of row i of values[e] * x[indices[e]]; (R x F).
 
-    The transpose arrays (see `CSR`) are only read by the backward pass.
+    The transpose arrays (see `CSR`) are only read by the backward pass. The degrees (the
+    longest row of A and of A^T, -1 when unknown) only steer the CUDA kernel's hub-row split.
     """
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
     return _csr_matmul(indptr, indices, values, x, num_rows).to(x.dtype)
@@ -137,6 +150,8 @@ def _spmm_csr_fake(
     t_indices: Tensor,
     t_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     _require(x.dim() == 2, lambda: "spmm_csr: x must be 2-D")
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
@@ -144,20 +159,23 @@ def _spmm_csr_fake(
 
 
 def _spmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    indptr, indices, values, x, t_indptr, t_indices, t_perm, _ = inputs
+    indptr, indices, values, x, t_indptr, t_indices, t_perm, _, degree, t_degree = inputs
     # x is only needed for the gradient of the edge values.
     saved_x = x if ctx.needs_input_grad[2] else None
     ctx.save_for_backward(indptr, indices, values, saved_x, t_indptr, t_indices, t_perm)
+    ctx.degrees = (degree, t_degree)
 
 
 def _spmm_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
     indptr, indices, values, x, t_indptr, t_indices, t_perm = ctx.saved_tensors
     grad_values = grad_x = None
     if ctx.needs_input_grad[3]:
-        grad_x = _spmm_transposed(indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF)
+        grad_x = _spmm_transposed(
+            indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF, ctx.degrees
+        )
     if ctx.needs_input_grad[2]:
         grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
-    return None, None, grad_values, grad_x, None, None, None, None
+    return None, None, grad_values, grad_x, None, None, None, None, None, None
 
 
 spmm_csr.register_autograd(_spmm_backward, setup_context=_spmm_setup_context)
@@ -305,16 +323,21 @@ def fused_aggregate(
     rt_indices: Tensor,
     rt_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
+    r_max_degree: int = -1,
+    rt_max_degree: int = -1,
 ) -> Tensor:
     """Aggregation over local columns (x_local) and remote columns (x_remote) in one op.
 
     Both CSRs have num_rows rows; the r_ arrays index x_remote, which may be another
-    allocation (on GPUs a peer's buffer). The reference is two SpMMs summed in the compute
-    dtype; the CUDA kernel does it in one pass with warps specialised per side.
+    allocation (on GPUs a peer's buffer or pinned host memory). The reference is two SpMMs
+    summed in the compute dtype (x_remote is brought to x_local's device first); the CUDA kernel
+    does it in one pass with warps specialised per side. The degrees are as in `spmm_csr`.
     """
     _check_fused_dtypes(values, x_local, r_values, x_remote)
     out = _csr_matmul(indptr, indices, values, x_local, num_rows)
-    out += _csr_matmul(r_indptr, r_indices, r_values, x_remote, num_rows)
+    out += _csr_matmul(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)
 
 
@@ -342,6 +365,10 @@ def _fused_aggregate_fake(
     rt_indices: Tensor,
     rt_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
+    r_max_degree: int = -1,
+    rt_max_degree: int = -1,
 ) -> Tensor:
     _require(x_local.dim() == 2 and x_remote.dim() == 2, lambda: "fused_aggregate: 2-D features")
     _require(x_local.shape[1] == x_remote.shape[1], lambda: "fused_aggregate: widths differ")
@@ -357,29 +384,41 @@ def _fused_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> N
     if not ctx.needs_input_grad[9]:
         remote[3] = None
     ctx.save_for_backward(*local, *remote)
+    ctx.degrees = inputs[15:19]
+    ctx.remote_device = inputs[10].device
 
 
 def _side_grads(
-    side: tuple[Tensor, ...], grad_RF: Tensor, need_values: bool, need_x: bool
+    side: tuple[Tensor, ...],
+    degrees: tuple[int, int],
+    grad_RF: Tensor,
+    need_values: bool,
+    need_x: bool,
 ) -> tuple[Tensor | None, Tensor | None]:
     """(grad of values, grad of x) of one side's SpMM."""
     indptr, indices, values, x, t_indptr, t_indices, t_perm = side
     grad_values = grad_x = None
     if need_x:
-        grad_x = _spmm_transposed(indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF)
+        grad_x = _spmm_transposed(
+            indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF, degrees
+        )
     if need_values:
-        grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
+        x_CF = x.to(grad_RF.device)  # x_remote may live on a peer GPU or the host
+        grad_values = sddmm_csr(indptr, indices, grad_RF, x_CF, t_indptr, t_indices, t_perm)
     return grad_values, grad_x
 
 
 def _fused_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
     saved = ctx.saved_tensors
     need = ctx.needs_input_grad
-    gv_local, gx_local = _side_grads(saved[0:7], grad_RF, need[2], need[3])
-    gv_remote, gx_remote = _side_grads(saved[7:14], grad_RF, need[9], need[10])
+    degrees = ctx.degrees
+    gv_local, gx_local = _side_grads(saved[0:7], degrees[0:2], grad_RF, need[2], need[3])
+    gv_remote, gx_remote = _side_grads(saved[7:14], degrees[2:4], grad_RF, need[9], need[10])
+    if gx_remote is not None:  # x_remote may live elsewhere (a peer GPU, the host)
+        gx_remote = gx_remote.to(ctx.remote_device)
     local_grads = (None, None, gv_local, gx_local, None, None, None)
     remote_grads = (None, None, gv_remote, gx_remote, None, None, None)
-    return (*local_grads, *remote_grads, None)  # the last None: num_rows
+    return (*local_grads, *remote_grads, None, None, None, None, None)  # num_rows, degrees
 
 
 fused_aggregate.register_autograd(_fused_backward, setup_context=_fused_setup_context)

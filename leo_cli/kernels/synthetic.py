@@ -105,3 +105,37 @@ def split_local_remote(csr: CSR, num_local_cols: int) -> tuple[CSR, CSR]:
         index_dtype=index_dtype,
     )
     return local, remote
+
+
+def power_law_csr(
+    num_rows: int,
+    num_cols: int,
+    num_edges: int,
+    *,
+    exponent: float = 1.0,
+    seed: int = 0,
+    index_dtype: torch.dtype = torch.int64,
+    dtype: torch.dtype = torch.float32,
+) -> CSR:
+    """A CSR matrix whose row and column degrees follow a power law (Zipf, `exponent`).
+
+    Node k (in a random order) is drawn with probability proportional to (k + 1)^-exponent, for
+    both ends of every edge, so a few rows (and columns, the hubs of the backward pass) hold
+    tens of thousands of edges, as in social and web graphs.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rows_E = _zipf_draws(num_rows, num_edges, exponent, gen)
+    cols_E = _zipf_draws(num_cols, num_edges, exponent, gen)
+    values_E = torch.rand(num_edges, generator=gen, dtype=torch.float64) * 2 - 1
+    return CSR.from_coo(
+        rows_E, cols_E, values_E.to(dtype), num_rows, num_cols, index_dtype=index_dtype
+    )
+
+
+def _zipf_draws(num_nodes: int, count: int, exponent: float, gen: torch.Generator) -> Tensor:
+    """count node ids in [0, num_nodes), Zipf-distributed over a random node order."""
+    if num_nodes == 0 or count == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    weights = torch.arange(1, num_nodes + 1, dtype=torch.float64).pow(-exponent)
+    ranks = torch.multinomial(weights, count, replacement=True, generator=gen)
+    return torch.randperm(num_nodes, generator=gen)[ranks]

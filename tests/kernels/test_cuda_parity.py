@@ -1,8 +1,8 @@
 """CUDA kernels (leo_cli._C) against the reference, on random graphs; GPU machines only.
 
-Run by `make test-gpu` after `leo compile`. The reference runs on the CPU copy of the same
-inputs; float32 must agree to rounding, bfloat16 must be within 2x of the reference's own
-bfloat16 error against float64.
+Run by `make test-gpu` after `leo compile` (scripts/gpu-check.sh runs it and the benchmark as
+one script). The reference runs on the CPU copy of the same inputs; float32 must agree to
+rounding, float16/bfloat16 must be within 2x of the reference's own error against float64.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.errors import KernelError
+from leo_cli.kernels import ops
 from leo_cli.kernels.synthetic import random_csr, split_local_remote
 
 
@@ -38,9 +40,11 @@ pytestmark = [
 KINDS = {
     "plain": {},
     "empty_rows": {"empty_fraction": 0.5},
-    "huge_row": {"huge_row_degree": 40_000},
+    "huge_row": {"huge_row_degree": 40_000},  # above the hub threshold: split across blocks
     "duplicates": {"duplicate_fraction": 0.3},
 }
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+dtype_cases = pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 WIDTHS = [1, 3, 8, 64, 128, 130, 512]
 INDEX_DTYPES = [torch.int32, torch.int64]
 kind_cases = pytest.mark.parametrize("kind", sorted(KINDS))
@@ -79,7 +83,7 @@ def assert_parity(cuda_out: Tensor, ref_out: Tensor, exact: Tensor) -> None:
 @kind_cases
 @index_cases
 @width_cases
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@dtype_cases
 def test_spmm_parity(kind: str, index_dtype: torch.dtype, width: int, dtype: torch.dtype) -> None:
     csr = make_csr(kind, index_dtype, dtype)
     x = features(csr.num_cols, width, dtype)
@@ -113,7 +117,7 @@ def test_spmm_backward_parity(index_dtype: torch.dtype) -> None:
 
 @index_cases
 @pytest.mark.parametrize("width", [1, 7, 64, 256])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@dtype_cases
 def test_gather_and_scatter_parity(
     index_dtype: torch.dtype, width: int, dtype: torch.dtype
 ) -> None:
@@ -131,7 +135,7 @@ def test_gather_and_scatter_parity(
 @kind_cases
 @index_cases
 @pytest.mark.parametrize("width", [3, 64, 130, 512])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@dtype_cases
 def test_fused_aggregate_parity_with_remote_in_its_own_allocation(
     kind: str, index_dtype: torch.dtype, width: int, dtype: torch.dtype
 ) -> None:
@@ -169,24 +173,141 @@ def test_float64_gradcheck_on_cuda() -> None:
 
 
 def test_opcheck_on_cuda() -> None:
-    from leo_cli.kernels import ops
-
     csr = make_csr("huge_row", torch.int32, torch.float32).to("cuda")
     x = features(csr.num_cols, 16, torch.float32).cuda().requires_grad_()
-    args = (
-        csr.indptr,
-        csr.indices,
-        csr.values,
-        x,
-        csr.t_indptr,
-        csr.t_indices,
-        csr.t_perm,
-        csr.num_rows,
-    )
-    torch.library.opcheck(ops.spmm_csr, args)
+    args = (csr.indptr, csr.indices, csr.values, x, csr.t_indptr, csr.t_indices, csr.t_perm)
+    args = (*args, csr.num_rows)
+    torch.library.opcheck(ops.spmm_csr, (*args, csr.max_degree, csr.t_max_degree))
     idx = torch.tensor([3, 1, 3], device="cuda")
     torch.library.opcheck(ops.gather_rows, (x, idx))
     torch.library.opcheck(ops.scatter_add_rows, (x[:3], idx, 5))
+    local, remote = split_local_remote(csr.to("cpu"), num_local_cols=1400)
+    local, remote = local.to("cuda"), remote.to("cuda")
+    xl, xr = x[:1400].detach().requires_grad_(), x[1400:].detach().requires_grad_()
+    sides = [
+        (c.indptr, c.indices, c.values, xs, c.t_indptr, c.t_indices, c.t_perm)
+        for c, xs in ((local, xl), (remote, xr))
+    ]
+    degrees = (local.max_degree, local.t_max_degree, remote.max_degree, remote.t_max_degree)
+    fused_args = (*sides[0], *sides[1], csr.num_rows, *degrees)
+    torch.library.opcheck(ops.fused_aggregate, fused_args)
+
+
+def test_short_rows_branch_of_spmm() -> None:
+    # Mean degree 2 (< 8): lane groups are halved, each lane covers two vectors of a row.
+    for width in (8, 64, 130):
+        csr = random_csr(4000, 3000, 8000, seed=5, empty_fraction=0.3)
+        x = features(csr.num_cols, width, torch.float32)
+        out = kernels.spmm(csr.to("cuda"), x.cuda())
+        assert_parity(out, kernels.spmm(csr, x), exact_spmm(csr, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+def test_hub_row_of_100k_edges_forward_and_backward(dtype: torch.dtype) -> None:
+    # A hub row (forward) and hub columns (backward, through the transpose) split across blocks.
+    csr = random_csr(3000, 50, 30_000, seed=9, dtype=dtype, huge_row_degree=100_000)
+    assert csr.max_degree > 100_000 and csr.t_max_degree > 2048
+    x = features(csr.num_cols, 64, dtype)
+    out = kernels.spmm(csr.to("cuda"), x.cuda())
+    assert_parity(out, kernels.spmm(csr, x), exact_spmm(csr, x))
+    if dtype == torch.float32:
+        grads = []
+        for device in ("cpu", "cuda"):
+            xd = x.to(device).requires_grad_()
+            kernels.spmm(csr.to(device), xd).backward(
+                features(csr.num_rows, 64, dtype, 2).to(device)
+            )
+            assert xd.grad is not None
+            grads.append(xd.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-3)
+    local, remote = split_local_remote(csr, num_local_cols=30)  # hub rows on both sides
+    out = kernels.fused_aggregate(local.to("cuda"), x[:30].cuda(), remote.to("cuda"), x[30:].cuda())
+    assert_parity(out, kernels.fused_aggregate(local, x[:30], remote, x[30:]), exact_spmm(csr, x))
+
+
+def test_misaligned_fused_aggregate_and_gather() -> None:
+    csr = make_csr("huge_row", torch.int32, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    x = features(csr.num_cols, 64, torch.float32)
+    flat = torch.zeros(csr.num_cols * 64 + 1, device="cuda")
+    shifted = flat[1:].view(csr.num_cols, 64)  # contiguous, 4 bytes past a 16-byte boundary
+    shifted.copy_(x)
+    out = kernels.fused_aggregate(
+        local.to("cuda"), shifted[:1400], remote.to("cuda"), shifted[1400:]
+    )
+    torch.testing.assert_close(out.cpu(), kernels.spmm(csr, x), rtol=1e-5, atol=1e-5)
+    idx = torch.tensor([5, 0, 1999, 5])
+    torch.testing.assert_close(kernels.gather_rows(shifted, idx.cuda()).cpu(), x[idx])
+
+
+def test_fused_aggregate_mixed_int32_local_int64_remote() -> None:
+    csr = make_csr("duplicates", torch.int64, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    local = kernels.CSR.from_arrays(
+        local.indptr, local.indices, local.values, local.num_cols, index_dtype=torch.int32
+    )
+    x = features(csr.num_cols, 32, torch.float32)
+    out = kernels.fused_aggregate(
+        local.to("cuda"), x[:1400].cuda(), remote.to("cuda"), x[1400:].cuda()
+    )
+    torch.testing.assert_close(out.cpu(), kernels.spmm(csr, x), rtol=1e-5, atol=1e-5)
+
+
+def test_no_edges_and_no_rows() -> None:
+    empty = kernels.CSR.from_arrays(
+        torch.zeros(5, dtype=torch.long), torch.zeros(0, dtype=torch.long), num_cols=3
+    )
+    x = torch.ones(3, 8, device="cuda")
+    assert torch.equal(kernels.spmm(empty.to("cuda"), x).cpu(), torch.zeros(4, 8))
+    out = kernels.fused_aggregate(empty.to("cuda"), x, empty.to("cuda"), x)
+    assert torch.equal(out.cpu(), torch.zeros(4, 8))
+    no_rows = kernels.CSR.from_arrays(
+        torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long), num_cols=3
+    )
+    assert kernels.spmm(no_rows.to("cuda"), x).shape == (0, 8)
+    assert kernels.fused_aggregate(no_rows.to("cuda"), x, no_rows.to("cuda"), x).shape == (0, 8)
+    assert kernels.gather_rows(x, torch.zeros(0, dtype=torch.long, device="cuda")).shape == (0, 8)
+
+
+def test_bad_row_indices_raise_the_cpu_error_on_cuda() -> None:
+    x = torch.ones(6, 3, device="cuda")
+    with pytest.raises(KernelError, match=r"indices must lie in \[0, 6\)"):
+        kernels.gather_rows(x, torch.tensor([0, 6], device="cuda"))
+    with pytest.raises(KernelError, match=r"indices must lie in \[0, 6\)"):
+        kernels.scatter_add_rows(x[:2], torch.tensor([-1, 0], device="cuda"), 6)
+
+
+def test_x_remote_in_pinned_host_memory() -> None:
+    csr = make_csr("plain", torch.int32, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    x = features(csr.num_cols, 64, torch.float32)
+    x_host = x[1400:].clone().pin_memory()
+    out = kernels.fused_aggregate(local.to("cuda"), x[:1400].cuda(), remote.to("cuda"), x_host)
+    torch.testing.assert_close(out.cpu(), kernels.spmm(csr, x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="pinned"):
+        kernels.fused_aggregate(local.to("cuda"), x[:1400].cuda(), remote.to("cuda"), x[1400:])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (peer access)")
+def test_x_remote_on_a_peer_gpu_non_contiguous() -> None:
+    csr = make_csr("huge_row", torch.int32, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    x = features(csr.num_cols, 64, torch.float32)
+    # A transposed copy on GPU 1: non-contiguous, so the binding copies it on GPU 1's stream.
+    peer_t = x[1400:].t().contiguous().to("cuda:1")
+    x_remote = peer_t.t()
+    assert not x_remote.is_contiguous()
+    if not torch.cuda.can_device_access_peer(0, 1):
+        with pytest.raises(RuntimeError, match="peer access"):
+            kernels.fused_aggregate(
+                local.to("cuda:0"), x[:1400].to("cuda:0"), remote.to("cuda:0"), x_remote
+            )
+        return
+    for _ in range(3):  # the copy's memory must not be reused before the kernel has read it
+        out = kernels.fused_aggregate(
+            local.to("cuda:0"), x[:1400].to("cuda:0"), remote.to("cuda:0"), x_remote
+        )
+        torch.testing.assert_close(out.cpu(), kernels.spmm(csr, x), rtol=1e-5, atol=1e-5)
 
 
 def test_leo_kernels_ref_keeps_the_extension_unloaded() -> None:

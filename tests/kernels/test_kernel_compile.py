@@ -74,26 +74,71 @@ def test_check_passes_on_a_clean_tree(tmp_path: Path) -> None:
     assert "All 1 compilations passed" in out
 
 
-def test_host_emulation_of_kernels_matches_reference(tmp_path: Path) -> None:
-    """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
-    nvcc = nvcc_or_skip()
-    exe = tmp_path / "emulate"
-    source = CUDA_DIR / "tests" / "host_emulation.cu"
+def run_host_emulation(
+    nvcc: Path, cuda_dir: Path, exe: Path, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    """Build cuda_dir/tests/host_emulation.cu against cuda_dir/include and run it."""
     cmd = [
         str(nvcc),
         "-std=c++17",
         "-O1",
         *TORCH_NVCC_FLAGS,
+        *flags,
         "-I",
-        str(CUDA_DIR / "include"),
-        str(source),
+        str(cuda_dir / "include"),
+        str(cuda_dir / "tests" / "host_emulation.cu"),
         "-o",
         str(exe),
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+
+
+def test_host_emulation_of_kernels_matches_reference(tmp_path: Path) -> None:
+    """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
+    nvcc = nvcc_or_skip()
+    result = run_host_emulation(nvcc, CUDA_DIR, tmp_path / "emulate")
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout
+
+
+# Each needed atomic of the kernels, and the plain add a careless edit could put there.
+ATOMIC_MUTANTS = {
+    "fused_accumulate": (
+        "fused_aggregate.cuh",
+        "for (int v = 0; v < VEC; ++v) atomic_add(dst + v, part[v]);",
+        "for (int v = 0; v < VEC; ++v) dst[v] += part[v];",
+    ),
+    "hub_accumulate": (
+        "spmm_csr.cuh",
+        "for (int v = 0; v < VEC; ++v) atomic_add(dst + v, part[v]);",
+        "for (int v = 0; v < VEC; ++v) dst[v] += part[v];",
+    ),
+    "scatter_add": (
+        "row_ops.cuh",
+        "atomic_add(dst + f, NumTraits<T>::load(load_ro(src + f)));",
+        "dst[f] += NumTraits<T>::load(load_ro(src + f));",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(ATOMIC_MUTANTS))
+def test_host_emulation_catches_a_missing_atomic(mutant: str, tmp_path: Path) -> None:
+    """The race mode must fail a kernel whose needed atomic became a plain add.
+
+    Threads run one at a time in the emulation, so without the race mode (private copies
+    merged at each barrier) such a mutant passed every check.
+    """
+    nvcc = nvcc_or_skip()
+    header, atomic, plain = ATOMIC_MUTANTS[mutant]
+    cuda_dir = copy_cuda_tree(tmp_path)
+    path = cuda_dir / "include" / header
+    source = path.read_text()
+    assert source.count(atomic) == 1, f"{header} no longer holds the atomic this test removes"
+    path.write_text(source.replace(atomic, plain))
+    result = run_host_emulation(nvcc, cuda_dir, tmp_path / "mutant", "-DLEO_RACE_CHECK_ONLY")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "races (plain stores by two threads)" in result.stdout, result.stdout
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="torch here has CUDA")

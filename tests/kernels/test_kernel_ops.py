@@ -6,6 +6,8 @@ row, duplicate (row, column) pairs, int32 and int64 indices.
 
 from __future__ import annotations
 
+import types
+import warnings
 from typing import Any
 
 import pytest
@@ -14,9 +16,9 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.errors import KernelError
-from leo_cli.kernels import ops
+from leo_cli.kernels import backend, ops
 from leo_cli.kernels.backend import select_backend
-from leo_cli.kernels.synthetic import random_csr, split_local_remote
+from leo_cli.kernels.synthetic import power_law_csr, random_csr, split_local_remote
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},
@@ -87,6 +89,25 @@ def test_invalid_csr_is_refused(
     vals = None if values is None else torch.tensor(values)
     with pytest.raises(KernelError, match=match):
         kernels.CSR.from_arrays(torch.tensor(indptr), torch.tensor(indices), vals, num_cols=3)
+
+
+def test_csr_records_max_degrees_once_and_transpose_swaps_them() -> None:
+    # Rows of degree 2, 0, 3; columns 0..2 read by 2, 2, 1 edges.
+    csr = kernels.CSR.from_arrays(torch.tensor([0, 2, 2, 5]), torch.tensor([0, 1, 0, 2, 1]))
+    assert (csr.max_degree, csr.t_max_degree) == (3, 2)
+    assert csr.transpose().max_degree == csr.t_max_degree
+    assert csr.transpose().t_max_degree == csr.max_degree
+    hub = random_csr(50, 40, 100, seed=2, huge_row_degree=500)
+    assert hub.max_degree >= 500 and hub.to("cpu").max_degree == hub.max_degree
+    assert hub.with_values(hub.values * 2).max_degree == hub.max_degree
+
+
+def test_power_law_graph_has_hub_rows_and_columns() -> None:
+    csr = power_law_csr(2000, 1000, 20_000, seed=3, index_dtype=torch.int32)
+    assert csr.num_edges == 20_000 and csr.indices.dtype == torch.int32
+    mean = csr.num_edges / csr.num_rows
+    assert csr.max_degree > 50 * mean and csr.t_max_degree > 50 * csr.num_edges / csr.num_cols
+    assert csr.max_degree == power_law_csr(2000, 1000, 20_000, seed=3).max_degree  # seeded
 
 
 def test_float_indices_are_refused() -> None:
@@ -207,6 +228,38 @@ def test_gather_and_scatter_add_rows(index_dtype: torch.dtype) -> None:
     assert torch.autograd.gradcheck(lambda x: kernels.scatter_add_rows(x, idx, 7), (x,))
 
 
+@pytest.mark.parametrize("bad", [-1, 6])
+@graph_cases
+def test_out_of_range_row_indices_raise_one_clear_error(bad: int, index_dtype: torch.dtype) -> None:
+    # The CUDA kernels would read or write out of bounds; the check before them makes every
+    # device raise this error (torch's CPU ops would raise their own, different ones).
+    x = features(6, 3)
+    idx = torch.tensor([0, bad, 2], dtype=index_dtype)
+    with pytest.raises(KernelError, match=r"gather_rows: indices must lie in \[0, 6\)"):
+        kernels.gather_rows(x, idx)
+    with pytest.raises(KernelError, match=r"scatter_add_rows: indices must lie in \[0, 6\)"):
+        kernels.scatter_add_rows(x[:3], idx, 6)
+
+
+def test_row_indices_are_checked_once_per_tensor_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: calls.append(1) or real(t))
+    x, idx = features(6, 3), torch.tensor([5, 0, 2])
+    for _ in range(3):
+        kernels.gather_rows(x, idx)
+    assert len(calls) == 1
+    idx[1] = 9  # an in-place change bumps the version: checked again
+    with pytest.raises(KernelError, match="9"):
+        kernels.gather_rows(x, idx)
+    assert len(calls) == 2
+
+
+def test_scatter_add_rows_rejects_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="must match"):
+        kernels.scatter_add_rows(features(4, 3), torch.tensor([0, 1]), 5)
+
+
 def test_scatter_add_rows_bfloat16_sums_in_float32() -> None:
     src = torch.full((256, 2), 1.0 / 256, dtype=torch.bfloat16)
     out = kernels.scatter_add_rows(src, torch.zeros(256, dtype=torch.long), 1)
@@ -268,6 +321,8 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
         csr.t_indices,
         csr.t_perm,
         csr.num_rows,
+        csr.max_degree,
+        csr.t_max_degree,
     )
     local_args = (
         local.indptr,
@@ -292,7 +347,7 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
         (ops.sddmm_csr, (csr.indptr, csr.indices, a, x, csr.t_indptr, csr.t_indices, csr.t_perm)),
         (ops.gather_rows, (x, idx)),
         (ops.scatter_add_rows, (a[:4], idx, 9)),
-        (ops.fused_aggregate, (*local_args, *remote_args, csr.num_rows)),
+        (ops.fused_aggregate, (*local_args, *remote_args, csr.num_rows, 3, 4, 5, 6)),
     ]
 
 
@@ -321,6 +376,69 @@ def test_backend_without_extension_falls_back_or_fails_when_forced() -> None:
     assert "leo_cli._C" in select_backend({"LEO_KERNELS": "auto"}).reason
     with pytest.raises(KernelError, match="LEO_KERNELS=cuda"):
         select_backend({"LEO_KERNELS": "cuda"})
+
+
+class _FakeExtension(types.SimpleNamespace):
+    """Stands in for leo_cli._C: registration and first use succeed or fail as told."""
+
+    def __init__(self, register_error: str | None = None) -> None:
+        super().__init__(registered=False, unregistered=False, register_error=register_error)
+
+    def register_kernels(self) -> None:
+        if self.register_error:
+            raise RuntimeError(self.register_error)
+        self.registered = True
+
+    def unregister_kernels(self) -> None:
+        self.unregistered = True
+
+
+def _select_with(
+    fake: _FakeExtension, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> tuple[Any, list[warnings.WarningMessage]]:
+    monkeypatch.setattr(backend, "importlib", types.SimpleNamespace(import_module=lambda n: fake))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = select_backend(env)
+    return chosen, [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_extension_with_drifted_schemas_falls_back_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A static registration of a drifted signature aborted the process (exit 134) at import;
+    # registering from a function turns it into this fallback.
+    drift = "Inferred operator schema for a C++ kernel function doesn't match\n  leo::spmm_csr"
+    fake = _FakeExtension(register_error=drift)
+    chosen, warned = _select_with(fake, monkeypatch, {"LEO_KERNELS": "auto"})
+    assert chosen.name == "reference" and "schemas" in chosen.reason
+    assert "leo compile --force" in chosen.reason and len(warned) == 1
+    with pytest.raises(KernelError, match="schemas"):
+        _select_with(fake, monkeypatch, {"LEO_KERNELS": "cuda"})
+
+
+def test_extension_failing_on_first_use_is_unregistered_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeExtension()
+    no_image = "leo::spmm_csr: kernel launch failed: no kernel image is available"
+    monkeypatch.setattr(backend, "first_use_failure", lambda: no_image)
+    chosen, warned = _select_with(fake, monkeypatch, {})
+    assert chosen.name == "reference" and "first use" in chosen.reason
+    assert fake.registered and fake.unregistered and len(warned) == 1
+
+
+def test_working_extension_is_registered_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeExtension()
+    monkeypatch.setattr(backend, "first_use_failure", lambda: None)
+    chosen, warned = _select_with(fake, monkeypatch, {})
+    assert chosen.name == "cuda" and fake.registered and not fake.unregistered and not warned
+
+
+def test_first_use_probe_is_a_no_op_without_a_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the probe really runs")
+    assert backend.first_use_failure() is None
 
 
 def test_csr_to_device_keeps_structure() -> None:
