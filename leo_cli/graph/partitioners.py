@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pymetis
 
-from leo_cli.graph.types import CHUNK, Graph, IdArray, IntArray
+from leo_cli.graph.types import CHUNK, BoolArray, Graph, IdArray, IntArray
 
 METHODS = ("metis", "random", "range")
 
@@ -49,7 +49,7 @@ class MetisInput:
     vweights: IntArray
 
 
-def metis_input(graph: Graph) -> MetisInput:
+def metis_input(graph: Graph, edge_fraction: float = 1.0, seed: int = 0) -> MetisInput:
     """METIS's input, built once, with vertex weights 1 + in-degree.
 
     Aggregation work follows edges, not nodes, so weighting vertices by their in-degree makes
@@ -59,13 +59,41 @@ def metis_input(graph: Graph) -> MetisInput:
     METIS's adjacency array (the neighbours of each node, in order) and in-degrees are the row
     lengths: the input is one int64 copy of the sources (METIS's own index width, so pymetis
     passes it through without another copy).
+
+    With `edge_fraction` < 1, METIS sees only the undirected edges that `sampled_edges` keeps
+    (both directions or neither), while vertex weights still count every edge.
     """
     src, dst = edges_by_target(graph)
     degree = np.bincount(dst, minlength=graph.num_nodes).astype(np.int64)
+    row_length = degree
+    if edge_fraction < 1:
+        keep = sampled_edges(src, dst, edge_fraction, seed)
+        src, dst = src[keep], dst[keep]
+        row_length = np.bincount(dst, minlength=graph.num_nodes).astype(np.int64)
     starts = np.zeros(graph.num_nodes + 1, dtype=np.int64)
-    np.cumsum(degree, out=starts[1:])
+    np.cumsum(row_length, out=starts[1:])
     adjacent = src.astype(pymetis.zero_copy_dtype())
     return MetisInput(starts, adjacent, 1 + degree)
+
+
+def sampled_edges(src: IdArray, dst: IdArray, fraction: float, seed: int) -> BoolArray:
+    """Keep-mask of about `fraction` of the edges, the same for (u, v) and (v, u).
+
+    A splitmix64-style hash of (min, max, seed) decides each undirected edge, block by block.
+    """
+    keep = np.empty(src.shape[0], dtype=np.bool_)
+    threshold = np.uint64(fraction * 2**32)
+    salt = np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+    for lo in range(0, src.shape[0], CHUNK):
+        a, b = src[lo : lo + CHUNK].astype(np.uint64), dst[lo : lo + CHUNK].astype(np.uint64)
+        x = np.minimum(a, b) * np.uint64(0x100000001B3) ^ np.maximum(a, b) ^ salt
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        keep[lo : lo + CHUNK] = (x >> np.uint64(32)) < threshold
+    return keep
 
 
 def metis_parts(inputs: MetisInput, num_parts: int, seed: int) -> IntArray:

@@ -55,7 +55,10 @@ def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
     """
     payload = {
         "data": data.model_dump(mode="json"),
-        "partition": part.model_dump(mode="json"),
+        # Exact METIS (the default) keeps the key that partitions had before the option existed.
+        "partition": part.model_dump(
+            mode="json", exclude={"metis_edge_fraction"} if part.metis_edge_fraction == 1 else None
+        ),
         "seed": seed,
         "format_version": FORMAT_VERSION,
         "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
@@ -118,7 +121,9 @@ def build_partitions(
     clock.lap("load")
     report("load", 1, 1)
     report("partition", 0, 1)
-    prepared = metis_input(graph) if part.method == "metis" and part.num_parts > 1 else None
+    prepared = None
+    if part.method == "metis" and part.num_parts > 1:
+        prepared = metis_input(graph, part.metis_edge_fraction, seed)
     scratch = target.with_name(f".{target.name}.graph-{os.getpid()}")
     try:
         if prepared is not None:  # METIS's working set is the peak: hold nothing else

@@ -166,3 +166,28 @@ def test_edges_not_sorted_by_target_are_sorted(monkeypatch: pytest.MonkeyPatch) 
     assert partitioners.edges_by_target(g) is g.edge_index_2E
     reversed_g = Graph(**{**vars(g), "edge_index_2E": g.edge_index_2E[:, ::-1]})
     assert np.array_equal(partitioners.edges_by_target(reversed_g), g.edge_index_2E)
+
+
+def test_metis_edge_sample_is_symmetric_and_sized() -> None:
+    g = synthetic.generate(SMALL, seed=0)
+    src, dst = g.edge_index_2E
+    keep = partitioners.sampled_edges(src, dst, 0.5, seed=1)
+    kept = set(zip(src[keep].tolist(), dst[keep].tolist(), strict=True))
+    assert all((d, s) in kept for s, d in kept)  # both directions or neither
+    assert 0.45 < keep.mean() < 0.55
+    assert not np.array_equal(keep, partitioners.sampled_edges(src, dst, 0.5, seed=2))
+    inputs = metis_input(g, 0.5, seed=1)
+    assert inputs.adjacent.shape[0] == keep.sum() and inputs.starts[-1] == keep.sum()
+    assert np.array_equal(inputs.vweights, 1 + g.degree())  # balance still counts every edge
+
+
+def test_sampled_metis_input_still_partitions_every_edge(tmp_path: Path) -> None:
+    part = PartitionConfig(num_parts=3, metis_edge_fraction=0.5)
+    result = ensure_partitions(DataConfig(synthetic=SMALL), part, 0, tmp_path)
+    stats = result.meta["stats"]
+    assert sum(stats["edges"]) == result.meta["dataset"]["num_edges"]
+    assert stats["balance"] < 1.1
+    exact = ensure_partitions(
+        DataConfig(synthetic=SMALL), PartitionConfig(num_parts=3), 0, tmp_path
+    )
+    assert exact.meta["source_key"] != result.meta["source_key"]
