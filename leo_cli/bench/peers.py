@@ -61,7 +61,7 @@ def adjacency(
     edge_index_2E: np.ndarray, num_nodes: int, system: str, dtype: torch.dtype = torch.float32
 ) -> Any:
     """`edge_index` for `pyg`, a sparse CSR adjacency (adj_t, values of `dtype`) for `pyg-csr`."""
-    edge_index = torch.from_numpy(np.ascontiguousarray(edge_index_2E))
+    edge_index = torch.from_numpy(np.ascontiguousarray(edge_index_2E, dtype=np.int64))
     if system == "pyg":
         return edge_index
     from torch_geometric.utils import to_torch_csr_tensor

@@ -15,7 +15,7 @@ from leo_cli.graph.layout import ProgressFn
 STAGE_LABELS = {
     "load": "load dataset",
     "partition": "assign parts",
-    "layout": "build local CSR + halo",
+    "layout": "build + write parts",
     "write": "write parts",
 }
 
@@ -74,6 +74,9 @@ def stats_table(meta: dict[str, Any]) -> Table:
         ("replication factor", f"{stats['replication_factor']:.3f}"),
     ]
     rows += [(f"time: {k}", f"{v:.2f} s") for k, v in meta.get("timings_s", {}).items()]
+    rows += [
+        (f"peak memory after {k}", f"{v:.2f} GB") for k, v in meta.get("peak_rss_gb", {}).items()
+    ]
     for row in rows:
         table.add_row(*row)
     return table

@@ -67,6 +67,11 @@ class PartitionConfig(Section):
     """Number of parts (one per worker)."""
     method: Literal["metis", "random", "range"] = "metis"
     """`metis` (edge-balanced METIS), `random` (uniform owners) or `range` (contiguous ids)."""
+    metis_edge_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """Share of the undirected edges METIS sees (a seeded hash of each edge picks them; vertex
+    weights still count every edge). 1 is exact METIS on the whole graph. METIS needs about
+    100 bytes per directed edge, so 0.5 halves the partition stage's peak on large graphs at
+    a slightly higher edge cut (+1.4% on a 600k-node synthetic graph)."""
 
 
 class ModelConfig(Section):

@@ -5,21 +5,29 @@ Legend: N nodes, E directed edges.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pymetis
 
-from leo_cli.graph.types import Graph, IntArray
+from leo_cli.graph.types import CHUNK, BoolArray, Graph, IdArray, IntArray
 
 METHODS = ("metis", "random", "range")
 
 
-def assign_parts(graph: Graph, num_parts: int, method: str, seed: int) -> IntArray:
-    """Owner rank of every node, int64 [N] with values in `0..num_parts-1`."""
+def assign_parts(
+    graph: Graph, num_parts: int, method: str, seed: int, prepared: MetisInput | None = None
+) -> IntArray:
+    """Owner rank of every node, int64 [N] with values in `0..num_parts-1`.
+
+    `prepared` is METIS's input built earlier (`metis_input`), so callers can release the
+    graph's arrays while METIS runs; without it, it is built from `graph`.
+    """
     assert method in METHODS, method
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64)
     if method == "metis":
-        return metis_parts(graph, num_parts, seed)
+        return metis_parts(prepared or metis_input(graph), num_parts, seed)
     if method == "random":
         # A stream of its own: the same seed also drives dataset generators.
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x9A27,)))
@@ -32,23 +40,85 @@ def range_parts(num_nodes: int, num_parts: int) -> IntArray:
     return (np.arange(num_nodes, dtype=np.int64) * num_parts) // num_nodes
 
 
-def metis_parts(graph: Graph, num_parts: int, seed: int) -> IntArray:
-    """METIS k-way partition with vertex weights 1 + in-degree.
+@dataclass
+class MetisInput:
+    """METIS's CSR (row starts, neighbours) and vertex weights, int64 as METIS's `idx_t`."""
+
+    starts: IntArray
+    adjacent: IntArray
+    vweights: IntArray
+
+
+def metis_input(graph: Graph, edge_fraction: float = 1.0, seed: int = 0) -> MetisInput:
+    """METIS's input, built once, with vertex weights 1 + in-degree.
 
     Aggregation work follows edges, not nodes, so weighting vertices by their in-degree makes
     parts carry similar edge counts and keeps fast workers from waiting for slow ones.
+
+    The graph is symmetric and sorted by (target, source), so its source row already is
+    METIS's adjacency array (the neighbours of each node, in order) and in-degrees are the row
+    lengths: the input is one int64 copy of the sources (METIS's own index width, so pymetis
+    passes it through without another copy).
+
+    With `edge_fraction` < 1, METIS sees only the undirected edges that `sampled_edges` keeps
+    (both directions or neither), while vertex weights still count every edge.
     """
-    n = graph.num_nodes
-    order = np.lexsort((graph.edge_index_2E[1], graph.edge_index_2E[0]))
-    adjacent = graph.edge_index_2E[1][order]
-    deg = np.bincount(graph.edge_index_2E[0], minlength=n)
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(deg, out=starts[1:])
-    vweights = (1 + graph.degree()).astype(np.int64)
+    src, dst = edges_by_target(graph)
+    degree = np.bincount(dst, minlength=graph.num_nodes).astype(np.int64)
+    row_length = degree
+    if edge_fraction < 1:
+        keep = sampled_edges(src, dst, edge_fraction, seed)
+        src, dst = src[keep], dst[keep]
+        row_length = np.bincount(dst, minlength=graph.num_nodes).astype(np.int64)
+    starts = np.zeros(graph.num_nodes + 1, dtype=np.int64)
+    np.cumsum(row_length, out=starts[1:])
+    adjacent = src.astype(pymetis.zero_copy_dtype())
+    return MetisInput(starts, adjacent, 1 + degree)
+
+
+def sampled_edges(src: IdArray, dst: IdArray, fraction: float, seed: int) -> BoolArray:
+    """Keep-mask of about `fraction` of the edges, the same for (u, v) and (v, u).
+
+    A splitmix64-style hash of (min, max, seed) decides each undirected edge, block by block.
+    """
+    keep = np.empty(src.shape[0], dtype=np.bool_)
+    threshold = np.uint64(fraction * 2**32)
+    salt = np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+    for lo in range(0, src.shape[0], CHUNK):
+        a, b = src[lo : lo + CHUNK].astype(np.uint64), dst[lo : lo + CHUNK].astype(np.uint64)
+        x = np.minimum(a, b) * np.uint64(0x100000001B3) ^ np.maximum(a, b) ^ salt
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+        keep[lo : lo + CHUNK] = (x >> np.uint64(32)) < threshold
+    return keep
+
+
+def metis_parts(inputs: MetisInput, num_parts: int, seed: int) -> IntArray:
+    """METIS partition of `inputs` into `num_parts` (recursive bisection up to 8 parts, as
+    pymetis chooses)."""
     result = pymetis.part_graph(
         num_parts,
-        adjacency=pymetis.CSRAdjacency(starts, adjacent.astype(np.int64)),
-        vweights=vweights,
+        adjacency=pymetis.CSRAdjacency(inputs.starts, inputs.adjacent),
+        vweights=inputs.vweights,
         options=pymetis.Options(seed=seed),
     )
     return np.asarray(result.vertex_part, dtype=np.int64)
+
+
+def edges_by_target(graph: Graph) -> IdArray:
+    """The graph's edges sorted by (target, source): the arrays themselves when they already
+    are (every loader's output), else a sorted copy."""
+    src, dst = graph.edge_index_2E
+    n = np.int64(graph.num_nodes)
+    ordered = True
+    prev = np.int64(-1)
+    for lo in range(0, src.shape[0], CHUNK):
+        key = dst[lo : lo + CHUNK].astype(np.int64) * n + src[lo : lo + CHUNK]
+        ordered = ordered and bool(key[0] > prev) and bool(np.all(key[1:] > key[:-1]))
+        prev = key[-1]
+    if ordered:
+        return graph.edge_index_2E
+    return graph.edge_index_2E[:, np.lexsort((src, dst))]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import resource
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +15,23 @@ from typing import Any
 from leo_cli.config.schema import DataConfig, PartitionConfig
 from leo_cli.errors import ConfigError, DataError
 from leo_cli.graph.datasets import load_dataset, source_files
-from leo_cli.graph.layout import ProgressFn, build_parts, partition_stats
-from leo_cli.graph.partitioners import assign_parts
-from leo_cli.graph.storage import FORMAT_VERSION, META, read_meta, verify_files, write_partitions
+from leo_cli.graph.layout import (
+    ProgressFn,
+    iter_parts,
+    partition_stats,
+    send_lists,
+    summarize,
+)
+from leo_cli.graph.partitioners import assign_parts, metis_input
+from leo_cli.graph.storage import (
+    FORMAT_VERSION,
+    META,
+    PartitionWriter,
+    read_meta,
+    spill_graph,
+    verify_files,
+)
+from leo_cli.graph.types import Graph, IntArray
 
 
 @dataclass
@@ -38,7 +55,10 @@ def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
     """
     payload = {
         "data": data.model_dump(mode="json"),
-        "partition": part.model_dump(mode="json"),
+        # Exact METIS (the default) keeps the key that partitions had before the option existed.
+        "partition": part.model_dump(
+            mode="json", exclude={"metis_edge_fraction"} if part.metis_edge_fraction == 1 else None
+        ),
         "seed": seed,
         "format_version": FORMAT_VERSION,
         "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
@@ -80,47 +100,117 @@ def build_partitions(
     key: str,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
-    """Load, assign owners, lay out parts and write them; returns META.json's content."""
-    t0 = time.perf_counter()
-    graph = load_dataset(data, seed)
-    if progress is not None:
-        progress("load", 1, 1)
+    """Load, assign owners, lay out and write parts one by one; returns META.json's content.
+
+    METIS's working set is the stage's peak, so its input is built first and the graph is
+    moved to memory-mapped files while METIS runs; each part is then written as soon as it is
+    built and dropped. META.json records the time and peak resident memory of every stage.
+    """
+    report = progress or (lambda stage, done, total: None)
+    clock = StageClock()
+    report("load", 0, 1)
+    graph = load_dataset(data, seed, progress)
+    check_partitionable(graph, part.num_parts)
+    meta: dict[str, Any] = {
+        "dataset": dataset_meta(graph),
+        "num_parts": part.num_parts,
+        "method": part.method,
+        "seed": seed,
+        "source_key": key,
+    }
+    clock.lap("load")
+    report("load", 1, 1)
+    report("partition", 0, 1)
+    prepared = None
+    if part.method == "metis" and part.num_parts > 1:
+        prepared = metis_input(graph, part.metis_edge_fraction, seed)
+    scratch = target.with_name(f".{target.name}.graph-{os.getpid()}")
+    try:
+        if prepared is not None:  # METIS's working set is the peak: hold nothing else
+            graph = spill_graph(graph, scratch)
+        parts_N = assign_parts(graph, part.num_parts, part.method, seed, prepared)
+        del prepared
+        clock.lap("partition")
+        report("partition", 1, 1)
+        layout_and_write(graph, parts_N, part.num_parts, target, progress, clock, meta)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return read_meta(target)
+
+
+def layout_and_write(
+    graph: Graph,
+    parts_N: IntArray,
+    num_parts: int,
+    target: Path,
+    progress: ProgressFn | None,
+    clock: StageClock,
+    meta: dict[str, Any],
+) -> None:
+    """Build each part, write it and drop it; then the send lists, stats and META.json."""
+    with PartitionWriter(target) as writer:
+        summaries = []
+        if progress is not None:
+            progress("layout", 0, num_parts)
+        for local in iter_parts(graph, parts_N, num_parts, progress):
+            writer.write(local.rank, local.arrays())
+            summaries.append(summarize(local))
+            del local
+        for rank, (send_idx, send_counts) in enumerate(send_lists(summaries)):
+            writer.write(rank, {"send_idx": send_idx, "send_counts": send_counts})
+        clock.lap("layout")
+        ds = meta["dataset"]
+        meta["stats"] = partition_stats(ds["num_nodes"], ds["num_edges"], summaries)
+        meta["timings_s"] = clock.seconds
+        meta["peak_rss_gb"] = clock.peak_gb
+        writer.finish(meta)
+
+
+def check_partitionable(graph: Graph, num_parts: int) -> None:
+    """User errors: no training nodes, or more parts than nodes."""
     if not graph.train_mask_N.any():
         raise DataError(
             f"{graph.name} has no training nodes (its train mask is empty); "
             "check the dataset's split."
         )
-    if part.num_parts > graph.num_nodes:
+    if num_parts > graph.num_nodes:
         raise ConfigError(
-            f"partition.num_parts={part.num_parts} exceeds the {graph.num_nodes} nodes of "
+            f"partition.num_parts={num_parts} exceeds the {graph.num_nodes} nodes of "
             f"{graph.name}; use at most {graph.num_nodes} parts."
         )
-    t1 = time.perf_counter()
-    parts_N = assign_parts(graph, part.num_parts, part.method, seed)
-    if progress is not None:
-        progress("partition", 1, 1)
-    t2 = time.perf_counter()
-    local = build_parts(graph, parts_N, part.num_parts, progress)
-    meta: dict[str, Any] = {
-        "dataset": {
-            "name": graph.name,
-            "fingerprint": graph.fingerprint(),
-            "num_nodes": graph.num_nodes,
-            "num_edges": graph.num_edges,
-            "num_features": graph.num_features,
-            "num_classes": graph.num_classes,
-            "num_train": int(graph.train_mask_N.sum()),
-        },
-        "num_parts": part.num_parts,
-        "method": part.method,
-        "seed": seed,
-        "source_key": key,
-        "stats": partition_stats(graph, parts_N, local),
+
+
+def dataset_meta(graph: Graph) -> dict[str, Any]:
+    return {
+        "name": graph.name,
+        "fingerprint": graph.fingerprint(),
+        "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges,
+        "num_features": graph.num_features,
+        "num_classes": graph.num_classes,
+        "num_train": int(graph.train_mask_N.sum()),
     }
-    meta["timings_s"] = {
-        "load": round(t1 - t0, 4),
-        "partition": round(t2 - t1, 4),
-        "layout": round(time.perf_counter() - t2, 4),
-    }
-    write_partitions(target, local, meta, progress)
-    return read_meta(target)
+
+
+class StageClock:
+    """Seconds of each stage and the process's peak resident memory at its end (GB).
+
+    The peak is `ru_maxrss`, the highest resident set since the process started: at the end
+    of a stage it is the peak so far, so the stage that raised it is the first to show it.
+    """
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+        self.peak_gb: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self.last, 4)
+        self.last = now
+        self.peak_gb[stage] = round(peak_rss_bytes() / 2**30, 3)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

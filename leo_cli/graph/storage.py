@@ -6,6 +6,7 @@ partition that looks complete. Readers check the format version and every file's
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import numpy as np
 
 from leo_cli.errors import PartitionError
 from leo_cli.graph.layout import LocalPart, ProgressFn
+from leo_cli.graph.types import Graph
 
 FORMAT_VERSION = 1
 META = "META.json"
@@ -31,42 +33,66 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class PartitionWriter:
+    """Writes parts one at a time into a temporary folder; `finish` renames it into place.
+
+    Used as a context manager: leaving it without `finish` (an error, an interrupt) removes
+    the temporary folder, so a half-written partition never looks complete.
+    """
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        self.files: dict[str, str] = {}
+
+    def __enter__(self) -> PartitionWriter:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.tmp.mkdir(parents=True)
+        except OSError as exc:
+            raise PartitionError(
+                f"Cannot create {self.tmp.parent} ({exc.strerror}); "
+                "set run.out_dir to a writable folder."
+            ) from None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)  # gone already after `finish`
+
+    def write(self, rank: int, arrays: dict[str, np.ndarray]) -> None:
+        """Write arrays of part `rank` as `part_<rank>/<name>.npy` (more may follow)."""
+        folder = self.tmp / f"part_{rank}"
+        folder.mkdir(exist_ok=True)
+        for name, arr in arrays.items():
+            path = folder / f"{name}.npy"
+            np.save(path, np.ascontiguousarray(arr), allow_pickle=False)
+            self.files[f"part_{rank}/{name}.npy"] = sha256_file(path)
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Write META.json (files listed part by part, in `LocalPart` field order) and swap
+        the folder into place."""
+        order = {name: i for i, name in enumerate(LocalPart.__dataclass_fields__)}
+
+        def position(rel: str) -> tuple[int, int]:
+            folder, name = rel.split("/", 1)
+            return int(folder.removeprefix("part_")), order.get(name.removesuffix(".npy"), -1)
+
+        files = {rel: self.files[rel] for rel in sorted(self.files, key=position)}
+        meta = {"format_version": FORMAT_VERSION, **meta, "files": files}
+        (self.tmp / META).write_text(json.dumps(meta, indent=2))
+        swap_into_place(self.tmp, self.target)
+
+
 def write_partitions(
     target: Path, parts: list[LocalPart], meta: dict[str, Any], progress: ProgressFn | None = None
 ) -> None:
     """Write all parts and META.json into `target`, replacing it atomically."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as exc:
-        raise PartitionError(
-            f"Cannot create {tmp.parent} ({exc.strerror}); set run.out_dir to a writable folder."
-        ) from None
-    try:
-        files: dict[str, str] = {}
+    with PartitionWriter(target) as writer:
         for i, part in enumerate(parts):
-            files.update(write_part(tmp, part))
+            writer.write(part.rank, part.arrays())
             if progress is not None:
                 progress("write", i + 1, len(parts))
-        meta = {"format_version": FORMAT_VERSION, **meta, "files": files}
-        (tmp / META).write_text(json.dumps(meta, indent=2))
-        swap_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def write_part(root: Path, part: LocalPart) -> dict[str, str]:
-    """Write one part's arrays; return relative path -> sha256."""
-    folder = root / f"part_{part.rank}"
-    folder.mkdir()
-    files = {}
-    for name, arr in part.arrays().items():
-        path = folder / f"{name}.npy"
-        np.save(path, np.ascontiguousarray(arr), allow_pickle=False)
-        files[f"part_{part.rank}/{name}.npy"] = sha256_file(path)
-    return files
+        writer.finish(meta)
 
 
 def swap_into_place(tmp: Path, target: Path) -> None:
@@ -76,6 +102,27 @@ def swap_into_place(tmp: Path, target: Path) -> None:
         target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def spill_graph(graph: Graph, folder: Path) -> Graph:
+    """The same graph with its arrays written to `folder` and mapped back read-only.
+
+    While nothing reads them, mapped arrays take no resident memory, so a stage that needs
+    the graph only later (the layout, after METIS) does not hold it through METIS's peak.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot create {folder.parent} ({exc.strerror}); set run.out_dir to a writable folder."
+        ) from None
+    arrays = {}
+    for f in dataclasses.fields(graph):
+        value = getattr(graph, f.name)
+        if isinstance(value, np.ndarray):
+            np.save(folder / f"{f.name}.npy", value, allow_pickle=False)
+            arrays[f.name] = np.load(folder / f"{f.name}.npy", mmap_mode="r")
+    return dataclasses.replace(graph, **arrays)
 
 
 def read_meta(root: Path) -> dict[str, Any]:
@@ -115,7 +162,8 @@ def verify_files(root: Path, meta: dict[str, Any], prefix: str = "") -> None:
 
 
 def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) -> LocalPart:
-    """Load part `rank` (checksums verified first unless `verify=False`)."""
+    """Load part `rank` (checksums verified first unless `verify=False`); `mmap` maps the
+    files instead of reading them into memory."""
     meta = read_meta(root)
     num_parts = int(meta["num_parts"])
     if not 0 <= rank < num_parts:
@@ -126,5 +174,7 @@ def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) ->
     for rel in meta["files"]:
         if rel.startswith(f"part_{rank}/"):
             name = rel.split("/", 1)[1].removesuffix(".npy")
-            arrays[name] = np.load(root / rel, mmap_mode="r" if mmap else None, allow_pickle=False)
+            # Copy-on-write maps: pages come from the file (shared, reclaimable) and the arrays
+            # stay writable, so torch.from_numpy takes them without a copy or a warning.
+            arrays[name] = np.load(root / rel, mmap_mode="c" if mmap else None, allow_pickle=False)
     return LocalPart(rank=rank, num_parts=num_parts, **arrays)

@@ -277,7 +277,8 @@ def run_worker(
         init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
     # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
     # not hang in the first exchange.
-    part = read_part(partition_dir(run_dir), env.rank)
+    # Mapped, not read: the part's files serve as page cache while set-up copies what it needs.
+    part = read_part(partition_dir(run_dir), env.rank, mmap=True)
     state = load_latest(run_dir) if resume else None
     start = 0 if state is None else int(state["epoch"])
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from leo_cli.config.schema import DataConfig
 from leo_cli.errors import DataError
-from leo_cli.graph.types import Graph
+from leo_cli.graph.types import Graph, ProgressFn
 
 from .npz import load_npz
 from .ogb import OGB_DATASETS, load_ogb
@@ -35,12 +35,13 @@ def accepted_names() -> list[str]:
     return ["synthetic", *PLANETOID_NAMES, *OGB_DATASETS]
 
 
-def load_dataset(cfg: DataConfig, seed: int) -> Graph:
+def load_dataset(cfg: DataConfig, seed: int, progress: ProgressFn | None = None) -> Graph:
     """Load (or generate) the dataset that `cfg.name` names.
 
     Args:
         cfg: the `data` config section.
         seed: run seed; only the synthetic generator uses it.
+        progress: `(stage, done, total)` callback for loaders with steps worth reporting.
 
     Returns:
         The graph, symmetric, without self-loops or duplicate edges.
@@ -50,7 +51,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> Graph:
     """
     name = cfg.name
     if name == "synthetic":
-        return generate(cfg.synthetic, seed)
+        return generate(cfg.synthetic, seed, progress)
     if name.lower() in PLANETOID_NAMES:
         return load_planetoid(name.lower(), cfg.root)
     if name.lower().startswith("ogbn-"):

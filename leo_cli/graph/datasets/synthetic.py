@@ -22,7 +22,18 @@ import numpy as np
 import numpy.typing as npt
 
 from leo_cli.config.schema import SyntheticConfig
-from leo_cli.graph.types import BoolArray, FloatArray, Graph, IntArray, check_graph, symmetrize
+from leo_cli.graph.types import (
+    CHUNK,
+    BoolArray,
+    FloatArray,
+    Graph,
+    IdArray,
+    IntArray,
+    ProgressFn,
+    check_graph,
+    id_dtype,
+    symmetrize,
+)
 
 TRAIN_FRACTION = 0.10
 VAL_FRACTION = 0.10
@@ -83,37 +94,59 @@ class _CommunitySampler:
         return np.where(r >= self.start_C[community], r + self.total_C[community], r)
 
     def layout_index(self, r: Float64Array) -> IntArray:
-        """Layout index of the node owning each position.
-
-        Binary search over a million-entry table is cache-bound for random queries; searching
-        the queries in sorted order is about 8x faster, even counting the argsort.
-        """
-        perm = np.argsort(r)
-        pos = np.empty(r.shape[0], dtype=np.int64)
-        pos[perm] = np.searchsorted(self.cum_N, r[perm], side="right")
+        """Layout index of the node owning each position (int64)."""
+        pos = np.searchsorted(self.cum_N, r, side="right")
         return np.minimum(pos, np.int64(self.cum_N.shape[0] - 1))
 
 
 def sample_edges(
-    cfg: SyntheticConfig, labels_N: IntArray, degree_N: Float64Array, rng: np.random.Generator
-) -> IntArray:
-    """Undirected DC-SBM edges, one column per draw (duplicates and self-loops still included)."""
+    cfg: SyntheticConfig,
+    labels_N: IntArray,
+    degree_N: Float64Array,
+    rng: np.random.Generator,
+) -> IdArray:
+    """Undirected DC-SBM edges, one column per draw (duplicates and self-loops still included).
+
+    Ids are `id_dtype(N)`. Besides the [2, M] result, only two float64 draws of M values and one
+    int64 permutation are ever whole; the rest runs in blocks of `CHUNK` draws.
+    """
     num_edges = max(1, int(round(cfg.num_nodes * cfg.avg_degree / 2)))
     sampler = _CommunitySampler(labels_N, degree_N, cfg.num_classes)
+    edges_2M = np.empty((2, num_edges), dtype=id_dtype(cfg.num_nodes))
     # Sources: sorted uniform positions map straight to sorted layout indices (no argsort).
-    src_pos = np.searchsorted(sampler.cum_N, np.sort(rng.random(num_edges)) * sampler.total)
-    src_pos = np.minimum(src_pos, sampler.cum_N.shape[0] - 1)
-    community = labels_N[sampler.order_N[src_pos]]
-    u = rng.random(num_edges)
-    intra = rng.random(num_edges) < cfg.homophily
+    pos = rng.random(num_edges)
+    pos.sort()
+    pos *= sampler.total
+    for lo in range(0, num_edges, CHUNK):
+        src_pos = np.searchsorted(sampler.cum_N, pos[lo : lo + CHUNK])
+        src_pos = np.minimum(src_pos, sampler.cum_N.shape[0] - 1)
+        edges_2M[0, lo : lo + CHUNK] = sampler.order_N[src_pos]
+    del pos
+    r = rng.random(num_edges)  # uniform draws, turned into target positions in place
+    intra = np.empty(num_edges, dtype=np.bool_)
+    for lo in range(0, num_edges, CHUNK):  # same stream as one call of `num_edges` draws
+        intra[lo : lo + CHUNK] = rng.random(min(CHUNK, num_edges - lo)) < cfg.homophily
     if not sampler.has_other:  # a single non-empty community: there is no "other" one
         intra[:] = True
-    r = np.where(intra, sampler.inside(community, u), sampler.outside(community, u))
-    dst_pos = sampler.layout_index(r)
-    # Rounding at an interval's end may step one node past the community: clamp into it.
-    clamped = np.clip(dst_pos, sampler.first_C[community], sampler.last_C[community])
-    dst_pos = np.where(intra, clamped, dst_pos)
-    return np.stack([sampler.order_N[src_pos], sampler.order_N[dst_pos]]).astype(np.int64)
+    for lo in range(0, num_edges, CHUNK):
+        community = labels_N[edges_2M[0, lo : lo + CHUNK]]
+        u = r[lo : lo + CHUNK]
+        pick = np.where(
+            intra[lo : lo + CHUNK], sampler.inside(community, u), sampler.outside(community, u)
+        )
+        r[lo : lo + CHUNK] = pick
+    # Binary search over a million-entry table is cache-bound for random queries; searching
+    # the queries in sorted order is about 8x faster, even counting the argsort.
+    perm = np.argsort(r)
+    for lo in range(0, num_edges, CHUNK):
+        sel = perm[lo : lo + CHUNK]
+        dst_pos = sampler.layout_index(r[sel])
+        community = labels_N[edges_2M[0, sel]]
+        # Rounding at an interval's end may step one node past the community: clamp into it.
+        clamped = np.clip(dst_pos, sampler.first_C[community], sampler.last_C[community])
+        dst_pos = np.where(intra[sel], clamped, dst_pos)
+        edges_2M[1, sel] = sampler.order_N[dst_pos]
+    return edges_2M
 
 
 def sample_features(
@@ -149,12 +182,13 @@ def sample_splits(num_nodes: int, rng: np.random.Generator) -> tuple[BoolArray, 
     return tuple(masks)
 
 
-def generate(cfg: SyntheticConfig, seed: int) -> Graph:
+def generate(cfg: SyntheticConfig, seed: int, progress: ProgressFn | None = None) -> Graph:
     """The synthetic graph for `cfg`, fully determined by (`seed`, `cfg`).
 
     Args:
         cfg: generator parameters (`data.synthetic`).
         seed: run seed (`run.seed`).
+        progress: called as `("load", step, 4)` after each of the generator's four steps.
 
     Returns:
         A symmetric graph without self-loops or duplicate edges, named `synthetic`.
@@ -162,11 +196,15 @@ def generate(cfg: SyntheticConfig, seed: int) -> Graph:
     labels_N = _rng(seed, _STREAM_LABELS).integers(0, cfg.num_classes, cfg.num_nodes)
     labels_N = labels_N.astype(np.int64)
     degree_N = expected_degrees(cfg, _rng(seed, _STREAM_DEGREES))
+    step = progress or (lambda stage, done, total: None)
     edges_2M = sample_edges(cfg, labels_N, degree_N, _rng(seed, _STREAM_EDGES))
     del degree_N
+    step("load", 1, 4)
     edge_index_2E = symmetrize(edges_2M, cfg.num_nodes)
     del edges_2M
+    step("load", 2, 4)
     x_NF = sample_features(cfg, labels_N, _rng(seed, _STREAM_FEATURES))
+    step("load", 3, 4)
     train, val, test = sample_splits(cfg.num_nodes, _rng(seed, _STREAM_SPLITS))
     graph = Graph(
         name="synthetic",

@@ -1,0 +1,193 @@
+"""The lean partition path (issue 13) against straightforward references on small graphs:
+int32 ids, in-place symmetrisation, chunk-size independence, METIS input, part-by-part
+writing, mapped graphs and parts, stage progress and memory report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import random_graph
+
+from leo_cli.config.schema import DataConfig, PartitionConfig, SyntheticConfig
+from leo_cli.graph import layout, partitioners, types
+from leo_cli.graph.datasets import synthetic
+from leo_cli.graph.layout import LocalPart, build_parts, local_index
+from leo_cli.graph.partitioners import assign_parts, metis_input
+from leo_cli.graph.stage import ensure_partitions
+from leo_cli.graph.storage import read_part, spill_graph, write_partitions
+from leo_cli.graph.types import Graph, IntArray, id_dtype, symmetrize
+
+SMALL = SyntheticConfig(num_nodes=3000, avg_degree=12, num_features=6, num_classes=5)
+
+
+def reference_symmetrize(edge_index: np.ndarray, num_nodes: int) -> IntArray:
+    """Concatenate both directions, drop loops, np.unique: the obvious way, int64."""
+    src, dst = edge_index.astype(np.int64)
+    keep = src != dst
+    both = np.concatenate([dst[keep] * num_nodes + src[keep], src[keep] * num_nodes + dst[keep]])
+    key = np.unique(both)
+    return np.stack([key % num_nodes, key // num_nodes])
+
+
+def reference_part(g: Graph, parts_N: IntArray, rank: int) -> dict[str, np.ndarray]:
+    """One part built edge by edge from its definition (DESIGN.md §2), int64 throughout."""
+    src, dst = g.edge_index_2E.astype(np.int64)
+    owner_local = local_index(parts_N, int(parts_N.max()) + 1)
+    inner = np.flatnonzero(parts_N == rank)
+    mine = parts_N[dst] == rank
+    s, d = src[mine], dst[mine]
+    remote = parts_N[s] != rank
+    halo = np.array(sorted(set(s[remote].tolist()), key=lambda v: (parts_N[v], v)), dtype=np.int64)
+    col_of = {int(v): len(inner) + i for i, v in enumerate(halo)}
+    cols = np.array([col_of[v] if r else owner_local[v] for v, r in zip(s, remote, strict=True)])
+    rows = owner_local[d]
+    order = np.lexsort((cols, rows))
+    degree = g.degree()
+    col_degree = np.concatenate([degree[inner], degree[halo]])
+    weight = 1.0 / np.sqrt((col_degree[cols[order]] + 1.0) * (degree[inner][rows[order]] + 1.0))
+    return {
+        "inner_nodes": inner,
+        "halo_nodes": halo,
+        "indptr": np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(inner)))]),
+        "indices": cols[order],
+        "edge_weight": weight.astype(np.float32),
+        "x": g.x_NF[inner],
+    }
+
+
+def test_ids_are_int32_when_they_fit() -> None:
+    assert id_dtype(2**31 - 1) == np.int32
+    assert id_dtype(2**31) == np.int64
+    g = synthetic.generate(SMALL, seed=0)
+    assert g.edge_index_2E.dtype == np.int32
+    assert symmetrize(np.array([[0, 1], [1, 2]]), 3).dtype == np.int32
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 22])
+def test_symmetrize_matches_reference(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(types, "CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    edges = rng.integers(0, 50, (2, 400))  # many duplicates, both directions, self-loops
+    ours = symmetrize(edges, 50)
+    assert np.array_equal(ours, reference_symmetrize(edges, 50))
+
+
+def test_generator_does_not_depend_on_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = synthetic.generate(SMALL, seed=3)
+    for module in (types, synthetic):
+        monkeypatch.setattr(module, "CHUNK", 1000)
+    chunked = synthetic.generate(SMALL, seed=3)
+    assert whole.fingerprint() == chunked.fingerprint()
+
+
+def test_fingerprint_ignores_id_width() -> None:
+    g = synthetic.generate(SMALL, seed=1)
+    wide = Graph(**{**vars(g), "edge_index_2E": g.edge_index_2E.astype(np.int64)})
+    assert g.fingerprint() == wide.fingerprint()
+    # The hash is the one of the int64 bytes, as earlier versions computed it.
+    h = hashlib.sha256(g.name.encode())
+    for a in (wide.edge_index_2E, g.x_NF, g.y_N, g.train_mask_N, g.val_mask_N, g.test_mask_N):
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    assert g.fingerprint() == h.hexdigest()
+
+
+def test_metis_input_is_the_sorted_adjacency() -> None:
+    g = random_graph(num_nodes=60, num_edges=400, seed=5)
+    inputs = metis_input(g)
+    src, dst = g.edge_index_2E
+    order = np.lexsort((dst, src))  # neighbours of each node, by source then target
+    assert np.array_equal(inputs.adjacent, dst[order])
+    assert np.array_equal(np.diff(inputs.starts), np.bincount(src, minlength=60))
+    assert np.array_equal(inputs.vweights, 1 + g.degree())
+    shuffled = Graph(**{**vars(g), "edge_index_2E": g.edge_index_2E[:, ::-1].copy()})
+    assert np.array_equal(metis_input(shuffled).adjacent, inputs.adjacent)
+
+
+@pytest.mark.parametrize("num_parts", [2, 3])
+def test_parts_match_reference(num_parts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = synthetic.generate(SMALL, seed=2)
+    parts_N = assign_parts(g, num_parts, "metis", seed=0)
+    monkeypatch.setattr(layout, "CHUNK", 500)
+    parts = build_parts(g, parts_N, num_parts)
+    for part in parts:
+        for name, expected in reference_part(g, parts_N, part.rank).items():
+            got = getattr(part, name)
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), name
+    assert all(p.indices.dtype == np.int64 for p in parts)  # on-disk format unchanged
+
+
+def test_stage_writes_what_the_in_memory_path_writes(tmp_path: Path) -> None:
+    data = DataConfig(synthetic=SMALL)
+    part = PartitionConfig(num_parts=3)
+    events: list[tuple[str, int, int]] = []
+    result = ensure_partitions(
+        data, part, 0, tmp_path / "lean", progress=lambda *e: events.append(e)
+    )
+    g = synthetic.generate(SMALL, seed=0)
+    parts = build_parts(g, assign_parts(g, 3, "metis", 0), 3)
+    write_partitions(tmp_path / "plain", parts, {"num_parts": 3})
+    plain = json.loads((tmp_path / "plain" / "META.json").read_text())["files"]
+    assert list(result.meta["files"].items()) == list(plain.items())
+    # No scratch copy of the graph survives; every stage reported before it finished.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lean", "plain"]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == ["partitions"]
+    for stage in ("load", "partition", "layout"):
+        first = next(e for e in events if e[0] == stage)
+        assert first[1] == 0, f"{stage} reported only when done"
+    peaks = result.meta["peak_rss_gb"]
+    assert set(peaks) == {"load", "partition", "layout"} and min(peaks.values()) > 0
+
+
+def test_spilled_graph_is_mapped_and_equal(tmp_path: Path) -> None:
+    g = random_graph(num_nodes=40, num_edges=100, seed=0)
+    mapped = spill_graph(g, tmp_path / "g")
+    assert isinstance(mapped.edge_index_2E, np.memmap) and isinstance(mapped.x_NF, np.memmap)
+    assert mapped.fingerprint() == g.fingerprint()
+
+
+def test_mapped_part_is_writable_but_leaves_the_file(tmp_path: Path) -> None:
+    g = random_graph(num_nodes=40, num_edges=100, seed=0)
+    write_partitions(tmp_path, build_parts(g, assign_parts(g, 2, "range", 0), 2), {"num_parts": 2})
+    part: LocalPart = read_part(tmp_path, 1, mmap=True)
+    assert isinstance(part.x, np.memmap) and part.x.flags.writeable
+    before = part.x.copy()
+    part.x[:] = -1.0  # copy-on-write: private pages, the file is untouched
+    assert np.array_equal(read_part(tmp_path, 1).x, before)
+
+
+def test_edges_not_sorted_by_target_are_sorted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitioners, "CHUNK", 3)
+    g = random_graph(num_nodes=30, num_edges=80, seed=4)
+    assert partitioners.edges_by_target(g) is g.edge_index_2E
+    reversed_g = Graph(**{**vars(g), "edge_index_2E": g.edge_index_2E[:, ::-1]})
+    assert np.array_equal(partitioners.edges_by_target(reversed_g), g.edge_index_2E)
+
+
+def test_metis_edge_sample_is_symmetric_and_sized() -> None:
+    g = synthetic.generate(SMALL, seed=0)
+    src, dst = g.edge_index_2E
+    keep = partitioners.sampled_edges(src, dst, 0.5, seed=1)
+    kept = set(zip(src[keep].tolist(), dst[keep].tolist(), strict=True))
+    assert all((d, s) in kept for s, d in kept)  # both directions or neither
+    assert 0.45 < keep.mean() < 0.55
+    assert not np.array_equal(keep, partitioners.sampled_edges(src, dst, 0.5, seed=2))
+    inputs = metis_input(g, 0.5, seed=1)
+    assert inputs.adjacent.shape[0] == keep.sum() and inputs.starts[-1] == keep.sum()
+    assert np.array_equal(inputs.vweights, 1 + g.degree())  # balance still counts every edge
+
+
+def test_sampled_metis_input_still_partitions_every_edge(tmp_path: Path) -> None:
+    part = PartitionConfig(num_parts=3, metis_edge_fraction=0.5)
+    result = ensure_partitions(DataConfig(synthetic=SMALL), part, 0, tmp_path)
+    stats = result.meta["stats"]
+    assert sum(stats["edges"]) == result.meta["dataset"]["num_edges"]
+    assert stats["balance"] < 1.1
+    exact = ensure_partitions(
+        DataConfig(synthetic=SMALL), PartitionConfig(num_parts=3), 0, tmp_path
+    )
+    assert exact.meta["source_key"] != result.meta["source_key"]
