@@ -38,13 +38,20 @@ class ModelShape:
     input_dropout: float
     dtype_bytes: int
     extra_gemm: bool  # sage's root linear map, gin's second linear map
+    attention: bool = False
+    """Edge weights computed per step (gat): no aggregate-first of raw inputs, so neither
+    replicas nor a static aggregate apply (see cache/policy.py)."""
+    rows: tuple[int, ...] = ()
+    """Width of the row each layer computes (default: its output width; gat adds a score
+    per head)."""
 
     @property
     def num_layers(self) -> int:
         return len(self.widths) - 1
 
     def exchanged_width(self, layer: int) -> int:
-        a, b = self.widths[layer], self.widths[layer + 1]
+        a = self.widths[layer]
+        b = self.rows[layer] if self.rows else self.widths[layer + 1]
         return b if b < a else a
 
 
@@ -193,8 +200,9 @@ def predict(
     for layer in range(shape.num_layers):
         a, b = shape.widths[layer], shape.widths[layer + 1]
         p = shape.input_dropout if layer == 0 else shape.dropout
+        w = shape.exchanged_width(layer)
         sl = ShapeLayer(
-            layer, a, b, shape.exchanged_width(layer), p, b < a, shape.extra_gemm,
+            layer, a, b, w, p, w < a, shape.extra_gemm,
             shape.dtype_bytes,
         )  # fmt: skip
         if layer == 0 and p == 0 and caches and all(c.static_aggregate for c in caches):
