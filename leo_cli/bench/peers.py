@@ -79,7 +79,7 @@ class PygGAT(nn.Module):
                 heads=cfg.output_heads,
                 concat=False,
                 dropout=cfg.attention_dropout,
-            )  # fmt: skip
+            )
         )
         self.convs = nn.ModuleList(convs)
         self.dropout = cfg.dropout

@@ -176,41 +176,26 @@ def _gat_spmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -
     ctx.save_for_backward(indptr, indices, alpha, x, t_indptr, t_indices, t_perm)
 
 
+def _head(t: Tensor, h: int) -> Tensor:
+    return t[:, h].contiguous()
+
+
 def _gat_spmm_backward(ctx: Any, grad_RHF: Tensor) -> tuple[Tensor | None, ...]:
     indptr, indices, alpha, x, t_indptr, t_indices, t_perm = ctx.saved_tensors
+    t = (t_indptr, t_indices, t_perm)
     grad_alpha = grad_x = None
     heads = range(x.shape[1])
-    if ctx.needs_input_grad[3]:
+    if ctx.needs_input_grad[3]:  # per head: A_hᵀ · grad_h
         grad_x = torch.stack(
             [
-                _spmm_transposed(
-                    indptr,
-                    indices,
-                    alpha[:, h].contiguous(),
-                    t_indptr,
-                    t_indices,
-                    t_perm,
-                    grad_RHF[:, h].contiguous(),
-                )  # fmt: skip
+                _spmm_transposed(indptr, indices, _head(alpha, h), *t, _head(grad_RHF, h))
                 for h in heads
             ],
             1,
         )
-    if ctx.needs_input_grad[2]:
+    if ctx.needs_input_grad[2]:  # per head and edge: <grad_h[row], x_h[col]>
         grad_alpha = torch.stack(
-            [
-                sddmm_csr(
-                    indptr,
-                    indices,
-                    grad_RHF[:, h].contiguous(),
-                    x[:, h].contiguous(),
-                    t_indptr,
-                    t_indices,
-                    t_perm,
-                )  # fmt: skip
-                for h in heads
-            ],
-            1,
+            [sddmm_csr(indptr, indices, _head(grad_RHF, h), _head(x, h), *t) for h in heads], 1
         )
     return None, None, grad_alpha, grad_x, None, None, None, None
 

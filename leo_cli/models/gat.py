@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leo_cli import kernels
+from leo_cli.config.schema import ModelConfig
 from leo_cli.models.dropout import counter_dropout
 from leo_cli.models.graph import LayerInput, LocalGraph
 
@@ -70,21 +71,13 @@ class GATConv(nn.Module):
         return out + self.bias
 
 
-def gat_convs(
-    in_channels: int,
-    out_channels: int,
-    num_layers: int,
-    hidden_channels: int,
-    heads: tuple[int, int],
-    attention_dropout: float,
-) -> list[nn.Module]:
-    """Hidden layers of `heads[0]` heads x hidden_channels (concatenated), then an output
-    layer of `heads[1]` heads of out_channels (averaged)."""
-    hidden, output = heads
+def gat_convs(cfg: ModelConfig, in_channels: int, out_channels: int) -> list[nn.Module]:
+    """`num_layers - 1` hidden layers of `heads` x hidden_channels (concatenated), then an
+    output layer of `output_heads` heads of out_channels (averaged)."""
     convs: list[nn.Module] = []
     width = in_channels
-    for _ in range(num_layers - 1):
-        convs.append(GATConv(width, hidden_channels, hidden, True, attention_dropout))
-        width = hidden * hidden_channels
-    convs.append(GATConv(width, out_channels, output, False, attention_dropout))
+    for _ in range(cfg.num_layers - 1):
+        convs.append(GATConv(width, cfg.hidden_channels, cfg.heads, True, cfg.attention_dropout))
+        width = cfg.heads * cfg.hidden_channels
+    convs.append(GATConv(width, out_channels, cfg.output_heads, False, cfg.attention_dropout))
     return convs

@@ -25,17 +25,7 @@ class GNN(nn.Module):
         super().__init__()
         self.attention = cfg.name == "gat"
         if self.attention:
-            heads = (cfg.heads, cfg.output_heads)
-            self.convs = nn.ModuleList(
-                gat_convs(
-                    in_channels,
-                    out_channels,
-                    cfg.num_layers,
-                    cfg.hidden_channels,
-                    heads,
-                    cfg.attention_dropout,
-                )  # fmt: skip
-            )
+            self.convs = nn.ModuleList(gat_convs(cfg, in_channels, out_channels))
         else:
             conv = CONVS[cfg.name]
             widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
