@@ -1,7 +1,8 @@
 """PyTorch Geometric peers, timed on the same graph, widths, dropout and optimizer as LEO.
 
 `pyg` is `GCNConv` on `edge_index` with cached normalisation, trained as PyG's GCN example
-does; `pyg-csr` is the same model on a sparse CSR adjacency. Each runs in its own process
+does (for `model.name=gat`, `GATConv` with LEO's heads, ELU and both dropouts); `pyg-csr` is
+the same model on a sparse CSR adjacency. Each runs in its own process
 (`python -m leo_cli.bench.peers CONFIG SYSTEM EPOCHS`), with the thread count LEO's single
 worker gets, and prints one JSON line: per-epoch step times and the final test accuracy.
 Legend: N nodes, F features, C classes.
@@ -57,6 +58,46 @@ class PygGCN(nn.Module):
         return h
 
 
+class PygGAT(nn.Module):
+    """GATConv layers as in PyG's GAT example: heads concatenated, then averaged at the output;
+    ELU, dropout on every layer's input and on the attention weights."""
+
+    def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATConv
+
+        convs, width = [], in_channels
+        for _ in range(cfg.num_layers - 1):
+            convs.append(
+                GATConv(width, cfg.hidden_channels, heads=cfg.heads, dropout=cfg.attention_dropout)
+            )
+            width = cfg.heads * cfg.hidden_channels
+        convs.append(
+            GATConv(
+                width,
+                out_channels,
+                heads=cfg.output_heads,
+                concat=False,
+                dropout=cfg.attention_dropout,
+            )
+        )
+        self.convs = nn.ModuleList(convs)
+        self.dropout = cfg.dropout
+        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
+
+    def forward(self, x_NF: Tensor, adj: Any) -> Tensor:
+        h = x_NF
+        for layer, conv in enumerate(self.convs):
+            p = self.input_dropout if layer == 0 else self.dropout
+            h = conv(F.dropout(h, p=p, training=self.training), adj)
+            if layer < len(self.convs) - 1:
+                h = F.elu(h)
+        return h
+
+
+PEER_MODELS: dict[str, type[nn.Module]] = {"gcn": PygGCN, "gat": PygGAT}
+
+
 def adjacency(
     edge_index_2E: np.ndarray, num_nodes: int, system: str, dtype: torch.dtype = torch.float32
 ) -> Any:
@@ -79,7 +120,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
     y = torch.from_numpy(g.y_N)
     train = torch.from_numpy(g.train_mask_N)
     adj = adjacency(g.edge_index_2E, g.num_nodes, system)
-    model = PygGCN(cfg.model, g.num_features, g.num_classes)
+    model = PEER_MODELS[cfg.model.name](cfg.model, g.num_features, g.num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     times = []
     for _ in range(num_epochs):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from leo_cli.bench import stats
-from leo_cli.bench.peers import pyg_available
+from leo_cli.bench.peers import PEER_MODELS, pyg_available
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import TrainError
 from leo_cli.train import metrics as run_files
@@ -70,8 +70,11 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
         out += [Variant("leo", m, w) for m in modes]
     if cfg.bench.peers and not pyg_available():
         skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
-    elif cfg.bench.peers and cfg.model.name != "gcn":
-        skip(f"peers compare GCNConv only; model.name={cfg.model.name}: peer rows skipped.")
+    elif cfg.bench.peers and cfg.model.name not in PEER_MODELS:
+        skip(
+            f"peers compare GCNConv and GATConv only; model.name={cfg.model.name}: peer rows "
+            "skipped."
+        )
     else:
         out += [Variant(p, p, 1) for p in cfg.bench.peers]
     return out

@@ -77,13 +77,20 @@ class ModelShape:
     input_dropout: float
     dtype_bytes: int
     extra_gemm: bool  # sage's root linear map, gin's second linear map
+    attention: bool = False
+    """Edge weights computed per step (gat): no aggregate-first of raw inputs, so neither
+    replicas nor a static aggregate apply (see cache/policy.py)."""
+    rows: tuple[int, ...] = ()
+    """Width of the row each layer computes (default: its output width; gat adds a score
+    per head)."""
 
     @property
     def num_layers(self) -> int:
         return len(self.widths) - 1
 
     def exchanged_width(self, layer: int) -> int:
-        a, b = self.widths[layer], self.widths[layer + 1]
+        a = self.widths[layer]
+        b = self.rows[layer] if self.rows else self.widths[layer + 1]
         return b if b < a else a
 
 
@@ -376,7 +383,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     p = shape.input_dropout if layer == 0 else shape.dropout
     last = layer == shape.num_layers - 1
     w = shape.exchanged_width(layer)
-    return ShapeLayer(layer, a, b, w, p, b < a, shape.extra_gemm, last)
+    return ShapeLayer(layer, a, b, w, p, w < a, shape.extra_gemm, last)
 
 
 def predict(

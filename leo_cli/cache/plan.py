@@ -35,9 +35,12 @@ SWEEP_FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
 def model_shape(
     model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int
 ) -> ModelShape:
-    widths = (num_features, *([model.hidden_channels] * (model.num_layers - 1)), num_classes)
+    widths = tuple(model.layer_widths(num_features, num_classes))
     input_dropout = model.dropout if model.input_dropout is None else model.input_dropout
-    return ModelShape(widths, model.dropout, input_dropout, dtype_bytes, model.name != "gcn")
+    return ModelShape(
+        widths, model.dropout, input_dropout, dtype_bytes, model.name != "gcn",
+        attention=model.name == "gat", rows=tuple(model.row_widths(num_classes)),
+    )  # fmt: skip
 
 
 def budget_bytes(value: float | str, own_bytes: int) -> int:

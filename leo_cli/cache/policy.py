@@ -7,6 +7,10 @@
   width; rows are ranked by that trade and the number replicated per rank, and the chunk
   count per layer, are chosen to minimise the slowest rank's predicted step time.
 
+Attention models (gat) get neither replicas nor a static aggregate from any policy: both rest
+on aggregating raw inputs first (`Â·X·W = (Â·X)·W`), and attention weights depend on the
+transformed rows of both ends of an edge, recomputed every step. Their halo is L2 only.
+
 For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
 changes (`model.input_dropout` = 0), and the deduplicated halo buffer (L2) must fit
 `cache.halo_budget_mb`. No policy puts rows at L3 (fetched per edge) yet: without on-demand
@@ -98,12 +102,13 @@ def decide(
 ) -> Decision:
     """The policy's levels for every rank, and the chunk count of every layer."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
+    static = static and not shape.attention
     row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
     if policy != "none":
         check_halo_budget(profiles, budgets, row_bytes)
     base = [RankCache(static) for _ in profiles]
     chunks = [1] * shape.num_layers
-    if policy == "none" or static:
+    if policy == "none" or static or shape.attention:
         caches = base
     elif policy == "degree":
         caches = [

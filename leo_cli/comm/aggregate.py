@@ -3,6 +3,10 @@
 An aggregator owns both the communication and the SpMM of a layer, so that a mode can
 overlap them (DESIGN.md §2.2). Every mode computes exactly `A·[h | halo(h)]`, the numbers the
 single-process run gives, except `compute-only`, which skips the exchange on purpose.
+
+Attention layers (GAT) weight edges by scores computed from the rows themselves, so a fixed
+`A` cannot be applied: for them a mode only brings the rows, `[h | halo(h)]` in the column
+order of its CSR (`columns`), through its own transport, with halo gradients flowing back.
 Legend: N inner rows, H halo rows, E local edges, F in-width, O out-width.
 """
 
@@ -38,6 +42,18 @@ class Aggregator(Protocol):
         """(A·[h | halo(h)], h) with h = x·Wᵀ (update-first layers)."""
         ...
 
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        """The CSR whose columns `gather` returns rows for, and the plan filling its halo."""
+        ...
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        """`[h | halo(h)]` in the column order of `columns(layer)`, differentiably."""
+        ...
+
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+        """`gather(x·Wᵀ)`: the mode may overlap the GEMM with the exchange."""
+        ...
+
 
 class AggregatorBase:
     """Update-first as 'transform, then aggregate'; modes that overlap the two override it."""
@@ -53,17 +69,32 @@ class AggregatorBase:
         h_NO = F.linear(x_NF, weight_OF)
         return self.aggregate(h_NO, layer), h_NO
 
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        raise NotImplementedError
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        raise NotImplementedError
+
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+        return self.gather(F.linear(x_NF, weight_OF), layer)
+
 
 class LocalAggregator(AggregatorBase):
     """A single worker owns every node: no halo, one SpMM."""
 
     def __init__(self, adj: kernels.CSR) -> None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        self.block = column_block(adj, 0, adj.num_cols, compact=False)
+        self.adj, self.block = adj, column_block(adj, 0, adj.num_cols, compact=False)
         self.stats = CommStats()
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         return block_product(self.block, h_NF)
+
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self.adj, None
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        return h_NF
 
 
 class BlockingAggregator(AggregatorBase):
@@ -79,6 +110,12 @@ class BlockingAggregator(AggregatorBase):
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         return kernels.spmm(self.adj, exchange_halo(h_NF, self.plan))
 
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self.adj, self.plan
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        return exchange_halo(h_NF, self.plan)
+
 
 class ComputeOnlyAggregator(AggregatorBase):
     """The halo is never exchanged (zeros instead): the time perfect overlap would reach.
@@ -87,11 +124,16 @@ class ComputeOnlyAggregator(AggregatorBase):
     """
 
     def __init__(self, adj: kernels.CSR, plan: HaloPlan) -> None:
-        self.adj, self.num_halo, self.stats = adj, plan.num_halo, plan.stats
+        self.adj, self.plan, self.stats = adj, plan, plan.stats
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        halo_HF = h_NF.new_zeros((self.num_halo, h_NF.shape[1]))
-        return kernels.spmm(self.adj, torch.cat([h_NF, halo_HF]))
+        return kernels.spmm(self.adj, self.gather(h_NF, layer))
+
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self.adj, self.plan
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        return torch.cat([h_NF, h_NF.new_zeros((self.plan.num_halo, h_NF.shape[1]))])
 
 
 class PerLayerAggregator(AggregatorBase):
@@ -110,3 +152,12 @@ class PerLayerAggregator(AggregatorBase):
         self, x_NF: Tensor, weight_OF: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
         return self._of(layer).transform_aggregate(x_NF, weight_OF, layer)
+
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self._of(layer).columns(layer)
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        return self._of(layer).gather(h_NF, layer)
+
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+        return self._of(layer).transform_gather(x_NF, weight_OF, layer)

@@ -131,6 +131,17 @@ def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
     return out
 
 
+def halo_ids(plan: HaloPlan, ids_N: Tensor) -> Tensor:
+    """`[ids | ids of the halo rows]`: what each row's owner calls it (int64, no autograd).
+
+    Attention dropout keys every edge by the global ids of both ends; a view of the halo
+    (rows fetched per edge) learns its columns' ids through the same exchange as its rows.
+    """
+    send_S1 = ids_N.index_select(0, plan.send_idx_S).unsqueeze(1)
+    halo_H1 = all_to_all_rows(send_S1, plan.send_counts, plan.recv_counts, CommStats())
+    return torch.cat([ids_N, halo_H1.squeeze(1)])
+
+
 class Transfer:
     """Rounds of chunks in flight between this worker and its peers (one exchange of a layer).
 

@@ -9,6 +9,10 @@ Backward mirrors it: the halo-gradient chunks are computed and posted first, the
 backward runs while they travel, and each gradient chunk that lands is added to its owner's
 rows. Numbers equal `blocking` up to the order of floating-point sums.
 
+Attention layers (`gather`) use the same boundary-first update and chunked transfers, but
+their softmax needs every score of a row, so the rows are assembled before the layer
+computes on them; backward posts every halo-gradient chunk, then adds what arrives.
+
 Legend: N inner rows, B boundary rows (sent to some peer), H halo rows, F in-width,
 O out-width, S rows sent (sum over peers and chunks).
 """
@@ -111,6 +115,17 @@ class PipelinedAggregator(AggregatorBase):
         out, h_NO = _Pipelined.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
         return out, h_NO
 
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self.adj, self.plan
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        out: Tensor = _PipelinedGather.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+        return out
+
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+        out: Tensor = _PipelinedGather.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+        return out
+
     # -- forward pieces ------------------------------------------------------------------
 
     def update_and_post(
@@ -151,7 +166,31 @@ class PipelinedAggregator(AggregatorBase):
         transfer.finish()
         return out_NF
 
+    def collect_arrivals(self, h_NF: Tensor, transfer: Transfer, sched: Schedule) -> Tensor:
+        """`[h | halo]`, every round's chunks copied into place once the round has landed."""
+        halo_HF = h_NF.new_empty((self.plan.num_halo, h_NF.shape[1]))
+        for r, chunks in enumerate(sched.rounds):
+            for c, rows in zip(chunks, transfer.wait(r), strict=True):
+                halo_HF[c.recv_start : c.recv_end] = rows
+        transfer.finish()
+        return torch.cat([h_NF, halo_HF])
+
     # -- backward pieces -----------------------------------------------------------------
+
+    def return_halo_grads(self, grad_full: Tensor, sched: Schedule) -> Tensor:
+        """Gradient of h from that of `[h | halo]`: halo-gradient chunks go to their owners."""
+        n, width = self.plan.num_inner, grad_full.shape[1]
+        transfer = Transfer(self.stats, grad_full.device)
+        for chunks in sched.rounds:
+            recvs = [(c.peer, grad_full.new_empty((c.send_idx.shape[0], width))) for c in chunks]
+            sends = [(c.peer, grad_full[n + c.recv_start : n + c.recv_end]) for c in chunks]
+            transfer.post(recvs, sends)
+        grad_h = grad_full[:n].clone()
+        for r, chunks in enumerate(sched.rounds):
+            for c, grad in zip(chunks, transfer.wait(r), strict=True):
+                grad_h.index_add_(0, c.send_idx, grad)
+        transfer.finish()
+        return grad_h
 
     def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
         """Gradient of h: each round's halo-gradient chunks leave for their owners as soon as
@@ -195,6 +234,31 @@ class _Pipelined(torch.autograd.Function):
         g_h = agg.backward_halo(grad_out, ctx.sched)
         if grad_h is not None:
             g_h += grad_h
+        if not ctx.saved_tensors:
+            return g_h, None, None, None
+        x_NF, weight = ctx.saved_tensors
+        grad_x = g_h @ weight if ctx.needs_input_grad[0] else None
+        grad_w = g_h.t() @ x_NF if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None
+
+
+class _PipelinedGather(torch.autograd.Function):
+    """(x, W) -> `[h | halo(h)]` with h = x·Wᵀ (boundary rows first), or x -> `[x | halo(x)]`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: PipelinedAggregator, layer: int
+    ) -> Tensor:
+        sched = agg.schedule(layer)
+        h_NO, transfer = agg.update_and_post(x_NF, weight, sched)
+        ctx.agg, ctx.sched = agg, sched
+        if weight is not None:
+            ctx.save_for_backward(x_NF, weight)
+        return agg.collect_arrivals(h_NO, transfer, sched)
+
+    @staticmethod
+    def backward(ctx: Any, grad_full: Tensor) -> Any:
+        g_h = ctx.agg.return_halo_grads(grad_full.contiguous(), ctx.sched)
         if not ctx.saved_tensors:
             return g_h, None, None, None
         x_NF, weight = ctx.saved_tensors

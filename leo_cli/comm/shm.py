@@ -10,6 +10,8 @@ a barrier, then every owner sums what its readers wrote for its rows.
 Buffers alternate between two copies, so one barrier per exchange suffices: a worker writes
 exchange k only after passing barrier k-1, which every peer reaches after finishing its reads
 of exchange k-2 (the same copy).
+Attention layers (`gather`) read their halo rows out of the segment the same way and compute
+on `[h | halo]`; their halo gradients go back through the gradient segment.
 Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S rows sent.
 """
 
@@ -133,18 +135,38 @@ class SharedMemoryAggregator(AggregatorBase):
         out: Tensor = _SharedHalo.apply(h_NF, self)  # type: ignore[no-untyped-call]
         return out
 
+    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        return self.adj, self.plan
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        out: Tensor = _SharedGather.apply(h_NF, self)  # type: ignore[no-untyped-call]
+        return out
+
     def barrier(self) -> None:
         with self.stats.waiting(torch.device("cpu")):
             dist.barrier()
 
-    def forward_rows(self, h_NF: Tensor) -> Tensor:
-        """Publish my rows, wait for everyone's, aggregate reading the segment."""
-        t0 = time.perf_counter()
+    def publish(self, h_NF: Tensor) -> Tensor:
+        """Write my rows into the next copy of the segment and wait for everyone's."""
         seg = self.view(self.fwd_seg, self._fwd_count % 2, self.rows_T, h_NF.shape[1])
         self._fwd_count += 1
         seg[self.my_inner_off : self.my_inner_off + h_NF.shape[0]].copy_(h_NF)
         self.barrier()
         self.stats.bytes_sent += self.plan.send_idx_S.numel() * h_NF.shape[1] * h_NF.element_size()
+        return seg
+
+    def gather_rows(self, h_NF: Tensor) -> Tensor:
+        """`[h | halo]`, the halo rows read out of their owners' regions."""
+        t0 = time.perf_counter()
+        seg = self.publish(h_NF)
+        halo_HF = seg.index_select(0, self.halo_rows_H).to(h_NF.device)
+        self.stats.transfer_s += time.perf_counter() - t0
+        return torch.cat([h_NF, halo_HF])
+
+    def forward_rows(self, h_NF: Tensor) -> Tensor:
+        """Publish my rows, wait for everyone's, aggregate reading the segment."""
+        t0 = time.perf_counter()
+        seg = self.publish(h_NF)
         if self.seg_adj is not None:
             out = kernels.spmm(self.seg_adj, seg)
         else:
@@ -154,16 +176,19 @@ class SharedMemoryAggregator(AggregatorBase):
         return out
 
     def backward_rows(self, grad_NF: Tensor) -> Tensor:
+        """Gradient of my rows from that of the aggregation."""
+        return self.return_grads(kernels.spmm(self.adj_t, grad_NF))
+
+    def return_grads(self, grad_all: Tensor) -> Tensor:
         """Publish my halo gradients, wait, sum what my readers wrote for my rows."""
         t0 = time.perf_counter()
-        n, width = self.plan.num_inner, grad_NF.shape[1]
-        grad_all = kernels.spmm(self.adj_t, grad_NF)
+        n, width = self.plan.num_inner, grad_all.shape[1]
         seg = self.view(self.grad_seg, self._grad_count % 2, self.halo_T, width)
         self._grad_count += 1
         seg[self.my_halo_off : self.my_halo_off + self.plan.num_halo].copy_(grad_all[n:])
         self.barrier()
-        self.stats.bytes_sent += self.plan.num_halo * width * grad_NF.element_size()
-        mine = seg.index_select(0, self.grad_rows_S).to(grad_NF.device)
+        self.stats.bytes_sent += self.plan.num_halo * width * grad_all.element_size()
+        mine = seg.index_select(0, self.grad_rows_S).to(grad_all.device)
         grad_h = grad_all[:n].index_add_(0, self.plan.send_idx_S, mine)
         self.stats.transfer_s += time.perf_counter() - t0
         return grad_h
@@ -180,3 +205,16 @@ class _SharedHalo(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_NF: Tensor) -> tuple[Tensor, None]:
         return ctx.agg.backward_rows(grad_NF.contiguous()), None
+
+
+class _SharedGather(torch.autograd.Function):
+    """h -> `[h | halo(h)]` read from the shared segment, halo gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx: Any, h_NF: Tensor, agg: SharedMemoryAggregator) -> Tensor:
+        ctx.agg = agg
+        return agg.gather_rows(h_NF)
+
+    @staticmethod
+    def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None]:
+        return ctx.agg.return_grads(grad_full.clone()), None  # summed into in place

@@ -75,10 +75,11 @@ class PartitionConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Literal["gcn", "sage", "gin"] = "gcn"
-    """GNN architecture: `gcn`, `sage` (mean aggregator) or `gin` (sum + MLP)."""
+    name: Literal["gcn", "sage", "gin", "gat"] = "gcn"
+    """GNN architecture: `gcn`, `sage` (mean aggregator), `gin` (sum + MLP) or `gat`
+    (multi-head attention)."""
     hidden_channels: int = Field(64, ge=1)
-    """Width of the hidden layers."""
+    """Width of the hidden layers (for `gat`: per head; a hidden layer is heads x this)."""
     num_layers: int = Field(2, ge=1, le=64)
     """Number of message-passing layers."""
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
@@ -88,7 +89,28 @@ class ModelConfig(Section):
     """Dropout probability on the first layer's input features; null means the same as
     `dropout` (Kipf & Welling, PyG's example); 0 as in DGL's GCN example."""
 
-    @field_validator("dropout", "input_dropout")
+    heads: int = Field(8, ge=1, le=64)
+    """`gat`: attention heads of every hidden layer (concatenated)."""
+    output_heads: int = Field(1, ge=1, le=64)
+    """`gat`: attention heads of the output layer (averaged; 1 as in the paper's Cora model)."""
+    attention_dropout: float = Field(0.6, ge=0.0, lt=1.0)
+    """`gat`: dropout probability on the attention weights (the paper's 0.6); masks keyed by
+    (seed, epoch, layer, head, global source id, global destination id)."""
+
+    def layer_widths(self, num_features: int, num_classes: int) -> list[int]:
+        """Input width of every layer, then the output width (gat: hidden = heads x channels)."""
+        hidden = self.hidden_channels * (self.heads if self.name == "gat" else 1)
+        return [num_features] + [hidden] * (self.num_layers - 1) + [num_classes]
+
+    def row_widths(self, num_classes: int) -> list[int]:
+        """Width of the row each layer computes before aggregating: its output width, or for
+        gat heads x (channels + 1), the transformed features and the source score per head."""
+        if self.name != "gat":
+            return self.layer_widths(0, num_classes)[1:]
+        hidden = self.heads * (self.hidden_channels + 1)
+        return [hidden] * (self.num_layers - 1) + [self.output_heads * (num_classes + 1)]
+
+    @field_validator("dropout", "input_dropout", "attention_dropout")
     @classmethod
     def _representable_rate(cls, value: float | None) -> float | None:
         # Masks draw one random byte per entry (models/dropout.py), so rates are multiples of

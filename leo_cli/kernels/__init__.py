@@ -1,7 +1,8 @@
 """Sparse kernels of LEO as torch custom ops, and the small API the models and comm code use.
 
 The ops (`ops.py`) are `leo::spmm_csr`, `leo::sddmm_csr`, `leo::gather_rows`,
-`leo::scatter_add_rows` and `leo::fused_aggregate`. Their default implementation is a pure
+`leo::scatter_add_rows` and `leo::fused_aggregate`; graph attention adds `leo::gat_scores`,
+`leo::edge_softmax` and `leo::gat_spmm` (`gat_ops.py`). Their default implementation is a pure
 PyTorch reference; when `leo_cli._C` (built by `leo compile` from cuda/) imports, CUDA kernels
 serve CUDA tensors (`backend.py`; `LEO_KERNELS=ref` forces the reference). Everything here is
 differentiable and traceable by `torch.compile(fullgraph=True)`.
@@ -23,7 +24,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from leo_cli.errors import KernelError
-from leo_cli.kernels import ops
+from leo_cli.kernels import gat_ops, ops
 from leo_cli.kernels.backend import Backend, active_backend
 from leo_cli.kernels.csr import CSR
 
@@ -33,7 +34,10 @@ __all__ = [
     "active_backend",
     "backend_name",
     "check_row_indices",
+    "edge_softmax",
     "fused_aggregate",
+    "gat_scores",
+    "gat_spmm",
     "gather_rows",
     "scatter_add_rows",
     "sddmm",
@@ -200,6 +204,41 @@ def fused_aggregate(local_csr: CSR, x_local: Tensor, remote_csr: CSR, x_remote: 
         remote_csr.t_max_degree,
     )
     return out_RF
+
+
+def gat_scores(csr: CSR, a_src_CH: Tensor, a_dst_RH: Tensor, negative_slope: float) -> Tensor:
+    """e_EH = LeakyReLU(a_src[col(e)] + a_dst[row(e)]): GAT's score of every edge and head."""
+    if a_src_CH.shape[0] != csr.num_cols or a_dst_RH.shape[0] != csr.num_rows:
+        raise ValueError(
+            f"a_src needs {csr.num_cols} rows and a_dst {csr.num_rows}, got "
+            f"{tuple(a_src_CH.shape)} and {tuple(a_dst_RH.shape)}"
+        )
+    e_EH: Tensor = gat_ops.gat_scores(csr.indptr, csr.indices, a_src_CH, a_dst_RH, negative_slope)
+    return e_EH
+
+
+def edge_softmax(csr: CSR, scores_EH: Tensor) -> Tensor:
+    """Softmax of every head's scores over the edges of each row (rows without edges: none)."""
+    if scores_EH.dim() != 2 or scores_EH.shape[0] != csr.num_edges:
+        raise ValueError(f"scores must have shape ({csr.num_edges}, H), got {scores_EH.shape}")
+    alpha_EH: Tensor = gat_ops.edge_softmax(csr.indptr, scores_EH)
+    return alpha_EH
+
+
+def gat_spmm(csr: CSR, alpha_EH: Tensor, x_CHF: Tensor) -> Tensor:
+    """out_RHF[i, h] = sum over edges e of row i of alpha[e, h] * x[col(e), h] (csr's values
+    are not used: the attention weights replace them)."""
+    if x_CHF.dim() != 3 or x_CHF.shape[0] != csr.num_cols:
+        raise ValueError(f"x must have shape ({csr.num_cols}, H, F), got {tuple(x_CHF.shape)}")
+    if alpha_EH.shape != (csr.num_edges, x_CHF.shape[1]):
+        raise ValueError(
+            f"alpha must have shape ({csr.num_edges}, {x_CHF.shape[1]}), got {alpha_EH.shape}"
+        )
+    out_RHF: Tensor = gat_ops.gat_spmm(
+        csr.indptr, csr.indices, alpha_EH, x_CHF,
+        csr.t_indptr, csr.t_indices, csr.t_perm, csr.num_rows,
+    )  # fmt: skip
+    return out_RHF
 
 
 def backend_name() -> str:

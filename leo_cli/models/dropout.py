@@ -2,7 +2,8 @@
 
 A counter-based generator (splitmix64 over int64 tensors) gives every entry of the matrix its
 own random number, so P = 1, 2, 4 workers drop exactly the same entries and produce the same
-numbers. Legend: N rows (nodes), F columns.
+numbers. Attention dropout (GAT) uses the same masks with an edge's two global ids in place of
+the node id and one column per head. Legend: N rows (nodes), F columns, E edges, H heads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # int64 views of the splitmix64 consta
 _MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MUL2 = 0x94D049BB133111EB - (1 << 64)
 _COL_SALT = 0x5851F42D4C957F2D
+_ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
 _CHUNK_ROWS = 1 << 15  # bounds the int64 temporaries to a few MB per chunk
 
 
@@ -79,3 +81,14 @@ def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     ]
     mask_NF = torch.cat(masks) if masks else torch.zeros_like(x_NF, dtype=torch.bool)
     return torch.where(mask_NF, x_NF * scale, torch.zeros((), dtype=x_NF.dtype))
+
+
+def attention_key(seed: int, epoch: int, layer: int) -> int:
+    """The key of a layer's attention dropout: a stream of its own beside its input dropout."""
+    z = torch.tensor([stream_key(seed, epoch, layer) ^ _ATTENTION_SALT], dtype=torch.int64)
+    return int(splitmix64(z).item())
+
+
+def edge_ids(src_E: Tensor, dst_E: Tensor) -> Tensor:
+    """One int64 id per (global source, global destination) pair, the same on every worker."""
+    return splitmix64(splitmix64(dst_E.to(torch.int64)) ^ src_E.to(torch.int64))

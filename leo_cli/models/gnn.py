@@ -1,12 +1,18 @@
-"""The GNN: a stack of one conv type with counter-based dropout before each layer."""
+"""The GNN: a stack of one conv type with counter-based dropout before each layer.
+
+GCN, GraphSAGE and GIN use ReLU between layers; GAT uses ELU, as its paper does, and draws
+its attention dropout masks from a stream of its own per (seed, epoch, layer).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leo_cli.config.schema import ModelConfig
-from leo_cli.models.dropout import counter_dropout, stream_key
+from leo_cli.models.dropout import attention_key, counter_dropout, stream_key
+from leo_cli.models.gat import gat_convs
 from leo_cli.models.graph import LayerInput, LocalGraph
 from leo_cli.models.layers import CONVS
 
@@ -17,9 +23,13 @@ class GNN(nn.Module):
 
     def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
         super().__init__()
-        conv = CONVS[cfg.name]
-        widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
-        self.convs = nn.ModuleList(conv(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.attention = cfg.name == "gat"
+        if self.attention:
+            self.convs = nn.ModuleList(gat_convs(cfg, in_channels, out_channels))
+        else:
+            conv = CONVS[cfg.name]
+            widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
+            self.convs = nn.ModuleList(conv(a, b) for a, b in zip(widths, widths[1:], strict=False))
         self.dropout = cfg.dropout
         self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
 
@@ -38,9 +48,11 @@ class GNN(nn.Module):
                 xr = g.replicas.x_RF
                 xr = counter_dropout(xr, g.replicas.ids_R, p, key) if dropped else xr
                 at = LayerInput(layer, static=not dropped, replica_RF=xr)
+            if self.attention and self.training:
+                at = LayerInput(layer, attention_key=attention_key(seed, epoch, layer))
             h = conv(h, g, at)
             if layer < len(self.convs) - 1:
-                h = torch.relu(h)
+                h = F.elu(h) if self.attention else torch.relu(h)
         return h
 
 

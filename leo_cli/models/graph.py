@@ -1,12 +1,14 @@
 """A worker's graph as the layers see it: normalised CSR over `[inner | halo]` and the
 aggregator of the pipeline mode, which owns both the halo exchange and the SpMM.
 
-Legend: N inner rows, H halo rows, E local edges, F in-width, O out-width.
+Attention layers see it through an `EdgeView` per layer: the in-edges of the aggregator's
+columns plus one self-loop per row, and the global ids of both ends of every edge.
+Legend: N inner rows, H halo rows, K columns of a view, E local edges, F in-width, O out-width.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -14,8 +16,38 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.exchange import halo_ids
 from leo_cli.comm.levels import Replicas
 from leo_cli.graph.layout import LocalPart
+from leo_cli.kernels.csr import row_of_edges
+from leo_cli.models.dropout import edge_ids
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    """What an attention layer aggregates over.
+
+    Attributes:
+        csr: inner rows, the columns of the aggregator's `gather`; the in-edges (an explicit
+            self-loop dropped) plus one self-loop per row; values unused.
+        edge_ids_E: id of every edge's (global source, global destination) pair, in CSR
+            order (the keys of attention dropout).
+    """
+
+    csr: kernels.CSR
+    edge_ids_E: Tensor
+
+
+def attention_view(adj: kernels.CSR, col_ids_K: Tensor, ids_N: Tensor) -> EdgeView:
+    """The EdgeView of a CSR whose columns have global ids `col_ids_K` (inner rows `ids_N`)."""
+    n = adj.num_rows
+    rows_E, cols_E = row_of_edges(adj.indptr), adj.indices.long()
+    keep_E = col_ids_K[cols_E] != ids_N[rows_E]  # softmax over in-edges and one self-loop
+    diag_N = torch.arange(n, device=adj.device)
+    rows_E, cols_E = torch.cat([rows_E[keep_E], diag_N]), torch.cat([cols_E[keep_E], diag_N])
+    csr = kernels.CSR.from_coo(rows_E, cols_E, None, n, adj.num_cols)
+    src_E = col_ids_K[csr.indices.long()]
+    return EdgeView(csr, edge_ids(src_E, ids_N[row_of_edges(csr.indptr)]))
 
 
 @dataclass(frozen=True)
@@ -27,11 +59,13 @@ class LayerInput:
         static: the input is the raw features, unchanged since set-up (layer 0 without
             input dropout, or evaluation): a precomputed `Â·X` may stand in.
         replica_RF: layer 0's input rows of replicated halo nodes, dropout applied.
+        attention_key: key of the layer's attention dropout masks (training), or None.
     """
 
     layer: int
     static: bool = False
     replica_RF: Tensor | None = None
+    attention_key: int | None = None
 
 
 @dataclass
@@ -54,6 +88,7 @@ class LocalGraph:
     replicas: Replicas | None = None
     static_agg_NF: Tensor | None = None
     static_has_self: bool = False
+    edge_views: dict[int, EdgeView] = field(default_factory=dict)
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         """Σ_j w_ij h_j over in-edges, halo rows included; the self term is not included."""
@@ -64,6 +99,29 @@ class LocalGraph:
     ) -> tuple[Tensor, Tensor]:
         """(Σ_j w_ij h_j, h) with h = x·Wᵀ: the mode may overlap the GEMM with the exchange."""
         return self.aggregator.transform_aggregate(x_NF, weight_OF, layer)
+
+    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+        """`[h | halo(h)]` in the columns of `edge_view(layer)` (attention layers)."""
+        return self.aggregator.gather(h_NF, layer)
+
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+        """`gather(x·Wᵀ)`: the mode may overlap the GEMM with the exchange."""
+        return self.aggregator.transform_gather(x_NF, weight_OF, layer)
+
+    def edge_view(self, layer: int) -> EdgeView:
+        assert layer in self.edge_views, "attention layers need prepare_attention() at set-up"
+        return self.edge_views[layer]
+
+    def prepare_attention(self, num_layers: int) -> None:
+        """Build every layer's EdgeView. Collective: every worker calls it at set-up."""
+        built: dict[int, EdgeView] = {}
+        for layer in range(num_layers):
+            adj, plan = self.aggregator.columns(layer)
+            if id(adj) not in built:
+                ids_N = self.global_ids_N
+                col_ids_K = ids_N if plan is None else halo_ids(plan, ids_N)
+                built[id(adj)] = attention_view(adj, col_ids_K, ids_N)
+            self.edge_views[layer] = built[id(adj)]
 
     def fold_self_loops(self, x_NF: Tensor) -> None:
         """Add the fixed self-loop term (GCN's) to the static aggregate once, not per step."""
@@ -84,7 +142,8 @@ class LocalGraph:
 def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     """Per-model edge weights from global degrees, computed in the training dtype.
 
-    gcn: 1/sqrt((d_j+1)(d_i+1)) with self weight 1/(d_i+1); sage: mean, 1/d_i; gin: sum, 1.
+    gcn: 1/sqrt((d_j+1)(d_i+1)) with self weight 1/(d_i+1); sage: mean, 1/d_i; gin: sum, 1;
+    gat: 1 (its weights are attention scores, computed per step).
     """
     deg = torch.from_numpy(np.asarray(part.degree)).to(dtype)
     rows = torch.repeat_interleave(
@@ -97,7 +156,7 @@ def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor
         return values, 1.0 / (deg_N + 1)
     if model == "sage":
         return 1.0 / deg_N[rows], None
-    assert model == "gin", model
+    assert model in ("gin", "gat"), model
     return torch.ones(cols.shape[0], dtype=dtype), None
 
 

@@ -46,9 +46,10 @@ def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
 
 
 def exchange_width(model: ModelConfig, num_features: int, num_classes: int) -> int:
-    """The widest rows any layer exchanges: each layer sends the narrower of its two widths."""
-    widths = [num_features] + [model.hidden_channels] * (model.num_layers - 1) + [num_classes]
-    return max(min(a, b) for a, b in zip(widths, widths[1:], strict=False))
+    """The widest rows any layer exchanges: each layer sends the narrower of its input and
+    the row it computes (for gat: the features and source score of every head)."""
+    widths = model.layer_widths(num_features, num_classes)
+    return max(min(a, b) for a, b in zip(widths, model.row_widths(num_classes), strict=False))
 
 
 def chunk_counts(
@@ -97,6 +98,10 @@ def assemble(
     adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, int(dataset["num_train"]), dtype, device)
     levels = None
+    if cache is not None and cfg.model.name == "gat":
+        # Replicas and the static aggregate rest on `Â·X·W` (aggregate-first of raw inputs),
+        # which attention does not have: the policies plan neither for it (cache/policy.py).
+        assert not cache.replica_rows and not cache.static_aggregate, "gat: L2/L3 rows only"
     if cache is not None:
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, cfg.pipeline.mode)
@@ -121,6 +126,8 @@ def assemble(
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
     graph.fold_self_loops(data.x_NF)
+    if cfg.model.name == "gat":
+        graph.prepare_attention(cfg.model.num_layers)
     model = build_model(
         cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]), cfg.run.seed
     ).to(device=device, dtype=dtype)

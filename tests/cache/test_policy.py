@@ -85,3 +85,32 @@ def test_profile_counts_reuse_from_a_part() -> None:
     assert p0.reuse_H.tolist() == [1] and p0.owner_H.tolist() == [1]
     assert p0.inner_edges == 2 and p0.num_boundary == 1 and p0.rows_reading_halo == 1
     assert p1.reuse_H.tolist() == [1] and p1.inner_edges == 0
+
+
+def attention_shape(input_dropout: float) -> ModelShape:
+    # gat: 2 heads x 4 channels; a layer's row is heads x (channels + 1): features + score.
+    return ModelShape(
+        (16, 8, 4), 0.5, input_dropout, 4, extra_gemm=False, attention=True, rows=(10, 10)
+    )
+
+
+@pytest.mark.parametrize("policy", ["degree", "leo"])
+@pytest.mark.parametrize("input_dropout", [0.0, 0.5])
+def test_attention_gets_no_replicas_and_no_static_aggregate(
+    policy: str, input_dropout: float
+) -> None:
+    """GAT's edge weights depend on transformed rows: L1 and L1s would compute wrong numbers."""
+    budgets = Budgets([1000 * ROW], [100 * 10 * 4])
+    got = decide(
+        policy, [part([1, 9, 3])], attention_shape(input_dropout), budgets, None, True
+    ).caches[0]
+    assert not got.static_aggregate and got.replica_rows.size == 0 and got.l3_rows.size == 0
+    # The same budgets give a linear model replicas (degree) or the static aggregate.
+    linear = run("degree", [1, 9, 3], replica_rows=1000, halo_rows=100, p=input_dropout)
+    assert linear.caches[0].static_aggregate or linear.caches[0].replica_rows.size > 0
+
+
+def test_attention_rows_are_what_a_layer_exchanges() -> None:
+    s = attention_shape(0.5)
+    assert [s.exchanged_width(i) for i in range(2)] == [10, 8]  # the row, then the input
+    assert [shape(0.5).exchanged_width(i) for i in range(2)] == [8, 4]

@@ -79,6 +79,9 @@ def test_shipped_configs_load() -> None:
         ("model.dropout=0.001", "'model.dropout'.*1/256"),
         ("model.dropout=0.999", "'model.dropout'.*255/256"),
         ("model.input_dropout=0.001", "'model.input_dropout'.*1/256"),
+        ("model.attention_dropout=0.001", "'model.attention_dropout'.*1/256"),
+        ("model.heads=0", "'model.heads'.*greater than or equal to 1"),
+        ("model.name=gatv2", "'model.name'.*'gat'"),
         ("bench.warmup_epochs=-1", "'bench.warmup_epochs'"),
     ],
 )
@@ -99,6 +102,8 @@ def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
         "model.dropout=0",
         "model.input_dropout=0",
         "model.input_dropout=null",
+        "model.name=gat",
+        "model.attention_dropout=0",
     ],
 )
 def test_values_at_the_limits_are_accepted(override: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leo_cli.models.dropout import counter_dropout, keep_mask, stream_key
+from leo_cli.models.dropout import attention_key, counter_dropout, edge_ids, keep_mask, stream_key
 
 
 def test_mask_of_any_row_subset_equals_the_full_mask() -> None:
@@ -63,3 +63,21 @@ def test_stream_keys_use_every_bit_of_large_seeds() -> None:
     keys = {stream_key(seed, 1, 0) for seed in (top, top - 1, top - 2**62, 0)}
     assert len(keys) == 4
     assert stream_key(top, 1, 0) != stream_key(top, 1, 1) != stream_key(top, 2, 0)
+
+
+def test_attention_masks_are_their_own_stream_and_keyed_by_both_ends() -> None:
+    """An edge's mask depends on (source, destination), not on its position or direction, and
+    a layer's attention stream is independent of its input dropout stream."""
+    src, dst = torch.arange(4000), torch.arange(4000).flip(0) + 7
+    key = attention_key(0, 1, 0)
+    a = keep_mask(edge_ids(src, dst), 8, key, 0.5)
+    perm = torch.randperm(4000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(keep_mask(edge_ids(src[perm], dst[perm]), 8, key, 0.5), a[perm])
+    centred = a.double() - 0.5
+    for other in (
+        keep_mask(edge_ids(dst, src), 8, key, 0.5),  # the reverse edge
+        keep_mask(edge_ids(src, dst), 8, stream_key(0, 1, 0), 0.5),  # the input stream
+        keep_mask(edge_ids(src, dst), 8, attention_key(0, 1, 1), 0.5),  # the next layer
+        keep_mask(edge_ids(src, dst), 8, attention_key(0, 2, 0), 0.5),  # the next epoch
+    ):
+        assert abs((centred * (other.double() - 0.5)).mean().item() * 4) < 0.03

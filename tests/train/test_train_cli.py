@@ -307,7 +307,7 @@ def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
         (["--set", "launch.nproc=3"], "launch.nproc=3"),
         (["--set", "pipeline.mode=compute-only"], "--allow-inexact"),
         (["--set", "cache.replica_budget_mb=lots"], "cache.replica_budget_mb"),
-        (["--set", "model.name=gat"], "model.name"),
+        (["--set", "model.name=gatv2"], "model.name"),  # gat exists; its v2 does not
     ],
 )
 def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -> None:
