@@ -81,7 +81,10 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
     except ValidationError as exc:
         err = exc.errors()[0]
         key = field_path(err["loc"]) or "(top level)"
-        source = (sources or {}).get(key, source)
+        given = sources or {}
+        # A section-wide check (key `model`) names the --set flags inside that section.
+        inside = [flag for k, flag in given.items() if k.startswith(key + ".")]
+        source = given.get(key) or (", ".join(inside) if inside else source)
         if err["type"] == "extra_forbidden":
             raise ConfigError(
                 f"Unknown config key {key!r} in {source}; check the spelling "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DROPOUT_STEP = 1 / 256  # resolution of dropout rates: one random byte per entry
 
@@ -109,6 +109,18 @@ class ModelConfig(Section):
             return self.layer_widths(0, num_classes)[1:]
         hidden = self.heads * (self.hidden_channels + 1)
         return [hidden] * (self.num_layers - 1) + [self.output_heads * (num_classes + 1)]
+
+    @model_validator(mode="after")
+    def _attention_settings_need_gat(self) -> ModelConfig:
+        # Only gat reads them: a changed value for another model would be accepted and ignored.
+        if self.name != "gat":
+            for key in ("heads", "output_heads", "attention_dropout"):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(
+                        f"model.{key} applies to model.name=gat only (model.name is "
+                        f"{self.name}); remove it or set model.name=gat"
+                    )
+        return self
 
     @field_validator("dropout", "input_dropout", "attention_dropout")
     @classmethod

@@ -83,11 +83,14 @@ def test_shipped_configs_load() -> None:
         ("model.heads=0", "'model.heads'.*greater than or equal to 1"),
         ("model.name=gatv2", "'model.name'.*'gat'"),
         ("bench.warmup_epochs=-1", "'bench.warmup_epochs'"),
+        ("model.heads=4", "--set model.heads=4: model.heads applies to model.name=gat only"),
+        ("model.name=sage model.output_heads=2", "model.output_heads applies to model.name=gat"),
+        ("model.attention_dropout=0", "model.attention_dropout applies to model.name=gat only"),
     ],
 )
 def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
-        load_config(None, [override])
+        load_config(None, override.split())
     assert "Value error" not in str(info.value)
 
 
@@ -103,8 +106,8 @@ def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
         "model.input_dropout=0",
         "model.input_dropout=null",
         "model.name=gat",
-        "model.attention_dropout=0",
+        "model.name=gat model.attention_dropout=0 model.heads=1",
     ],
 )
 def test_values_at_the_limits_are_accepted(override: str) -> None:
-    load_config(None, [override])
+    load_config(None, override.split())
