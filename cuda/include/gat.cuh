@@ -1,6 +1,7 @@
 // Graph attention (GAT) kernels: edge scores, edge softmax and the per-head weighted SpMM,
-// the CUDA side of the leo::gat_scores, leo::edge_softmax and leo::gat_spmm ops (the
-// reference and the oracle is leo_cli/kernels/gat_ops.py).
+// written for the leo::gat_scores, leo::edge_softmax and leo::gat_spmm ops (the reference and
+// the oracle is leo_cli/kernels/gat_ops.py). Not registered by the binding yet: compiled by
+// `leo compile --check` and checked by cuda/tests/gat_emulation.cu only.
 //
 // Layouts (row-major): a_src_CH, a_dst_RH, scores_EH, alpha_EH hold H heads per row; x_CHF
 // and out_RHF hold H heads of F features per row. A thread owns one (row, head), or one

@@ -38,7 +38,7 @@ def model_shape(
     widths = tuple(model.layer_widths(num_features, num_classes))
     input_dropout = model.dropout if model.input_dropout is None else model.input_dropout
     return ModelShape(
-        widths, model.dropout, input_dropout, dtype_bytes, model.name != "gcn",
+        widths, model.dropout, input_dropout, dtype_bytes, model.name in ("sage", "gin"),
         attention=model.name == "gat", rows=tuple(model.row_widths(num_classes)),
     )  # fmt: skip
 

@@ -153,8 +153,14 @@ def choose_replicas(
 def choose_chunks(
     profiles: list[PartProfile], caches: list[RankCache], shape: ModelShape, hw: HardwareProfile
 ) -> list[int]:
-    """Per layer, the chunk count (the same on every rank) with the fastest predicted step."""
+    """Per layer, the chunk count (the same on every rank) with the fastest predicted step.
+
+    Attention models keep one chunk: a row's softmax needs every chunk's scores, so their
+    aggregation waits for all arrivals and more chunks only add messages (the cost model
+    prices aggregation as overlapping the transfers, which does not hold for them)."""
     chunks = [1] * shape.num_layers
+    if shape.attention:
+        return chunks
     for layer in range(shape.num_layers):
 
         def time_with(k: int, layer: int = layer) -> float:

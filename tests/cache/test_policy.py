@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 
+from leo_cli.cache import policy as policy_module
 from leo_cli.cache.cost import ModelShape
+from leo_cli.cache.hardware import HardwareProfile
+from leo_cli.cache.plan import model_shape
 from leo_cli.cache.policy import Budgets, decide
 from leo_cli.cache.profile import PartProfile
+from leo_cli.config.schema import ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.types import Graph, symmetrize
@@ -114,3 +120,25 @@ def test_attention_rows_are_what_a_layer_exchanges() -> None:
     s = attention_shape(0.5)
     assert [s.exchanged_width(i) for i in range(2)] == [10, 8]  # the row, then the input
     assert [shape(0.5).exchanged_width(i) for i in range(2)] == [8, 4]
+
+
+def test_attention_keeps_one_chunk_without_pricing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAT row's softmax waits for every chunk: the policy does not price chunking it."""
+
+    def no_pricing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("chunk counts of an attention model were priced")
+
+    monkeypatch.setattr(policy_module, "predict", no_pricing)
+    hw = cast(HardwareProfile, object())  # never read: nothing is priced
+    chunks = policy_module.choose_chunks([part([1, 9, 3])], [], attention_shape(0.5), hw)
+    assert chunks == [1, 1]
+    with pytest.raises(AssertionError, match="priced"):
+        policy_module.choose_chunks([part([1, 9, 3])], [], shape(0.5), hw)
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"), [("gcn", False), ("sage", True), ("gin", True), ("gat", False)]
+)
+def test_model_shape_counts_a_second_gemm_only_where_there_is_one(name: str, extra: bool) -> None:
+    s = model_shape(ModelConfig(name=name), num_features=16, num_classes=4, dtype_bytes=4)
+    assert s.extra_gemm is extra and s.attention is (name == "gat")

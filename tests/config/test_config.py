@@ -86,6 +86,11 @@ def test_shipped_configs_load() -> None:
         ("model.heads=4", "--set model.heads=4: model.heads applies to model.name=gat only"),
         ("model.name=sage model.output_heads=2", "model.output_heads applies to model.name=gat"),
         ("model.attention_dropout=0", "model.attention_dropout applies to model.name=gat only"),
+        (
+            "partition.method=random partition.metis_edge_fraction=0.5",
+            "applies to partition.method=metis",
+        ),
+        ("partition.method=range partition.metis_edge_fraction=0.9", "method is range"),
     ],
 )
 def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
@@ -107,6 +112,7 @@ def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
         "model.input_dropout=null",
         "model.name=gat",
         "model.name=gat model.attention_dropout=0 model.heads=1",
+        "partition.metis_edge_fraction=0.5",
     ],
 )
 def test_values_at_the_limits_are_accepted(override: str) -> None:
