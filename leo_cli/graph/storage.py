@@ -65,7 +65,7 @@ class PartitionWriter:
         folder.mkdir(exist_ok=True)
         for name, arr in arrays.items():
             path = folder / f"{name}.npy"
-            np.save(path, np.ascontiguousarray(arr), allow_pickle=False)
+            save_array(path, np.ascontiguousarray(arr))
             self.files[f"part_{rank}/{name}.npy"] = sha256_file(path)
 
     def finish(self, meta: dict[str, Any]) -> None:
@@ -95,6 +95,18 @@ def write_partitions(
         writer.finish(meta)
 
 
+def save_array(path: Path, arr: np.ndarray) -> None:
+    """`np.save` whose failure (a full disk, no permission) is one sentence naming the file."""
+    try:
+        np.save(path, arr, allow_pickle=False)
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot write {path} ({exc.strerror or exc}); free space there or set run.out_dir "
+            "to another folder (while it runs, the partition stage keeps a copy of the graph "
+            "beside the partitions)."
+        ) from None
+
+
 def swap_into_place(tmp: Path, target: Path) -> None:
     """Replace `target` by `tmp`; the old folder is removed only after the rename."""
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -120,7 +132,7 @@ def spill_graph(graph: Graph, folder: Path) -> Graph:
     for f in dataclasses.fields(graph):
         value = getattr(graph, f.name)
         if isinstance(value, np.ndarray):
-            np.save(folder / f"{f.name}.npy", value, allow_pickle=False)
+            save_array(folder / f"{f.name}.npy", value)
             arrays[f.name] = np.load(folder / f"{f.name}.npy", mmap_mode="r")
     return dataclasses.replace(graph, **arrays)
 

@@ -149,6 +149,24 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_full_disk_is_one_sentence_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = random_graph()
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    import errno
+
+    import leo_cli.graph.storage as storage
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.np, "save", full)
+    with pytest.raises(PartitionError, match=r"Cannot write .*part_0.*No space left on device"):
+        write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
     """Every file the loader reads is in the source key, and its new content is what is used."""
     folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(40) % 40)
