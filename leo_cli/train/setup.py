@@ -120,7 +120,7 @@ def assemble(
     )
     graph = LocalGraph(
         self_weight_N=self_weight,
-        global_ids_N=torch.from_numpy(np.asarray(part.inner_nodes)).to(device),
+        global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
         aggregator=aggregator,
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
