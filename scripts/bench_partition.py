@@ -27,7 +27,7 @@ def high_water_gb() -> float:
     """VmHWM of this process in GB (peak resident set since start or the last reset)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20
+            return int(line.split()[1]) * 1024 / 1e9
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 

@@ -55,7 +55,7 @@ def main() -> None:
         time.sleep(0.2)
     print(
         f"exit {proc.returncode}; {time.perf_counter() - t0:.1f} s; peak tree RSS "
-        f"{peak_rss / 2**20:.2f} GB; peak tree RssAnon {peak_anon / 2**20:.2f} GB",
+        f"{peak_rss * 1024 / 1e9:.2f} GB; peak tree RssAnon {peak_anon * 1024 / 1e9:.2f} GB",
         file=sys.stderr,
     )
     sys.exit(proc.returncode)

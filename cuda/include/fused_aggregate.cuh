@@ -62,22 +62,15 @@ LEO_HD int remote_warps_for(int64_t local_edges, int64_t remote_edges, int64_t r
   return static_cast<int>(max64(1, min64(kFusedWarps - 1, rounded)));
 }
 
-// VEC (features per lane) and each side's load width: VEC = 16 bytes of features when F is a
-// multiple of it and at least one side is aligned; an unaligned side reads them one by one.
-// Output alignment does not matter: the kernel stores from shared memory, element by element.
-struct FusedWidths {
-  int vec;
-  int local;
-  int remote;
-};
+// VEC (features per lane) and each side's load width, from lane_widths: a 16- or 8-byte vector
+// of features when F is a multiple of it and a side is aligned to it; an unaligned side reads
+// them one by one. Output alignment does not matter: the kernel stores from shared memory,
+// element by element.
+using FusedWidths = LaneWidths;  // first: local side, second: remote side
 
 template <typename T>
 inline FusedWidths fused_widths(int64_t num_features, const void* x_local, const void* x_remote) {
-  const bool whole = num_features % kMaxVec<T> == 0;
-  const bool local = whole && is_aligned16(x_local);
-  const bool remote = whole && is_aligned16(x_remote);
-  if (!local && !remote) return FusedWidths{1, 1, 1};
-  return FusedWidths{kMaxVec<T>, local ? kMaxVec<T> : 1, remote ? kMaxVec<T> : 1};
+  return lane_widths<T>(num_features, x_local, x_remote);
 }
 
 inline FusedConfig make_fused_config(int64_t num_rows, int64_t local_edges, int64_t remote_edges,

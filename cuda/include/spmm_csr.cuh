@@ -1,10 +1,19 @@
 // CSR SpMM, one lane group per row: out_RF[i] = sum_e values[e] * x_CF[indices[e]].
 //
 // A lane group of G lanes (G a power of two, at most a warp) owns one row; each lane owns VEC
-// consecutive features and reads them with one 16-byte load when the width allows. When F
-// needs fewer than 32 lanes, one warp serves several rows at once; for graphs whose rows are
-// short on average, G is halved again so that a warp keeps more rows (and more independent
-// index loads) in flight, each lane then covering two vectors of the row.
+// consecutive features of every G * VEC (a feature slice). VEC is a 16- or 8-byte vector when
+// F is a multiple of it (lane_widths); x is read with vectors when its base is aligned, else
+// one element at a time (WX = 1), so a misaligned input slows only its own loads. When F needs
+// fewer than 32 lanes, one warp serves several rows at once; for graphs whose rows are short on
+// average, G is halved again so that a warp keeps more rows (and more independent index loads)
+// in flight, each lane then covering two slices of the row.
+//
+// Index reuse. A lane that covers several slices of a row (F wider than G * VEC) sums up to
+// kSlicesPerPass of them in one walk over the row's edges: each edge's index and value are
+// loaded once per walk and used for every slice (accumulate_edge_slices), instead of once per
+// slice. They stay in registers: the lanes of a group load the same index (one broadcast
+// transaction), so staging them in shared memory would add a barrier per row tile and save no
+// memory traffic; the saving is in not reloading them for every slice.
 //
 // Hub rows. A row with more than hub_degree edges (a hub of a power-law graph) would be walked
 // serially by one lane group. When the CSR has such rows (its max degree, computed once per
@@ -28,6 +37,8 @@ constexpr int kSpmmThreads = 256;
 constexpr int64_t kShortRowDegree = 8;
 // Rows with more edges than this are split across blocks (see "Hub rows" above).
 constexpr int64_t kHubDegree = 2048;
+// Feature slices a lane sums in one walk over a row's edges (see "Index reuse" above).
+constexpr int kSlicesPerPass = 4;
 
 struct SpmmConfig {
   int group_lanes;     // G: lanes per row
@@ -93,8 +104,17 @@ LEO_HD void add_hub_partials(const A* partial, int64_t num_features, int64_t hub
   }
 }
 
-// The work of thread `thread` of block `block`: its row, its VEC-feature slices of that row.
-template <typename T, typename I, int VEC>
+// Slices of G * VEC features the lane of group width G at `lane` covers in a row of F features.
+LEO_HD int64_t lane_slices(int64_t num_features, int group_lanes, int vec, int lane) {
+  const int64_t first = static_cast<int64_t>(lane) * vec;
+  if (first >= num_features) return 0;
+  return ceil_div(num_features - first, static_cast<int64_t>(group_lanes) * vec);
+}
+
+// The work of thread `thread` of block `block`: its row, its VEC-feature slices of that row,
+// up to S at a time (S = kSlicesPerPass when a lane can have several slices, else 1). x is
+// read WX elements at a time (VEC or 1); out is written in vectors of VEC.
+template <typename T, typename I, int VEC, int WX, int S>
 LEO_HD void spmm_thread(const SpmmArgs<T, I>& a, const SpmmConfig& cfg, int64_t block,
                         int thread) {
   const int64_t row = block * cfg.rows_per_block + thread / cfg.group_lanes;
@@ -104,16 +124,34 @@ LEO_HD void spmm_thread(const SpmmArgs<T, I>& a, const SpmmConfig& cfg, int64_t 
   const int64_t end = static_cast<int64_t>(load_ro(a.indptr + row + 1));
   const bool hub = cfg.hub_degree > 0 && end - begin > cfg.hub_degree;
   const int64_t stride = static_cast<int64_t>(cfg.group_lanes) * VEC;
-  for (int64_t f = static_cast<int64_t>(lane) * VEC; f < a.num_features; f += stride) {
-    AccT<T> acc[VEC] = {};
+  const int64_t slices = lane_slices(a.num_features, cfg.group_lanes, VEC, lane);
+  for (int64_t first = 0; first < slices; first += S) {
+    const int n = static_cast<int>(min64(S, slices - first));
+    const int64_t f = static_cast<int64_t>(lane) * VEC + first * stride;
+    AccT<T> acc[S][VEC] = {};
     if (hub) {
-      add_hub_partials<AccT<T>, VEC>(a.partial, a.num_features, cfg.hub_degree, f, begin, end,
-                                     acc);
+#pragma unroll
+      for (int s = 0; s < S; ++s) {  // unrolled with a guard: acc stays in registers
+        if (s < n) {
+          add_hub_partials<AccT<T>, VEC>(a.partial, a.num_features, cfg.hub_degree,
+                                         f + s * stride, begin, end, acc[s]);
+        }
+      }
     } else {
-      accumulate_edges<T, I, VEC>(a.indices, a.values, a.x, a.num_features, f, begin, end, acc);
+      accumulate_edge_slices<T, I, VEC, WX, S>(a.indices, a.values, a.x, a.num_features, f,
+                                               stride, n, begin, end, acc);
     }
-    store_vec<T, VEC>(a.out + row * a.num_features + f, acc);
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      if (s < n) store_vec<T, VEC>(a.out + row * a.num_features + f + s * stride, acc[s]);
+    }
   }
+}
+
+// Whether a lane of `cfg` can cover more than one feature slice (then spmm_thread runs with
+// S = kSlicesPerPass; with one slice per lane, S = 1 keeps its registers free).
+inline bool spmm_multi_slice(const SpmmConfig& cfg, int64_t num_features, int vec) {
+  return lane_slices(num_features, cfg.group_lanes, vec, 0) > 1;
 }
 
 // ---- hub pass: block (chunk k, feature slice s), threads in lane groups of G lanes ----

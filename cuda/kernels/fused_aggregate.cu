@@ -46,16 +46,6 @@ cudaError_t side_hub_pass(const CsrRef& adj, int64_t num_features, AccT<T>* work
   return launch_hub_pass<T, I, VEC>(args, cfg, adj.num_edges, stream);
 }
 
-// Calls fn(VecTag<VEC>, VecTag<VL>, VecTag<VR>) for the widths chosen by fused_widths.
-template <typename T, typename Fn>
-cudaError_t dispatch_widths(const FusedWidths& w, Fn fn) {
-  constexpr int kVec = kMaxVec<T>;
-  if (w.vec == 1) return fn(VecTag<1>{}, VecTag<1>{}, VecTag<1>{});
-  if (w.local == 1) return fn(VecTag<kVec>{}, VecTag<1>{}, VecTag<kVec>{});
-  if (w.remote == 1) return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<1>{});
-  return fn(VecTag<kVec>{}, VecTag<kVec>{}, VecTag<kVec>{});
-}
-
 template <typename T, typename I>
 FusedSide<T, I> make_side(const CsrRef& adj, const void* x) {
   FusedSide<T, I> side;
@@ -112,7 +102,7 @@ cudaError_t launch_fused_aggregate(DType dtype, IndexType index_type, CsrRef loc
     args.num_rows = local.num_rows;
     args.num_features = num_features;
     const FusedWidths widths = fused_widths<T>(num_features, x_local, x_remote);
-    return dispatch_widths<T>(widths, [&](auto vec_tag, auto local_tag, auto remote_tag) {
+    return dispatch_lane_widths<T>(widths, [&](auto vec_tag, auto local_tag, auto remote_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
       constexpr int VL = decltype(local_tag)::value;
       constexpr int VR = decltype(remote_tag)::value;

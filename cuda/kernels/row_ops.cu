@@ -34,8 +34,7 @@ cudaError_t launch_gather_rows(DType dtype, IndexType index_type, const void* x_
     args.num_src_rows = num_src_rows;
     args.num_idx = num_idx;
     args.num_features = num_features;
-    const bool vectors = can_use_vectors<T>(num_features, x_CF, out_NF);
-    return dispatch_vec<T>(vectors, [&](auto vec_tag) {
+    return dispatch_width<T>(common_width<T>(num_features, x_CF, out_NF), [&](auto vec_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
       const RowConfig cfg = make_row_config(num_idx, num_features / VEC);
       const dim3 grid(static_cast<unsigned int>(cfg.blocks));

@@ -5,11 +5,11 @@
 namespace leo {
 namespace {
 
-template <typename T, typename I, int VEC>
+template <typename T, typename I, int VEC, int WX, int S>
 __global__ void __launch_bounds__(kSpmmThreads)
     spmm_csr_kernel(const SpmmArgs<T, I> args, const SpmmConfig cfg) {
-  spmm_thread<T, I, VEC>(args, cfg, static_cast<int64_t>(blockIdx.x),
-                         static_cast<int>(threadIdx.x));
+  spmm_thread<T, I, VEC, WX, S>(args, cfg, static_cast<int64_t>(blockIdx.x),
+                                static_cast<int>(threadIdx.x));
 }
 
 
@@ -18,7 +18,7 @@ size_t acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
 }  // namespace
 
 size_t spmm_csr_workspace_bytes(DType dtype, CsrRef adj, int64_t num_features) {
-  // The hub layout does not depend on the vector width, so VEC = 1 gives the size.
+  // The hub layout does not depend on the lane width, so VEC = 1 gives the size.
   const SpmmConfig cfg =
       make_spmm_config(adj.num_rows, adj.num_edges, num_features, 1, adj.max_degree);
   return static_cast<size_t>(spmm_workspace_elements(cfg, num_features)) * acc_bytes(dtype);
@@ -40,19 +40,29 @@ cudaError_t launch_spmm_csr(DType dtype, IndexType index_type, CsrRef adj, const
     args.partial = static_cast<AccT<T>*>(workspace);
     args.num_rows = adj.num_rows;
     args.num_features = num_features;
-    const bool vectors = can_use_vectors<T>(num_features, x_CF, out_RF);
-    return dispatch_vec<T>(vectors, [&](auto vec_tag) {
+    // x may be misaligned (a sliced input); out is written in whole vectors.
+    const LaneWidths widths = lane_widths<T>(num_features, x_CF, out_RF, true);
+    return dispatch_lane_widths<T>(widths, [&](auto vec_tag, auto x_tag, auto) {
       constexpr int VEC = decltype(vec_tag)::value;
+      constexpr int WX = decltype(x_tag)::value;
       const SpmmConfig cfg = make_spmm_config(adj.num_rows, adj.num_edges, num_features, VEC,
                                               adj.max_degree);
       if (cfg.blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
       if (cfg.hub_degree > 0) {
         if (workspace == nullptr) return cudaErrorInvalidValue;
-        const cudaError_t status = launch_hub_pass<T, I, VEC>(args, cfg, adj.num_edges, stream);
+        // The hub pass reads only x: its own lane width is x's (same hub layout, see above).
+        const SpmmConfig hubs = make_spmm_config(adj.num_rows, adj.num_edges, num_features, WX,
+                                                 adj.max_degree);
+        const cudaError_t status = launch_hub_pass<T, I, WX>(args, hubs, adj.num_edges, stream);
         if (status != cudaSuccess) return status;
       }
       const dim3 grid(static_cast<unsigned int>(cfg.blocks));
-      spmm_csr_kernel<T, I, VEC><<<grid, cfg.threads, 0, stream>>>(args, cfg);
+      if (spmm_multi_slice(cfg, num_features, VEC)) {
+        spmm_csr_kernel<T, I, VEC, WX, kSlicesPerPass><<<grid, cfg.threads, 0, stream>>>(args,
+                                                                                        cfg);
+      } else {
+        spmm_csr_kernel<T, I, VEC, WX, 1><<<grid, cfg.threads, 0, stream>>>(args, cfg);
+      }
       return cudaGetLastError();
     });
   });

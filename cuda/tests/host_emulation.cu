@@ -274,7 +274,29 @@ void run_hub_pass(leo::SpmmArgs<T, I> a, const leo::SpmmConfig& cfg, int64_t num
   }
 }
 
-template <typename T, typename I, int VEC>
+// Main pass of spmm with the launcher's choices: S slices per walk when a lane can have several.
+template <typename T, typename I, int VEC, int WX>
+void run_spmm_main(const leo::SpmmArgs<T, I>& a, const leo::SpmmConfig& cfg, std::vector<T>& out,
+                   const std::string& name) {
+  constexpr int kS = leo::kSlicesPerPass;
+  const bool multi = leo::spmm_multi_slice(cfg, a.num_features, VEC);
+  Writers global;
+  for (int64_t b = 0; b < cfg.blocks; ++b) {
+    global.block_offset = b * cfg.threads;
+    run_phase<NoAtomics>(out, cfg.threads, name, [&](int64_t t, T* m) {
+      leo::SpmmArgs<T, I> w = a;
+      w.out = m;
+      if (multi) {
+        leo::spmm_thread<T, I, VEC, WX, kS>(w, cfg, b, static_cast<int>(t));
+      } else {
+        leo::spmm_thread<T, I, VEC, WX, 1>(w, cfg, b, static_cast<int>(t));
+      }
+    }, &global);
+  }
+}
+
+// WX: the width x is read with (VEC, or 1 for a misaligned x), as lane_widths picks it.
+template <typename T, typename I, int VEC, int WX = VEC>
 void check_spmm(const Graph& g, int64_t num_features, int64_t hub_degree, const char* tn,
                 const char* in) {
   using Acc = AccT<T>;
@@ -286,21 +308,18 @@ void check_spmm(const Graph& g, int64_t num_features, int64_t hub_degree, const 
   const int64_t num_edges = static_cast<int64_t>(g.indices.size());
   const auto cfg = leo::make_spmm_config(g.num_rows, num_edges, num_features, VEC, max_degree(g),
                                          hub_degree);
-  const std::string name = case_name("spmm", tn, in, num_features, VEC, num_edges, hub_degree);
+  const std::string name = case_name("spmm", tn, in, num_features, VEC, num_edges, hub_degree) +
+                           "WX=" + std::to_string(WX);
   std::vector<Acc> partial;
   leo::SpmmArgs<T, I> a{indptr.data(), indices.data(), values.data(), x.data(), out.data(),
                         nullptr,       g.num_rows,     num_features};
-  if (cfg.hub_degree > 0) run_hub_pass<T, I, VEC>(a, cfg, num_edges, partial, name);
-  a.partial = partial.data();
-  Writers global;
-  for (int64_t b = 0; b < cfg.blocks; ++b) {
-    global.block_offset = b * cfg.threads;
-    run_phase<NoAtomics>(out, cfg.threads, name, [&](int64_t t, T* m) {
-      leo::SpmmArgs<T, I> w = a;
-      w.out = m;
-      leo::spmm_thread<T, I, VEC>(w, cfg, b, static_cast<int>(t));
-    }, &global);
+  if (cfg.hub_degree > 0) {  // the launcher runs the hub pass at x's width
+    const auto hubs = leo::make_spmm_config(g.num_rows, num_edges, num_features, WX,
+                                            max_degree(g), hub_degree);
+    run_hub_pass<T, I, WX>(a, hubs, num_edges, partial, name);
   }
+  a.partial = partial.data();
+  run_spmm_main<T, I, VEC, WX>(a, cfg, out, name);
   std::vector<double> want(out.size(), 0.0), scale(out.size(), 0.0);
   reference_spmm(g, values, x, num_features, want, scale);
   expect_close(name, out, want, scale);
@@ -490,6 +509,8 @@ void check_width(int64_t num_features, const char* tn, const char* in) {
   if constexpr (VEC > 1) {  // one side unaligned: it reads one element at a time
     check_fused<T, I, VEC, VEC, 1>(mixed, remote, num_features, 64, 3, tn, in);
     check_fused<T, I, VEC, 1, VEC>(mixed, remote, num_features, 64, 3, tn, in);
+    check_spmm<T, I, VEC, 1>(mixed, num_features, 64, tn, in);
+    check_spmm<T, I, VEC, 1>(small, num_features, 4, tn, in);
   }
   check_rows<T, I, VEC>(num_features, false, tn, in);
   check_rows<T, I, VEC>(num_features, true, tn, in);
@@ -498,8 +519,12 @@ void check_width(int64_t num_features, const char* tn, const char* in) {
 template <typename T, typename I>
 void check_type(const char* tn, const char* in) {
   constexpr int kVec = leo::kMaxVec<T>;
+  constexpr int kHalf = leo::kHalfVec<T>;
   for (int64_t f : {1, 3, 8, 40, 64, 136, 300}) check_width<T, I, 1>(f, tn, in);
   for (int64_t f : {kVec, 5 * kVec, 16 * kVec, 40 * kVec}) check_width<T, I, kVec>(f, tn, in);
+  if constexpr (kHalf > 1) {  // widths that are a multiple of 8 bytes but not of 16
+    for (int64_t f : {kHalf, 5 * kHalf, 71 * kHalf}) check_width<T, I, kHalf>(f, tn, in);
+  }
 }
 
 template <typename T>
@@ -524,22 +549,74 @@ void check_tile_split() {
   expect(remote_warps_for(1000, 1, 1) == 1, "a side with edges keeps one warp");
 }
 
-// Load widths per side: an unaligned side (or a width that is not a multiple of 16 bytes)
-// reads one element at a time; the other side keeps its vectors.
-void check_fused_widths() {
+// Load widths per side: an unaligned side reads one element at a time, the other keeps its
+// vectors; a width that is a multiple of 8 bytes but not 16 reads 8-byte vectors.
+void check_lane_widths() {
   alignas(16) static float buffer[16];
   const void* aligned = buffer;
-  const void* shifted = buffer + 1;
-  const auto both = leo::fused_widths<float>(8, aligned, aligned);
-  expect(both.vec == 4 && both.local == 4 && both.remote == 4, "both sides aligned: vectors");
-  const auto remote = leo::fused_widths<float>(8, aligned, shifted);
-  expect(remote.vec == 4 && remote.local == 4 && remote.remote == 1, "unaligned remote side");
-  const auto local = leo::fused_widths<float>(8, shifted, aligned);
-  expect(local.vec == 4 && local.local == 1 && local.remote == 4, "unaligned local side");
-  const auto neither = leo::fused_widths<float>(8, shifted, shifted);
-  expect(neither.vec == 1 && neither.local == 1 && neither.remote == 1, "no side aligned");
-  const auto odd = leo::fused_widths<float>(6, aligned, aligned);
-  expect(odd.vec == 1, "width not a multiple of 16 bytes: scalars");
+  const void* shifted = buffer + 1;  // 4-byte aligned only
+  const void* half = buffer + 2;     // 8-byte aligned, not 16
+  auto is = [](leo::LaneWidths w, int vec, int first, int second) {
+    return w.vec == vec && w.first == first && w.second == second;
+  };
+  using leo::fused_widths;
+  using leo::lane_widths;
+  expect(is(fused_widths<float>(8, aligned, aligned), 4, 4, 4), "both sides aligned: vectors");
+  expect(is(fused_widths<float>(8, aligned, shifted), 4, 4, 1), "unaligned remote side");
+  expect(is(fused_widths<float>(8, shifted, aligned), 4, 1, 4), "unaligned local side");
+  expect(is(fused_widths<float>(8, shifted, shifted), 1, 1, 1), "no side aligned");
+  expect(is(fused_widths<float>(6, aligned, aligned), 2, 2, 2), "6 floats: 8-byte vectors");
+  expect(is(fused_widths<float>(5, aligned, aligned), 1, 1, 1), "5 floats: scalars");
+  expect(is(fused_widths<float>(8, half, aligned), 2, 2, 2), "8-byte aligned: 8-byte vectors");
+  expect(is(fused_widths<__half>(12, aligned, aligned), 4, 4, 4), "12 halves: 8-byte vectors");
+  expect(is(fused_widths<double>(3, aligned, aligned), 1, 1, 1), "odd doubles: scalars");
+  // spmm: out (second) must be written in whole vectors; x (first) may read scalars.
+  expect(is(lane_widths<float>(8, shifted, aligned, true), 4, 1, 4), "spmm: misaligned x");
+  expect(is(lane_widths<float>(8, aligned, shifted, true), 1, 1, 1), "spmm: misaligned out");
+  expect(is(lane_widths<float>(8, half, aligned, true), 2, 2, 2), "spmm: x 8-byte aligned");
+  expect(leo::common_width<float>(8, aligned, half) == 2, "gather: common 8-byte width");
+  expect(leo::common_width<float>(8, aligned, aligned) == 4, "gather: common 16-byte width");
+  expect(leo::common_width<float>(8, aligned, shifted) == 1, "gather: no common width");
+}
+
+// A lane covering several feature slices of a row loads each edge's index once per pass of
+// kSlicesPerPass slices, not once per slice: the main pass's index loads are counted.
+static_assert(leo::kSlicesPerPass >= 2, "a lane must reuse an edge's index across slices");
+
+template <typename T, int VEC>
+void check_index_reuse(const Graph& g, int64_t num_features, const char* tn) {
+  const auto indptr = cast_indices<int32_t>(g.indptr);
+  const auto indices = cast_indices<int32_t>(g.indices);
+  const auto values = cast_values<T>(g.values);
+  const auto x = random_matrix<T>(g.num_cols, num_features, 7);
+  std::vector<T> out(static_cast<size_t>(g.num_rows * num_features));
+  const int64_t num_edges = static_cast<int64_t>(g.indices.size());
+  const auto cfg = leo::make_spmm_config(g.num_rows, num_edges, num_features, VEC, max_degree(g),
+                                         num_edges + 1);  // no hub rows: every edge walked
+  leo::SpmmArgs<T, int32_t> a{indptr.data(), indices.data(), values.data(), x.data(), out.data(),
+                              nullptr,       g.num_rows,     num_features};
+  int64_t walks = 0;  // walks over a row per lane group, summed over its lanes
+  for (int lane = 0; lane < cfg.group_lanes; ++lane) {
+    walks += leo::ceil_div(leo::lane_slices(num_features, cfg.group_lanes, VEC, lane),
+                           leo::kSlicesPerPass);
+  }
+  leo::host_index_loads() = 0;
+  run_spmm_main<T, int32_t, VEC, VEC>(a, cfg, out, "index reuse");
+  const int64_t loads = leo::host_index_loads();
+  const std::string name = case_name("index reuse", tn, "int32", num_features, VEC, num_edges);
+  expect(loads == walks * num_edges,
+         name + ": " + std::to_string(loads) + " index loads, want " +
+             std::to_string(walks * num_edges) + " (each edge once per lane and pass)");
+}
+
+void check_index_reuses() {
+  const Graph wide = make_graph(64, 30, 600, 8);  // mean degree >= 8: full lane groups
+  const Graph short_rows = make_graph(64, 30, 0, 9);  // mean degree < 8: G halved
+  check_index_reuse<float, 1>(wide, 256, "float32");   // 8 slices per lane: 2 passes
+  check_index_reuse<float, 1>(wide, 96, "float32");    // 3 slices: 1 pass
+  check_index_reuse<float, 4>(wide, 384, "float32");   // 3 slices of 128
+  check_index_reuse<float, 4>(short_rows, 128, "float32");
+  check_index_reuse<double, 2>(wide, 600, "float64");  // uneven slices across lanes
 }
 
 // Race mode over cases where threads of one block (and blocks) share outputs: rows split across
@@ -550,6 +627,9 @@ void check_races() {
   const Graph remote = make_graph(120, 25, 300, 6);
   check_spmm<float, int32_t, 1>(mixed, 5, 16, "float32", "int32");
   check_spmm<float, int64_t, 4>(mixed, 8, leo::kHubDegree, "float32", "int64");
+  const Graph small = make_graph(24, 10, 40, 7);
+  check_spmm<float, int32_t, 1>(small, 72, 16, "float32", "int32");  // several slices a lane
+  check_spmm<float, int32_t, 4, 1>(small, 136, 16, "float32", "int32");
   check_fused<float, int32_t, 1>(mixed, remote, 5, leo::kHubDegree, 3, "float32", "int32");
   check_fused<double, int64_t, 2>(mixed, remote, 4, 16, 1, "float64", "int64");
   check_fused<float, int32_t, 4, 4, 1>(mixed, remote, 8, 16, 3, "float32", "int32");
@@ -561,7 +641,8 @@ void check_races() {
 
 int main() {
   check_tile_split();
-  check_fused_widths();
+  check_lane_widths();
+  check_index_reuses();
   check_races();
 #ifndef LEO_RACE_CHECK_ONLY
   check_indices<float>("float32");

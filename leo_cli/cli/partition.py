@@ -9,7 +9,7 @@ import typer
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import partition_table, stage_progress, stats_table
 from leo_cli.config import write_resolved
-from leo_cli.graph.stage import ensure_partitions
+from leo_cli.graph.stage import ensure_partitions, metis_note
 
 
 @handle_errors
@@ -48,3 +48,6 @@ def partition_cmd(
         console.print(f"[green]Wrote[/] {result.path}")
     console.print(partition_table(result.meta))
     console.print(stats_table(result.meta))
+    note = metis_note(result.meta)
+    if note is not None:
+        console.print(f"[yellow]Note:[/] {note}")

@@ -73,6 +73,17 @@ def stats_table(meta: dict[str, Any]) -> Table:
         ("node balance (max/mean)", f"{stats['node_balance']:.3f}"),
         ("replication factor", f"{stats['replication_factor']:.3f}"),
     ]
+    plan = meta.get("metis")
+    if plan:
+        limit = plan["memory_limit_gb"]
+        rows.append(
+            (
+                "METIS edges seen",
+                f"{plan['edge_fraction']:.0%} (projected {plan['projected_gb']:.3g} GB, "
+                + ("no limit" if limit is None else f"limit {limit:g} GB")
+                + ")",
+            )
+        )
     rows += [(f"time: {k}", f"{v:.2f} s") for k, v in meta.get("timings_s", {}).items()]
     rows += [
         (f"peak memory after {k}", f"{v:.2f} GB") for k, v in meta.get("peak_rss_gb", {}).items()

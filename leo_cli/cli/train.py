@@ -13,6 +13,8 @@ from rich.table import Table
 
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
+from leo_cli.graph.stage import metis_note, partition_dir
+from leo_cli.graph.storage import read_meta
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.metrics import read_json, read_metrics
 
@@ -101,6 +103,9 @@ def train_cmd(
     try:
         with stage_progress() as progress:
             prepare(cfg, resume, progress, allow_inexact)
+        note = metis_note(read_meta(partition_dir(run_dir)))
+        if note is not None:
+            console.print(f"[yellow]Note:[/] {note}")
         follower.start()
         run_workers(cfg, run_dir, resume, allow_inexact)
     finally:

@@ -72,15 +72,24 @@ class PartitionConfig(Section):
     weights still count every edge). 1 is exact METIS on the whole graph. METIS needs about
     100 bytes per directed edge, so 0.5 halves the partition stage's peak on large graphs at
     a slightly higher edge cut (+1.4% on a 600k-node synthetic graph)."""
+    metis_memory_gb: float | None = Field(8.0, gt=0.0)
+    """Memory (GB = 1e9 bytes) the METIS step may plan for, projected from the graph's size
+    (about 100-140 bytes per directed edge METIS sees, plus the node arrays); when exact METIS
+    would need more, METIS sees a seeded sample of the edges sized to fit (as with
+    metis_edge_fraction, never more than it), and the stage says so. null: no limit (exact
+    METIS whatever it needs; a 2.4M-node, 119M-edge graph needs about 16 GB)."""
 
     @model_validator(mode="after")
-    def _edge_fraction_needs_metis(self) -> PartitionConfig:
-        # Only METIS reads it: another method would accept it and ignore it.
-        if self.metis_edge_fraction != 1.0 and self.method != "metis":
-            raise ValueError(
-                f"partition.metis_edge_fraction applies to partition.method=metis only (method "
-                f"is {self.method}); remove it or set partition.method=metis"
-            )
+    def _metis_options_need_metis(self) -> PartitionConfig:
+        # Only METIS reads them: another method would accept them and ignore them. (A changed
+        # value, not a set one: a resolved config written out lists every default.)
+        for key in ("metis_edge_fraction", "metis_memory_gb"):
+            default = type(self).model_fields[key].default
+            if getattr(self, key) != default and self.method != "metis":
+                raise ValueError(
+                    f"partition.{key} applies to partition.method=metis only (method is "
+                    f"{self.method}); remove it or set partition.method=metis"
+                )
         return self
 
 

@@ -22,7 +22,12 @@ from leo_cli.graph.layout import (
     send_lists,
     summarize,
 )
-from leo_cli.graph.partitioners import assign_parts, metis_input
+from leo_cli.graph.partitioners import (
+    assign_parts,
+    metis_edge_fraction,
+    metis_input,
+    projected_metis_gb,
+)
 from leo_cli.graph.storage import (
     FORMAT_VERSION,
     META,
@@ -55,15 +60,20 @@ def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
     """
     payload = {
         "data": data.model_dump(mode="json"),
-        # Exact METIS (the default) keeps the key that partitions had before the option existed.
-        "partition": part.model_dump(
-            mode="json", exclude={"metis_edge_fraction"} if part.metis_edge_fraction == 1 else None
-        ),
+        # METIS options at their defaults keep the key partitions had before the options
+        # existed (on every graph whose METIS fits the memory limit, their parts are the same).
+        "partition": part.model_dump(mode="json", exclude=defaulted_metis_options(part)),
         "seed": seed,
         "format_version": FORMAT_VERSION,
         "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def defaulted_metis_options(part: PartitionConfig) -> set[str]:
+    """The METIS options of `part` left at their defaults."""
+    keys = ("metis_edge_fraction", "metis_memory_gb")
+    return {k for k in keys if getattr(part, k) == PartitionConfig.model_fields[k].default}
 
 
 def ensure_partitions(
@@ -123,7 +133,8 @@ def build_partitions(
     report("partition", 0, 1)
     prepared = None
     if part.method == "metis" and part.num_parts > 1:
-        prepared = metis_input(graph, part.metis_edge_fraction, seed)
+        meta["metis"] = metis_plan(graph, part)
+        prepared = metis_input(graph, meta["metis"]["edge_fraction"], seed)
     scratch = target.with_name(f".{target.name}.graph-{os.getpid()}")
     try:
         if prepared is not None:  # METIS's working set is the peak: hold nothing else
@@ -166,6 +177,32 @@ def layout_and_write(
         writer.finish(meta)
 
 
+def metis_plan(graph: Graph, part: PartitionConfig) -> dict[str, Any]:
+    """The share of edges METIS sees (metis_edge_fraction, lowered to fit metis_memory_gb) and
+    the projected peaks behind that choice, for META.json and the summary table."""
+    fraction = metis_edge_fraction(graph, part.metis_edge_fraction, part.metis_memory_gb)
+    return {
+        "edge_fraction": fraction,
+        "requested_edge_fraction": part.metis_edge_fraction,
+        "memory_limit_gb": part.metis_memory_gb,
+        "projected_gb": projected_metis_gb(graph, fraction),
+        "exact_projected_gb": projected_metis_gb(graph, 1.0),
+    }
+
+
+def metis_note(meta: dict[str, Any]) -> str | None:
+    """One sentence when the memory limit made METIS see fewer edges than asked, else None."""
+    plan = meta.get("metis")
+    if not plan or plan["edge_fraction"] >= plan["requested_edge_fraction"]:
+        return None
+    return (
+        f"METIS saw {plan['edge_fraction']:.0%} of the edges to stay under "
+        f"partition.metis_memory_gb={plan['memory_limit_gb']:g} (exact METIS is projected at "
+        f"{plan['exact_projected_gb']:.1f} GB); the edge cut is slightly higher. Set "
+        "partition.metis_memory_gb=null (or a larger limit) for exact METIS."
+    )
+
+
 def check_partitionable(graph: Graph, num_parts: int) -> None:
     """User errors: no training nodes, or more parts than nodes."""
     if not graph.train_mask_N.any():
@@ -193,7 +230,7 @@ def dataset_meta(graph: Graph) -> dict[str, Any]:
 
 
 class StageClock:
-    """Seconds of each stage and the process's peak resident memory at its end (GB).
+    """Seconds of each stage and the process's peak resident memory at its end (GB = 1e9 B).
 
     The peak is `ru_maxrss`, the highest resident set since the process started: at the end
     of a stage it is the peak so far, so the stage that raised it is the first to show it.
@@ -208,7 +245,7 @@ class StageClock:
         now = time.perf_counter()
         self.seconds[stage] = round(now - self.last, 4)
         self.last = now
-        self.peak_gb[stage] = round(peak_rss_bytes() / 2**30, 3)
+        self.peak_gb[stage] = round(peak_rss_bytes() / 1e9, 3)
 
 
 def peak_rss_bytes() -> int:

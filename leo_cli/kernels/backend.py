@@ -11,21 +11,25 @@ The environment variable `LEO_KERNELS` chooses:
 The choice is made once per process, the first time `leo_cli.kernels` is imported (a loaded
 extension cannot be unloaded), so set the variable before that.
 
-Loading is three steps, each of which can fail without taking the process down: import the
-library (it registers nothing by itself), `_C.register_kernels()` (all four kernels or none; a
-kernel whose signature drifted from the schemas in `ops.py` raises instead of aborting the
-process as a static registration would), and, where a GPU is visible, one tiny call of every
-op (a library built without this GPU's architecture fails there). A failure of the last two
-undoes the registration and falls back to the reference with one warning.
+Loading is four steps, each of which can fail without taking the process down: compare the
+library with the stamp `leo compile` wrote (in a checkout, a library built from other sources
+or for another torch is stale and is not even imported), import the library (it registers
+nothing by itself), `_C.register_kernels()` (all four kernels or none; a kernel whose signature
+drifted from the schemas in `ops.py` raises instead of aborting the process as a static
+registration would), and, where a GPU is visible, one tiny call of every op (a library built
+without this GPU's architecture fails there). A stale library or a failure of the last two
+steps falls back to the reference with one warning (the last two also undo the registration).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from leo_cli.errors import KernelError
 
@@ -94,10 +98,54 @@ def first_use_failure() -> str | None:
     return None
 
 
+def stale_build(pkg: Path, cuda_dir: Path | None, stamp: Path) -> str | None:
+    """Why the leo_cli._C in `pkg` does not belong to `cuda_dir`'s sources, or None.
+
+    `stamp` is the record `leo compile` wrote (fingerprint of the sources, torch, CUDA and
+    architectures; sha256 of the library). Without sources (an installed package) there is
+    nothing to compare and the library is trusted; without a library there is nothing to check.
+    """
+    from leo_cli.kernels import build
+
+    libs = build.installed_extensions(pkg)
+    if cuda_dir is None or not libs:
+        return None
+    rebuild = "rebuild it with `leo compile`"
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return f"{EXTENSION} has no readable build stamp at {stamp}; {rebuild}"
+    if not isinstance(recorded, dict):
+        return f"{EXTENSION}'s build stamp {stamp} is not a JSON object; {rebuild}"
+    fingerprint = build.source_fingerprint(cuda_dir, str(recorded.get("archs", "")))
+    if recorded.get("fingerprint") != fingerprint:
+        return (
+            f"{EXTENSION} was built from other CUDA sources or for another torch than this "
+            f"checkout's {cuda_dir}; {rebuild}"
+        )
+    if all(recorded.get("library_sha256") != build.file_sha256(lib) for lib in libs):
+        return f"{EXTENSION} is not the library `leo compile` recorded in {stamp}; {rebuild}"
+    return None
+
+
+def _checkout_stale_build() -> str | None:
+    """stale_build for this checkout: the package's library, cuda/ beside it, its stamp."""
+    from leo_cli.kernels import build
+
+    try:
+        cuda_dir = build.cuda_source_dir()
+    except KernelError:
+        return None  # an installed package without cuda/: nothing to compare with
+    return stale_build(build.package_dir(), cuda_dir, build.default_stamp(cuda_dir))
+
+
 def _import_extension() -> str | None:
     """Import leo_cli._C, register its kernels and try them; None on success, else why not."""
     from leo_cli.kernels import ops  # noqa: F401  (the schemas the kernels register against)
 
+    stale = _checkout_stale_build()
+    if stale is not None:  # checked before importing: an old library may abort at load
+        return _fallback(stale)
     try:
         module = importlib.import_module(EXTENSION)
     except ModuleNotFoundError:

@@ -163,8 +163,13 @@ def installed_extensions(pkg: Path) -> list[Path]:
     return sorted(p for p in pkg.glob("_C*") if p.suffix in (".so", ".pyd"))
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def default_stamp(cuda_dir: Path) -> Path:
+    """Where `leo compile` records what it built (build/leo_ext/stamp.json beside cuda/)."""
+    return cuda_dir.parent / "build" / "leo_ext" / "stamp.json"
 
 
 def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
@@ -177,7 +182,7 @@ def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
         return None
     for lib in installed_extensions(pkg):
         same_inputs = recorded.get("fingerprint") == fingerprint
-        if same_inputs and recorded.get("library_sha256") == _file_sha256(lib):
+        if same_inputs and recorded.get("library_sha256") == file_sha256(lib):
             return lib
     return None
 
@@ -258,7 +263,7 @@ def build_extension(
     t0 = time.perf_counter()
     archs = arch_list()
     fingerprint = source_fingerprint(cuda_dir, archs)
-    root = build_root or cuda_dir.parent / "build" / "leo_ext"
+    root = build_root or default_stamp(cuda_dir).parent
     stamp = root / "stamp.json"
     pkg = package_dir()
     current = None if force else _up_to_date(stamp, fingerprint, pkg)
@@ -267,7 +272,7 @@ def build_extension(
     root.mkdir(parents=True, exist_ok=True)
     _run_setup(cuda_dir, root, archs, verbose)
     lib = _install(root, pkg)
-    record = {"fingerprint": fingerprint, "library_sha256": _file_sha256(lib), "archs": archs}
+    record = {"fingerprint": fingerprint, "library_sha256": file_sha256(lib), "archs": archs}
     stamp.write_text(json.dumps(record, indent=2))
     return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, archs)
 

@@ -43,6 +43,34 @@ def test_partition_writes_and_reuses(tmp_path: Path) -> None:
     assert code == 0 and "Wrote" in stdout
 
 
+def test_memory_limit_note_and_row(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, stdout, err = leo(
+        "partition",
+        *SMALL,
+        "--set",
+        f"run.out_dir={out}",
+        "--set",
+        "partition.metis_memory_gb=0.0002",
+    )
+    assert code == 0, err
+    text = " ".join(stdout.split())
+    assert "METIS edges seen" in text and "limit 0.0002 GB" in text
+    assert "Note: METIS saw" in text and "partition.metis_memory_gb=null" in text
+    code, stdout, err = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")
+    assert code == 0, err
+    assert "100% (projected" in " ".join(stdout.split()) and "Note:" not in stdout
+    code, out_text, err = leo(
+        "partition",
+        *SMALL,
+        "--set",
+        f"run.out_dir={out}",
+        "--set",
+        "partition.metis_memory_gb=1e-6",
+    )
+    assert_clean_error(code, out_text, err, "partition.metis_memory_gb=1e-06 is too small")
+
+
 def test_checksum_mismatch_names_file(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert leo("partition", *SMALL, "--set", f"run.out_dir={out}")[0] == 0

@@ -91,6 +91,7 @@ def test_shipped_configs_load() -> None:
             "applies to partition.method=metis",
         ),
         ("partition.method=range partition.metis_edge_fraction=0.9", "method is range"),
+        ("partition.method=random partition.metis_memory_gb=null", "partition.metis_memory_gb"),
     ],
 )
 def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
@@ -113,6 +114,8 @@ def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
         "model.name=gat",
         "model.name=gat model.attention_dropout=0 model.heads=1",
         "partition.metis_edge_fraction=0.5",
+        "partition.metis_memory_gb=null",
+        "partition.metis_memory_gb=0.5",
     ],
 )
 def test_values_at_the_limits_are_accepted(override: str) -> None:

@@ -13,11 +13,12 @@ import pytest
 from conftest import random_graph
 
 from leo_cli.config.schema import DataConfig, PartitionConfig, SyntheticConfig
+from leo_cli.errors import ConfigError
 from leo_cli.graph import layout, partitioners, types
 from leo_cli.graph.datasets import synthetic
 from leo_cli.graph.layout import LocalPart, build_parts, local_index
 from leo_cli.graph.partitioners import assign_parts, metis_input
-from leo_cli.graph.stage import ensure_partitions
+from leo_cli.graph.stage import defaulted_metis_options, ensure_partitions, metis_note, source_key
 from leo_cli.graph.storage import read_part, spill_graph, write_partitions
 from leo_cli.graph.types import Graph, IntArray, id_dtype, symmetrize
 
@@ -191,3 +192,68 @@ def test_sampled_metis_input_still_partitions_every_edge(tmp_path: Path) -> None
         DataConfig(synthetic=SMALL), PartitionConfig(num_parts=3), 0, tmp_path
     )
     assert exact.meta["source_key"] != result.meta["source_key"]
+
+
+def test_metis_memory_model_fits_the_limit_to_two_decimals() -> None:
+    g = synthetic.generate(SMALL, seed=0)
+    exact = partitioners.projected_metis_gb(g, 1.0)
+    assert partitioners.metis_edge_fraction(g, 1.0, None) == 1.0
+    assert partitioners.metis_edge_fraction(g, 1.0, exact) == 1.0  # fits exactly: no sample
+    assert partitioners.metis_edge_fraction(g, 0.7, exact * 2) == 0.7  # never above the ask
+    limit = partitioners.projected_metis_gb(g, 0.537)
+    fraction = partitioners.metis_edge_fraction(g, 1.0, limit)
+    assert fraction == 0.53
+    assert partitioners.projected_metis_gb(g, fraction) <= limit
+    assert partitioners.projected_metis_gb(g, fraction + 0.01) > limit
+    assert partitioners.metis_edge_fraction(g, 0.4, limit) == 0.4
+
+
+def test_metis_memory_model_grows_with_edges_and_log_nodes() -> None:
+    small = synthetic.generate(SMALL, seed=0)
+    denser = synthetic.generate(SMALL.model_copy(update={"avg_degree": 24}), seed=0)
+    assert partitioners.projected_metis_gb(denser, 1.0) > partitioners.projected_metis_gb(
+        small, 1.0
+    )
+    per_edge = partitioners.metis_bytes_per_edge
+    assert per_edge(2_400_000) > per_edge(600_000) > per_edge(100_000) == per_edge(1000) == 100
+
+
+def test_metis_memory_limit_too_small_is_one_sentence() -> None:
+    g = synthetic.generate(SMALL, seed=0)
+    tiny = partitioners.projected_metis_gb(g, 0.05)
+    with pytest.raises(ConfigError, match=r"partition\.metis_memory_gb=.* too small .*raise it"):
+        partitioners.metis_edge_fraction(g, 1.0, tiny)
+
+
+def test_memory_limit_samples_as_the_fraction_would_and_says_so(tmp_path: Path) -> None:
+    data = DataConfig(synthetic=SMALL)
+    g = synthetic.generate(SMALL, seed=0)
+    limit = partitioners.projected_metis_gb(g, 0.6)
+    limited = ensure_partitions(
+        data, PartitionConfig(num_parts=3, metis_memory_gb=limit), 0, tmp_path / "limited"
+    )
+    plan = limited.meta["metis"]
+    assert plan["edge_fraction"] == 0.6 and plan["requested_edge_fraction"] == 1.0
+    assert plan["projected_gb"] <= limit < plan["exact_projected_gb"]
+    note = metis_note(limited.meta)
+    assert note is not None and "60% of the edges" in note and "metis_memory_gb=null" in note
+    asked = ensure_partitions(
+        data, PartitionConfig(num_parts=3, metis_edge_fraction=0.6), 0, tmp_path / "asked"
+    )
+    assert metis_note(asked.meta) is None  # the user asked for the sample: nothing to say
+    for rel in limited.meta["files"]:
+        a = (tmp_path / "limited" / "partitions" / rel).read_bytes()
+        assert a == (tmp_path / "asked" / "partitions" / rel).read_bytes(), rel
+
+
+def test_default_memory_limit_keeps_small_graphs_exact_and_their_key(tmp_path: Path) -> None:
+    data = DataConfig(synthetic=SMALL)
+    part = PartitionConfig(num_parts=3)
+    result = ensure_partitions(data, part, 0, tmp_path)
+    assert result.meta["metis"]["edge_fraction"] == 1.0 and metis_note(result.meta) is None
+    unlimited = part.model_copy(update={"metis_memory_gb": None})
+    assert source_key(data, unlimited, 0) != result.meta["source_key"]
+    # The key of the defaults is the key partitions had before the METIS options existed.
+    old_payload = part.model_dump(mode="json", exclude={"metis_edge_fraction", "metis_memory_gb"})
+    assert defaulted_metis_options(part) == {"metis_edge_fraction", "metis_memory_gb"}
+    assert part.model_dump(mode="json", exclude=defaulted_metis_options(part)) == (old_payload)

@@ -5,6 +5,7 @@ The nvcc tests run where nvcc exists (no GPU needed) and skip elsewhere.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from leo_cli.cli.compile import compile_cmd
 from leo_cli.errors import KernelError
 from leo_cli.kernels import build, check
+from leo_cli.kernels.backend import stale_build
 from leo_cli.kernels.check import TORCH_NVCC_FLAGS
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
@@ -196,12 +198,44 @@ def test_up_to_date_needs_matching_fingerprint_and_library(tmp_path: Path) -> No
     lib = pkg / "_C.cpython-311-x86_64-linux-gnu.so"
     lib.write_bytes(b"library")
     stamp = tmp_path / "stamp.json"
-    record = {"fingerprint": "abc", "library_sha256": build._file_sha256(lib)}
-    stamp.write_text(__import__("json").dumps(record))
+    record = {"fingerprint": "abc", "library_sha256": build.file_sha256(lib)}
+    stamp.write_text(json.dumps(record))
     assert build._up_to_date(stamp, "abc", pkg) == lib
     assert build._up_to_date(stamp, "other", pkg) is None
     lib.write_bytes(b"replaced by hand")
     assert build._up_to_date(stamp, "abc", pkg) is None
+
+
+def test_stale_build_names_what_differs(tmp_path: Path) -> None:
+    cuda_dir = copy_cuda_tree(tmp_path)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    stamp = tmp_path / "stamp.json"
+    assert stale_build(pkg, cuda_dir, stamp) is None  # no library: nothing to check
+    lib = pkg / "_C.cpython-311-x86_64-linux-gnu.so"
+    lib.write_bytes(b"library")
+    assert "no readable build stamp" in (stale_build(pkg, cuda_dir, stamp) or "")
+    archs = "8.0;9.0"
+    record = {
+        "fingerprint": build.source_fingerprint(cuda_dir, archs),
+        "library_sha256": build.file_sha256(lib),
+        "archs": archs,
+    }
+    stamp.write_text(json.dumps(record))
+    assert stale_build(pkg, cuda_dir, stamp) is None
+    assert stale_build(pkg, None, stamp) is None  # installed without sources: trusted
+    with (cuda_dir / "include" / "spmm_csr.cuh").open("a") as f:
+        f.write("// edited after the build\n")
+    assert "other CUDA sources" in (stale_build(pkg, cuda_dir, stamp) or "")
+    record["fingerprint"] = build.source_fingerprint(cuda_dir, archs)
+    stamp.write_text(json.dumps(record))
+    lib.write_bytes(b"copied in by hand")
+    assert "not the library" in (stale_build(pkg, cuda_dir, stamp) or "")
+
+
+def test_default_stamp_is_where_compile_writes_it(tmp_path: Path) -> None:
+    cuda_dir = tmp_path / "cuda"
+    assert build.default_stamp(cuda_dir) == tmp_path / "build" / "leo_ext" / "stamp.json"
 
 
 def test_arch_list_respects_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -396,6 +396,7 @@ class _FakeExtension(types.SimpleNamespace):
 def _select_with(
     fake: _FakeExtension, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
 ) -> tuple[Any, list[warnings.WarningMessage]]:
+    monkeypatch.setattr(backend, "_checkout_stale_build", lambda: None)
     monkeypatch.setattr(backend, "importlib", types.SimpleNamespace(import_module=lambda n: fake))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -426,6 +427,24 @@ def test_extension_failing_on_first_use_is_unregistered_with_one_warning(
     chosen, warned = _select_with(fake, monkeypatch, {})
     assert chosen.name == "reference" and "first use" in chosen.reason
     assert fake.registered and fake.unregistered and len(warned) == 1
+
+
+def test_stale_extension_is_never_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A library built from older sources may abort the process at load: it is not imported.
+    stale = "leo_cli._C was built from other CUDA sources; rebuild it with `leo compile`"
+    monkeypatch.setattr(backend, "_checkout_stale_build", lambda: stale)
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} was imported")
+
+    monkeypatch.setattr(backend, "importlib", types.SimpleNamespace(import_module=refuse))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = select_backend({})
+    assert chosen.name == "reference" and chosen.reason == stale
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    with pytest.warns(RuntimeWarning), pytest.raises(KernelError, match="other CUDA sources"):
+        select_backend({"LEO_KERNELS": "cuda"})
 
 
 def test_working_extension_is_registered_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
