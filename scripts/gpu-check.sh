@@ -13,6 +13,8 @@ make install
 .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'"
 .venv/bin/leo compile 2>&1 | tee "$out/compile.log"
 status=0
+# LEO_KERNELS=cuda: a build that does not load fails here instead of skipping the GPU tests.
+export LEO_KERNELS=cuda
 .venv/bin/pytest -q -m "gpu or cuda_ext" -rs tests/kernels 2>&1 | tee "$out/pytest-gpu.log" || status=$?
 .venv/bin/python -m leo_cli.kernels.bench_gpu --json "$out/bench_gpu.json" 2>&1 \
   | tee "$out/bench_gpu.log" || status=$?

@@ -12,8 +12,9 @@
 // (remote_edge_cost: same GPU, peer GPU, host memory), so a tile without remote edges gives
 // every warp to its local edges.
 // Each warp is split into lane groups of G lanes (a lane covers VEC features). Each side reads
-// with its own width (VL, VR): 16-byte vectors when the width allows and that side's buffer is
-// aligned, else scalars, so a misaligned peer buffer does not slow the local side down. The tile's edges of one side are contiguous in its CSR; they are cut
+// with its own width (VL, VR): 16- or 8-byte vectors when the width allows and that side's
+// buffer is aligned, else scalars, so a misaligned peer buffer does not slow the local side
+// down. The tile's edges of one side are contiguous in its CSR; they are cut
 // into equal contiguous ranges, one per lane group of that side. That gives per-degree
 // granularity without a precomputed bin array: several low-degree rows fall into one group's
 // range, and a high-degree row is split across all groups (hence warps) of its side. A group

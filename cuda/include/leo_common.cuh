@@ -307,9 +307,10 @@ cudaError_t dispatch_types(DType dtype, IndexType index_type, Fn fn) {
 // 1). VEC is a 16- or 8-byte vector of T that divides F: rows of width F then start at
 // multiples of it from their buffer's base, so a side whose base is aligned to VEC * sizeof(T)
 // bytes reads (or writes) whole vectors and an unaligned side reads its VEC elements one by
-// one, without slowing the other side down. The widest VEC at which `first` is aligned wins,
-// then the widest at which `second` is; `second_required` makes `second` always vectorised
-// (VEC falls back until it is aligned, down to scalars).
+// one, without slowing the other side down. The widest VEC at which both sides are aligned
+// wins; failing that, the widest at which one side is (`first` or `second`, or only `second`
+// with `second_required`, which keeps `second` always vectorised: VEC falls back until it is
+// aligned, down to scalars).
 struct LaneWidths {
   int vec;
   int first;

@@ -1,10 +1,11 @@
 // Row gather (packs send buffers) and row scatter-add (unpacks halo gradients).
 //
 // Both map lane groups to rows: a group of G lanes (a power of two up to a block) walks one row's
-// features, VEC at a time (16- or 8-byte vectors for gather when the width and alignment allow), and
-// the block's groups stride over the rows; no 64-bit division per element. Scatter-add issues
-// one atomic per element into an accumulator of the accumulation type (fp32 for fp16/bf16
-// data), so duplicate indices sum exactly as index_add_ does, up to summation order.
+// features, VEC at a time (16- or 8-byte vectors for gather when the width and alignment
+// allow), and the block's groups stride over the rows; no 64-bit division per element.
+// Scatter-add issues one atomic per element into an accumulator of the accumulation type (fp32
+// for fp16/bf16 data), so duplicate indices sum exactly as index_add_ does, up to summation
+// order.
 //
 // Indices are validated by the callers (leo_cli.kernels checks them once per index tensor); the
 // kernels still never touch memory outside their buffers for a bad index: gather writes a zero

@@ -9,7 +9,7 @@
 // in flight, each lane then covering two slices of the row.
 //
 // Index reuse. A lane that covers several slices of a row (F wider than G * VEC) sums up to
-// kSlicesPerPass of them in one walk over the row's edges: each edge's index and value are
+// kSlicesPerPass<VEC> of them in one walk over the row's edges: each edge's index and value are
 // loaded once per walk and used for every slice (accumulate_edge_slices), instead of once per
 // slice. They stay in registers: the lanes of a group load the same index (one broadcast
 // transaction), so staging them in shared memory would add a barrier per row tile and save no
@@ -37,8 +37,10 @@ constexpr int kSpmmThreads = 256;
 constexpr int64_t kShortRowDegree = 8;
 // Rows with more edges than this are split across blocks (see "Hub rows" above).
 constexpr int64_t kHubDegree = 2048;
-// Feature slices a lane sums in one walk over a row's edges (see "Index reuse" above).
-constexpr int kSlicesPerPass = 4;
+// Feature slices a lane sums in one walk over a row's edges (see "Index reuse" above): at most
+// 16 accumulators a lane (2 slices of 8-element vectors: fp16/bf16), so registers do not spill.
+template <int VEC>
+constexpr int kSlicesPerPass = VEC >= 8 ? 2 : 4;
 
 struct SpmmConfig {
   int group_lanes;     // G: lanes per row
@@ -112,7 +114,7 @@ LEO_HD int64_t lane_slices(int64_t num_features, int group_lanes, int vec, int l
 }
 
 // The work of thread `thread` of block `block`: its row, its VEC-feature slices of that row,
-// up to S at a time (S = kSlicesPerPass when a lane can have several slices, else 1). x is
+// up to S at a time (S = kSlicesPerPass<VEC> when a lane can have several slices, else 1). x is
 // read WX elements at a time (VEC or 1); out is written in vectors of VEC.
 template <typename T, typename I, int VEC, int WX, int S>
 LEO_HD void spmm_thread(const SpmmArgs<T, I>& a, const SpmmConfig& cfg, int64_t block,
@@ -149,7 +151,7 @@ LEO_HD void spmm_thread(const SpmmArgs<T, I>& a, const SpmmConfig& cfg, int64_t 
 }
 
 // Whether a lane of `cfg` can cover more than one feature slice (then spmm_thread runs with
-// S = kSlicesPerPass; with one slice per lane, S = 1 keeps its registers free).
+// S = kSlicesPerPass<VEC>; with one slice per lane, S = 1 keeps its registers free).
 inline bool spmm_multi_slice(const SpmmConfig& cfg, int64_t num_features, int vec) {
   return lane_slices(num_features, cfg.group_lanes, vec, 0) > 1;
 }

@@ -40,8 +40,9 @@ cudaError_t launch_spmm_csr(DType dtype, IndexType index_type, CsrRef adj, const
     args.partial = static_cast<AccT<T>*>(workspace);
     args.num_rows = adj.num_rows;
     args.num_features = num_features;
-    // x may be misaligned (a sliced input); out is written in whole vectors.
+    // x may be misaligned (a sliced input); out is written in whole vectors of VEC.
     const LaneWidths widths = lane_widths<T>(num_features, x_CF, out_RF, true);
+    if (widths.second != widths.vec) return cudaErrorInvalidValue;
     return dispatch_lane_widths<T>(widths, [&](auto vec_tag, auto x_tag, auto) {
       constexpr int VEC = decltype(vec_tag)::value;
       constexpr int WX = decltype(x_tag)::value;
@@ -58,8 +59,8 @@ cudaError_t launch_spmm_csr(DType dtype, IndexType index_type, CsrRef adj, const
       }
       const dim3 grid(static_cast<unsigned int>(cfg.blocks));
       if (spmm_multi_slice(cfg, num_features, VEC)) {
-        spmm_csr_kernel<T, I, VEC, WX, kSlicesPerPass><<<grid, cfg.threads, 0, stream>>>(args,
-                                                                                        cfg);
+        constexpr int kS = kSlicesPerPass<VEC>;
+        spmm_csr_kernel<T, I, VEC, WX, kS><<<grid, cfg.threads, 0, stream>>>(args, cfg);
       } else {
         spmm_csr_kernel<T, I, VEC, WX, 1><<<grid, cfg.threads, 0, stream>>>(args, cfg);
       }

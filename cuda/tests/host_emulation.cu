@@ -278,7 +278,7 @@ void run_hub_pass(leo::SpmmArgs<T, I> a, const leo::SpmmConfig& cfg, int64_t num
 template <typename T, typename I, int VEC, int WX>
 void run_spmm_main(const leo::SpmmArgs<T, I>& a, const leo::SpmmConfig& cfg, std::vector<T>& out,
                    const std::string& name) {
-  constexpr int kS = leo::kSlicesPerPass;
+  constexpr int kS = leo::kSlicesPerPass<VEC>;
   const bool multi = leo::spmm_multi_slice(cfg, a.num_features, VEC);
   Writers global;
   for (int64_t b = 0; b < cfg.blocks; ++b) {
@@ -580,8 +580,9 @@ void check_lane_widths() {
 }
 
 // A lane covering several feature slices of a row loads each edge's index once per pass of
-// kSlicesPerPass slices, not once per slice: the main pass's index loads are counted.
-static_assert(leo::kSlicesPerPass >= 2, "a lane must reuse an edge's index across slices");
+// kSlicesPerPass<VEC> slices, not once per slice: the main pass's index loads are counted.
+static_assert(leo::kSlicesPerPass<1> >= 2 && leo::kSlicesPerPass<8> >= 2,
+              "a lane must reuse an edge's index across slices");
 
 template <typename T, int VEC>
 void check_index_reuse(const Graph& g, int64_t num_features, const char* tn) {
@@ -598,7 +599,7 @@ void check_index_reuse(const Graph& g, int64_t num_features, const char* tn) {
   int64_t walks = 0;  // walks over a row per lane group, summed over its lanes
   for (int lane = 0; lane < cfg.group_lanes; ++lane) {
     walks += leo::ceil_div(leo::lane_slices(num_features, cfg.group_lanes, VEC, lane),
-                           leo::kSlicesPerPass);
+                           leo::kSlicesPerPass<VEC>);
   }
   leo::host_index_loads() = 0;
   run_spmm_main<T, int32_t, VEC, VEC>(a, cfg, out, "index reuse");
@@ -617,6 +618,7 @@ void check_index_reuses() {
   check_index_reuse<float, 4>(wide, 384, "float32");   // 3 slices of 128
   check_index_reuse<float, 4>(short_rows, 128, "float32");
   check_index_reuse<double, 2>(wide, 600, "float64");  // uneven slices across lanes
+  check_index_reuse<__nv_bfloat16, 8>(wide, 768, "bfloat16");  // 3 slices, 2 a walk
 }
 
 // Race mode over cases where threads of one block (and blocks) share outputs: rows split across

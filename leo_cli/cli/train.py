@@ -104,7 +104,7 @@ def train_cmd(
         with stage_progress() as progress:
             prepare(cfg, resume, progress, allow_inexact)
         note = metis_note(read_meta(partition_dir(run_dir)))
-        if note is not None:
+        if note is not None and cfg.launch.node_rank == 0:
             console.print(f"[yellow]Note:[/] {note}")
         follower.start()
         run_workers(cfg, run_dir, resume, allow_inexact)

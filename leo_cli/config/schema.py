@@ -74,10 +74,10 @@ class PartitionConfig(Section):
     a slightly higher edge cut (+1.4% on a 600k-node synthetic graph)."""
     metis_memory_gb: float | None = Field(8.0, gt=0.0)
     """Memory (GB = 1e9 bytes) the METIS step may plan for, projected from the graph's size
-    (about 100-140 bytes per directed edge METIS sees, plus the node arrays); when exact METIS
-    would need more, METIS sees a seeded sample of the edges sized to fit (as with
-    metis_edge_fraction, never more than it), and the stage says so. null: no limit (exact
-    METIS whatever it needs; a 2.4M-node, 119M-edge graph needs about 16 GB)."""
+    (about 100-140 bytes per directed edge METIS sees, plus the node arrays); when METIS on
+    metis_edge_fraction of the edges would need more, it sees a seeded sample of them sized to
+    fit, and the stage says so. null: no limit (METIS sees metis_edge_fraction of the edges,
+    all by default, whatever that needs; a 2.4M-node, 119M-edge graph needs about 16 GB)."""
 
     @model_validator(mode="after")
     def _metis_options_need_metis(self) -> PartitionConfig:

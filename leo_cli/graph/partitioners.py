@@ -124,32 +124,47 @@ def metis_bytes_per_edge(num_nodes: int) -> float:
     return 100.0 + 8.0 * max(0.0, math.log2(max(num_nodes, 1) / 1e5))
 
 
-def projected_metis_gb(graph: Graph, edge_fraction: float) -> float:
+@dataclass(frozen=True)
+class GraphSize:
+    """What METIS's memory depends on: nodes, directed edges, bytes of node features."""
+
+    num_nodes: int
+    num_edges: int
+    feature_bytes: int
+
+    @classmethod
+    def of(cls, graph: Graph) -> GraphSize:
+        return cls(graph.num_nodes, graph.num_edges, graph.x_NF.nbytes)
+
+
+def projected_metis_gb(size: GraphSize, edge_fraction: float) -> float:
     """Projected peak of the partition stage (GB) while METIS sees `edge_fraction` of the
     directed edges: the node arrays (features plus 64 bytes a node) and METIS's working set."""
-    node_bytes = graph.x_NF.nbytes + 64 * graph.num_nodes
-    edge_bytes = metis_bytes_per_edge(graph.num_nodes) * graph.num_edges * edge_fraction
+    node_bytes = size.feature_bytes + 64 * size.num_nodes
+    edge_bytes = metis_bytes_per_edge(size.num_nodes) * size.num_edges * edge_fraction
     return (node_bytes + edge_bytes) / 1e9
 
 
-def metis_edge_fraction(graph: Graph, requested: float, limit_gb: float | None) -> float:
+def metis_edge_fraction(
+    size: GraphSize, requested: float, limit_gb: float | None, name: str = "the graph"
+) -> float:
     """The share of edges METIS sees: `requested`, lowered (to two decimals, so the same graph
     always gets the same share) until the projected peak fits `limit_gb` (None: no limit).
 
     Raises:
-        ConfigError: not even a tenth of the edges would fit the limit.
+        ConfigError: not even a tenth of the edges (or `requested`, if less) would fit.
     """
-    if limit_gb is None or projected_metis_gb(graph, requested) <= limit_gb:
+    if limit_gb is None or projected_metis_gb(size, requested) <= limit_gb:
         return requested
-    node_gb = projected_metis_gb(graph, 0.0)
-    edge_gb = projected_metis_gb(graph, 1.0) - node_gb
-    fit = math.floor((limit_gb - node_gb) / edge_gb * 100 + 1e-9) / 100  # 1e-9: rounding
-    if fit < MIN_METIS_EDGE_FRACTION:
-        needed = projected_metis_gb(graph, MIN_METIS_EDGE_FRACTION)
+    floor = min(requested, MIN_METIS_EDGE_FRACTION)
+    node_gb = projected_metis_gb(size, 0.0)
+    edge_gb = projected_metis_gb(size, 1.0) - node_gb
+    fit = 0.0 if edge_gb <= 0 else math.floor((limit_gb - node_gb) / edge_gb * 100 + 1e-9) / 100
+    if fit < floor:
         raise ConfigError(
-            f"partition.metis_memory_gb={limit_gb:g} is too small for {graph.name}: METIS would "
-            f"need about {needed:.1f} GB even on {MIN_METIS_EDGE_FRACTION:.0%} of its edges; "
-            "raise it (null: no limit) or use partition.method=random"
+            f"partition.metis_memory_gb={limit_gb:g} is too small for {name}: METIS would "
+            f"need about {projected_metis_gb(size, floor):.3g} GB even on {floor:.0%} of its "
+            "edges; raise it (null: no limit) or use partition.method=random"
         )
     return min(requested, fit)
 

@@ -23,6 +23,7 @@ from leo_cli.graph.layout import (
     summarize,
 )
 from leo_cli.graph.partitioners import (
+    GraphSize,
     assign_parts,
     metis_edge_fraction,
     metis_input,
@@ -94,7 +95,7 @@ def ensure_partitions(
     key = source_key(data, part, seed)
     if not force and (target / META).is_file():
         meta = read_meta(target)
-        if meta.get("source_key") == key:
+        if meta.get("source_key") == key and metis_plan_holds(meta, part):
             if verify:
                 verify_files(target, meta)
             return PartitionResult(target, meta, reused=True)
@@ -133,7 +134,7 @@ def build_partitions(
     report("partition", 0, 1)
     prepared = None
     if part.method == "metis" and part.num_parts > 1:
-        meta["metis"] = metis_plan(graph, part)
+        meta["metis"] = metis_plan(GraphSize.of(graph), part, graph.name)
         prepared = metis_input(graph, meta["metis"]["edge_fraction"], seed)
     scratch = target.with_name(f".{target.name}.graph-{os.getpid()}")
     try:
@@ -177,17 +178,36 @@ def layout_and_write(
         writer.finish(meta)
 
 
-def metis_plan(graph: Graph, part: PartitionConfig) -> dict[str, Any]:
+def metis_plan(size: GraphSize, part: PartitionConfig, name: str) -> dict[str, Any]:
     """The share of edges METIS sees (metis_edge_fraction, lowered to fit metis_memory_gb) and
     the projected peaks behind that choice, for META.json and the summary table."""
-    fraction = metis_edge_fraction(graph, part.metis_edge_fraction, part.metis_memory_gb)
+    fraction = metis_edge_fraction(size, part.metis_edge_fraction, part.metis_memory_gb, name)
     return {
         "edge_fraction": fraction,
         "requested_edge_fraction": part.metis_edge_fraction,
         "memory_limit_gb": part.metis_memory_gb,
-        "projected_gb": projected_metis_gb(graph, fraction),
-        "exact_projected_gb": projected_metis_gb(graph, 1.0),
+        "projected_gb": projected_metis_gb(size, fraction),
+        "exact_projected_gb": projected_metis_gb(size, 1.0),
+        "feature_bytes": size.feature_bytes,
     }
+
+
+def metis_plan_holds(meta: dict[str, Any], part: PartitionConfig) -> bool:
+    """Whether partitions on disk saw the share of edges METIS would see if built now.
+
+    The source key cannot say (the share depends on the graph's size, known after loading,
+    and on the memory model of this version): partitions built before the limit existed, or
+    under another model, are rebuilt rather than reused as if they were what this config makes.
+    """
+    if part.method != "metis" or part.num_parts == 1:
+        return True
+    ds = meta["dataset"]
+    plan = meta.get("metis", {})
+    features = plan.get("feature_bytes", 4 * ds["num_nodes"] * ds["num_features"])
+    size = GraphSize(ds["num_nodes"], ds["num_edges"], features)
+    built = plan.get("edge_fraction", part.metis_edge_fraction)
+    wanted = metis_edge_fraction(size, part.metis_edge_fraction, part.metis_memory_gb, ds["name"])
+    return bool(built == wanted)
 
 
 def metis_note(meta: dict[str, Any]) -> str | None:
@@ -195,11 +215,13 @@ def metis_note(meta: dict[str, Any]) -> str | None:
     plan = meta.get("metis")
     if not plan or plan["edge_fraction"] >= plan["requested_edge_fraction"]:
         return None
+    asked = plan["requested_edge_fraction"]
+    what = "exact METIS" if asked == 1 else f"METIS on {asked:.0%} of the edges as asked"
     return (
         f"METIS saw {plan['edge_fraction']:.0%} of the edges to stay under "
         f"partition.metis_memory_gb={plan['memory_limit_gb']:g} (exact METIS is projected at "
-        f"{plan['exact_projected_gb']:.1f} GB); the edge cut is slightly higher. Set "
-        "partition.metis_memory_gb=null (or a larger limit) for exact METIS."
+        f"{plan['exact_projected_gb']:.3g} GB), so the edge cut is slightly higher; set "
+        f"partition.metis_memory_gb=null (or a larger limit) for {what}."
     )
 
 

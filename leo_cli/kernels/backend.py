@@ -24,7 +24,6 @@ steps falls back to the reference with one warning (the last two also undo the r
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -98,12 +97,13 @@ def first_use_failure() -> str | None:
     return None
 
 
-def stale_build(pkg: Path, cuda_dir: Path | None, stamp: Path) -> str | None:
+def stale_build(pkg: Path, cuda_dir: Path | None) -> str | None:
     """Why the leo_cli._C in `pkg` does not belong to `cuda_dir`'s sources, or None.
 
-    `stamp` is the record `leo compile` wrote (fingerprint of the sources, torch, CUDA and
-    architectures; sha256 of the library). Without sources (an installed package) there is
-    nothing to compare and the library is trusted; without a library there is nothing to check.
+    The stamp beside the library (written by `leo compile`) records the fingerprint of the
+    sources, torch, CUDA and architectures, and the library's identity. Without sources (an
+    installed package) there is nothing to compare and the library is trusted; without a
+    library there is nothing to check.
     """
     from leo_cli.kernels import build
 
@@ -111,32 +111,30 @@ def stale_build(pkg: Path, cuda_dir: Path | None, stamp: Path) -> str | None:
     if cuda_dir is None or not libs:
         return None
     rebuild = "rebuild it with `leo compile`"
-    try:
-        recorded = json.loads(stamp.read_text())
-    except (OSError, json.JSONDecodeError):
+    stamp = build.stamp_path(pkg)
+    recorded = build.read_stamp(stamp)
+    if recorded is None:
         return f"{EXTENSION} has no readable build stamp at {stamp}; {rebuild}"
-    if not isinstance(recorded, dict):
-        return f"{EXTENSION}'s build stamp {stamp} is not a JSON object; {rebuild}"
     fingerprint = build.source_fingerprint(cuda_dir, str(recorded.get("archs", "")))
     if recorded.get("fingerprint") != fingerprint:
         return (
             f"{EXTENSION} was built from other CUDA sources or for another torch than this "
             f"checkout's {cuda_dir}; {rebuild}"
         )
-    if all(recorded.get("library_sha256") != build.file_sha256(lib) for lib in libs):
+    if not any(build.is_recorded_library(lib, recorded) for lib in libs):
         return f"{EXTENSION} is not the library `leo compile` recorded in {stamp}; {rebuild}"
     return None
 
 
 def _checkout_stale_build() -> str | None:
-    """stale_build for this checkout: the package's library, cuda/ beside it, its stamp."""
+    """stale_build for this checkout: the package's library and cuda/ beside it."""
     from leo_cli.kernels import build
 
     try:
         cuda_dir = build.cuda_source_dir()
     except KernelError:
         return None  # an installed package without cuda/: nothing to compare with
-    return stale_build(build.package_dir(), cuda_dir, build.default_stamp(cuda_dir))
+    return stale_build(build.package_dir(), cuda_dir)
 
 
 def _import_extension() -> str | None:

@@ -141,12 +141,17 @@ def arch_list() -> str:
     return ";".join(f"{major}.{minor}" for major, minor in sorted(caps))
 
 
+# What a build compiles: editor swap files or objects left by a manual nvcc in these folders
+# change nothing, so they must not make a library look stale.
+SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp")
+
+
 def source_fingerprint(cuda_dir: Path, archs: str) -> str:
-    """sha256 of every file under include/, kernels/ and binding/ plus the build inputs."""
+    """sha256 of the sources under include/, kernels/ and binding/ plus the build inputs."""
     digest = hashlib.sha256()
     for sub in ("include", "kernels", "binding"):
         for path in sorted((cuda_dir / sub).rglob("*")):
-            if path.is_file():
+            if path.is_file() and path.suffix in SOURCE_SUFFIXES:
                 relative = path.relative_to(cuda_dir).as_posix()
                 digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     meta = f"torch={torch.__version__};cuda={torch.version.cuda};archs={archs};py={sys.version}"
@@ -164,25 +169,64 @@ def installed_extensions(pkg: Path) -> list[Path]:
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def default_stamp(cuda_dir: Path) -> Path:
-    """Where `leo compile` records what it built (build/leo_ext/stamp.json beside cuda/)."""
-    return cuda_dir.parent / "build" / "leo_ext" / "stamp.json"
+STAMP = "_C.stamp.json"
 
 
-def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
-    """The installed library when the stamp says it was built from `fingerprint`, else None."""
-    if not stamp.is_file():
-        return None
+def stamp_path(pkg: Path) -> Path:
+    """Where `leo compile` records what it built: beside the library, so the record travels
+    and disappears with it (git-ignored)."""
+    return pkg / STAMP
+
+
+def read_stamp(stamp: Path) -> dict[str, object] | None:
+    """The stamp's record, or None when it is missing or unreadable."""
     try:
         recorded = json.loads(stamp.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def stamp_record(lib: Path, fingerprint: str, archs: str) -> dict[str, object]:
+    stat = lib.stat()
+    return {
+        "fingerprint": fingerprint,
+        "archs": archs,
+        "library": lib.name,
+        "library_sha256": file_sha256(lib),
+        "library_size": stat.st_size,
+        "library_mtime_ns": stat.st_mtime_ns,
+    }
+
+
+def is_recorded_library(lib: Path, recorded: dict[str, object]) -> bool:
+    """Whether `lib` is the library the stamp describes. Same name, size and modification time
+    settle it without reading the file (every process checks); otherwise its sha256 does."""
+    stat = lib.stat()
+    quick = (lib.name, stat.st_size, stat.st_mtime_ns)
+    if quick == (
+        recorded.get("library"),
+        recorded.get("library_size"),
+        recorded.get("library_mtime_ns"),
+    ):
+        return True
+    return recorded.get("library_sha256") == file_sha256(lib)
+
+
+def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
+    """The installed library when the stamp says it was built from `fingerprint`, else None."""
+    recorded = read_stamp(stamp)
+    if recorded is None or recorded.get("fingerprint") != fingerprint:
+        return None
     for lib in installed_extensions(pkg):
-        same_inputs = recorded.get("fingerprint") == fingerprint
-        if same_inputs and recorded.get("library_sha256") == file_sha256(lib):
+        if is_recorded_library(lib, recorded):
             return lib
     return None
 
@@ -263,17 +307,16 @@ def build_extension(
     t0 = time.perf_counter()
     archs = arch_list()
     fingerprint = source_fingerprint(cuda_dir, archs)
-    root = build_root or default_stamp(cuda_dir).parent
-    stamp = root / "stamp.json"
+    root = build_root or cuda_dir.parent / "build" / "leo_ext"
     pkg = package_dir()
+    stamp = stamp_path(pkg)
     current = None if force else _up_to_date(stamp, fingerprint, pkg)
     if current is not None:
         return BuildResult(current, fingerprint, True, time.perf_counter() - t0, archs)
     root.mkdir(parents=True, exist_ok=True)
     _run_setup(cuda_dir, root, archs, verbose)
     lib = _install(root, pkg)
-    record = {"fingerprint": fingerprint, "library_sha256": file_sha256(lib), "archs": archs}
-    stamp.write_text(json.dumps(record, indent=2))
+    stamp.write_text(json.dumps(stamp_record(lib, fingerprint, archs), indent=2))
     return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, archs)
 
 

@@ -17,7 +17,7 @@ from leo_cli.errors import ConfigError
 from leo_cli.graph import layout, partitioners, types
 from leo_cli.graph.datasets import synthetic
 from leo_cli.graph.layout import LocalPart, build_parts, local_index
-from leo_cli.graph.partitioners import assign_parts, metis_input
+from leo_cli.graph.partitioners import GraphSize, assign_parts, metis_input
 from leo_cli.graph.stage import defaulted_metis_options, ensure_partitions, metis_note, source_key
 from leo_cli.graph.storage import read_part, spill_graph, write_partitions
 from leo_cli.graph.types import Graph, IntArray, id_dtype, symmetrize
@@ -195,40 +195,45 @@ def test_sampled_metis_input_still_partitions_every_edge(tmp_path: Path) -> None
 
 
 def test_metis_memory_model_fits_the_limit_to_two_decimals() -> None:
-    g = synthetic.generate(SMALL, seed=0)
-    exact = partitioners.projected_metis_gb(g, 1.0)
-    assert partitioners.metis_edge_fraction(g, 1.0, None) == 1.0
-    assert partitioners.metis_edge_fraction(g, 1.0, exact) == 1.0  # fits exactly: no sample
-    assert partitioners.metis_edge_fraction(g, 0.7, exact * 2) == 0.7  # never above the ask
-    limit = partitioners.projected_metis_gb(g, 0.537)
-    fraction = partitioners.metis_edge_fraction(g, 1.0, limit)
+    size = GraphSize.of(synthetic.generate(SMALL, seed=0))
+    exact = partitioners.projected_metis_gb(size, 1.0)
+    assert partitioners.metis_edge_fraction(size, 1.0, None) == 1.0
+    assert partitioners.metis_edge_fraction(size, 1.0, exact) == 1.0  # fits exactly: no sample
+    assert partitioners.metis_edge_fraction(size, 0.7, exact * 2) == 0.7  # never above the ask
+    limit = partitioners.projected_metis_gb(size, 0.537)
+    fraction = partitioners.metis_edge_fraction(size, 1.0, limit)
     assert fraction == 0.53
-    assert partitioners.projected_metis_gb(g, fraction) <= limit
-    assert partitioners.projected_metis_gb(g, fraction + 0.01) > limit
-    assert partitioners.metis_edge_fraction(g, 0.4, limit) == 0.4
+    assert partitioners.projected_metis_gb(size, fraction) <= limit
+    assert partitioners.projected_metis_gb(size, fraction + 0.01) > limit
+    assert partitioners.metis_edge_fraction(size, 0.4, limit) == 0.4
 
 
 def test_metis_memory_model_grows_with_edges_and_log_nodes() -> None:
-    small = synthetic.generate(SMALL, seed=0)
-    denser = synthetic.generate(SMALL.model_copy(update={"avg_degree": 24}), seed=0)
-    assert partitioners.projected_metis_gb(denser, 1.0) > partitioners.projected_metis_gb(
-        small, 1.0
-    )
+    small = GraphSize.of(synthetic.generate(SMALL, seed=0))
+    denser = GraphSize.of(synthetic.generate(SMALL.model_copy(update={"avg_degree": 24}), seed=0))
+    projected = partitioners.projected_metis_gb
+    assert projected(denser, 1.0) > projected(small, 1.0)
     per_edge = partitioners.metis_bytes_per_edge
     assert per_edge(2_400_000) > per_edge(600_000) > per_edge(100_000) == per_edge(1000) == 100
 
 
 def test_metis_memory_limit_too_small_is_one_sentence() -> None:
-    g = synthetic.generate(SMALL, seed=0)
-    tiny = partitioners.projected_metis_gb(g, 0.05)
+    size = GraphSize.of(synthetic.generate(SMALL, seed=0))
+    tiny = partitioners.projected_metis_gb(size, 0.05)
     with pytest.raises(ConfigError, match=r"partition\.metis_memory_gb=.* too small .*raise it"):
-        partitioners.metis_edge_fraction(g, 1.0, tiny)
+        partitioners.metis_edge_fraction(size, 1.0, tiny, "small")
+    # Asked for less than a tenth: the message speaks of that share.
+    with pytest.raises(ConfigError, match="even on 2% of its edges"):
+        partitioners.metis_edge_fraction(size, 0.02, partitioners.projected_metis_gb(size, 0.01))
+    no_edges = GraphSize(num_nodes=10**6, num_edges=0, feature_bytes=4 * 10**8)
+    with pytest.raises(ConfigError, match="too small"):
+        partitioners.metis_edge_fraction(no_edges, 1.0, 0.1)
 
 
 def test_memory_limit_samples_as_the_fraction_would_and_says_so(tmp_path: Path) -> None:
     data = DataConfig(synthetic=SMALL)
-    g = synthetic.generate(SMALL, seed=0)
-    limit = partitioners.projected_metis_gb(g, 0.6)
+    size = GraphSize.of(synthetic.generate(SMALL, seed=0))
+    limit = partitioners.projected_metis_gb(size, 0.6)
     limited = ensure_partitions(
         data, PartitionConfig(num_parts=3, metis_memory_gb=limit), 0, tmp_path / "limited"
     )
@@ -236,7 +241,8 @@ def test_memory_limit_samples_as_the_fraction_would_and_says_so(tmp_path: Path) 
     assert plan["edge_fraction"] == 0.6 and plan["requested_edge_fraction"] == 1.0
     assert plan["projected_gb"] <= limit < plan["exact_projected_gb"]
     note = metis_note(limited.meta)
-    assert note is not None and "60% of the edges" in note and "metis_memory_gb=null" in note
+    assert note is not None and "60% of the edges" in note and "for exact METIS." in note
+    assert note.endswith(".") and ". " not in note  # one sentence
     asked = ensure_partitions(
         data, PartitionConfig(num_parts=3, metis_edge_fraction=0.6), 0, tmp_path / "asked"
     )
@@ -244,6 +250,29 @@ def test_memory_limit_samples_as_the_fraction_would_and_says_so(tmp_path: Path) 
     for rel in limited.meta["files"]:
         a = (tmp_path / "limited" / "partitions" / rel).read_bytes()
         assert a == (tmp_path / "asked" / "partitions" / rel).read_bytes(), rel
+    lowered = ensure_partitions(
+        data,
+        PartitionConfig(num_parts=3, metis_edge_fraction=0.8, metis_memory_gb=limit),
+        0,
+        tmp_path / "lowered",
+    )
+    assert "for METIS on 80% of the edges as asked." in (metis_note(lowered.meta) or "")
+
+
+def test_partitions_built_under_another_memory_plan_are_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, part = DataConfig(synthetic=SMALL), PartitionConfig(num_parts=3)
+    first = ensure_partitions(data, part, 0, tmp_path)
+    assert first.meta["metis"]["edge_fraction"] == 1.0
+    assert ensure_partitions(data, part, 0, tmp_path).reused
+    # The same config under a model (or version) that no longer fits exact METIS in 8 GB:
+    # the key is unchanged, the exact partitions on disk are not what it would build.
+    monkeypatch.setattr(partitioners, "metis_bytes_per_edge", lambda n: 1e6)
+    again = ensure_partitions(data, part, 0, tmp_path)
+    assert not again.reused and again.meta["source_key"] == first.meta["source_key"]
+    assert again.meta["metis"]["edge_fraction"] < 1.0
+    assert ensure_partitions(data, part, 0, tmp_path).reused
 
 
 def test_default_memory_limit_keeps_small_graphs_exact_and_their_key(tmp_path: Path) -> None:

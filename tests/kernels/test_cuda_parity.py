@@ -45,8 +45,9 @@ KINDS = {
 }
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 dtype_cases = pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
-# 6, 130: 8-byte vectors (fp32); 512, 1000: a lane sums several feature slices per row walk.
-WIDTHS = [1, 3, 6, 8, 64, 128, 130, 512, 1000]
+# 6, 130: 8-byte vectors for fp32; 12, 132: for fp16/bf16; 512, 1000: a lane sums several
+# feature slices per row walk.
+WIDTHS = [1, 3, 6, 8, 12, 64, 128, 130, 132, 512, 1000]
 INDEX_DTYPES = [torch.int32, torch.int64]
 kind_cases = pytest.mark.parametrize("kind", sorted(KINDS))
 index_cases = pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=["int32", "int64"])
@@ -93,11 +94,17 @@ def test_spmm_parity(kind: str, index_dtype: torch.dtype, width: int, dtype: tor
 
 
 @index_cases
-@pytest.mark.parametrize("offset", [1, 2], ids=["4-byte", "8-byte"])
-def test_spmm_misaligned_features(index_dtype: torch.dtype, offset: int) -> None:
-    csr = make_csr("duplicates", index_dtype, torch.float32)
-    flat = features(csr.num_cols * 64 + offset, 1, torch.float32).view(-1).cuda()
-    # Contiguous, but 4 (scalar loads of x) or 8 bytes (8-byte vectors) past a 16-byte boundary.
+@dtype_cases
+@pytest.mark.parametrize("kind", ["duplicates", "huge_row"])  # huge_row: the hub pass too
+@pytest.mark.parametrize("offset_bytes", [4, 8], ids=["4-byte", "8-byte"])
+def test_spmm_misaligned_features(
+    index_dtype: torch.dtype, dtype: torch.dtype, kind: str, offset_bytes: int
+) -> None:
+    csr = make_csr(kind, index_dtype, dtype)
+    offset = offset_bytes // dtype.itemsize
+    flat = features(csr.num_cols * 64 + offset, 1, dtype).view(-1).cuda()
+    # Contiguous, but 4 or 8 bytes past a 16-byte boundary: x reads scalars or 8-byte vectors
+    # (fp32 at 8 bytes), out keeps its 16-byte vectors.
     x = flat[offset:].view(csr.num_cols, 64)
     out = kernels.spmm(csr.to("cuda"), x)
     assert_parity(out, kernels.spmm(csr, x.cpu()), exact_spmm(csr, x.cpu()))

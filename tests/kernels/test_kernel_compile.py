@@ -197,45 +197,48 @@ def test_up_to_date_needs_matching_fingerprint_and_library(tmp_path: Path) -> No
     pkg.mkdir()
     lib = pkg / "_C.cpython-311-x86_64-linux-gnu.so"
     lib.write_bytes(b"library")
-    stamp = tmp_path / "stamp.json"
-    record = {"fingerprint": "abc", "library_sha256": build.file_sha256(lib)}
-    stamp.write_text(json.dumps(record))
+    stamp = build.stamp_path(pkg)
+    stamp.write_text(json.dumps(build.stamp_record(lib, "abc", "9.0")))
     assert build._up_to_date(stamp, "abc", pkg) == lib
     assert build._up_to_date(stamp, "other", pkg) is None
     lib.write_bytes(b"replaced by hand")
     assert build._up_to_date(stamp, "abc", pkg) is None
 
 
+def test_recorded_library_is_known_by_size_and_time_else_by_hash(tmp_path: Path) -> None:
+    lib = tmp_path / "_C.so"
+    lib.write_bytes(b"library")
+    record = build.stamp_record(lib, "abc", "9.0")
+    assert build.is_recorded_library(lib, record)
+    os.utime(lib, ns=(1, 1))  # touched (e.g. copied): same bytes, so still the library
+    assert build.is_recorded_library(lib, record)
+    lib.write_bytes(b"LIBRARY")  # same size, other bytes, new time
+    assert not build.is_recorded_library(lib, record)
+
+
 def test_stale_build_names_what_differs(tmp_path: Path) -> None:
     cuda_dir = copy_cuda_tree(tmp_path)
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    stamp = tmp_path / "stamp.json"
-    assert stale_build(pkg, cuda_dir, stamp) is None  # no library: nothing to check
+    assert stale_build(pkg, cuda_dir) is None  # no library: nothing to check
     lib = pkg / "_C.cpython-311-x86_64-linux-gnu.so"
     lib.write_bytes(b"library")
-    assert "no readable build stamp" in (stale_build(pkg, cuda_dir, stamp) or "")
+    assert "no readable build stamp" in (stale_build(pkg, cuda_dir) or "")
     archs = "8.0;9.0"
-    record = {
-        "fingerprint": build.source_fingerprint(cuda_dir, archs),
-        "library_sha256": build.file_sha256(lib),
-        "archs": archs,
-    }
-    stamp.write_text(json.dumps(record))
-    assert stale_build(pkg, cuda_dir, stamp) is None
-    assert stale_build(pkg, None, stamp) is None  # installed without sources: trusted
+    record = build.stamp_record(lib, build.source_fingerprint(cuda_dir, archs), archs)
+    build.stamp_path(pkg).write_text(json.dumps(record))
+    assert stale_build(pkg, cuda_dir) is None
+    assert stale_build(pkg, None) is None  # installed without sources: trusted
+    (cuda_dir / "kernels" / ".spmm_csr.cu.swp").write_bytes(b"editor state")
+    (cuda_dir / "kernels" / "spmm_csr.o").write_bytes(b"manual nvcc -c")
+    assert stale_build(pkg, cuda_dir) is None  # files no build compiles change nothing
     with (cuda_dir / "include" / "spmm_csr.cuh").open("a") as f:
         f.write("// edited after the build\n")
-    assert "other CUDA sources" in (stale_build(pkg, cuda_dir, stamp) or "")
-    record["fingerprint"] = build.source_fingerprint(cuda_dir, archs)
-    stamp.write_text(json.dumps(record))
+    assert "other CUDA sources" in (stale_build(pkg, cuda_dir) or "")
+    record = build.stamp_record(lib, build.source_fingerprint(cuda_dir, archs), archs)
+    build.stamp_path(pkg).write_text(json.dumps(record))
     lib.write_bytes(b"copied in by hand")
-    assert "not the library" in (stale_build(pkg, cuda_dir, stamp) or "")
-
-
-def test_default_stamp_is_where_compile_writes_it(tmp_path: Path) -> None:
-    cuda_dir = tmp_path / "cuda"
-    assert build.default_stamp(cuda_dir) == tmp_path / "build" / "leo_ext" / "stamp.json"
+    assert "not the library" in (stale_build(pkg, cuda_dir) or "")
 
 
 def test_arch_list_respects_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,6 +284,9 @@ def test_build_installs_into_the_package_and_then_is_cached(
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
     assert not build.build_extension(CUDA_DIR, build_root=root).cached
     assert len(runs) == 3
+    # The stamp sits beside the library, wherever the intermediate files went.
+    assert build.read_stamp(build.stamp_path(pkg)) is not None
+    assert stale_build(pkg, CUDA_DIR) is None
 
 
 def test_make_test_runs_the_cuda_compile_check() -> None:
