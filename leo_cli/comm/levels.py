@@ -20,6 +20,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
+from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan, exchange_halo
 from leo_cli.comm.views import L1, L2, L3, level_view, remap_halo
 
@@ -99,9 +100,28 @@ def build_levels(
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
     level = level_of_rows(plan.num_halo, levels, adj.device, layer0=True)
-    layer0 = level_view(adj, plan, level)
-    others = level_view(adj, plan, level_of_rows(plan.num_halo, levels, adj.device, False))
-    return Levels(layer0, others, fetch_replicas(adj, plan, x_NF, halo_ids_H, level), static)
+    return Levels(
+        view_of_layer(adj, plan, levels, layer0=True),
+        view_of_layer(adj, plan, levels, layer0=False),
+        fetch_replicas(adj, plan, x_NF, halo_ids_H, level),
+        static,
+    )
+
+
+def view_of_layer(
+    adj: kernels.CSR, plan: HaloPlan, levels: RankLevels, layer0: bool
+) -> tuple[kernels.CSR, HaloPlan]:
+    """The halo view of layer 0 (replicas left out) or of the later layers: the part's own
+    CSR and plan when no worker has a row of another level there (rebuilding them would
+    hold another copy of every edge while set-up peaks, and one more all run).
+
+    Collective: a view's owners answer its readers, so all workers decide together.
+    """
+    rows = levels.l3_rows + (levels.replica_rows if layer0 else [])
+    wanted = all_reduce_(torch.tensor([len(rows)], device=adj.device), op="max")
+    if int(wanted.item()) == 0:
+        return adj, plan
+    return level_view(adj, plan, level_of_rows(plan.num_halo, levels, adj.device, layer0))
 
 
 def fetch_replicas(

@@ -81,10 +81,15 @@ def make_layer_aggregators(
     width: int,
     halo_local_H: Tensor,
 ) -> Aggregator:
-    """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest."""
+    """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest
+    (the pipelined ones sharing their inner column block)."""
     kwargs = {"num_chunks": num_chunks, "width": width, "halo_local_H": halo_local_H}
     rest = make_aggregator(mode, *others, world_size, **kwargs)  # type: ignore[arg-type]
-    if layer0 is others or world_size == 1 or mode in ("shared-memory", "compute-only"):
+    same = layer0[0] is others[0]
+    if same or world_size == 1 or mode in ("shared-memory", "compute-only"):
         return rest
-    first = make_aggregator(mode, *layer0, world_size, **kwargs)  # type: ignore[arg-type]
+    if isinstance(rest, PipelinedAggregator):
+        first: Aggregator = PipelinedAggregator(*layer0, num_chunks, inner=rest.inner)
+    else:
+        first = make_aggregator(mode, *layer0, world_size, **kwargs)  # type: ignore[arg-type]
     return PerLayerAggregator(first, rest)

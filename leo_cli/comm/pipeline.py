@@ -83,11 +83,20 @@ def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int)
 class PipelinedAggregator(AggregatorBase):
     """LEO mode: boundary-first update, chunked asynchronous halo, per-chunk aggregation."""
 
-    def __init__(self, adj: kernels.CSR, plan: HaloPlan, num_chunks: list[int]) -> None:
+    def __init__(
+        self,
+        adj: kernels.CSR,
+        plan: HaloPlan,
+        num_chunks: list[int],
+        inner: ColumnBlock | None = None,
+    ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
         plan: its halo plan.
         num_chunks: chunks per peer of every layer (the last one serves deeper layers).
+        inner: the inner column block of another view of the same part, to share: views
+            re-lay out halo columns only, so every view's inner block is the same (and it
+            holds most of the edges).
         """
         self.adj, self.plan, self.stats = adj, plan, plan.stats
         self.num_chunks = num_chunks
@@ -95,7 +104,10 @@ class PipelinedAggregator(AggregatorBase):
         interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
         interior[self.boundary_B] = False
         self.interior_I = torch.nonzero(interior).squeeze(1)
-        self.inner = column_block(adj, 0, plan.num_inner, compact=False)
+        if inner is None:
+            inner = column_block(adj, 0, plan.num_inner, compact=False)
+        assert inner.col_end == plan.num_inner and inner.fwd.num_rows == adj.num_rows
+        self.inner = inner
         self._schedules: dict[int, Schedule] = {}
 
     def schedule(self, layer: int) -> Schedule:

@@ -35,14 +35,15 @@ class CSR:
         num_cols: C; the features multiplied by this matrix have C rows.
         t_indptr: (C+1) row pointers of the transpose.
         t_indices: (E) columns of the transpose (original rows), grouped by original column.
-        t_perm: (E) int64; transpose edge k is original edge `t_perm[k]`, so the transpose's
+        t_perm: (E) transpose edge k is original edge `t_perm[k]`, so the transpose's
             values are `values[t_perm]`.
         max_degree: edges of the longest row (-1: unknown). Computed once here, it tells the
             CUDA SpMM whether some rows are hubs to split across blocks (see cuda/).
         t_max_degree: the same for the transpose (the longest column: the backward's hub).
 
-    `indptr`, `indices`, `t_indptr` and `t_indices` share one dtype (int32 or int64; int32
-    unless the graph needs more).
+    `indptr`, `indices`, `t_indptr`, `t_indices` and `t_perm` share one dtype (int32 or int64;
+    int32 unless the graph needs more: an int64 `t_perm` alone was 8 of a CSR's 20 bytes per
+    edge).
     Build instances with `CSR.from_arrays` or `CSR.from_coo`.
     """
 
@@ -207,11 +208,12 @@ def inverse_permutation(perm: Tensor) -> Tensor:
 def build_transpose(
     indptr: Tensor, indices: Tensor, num_cols: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Transpose of a CSR matrix: (t_indptr (C+1), t_indices (E), t_perm (E) int64).
+    """Transpose of a CSR matrix: (t_indptr (C+1), t_indices (E), t_perm (E)), all three in
+    the dtype of `indices` (every edge position fits in it, see `_compact_index_dtype`).
 
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
-    t_perm = torch.sort(indices, stable=True).indices
+    t_perm = torch.sort(indices, stable=True).indices.to(indices.dtype)
     t_indices = row_of_edges(indptr)[t_perm].to(indices.dtype)
     counts = torch.bincount(indices.long(), minlength=num_cols)
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)

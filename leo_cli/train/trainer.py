@@ -40,8 +40,12 @@ class WorkerData:
         def t(a: np.ndarray) -> Tensor:
             return torch.from_numpy(np.array(a)).to(device)
 
+        # The features, the largest array a worker reads, stay on the part's (copy-on-write)
+        # file map when nothing converts them: pages come from the file, not anonymous memory.
+        x = np.asarray(part.x)
+        x_NF = torch.from_numpy(x if x.flags.writeable else np.array(x))
         return cls(
-            t(part.x).to(dtype),
+            x_NF.to(device=device, dtype=dtype),
             t(part.y),
             t(part.train_mask),
             t(part.val_mask),

@@ -63,13 +63,16 @@ kind_cases = pytest.mark.parametrize("kind", sorted(KINDS))
 def test_transpose_matches_dense(kind: str, index_dtype: torch.dtype) -> None:
     csr = make_csr(kind, index_dtype)
     assert csr.indices.dtype == csr.t_indices.dtype == index_dtype
+    assert csr.t_perm.dtype == csr.transpose().t_perm.dtype == index_dtype
     assert torch.equal(csr.transpose().to_dense(), csr.to_dense().T)
     assert torch.equal(csr.transpose().transpose().to_dense(), csr.to_dense())
 
 
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
     indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
-    assert kernels.CSR.from_arrays(indptr, indices, num_cols=2).indices.dtype == torch.int32
+    compact = kernels.CSR.from_arrays(indptr, indices, num_cols=2)
+    # t_perm too: an int64 permutation alone was 8 of the 20 bytes per edge of a compact CSR.
+    assert compact.indices.dtype == compact.t_perm.dtype == torch.int32
     kept = kernels.CSR.from_arrays(indptr, indices, num_cols=2, index_dtype=torch.int64)
     assert kept.indptr.dtype == kept.t_indptr.dtype == torch.int64
 

@@ -1,0 +1,59 @@
+"""What a worker holds stays single: features on the part's file map, one copy of each CSR
+and of the pipelined inner block (structure checks on small graphs, no memory thresholds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import random_graph
+
+from leo_cli.comm.levels import RankLevels, view_of_layer
+from leo_cli.comm.modes import make_layer_aggregators
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.storage import read_part, write_partitions
+from leo_cli.models.graph import part_adjacency
+from leo_cli.train.setup import halo_plan
+from leo_cli.train.trainer import WorkerData
+
+
+def mapped_part(tmp_path: Path, rank: int = 0):  # type: ignore[no-untyped-def]
+    g = random_graph(num_nodes=80, num_edges=400, seed=3)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    return read_part(tmp_path / "partitions", rank, mmap=True)
+
+
+def test_features_stay_on_the_parts_file_map(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    data = WorkerData.from_part(part, 10, torch.float32, torch.device("cpu"))
+    assert np.shares_memory(data.x_NF.numpy(), part.x)
+    assert torch.equal(data.x_NF, torch.from_numpy(np.array(part.x)))
+    # A dtype change still converts (the map is never written through).
+    wide = WorkerData.from_part(part, 10, torch.float64, torch.device("cpu"))
+    assert not np.shares_memory(wide.x_NF.numpy(), part.x)
+
+
+def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    no_levels = RankLevels(static_aggregate=False, replica_rows=[], l3_rows=[])
+    for layer0 in (True, False):
+        view_adj, view_plan = view_of_layer(adj, plan, no_levels, layer0)
+        assert view_adj is adj and view_plan is plan
+
+
+def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]  # another view
+    kwargs = {"num_chunks": [2], "width": 4, "halo_local_H": torch.zeros(0)}
+    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert agg.first.inner is agg.rest.inner  # type: ignore[attr-defined]
+    # The same CSR for both: one aggregator.
+    single = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert not hasattr(single, "first")
