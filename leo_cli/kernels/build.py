@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from leo_cli.errors import KernelError
+from leo_cli.graph.storage import sha256_file
 
 
 @dataclass(frozen=True)
@@ -168,14 +169,6 @@ def installed_extensions(pkg: Path) -> list[Path]:
     return sorted(p for p in pkg.glob("_C*") if p.suffix in (".so", ".pyd"))
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 STAMP = "_C.stamp.json"
 
 
@@ -200,7 +193,7 @@ def stamp_record(lib: Path, fingerprint: str, archs: str) -> dict[str, object]:
         "fingerprint": fingerprint,
         "archs": archs,
         "library": lib.name,
-        "library_sha256": file_sha256(lib),
+        "library_sha256": sha256_file(lib),
         "library_size": stat.st_size,
         "library_mtime_ns": stat.st_mtime_ns,
     }
@@ -217,7 +210,7 @@ def is_recorded_library(lib: Path, recorded: dict[str, object]) -> bool:
         recorded.get("library_mtime_ns"),
     ):
         return True
-    return recorded.get("library_sha256") == file_sha256(lib)
+    return recorded.get("library_sha256") == sha256_file(lib)
 
 
 def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
