@@ -23,6 +23,7 @@ from leo_cli.graph.layout import (
     summarize,
 )
 from leo_cli.graph.partitioners import (
+    SAMPLING,
     GraphSize,
     assign_parts,
     metis_edge_fraction,
@@ -189,6 +190,7 @@ def metis_plan(size: GraphSize, part: PartitionConfig, name: str) -> dict[str, A
         "projected_gb": projected_metis_gb(size, fraction),
         "exact_projected_gb": projected_metis_gb(size, 1.0),
         "feature_bytes": size.feature_bytes,
+        "sampling": SAMPLING if fraction < 1 else None,
     }
 
 
@@ -197,7 +199,8 @@ def metis_plan_holds(meta: dict[str, Any], part: PartitionConfig) -> bool:
 
     The source key cannot say (the share depends on the graph's size, known after loading,
     and on the memory model of this version): partitions built before the limit existed, or
-    under another model, are rebuilt rather than reused as if they were what this config makes.
+    under another model or sampling scheme, are rebuilt rather than reused as if they were
+    what this config makes.
     """
     if part.method != "metis" or part.num_parts == 1:
         return True
@@ -207,7 +210,8 @@ def metis_plan_holds(meta: dict[str, Any], part: PartitionConfig) -> bool:
     size = GraphSize(ds["num_nodes"], ds["num_edges"], features)
     built = plan.get("edge_fraction", part.metis_edge_fraction)
     wanted = metis_edge_fraction(size, part.metis_edge_fraction, part.metis_memory_gb, ds["name"])
-    return bool(built == wanted)
+    sampling = plan.get("sampling") if built < 1 else None
+    return bool(built == wanted) and sampling == (SAMPLING if wanted < 1 else None)
 
 
 def metis_note(meta: dict[str, Any]) -> str | None:

@@ -169,17 +169,40 @@ def test_edges_not_sorted_by_target_are_sorted(monkeypatch: pytest.MonkeyPatch) 
     assert np.array_equal(partitioners.edges_by_target(reversed_g), g.edge_index_2E)
 
 
-def test_metis_edge_sample_is_symmetric_and_sized() -> None:
+def test_metis_edge_sample_is_symmetric_and_sized(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitioners, "CHUNK", 1000)  # blocks do not change the sample
     g = synthetic.generate(SMALL, seed=0)
     src, dst = g.edge_index_2E
-    keep = partitioners.sampled_edges(src, dst, 0.5, seed=1)
-    kept = set(zip(src[keep].tolist(), dst[keep].tolist(), strict=True))
-    assert all((d, s) in kept for s, d in kept)  # both directions or neither
+    degree = g.degree()
+    keep, weights = partitioners.sampled_edges(src, dst, degree, 0.5, seed=1)
+    assert weights.dtype == np.int64 and weights.shape[0] == keep.sum() and weights.min() >= 1
+    pairs = zip(src[keep].tolist(), dst[keep].tolist(), strict=True)
+    kept = dict(zip(pairs, weights.tolist(), strict=True))
+    assert all(kept.get((d, s)) == w for (s, d), w in kept.items())  # both ways, same weight
     assert 0.45 < keep.mean() < 0.55
-    assert not np.array_equal(keep, partitioners.sampled_edges(src, dst, 0.5, seed=2))
+    again, _ = partitioners.sampled_edges(src, dst, degree, 0.5, seed=2)
+    assert not np.array_equal(keep, again)
     inputs = metis_input(g, 0.5, seed=1)
     assert inputs.adjacent.shape[0] == keep.sum() and inputs.starts[-1] == keep.sum()
+    assert np.array_equal(inputs.eweights, weights)  # kept in the adjacency's order
     assert np.array_equal(inputs.vweights, 1 + g.degree())  # balance still counts every edge
+    assert metis_input(g).eweights is None  # exact METIS: unweighted, as before
+
+
+def test_metis_edge_sample_thins_hub_edges_and_weighs_them_up() -> None:
+    g = synthetic.generate(SMALL, seed=0)
+    src, dst = g.edge_index_2E.astype(np.int64)
+    degree = g.degree().astype(np.int64)
+    low = np.minimum(degree[src], degree[dst])
+    scale = partitioners.keep_scale(src, dst, degree, 0.4)
+    assert np.minimum(1.0, scale / low).mean() == pytest.approx(0.4, rel=1e-6)
+    keep, weights = partitioners.sampled_edges(src, dst, degree, 0.4, seed=3)
+    assert keep[low <= scale].all()  # every edge of a node of low degree stays
+    assert 0 < keep[low > 2 * scale].mean() < 0.6  # hub-to-hub edges are thinned
+    prob = np.minimum(1.0, scale / low[keep])
+    assert np.array_equal(weights, np.rint(partitioners.EDGE_WEIGHT_SCALE / prob))
+    # Weighted, the kept edges stand for all of them (the cut METIS minimises is unbiased).
+    assert weights.sum() / partitioners.EDGE_WEIGHT_SCALE == pytest.approx(len(src), rel=0.05)
 
 
 def test_sampled_metis_input_still_partitions_every_edge(tmp_path: Path) -> None:
@@ -273,6 +296,12 @@ def test_partitions_built_under_another_memory_plan_are_rebuilt(
     assert not again.reused and again.meta["source_key"] == first.meta["source_key"]
     assert again.meta["metis"]["edge_fraction"] < 1.0
     assert ensure_partitions(data, part, 0, tmp_path).reused
+    # Sampled partitions from before the sample was weighted (no scheme in META) are rebuilt.
+    meta_path = tmp_path / "partitions" / "META.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["metis"]["sampling"]
+    meta_path.write_text(json.dumps(meta))
+    assert not ensure_partitions(data, part, 0, tmp_path).reused
 
 
 def test_default_memory_limit_keeps_small_graphs_exact_and_their_key(tmp_path: Path) -> None:
