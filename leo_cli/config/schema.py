@@ -72,7 +72,7 @@ class PartitionConfig(Section):
     sample of those between hubs, weighted up so the cut still counts every edge (vertex
     weights too). 1 is exact METIS on the whole graph. METIS needs about 100 bytes per
     directed edge, so 0.5 halves the partition stage's peak on large graphs at a slightly
-    higher edge cut (+0.7% at 0.42 on 600k-node and +0.9% on 2.4M-node synthetic graphs)."""
+    higher edge cut (+0.4% at 0.42 on a 600k-node synthetic graph)."""
     metis_memory_gb: float | None = Field(8.0, gt=0.0)
     """Memory (GB = 1e9 bytes) the METIS step may plan for, projected from the graph's size
     (about 100-140 bytes per directed edge METIS sees, plus the node arrays); when METIS on
