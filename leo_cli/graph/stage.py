@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leo_cli.config.schema import DataConfig, PartitionConfig
+from leo_cli.config.schema import METIS_OPTIONS, DataConfig, PartitionConfig
 from leo_cli.errors import ConfigError, DataError
 from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.layout import (
@@ -74,8 +74,7 @@ def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
 
 def defaulted_metis_options(part: PartitionConfig) -> set[str]:
     """The METIS options of `part` left at their defaults."""
-    keys = ("metis_edge_fraction", "metis_memory_gb")
-    return {k for k in keys if getattr(part, k) == PartitionConfig.model_fields[k].default}
+    return {k for k in METIS_OPTIONS if getattr(part, k) == PartitionConfig.model_fields[k].default}
 
 
 def ensure_partitions(
