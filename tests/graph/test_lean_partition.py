@@ -170,11 +170,13 @@ def test_edges_not_sorted_by_target_are_sorted(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_metis_edge_sample_is_symmetric_and_sized(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(partitioners, "CHUNK", 1000)  # blocks do not change the sample
     g = synthetic.generate(SMALL, seed=0)
     src, dst = g.edge_index_2E
     degree = g.degree()
+    whole_keep, whole_weights = partitioners.sampled_edges(src, dst, degree, 0.5, seed=1)
+    monkeypatch.setattr(partitioners, "CHUNK", 1000)  # blocks do not change the sample
     keep, weights = partitioners.sampled_edges(src, dst, degree, 0.5, seed=1)
+    assert np.array_equal(keep, whole_keep) and np.array_equal(weights, whole_weights)
     assert weights.dtype == np.int64 and weights.shape[0] == keep.sum() and weights.min() >= 1
     pairs = zip(src[keep].tolist(), dst[keep].tolist(), strict=True)
     kept = dict(zip(pairs, weights.tolist(), strict=True))
@@ -289,6 +291,12 @@ def test_partitions_built_under_another_memory_plan_are_rebuilt(
     first = ensure_partitions(data, part, 0, tmp_path)
     assert first.meta["metis"]["edge_fraction"] == 1.0
     assert ensure_partitions(data, part, 0, tmp_path).reused
+    # Exact partitions from before the sampling scheme was recorded are still what it builds.
+    meta_path = tmp_path / "partitions" / "META.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["metis"]["sampling"]
+    meta_path.write_text(json.dumps(meta))
+    assert ensure_partitions(data, part, 0, tmp_path).reused
     # The same config under a model (or version) that no longer fits exact METIS in 8 GB:
     # the key is unchanged, the exact partitions on disk are not what it would build.
     monkeypatch.setattr(partitioners, "metis_bytes_per_edge", lambda n: 1e6)
@@ -297,7 +305,6 @@ def test_partitions_built_under_another_memory_plan_are_rebuilt(
     assert again.meta["metis"]["edge_fraction"] < 1.0
     assert ensure_partitions(data, part, 0, tmp_path).reused
     # Sampled partitions from before the sample was weighted (no scheme in META) are rebuilt.
-    meta_path = tmp_path / "partitions" / "META.json"
     meta = json.loads(meta_path.read_text())
     del meta["metis"]["sampling"]
     meta_path.write_text(json.dumps(meta))
