@@ -7,11 +7,16 @@ and add each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`
 
 A halo block only touches the rows that read it, so it is stored compactly: its CSR has one
 row per reading row (`rows_R`) and its result is added into those rows of the output.
+
+A block only ever runs its two CSRs forward (its backward is its transpose's forward), so
+neither keeps the edge permutation between them (`t_perm`, and the transpose's inverse of it):
+8 bytes an edge at int32 that would never be read. The op's own backward refuses such a CSR.
 Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +34,11 @@ class ColumnBlock:
     Attributes:
         col_start: first column of the block in the full CSR.
         col_end: one past its last column.
-        rows_R: (R) int64 rows of the full CSR that have edges in the block, or None when the
-            block keeps every row (the inner block).
-        fwd: (R x C) CSR of the block.
-        bwd: (C x R) its transpose, for gradients flowing back to the block's columns.
+        rows_R: (R) rows of the full CSR that have edges in the block (int32 where row ids
+            fit), or None when the block keeps every row (the inner block).
+        fwd: (R x C) CSR of the block, without `t_perm` (forward only).
+        bwd: (C x R) its transpose, for gradients flowing back to the block's columns; without
+            `t_perm` too.
     """
 
     col_start: int
@@ -87,19 +93,39 @@ def block_product(block: ColumnBlock, x_CF: Tensor) -> Tensor:
     return out
 
 
+def forward_only(csr: kernels.CSR) -> kernels.CSR:
+    """The same CSR without its edge permutation: it can run forward, not backward."""
+    return dataclasses.replace(csr, t_perm=csr.t_perm.new_empty(0))
+
+
+def block_of(start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR) -> ColumnBlock:
+    """A block from its CSR: the transpose built once, neither keeping `t_perm`, and the
+    row ids in the CSR's (compact) index dtype."""
+    bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
+    if rows_R is not None:
+        rows_R = rows_R.to(fwd.indices.dtype)
+    return ColumnBlock(start, end, rows_R, forward_only(fwd), bwd)
+
+
 def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> ColumnBlock:
-    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there."""
+    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there.
+
+    The whole CSR as a non-compact block reuses adj's arrays (no copy of its edges).
+    """
+    if not compact and start == 0 and end == adj.num_cols:
+        return block_of(start, end, None, adj)
     cols_E = adj.indices.long()
     keep_E = (cols_E >= start) & (cols_E < end)
     rows_E = row_of_edges(adj.indptr)[keep_E]
     cols_E, values_E = cols_E[keep_E] - start, adj.values[keep_E]
+    del keep_E
     rows_R: Tensor | None = None
     num_rows = adj.num_rows
     if compact:
         rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
         num_rows = int(rows_R.shape[0])
     fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start)
-    return ColumnBlock(start, end, rows_R, fwd, fwd.transpose())
+    return block_of(start, end, rows_R, fwd)
 
 
 def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
@@ -125,4 +151,4 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
     fwd = kernels.CSR.from_coo(
         rows_E, pos_E[found_E], adj.values[found_E], int(rows_R.shape[0]), int(cols_C.shape[0])
     )
-    return ColumnBlock(0, int(cols_C.shape[0]), rows_R, fwd, fwd.transpose())
+    return block_of(0, int(cols_C.shape[0]), rows_R, fwd)

@@ -117,6 +117,7 @@ def assemble(
         num_chunks=chunk_counts(cfg.pipeline.num_chunks, chunks_planned, plan, width, dtype),
         width=width,
         halo_local_H=torch.from_numpy(np.array(part.halo_owner_local)).to(device),
+        attention=cfg.model.name == "gat",
     )
     graph = LocalGraph(
         self_weight_N=self_weight,

@@ -1,11 +1,13 @@
 """What a worker holds stays single: features on the part's file map, one copy of each CSR
-and of the pipelined inner block (structure checks on small graphs, no memory thresholds)."""
+and of the pipelined inner block, no whole CSR beside the column blocks unless attention
+needs it (structure checks on small graphs, no memory thresholds)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import random_graph
 
@@ -57,3 +59,28 @@ def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     # The same CSR for both: one aggregator.
     single = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
     assert not hasattr(single, "first")
+
+
+def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    kwargs = {"num_chunks": [2, 3], "width": 4, "halo_local_H": torch.zeros(0)}
+    agg = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert agg.adj is None  # type: ignore[attr-defined]
+    assert [agg.schedule(layer).num_chunks for layer in range(3)] == [2, 3, 3]  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="attention"):
+        agg.columns(0)
+    gat = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, attention=True, **kwargs)  # type: ignore[arg-type]
+    assert gat.columns(1)[0] is adj
+
+
+def test_single_worker_keeps_one_copy_of_the_csr() -> None:
+    g = random_graph(num_nodes=60, num_edges=300, seed=4)
+    part = build_parts(g, assign_parts(g, 1, "range", 0), 1)[0]
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    kwargs = {"num_chunks": [1], "width": 4, "halo_local_H": torch.zeros(0)}
+    agg = make_layer_aggregators("leo", (adj, None), (adj, None), 1, **kwargs)  # type: ignore[arg-type]
+    for name in ("indptr", "indices", "values"):
+        assert getattr(agg.columns(0)[0], name) is getattr(adj, name)
+        assert getattr(agg.block.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
