@@ -114,9 +114,9 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
     """
     if not compact and start == 0 and end == adj.num_cols:
         return block_of(start, end, None, adj)
-    cols_E = adj.indices.long()
+    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
     keep_E = (cols_E >= start) & (cols_E < end)
-    rows_E = row_of_edges(adj.indptr)[keep_E]
+    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[keep_E]
     cols_E, values_E = cols_E[keep_E] - start, adj.values[keep_E]
     del keep_E
     rows_R: Tensor | None = None
@@ -124,7 +124,7 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
     if compact:
         rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
         num_rows = int(rows_R.shape[0])
-    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start)
+    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True)
     return block_of(start, end, rows_R, fwd)
 
 
@@ -142,13 +142,16 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
 
     Used for replicated halo rows, which are not contiguous in the part's column order.
     """
-    cols_E = adj.indices.long()
-    pos_E = torch.searchsorted(cols_C, cols_E)
+    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
+    cols_C = cols_C.to(cols_E.dtype)
+    pos_E = torch.searchsorted(cols_C, cols_E, out_int32=cols_E.dtype == torch.int32)
     found_E = pos_E < cols_C.shape[0]
     found_E[found_E.clone()] = cols_C[pos_E[found_E]] == cols_E[found_E]
-    rows_E = row_of_edges(adj.indptr)[found_E]
+    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[found_E]
     rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
+    num_rows, num_cols = int(rows_R.shape[0]), int(cols_C.shape[0])
+    values_E = adj.values[found_E]
     fwd = kernels.CSR.from_coo(
-        rows_E, pos_E[found_E], adj.values[found_E], int(rows_R.shape[0]), int(cols_C.shape[0])
+        rows_E, pos_E[found_E], values_E, num_rows, num_cols, rows_sorted=True
     )
     return block_of(0, int(cols_C.shape[0]), rows_R, fwd)

@@ -117,19 +117,24 @@ class CSR:
         num_cols: int,
         *,
         index_dtype: torch.dtype | None = None,
+        rows_sorted: bool = False,
     ) -> CSR:
         """Build from coordinate lists (edges in any order; kept in order within a row).
 
         For a PyG `edge_index` (source, target) aggregated at the target, pass
-        `rows=edge_index[1], cols=edge_index[0]`.
+        `rows=edge_index[1], cols=edge_index[0]`. `rows_sorted` says the edges are already
+        grouped by row in increasing order (e.g. cut out of another CSR): the stable sort
+        would then be the identity, and skipping it saves a sort and a copy of every array.
         """
-        order = torch.sort(rows, stable=True).indices
-        counts = torch.bincount(rows.long(), minlength=num_rows)
+        counts = torch.bincount(rows, minlength=num_rows)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-        sorted_values = None if values is None else values[order]
-        return cls.from_arrays(
-            indptr, cols[order].long(), sorted_values, num_cols, index_dtype=index_dtype
-        )
+        if not rows_sorted:
+            order = torch.sort(rows, stable=True).indices
+            cols = cols[order]
+            values = None if values is None else values[order]
+        if cols.dtype not in _INDEX_DTYPES:
+            cols = cols.long()
+        return cls.from_arrays(indptr, cols, values, num_cols, index_dtype=index_dtype)
 
     @property
     def num_edges(self) -> int:
@@ -191,11 +196,12 @@ def max_degree(indptr: Tensor) -> int:
     return int((indptr[1:] - indptr[:-1]).max())
 
 
-def row_of_edges(indptr: Tensor) -> Tensor:
-    """(E) int64 row of every edge, from (R+1) row pointers."""
+def row_of_edges(indptr: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
+    """(E) row of every edge, from (R+1) row pointers (int64, or `dtype` where rows fit)."""
     num_rows = indptr.shape[0] - 1
     degrees = (indptr[1:] - indptr[:-1]).long()
-    return torch.repeat_interleave(torch.arange(num_rows, device=indptr.device), degrees)
+    rows_R = torch.arange(num_rows, dtype=dtype, device=indptr.device)
+    return torch.repeat_interleave(rows_R, degrees)
 
 
 def inverse_permutation(perm: Tensor) -> Tensor:
@@ -214,8 +220,8 @@ def build_transpose(
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
     t_perm = torch.sort(indices, stable=True).indices.to(indices.dtype)
-    t_indices = row_of_edges(indptr)[t_perm].to(indices.dtype)
-    counts = torch.bincount(indices.long(), minlength=num_cols)
+    t_indices = row_of_edges(indptr, indices.dtype)[t_perm]  # no int64 temporaries
+    counts = torch.bincount(indices, minlength=num_cols)
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)
     return t_indptr, t_indices, t_perm
 
