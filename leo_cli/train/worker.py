@@ -286,6 +286,9 @@ def run_worker(
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
     check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
     job = build_job(run_dir, cfg, meta, part, env.world_size, device)
+    # The job copied what it needs of the part (the features stay mapped through x_NF):
+    # dropping it unmaps the edge arrays that set-up read, which would stay resident.
+    del part
     if state is not None:
         job.model.load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])

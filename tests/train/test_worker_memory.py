@@ -4,6 +4,8 @@ needs it (structure checks on small graphs, no memory thresholds)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +15,12 @@ from conftest import random_graph
 
 from leo_cli.comm.levels import RankLevels, view_of_layer
 from leo_cli.comm.modes import make_layer_aggregators
+from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.storage import read_part, write_partitions
 from leo_cli.models.graph import part_adjacency
-from leo_cli.train.setup import halo_plan
+from leo_cli.train.setup import assemble, halo_plan
 from leo_cli.train.trainer import WorkerData
 
 
@@ -84,3 +87,23 @@ def test_single_worker_keeps_one_copy_of_the_csr() -> None:
     for name in ("indptr", "indices", "values"):
         assert getattr(agg.columns(0)[0], name) is getattr(adj, name)
         assert getattr(agg.block.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
+
+
+def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
+    """The worker drops its part after set-up; only the features' map may outlive it."""
+    g = random_graph(num_nodes=80, num_edges=400, seed=5)
+    parts = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 1})
+    part = read_part(tmp_path / "partitions", 0, mmap=True)
+    info = {
+        "num_train": int(g.train_mask_N.sum()),
+        "num_features": g.x_NF.shape[1],
+        "num_classes": int(g.y_N.max()) + 1,
+    }
+    edges = [weakref.ref(getattr(part, name)) for name in ("indptr", "indices", "degree")]
+    features = weakref.ref(part.x)
+    job = assemble(load_config(None, []), part, info, 1, torch.device("cpu"))
+    del part
+    gc.collect()
+    assert all(ref() is None for ref in edges)
+    assert features() is not None and np.shares_memory(job.data.x_NF.numpy(), features())
