@@ -21,7 +21,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
-from leo_cli.comm.exchange import HaloPlan, exchange_halo
+from leo_cli.comm.exchange import HaloPlan, exchange_halo, fetch_halo
 from leo_cli.comm.views import L1, L2, L3, level_view, remap_plan
 
 
@@ -130,7 +130,7 @@ def fetch_replicas(
     """Bring the input rows of L1 halo nodes here once (an exchange restricted to them)."""
     rows_R = torch.nonzero(level_H == L1).squeeze(1)
     plan_R = remap_plan(plan, rows_R)  # the plan alone: no CSR of the edges is needed here
-    x_RF = exchange_halo(x_NF, plan_R)[plan.num_inner :]
+    x_RF = fetch_halo(x_NF, plan_R)  # kept for the run: its own buffer, not a slice
     if rows_R.numel() == 0:
         return None
     block = selected_columns_block(adj, rows_R + plan.num_inner)

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import random_graph
+from dist_harness import spawn_ranks
 
-from leo_cli.comm.levels import RankLevels, view_of_layer
+from leo_cli.comm.levels import RankLevels, build_levels, view_of_layer
 from leo_cli.comm.modes import make_layer_aggregators
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
@@ -107,3 +109,29 @@ def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
     gc.collect()
     assert all(ref() is None for ref in edges)
     assert features() is not None and np.shares_memory(job.data.x_NF.numpy(), features())
+
+
+def _replicas_of(rank: int, world: int, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = read_part(root, rank, mmap=True)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    x = torch.from_numpy(np.array(part.x))
+    halo = list(range(part.num_halo))
+    levels = RankLevels(False, halo[::2], [])
+    ids = torch.from_numpy(np.array(part.halo_nodes))
+    replicas = build_levels(adj, plan, x, ids, levels, distributed=True).replicas
+    assert replicas is not None
+    x_RF = replicas.x_RF
+    held = x_RF.untyped_storage().nbytes() // x_RF.element_size()
+    return x_RF.numpy().copy(), replicas.ids_R.numpy(), held
+
+
+@pytest.mark.dist
+def test_replica_rows_hold_no_copy_of_the_inner_rows(tmp_path: Path) -> None:
+    g = random_graph(num_nodes=80, num_edges=400, seed=6)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    for x_RF, ids_R, held in spawn_ranks(_replicas_of, 2, tmp_path / "partitions"):
+        assert len(ids_R) > 0 and held == x_RF.size  # its own buffer, not a slice of [x | x_R]
+        np.testing.assert_array_equal(x_RF, g.x_NF[ids_R])
