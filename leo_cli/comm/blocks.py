@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.kernels.csr import row_of_edges
+from leo_cli.kernels.csr import INT32_MAX, row_of_edges
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class ColumnBlock:
         return self.fwd.num_edges
 
     def forward(self, x_CF: Tensor) -> Tensor:
-        """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row."""
+        """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row. Not
+        differentiable through the op (no `t_perm`): `block_product` is."""
         return kernels.spmm(self.fwd, x_CF)
 
     def backward(self, grad_NF: Tensor) -> Tensor:
@@ -100,9 +101,9 @@ def forward_only(csr: kernels.CSR) -> kernels.CSR:
 
 def block_of(start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR) -> ColumnBlock:
     """A block from its CSR: the transpose built once, neither keeping `t_perm`, and the
-    row ids in the CSR's (compact) index dtype."""
+    row ids in the CSR's (compact) index dtype where they fit."""
     bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
-    if rows_R is not None:
+    if rows_R is not None and (rows_R.shape[0] == 0 or int(rows_R.max()) <= INT32_MAX):
         rows_R = rows_R.to(fwd.indices.dtype)
     return ColumnBlock(start, end, rows_R, forward_only(fwd), bwd)
 

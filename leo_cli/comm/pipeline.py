@@ -90,6 +90,7 @@ class PipelinedAggregator(AggregatorBase):
         num_chunks: list[int],
         inner: ColumnBlock | None = None,
         attention: bool = False,
+        layers: slice = slice(None),
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -101,6 +102,9 @@ class PipelinedAggregator(AggregatorBase):
         attention: keep adj for `columns` (attention layers build their edge views from
             it); otherwise it is dropped once every column block is built, since the blocks
             hold every edge again.
+        layers: the layers it serves, as a slice of `num_chunks` (`slice(1, None)`: layer 1
+            and deeper): schedules, each holding every halo edge again, are built for their
+            chunk counts only.
         """
         self.plan, self.stats = plan, plan.stats
         self.num_chunks = num_chunks
@@ -112,12 +116,15 @@ class PipelinedAggregator(AggregatorBase):
             inner = column_block(adj, 0, plan.num_inner, compact=False)
         assert inner.col_end == plan.num_inner and inner.fwd.num_rows == adj.num_rows
         self.inner = inner
-        self._schedules = {k: build_schedule(adj, plan, self.boundary_B, k) for k in num_chunks}
+        counts = set(num_chunks[layers]) or {num_chunks[-1]}
+        self._schedules = {k: build_schedule(adj, plan, self.boundary_B, k) for k in counts}
         self.adj = adj if attention else None
 
     def schedule(self, layer: int) -> Schedule:
         """The chunking of a layer (built at set-up, once per chunk count)."""
-        return self._schedules[self.num_chunks[min(layer, len(self.num_chunks) - 1)]]
+        k = self.num_chunks[min(layer, len(self.num_chunks) - 1)]
+        assert k in self._schedules, f"layer {layer} is not one this aggregator was built for"
+        return self._schedules[k]
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
         out: Tensor = _Pipelined.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]

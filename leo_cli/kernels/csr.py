@@ -20,7 +20,7 @@ from torch import Tensor
 from leo_cli.errors import KernelError
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class CSR:
         t_indptr: (C+1) row pointers of the transpose.
         t_indices: (E) columns of the transpose (original rows), grouped by original column.
         t_perm: (E) transpose edge k is original edge `t_perm[k]`, so the transpose's
-            values are `values[t_perm]`.
+            values are `values[t_perm]`; empty in a forward-only CSR (comm/blocks.py), which
+            can run forward but neither be transposed nor differentiated.
         max_degree: edges of the longest row (-1: unknown). Computed once here, it tells the
             CUDA SpMM whether some rows are hubs to split across blocks (see cuda/).
         t_max_degree: the same for the transpose (the longest column: the backward's hub).
@@ -128,6 +129,8 @@ class CSR:
         """
         counts = torch.bincount(rows, minlength=num_rows)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        if rows_sorted and rows.shape[0] > 1 and bool((rows[1:] < rows[:-1]).any()):
+            raise KernelError("from_coo(rows_sorted=True) got rows out of order")
         if not rows_sorted:
             order = torch.sort(rows, stable=True).indices
             cols = cols[order]
@@ -165,6 +168,8 @@ class CSR:
 
     def transpose(self) -> CSR:
         """A^T as a CSR (its own transpose, A, comes with it; O(E) for the inverse permutation)."""
+        if self.t_perm.shape[0] != self.num_edges:
+            raise KernelError("this CSR was built forward-only (no t_perm): it has no transpose")
         return CSR(
             indptr=self.t_indptr,
             indices=self.t_indices,
@@ -238,7 +243,7 @@ def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
 def _compact_index_dtype(indptr: Tensor, indices: Tensor, num_cols: int) -> torch.dtype:
     """int32 when edges, rows and columns all fit in it, else int64."""
     largest = max(indices.shape[0], indptr.shape[0], num_cols)
-    return torch.int32 if largest <= _INT32_MAX else torch.int64
+    return torch.int32 if largest <= INT32_MAX else torch.int64
 
 
 def _validate(indptr: Tensor, indices: Tensor, values: Tensor, num_cols: int) -> None:

@@ -13,7 +13,6 @@ turns the dynamic adjustment off, so every block of 1 MiB or more stays its own 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
@@ -28,9 +27,8 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL("libc.so.6").mallopt  # glibc's soname (find_library forks)
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

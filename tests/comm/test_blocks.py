@@ -7,6 +7,7 @@ import torch
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import chunk_bounds, column_block
+from leo_cli.errors import KernelError
 
 
 def random_csr(rows: int, cols: int, edges: int, seed: int) -> kernels.CSR:
@@ -67,6 +68,19 @@ def test_blocks_keep_no_permutation_and_refuse_the_ops_backward() -> None:
     # The block's own backward (its transpose's forward) is what serves gradients.
     grad = block.backward(torch.ones(30, 3, dtype=torch.float64))
     torch.testing.assert_close(grad, adj.to_dense()[:, 10:].t() @ torch.ones(30, 3).double())
+    with pytest.raises(KernelError, match="forward-only"):
+        block.fwd.transpose()  # values[t_perm] would be empty against every edge
+
+
+def test_from_coo_refuses_rows_said_sorted_that_are_not() -> None:
+    rows, cols = torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2])
+    with pytest.raises(KernelError, match="rows out of order"):
+        kernels.CSR.from_coo(rows, cols, None, 3, 3, rows_sorted=True)
+    csr = kernels.CSR.from_coo(rows, cols, None, 3, 3)
+    ordered = kernels.CSR.from_coo(
+        rows.sort().values, cols[rows.argsort()], None, 3, 3, rows_sorted=True
+    )
+    assert torch.equal(csr.to_dense(), ordered.to_dense())
 
 
 def test_whole_csr_block_shares_the_csrs_arrays() -> None:

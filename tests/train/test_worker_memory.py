@@ -66,6 +66,28 @@ def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     assert not hasattr(single, "first")
 
 
+def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]
+    kwargs = {"num_chunks": [2, 3, 4], "width": 4, "halo_local_H": torch.zeros(0)}
+    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert set(agg.first._schedules) == {2} and set(agg.rest._schedules) == {3, 4}  # type: ignore[attr-defined]
+    one = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert set(one._schedules) == {2, 3, 4}  # type: ignore[attr-defined]
+    static = make_layer_aggregators(
+        "leo", (adj, plan), (adj, plan), 2, static_layer0=True, **kwargs
+    )  # type: ignore[arg-type]
+    assert set(static._schedules) == {3, 4}  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="layer 0 is not one"):
+        static.schedule(0)  # type: ignore[attr-defined]
+    # One chunk count for every layer: the deeper layers' aggregator builds it.
+    kwargs["num_chunks"] = [2]
+    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    assert set(agg.first._schedules) == set(agg.rest._schedules) == {2}  # type: ignore[attr-defined]
+
+
 def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
