@@ -84,7 +84,10 @@ class LocalAggregator(AggregatorBase):
 
     def __init__(self, adj: kernels.CSR) -> None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        self.adj, self.block = adj, column_block(adj, 0, adj.num_cols, compact=False)
+        # The block is adj itself (its arrays, not a copy) plus the transpose; `columns`
+        # hands out the block's CSR, so no second permutation stays alive either.
+        self.block = column_block(adj, 0, adj.num_cols, compact=False)
+        self.adj = self.block.fwd
         self.stats = CommStats()
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:

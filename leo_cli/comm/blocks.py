@@ -7,11 +7,16 @@ and add each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`
 
 A halo block only touches the rows that read it, so it is stored compactly: its CSR has one
 row per reading row (`rows_R`) and its result is added into those rows of the output.
+
+A block only ever runs its two CSRs forward (its backward is its transpose's forward), so
+neither keeps the edge permutation between them (`t_perm`, and the transpose's inverse of it):
+8 bytes an edge at int32 that would never be read. The op's own backward refuses such a CSR.
 Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +24,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.kernels.csr import row_of_edges
+from leo_cli.kernels.csr import INT32_MAX, row_of_edges
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,11 @@ class ColumnBlock:
     Attributes:
         col_start: first column of the block in the full CSR.
         col_end: one past its last column.
-        rows_R: (R) int64 rows of the full CSR that have edges in the block, or None when the
-            block keeps every row (the inner block).
-        fwd: (R x C) CSR of the block.
-        bwd: (C x R) its transpose, for gradients flowing back to the block's columns.
+        rows_R: (R) rows of the full CSR that have edges in the block (int32 where row ids
+            fit), or None when the block keeps every row (the inner block).
+        fwd: (R x C) CSR of the block, without `t_perm` (forward only).
+        bwd: (C x R) its transpose, for gradients flowing back to the block's columns; without
+            `t_perm` too.
     """
 
     col_start: int
@@ -50,7 +56,8 @@ class ColumnBlock:
         return self.fwd.num_edges
 
     def forward(self, x_CF: Tensor) -> Tensor:
-        """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row."""
+        """A[:, block] · x: (R x F), or (N x F) for a block that keeps every row. Not
+        differentiable through the op (no `t_perm`): `block_product` is."""
         return kernels.spmm(self.fwd, x_CF)
 
     def backward(self, grad_NF: Tensor) -> Tensor:
@@ -87,19 +94,39 @@ def block_product(block: ColumnBlock, x_CF: Tensor) -> Tensor:
     return out
 
 
+def forward_only(csr: kernels.CSR) -> kernels.CSR:
+    """The same CSR without its edge permutation: it can run forward, not backward."""
+    return dataclasses.replace(csr, t_perm=csr.t_perm.new_empty(0))
+
+
+def block_of(start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR) -> ColumnBlock:
+    """A block from its CSR: the transpose built once, neither keeping `t_perm`, and the
+    row ids in the CSR's (compact) index dtype where they fit."""
+    bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
+    if rows_R is not None and (rows_R.shape[0] == 0 or int(rows_R.max()) <= INT32_MAX):
+        rows_R = rows_R.to(fwd.indices.dtype)
+    return ColumnBlock(start, end, rows_R, forward_only(fwd), bwd)
+
+
 def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> ColumnBlock:
-    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there."""
-    cols_E = adj.indices.long()
+    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there.
+
+    The whole CSR as a non-compact block reuses adj's arrays (no copy of its edges).
+    """
+    if not compact and start == 0 and end == adj.num_cols:
+        return block_of(start, end, None, adj)
+    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
     keep_E = (cols_E >= start) & (cols_E < end)
-    rows_E = row_of_edges(adj.indptr)[keep_E]
+    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[keep_E]
     cols_E, values_E = cols_E[keep_E] - start, adj.values[keep_E]
+    del keep_E
     rows_R: Tensor | None = None
     num_rows = adj.num_rows
     if compact:
         rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
         num_rows = int(rows_R.shape[0])
-    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start)
-    return ColumnBlock(start, end, rows_R, fwd, fwd.transpose())
+    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True)
+    return block_of(start, end, rows_R, fwd)
 
 
 def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
@@ -116,13 +143,16 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
 
     Used for replicated halo rows, which are not contiguous in the part's column order.
     """
-    cols_E = adj.indices.long()
-    pos_E = torch.searchsorted(cols_C, cols_E)
+    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
+    cols_C = cols_C.to(cols_E.dtype)
+    pos_E = torch.searchsorted(cols_C, cols_E, out_int32=cols_E.dtype == torch.int32)
     found_E = pos_E < cols_C.shape[0]
     found_E[found_E.clone()] = cols_C[pos_E[found_E]] == cols_E[found_E]
-    rows_E = row_of_edges(adj.indptr)[found_E]
+    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[found_E]
     rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
+    num_rows, num_cols = int(rows_R.shape[0]), int(cols_C.shape[0])
+    values_E = adj.values[found_E]
     fwd = kernels.CSR.from_coo(
-        rows_E, pos_E[found_E], adj.values[found_E], int(rows_R.shape[0]), int(cols_C.shape[0])
+        rows_E, pos_E[found_E], values_E, num_rows, num_cols, rows_sorted=True
     )
-    return ColumnBlock(0, int(cols_C.shape[0]), rows_R, fwd, fwd.transpose())
+    return block_of(0, int(cols_C.shape[0]), rows_R, fwd)

@@ -110,9 +110,7 @@ class _BlockingHalo(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h_NF: Tensor, plan: HaloPlan) -> Tensor:
         ctx.plan = plan
-        send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
-        halo_HF = all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
-        return torch.cat([h_NF, halo_HF])
+        return torch.cat([h_NF, fetch_halo(h_NF, plan)])
 
     @staticmethod
     def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None]:
@@ -123,6 +121,13 @@ class _BlockingHalo(torch.autograd.Function):
             back_SF, plan.send_idx_S, plan.num_inner
         )
         return grad_h, None
+
+
+def fetch_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
+    """The halo rows alone, (H x F), not differentiable: for set-up fetches that are kept (a
+    slice of `exchange_halo`'s `[h | halo]` would keep the copy of h alive with it)."""
+    send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
+    return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
 
 
 def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:

@@ -21,8 +21,8 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
-from leo_cli.comm.exchange import HaloPlan, exchange_halo
-from leo_cli.comm.views import L1, L2, L3, level_view, remap_halo
+from leo_cli.comm.exchange import HaloPlan, exchange_halo, fetch_halo
+from leo_cli.comm.views import L1, L2, L3, level_view, remap_plan
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,8 @@ def fetch_replicas(
 ) -> Replicas | None:
     """Bring the input rows of L1 halo nodes here once (an exchange restricted to them)."""
     rows_R = torch.nonzero(level_H == L1).squeeze(1)
-    no_edges = torch.full((int((adj.indices.long() >= plan.num_inner).sum()),), -1)
-    _, plan_R = remap_halo(adj, plan, rows_R, no_edges.to(adj.device))
-    x_RF = exchange_halo(x_NF, plan_R)[plan.num_inner :]
+    plan_R = remap_plan(plan, rows_R)  # the plan alone: no CSR of the edges is needed here
+    x_RF = fetch_halo(x_NF, plan_R)  # kept for the run: its own buffer, not a slice
     if rows_R.numel() == 0:
         return None
     block = selected_columns_block(adj, rows_R + plan.num_inner)

@@ -44,6 +44,8 @@ def make_aggregator(
     num_chunks: list[int],
     width: int,
     halo_local_H: Tensor,
+    attention: bool = False,
+    layers: slice = slice(None),
 ) -> Aggregator:
     """The aggregator of `mode` for one worker.
 
@@ -55,13 +57,17 @@ def make_aggregator(
         num_chunks: chunks per peer of every layer, for the pipelined mode.
         width: the widest rows any layer exchanges (sizes shared segments).
         halo_local_H: owner-local row of every halo node (shared-memory mode).
+        attention: the model builds attention views from `columns` (the pipelined mode
+            then keeps the whole CSR beside its column blocks).
+        layers: the layers it serves, a slice of `num_chunks` (the pipelined mode builds
+            the schedules of their chunk counts only).
     """
     if world_size == 1:
         return LocalAggregator(adj)
     if mode == "blocking":
         return BlockingAggregator(adj, plan)
     if mode == "leo":
-        return PipelinedAggregator(adj, plan, num_chunks)
+        return PipelinedAggregator(adj, plan, num_chunks, attention=attention, layers=layers)
     if mode == "fine-grained":
         return BlockingAggregator(*fine_grained_view(adj, plan))
     if mode == "shared-memory":
@@ -80,16 +86,32 @@ def make_layer_aggregators(
     num_chunks: list[int],
     width: int,
     halo_local_H: Tensor,
+    attention: bool = False,
+    static_layer0: bool = False,
 ) -> Aggregator:
     """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest
-    (the pipelined ones sharing their inner column block)."""
-    kwargs = {"num_chunks": num_chunks, "width": width, "halo_local_H": halo_local_H}
-    rest = make_aggregator(mode, *others, world_size, **kwargs)  # type: ignore[arg-type]
+    (the pipelined ones sharing their inner column block).
+
+    `static_layer0`: layer 0 never aggregates (its static aggregate stands in), so nothing is
+    built for its chunk count unless a deeper layer uses it too.
+    """
+    kwargs = {
+        "num_chunks": num_chunks,
+        "width": width,
+        "halo_local_H": halo_local_H,
+        "attention": attention,
+    }
     same = layer0[0] is others[0]
-    if same or world_size == 1 or mode in ("shared-memory", "compute-only"):
+    alone = same or world_size == 1 or mode in ("shared-memory", "compute-only")
+    kwargs["layers"] = slice(1, None) if static_layer0 or not alone else slice(None)
+    rest = make_aggregator(mode, *others, world_size, **kwargs)  # type: ignore[arg-type]
+    if alone:
         return rest
     if isinstance(rest, PipelinedAggregator):
-        first: Aggregator = PipelinedAggregator(*layer0, num_chunks, inner=rest.inner)
+        first: Aggregator = PipelinedAggregator(
+            *layer0, num_chunks, inner=rest.inner, attention=attention, layers=slice(0, 1)
+        )
     else:
+        kwargs["layers"] = slice(0, 1)
         first = make_aggregator(mode, *layer0, world_size, **kwargs)  # type: ignore[arg-type]
     return PerLayerAggregator(first, rest)

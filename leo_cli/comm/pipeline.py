@@ -89,6 +89,8 @@ class PipelinedAggregator(AggregatorBase):
         plan: HaloPlan,
         num_chunks: list[int],
         inner: ColumnBlock | None = None,
+        attention: bool = False,
+        layers: slice = slice(None),
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -97,8 +99,14 @@ class PipelinedAggregator(AggregatorBase):
         inner: the inner column block of another view of the same part, to share: views
             re-lay out halo columns only, so every view's inner block is the same (and it
             holds most of the edges).
+        attention: keep adj for `columns` (attention layers build their edge views from
+            it); otherwise it is dropped once every column block is built, since the blocks
+            hold every edge again.
+        layers: the layers it serves, as a slice of `num_chunks` (`slice(1, None)`: layer 1
+            and deeper): schedules, each holding every halo edge again, are built for their
+            chunk counts only.
         """
-        self.adj, self.plan, self.stats = adj, plan, plan.stats
+        self.plan, self.stats = plan, plan.stats
         self.num_chunks = num_chunks
         self.boundary_B = torch.unique(plan.send_idx_S)  # sorted
         interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
@@ -108,13 +116,14 @@ class PipelinedAggregator(AggregatorBase):
             inner = column_block(adj, 0, plan.num_inner, compact=False)
         assert inner.col_end == plan.num_inner and inner.fwd.num_rows == adj.num_rows
         self.inner = inner
-        self._schedules: dict[int, Schedule] = {}
+        counts = set(num_chunks[layers]) or {num_chunks[-1]}
+        self._schedules = {k: build_schedule(adj, plan, self.boundary_B, k) for k in counts}
+        self.adj = adj if attention else None
 
     def schedule(self, layer: int) -> Schedule:
-        """The chunking of a layer (built once per chunk count)."""
+        """The chunking of a layer (built at set-up, once per chunk count)."""
         k = self.num_chunks[min(layer, len(self.num_chunks) - 1)]
-        if k not in self._schedules:
-            self._schedules[k] = build_schedule(self.adj, self.plan, self.boundary_B, k)
+        assert k in self._schedules, f"layer {layer} is not one this aggregator was built for"
         return self._schedules[k]
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
@@ -128,6 +137,7 @@ class PipelinedAggregator(AggregatorBase):
         return out, h_NO
 
     def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
+        assert self.adj is not None, "attention layers need PipelinedAggregator(attention=True)"
         return self.adj, self.plan
 
     def gather(self, h_NF: Tensor, layer: int) -> Tensor:

@@ -50,16 +50,25 @@ def remap_halo(
         edge_cols: (E_remote) for every edge with a halo column (CSR order), its view column
             in `0..K-1`, or -1.
     """
-    n, device = plan.num_inner, adj.device
-    cols_E = adj.indices.long()
-    remote_E = torch.nonzero(cols_E >= n).squeeze(1)
-    new_cols = cols_E.clone()
-    new_cols[remote_E] = torch.where(edge_cols >= 0, n + edge_cols, -1)
+    n, num_cols = plan.num_inner, plan.num_inner + int(rows_K.shape[0])
+    # Column temporaries in the CSR's own index dtype where the view's columns fit in it.
+    dtype = adj.indices.dtype if num_cols <= torch.iinfo(adj.indices.dtype).max else torch.int64
+    new_cols = adj.indices.to(dtype, copy=True)
+    remote_E = torch.nonzero(new_cols >= n).squeeze(1)
+    new_cols[remote_E] = torch.where(edge_cols >= 0, n + edge_cols, -1).to(dtype)
+    del remote_E
     keep_E = new_cols >= 0
-    rows_E = row_of_edges(adj.indptr)[keep_E]
+    rows_E = row_of_edges(adj.indptr, dtype)[keep_E]
     view_adj = kernels.CSR.from_coo(
-        rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, n + int(rows_K.shape[0])
+        rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, num_cols, rows_sorted=True
     )
+    return view_adj, remap_plan(plan, rows_K)
+
+
+def remap_plan(plan: HaloPlan, rows_K: Tensor) -> HaloPlan:
+    """The halo plan of a view whose halo rows are `rows_K` (see `remap_halo`), without its
+    CSR: owners learn which of their rows each view row is. Collective."""
+    n, device = plan.num_inner, rows_K.device
     owner_K = halo_owner(plan, rows_K)
     recv_counts = torch.bincount(owner_K, minlength=len(plan.recv_counts)).tolist()
     recv_offsets = torch.tensor(plan.recv_offsets(), device=device)
@@ -72,7 +81,7 @@ def remap_halo(
     counts = torch.tensor(send_counts, device=device)
     reader = torch.repeat_interleave(torch.arange(len(send_counts), device=device), counts)
     send_idx = plan.send_idx_S[send_offsets[reader] + positions]
-    return view_adj, HaloPlan(n, send_idx, send_counts, recv_counts, plan.stats)
+    return HaloPlan(n, send_idx, send_counts, recv_counts, plan.stats)
 
 
 def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:

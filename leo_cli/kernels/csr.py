@@ -20,7 +20,7 @@ from torch import Tensor
 from leo_cli.errors import KernelError
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class CSR:
         t_indptr: (C+1) row pointers of the transpose.
         t_indices: (E) columns of the transpose (original rows), grouped by original column.
         t_perm: (E) transpose edge k is original edge `t_perm[k]`, so the transpose's
-            values are `values[t_perm]`.
+            values are `values[t_perm]`; empty in a forward-only CSR (comm/blocks.py), which
+            can run forward but neither be transposed nor differentiated.
         max_degree: edges of the longest row (-1: unknown). Computed once here, it tells the
             CUDA SpMM whether some rows are hubs to split across blocks (see cuda/).
         t_max_degree: the same for the transpose (the longest column: the backward's hub).
@@ -117,19 +118,26 @@ class CSR:
         num_cols: int,
         *,
         index_dtype: torch.dtype | None = None,
+        rows_sorted: bool = False,
     ) -> CSR:
         """Build from coordinate lists (edges in any order; kept in order within a row).
 
         For a PyG `edge_index` (source, target) aggregated at the target, pass
-        `rows=edge_index[1], cols=edge_index[0]`.
+        `rows=edge_index[1], cols=edge_index[0]`. `rows_sorted` says the edges are already
+        grouped by row in increasing order (e.g. cut out of another CSR): the stable sort
+        would then be the identity, and skipping it saves a sort and a copy of every array.
         """
-        order = torch.sort(rows, stable=True).indices
-        counts = torch.bincount(rows.long(), minlength=num_rows)
+        counts = torch.bincount(rows, minlength=num_rows)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-        sorted_values = None if values is None else values[order]
-        return cls.from_arrays(
-            indptr, cols[order].long(), sorted_values, num_cols, index_dtype=index_dtype
-        )
+        if rows_sorted and rows.shape[0] > 1 and bool((rows[1:] < rows[:-1]).any()):
+            raise KernelError("from_coo(rows_sorted=True) got rows out of order")
+        if not rows_sorted:
+            order = torch.sort(rows, stable=True).indices
+            cols = cols[order]
+            values = None if values is None else values[order]
+        if cols.dtype not in _INDEX_DTYPES:
+            cols = cols.long()
+        return cls.from_arrays(indptr, cols, values, num_cols, index_dtype=index_dtype)
 
     @property
     def num_edges(self) -> int:
@@ -160,6 +168,8 @@ class CSR:
 
     def transpose(self) -> CSR:
         """A^T as a CSR (its own transpose, A, comes with it; O(E) for the inverse permutation)."""
+        if self.t_perm.shape[0] != self.num_edges:
+            raise KernelError("this CSR was built forward-only (no t_perm): it has no transpose")
         return CSR(
             indptr=self.t_indptr,
             indices=self.t_indices,
@@ -191,11 +201,12 @@ def max_degree(indptr: Tensor) -> int:
     return int((indptr[1:] - indptr[:-1]).max())
 
 
-def row_of_edges(indptr: Tensor) -> Tensor:
-    """(E) int64 row of every edge, from (R+1) row pointers."""
+def row_of_edges(indptr: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
+    """(E) row of every edge, from (R+1) row pointers (int64, or `dtype` where rows fit)."""
     num_rows = indptr.shape[0] - 1
     degrees = (indptr[1:] - indptr[:-1]).long()
-    return torch.repeat_interleave(torch.arange(num_rows, device=indptr.device), degrees)
+    rows_R = torch.arange(num_rows, dtype=dtype, device=indptr.device)
+    return torch.repeat_interleave(rows_R, degrees)
 
 
 def inverse_permutation(perm: Tensor) -> Tensor:
@@ -214,8 +225,8 @@ def build_transpose(
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
     t_perm = torch.sort(indices, stable=True).indices.to(indices.dtype)
-    t_indices = row_of_edges(indptr)[t_perm].to(indices.dtype)
-    counts = torch.bincount(indices.long(), minlength=num_cols)
+    t_indices = row_of_edges(indptr, indices.dtype)[t_perm]  # no int64 temporaries
+    counts = torch.bincount(indices, minlength=num_cols)
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)
     return t_indptr, t_indices, t_perm
 
@@ -232,7 +243,7 @@ def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
 def _compact_index_dtype(indptr: Tensor, indices: Tensor, num_cols: int) -> torch.dtype:
     """int32 when edges, rows and columns all fit in it, else int64."""
     largest = max(indices.shape[0], indptr.shape[0], num_cols)
-    return torch.int32 if largest <= _INT32_MAX else torch.int64
+    return torch.int32 if largest <= INT32_MAX else torch.int64
 
 
 def _validate(indptr: Tensor, indices: Tensor, values: Tensor, num_cols: int) -> None:

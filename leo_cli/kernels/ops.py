@@ -97,6 +97,16 @@ def _spmm_transposed(
     degrees: tuple[int, int] = (-1, -1),
 ) -> Tensor:
     """A^T @ grad (C x F), with the precomputed transpose; degrees: (A's, A^T's) max degree."""
+    # A CSR may drop its permutation when it only ever runs forward (comm/blocks.py): a
+    # gradient through it would gather the wrong edge values, so it is refused here.
+    _require(
+        t_perm.shape[0] == values_E.shape[0],
+        lambda: (
+            "backward through a CSR without its edge permutation (t_perm is empty: a "
+            "forward-only CSR such as a ColumnBlock's); differentiate through the block's own "
+            "backward instead"
+        ),
+    )
     num_cols = t_indptr.shape[0] - 1
     t_values = values_E.index_select(0, t_perm)  # ~4x faster than values_E[t_perm] on CPU
     grad_CF: Tensor = spmm_csr(

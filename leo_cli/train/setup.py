@@ -108,7 +108,8 @@ def assemble(
         levels = build_levels(adj, plan, data.x_NF, halo_ids, mode_cache, world_size > 1)
     width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
     others = (adj, plan) if levels is None else levels.others
-    first = others if levels is None or layer0_is_static(cfg, levels) else levels.layer0
+    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
+    first = others if levels is None or static_layer0 else levels.layer0
     aggregator = make_layer_aggregators(
         cfg.pipeline.mode,
         first,
@@ -117,6 +118,8 @@ def assemble(
         num_chunks=chunk_counts(cfg.pipeline.num_chunks, chunks_planned, plan, width, dtype),
         width=width,
         halo_local_H=torch.from_numpy(np.array(part.halo_owner_local)).to(device),
+        attention=cfg.model.name == "gat",
+        static_layer0=static_layer0,
     )
     graph = LocalGraph(
         self_weight_N=self_weight,

@@ -40,6 +40,7 @@ from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_config
 from leo_cli.train.heartbeat import start_heartbeat
+from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
 from leo_cli.train.setup import Job, build_job, halo_plan
 from leo_cli.train.trainer import evaluate, train_step
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     die_with_parent()
+    fix_mmap_threshold()  # before set-up's large temporaries come and go (train/memory.py)
     env = DistEnv.from_env()
     run_dir: Path = args.run_dir
     start_heartbeat(run_dir, env.rank)
@@ -284,6 +286,9 @@ def run_worker(
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
     check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
     job = build_job(run_dir, cfg, meta, part, env.world_size, device)
+    # The job copied what it needs of the part (the features stay mapped through x_NF):
+    # dropping it unmaps the edge arrays that set-up read, which would stay resident.
+    del part
     if state is not None:
         job.model.load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])

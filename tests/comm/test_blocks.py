@@ -7,6 +7,7 @@ import torch
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import chunk_bounds, column_block
+from leo_cli.errors import KernelError
 
 
 def random_csr(rows: int, cols: int, edges: int, seed: int) -> kernels.CSR:
@@ -53,3 +54,41 @@ def test_chunk_bounds_cover_every_row_once(rows: int, chunks: int) -> None:
     assert len(b) == chunks + 1 and b[0] == 0 and b[-1] == rows
     assert all(lo <= hi for lo, hi in zip(b, b[1:], strict=False))
     assert max(hi - lo for lo, hi in zip(b, b[1:], strict=False)) <= -(-rows // chunks)
+
+
+def test_blocks_keep_no_permutation_and_refuse_the_ops_backward() -> None:
+    adj = random_csr(30, 40, 200, seed=2)
+    block = column_block(adj, 10, 40, compact=True)
+    assert block.fwd.t_perm.numel() == 0 and block.bwd.t_perm.numel() == 0
+    assert block.rows_R is not None and block.rows_R.dtype == torch.int32
+    x = torch.randn(30, 3, dtype=torch.float64, requires_grad=True)
+    out = block.forward(x)  # forward runs without the permutation...
+    with pytest.raises(RuntimeError, match="without its edge permutation"):
+        out.sum().backward()  # ... a gradient through the op would gather wrong values
+    # The block's own backward (its transpose's forward) is what serves gradients.
+    grad = block.backward(torch.ones(30, 3, dtype=torch.float64))
+    torch.testing.assert_close(grad, adj.to_dense()[:, 10:].t() @ torch.ones(30, 3).double())
+    with pytest.raises(KernelError, match="forward-only"):
+        block.fwd.transpose()  # values[t_perm] would be empty against every edge
+
+
+def test_from_coo_refuses_rows_said_sorted_that_are_not() -> None:
+    rows, cols = torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2])
+    with pytest.raises(KernelError, match="rows out of order"):
+        kernels.CSR.from_coo(rows, cols, None, 3, 3, rows_sorted=True)
+    csr = kernels.CSR.from_coo(rows, cols, None, 3, 3)
+    ordered = kernels.CSR.from_coo(
+        rows.sort().values, cols[rows.argsort()], None, 3, 3, rows_sorted=True
+    )
+    assert torch.equal(csr.to_dense(), ordered.to_dense())
+
+
+def test_whole_csr_block_shares_the_csrs_arrays() -> None:
+    adj = random_csr(30, 30, 200, seed=3)
+    block = column_block(adj, 0, 30, compact=False)
+    for name in ("indptr", "indices", "values", "t_indptr", "t_indices"):
+        assert getattr(block.fwd, name) is getattr(adj, name)
+    rebuilt = column_block(adj, 0, 29, compact=False)  # a strict sub-block is rebuilt
+    assert rebuilt.fwd.indices is not adj.indices
+    x = torch.randn(30, 4, dtype=torch.float64)
+    torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
