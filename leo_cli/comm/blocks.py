@@ -155,4 +155,4 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
     fwd = kernels.CSR.from_coo(
         rows_E, pos_E[found_E], values_E, num_rows, num_cols, rows_sorted=True
     )
-    return block_of(0, int(cols_C.shape[0]), rows_R, fwd)
+    return block_of(0, num_cols, rows_R, fwd)

@@ -202,7 +202,8 @@ def max_degree(indptr: Tensor) -> int:
 
 
 def row_of_edges(indptr: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
-    """(E) row of every edge, from (R+1) row pointers (int64, or `dtype` where rows fit)."""
+    """(E) row of every edge, from (R+1) row pointers, in `dtype` (int64 unless the caller
+    knows its row ids fit a narrower one; nothing here checks)."""
     num_rows = indptr.shape[0] - 1
     degrees = (indptr[1:] - indptr[:-1]).long()
     rows_R = torch.arange(num_rows, dtype=dtype, device=indptr.device)
