@@ -105,6 +105,7 @@ class CachePlan:
     bytes_per_level: list[dict[str, int]]
     sweep: list[dict[str, float]]
     replica_budget_mb: float
+    plan_s: float | None = None  # seconds it took to make (profiles, policy, plot)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +129,7 @@ class CachePlan:
             ],
             "replica_budget_sweep": self.sweep,
             "replica_budget_mb": self.replica_budget_mb,
+            "plan_s": self.plan_s,
         }
 
     @classmethod
@@ -148,13 +150,22 @@ class CachePlan:
                 [int(k) for k in data["num_chunks"]],
                 data["predicted_epoch_time_s"], data["predicted_stages_s"],
                 [r["bytes_per_level"] for r in data["ranks"]], data["replica_budget_sweep"],
-                float(data["replica_budget_mb"]),
+                float(data["replica_budget_mb"]), _seconds(data.get("plan_s")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheError(
                 f"{path} is not a cache plan this version reads ({exc}); delete it and run "
                 "leo profile-cache."
             ) from None
+
+
+def _seconds(value: Any) -> float | None:
+    """A recorded duration: a finite number >= 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise ValueError(f"plan_s must be seconds, not {value!r}")
+    return float(value)
 
 
 def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str, int]:
