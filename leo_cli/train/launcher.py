@@ -127,11 +127,13 @@ def prepare(
     )
     made = sum(parts.meta.get("timings_s", {}).values())
     timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)
+    if not parts.reused:  # a plan made from the parts before a rebuild is made again
+        (run_dir / PLAN).unlink(missing_ok=True)
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
-    ensure_plan(cfg, run_dir, timer=timer)
+    ensure_plan(cfg, run_dir, timer=timer, verify_parts=False)  # workers verify their parts
     return run_dir
 
 

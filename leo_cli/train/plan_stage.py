@@ -42,10 +42,15 @@ from leo_cli.train.timing import RunTimer
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def part_profiles(run_dir: Path, num_parts: int) -> list[PartProfile]:
-    """The profile of every part (checksums verified; memory-mapped: features stay on disk)."""
+def part_profiles(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartProfile]:
+    """The profile of every part (memory-mapped: features stay on disk). `verify` checks the
+    parts' checksums first; `leo train` skips it, since every worker verifies its own part
+    before training (a plan made from a corrupt part is never used: training stops)."""
     root = partition_dir(run_dir)
-    return [PartProfile.from_part(read_part(root, r, mmap=True)) for r in range(num_parts)]
+    return [
+        PartProfile.from_part(read_part(root, r, verify=verify, mmap=True))
+        for r in range(num_parts)
+    ]
 
 
 def machine_cache(num_workers: int, threads: str) -> Path:
@@ -139,12 +144,14 @@ def ensure_plan(
     force: bool = False,
     always: bool = False,
     timer: RunTimer | None = None,
+    verify_parts: bool = True,
 ) -> CachePlan | None:
     """The run's cache plan, made when missing or stale.
 
     Training needs none with `cache.policy=none` (None is returned); `always` makes one
     anyway (`leo profile-cache` shows the predictions of every mode). `timer` gets the
     probe's and the plan's seconds (`plan_s`: profiles, policy, predictions, plot).
+    `verify_parts=False` leaves the parts' checksums to the workers (see `part_profiles`).
     """
     timer = timer or RunTimer()
     if cfg.cache.policy == "none" and not always:
@@ -160,7 +167,7 @@ def ensure_plan(
     if existing is not None and existing.key == key and not force:
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
-    profiles = part_profiles(run_dir, num_parts)
+    profiles = part_profiles(run_dir, num_parts, verify_parts)
     shape = model_shape(
         cfg.model,
         int(dataset["num_features"]),
