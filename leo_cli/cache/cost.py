@@ -144,7 +144,11 @@ class ShapeLayer:
 
 
 class _Counts:
-    """Rows and edges a rank moves and aggregates at one layer, given every rank's cache."""
+    """Rows and edges a rank moves and aggregates at one layer, given every rank's cache.
+
+    Computed from each part's totals and the rows its cache lists (replicas, rows fetched per
+    edge), never from a pass over every halo row: the policy prices dozens of caches.
+    """
 
     def __init__(
         self, profiles: list[PartProfile], caches: list[RankCache], layer: int, per_edge: bool
@@ -156,19 +160,24 @@ class _Counts:
         self.replica_rows = np.zeros(num)
         self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
         for r, (p, c) in enumerate(zip(profiles, caches, strict=True)):
-            l1 = np.zeros(p.num_halo, dtype=bool)
-            if layer == 0:
-                l1[c.replica_rows] = True
-            l3 = np.zeros(p.num_halo, dtype=bool)
-            l3[c.l3_rows] = True
-            if per_edge:
-                l3[:] = True
-            rows_per_row = np.where(l3, p.reuse_H, 1) * ~l1
-            self.recv[r] = np.bincount(p.owner_H, weights=rows_per_row, minlength=num)
-            self.halo_edges[r] = p.reuse_H[~l1].sum()
-            self.replica_edges[r] = p.reuse_H[l1].sum()
-            self.replica_rows[r] = l1.sum()
-            self.per_edge_edges[r] = p.reuse_H[l3 & ~l1].sum()
+            l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
+            l1_edges = float(p.reuse_H[l1].sum())
+            recv = np.asarray(p.recv_counts, dtype=np.float64)
+            recv -= np.bincount(p.owner_H[l1], minlength=num)
+            per_edge_edges = 0.0
+            if per_edge:  # every row not replicated comes once per reading edge
+                recv += p.reuse_per_owner - np.asarray(p.recv_counts, dtype=np.float64)
+                recv -= np.bincount(p.owner_H[l1], weights=p.reuse_H[l1] - 1, minlength=num)
+                per_edge_edges = p.halo_edges - l1_edges
+            elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
+                l3 = np.setdiff1d(c.l3_rows, l1, assume_unique=True)
+                recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
+                per_edge_edges = float(p.reuse_H[l3].sum())
+            self.recv[r] = recv
+            self.halo_edges[r] = p.halo_edges - l1_edges
+            self.replica_edges[r] = l1_edges
+            self.replica_rows[r] = l1.shape[0]
+            self.per_edge_edges[r] = per_edge_edges
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
         self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
 

@@ -119,8 +119,10 @@ def decide(
     base = [RankCache(static) for _ in profiles]
     chunks = [1] * shape.num_layers
     curve: list[dict[str, float | bool]] = []
+    orders: list[IntArray] = []
     if policy != "none" and not static and not shape.attention and hw is not None:
-        curve = sweep(profiles, shape, budgets, hw)
+        orders = [replica_order(p, shape, hw) for p in profiles]
+        curve = sweep(profiles, shape, budgets, hw, orders)
     if policy == "none" or static or shape.attention:
         caches = base
     elif policy == "degree":
@@ -130,7 +132,7 @@ def decide(
         ]
     else:
         assert hw is not None, "the leo policy needs a hardware profile"
-        caches = choose_replicas(profiles, shape, budgets, hw, curve)
+        caches = choose_replicas(profiles, shape, budgets, hw, (orders, curve))
     if hw is None:
         return Decision(caches, chunks, None)
     chunks = choose_chunks(profiles, caches, shape, hw)
@@ -139,11 +141,14 @@ def decide(
 
 
 def sweep(
-    profiles: list[PartProfile], shape: ModelShape, budgets: Budgets, hw: HardwareProfile
+    profiles: list[PartProfile],
+    shape: ModelShape,
+    budgets: Budgets,
+    hw: HardwareProfile,
+    orders: list[IntArray],
 ) -> list[dict[str, float | bool]]:
     """Predicted step (one chunk per layer) with every rank replicating the same share of
-    its halo, in the order the leo policy ranks rows (see `Decision.sweep`)."""
-    orders = [replica_order(p, shape, hw) for p in profiles]
+    its halo, in the order the leo policy ranks rows (`orders`; see `Decision.sweep`)."""
     row_bytes = shape.widths[0] * shape.dtype_bytes
     chunks = [1] * shape.num_layers
     out: list[dict[str, float | bool]] = []
@@ -170,12 +175,12 @@ def choose_replicas(
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile,
-    curve: list[dict[str, float | bool]],
+    swept: tuple[list[IntArray], list[dict[str, float | bool]]],
 ) -> list[RankCache]:
     """Per rank, the replicated share that minimises the predicted step: from the best
-    point of the sweep that fits the budgets, two passes over the ranks, each trying a few
-    shares of its budget."""
-    orders = [replica_order(p, shape, hw) for p in profiles]
+    point of the sweep (`swept`: each rank's row order and the sweep) that fits the budgets,
+    two passes over the ranks, each trying a few shares of its budget."""
+    orders, curve = swept
     fitting = [pt for pt in curve if pt["within_budget"]]
     best = min(fitting, key=lambda pt: float(pt["predicted_epoch_time_s"]))
     counts = [int(float(best["replica_share"]) * p.num_halo) for p in profiles]

@@ -9,8 +9,11 @@ group. Legend: N inner rows, H halo rows, P parts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import IntArray
@@ -49,9 +52,14 @@ class PartProfile:
     def num_halo(self) -> int:
         return int(self.reuse_H.shape[0])
 
-    @property
+    @cached_property
     def halo_edges(self) -> int:
         return int(self.reuse_H.sum())
+
+    @cached_property
+    def reuse_per_owner(self) -> IntArray:
+        """(P) local edges reading the halo rows of each peer."""
+        return np.bincount(self.owner_H, weights=self.reuse_H, minlength=len(self.recv_counts))
 
     def num_blocks(self, num_chunks: int) -> int:
         """Halo column blocks of the pipeline: one per peer sending rows and chunk."""
@@ -66,31 +74,43 @@ class PartProfile:
 
     @classmethod
     def from_part(cls, part: LocalPart) -> PartProfile:
+        """Counts marked in boolean arrays (one pass each; a sort of every halo edge took most
+        of a plan's time at ogbn-products size)."""
         n = part.num_inner
         indices = np.asarray(part.indices)
         remote = indices >= n
-        reuse = np.bincount(indices[remote] - n, minlength=part.num_halo).astype(np.int64)
+        halo_E = indices[remote] - n
+        reuse = np.bincount(halo_E, minlength=part.num_halo).astype(np.int64)
         indptr: IntArray = np.asarray(part.indptr, dtype=np.int64)
-        degrees = indptr[1:] - indptr[:-1]
-        rows = np.repeat(np.arange(n), degrees)
+        row_ids = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        rows_E = cast(npt.NDArray[np.integer[Any]], np.repeat(row_ids, np.diff(indptr))[remote])
+        owner_H = np.asarray(part.halo_owner, dtype=np.int64)
         return cls(
             rank=part.rank,
             num_inner=n,
-            num_boundary=int(np.unique(np.asarray(part.send_idx)).shape[0]),
-            inner_edges=int((~remote).sum()),
+            num_boundary=count_marked(np.asarray(part.send_idx), n),
+            inner_edges=int(indices.shape[0] - halo_E.shape[0]),
             reuse_H=reuse,
-            owner_H=np.asarray(part.halo_owner, dtype=np.int64),
+            owner_H=owner_H,
             send_counts=[int(c) for c in part.send_counts],
             recv_counts=[int(c) for c in part.recv_counts],
-            rows_reading_halo=int(np.unique(rows[remote]).shape[0]),
-            rows_reading_peer=readers_per_peer(
-                rows[remote], np.asarray(part.halo_owner)[indices[remote] - n], part.num_parts
-            ),
+            rows_reading_halo=count_marked(rows_E, n),
+            rows_reading_peer=readers_per_peer(rows_E, owner_H[halo_E], n, part.num_parts),
         )
 
 
-def readers_per_peer(rows_E: IntArray, owner_E: IntArray, num_parts: int) -> list[int]:
+def count_marked(ids: npt.NDArray[np.integer[Any]], size: int) -> int:
+    """How many distinct ids in 0..size-1 (a boolean mark per id, no sort)."""
+    mark = np.zeros(size, dtype=bool)
+    mark[ids] = True
+    return int(np.count_nonzero(mark))
+
+
+def readers_per_peer(
+    rows_E: npt.NDArray[np.integer[Any]], owner_E: IntArray, num_rows: int, num_parts: int
+) -> list[int]:
     """Distinct rows reading each peer's halo rows, from the (row, owner) of each halo edge."""
-    pairs = np.unique(owner_E.astype(np.int64) * (int(rows_E.max(initial=0)) + 1) + rows_E)
-    owners = pairs // (int(rows_E.max(initial=0)) + 1)
-    return [int(c) for c in np.bincount(owners, minlength=num_parts)]
+    out = [0] * num_parts
+    for q in np.flatnonzero(np.bincount(owner_E, minlength=num_parts)):  # peers read from
+        out[int(q)] = count_marked(rows_E[owner_E == q], num_rows)
+    return out

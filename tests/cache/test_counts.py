@@ -1,0 +1,77 @@
+"""The cost model's counts come from each part's totals and the rows a cache lists: checked
+against a pass over every halo row (what they replaced), for random caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from leo_cli.cache.cost import RankCache, _Counts
+from leo_cli.cache.profile import PartProfile
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.types import Graph, symmetrize
+
+
+def reference(profiles: list[PartProfile], caches: list[RankCache], layer: int, per_edge: bool):
+    num = len(profiles)
+    recv, edges, per = np.zeros((num, num)), np.zeros(num), np.zeros(num)
+    for r, (p, c) in enumerate(zip(profiles, caches, strict=True)):
+        l1 = np.zeros(p.num_halo, dtype=bool)
+        if layer == 0:
+            l1[c.replica_rows] = True
+        l3 = np.zeros(p.num_halo, dtype=bool)
+        l3[c.l3_rows] = True
+        l3 |= per_edge
+        recv[r] = np.bincount(p.owner_H, np.where(l3, p.reuse_H, 1) * ~l1, minlength=num)
+        edges[r] = p.reuse_H[~l1].sum()
+        per[r] = p.reuse_H[l3 & ~l1].sum()
+    return recv, edges, per
+
+
+def graph(seed: int) -> Graph:
+    rng = np.random.default_rng(seed)
+    n = 120
+    return Graph(
+        name="g",
+        edge_index_2E=symmetrize(rng.integers(0, n, (2, 600)), n),
+        x_NF=np.zeros((n, 2), dtype=np.float32),
+        y_N=np.zeros(n, dtype=np.int64),
+        train_mask_N=np.ones(n, dtype=bool),
+        val_mask_N=np.zeros(n, dtype=bool),
+        test_mask_N=np.zeros(n, dtype=bool),
+        num_classes=2,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_counts_match_a_pass_over_every_halo_row(seed: int) -> None:
+    g = graph(seed)
+    parts = build_parts(g, assign_parts(g, 3, "random", seed=seed), 3)
+    profiles = [PartProfile.from_part(p) for p in parts]
+    rng = np.random.default_rng(seed)
+    caches = []
+    for p in profiles:
+        rows = rng.permutation(p.num_halo)
+        caches.append(RankCache(False, np.sort(rows[: p.num_halo // 3]), np.sort(rows[5:30])))
+    for layer in (0, 1):
+        for per_edge in (False, True):
+            got = _Counts(profiles, caches, layer, per_edge)
+            recv, edges, per = reference(profiles, caches, layer, per_edge)
+            np.testing.assert_allclose(got.recv, recv)
+            np.testing.assert_allclose(got.halo_edges, edges)
+            np.testing.assert_allclose(got.per_edge_edges, per)
+
+
+def test_profile_counts_distinct_rows() -> None:
+    g = graph(3)
+    for part in build_parts(g, assign_parts(g, 3, "random", seed=3), 3):
+        prof = PartProfile.from_part(part)
+        indices, n = np.asarray(part.indices), part.num_inner
+        rows = np.repeat(np.arange(n), np.diff(np.asarray(part.indptr)))
+        remote = indices >= n
+        owner = np.asarray(part.halo_owner)[indices[remote] - n]
+        assert prof.num_boundary == np.unique(part.send_idx).shape[0]
+        assert prof.rows_reading_halo == np.unique(rows[remote]).shape[0]
+        for q in range(3):
+            assert prof.rows_reading_peer[q] == np.unique(rows[remote][owner == q]).shape[0]
