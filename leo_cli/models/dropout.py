@@ -8,6 +8,8 @@ the node id and one column per head. Legend: N rows (nodes), F columns, E edges,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -80,12 +82,26 @@ def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     if p == 0.0:
         return x_NF
     scale = 256.0 / (256 - threshold(p))  # 1 / (keep probability): unbiased after rounding
-    masks = [
-        keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
-        for s in range(0, ids_N.shape[0], _CHUNK_ROWS)
-    ]
-    mask_NF = torch.cat(masks) if masks else torch.zeros_like(x_NF, dtype=torch.bool)
-    return torch.where(mask_NF, x_NF * scale, torch.zeros((), dtype=x_NF.dtype))
+    mult_NF = torch.empty_like(x_NF)
+    for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
+        mult_NF[s : s + _CHUNK_ROWS] = keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
+    out: Tensor = _Scale.apply(x_NF, mult_NF.mul_(scale))  # type: ignore[no-untyped-call]
+    return out
+
+
+class _Scale(torch.autograd.Function):
+    """x -> x·m for a constant multiplier m (0 or 1/keep): one pass each way. (`torch.where`
+    on the mask and its backward took twice as long on the CPU, measured on 200k x 64.)"""
+
+    @staticmethod
+    def forward(ctx: Any, x_NF: Tensor, mult_NF: Tensor) -> Tensor:
+        ctx.save_for_backward(mult_NF)
+        return x_NF * mult_NF
+
+    @staticmethod
+    def backward(ctx: Any, grad_NF: Tensor) -> tuple[Tensor, None]:
+        (mult_NF,) = ctx.saved_tensors
+        return grad_NF * mult_NF, None
 
 
 def attention_key(seed: int, epoch: int, layer: int) -> int:

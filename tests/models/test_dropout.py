@@ -24,6 +24,17 @@ def test_keep_rate_and_unbiased_scale(p: float) -> None:
     assert y.mean().item() == pytest.approx(1.0, abs=0.01)
 
 
+def test_dropout_drops_the_masked_entries_and_their_gradients() -> None:
+    x = torch.randn(70000, 9, dtype=torch.float64, requires_grad=True)  # three row chunks
+    key = stream_key(3, 1, 0)
+    y = counter_dropout(x, torch.arange(70000), 0.5, key)
+    kept = keep_mask(torch.arange(70000), 9, key, 0.5)
+    torch.testing.assert_close(y, torch.where(kept, x * 2.0, 0.0), rtol=0, atol=0)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    torch.testing.assert_close(x.grad, torch.where(kept, grad * 2.0, 0.0), rtol=0, atol=0)
+
+
 def test_keys_give_independent_masks() -> None:
     ids = torch.arange(4000)
     a = keep_mask(ids, 64, stream_key(0, 1, 0), 0.5).double() - 0.5
