@@ -19,7 +19,7 @@ from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.train.checkpoint import read_latest
-from leo_cli.train.checks import check_config
+from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.launch import launch_module, workers_per_node
 from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.worker import config_fingerprint
@@ -48,6 +48,7 @@ def check_device(launch: LaunchConfigSection, nproc: int) -> None:
         )
     if launch.backend == "nccl" and not cuda:
         raise ConfigError("launch.backend=nccl needs CUDA devices; use launch.backend=gloo on CPU.")
+    check_backend(launch.backend, cuda)
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

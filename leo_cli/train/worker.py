@@ -38,7 +38,7 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
-from leo_cli.train.checks import check_config
+from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
@@ -275,8 +275,10 @@ def run_worker(
             f"{env.world_size} workers started; set launch.nproc to match."
         )
     device = pick_device(cfg.launch, env)
+    check_backend(cfg.launch.backend, device.type == "cuda")
     if env.world_size > 1:
-        init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
+        backend = pick_backend(device, cfg.launch.backend)
+        init_process_group(env, backend, cfg.launch.timeout_s, device)
     # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
     # not hang in the first exchange.
     # Mapped, not read: the part's files serve as page cache while set-up copies what it needs.
