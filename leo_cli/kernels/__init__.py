@@ -25,7 +25,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from leo_cli.errors import KernelError
 from leo_cli.kernels import gat_ops, ops
-from leo_cli.kernels.backend import Backend, active_backend
+from leo_cli.kernels.backend import Backend, active_backend, load_at_import
 from leo_cli.kernels.csr import CSR
 
 __all__ = [
@@ -44,8 +44,10 @@ __all__ = [
     "spmm",
 ]
 
-# Load the CUDA kernels (if built and wanted) before any op runs.
-active_backend()
+# Load the CUDA kernels (if built and wanted) before any op runs. An unhonoured LEO_KERNELS=cuda
+# is raised by active_backend() and by kernels asked to serve CUDA tensors, not here: `leo
+# compile` imports this package to build the extension.
+load_at_import()
 
 
 def _values_for(csr: CSR, x: Tensor) -> Tensor:

@@ -3,7 +3,8 @@
 Each op is declared once with `torch.library.custom_op`. Its body is the reference
 implementation: the CPU path, the path under `LEO_KERNELS=ref`, and the oracle the CUDA kernels
 are tested against. `leo_cli._C` (built from cuda/) registers kernels for the CUDA dispatch key
-of the same ops; the fake (shape) and autograd registrations below serve both backends.
+of the same ops; the fake (shape) and autograd registrations below serve both backends. Under an
+unhonoured `LEO_KERNELS=cuda` the four ops with CUDA kernels refuse CUDA tensors (backend.py).
 
 Low-precision features (float16, bfloat16) are accumulated in float32 and rounded once, as the
 CUDA kernels do. Outputs are always fresh tensors: custom ops may not alias their inputs.
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leo_cli.kernels.backend import require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -147,6 +149,7 @@ def spmm_csr(
     longest row of A and of A^T, -1 when unknown) only steer the CUDA kernel's hub-row split.
     """
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
+    require_cuda_kernels(x.device)
     return _csr_matmul(indptr, indices, values, x, num_rows).to(x.dtype)
 
 
@@ -258,6 +261,7 @@ sddmm_csr.register_autograd(_sddmm_backward, setup_context=_sddmm_setup_context)
 @torch.library.custom_op("leo::gather_rows", mutates_args=())
 def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     """Rows idx of x; (N x F). Indices may repeat."""
+    require_cuda_kernels(x.device)
     return x.index_select(0, idx)
 
 
@@ -288,6 +292,7 @@ gather_rows.register_autograd(_gather_backward, setup_context=_gather_setup_cont
 @torch.library.custom_op("leo::scatter_add_rows", mutates_args=())
 def scatter_add_rows(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
     """zeros(num_rows, F) with src's rows added at idx (repeated indices sum)."""
+    require_cuda_kernels(src.device)
     dtype = _compute_dtype(src.dtype)
     out = torch.zeros((num_rows, src.shape[1]), dtype=dtype, device=src.device)
     return out.index_add_(0, idx, src.to(dtype)).to(src.dtype)
@@ -346,6 +351,7 @@ def fused_aggregate(
     does it in one pass with warps specialised per side. The degrees are as in `spmm_csr`.
     """
     _check_fused_dtypes(values, x_local, r_values, x_remote)
+    require_cuda_kernels(x_local.device)
     out = _csr_matmul(indptr, indices, values, x_local, num_rows)
     out += _csr_matmul(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)

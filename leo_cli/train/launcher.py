@@ -18,6 +18,7 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.launch import launch_module, workers_per_node
@@ -30,8 +31,11 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Devices as the parent sees them, then the config checks that every worker repeats."""
+    """Devices as the parent sees them, the kernels `LEO_KERNELS` asks for (an unbuilt
+    extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
+    that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
+    active_backend()
     check_config(cfg, allow_inexact)
 
 

@@ -36,6 +36,7 @@ from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.kernels import active_backend
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
 from leo_cli.train.checks import check_backend, check_config
@@ -267,6 +268,7 @@ def run_worker(
 ) -> int:
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
     check_same_host(cfg, env)
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
