@@ -94,8 +94,9 @@ def sddmm(csr: CSR, a: Tensor, b: Tensor) -> Tensor:
             f"a must have shape ({csr.num_rows}, F) for this CSR, got {tuple(a.shape)}"
         )
     values_E: Tensor = ops.sddmm_csr(
-        csr.indptr, csr.indices, a, b, csr.t_indptr, csr.t_indices, csr.t_perm
-    )
+        csr.indptr, csr.indices, a, b, csr.t_indptr, csr.t_indices, csr.t_perm,
+        csr.max_degree, csr.t_max_degree,
+    )  # fmt: skip
     return values_E
 
 
@@ -239,6 +240,7 @@ def gat_spmm(csr: CSR, alpha_EH: Tensor, x_CHF: Tensor) -> Tensor:
     out_RHF: Tensor = gat_ops.gat_spmm(
         csr.indptr, csr.indices, alpha_EH, x_CHF,
         csr.t_indptr, csr.t_indices, csr.t_perm, csr.num_rows,
+        csr.max_degree, csr.t_max_degree,
     )  # fmt: skip
     return out_RHF
 

@@ -187,7 +187,9 @@ def _spmm_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
             indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF, ctx.degrees
         )
     if ctx.needs_input_grad[2]:
-        grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
+        grad_values = sddmm_csr(
+            indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm, *ctx.degrees
+        )
     return None, None, grad_values, grad_x, None, None, None, None, None, None
 
 
@@ -207,8 +209,13 @@ def sddmm_csr(
     t_indptr: Tensor,
     t_indices: Tensor,
     t_perm: Tensor,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
-    """Dot product of a's row and b's row at every edge of the pattern; (E)."""
+    """Dot product of a's row and b's row at every edge of the pattern; (E).
+
+    The degrees (as in `spmm_csr`) are handed to the SpMMs of the backward pass.
+    """
     dtype = _compute_dtype(a.dtype)
     rows_E = row_of_edges(indptr)
     out_E = torch.empty(indices.shape[0], dtype=dtype, device=a.device)
@@ -232,23 +239,27 @@ def _sddmm_csr_fake(
     t_indptr: Tensor,
     t_indices: Tensor,
     t_perm: Tensor,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     _require(a.dim() == 2 and b.dim() == 2, lambda: "sddmm_csr: a and b must be 2-D")
     return a.new_empty((indices.shape[0],))
 
 
 def _sddmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:7])
+    ctx.degrees = (inputs[7], inputs[8])
 
 
 def _sddmm_backward(ctx: Any, grad_E: Tensor) -> tuple[Tensor | None, ...]:
     indptr, indices, a, b, t_indptr, t_indices, t_perm = ctx.saved_tensors
+    t = (t_indptr, t_indices, t_perm)
     grad_a = grad_b = None
     if ctx.needs_input_grad[2]:
-        grad_a = spmm_csr(indptr, indices, grad_E, b, t_indptr, t_indices, t_perm, a.shape[0])
+        grad_a = spmm_csr(indptr, indices, grad_E, b, *t, a.shape[0], *ctx.degrees)
     if ctx.needs_input_grad[3]:
-        grad_b = _spmm_transposed(indptr, indices, grad_E, t_indptr, t_indices, t_perm, a)
-    return None, None, grad_a, grad_b, None, None, None
+        grad_b = _spmm_transposed(indptr, indices, grad_E, *t, a, ctx.degrees)
+    return None, None, grad_a, grad_b, None, None, None, None, None
 
 
 sddmm_csr.register_autograd(_sddmm_backward, setup_context=_sddmm_setup_context)
@@ -420,7 +431,8 @@ def _side_grads(
         )
     if need_values:
         x_CF = x.to(grad_RF.device)  # x_remote may live on a peer GPU or the host
-        grad_values = sddmm_csr(indptr, indices, grad_RF, x_CF, t_indptr, t_indices, t_perm)
+        t = (t_indptr, t_indices, t_perm)
+        grad_values = sddmm_csr(indptr, indices, grad_RF, x_CF, *t, *degrees)
     return grad_values, grad_x
 
 
