@@ -89,7 +89,7 @@ run_step tests 200 pytest-gpu.log \
 
 # --- two GPUs: leo and blocking against one process -------------------------------------------
 if ((gpus >= 2)); then
-  run_step train 150 train.log scripts/gpu-check-train.sh "$out"
+  run_step train 180 train.log scripts/gpu-check-train.sh "$out"
 else
   "${report[@]}" record "$out" train skip 0 "one GPU visible: no 2-GPU run"
 fi
