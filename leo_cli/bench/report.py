@@ -1,9 +1,11 @@
 """Benchmark outputs: rows with ratios, and bench.json / bench.csv / bench.md / bench.png.
 
-Ratios: every row against `blocking` at the same world size (paired by round) and against
-`pyg`; the share of communication hidden is (blocking - P) / (blocking - compute-only), P the
-pipeline without a cache (`leo-no-cache`, which does the same computation as compute-only) when
-measured, else `leo` (whose cache may also remove work, which can put it below the floor).
+Ratios: every row against `blocking` at the same world size and against `pyg`, paired by
+round, with an interval that says its kind (bench/stats.py). The share of communication
+hidden is (blocking - P) / (blocking - compute-only) per round, P the pipeline without a cache
+(`leo-no-cache`, which does the same computation as compute-only) when measured, else `leo`
+(whose cache may also remove work, which can put it below the floor). Every row carries its
+set-up (`setup_s`), its `wall_s` and `cost_200_epochs_s` = set-up + 200 x the epoch median.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 import leo_cli
 from leo_cli.bench import stats
-from leo_cli.bench.suite import Measured
+from leo_cli.bench.suite import Measured, Variant
 from leo_cli.config import LeoConfig
 from leo_cli.train.metrics import git_sha, write_json
 
@@ -29,6 +31,7 @@ COLUMNS = (
     "system",
     "mode",
     "world_size",
+    "static_aggregate",
     "dataset",
     "model",
     "epoch_time_s",
@@ -38,6 +41,12 @@ COLUMNS = (
     "vs_blocking_ci_low",
     "vs_blocking_ci_high",
     "vs_pyg",
+    "vs_pyg_ci_low",
+    "vs_pyg_ci_high",
+    "interval",
+    "setup_s",
+    "wall_s",
+    "cost_200_epochs_s",
     "comm_bytes_per_epoch",
     "comm_wait_s",
     "test_acc",
@@ -46,6 +55,7 @@ COLUMNS = (
     "epochs_kept",
     "epochs_dropped",
 )
+STANDARD_EPOCHS = 200  # cost_200_epochs_s: what a standard run costs, set-up included
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> Any:
@@ -65,32 +75,48 @@ def planned_time(out_dir: Path | None, mode: str, world_size: int) -> float | No
     return float(value) if value is not None else None
 
 
+def variant_key(v: Variant) -> tuple[str, int, bool | None]:
+    return (v.mode, v.world_size, v.static_aggregate)
+
+
 def make_rows(
     cfg: LeoConfig, measured: list[Measured], out_dir: Path | None = None
 ) -> list[dict[str, Any]]:
     """One row per variant, with paired ratios to blocking (same P) and to pyg."""
-    by_key = {(m.variant.mode, m.variant.world_size): m for m in measured}
-    pyg = by_key.get(("pyg", 1))
+    by_key = {variant_key(m.variant): m for m in measured}
+    pyg = by_key.get(("pyg", 1, None))
     rows = []
     for m in measured:
         v, s = m.variant, stats.spread(m.epochs)
-        base = by_key.get(("blocking", v.world_size))
+        base = by_key.get(("blocking", v.world_size, None))
         vs_blocking = stats.paired_ratio(m.round_medians, base.round_medians) if base else {}
         vs_pyg = stats.paired_ratio(m.round_medians, pyg.round_medians) if pyg else {}
+        setup = _median(m.runs, "setup_s")
         rows.append(
             {
                 "system": v.system,
                 "mode": v.mode,
                 "world_size": v.world_size,
+                "static_aggregate": _any(m.runs, "static_aggregate"),
+                "label": v.label,
                 "dataset": cfg.data.name,
                 "model": cfg.model.name,
                 "epoch_time_s": s["median"],
                 "epoch_time_p10_s": s["p10"],
                 "epoch_time_p90_s": s["p90"],
-                "vs_blocking": vs_blocking.get("ratio"),
+                "vs_blocking": vs_blocking.get("value"),
                 "vs_blocking_ci_low": vs_blocking.get("ci_low"),
                 "vs_blocking_ci_high": vs_blocking.get("ci_high"),
-                "vs_pyg": vs_pyg.get("ratio"),
+                "vs_pyg": vs_pyg.get("value"),
+                "vs_pyg_ci_low": vs_pyg.get("ci_low"),
+                "vs_pyg_ci_high": vs_pyg.get("ci_high"),
+                "interval": (vs_blocking or vs_pyg).get("interval"),
+                "setup_s": setup,
+                "setup_parts_s": _median_parts(m.runs),
+                "wall_s": _median(m.runs, "wall_s"),
+                "cost_200_epochs_s": None
+                if setup is None
+                else setup + STANDARD_EPOCHS * s["median"],
                 "comm_bytes_per_epoch": _median(m.runs, "comm_bytes_per_epoch"),
                 "comm_wait_s": _median(m.runs, "comm_wait_s"),
                 "test_acc": _median(m.runs, "test_acc"),
@@ -99,9 +125,22 @@ def make_rows(
                 "exact": all(r.get("exact", True) for r in m.runs),
                 "epochs_kept": len(m.epochs),
                 "epochs_dropped": m.dropped,
+                "round_medians": m.round_medians,
             }
         )
     return rows
+
+
+def _any(runs: list[dict[str, Any]], key: str) -> bool | None:
+    values = [bool(r[key]) for r in runs if r.get(key) is not None]
+    return any(values) if values else None
+
+
+def _median_parts(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Median of each set-up part over the runs (bench.json only)."""
+    parts = [r.get("setup_parts_s") or {} for r in runs]
+    names = sorted({k for p in parts for k in p})
+    return {k: statistics.median(p.get(k, 0.0) for p in parts) for k in names}
 
 
 def pipelined_mode(rows: list[dict[str, Any]]) -> str:
@@ -109,16 +148,29 @@ def pipelined_mode(rows: list[dict[str, Any]]) -> str:
     return "leo-no-cache" if any(r["mode"] == "leo-no-cache" for r in rows) else "leo"
 
 
-def hidden_shares(rows: list[dict[str, Any]]) -> dict[int, float | None]:
-    """Per world size: (blocking - pipelined) / (blocking - compute-only), from medians."""
-    t = {(r["mode"], r["world_size"]): r["epoch_time_s"] for r in rows if r["system"] == "leo"}
+def hidden_shares(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per world size: (blocking - pipelined) / (blocking - compute-only), per round, with
+    its interval (`share`, `ci_low`, `ci_high`, `interval`)."""
+    t = {(r["mode"], r["world_size"]): r["round_medians"] for r in rows if r["system"] == "leo"}
     mode = pipelined_mode(rows)
-    out: dict[int, float | None] = {}
+    out: dict[int, dict[str, Any]] = {}
     for w in sorted({r["world_size"] for r in rows}):
         b, pipe, floor = t.get(("blocking", w)), t.get((mode, w)), t.get(("compute-only", w))
         if b is not None and pipe is not None and floor is not None:
-            out[w] = (b - pipe) / (b - floor) if b > floor else None
+            share = stats.hidden_share(b, pipe, floor)
+            out[w] = {"share": share.pop("value"), **share}
     return out
+
+
+def share_warning(share: dict[str, Any]) -> str | None:
+    """A share whose whole interval lies above 1 means the pipeline beat the same computation
+    without any exchange: the modes do not compute alike."""
+    if share.get("ci_low") is not None and share["ci_low"] > 1:
+        return (
+            "warning: its interval lies wholly above 1, which the pipeline cannot reach if "
+            "the modes compute alike; the comparison is not like for like."
+        )
+    return None
 
 
 def environment(command: str) -> dict[str, Any]:
@@ -164,32 +216,56 @@ MD_HEAD = (
     "system",
     "mode",
     "P",
+    "static Â·X",
     "epoch s (p10-p90)",
-    "vs blocking (95% CI)",
+    "vs blocking",
     "vs pyg",
+    "set-up s",
+    "200-epoch cost s",
     "predicted s",
     "MB/epoch",
     "wait s",
     "test acc",
     "exact",
 )
+INTERVAL_NAMES = {"bootstrap95": "95% CI", "range": "range"}
+
+
+def interval_name(rows: list[dict[str, Any]]) -> str:
+    """What the intervals of a table are (every row has as many rounds)."""
+    kinds = sorted({str(r["interval"]) for r in rows if r.get("interval") is not None})
+    return " / ".join(INTERVAL_NAMES[k] for k in kinds) or "no interval"
+
+
+def head(rows: list[dict[str, Any]]) -> list[str]:
+    """MD_HEAD with the ratio columns naming their interval."""
+    name = interval_name(rows)
+    return [f"{h} ({name})" if h in ("vs blocking", "vs pyg") else h for h in MD_HEAD]
+
+
+def _ratio(r: dict[str, Any], key: str) -> str:
+    text = _fmt(r[key], 2)
+    if r[f"{key}_ci_low"] is not None:
+        text += f" ({r[f'{key}_ci_low']:.2f}-{r[f'{key}_ci_high']:.2f})"
+    return text
 
 
 def md_cells(r: dict[str, Any]) -> list[str]:
     """One markdown table row."""
-    ratio = _fmt(r["vs_blocking"], 2)
-    if r["vs_blocking_ci_low"] is not None:
-        ratio += f" ({r['vs_blocking_ci_low']:.2f}-{r['vs_blocking_ci_high']:.2f})"
     mb = None if r["comm_bytes_per_epoch"] is None else r["comm_bytes_per_epoch"] / 1e6
     epoch = f"{_fmt(r['epoch_time_s'])} ({_fmt(r['epoch_time_p10_s'])}-"
     epoch += f"{_fmt(r['epoch_time_p90_s'])})"
+    static = {None: "-", True: "yes", False: "no"}[r["static_aggregate"]]
     return [
         r["system"],
         r["mode"],
         str(r["world_size"]),
+        static,
         epoch,
-        ratio,
-        _fmt(r["vs_pyg"], 2),
+        _ratio(r, "vs_blocking"),
+        _ratio(r, "vs_pyg"),
+        _fmt(r["setup_s"], 2),
+        _fmt(r["cost_200_epochs_s"], 1),
         _fmt(r["predicted_epoch_time_s"]),
         _fmt(mb, 1),
         _fmt(r["comm_wait_s"]),
@@ -198,17 +274,39 @@ def md_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
-    """A paste-able table: times, ratios with intervals, bytes, accuracy; then hidden shares."""
-    lines = ["| " + " | ".join(MD_HEAD) + " |", "|" + "---|" * len(MD_HEAD)]
-    lines += ["| " + " | ".join(md_cells(r)) + " |" for r in rows]
-    lines.append("")
+def share_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per world size: the hidden share, its interval, a warning if needed."""
     mode = pipelined_mode(rows)
+    lines = []
     for w, share in hidden_shares(rows).items():
-        lines.append(
-            f"Share of communication hidden at P={w}: {_fmt(share, 2)} "
-            f"= (blocking - {mode}) / (blocking - compute-only)."
-        )
+        text = f"Share of communication hidden at P={w}: {_fmt(share['share'], 2)}"
+        if share["ci_low"] is not None:
+            name = INTERVAL_NAMES[share["interval"]]
+            text += f" ({name} {share['ci_low']:.2f}-{share['ci_high']:.2f})"
+        text += f" = (blocking - {mode}) / (blocking - compute-only), per round."
+        warning = share_warning(share)
+        lines.append(text + (f" **{warning}**" if warning else ""))
+    return lines
+
+
+FOOTNOTES = (
+    "compute-only runs the exact modes' computation (the same column blocks, forward and "
+    "backward, and the same gradient sums) with the transfers removed: zeros arrive in place "
+    "of halo rows and returned gradients; its numbers are wrong on purpose.",
+    "Set-up: from the start of a fresh `leo train` to its first training step (partitioning "
+    "and cache plan as they cost when made; the hardware probe, once per machine and worker "
+    "count, is not included); for peers from process start to the first step (graph, "
+    "adjacency, model, GCNConv's cached normalisation). 200-epoch cost = set-up + 200 x the "
+    "epoch median. static Â·X: layer 0 aggregated once at set-up (cache level L1s).",
+)
+
+
+def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
+    """A paste-able table: times, ratios with intervals, set-up, bytes, accuracy; then hidden
+    shares and what the columns mean."""
+    lines = ["| " + " | ".join(head(rows)) + " |", "|" + "---|" * len(MD_HEAD)]
+    lines += ["| " + " | ".join(md_cells(r)) + " |" for r in rows]
+    lines += ["", *share_lines(rows), "", *FOOTNOTES]
     lines += [
         "",
         f"Machine: {env['cpu']}, {env['cores']} cores, GPU: {env['gpu'] or 'none'}; "
@@ -228,7 +326,7 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], env: dict[str, Any]
         },
     )
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     _atomic_text(out_dir / "bench.csv", buf.getvalue())
@@ -252,13 +350,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
     worlds = sorted({r["world_size"] for r in rows})
-    labels = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "compute-only"))
+    labels = list(dict.fromkeys(r["label"] for r in rows if r["mode"] != "compute-only"))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         for ax, key in ((ax_t, "epoch_time_s"), (ax_b, "comm_bytes_per_epoch")):
             xs, ys = [], []
             for j, w in enumerate(worlds):
-                row = next((r for r in rows if r["mode"] == label and r["world_size"] == w), None)
+                row = next((r for r in rows if r["label"] == label and r["world_size"] == w), None)
                 if row is not None and row[key] is not None:
                     xs.append(j + i * width)
                     ys.append(row[key] / (1e6 if key != "epoch_time_s" else 1))

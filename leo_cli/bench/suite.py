@@ -22,6 +22,7 @@ from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import TrainError
 from leo_cli.train import metrics as run_files
 from leo_cli.train.launcher import prepare, run_workers
+from leo_cli.train.timing import RunTimer
 
 # bench mode -> (pipeline.mode, cache.policy or None to keep the config's)
 LEO_MODES: dict[str, tuple[str, str | None]] = {
@@ -44,10 +45,12 @@ class Variant:
     system: str  # leo, pyg, pyg-csr
     mode: str  # a bench mode for LEO rows; the system's name for peers
     world_size: int
+    static_aggregate: bool | None = None  # None: as the config says; False: turned off
 
     @property
     def label(self) -> str:
-        return f"{self.system}/{self.mode} P={self.world_size}"
+        off = " no-static" if self.static_aggregate is False else ""
+        return f"{self.system}/{self.mode}{off} P={self.world_size}"
 
 
 @dataclass
@@ -61,13 +64,25 @@ class Measured:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
+def static_applies(cfg: LeoConfig) -> bool:
+    """Whether a plan would use the static aggregate (`Â·X` once) for layer 0."""
+    c, m = cfg.cache, cfg.model
+    input_dropout = m.dropout if m.input_dropout is None else m.input_dropout
+    return c.policy != "none" and c.static_aggregate and input_dropout == 0 and m.name != "gat"
+
+
 def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
-    """LEO modes per world size (one LEO row at world size 1: every mode is the same single
-    process there), then the peers at world size 1."""
+    """LEO modes per world size, then the peers at world size 1. At world size 1 every mode
+    is the same single process: one row, plus one without the static aggregate where it
+    applies (the same algorithm as the peers; the precompute is a row of its own)."""
     out = []
     for w in cfg.bench.world_sizes:
-        modes = ["leo"] if w == 1 else cfg.bench.modes
-        out += [Variant("leo", m, w) for m in modes]
+        if w == 1:
+            out.append(Variant("leo", "leo", 1))
+            if static_applies(cfg):
+                out.append(Variant("leo", "leo", 1, static_aggregate=False))
+            continue
+        out += [Variant("leo", m, w) for m in cfg.bench.modes]
     if cfg.bench.peers and not pyg_available():
         skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
     elif cfg.bench.peers and cfg.model.name not in PEER_MODELS:
@@ -84,13 +99,16 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     """The `leo train` config of a LEO variant (one run folder per world size)."""
     pipeline_mode, policy = LEO_MODES[v.mode]
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
+    cache: dict[str, Any] = {"policy": policy or cfg.cache.policy}
+    if v.static_aggregate is False:
+        cache["static_aggregate"] = False
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"out_dir": out_dir / f"p{v.world_size}"}),
             "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
             "launch": cfg.launch.model_copy(update={"nproc": None}),
             "pipeline": cfg.pipeline.model_copy(update={"mode": pipeline_mode}),
-            "cache": cfg.cache.model_copy(update={"policy": policy or cfg.cache.policy}),
+            "cache": cfg.cache.model_copy(update=cache),
             "train": cfg.train.model_copy(
                 update={"num_epochs": epochs, "eval_every": NEVER, "checkpoint_every": NEVER}
             ),
@@ -104,11 +122,20 @@ def run_leo(
     """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
     run_cfg = leo_config(cfg, v, out_dir)
     inexact = v.mode == "compute-only"
-    run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact)
-    run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact)
+    timer = RunTimer()
+    run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact, timer=timer)
+    run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
     rows = run_files.read_metrics(run_dir)[cfg.bench.warmup_epochs :]
     summary = run_files.read_json(run_dir / "summary.json")
+    reused = summary.get("setup_reused_s", {})
     return {
+        # What a fresh run pays: the partitions and plan this run reused cost that much to
+        # make (the probe is once per machine and worker count, listed apart).
+        "setup_s": summary["setup_s"] + reused.get("partition_s", 0) + reused.get("plan_s", 0),
+        "setup_parts_s": summary["setup_parts_s"],
+        "setup_reused_s": reused,
+        "wall_s": summary.get("wall_s"),
+        "static_aggregate": summary.get("static_aggregate", False),
         "epoch_times": [r["epoch_time_s"] for r in rows],
         "comm_bytes_per_epoch": median_of(rows, "step_comm_bytes"),
         "comm_wait_s": median_of(rows, "comm_wait_s"),

@@ -14,17 +14,18 @@ workers run the kernel at once, so cores shared by several workers are priced as
   gather (counted under `dropout`, `spmm`, `gemm`, `unpack`, `pack`).
 - `gemm` (gemm_seconds, a roofline): the update x·Wᵀ (N x a -> b); backward, the weight
   gradient, and the input gradient past layer 0.
-- `pack` (gather_seconds + fresh_seconds): the rows sent (S x w) into a fresh buffer; leo also
-  splits the update boundary-first (x rows gathered at width a, h rows placed at width w);
-  backward, the rows of each chunk.
-- `join` (pass_seconds): `[h | halo]` assembled for one SpMM (blocking, fine-grained,
-  compute-only, whose halo is zeros).
-- `spmm` (spmm_seconds + pass_seconds): aggregation at the exchanged width w, its edges priced
-  by the bytes of the rows they read ((N+H) x w forward, N x w backward; rows fetched per edge
-  or per chunk make small blocks), plus writing its fresh output.
-- `unpack` (scatter_add_seconds + pass_seconds): backward, the gradients of the sent rows
-  added to their owners' (scatter-add of S x w, two passes over N x w); leo forward, each
-  chunk's partial sums added into the rows that read it.
+- `pack` (gather_seconds + fresh_seconds): the rows sent (S x w) into a fresh buffer (leo,
+  blocking, fine-grained; shared memory writes its rows under `comm`); leo also splits the
+  update boundary-first (x rows gathered at width a, h rows placed at width w); backward,
+  each block's rows of the gradient, and for the all-to-all modes one buffer of them.
+- `spmm` (spmm_seconds + pass_seconds): aggregation at the exchanged width w, the same in
+  every mode: the inner block (N x w read, N x w written) and one block per peer and chunk
+  (its rows only), their edges priced by the bytes of the rows they read; backward, the
+  blocks' transposes.
+- `unpack` (scatter_add_seconds, gather_seconds, pass_seconds): each block's partial sums
+  added into the rows that read it; backward, the gradients of the sent rows added into their
+  owners' rows. Shared memory reads its halo rows (and returned gradients) out of the
+  segment; compute-only writes zeros in their place.
 - `epilogue` (pass_seconds): the self-loop term (two passes at the aggregated width), bias and
   ReLU (two passes at b; the last layer has no ReLU), forward and backward alike.
 - `comm`: blocking and fine-grained, one gloo all-to-all sized by the busiest rank's bytes
@@ -39,7 +40,8 @@ Modes combine the phases of a layer and direction:
 
 - blocking, fine-grained, shared-memory, compute-only (every exchange waits for every rank):
   `max_r(pre + window) + max_r comm + max_r post`; fine-grained moves one row per remote edge,
-  compute-only moves nothing (its halo is zeros, still joined).
+  compute-only moves nothing (its halo and returned gradients are zeros, still aggregated and
+  added).
 - leo: rank r's transfer starts once every sender has posted (`start = max_q pre_q`); its
   `local` work (window, and (k-1)/k of post: chunk c+1 travels while chunk c is aggregated)
   and the transfer run at once, sharing the cores: while both run, the probe's `overlap` share
@@ -283,39 +285,43 @@ def _comm(
     return hw.alltoall_seconds(busiest * row)
 
 
+def _halo_buffer_terms(hw: HardwareProfile, mode: str, rows: float, w: int) -> float:
+    """What a mode pays to turn `rows` arriving rows into a buffer the blocks read: shared
+    memory reads them out of the segment, compute-only writes zeros; the others receive them
+    in place (their fresh buffer is priced with the transfer)."""
+    if mode == "shared-memory":
+        return hw.gather_seconds(rows, w)
+    if mode == "compute-only":
+        return hw.pass_seconds(rows, w)
+    return 0.0
+
+
 def _forward(
     hw: HardwareProfile, p: PartProfile, r: int, cnt: _Counts, sl: ShapeLayer, mode: str, k: int
 ) -> _Split:
-    """Forward terms of rank r at one layer."""
+    """Forward terms of rank r at one layer: every mode aggregates the inner block and one
+    block per peer and chunk; modes differ in packing, transfer and overlap."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
     bnd = min(p.num_boundary, n)
     dense = _dense(hw, n, sl, backward=False, self_width=_self_width(sl, backward=False))
     gemm = dense.pop("gemm")
     update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
     update_window = gemm - update_pre if sl.upd else 0.0
-    pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    window_spmm = unpack = join = 0.0
-    if mode in PIPELINED:
-        if sl.upd:  # boundary-first: x rows gathered, h rows placed, in two parts
-            pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
-        blocks = p.num_blocks(k)
-        rows = p.rows_reading_blocks(k)
-        window_spmm = _spmm(hw, p.inner_edges, w, n, n)
-        post_spmm = _blocks(hw, blocks, cnt.halo_edges[r], w, halo, rows)
-        unpack = hw.scatter_add_seconds(rows, w)
-    else:
-        per_edge = cnt.per_edge_edges[r]  # read once each, in order: a small block at a time
-        edges = cnt.halo_edges[r] + p.inner_edges - per_edge
-        post_spmm = _spmm(hw, edges, w, n + halo - per_edge, n)
-        post_spmm += _spmm(hw, per_edge, w, 1, 0)
-        if mode != "shared-memory":  # the others join [h | halo] (compute-only: zeros)
-            join = hw.pass_seconds(n + halo, w) + hw.pass_seconds(halo, w) * (
-                mode == "compute-only"
-            )
+    pack = 0.0
+    if mode in PIPELINED or mode in ("blocking", "fine-grained"):
+        pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
+    if mode in PIPELINED and sl.upd:  # boundary-first: x rows gathered, h rows placed
+        pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
+    rows = p.rows_reading_blocks(k)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
+    unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
-    window = _add({"gemm": update_window, "spmm": window_spmm}, replicas)
-    post = {"join": join, "spmm": post_spmm, "unpack": unpack, "gemm": gemm * (not sl.upd)}
+    overlap = mode in PIPELINED
+    window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
+    post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
+    post["gemm"] = gemm * (not sl.upd)
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=n)
     if comm > 0 and mode != "shared-memory":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
@@ -330,26 +336,23 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
+    rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
-    window: Terms = {}
-    if mode in PIPELINED:
-        blocks, rows = p.num_blocks(k), p.rows_reading_blocks(k)
-        pre["spmm"] = _blocks(hw, blocks, cnt.halo_edges[r], w, rows, halo, backward=True)
-        pre["pack"] = hw.gather_seconds(rows, w)
-        window["spmm"] = _spmm(hw, p.inner_edges, w, n, n, backward=True)
-    else:
-        edges = p.inner_edges + cnt.halo_edges[r]
-        pre["spmm"] = _spmm(hw, edges, w, n, n + halo, backward=True)
-    unpack = hw.scatter_add_seconds(cnt.send[r], w) + hw.pass_seconds(n, w) * 2
-    if mode == "shared-memory":  # the sent rows' gradients are read out of the segment
-        unpack += hw.gather_seconds(cnt.send[r], w)
-    if mode == "compute-only":
-        unpack = 0.0
+    pre["spmm"] = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, rows, halo, backward=True)
+    pre["pack"] = hw.gather_seconds(rows, w)  # each block's rows of the gradient
+    if mode in ("blocking", "fine-grained"):  # one buffer for the collective
+        pre["pack"] += hw.pass_seconds(halo, w)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n, backward=True)
+    overlap = mode in PIPELINED
+    window: Terms = {"spmm": inner_spmm} if overlap else {}
+    unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
+    unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
     if comm > 0 and mode != "shared-memory":  # the gradients land in a fresh buffer
         comm += hw.fresh_seconds(cnt.send[r], w)
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=True)
-    return _Split(pre, window, comm, _add({"unpack": unpack}, dense, replicas))
+    post = {"unpack": unpack, "spmm": inner_spmm * (not overlap)}
+    return _Split(pre, window, comm, _add(post, dense, replicas))
 
 
 def _static_layer(hw: HardwareProfile, p: PartProfile, sl: ShapeLayer) -> tuple[Terms, Terms]:

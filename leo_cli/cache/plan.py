@@ -3,8 +3,9 @@
 It holds, per rank, the cache levels (static aggregate, replicated halo positions, halo
 positions fetched per edge), the chunk count of every layer (the same on every rank, since
 both ends of a transfer must cut it the same way), the predicted stage times, and the
-predicted step time of every mode, so `leo train` can put prediction beside measurement. A
-sweep over replica budgets feeds `cache-plan.png`.
+predicted step time of every mode, so `leo train` can put prediction beside measurement. The
+policy's sweep over replicated shares (predicted step against replica bytes) feeds
+`cache-plan.png`.
 
 The plan is stale when the partitions, the model's widths or dropout, the policy, the
 budgets or the hardware profile change (its `key` covers all of them).
@@ -29,7 +30,6 @@ from leo_cli.errors import CacheError
 
 PLAN = "cache-plan.json"
 FORMAT_VERSION = 1
-SWEEP_FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
 
 
 def model_shape(
@@ -103,8 +103,9 @@ class CachePlan:
     predicted: dict[str, float | None]
     stages: dict[str, dict[str, float]]
     bytes_per_level: list[dict[str, int]]
-    sweep: list[dict[str, float]]
+    sweep: list[dict[str, float | bool]]
     replica_budget_mb: float
+    plan_s: float | None = None  # seconds it took to make (profiles, policy, plot)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +129,7 @@ class CachePlan:
             ],
             "replica_budget_sweep": self.sweep,
             "replica_budget_mb": self.replica_budget_mb,
+            "plan_s": self.plan_s,
         }
 
     @classmethod
@@ -148,13 +150,22 @@ class CachePlan:
                 [int(k) for k in data["num_chunks"]],
                 data["predicted_epoch_time_s"], data["predicted_stages_s"],
                 [r["bytes_per_level"] for r in data["ranks"]], data["replica_budget_sweep"],
-                float(data["replica_budget_mb"]),
+                float(data["replica_budget_mb"]), _seconds(data.get("plan_s")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheError(
                 f"{path} is not a cache plan this version reads ({exc}); delete it and run "
                 "leo profile-cache."
             ) from None
+
+
+def _seconds(value: Any) -> float | None:
+    """A recorded duration: a finite number >= 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise ValueError(f"plan_s must be seconds, not {value!r}")
+    return float(value)
 
 
 def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str, int]:
@@ -191,7 +202,7 @@ def make_plan(
     hw: HardwareProfile,
     keys: tuple[str, str, str],
 ) -> CachePlan:
-    """Run the policy, predict every mode, sweep the replica budget for the plot.
+    """Run the policy (which also gives the replica sweep for the plot), predict every mode.
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
@@ -211,28 +222,8 @@ def make_plan(
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [bytes_per_level(p, c, shape) for p, c in zip(profiles, decision.caches, strict=True)],
-        sweep(cache, profiles, shape, hw), max(b.replica_bytes) / 2**20,
+        decision.sweep, max(b.replica_bytes) / 2**20,
     )  # fmt: skip
-
-
-def sweep(
-    cache: CacheConfig, profiles: list[PartProfile], shape: ModelShape, hw: HardwareProfile
-) -> list[dict[str, float]]:
-    """Predicted `leo` step time against the replica budget (a fraction of the halo's bytes)."""
-    out = []
-    halo_bytes = max(p.num_halo for p in profiles) * shape.widths[0] * shape.dtype_bytes
-    for f in SWEEP_FRACTIONS:
-        mb = f * halo_bytes / 2**20
-        trial = cache.model_copy(update={"replica_budget_mb": mb})
-        decision = decide(
-            trial.policy, profiles, shape, budgets(trial, profiles, shape), hw,
-            trial.static_aggregate,
-        )  # fmt: skip
-        assert decision.prediction is not None
-        out.append(
-            {"replica_budget_mb": mb, "predicted_epoch_time_s": decision.prediction.epoch_time_s}
-        )
-    return out
 
 
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:

@@ -20,7 +20,7 @@ fine-grained baseline uses L3 for every row). Legend: H halo rows of a rank, R r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from leo_cli.graph.types import IntArray
 
 CHUNK_CHOICES = (1, 2, 4, 8)
 REPLICA_FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+# Shares of every rank's whole halo replicated at once: the curve of cache-plan.png, and the
+# policy's starting point (the best of them that fits the budgets).
+SWEEP_SHARES = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0)
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,18 @@ class Budgets:
 
 @dataclass
 class Decision:
-    """What a policy decided, and what the cost model predicts for it."""
+    """What a policy decided, and what the cost model predicts for it.
+
+    `sweep`: the predicted step with every rank replicating the same share of its halo, one
+    point per share of SWEEP_SHARES (`replica_share`, `replica_budget_mb` the largest rank's
+    replica bytes, `predicted_epoch_time_s`, `within_budget`); empty where replicas do not
+    apply (no policy, the static aggregate, attention, no hardware profile).
+    """
 
     caches: list[RankCache]
     num_chunks: list[int]
     prediction: Prediction | None
+    sweep: list[dict[str, float | bool]] = field(default_factory=list)
 
 
 def check_halo_budget(profiles: list[PartProfile], budgets: Budgets, row_bytes: int) -> None:
@@ -108,6 +118,9 @@ def decide(
         check_halo_budget(profiles, budgets, row_bytes)
     base = [RankCache(static) for _ in profiles]
     chunks = [1] * shape.num_layers
+    curve: list[dict[str, float | bool]] = []
+    if policy != "none" and not static and not shape.attention and hw is not None:
+        curve = sweep(profiles, shape, budgets, hw)
     if policy == "none" or static or shape.attention:
         caches = base
     elif policy == "degree":
@@ -117,11 +130,39 @@ def decide(
         ]
     else:
         assert hw is not None, "the leo policy needs a hardware profile"
-        caches = choose_replicas(profiles, shape, budgets, hw)
+        caches = choose_replicas(profiles, shape, budgets, hw, curve)
     if hw is None:
         return Decision(caches, chunks, None)
     chunks = choose_chunks(profiles, caches, shape, hw)
-    return Decision(caches, chunks, predict(profiles, caches, shape, hw, "leo", chunks))
+    prediction = predict(profiles, caches, shape, hw, "leo", chunks)
+    return Decision(caches, chunks, prediction, curve)
+
+
+def sweep(
+    profiles: list[PartProfile], shape: ModelShape, budgets: Budgets, hw: HardwareProfile
+) -> list[dict[str, float | bool]]:
+    """Predicted step (one chunk per layer) with every rank replicating the same share of
+    its halo, in the order the leo policy ranks rows (see `Decision.sweep`)."""
+    orders = [replica_order(p, shape, hw) for p in profiles]
+    row_bytes = shape.widths[0] * shape.dtype_bytes
+    chunks = [1] * shape.num_layers
+    out: list[dict[str, float | bool]] = []
+    for share in SWEEP_SHARES:
+        counts = [int(share * p.num_halo) for p in profiles]
+        caches = [RankCache(False, np.sort(o[:c])) for o, c in zip(orders, counts, strict=True)]
+        t = predict(profiles, caches, shape, hw, "leo", chunks).epoch_time_s
+        fits_all = all(
+            c * row_bytes <= b for c, b in zip(counts, budgets.replica_bytes, strict=True)
+        )
+        out.append(
+            {
+                "replica_share": share,
+                "replica_budget_mb": max(counts) * row_bytes / 2**20,
+                "predicted_epoch_time_s": t,
+                "within_budget": fits_all,
+            }
+        )
+    return out
 
 
 def choose_replicas(
@@ -129,10 +170,15 @@ def choose_replicas(
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile,
+    curve: list[dict[str, float | bool]],
 ) -> list[RankCache]:
-    """Per rank, the replicated share that minimises the predicted step (two sweeps)."""
+    """Per rank, the replicated share that minimises the predicted step: from the best
+    point of the sweep that fits the budgets, two passes over the ranks, each trying a few
+    shares of its budget."""
     orders = [replica_order(p, shape, hw) for p in profiles]
-    counts = [0] * len(profiles)
+    fitting = [pt for pt in curve if pt["within_budget"]]
+    best = min(fitting, key=lambda pt: float(pt["predicted_epoch_time_s"]))
+    counts = [int(float(best["replica_share"]) * p.num_halo) for p in profiles]
     chunks = [1] * shape.num_layers
 
     def caches_for(cs: list[int]) -> list[RankCache]:
@@ -145,7 +191,7 @@ def choose_replicas(
     for _ in range(2):
         for r, p in enumerate(profiles):
             limit = fits(p.num_halo, shape, budgets.replica_bytes[r])
-            options = sorted({int(limit * f) for f in REPLICA_FRACTIONS})
+            options = sorted({int(limit * f) for f in REPLICA_FRACTIONS} | {counts[r]})
             counts[r] = min(options, key=lambda c, r=r: step_time(r, c))  # type: ignore[misc]
     return caches_for(counts)
 

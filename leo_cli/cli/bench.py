@@ -27,23 +27,20 @@ def check_bench(cfg: LeoConfig) -> None:
             "leo bench runs on one machine (launch.nnodes=1); benchmark multi-node jobs with "
             "leo train on each node."
         )
-    if "shared-memory" in cfg.bench.modes and any(w > 1 for w in cfg.bench.world_sizes):
-        pass  # one host: shared memory works
     if cfg.launch.nproc is not None:
         raise ConfigError(
             "launch.nproc is set by leo bench from bench.world_sizes; remove launch.nproc."
         )
 
 
-def results_table(rows: list[dict[str, Any]], shares: dict[int, float | None]) -> Table:
+def results_table(rows: list[dict[str, Any]]) -> Table:
+    """The terminal table: bench.md's columns, the hidden shares below it."""
     table = Table(title="leo bench (median epoch time; ratios paired by round)")
-    for name in report.MD_HEAD:
+    for name in report.head(rows):
         table.add_column(name, justify="left" if name in ("system", "mode") else "right")
     for r in rows:
         table.add_row(*report.md_cells(r))
-    for w, share in shares.items():
-        if share is not None:
-            table.caption = (table.caption or "") + f"hidden share P={w}: {share:.2f}  "
+    table.caption = "\n".join(report.share_lines(rows)) or None
     return table
 
 
@@ -87,5 +84,5 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
         measured = run_suite(cfg, out_dir, on_run, on_stage, console.print, on_round)
     rows = report.make_rows(cfg, measured, out_dir)
     paths = report.write_outputs(out_dir, rows, env)
-    console.print(results_table(rows, report.hidden_shares(rows)))
+    console.print(results_table(rows))
     console.print("Wrote " + ", ".join(str(p) for p in paths))

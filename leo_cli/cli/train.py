@@ -17,6 +17,7 @@ from leo_cli.graph.stage import metis_note, partition_dir
 from leo_cli.graph.storage import read_meta
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.metrics import read_json, read_metrics
+from leo_cli.train.timing import RunTimer, process_start_time
 
 
 def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
@@ -42,6 +43,10 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
                 break
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"training summary: {escape(summary['name'])}", show_header=False)
     table.add_column("metric")
@@ -63,6 +68,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
             else "-",
         ),
         ("communication", f"{summary['total_comm_bytes'] / 2**20:.2f} MiB"),
+        ("set-up (start to first step)", seconds(summary.get("setup_s"))),
+        ("wall time", seconds(summary.get("wall_s"))),
     ]
     for row in rows:
         table.add_row(*row)
@@ -94,6 +101,7 @@ def train_cmd(
 
     Writes metrics.jsonl, summary.json, curves.png and checkpoints/ into run.out_dir.
     """
+    timer = RunTimer(started_at=process_start_time())
     cfg = resolve_config(config, overrides)
     run_dir = Path(cfg.run.out_dir).resolve()
     stop = threading.Event()
@@ -102,12 +110,12 @@ def train_cmd(
     )
     try:
         with stage_progress() as progress:
-            prepare(cfg, resume, progress, allow_inexact)
+            prepare(cfg, resume, progress, allow_inexact, timer)
         note = metis_note(read_meta(partition_dir(run_dir)))
         if note is not None and cfg.launch.node_rank == 0:
             console.print(f"[yellow]Note:[/] {note}")
         follower.start()
-        run_workers(cfg, run_dir, resume, allow_inexact)
+        run_workers(cfg, run_dir, resume, allow_inexact, timer)
     finally:
         stop.set()
         if follower.is_alive():

@@ -1,30 +1,39 @@
-"""One interface for a layer's aggregation, one implementation per `pipeline.mode`.
+"""One computation for a layer's aggregation; the pipeline mode only chooses how rows move.
 
-An aggregator owns both the communication and the SpMM of a layer, so that a mode can
-overlap them (DESIGN.md §2.2). Every mode computes exactly `A·[h | halo(h)]`, the numbers the
-single-process run gives, except `compute-only`, which skips the exchange on purpose.
+An aggregator owns both the communication and the SpMM of a layer (DESIGN.md §2.2). Every mode
+computes `A·[h | halo(h)]` the same way: the inner column block of the CSR, then one block per
+peer and chunk (comm/blocks.py), each with its precomputed transpose for the backward pass;
+halo gradients are added into their owners' rows in place. No `[h | halo]` is assembled. What
+differs between modes is the transport (comm/transport.py) and whether the update is split so
+rows leave early (`overlap`, the LEO pipeline):
 
-Attention layers (GAT) weight edges by scores computed from the rows themselves, so a fixed
-`A` cannot be applied: for them a mode only brings the rows, `[h | halo(h)]` in the column
-order of its CSR (`columns`), through its own transport, with halo gradients flowing back.
-Legend: N inner rows, H halo rows, E local edges, F in-width, O out-width.
+Forward, per layer:
+1. with `overlap`, boundary-first update: the GEMM of the rows peers need runs first and their
+   chunks are posted before the interior GEMM; otherwise the whole GEMM, then the rows move;
+2. the inner block is aggregated (while chunks are in flight, where the transport lets them);
+3. each chunk is aggregated as soon as it has landed (its own column block).
+Backward mirrors it: the halo-gradient chunks are computed and sent first, the inner block's
+backward runs, and each gradient chunk that arrives is added to its owner's rows.
+
+`compute-only` is this computation with a transport that moves nothing (zeros arrive): the
+time perfect overlap would reach. Attention layers (GAT) weight edges by scores computed from
+the rows, so for them a mode only brings the rows, `[h | halo(h)]` in the column order of its
+CSR (`columns`), with halo gradients flowing back.
+Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import block_product, column_block
-from leo_cli.comm.exchange import CommStats, HaloPlan, exchange_halo
-
-# Modes whose numbers equal single-process training (compute-only is for benchmarks only).
-EXACT_MODES = ("leo", "blocking", "fine-grained", "shared-memory")
-MODES = (*EXACT_MODES, "compute-only")
+from leo_cli.comm.blocks import ColumnBlock, Schedule, build_schedule, column_block
+from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.transport import Pending, Transport
 
 
 class Aggregator(Protocol):
@@ -55,91 +64,208 @@ class Aggregator(Protocol):
         ...
 
 
-class AggregatorBase:
-    """Update-first as 'transform, then aggregate'; modes that overlap the two override it."""
+class BlockAggregator:
+    """The aggregation of every mode: column blocks, a transport, optionally boundary-first."""
 
-    stats: CommStats
+    def __init__(
+        self,
+        adj: kernels.CSR,
+        plan: HaloPlan,
+        transport: Transport,
+        num_chunks: list[int],
+        *,
+        overlap: bool = False,
+        inner: ColumnBlock | None = None,
+        attention: bool = False,
+        layers: slice = slice(None),
+    ) -> None:
+        """Args:
+        adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
+        plan: its halo plan.
+        transport: how the chunks' rows move (comm/transport.py).
+        num_chunks: chunks per peer of every layer (the last one serves deeper layers).
+        overlap: split the update boundary-first so rows leave before the interior GEMM.
+        inner: the inner column block of another view of the same part, to share: views
+            re-lay out halo columns only, so every view's inner block is the same (and it
+            holds most of the edges).
+        attention: keep adj for `columns` (attention layers build their edge views from it);
+            otherwise it is dropped once the blocks are built, which hold every edge again.
+        layers: the layers it serves, as a slice of `num_chunks` (`slice(1, None)`: layer 1
+            and deeper): schedules, each holding every halo edge again, are built for their
+            chunk counts only.
+        """
+        self.plan, self.transport, self.stats = plan, transport, transport.stats
+        self.num_chunks, self.overlap = num_chunks, overlap
+        self.boundary_B = torch.unique(plan.send_idx_S)  # sorted
+        if overlap:
+            interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
+            interior[self.boundary_B] = False
+            self.interior_I = torch.nonzero(interior).squeeze(1)
+        if inner is None:
+            inner = column_block(adj, 0, plan.num_inner, compact=False)
+        assert inner.col_end == plan.num_inner and inner.fwd.num_rows == adj.num_rows
+        self.inner = inner
+        counts = set(num_chunks[layers]) or {num_chunks[-1]}
+        self._schedules = {k: build_schedule(adj, plan, self.boundary_B, k) for k in counts}
+        self.adj = adj if attention else None
+
+    def schedule(self, layer: int) -> Schedule:
+        """The chunking of a layer (built at set-up, once per chunk count)."""
+        k = self.num_chunks[min(layer, len(self.num_chunks) - 1)]
+        assert k in self._schedules, f"layer {layer} is not one this aggregator was built for"
+        return self._schedules[k]
 
     def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        raise NotImplementedError
+        out: Tensor = _Aggregate.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+        return out
 
     def transform_aggregate(
         self, x_NF: Tensor, weight_OF: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        h_NO = F.linear(x_NF, weight_OF)
-        return self.aggregate(h_NO, layer), h_NO
+        out, h_NO = _Aggregate.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+        return out, h_NO
 
     def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
-        raise NotImplementedError
+        assert self.adj is not None, "attention layers need an aggregator built with attention"
+        alone = len(self.plan.send_counts) == 1  # a single worker: no halo to fill
+        return self.adj, None if alone else self.plan
 
     def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        raise NotImplementedError
+        out: Tensor = _Gather.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+        return out
 
     def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
-        return self.gather(F.linear(x_NF, weight_OF), layer)
+        out: Tensor = _Gather.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+        return out
+
+    # -- forward pieces ------------------------------------------------------------------
+
+    def update_and_send(
+        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule
+    ) -> tuple[Tensor, Pending]:
+        """h = x·Wᵀ (or x) and its rows on their way; boundary rows first with `overlap`."""
+        if weight is None:
+            return x_NF, self.transport.send_rows(x_NF, sched, by_position=False)
+        if not self.overlap:
+            h_NO = F.linear(x_NF, weight)
+            return h_NO, self.transport.send_rows(h_NO, sched, by_position=False)
+        h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
+        pending = self.transport.send_rows(h_BO, sched, by_position=True)
+        h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
+        h_NO.index_copy_(0, self.boundary_B, h_BO)
+        h_NO.index_copy_(
+            0, self.interior_I, F.linear(x_NF.index_select(0, self.interior_I), weight)
+        )
+        return h_NO, pending
+
+    def aggregate_arrivals(self, h_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
+        """Inner block first, then every round's chunks as soon as the round has landed."""
+        out_NF = self.inner.forward(h_NF)
+        for r, chunks in enumerate(sched.rounds):
+            for c, halo in zip(chunks, pending.wait(r), strict=True):
+                if c.block.num_edges > 0:
+                    c.block.add_into(out_NF, halo)
+        pending.finish()
+        return out_NF
+
+    def collect_arrivals(self, h_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
+        """`[h | halo]`, every round's chunks copied into place once the round has landed."""
+        full = h_NF.new_empty((h_NF.shape[0] + sched.num_halo, h_NF.shape[1]))
+        full[: h_NF.shape[0]] = h_NF
+        halo_HF = full[h_NF.shape[0] :]
+        for r, chunks in enumerate(sched.rounds):
+            for c, rows in zip(chunks, pending.wait(r), strict=True):
+                halo_HF[c.recv_start : c.recv_end] = rows
+        pending.finish()
+        return full
+
+    # -- backward pieces -----------------------------------------------------------------
+
+    def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
+        """Gradient of h: the halo-gradient chunks leave for their owners first, the inner
+        block's backward runs, the gradients of this worker's sent rows are added last."""
+        pending = self.transport.send_grads(sched, lambda c: c.block.backward(grad_NO), grad_NO)
+        return self.add_returned(self.inner.backward(grad_NO), pending, sched)
+
+    def return_halo_grads(self, grad_full: Tensor, sched: Schedule) -> Tensor:
+        """Gradient of h from that of `[h | halo]`: halo-gradient chunks go to their owners."""
+        n = self.plan.num_inner
+        pending = self.transport.send_grads(
+            sched, lambda c: grad_full[n + c.recv_start : n + c.recv_end], grad_full
+        )
+        return self.add_returned(grad_full[:n].clone(), pending, sched)
+
+    def add_returned(self, grad_h: Tensor, pending: Pending, sched: Schedule) -> Tensor:
+        """grad_h += the gradients peers computed for the rows this worker sent them."""
+        for r, chunks in enumerate(sched.rounds):
+            for c, grad in zip(chunks, pending.wait(r), strict=True):
+                grad_h.index_add_(0, c.send_idx, grad)
+        pending.finish()
+        return grad_h
 
 
-class LocalAggregator(AggregatorBase):
-    """A single worker owns every node: no halo, one SpMM."""
-
-    def __init__(self, adj: kernels.CSR) -> None:
-        assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        # The block is adj itself (its arrays, not a copy) plus the transpose; `columns`
-        # hands out the block's CSR, so no second permutation stays alive either.
-        self.block = column_block(adj, 0, adj.num_cols, compact=False)
-        self.adj = self.block.fwd
-        self.stats = CommStats()
-
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return block_product(self.block, h_NF)
-
-    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
-        return self.adj, None
-
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        return h_NF
+def _weight_grads(ctx: Any, g_h: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of x and W of h = x·Wᵀ (the layer's update, inside the aggregation)."""
+    x_NF, weight = ctx.saved_tensors
+    grad_x = g_h @ weight if ctx.needs_input_grad[0] else None
+    grad_w = g_h.t() @ x_NF if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w
 
 
-class BlockingAggregator(AggregatorBase):
-    """Exchange the whole halo, wait, then one SpMM (DGL/PyG-style; the exact reference).
+class _Aggregate(torch.autograd.Function):
+    """(x, W) -> (A·[h | halo(h)], h) with h = x·Wᵀ, or x -> A·[x | halo(x)] without W."""
 
-    With an edge-level plan and CSR (`fine_grained_view`) the same code is MGG's scheme:
-    every remote edge brings its own row, so bytes follow remote edges, not halo rows.
-    """
+    @staticmethod
+    def forward(
+        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
+    ) -> Any:
+        sched = agg.schedule(layer)
+        h_NO, pending = agg.update_and_send(x_NF, weight, sched)
+        out_NO = agg.aggregate_arrivals(h_NO, pending, sched)
+        ctx.agg, ctx.sched = agg, sched
+        ctx.set_materialize_grads(False)
+        if weight is None:
+            return out_NO
+        ctx.save_for_backward(x_NF, weight)
+        return out_NO, h_NO
 
-    def __init__(self, adj: kernels.CSR, plan: HaloPlan) -> None:
-        self.adj, self.plan, self.stats = adj, plan, plan.stats
-
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return kernels.spmm(self.adj, exchange_halo(h_NF, self.plan))
-
-    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
-        return self.adj, self.plan
-
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        return exchange_halo(h_NF, self.plan)
-
-
-class ComputeOnlyAggregator(AggregatorBase):
-    """The halo is never exchanged (zeros instead): the time perfect overlap would reach.
-
-    Numbers are wrong on purpose; `leo bench` uses it as the floor of the other modes.
-    """
-
-    def __init__(self, adj: kernels.CSR, plan: HaloPlan) -> None:
-        self.adj, self.plan, self.stats = adj, plan, plan.stats
-
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return kernels.spmm(self.adj, self.gather(h_NF, layer))
-
-    def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
-        return self.adj, self.plan
-
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        return torch.cat([h_NF, h_NF.new_zeros((self.plan.num_halo, h_NF.shape[1]))])
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor | None, grad_h: Tensor | None = None) -> Any:
+        agg: BlockAggregator = ctx.agg
+        if grad_out is None:
+            assert grad_h is not None
+            grad_out = grad_h.new_zeros(grad_h.shape)
+        g_h = agg.backward_halo(grad_out, ctx.sched)
+        if grad_h is not None:
+            g_h += grad_h
+        if not ctx.saved_tensors:
+            return g_h, None, None, None
+        return (*_weight_grads(ctx, g_h), None, None)
 
 
-class PerLayerAggregator(AggregatorBase):
+class _Gather(torch.autograd.Function):
+    """(x, W) -> `[h | halo(h)]` with h = x·Wᵀ, or x -> `[x | halo(x)]`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
+    ) -> Tensor:
+        sched = agg.schedule(layer)
+        h_NO, pending = agg.update_and_send(x_NF, weight, sched)
+        ctx.agg, ctx.sched = agg, sched
+        if weight is not None:
+            ctx.save_for_backward(x_NF, weight)
+        return agg.collect_arrivals(h_NO, pending, sched)
+
+    @staticmethod
+    def backward(ctx: Any, grad_full: Tensor) -> Any:
+        g_h = ctx.agg.return_halo_grads(grad_full.contiguous(), ctx.sched)
+        if not ctx.saved_tensors:
+            return g_h, None, None, None
+        return (*_weight_grads(ctx, g_h), None, None)
+
+
+class PerLayerAggregator:
     """Layer 0 on its own halo view (replicas left out), the other layers on theirs."""
 
     def __init__(self, first: Aggregator, rest: Aggregator) -> None:

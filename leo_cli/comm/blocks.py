@@ -2,8 +2,9 @@
 
 The local CSR has inner rows and `[inner | halo]` columns, and the halo columns of one owner
 are contiguous. Cutting the columns into blocks (the inner block, then one block per peer and
-chunk) lets a pipelined aggregation sum the inner rows while halo rows are still in flight,
-and add each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`.
+chunk) lets an aggregation sum the inner rows while halo rows are still in flight, and add
+each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`. Every pipeline mode
+aggregates through these blocks (comm/aggregate.py); a `Schedule` says which chunks there are.
 
 A halo block only touches the rows that read it, so it is stored compactly: its CSR has one
 row per reading row (`rows_R`) and its result is added into those rows of the output.
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.comm.exchange import HaloPlan
 from leo_cli.kernels.csr import INT32_MAX, row_of_edges
 
 
@@ -156,3 +158,73 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
         rows_E, pos_E[found_E], values_E, num_rows, num_cols, rows_sorted=True
     )
     return block_of(0, num_cols, rows_R, fwd)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk between this worker and a peer: rows sent and halo columns received.
+
+    Attributes:
+        peer: the other worker.
+        send_idx: inner rows sent to the peer in this chunk.
+        send_pos: the same rows as positions among the boundary rows (boundary-first update).
+        send_start: where they sit in the plan's `send_idx_S` (`send_end`: one past them).
+        recv_start: halo rows `[recv_start, recv_end)` arrive in this chunk.
+        block: columns `N + [recv_start, recv_end)` of the CSR.
+    """
+
+    peer: int
+    send_idx: Tensor
+    send_pos: Tensor
+    send_start: int
+    send_end: int
+    recv_start: int
+    recv_end: int
+    block: ColumnBlock
+
+    @property
+    def num_send(self) -> int:
+        return self.send_end - self.send_start
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The rounds in which chunks move and are aggregated, for one chunk count: round c holds
+    chunk c of every peer (peers with nothing to move in it are left out)."""
+
+    num_chunks: int
+    num_halo: int
+    rounds: list[list[Chunk]]
+
+
+def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int) -> Schedule:
+    """Cut every peer's rows into k chunks; round c holds chunk c of every peer.
+
+    `boundary_B`: the sorted boundary rows (the positions of `send_pos`).
+    """
+    send_off, recv_off = plan.send_offsets(), plan.recv_offsets()
+    n, rounds = plan.num_inner, []
+    for c in range(k):
+        chunks: list[Chunk] = []
+        rounds.append(chunks)
+        for peer in range(len(plan.send_counts)):
+            s = chunk_bounds(plan.send_counts[peer], k)
+            r = chunk_bounds(plan.recv_counts[peer], k)
+            if s[c + 1] == s[c] and r[c + 1] == r[c]:
+                continue
+            send_lo, send_hi = send_off[peer] + s[c], send_off[peer] + s[c + 1]
+            send_idx = plan.send_idx_S[send_lo:send_hi]
+            lo, hi = recv_off[peer] + r[c], recv_off[peer] + r[c + 1]
+            chunks.append(
+                Chunk(
+                    peer,
+                    send_idx,
+                    torch.searchsorted(boundary_B, send_idx),
+                    send_lo,
+                    send_hi,
+                    lo,
+                    hi,
+                    column_block(adj, n + lo, n + hi, compact=True),
+                )
+            )
+    return Schedule(k, plan.num_halo, [chunks for chunks in rounds if chunks])

@@ -1,8 +1,8 @@
 """Moving halo rows between workers: who sends what (HaloPlan), bulk and chunked transfers.
 
 Legend: N inner rows, H halo rows, S rows this worker sends (sum over peers), F width.
-The bulk all-to-all here is the exact reference (`blocking`); the chunked point-to-point
-transfers serve the pipelined mode. Both count bytes and time: `wait_s` is time this worker
+The bulk all-to-all and the chunked point-to-point transfers here serve the transports of
+comm/transport.py (and set-up fetches). Both count bytes and time: `wait_s` is time this worker
 sat waiting for a transfer (exposed), `transfer_s` the time from posting a transfer to seeing
 it complete (hidden + exposed; an upper bound, since completion is only observed at a wait).
 """
@@ -130,36 +130,11 @@ def all_to_all_rows(
     return recv
 
 
-class _BlockingHalo(torch.autograd.Function):
-    """h -> [h | halo(h)]: forward sends boundary rows, backward returns halo gradients."""
-
-    @staticmethod
-    def forward(ctx: Any, h_NF: Tensor, plan: HaloPlan) -> Tensor:
-        ctx.plan = plan
-        return torch.cat([h_NF, fetch_halo(h_NF, plan)])
-
-    @staticmethod
-    def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None]:
-        plan: HaloPlan = ctx.plan
-        grad_halo_HF = grad_full[plan.num_inner :]
-        back_SF = all_to_all_rows(grad_halo_HF, plan.recv_counts, plan.send_counts, plan.stats)
-        grad_h = grad_full[: plan.num_inner] + kernels.scatter_add_rows(
-            back_SF, plan.send_idx_S, plan.num_inner
-        )
-        return grad_h, None
-
-
 def fetch_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
-    """The halo rows alone, (H x F), not differentiable: for set-up fetches that are kept (a
-    slice of `exchange_halo`'s `[h | halo]` would keep the copy of h alive with it)."""
+    """The halo rows alone, (H x F), not differentiable: for set-up fetches (training moves
+    rows through the transports of comm/transport.py)."""
     send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
     return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
-
-
-def exchange_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
-    """`[h | halo]` rows, differentiably: the whole halo in one all-to-all."""
-    out: Tensor = _BlockingHalo.apply(h_NF, plan)  # type: ignore[no-untyped-call]
-    return out
 
 
 def halo_ids(plan: HaloPlan, ids_N: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
-from leo_cli.comm.exchange import HaloPlan, exchange_halo, fetch_halo
+from leo_cli.comm.exchange import HaloPlan, fetch_halo
 from leo_cli.comm.views import L1, L2, L3, level_view, remap_plan
 
 
@@ -95,7 +95,7 @@ def build_levels(
     """
     static = None
     if levels.static_aggregate:
-        full = exchange_halo(x_NF, plan) if distributed else x_NF
+        full = torch.cat([x_NF, fetch_halo(x_NF, plan)]) if distributed else x_NF
         static = kernels.spmm(adj, full)
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)

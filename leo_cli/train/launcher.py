@@ -22,7 +22,9 @@ from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.launch import launch_module, workers_per_node
+from leo_cli.train.metrics import read_json, write_json
 from leo_cli.train.plan_stage import ensure_plan
+from leo_cli.train.timing import RunTimer
 from leo_cli.train.worker import config_fingerprint
 
 # Keys that may change when resuming; anything else must match the run folder.
@@ -105,9 +107,16 @@ def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None
 
 
 def prepare(
-    cfg: LeoConfig, resume: bool, progress: ProgressFn | None, allow_inexact: bool = False
+    cfg: LeoConfig,
+    resume: bool,
+    progress: ProgressFn | None,
+    allow_inexact: bool = False,
+    timer: RunTimer | None = None,
 ) -> Path:
-    """Partition if needed, check resume consistency, write the resolved config."""
+    """Partition if needed, check resume consistency, write the resolved config, make the
+    cache plan if needed; `timer` receives the time of each stage (or of a reused output's
+    making)."""
+    timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
     run_dir = Path(cfg.run.out_dir).resolve()
     if cfg.launch.node_rank > 0:
@@ -117,19 +126,42 @@ def prepare(
         check_resumable(cfg, run_dir)
         read_latest(run_dir)  # says here, not only in worker logs, if the newest is corrupt
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
-    ensure_partitions(
+    t0 = time.perf_counter()
+    parts = ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False
     )
+    made = sum(parts.meta.get("timings_s", {}).values())
+    timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)
+    if not parts.reused:  # a plan made from the parts before a rebuild is made again
+        (run_dir / PLAN).unlink(missing_ok=True)
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
-    ensure_plan(cfg, run_dir)
+    ensure_plan(cfg, run_dir, timer=timer, verify_parts=False)  # workers verify their parts
     return run_dir
 
 
-def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
-    """Start the training workers and block until they finish; failures become TrainError."""
+def run_workers(
+    cfg: LeoConfig,
+    run_dir: Path,
+    resume: bool,
+    allow_inexact: bool = False,
+    timer: RunTimer | None = None,
+) -> None:
+    """Start the training workers and block until they finish; failures become TrainError.
+
+    With the parent's `timer`, workers report the set-up since the run started and the
+    summary gets the run's `wall_s` (train/timing.py).
+    """
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
+    if timer is not None:
+        timer.write(run_dir)
+        args += ["--launched-at", repr(timer.launched_at)]
     launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+    summary_path = run_dir / "summary.json"
+    if timer is not None and cfg.launch.node_rank == 0 and summary_path.is_file():
+        summary = read_json(summary_path)
+        summary["wall_s"] = round(time.time() - timer.started_at, 4)
+        write_json(summary_path, summary)

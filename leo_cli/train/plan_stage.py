@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,14 +37,20 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.train.launch import worker_threads, workers_per_node
 from leo_cli.train.probe import run_probe
+from leo_cli.train.timing import RunTimer
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def part_profiles(run_dir: Path, num_parts: int) -> list[PartProfile]:
-    """The profile of every part (checksums verified; memory-mapped: features stay on disk)."""
+def part_profiles(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartProfile]:
+    """The profile of every part (memory-mapped: features stay on disk). `verify` checks the
+    parts' checksums first; `leo train` skips it, since every worker verifies its own part
+    before training (a plan made from a corrupt part is never used: training stops)."""
     root = partition_dir(run_dir)
-    return [PartProfile.from_part(read_part(root, r, mmap=True)) for r in range(num_parts)]
+    return [
+        PartProfile.from_part(read_part(root, r, verify=verify, mmap=True))
+        for r in range(num_parts)
+    ]
 
 
 def machine_cache(num_workers: int, threads: str) -> Path:
@@ -77,11 +84,34 @@ def saved_profile(path: Path) -> HardwareProfile | None:
 
 
 def hardware_profile(
-    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool = False
+    cfg: LeoConfig,
+    run_dir: Path,
+    given: Path | None,
+    num_workers: int,
+    reprobe: bool = False,
+    timer: RunTimer | None = None,
 ) -> HardwareProfile:
     """The given profile (kept as the run folder's); else the run folder's profile when it was
     measured with as many workers; else this machine's saved one for as many workers and
-    threads; else a probe (saved in both places). `--force` probes again."""
+    threads; else a probe (saved in both places). `--force` probes again. `timer` gets the
+    probe's seconds (spent now, or when a reused profile was measured)."""
+    timer = timer or RunTimer()
+    hw = _find_profile(cfg, run_dir, given, num_workers, reprobe)
+    if hw is not None:
+        timer.add("probe_s", hw.probe_s, ran=False)
+        return hw
+    t0 = time.perf_counter()
+    hw = run_probe(cfg, run_dir)
+    timer.add("probe_s", time.perf_counter() - t0, ran=True)
+    with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
+        hw.write(machine_cache(num_workers, worker_threads(workers_per_node(cfg))))
+    return hw
+
+
+def _find_profile(
+    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool
+) -> HardwareProfile | None:
+    """A profile that needs no probe (see `hardware_profile`), or None."""
     path = given or cfg.cache.hardware
     if path is not None:  # kept in the run folder too, so later stages use the same one
         hw = HardwareProfile.read(Path(path))
@@ -104,10 +134,7 @@ def hardware_profile(
             "with --hardware (or cache.hardware) or use cache.policy=degree or none.",
             file=sys.stderr,
         )
-    hw = run_probe(cfg, run_dir)
-    with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
-        hw.write(cached)
-    return hw
+    return None
 
 
 def ensure_plan(
@@ -116,24 +143,31 @@ def ensure_plan(
     hardware: Path | None = None,
     force: bool = False,
     always: bool = False,
+    timer: RunTimer | None = None,
+    verify_parts: bool = True,
 ) -> CachePlan | None:
     """The run's cache plan, made when missing or stale.
 
     Training needs none with `cache.policy=none` (None is returned); `always` makes one
-    anyway (`leo profile-cache` shows the predictions of every mode).
+    anyway (`leo profile-cache` shows the predictions of every mode). `timer` gets the
+    probe's and the plan's seconds (`plan_s`: profiles, policy, predictions, plot).
+    `verify_parts=False` leaves the parts' checksums to the workers (see `part_profiles`).
     """
+    timer = timer or RunTimer()
     if cfg.cache.policy == "none" and not always:
         return None
     meta = read_meta(partition_dir(run_dir))
     dataset = meta["dataset"]
     num_parts = int(meta["num_parts"])
-    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force)
+    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
+    t0 = time.perf_counter()
     inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
     key = plan_key(inputs, hw)
     existing = read_plan(run_dir)
     if existing is not None and existing.key == key and not force:
+        timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
-    profiles = part_profiles(run_dir, num_parts)
+    profiles = part_profiles(run_dir, num_parts, verify_parts)
     shape = model_shape(
         cfg.model,
         int(dataset["num_features"]),
@@ -142,8 +176,10 @@ def ensure_plan(
     )
     keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype))
     plan = make_plan(cfg.cache, profiles, shape, hw, keys)
-    write_plan(run_dir, plan)
     plot_plan(plan, run_dir / "cache-plan.png")
+    plan.plan_s = round(time.perf_counter() - t0, 4)
+    write_plan(run_dir, plan)
+    timer.add("plan_s", plan.plan_s, ran=True)
     return plan
 
 

@@ -21,6 +21,7 @@ from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN, build_model
 from leo_cli.models.graph import LocalGraph, part_adjacency
+from leo_cli.train.timing import Laps
 from leo_cli.train.trainer import WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -34,6 +35,7 @@ class Job:
     data: WorkerData
     model: GNN
     optimizer: torch.optim.Optimizer
+    static_layer0: bool = False  # layer 0 trains on the static aggregate (cache level L1s)
 
 
 def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
@@ -86,17 +88,21 @@ def assemble(
     device: torch.device,
     cache: RankLevels | None = None,
     chunks_planned: list[int] | None = None,
+    laps: Laps | None = None,
 ) -> Job:
     """Build a job from an in-memory part (used by workers and by the single-process oracle).
 
     `cache` is this rank's share of the cache plan; None means no cache (every halo row is
     exchanged each layer). Every rank must pass one, or none (set-up runs collectives).
     `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`.
+    `laps` gets the seconds of each step (train/timing.py).
     """
+    laps = laps or Laps()
     dtype = DTYPES[cfg.train.dtype]
     plan = halo_plan(part, device)
     adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, int(dataset["num_train"]), dtype, device)
+    laps.lap("graph_s")
     levels = None
     if cache is not None and cfg.model.name == "gat":
         # Replicas and the static aggregate rest on `Â·X·W` (aggregate-first of raw inputs),
@@ -106,6 +112,7 @@ def assemble(
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, cfg.pipeline.mode)
         levels = build_levels(adj, plan, data.x_NF, halo_ids, mode_cache, world_size > 1)
+    laps.lap("levels_s")
     width = exchange_width(cfg.model, int(dataset["num_features"]), int(dataset["num_classes"]))
     others = (adj, plan) if levels is None else levels.others
     static_layer0 = levels is not None and layer0_is_static(cfg, levels)
@@ -121,6 +128,7 @@ def assemble(
         attention=cfg.model.name == "gat",
         static_layer0=static_layer0,
     )
+    laps.lap("aggregator_s")
     graph = LocalGraph(
         self_weight_N=self_weight,
         global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
@@ -136,7 +144,8 @@ def assemble(
     ).to(device=device, dtype=dtype)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     reducer = make_grad_reducer(model, cfg.pipeline.mode)
-    return Job(plan, graph, reducer, data, model, opt)
+    laps.lap("model_s")
+    return Job(plan, graph, reducer, data, model, opt, static_layer0)
 
 
 def build_job(
@@ -146,6 +155,7 @@ def build_job(
     part: LocalPart,
     world_size: int,
     device: torch.device,
+    laps: Laps | None = None,
 ) -> Job:
     """The job of one part, with its share of the run's cache plan (checked to be made for
     these partitions and settings)."""
@@ -160,7 +170,9 @@ def build_job(
             "leo profile-cache with this config (leo train does so itself)."
         )
     if plan is None:
-        return assemble(cfg, part, meta["dataset"], world_size, device)
+        return assemble(cfg, part, meta["dataset"], world_size, device, laps=laps)
     c = plan.caches[rank]
     levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
-    return assemble(cfg, part, meta["dataset"], world_size, device, levels, plan.num_chunks)
+    return assemble(
+        cfg, part, meta["dataset"], world_size, device, levels, plan.num_chunks, laps=laps
+    )

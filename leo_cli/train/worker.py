@@ -44,6 +44,7 @@ from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
 from leo_cli.train.setup import Job, build_job, halo_plan
+from leo_cli.train.timing import WORKER_PARTS, Laps, read_parent, setup_summary
 from leo_cli.train.trainer import evaluate, train_step
 
 USER_ERROR_EXIT = 3
@@ -212,18 +213,24 @@ def reduce_epoch_stats(
     }
 
 
-def finish(cfg: LeoConfig, run_dir: Path, world_size: int) -> None:
+def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> dict[str, float]:
+    """This worker's set-up parts, each the slowest rank's, and when the slowest rank starts
+    its first step (`first_step_at`, wall clock)."""
+    now = time.time()
+    mine = {k: laps.seconds.get(k, 0.0) for k in WORKER_PARTS}
+    mine["worker_setup_s"] = now - entered_at
+    mine["launch_s"] = entered_at - launched_at if launched_at is not None else 0.0
+    mine["first_step_at"] = now
+    values = torch.tensor(list(mine.values()), dtype=torch.float64)
+    return dict(zip(mine, all_reduce_(values, op="max").tolist(), strict=True))
+
+
+def finish(cfg: LeoConfig, run_dir: Path, world_size: int, setup: dict[str, Any]) -> None:
     rows = run_files.read_metrics(run_dir)
-    run_files.write_json(
-        run_dir / "summary.json",
-        run_files.summarize(
-            rows,
-            world_size,
-            cfg.pipeline.mode,
-            cfg.run.name,
-            predicted_time(run_dir, cfg),
-        ),
+    summary = run_files.summarize(
+        rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(run_dir, cfg)
     )
+    run_files.write_json(run_dir / "summary.json", {**summary, **setup})
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})
 
@@ -240,7 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config-sha", help="fingerprint of the launcher's config (default: the run folder's)"
     )
+    parser.add_argument(
+        "--launched-at",
+        type=float,
+        help="wall-clock time the launcher started the workers (set-up accounting)",
+    )
     args = parser.parse_args(argv)
+    entered_at = time.time()
     die_with_parent()
     fix_mmap_threshold()  # before set-up's large temporaries come and go (train/memory.py)
     env = DistEnv.from_env()
@@ -248,7 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     start_heartbeat(run_dir, env.rank)
     try:
         resume = args.resume or env.restart > 0
-        return run_worker(run_dir, env, resume, args.config_sha, args.allow_inexact)
+        return run_worker(
+            run_dir,
+            env,
+            resume,
+            args.config_sha,
+            args.allow_inexact,
+            (entered_at, args.launched_at),
+        )
     except LeoError as exc:
         # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
         # agent stop the other ranks, which may be waiting for this one in a collective.
@@ -265,7 +285,12 @@ def run_worker(
     resume: bool,
     config_sha: str | None = None,
     allow_inexact: bool = False,
+    started: tuple[float, float | None] | None = None,
 ) -> int:
+    """Train this rank's part. `started`: when this process entered main and when the
+    launcher started the workers (None under plain torchrun), for the set-up accounting."""
+    entered_at, launched_at = started or (time.time(), None)
+    laps = Laps()
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
     active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
@@ -281,15 +306,17 @@ def run_worker(
     if env.world_size > 1:
         backend = pick_backend(device, cfg.launch.backend)
         init_process_group(env, backend, cfg.launch.timeout_s, device)
+    laps.lap("process_group_s")
     # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
     # not hang in the first exchange.
     # Mapped, not read: the part's files serve as page cache while set-up copies what it needs.
     part = read_part(partition_dir(run_dir), env.rank, mmap=True)
+    laps.lap("read_part_s")
     state = load_latest(run_dir) if resume else None
     start = 0 if state is None else int(state["epoch"])
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
     check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
-    job = build_job(run_dir, cfg, meta, part, env.world_size, device)
+    job = build_job(run_dir, cfg, meta, part, env.world_size, device, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
     del part
@@ -300,9 +327,13 @@ def run_worker(
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)
         run_files.write_json(run_dir / "status.json", {"state": "running"})
+    worker = reduce_setup(laps, entered_at, launched_at)
     run_epochs(cfg, job, env, run_dir, start)
     if env.rank == 0:
-        finish(cfg, run_dir, env.world_size)
+        first_step_at = worker.pop("first_step_at")
+        setup = setup_summary(read_parent(run_dir, launched_at), worker, first_step_at)
+        setup["static_aggregate"] = job.static_layer0
+        finish(cfg, run_dir, env.world_size, setup)
     if env.world_size > 1:
         dist.barrier()  # nobody tears the group down while a peer still talks to it
     return 0

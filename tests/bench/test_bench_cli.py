@@ -44,8 +44,13 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     data = json.loads((out / "bench.json").read_text())
     rows = data["rows"]
     assert {"cpu", "cores", "versions", "command"} <= set(data["env"])
-    assert [(r["mode"], r["world_size"]) for r in rows if r["system"] == "leo"] == [
-        ("leo", 1),
+    # One worker: LEO with the static aggregate (input dropout 0 by default) and without.
+    leo_rows = [r for r in rows if r["system"] == "leo"]
+    assert [(r["mode"], r["world_size"], r["static_aggregate"]) for r in leo_rows[:2]] == [
+        ("leo", 1, True),
+        ("leo", 1, False),
+    ]
+    assert [(r["mode"], r["world_size"]) for r in leo_rows[2:]] == [
         ("leo", 2),
         ("leo-no-cache", 2),
         ("blocking", 2),
@@ -56,6 +61,12 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     for r in rows:
         assert set(COLUMNS) <= set(r)
         assert r["epoch_time_s"] > 0 and r["epochs_kept"] + r["epochs_dropped"] == 4
+        assert 0 < r["setup_s"] < r["wall_s"], r
+        assert r["cost_200_epochs_s"] == pytest.approx(r["setup_s"] + 200 * r["epoch_time_s"])
+        assert r["interval"] in (None, "range")  # two rounds: their range, said so
+    assert "vs blocking (range)" in (out / "bench.md").read_text()
+    shares = data["hidden_share"]["2"]
+    assert set(shares) == {"share", "ci_low", "ci_high", "interval"}
     by_mode = {r["mode"]: r for r in rows if r["world_size"] == 2}
     assert by_mode["blocking"]["vs_blocking"] == pytest.approx(1.0)
     assert by_mode["compute-only"]["exact"] is False and by_mode["leo"]["exact"] is True

@@ -102,29 +102,31 @@ def test_blocking_step_term_by_term() -> None:
     comm = 2e-3 + 4 * 16 / 1e6  # the busiest rank receives 4 rows of 16 B
     fwd_pre = gemm * 4 / 10 + 4 / GATHER  # boundary share of the update, pack 4 rows
     fwd_window = gemm * 6 / 10
-    fwd_post = passes(14) + (25 / SPMM + passes(10)) + epilogue  # join, spmm (+ output)
-    bwd_pre = epilogue + 25 / SPMM_T + passes(14)  # spmm backward writes 14 rows
-    bwd_post = 4 / SCATTER + 2 * passes(10) + gemm  # unpack, weight gradient
+    inner = 20 / SPMM + passes(10)  # the inner block (+ its output)
+    halo = 5 / SPMM + passes(3)  # the peer's block: 5 edges into the 3 rows reading it
+    fwd_post = inner + halo + 3 / SCATTER + epilogue  # its rows added into the output
+    bwd_pre = epilogue + 5 / SPMM_T + passes(4) + 3 / GATHER + passes(4)  # block, its rows, buffer
+    bwd_post = 20 / SPMM_T + passes(10) + 4 / SCATTER + gemm  # inner block, unpack, weights
     loss = 2 * passes(10)
     allreduce = 16 * 4 * 4 / 1e6 + 1e-3  # 64 weights, one message
     expected = fwd_pre + fwd_window + comm + fwd_post + bwd_pre + comm + bwd_post
     pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "blocking", [1])
     assert pred.epoch_time_s == pytest.approx(expected + loss + allreduce, rel=1e-12)
     assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
-    assert pred.stages["join_s"] == pytest.approx(passes(14), rel=1e-12)
     assert pred.stages["comm_wait_s"] == pytest.approx(2 * comm, rel=1e-12)
 
 
-def test_compute_only_skips_the_transfer_but_joins_zeros() -> None:
+def test_compute_only_is_blocking_without_the_transfers() -> None:
     hw = hardware()
     blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
     floor = predict([part(0), part(1)], NONE, SHAPE, hw, "compute-only", [1])
     comm = 2e-3 + 4 * 16 / 1e6
-    unpack = 4 / SCATTER + 2 * passes(10)
-    zeros = passes(4)
+    packing = 4 / GATHER + passes(4)  # rows gathered to send; the gradients' buffer
+    zeros = passes(4) + passes(4)  # zeros arrive in place of 4 halo rows and 4 gradients
     assert floor.epoch_time_s == pytest.approx(
-        blocking.epoch_time_s - 2 * comm - unpack + zeros, rel=1e-12
+        blocking.epoch_time_s - 2 * comm - packing + zeros, rel=1e-12
     )
+    assert floor.stages["spmm_s"] == pytest.approx(blocking.stages["spmm_s"], rel=1e-12)
 
 
 def test_static_aggregate_layer_has_no_exchange() -> None:
@@ -142,10 +144,9 @@ def test_fine_grained_moves_a_row_per_edge() -> None:
     hw = hardware()
     blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
     fine = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])
-    # 5 rows instead of 4 each way: one more row to pack, join, send, unpack, and to write
-    # in the backward SpMM's output.
-    more = 1 / GATHER + 2 * passes(1) + 2 * (16 / 1e6) + 1 / SCATTER
-    # The 5 per-edge rows are read in order (a small block): priced apart, no output.
+    # 5 rows instead of 4 each way: one more row to pack, send, write in the block's
+    # backward output, put in the gradients' buffer and unpack.
+    more = 1 / GATHER + 2 * (16 / 1e6) + 2 * passes(1) + 1 / SCATTER
     assert fine.epoch_time_s == pytest.approx(blocking.epoch_time_s + more, rel=1e-12)
 
 
@@ -174,8 +175,6 @@ def test_pipelined_step_uses_point_to_point_chunks() -> None:
     pred = predict([part(0), part(1)], NONE, SHAPE, hw, "leo-no-cache", [2])
     # Two chunks of 4 rows of 16 B: 64 B at 1 MB/s + 2 messages of 1 ms, per direction.
     assert pred.stages["comm_s"] == pytest.approx(2 * (64 / 1e6 + 2e-3), rel=1e-12)
-    # No join: the pipeline aggregates each chunk on its own.
-    assert pred.stages.get("join_s", 0.0) == 0.0
 
 
 def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:

@@ -118,6 +118,14 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "epoch_000006.pt",
     ]
     assert "training summary: tiny-run" in res.stdout
+    # Set-up is counted: from the start of `leo train` to the first step, split in stages.
+    parts = s["setup_parts_s"]
+    assert 0 < s["setup_s"] < s["wall_s"]
+    assert parts["partition_s"] > 0 and "partition_s" not in s["setup_reused_s"]
+    for key in ("plan_s", "launch_s", "worker_setup_s", "process_group_s", "aggregator_s"):
+        assert parts[key] >= 0, key
+    top = ("partition_s", "probe_s", "plan_s", "launch_s", "worker_setup_s", "other_s")
+    assert sum(parts.get(k, 0.0) for k in top) == pytest.approx(s["setup_s"], abs=0.01)
 
 
 def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:

@@ -108,9 +108,10 @@ def test_single_worker_keeps_one_copy_of_the_csr() -> None:
     adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     kwargs = {"num_chunks": [1], "width": 4, "halo_local_H": torch.zeros(0)}
     agg = make_layer_aggregators("leo", (adj, None), (adj, None), 1, **kwargs)  # type: ignore[arg-type]
+    gat = make_layer_aggregators("leo", (adj, None), (adj, None), 1, attention=True, **kwargs)  # type: ignore[arg-type]
     for name in ("indptr", "indices", "values"):
-        assert getattr(agg.columns(0)[0], name) is getattr(adj, name)
-        assert getattr(agg.block.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
+        assert getattr(gat.columns(0)[0], name) is getattr(adj, name)
+        assert getattr(agg.inner.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
 
 
 def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:

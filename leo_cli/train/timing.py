@@ -1,0 +1,125 @@
+"""Set-up and wall time of a run: what happens before the first training step, and in all.
+
+`setup_s` is the wall time from the start of `leo train` (the process) to the first training
+step of the slowest worker; `setup_parts_s` splits it: `partition_s`, `probe_s` and `plan_s`
+(stages this run ran; a reused output costs nothing here and its cost when it was made is
+listed under `setup_reused_s`), `launch_s` (workers started until the last one runs its own
+code: interpreter, imports), and per worker (the slowest rank's each) `process_group_s`,
+`read_part_s`, `graph_s` (CSR, features), `levels_s` (static aggregate, replicas, halo views),
+`aggregator_s` (column blocks and schedules), `model_s` and `worker_setup_s` (their sum, with
+the cross-rank checks); `other_s` is the parent's own work (interpreter, imports, config).
+`wall_s` is the whole run, start to exit.
+
+The parent (`leo train`, `leo bench`) keeps a `RunTimer`, writes the stages it ran to
+`.setup.json` and passes the launch time to the workers (`--launched-at`); rank 0 puts both
+into summary.json; the parent adds `wall_s` once the workers have exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SETUP_FILE = ".setup.json"
+WORKER_PARTS = (
+    "process_group_s",
+    "read_part_s",
+    "graph_s",
+    "levels_s",
+    "aggregator_s",
+    "model_s",
+)
+
+
+def process_start_time() -> float:
+    """When this process started (wall clock), so interpreter start and imports count;
+    now where /proc is missing."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime: clock ticks after boot (field 22 of stat)
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class Laps:
+    """Seconds between named points, summed per name."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+@dataclass
+class RunTimer:
+    """The parent's clock of one run: its start, the stages it ran, what it reused."""
+
+    started_at: float = field(default_factory=time.time)
+    parts: dict[str, float] = field(default_factory=dict)
+    reused: dict[str, float] = field(default_factory=dict)
+    launched_at: float | None = None
+
+    def add(self, name: str, seconds: float, ran: bool) -> None:
+        """A stage's cost: spent now (`ran`), or spent when its reused output was made."""
+        (self.parts if ran else self.reused)[name] = round(seconds, 4)
+
+    def write(self, run_dir: Path) -> None:
+        """`.setup.json` for rank 0, stamped with this launch (a stale file is ignored)."""
+        self.launched_at = time.time()
+        payload = {
+            "started_at": self.started_at,
+            "launched_at": self.launched_at,
+            "parts": self.parts,
+            "reused": self.reused,
+        }
+        tmp = run_dir / f".{SETUP_FILE}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(payload))
+        tmp.replace(run_dir / SETUP_FILE)
+
+
+def read_parent(run_dir: Path, launched_at: float | None) -> dict[str, Any]:
+    """What the parent of this launch wrote (empty under plain torchrun)."""
+    if launched_at is None:
+        return {}
+    try:
+        data: dict[str, Any] = json.loads((run_dir / SETUP_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if data.get("launched_at") == launched_at else {}
+
+
+def setup_summary(
+    parent: dict[str, Any], worker: dict[str, float], first_step_at: float
+) -> dict[str, Any]:
+    """summary.json's set-up fields from the parent's stages and the workers' (max over
+    ranks; `first_step_at` is the wall time the slowest rank started its first step)."""
+    parts = {**parent.get("parts", {}), **worker}
+    started = parent.get("started_at")
+    if started is None:  # plain torchrun: only the workers' own set-up is known
+        total = worker.get("worker_setup_s", 0.0)
+    else:
+        total = first_step_at - float(started)
+        # Top-level parts (the worker parts are inside worker_setup_s); the rest is the
+        # parent's own work: interpreter, imports, config, checks.
+        top = sum(parent.get("parts", {}).values())
+        top += worker.get("launch_s", 0.0) + worker.get("worker_setup_s", 0.0)
+        parts["other_s"] = max(0.0, total - top)
+    return {
+        "setup_s": round(total, 4),
+        "setup_parts_s": {k: round(v, 4) for k, v in parts.items()},
+        "setup_reused_s": parent.get("reused", {}),
+    }

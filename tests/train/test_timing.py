@@ -1,0 +1,38 @@
+"""Set-up accounting: the parent's stages, the workers' parts, and what belongs to a launch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from leo_cli.train.timing import RunTimer, process_start_time, read_parent, setup_summary
+
+WORKER = {"launch_s": 2.0, "worker_setup_s": 3.0, "process_group_s": 1.0, "levels_s": 1.5}
+
+
+def test_process_start_is_before_now() -> None:
+    assert time.time() - 3600 < process_start_time() <= time.time()
+
+
+def test_setup_spans_start_to_first_step_and_splits_into_stages(tmp_path: Path) -> None:
+    timer = RunTimer(started_at=100.0)
+    timer.add("partition_s", 4.0, ran=True)
+    timer.add("plan_s", 7.5, ran=False)  # a reused plan: its cost when it was made
+    timer.write(tmp_path)
+    setup = setup_summary(read_parent(tmp_path, timer.launched_at), WORKER, 112.0)
+    assert setup["setup_s"] == 12.0
+    parts = setup["setup_parts_s"]
+    assert parts["partition_s"] == 4.0 and "plan_s" not in parts
+    assert parts["other_s"] == pytest.approx(12.0 - 4.0 - 2.0 - 3.0)
+    assert setup["setup_reused_s"] == {"plan_s": 7.5}
+
+
+def test_a_stale_parent_file_is_ignored(tmp_path: Path) -> None:
+    timer = RunTimer(started_at=100.0)
+    timer.write(tmp_path)
+    assert read_parent(tmp_path, None) == {}  # plain torchrun: no launcher
+    assert read_parent(tmp_path, timer.launched_at + 1) == {}  # another launch wrote it
+    setup = setup_summary({}, WORKER, 112.0)
+    assert setup["setup_s"] == 3.0 and setup["setup_reused_s"] == {}
