@@ -315,3 +315,37 @@ def test_leo_kernels_ref_keeps_the_extension_unloaded() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "reference"
+
+
+def test_dropped_pinned_rows_are_not_reused_before_the_kernel_reads_them() -> None:
+    csr = make_csr("huge_row", torch.int32, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    x = features(csr.num_cols, 64, torch.float32)
+    local_cuda, remote_cuda, x_local = local.to("cuda"), remote.to("cuda"), x[:1400].cuda()
+    for _ in range(3):
+        x_host = x[1400:].clone().pin_memory()
+        out = kernels.fused_aggregate(local_cuda, x_local, remote_cuda, x_host)
+        del x_host  # the caller lets go as the op returns; the kernel may not have run yet
+        torch.full((600, 64), float("nan")).pin_memory()  # a same-size pinned block, reused?
+        assert_parity(out, kernels.spmm(csr, x), exact_spmm(csr, x))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (peer access)")
+def test_x_remote_on_a_peer_gpu_contiguous_and_just_computed() -> None:
+    csr = make_csr("huge_row", torch.int32, torch.float32)
+    local, remote = split_local_remote(csr, num_local_cols=1400)
+    x = features(csr.num_cols, 64, torch.float32)
+    if not torch.cuda.can_device_access_peer(0, 1):
+        pytest.skip("no peer access between GPU 0 and GPU 1")
+    local0, remote0, x_local = local.to("cuda:0"), remote.to("cuda:0"), x[:1400].to("cuda:0")
+    source = x[1400:].to("cuda:1")
+    for _ in range(3):
+        # Produced on GPU 1's stream just before the call: GPU 0 must wait for it, and its
+        # memory must not be handed out again on GPU 1 before GPU 0 has read it.
+        big = torch.randn(4096, 4096, device="cuda:1")
+        x_remote = (source + big[:600, :64] * 0) @ torch.eye(64, device="cuda:1")
+        assert x_remote.is_contiguous()
+        out = kernels.fused_aggregate(local0, x_local, remote0, x_remote)
+        del x_remote, big
+        torch.full((600, 64), float("nan"), device="cuda:1")
+        assert_parity(out, kernels.spmm(csr, x), exact_spmm(csr, x))
