@@ -4,8 +4,10 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
+CUDA_VENV  ?= .venv-cuda
+CUDA_STAMP := $(CUDA_VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest cuda-check test-gpu clean
+.PHONY: install run test lint typecheck pytest cuda-check check-cuda-build test-gpu clean
 
 install: $(STAMP)
 
@@ -36,9 +38,29 @@ pytest: install
 
 test: lint typecheck cuda-check pytest
 
-# On a GPU machine: build the kernels, GPU tests, kernel benchmark (logs in gpu-check/).
-test-gpu: install
+# A CUDA build of torch (the registry's default Linux x86_64 wheel: CUDA 13 for torch 2.13.0,
+# ~5 GB with its nvidia-* packages) in a virtual environment of its own, never the one
+# `make test` uses. No pip config file and no find-links for that install: a machine whose pip
+# config points at a local CPU wheel of the same version would otherwise get that one.
+$(CUDA_STAMP): pyproject.toml
+	test -x $(CUDA_VENV)/bin/python || python3 -m venv $(CUDA_VENV)
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(CUDA_VENV)/bin/python -m pip install -q \
+	  "$(TORCH_PIN)" ninja setuptools wheel
+	$(CUDA_VENV)/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None \
+	  and f'$(CUDA_VENV) got a CPU-only torch ({torch.__version__}), not a CUDA build')"
+	$(CUDA_VENV)/bin/python -m pip install -q -e .
+	touch $(CUDA_STAMP)
+
+# Without a GPU: compile and link leo_cli._C for real against that torch, then load it and
+# register its kernels (scripts/check-cuda-build.sh; a few minutes on 2 cores).
+check-cuda-build: $(CUDA_STAMP)
+	scripts/check-cuda-build.sh $(CUDA_VENV)
+
+# On a GPU machine, as one run that fits a 10-minute slot: build the kernels, GPU tests, a
+# 2-GPU leo train against one process, kernel benchmark (logs and summary.json in gpu-check/).
+# No `install` prerequisite: once .venv has a CUDA torch the script needs no package registry.
+test-gpu:
 	scripts/gpu-check.sh gpu-check
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CUDA_VENV) build *.egg-info

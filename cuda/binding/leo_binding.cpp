@@ -14,11 +14,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cuda/CachingHostAllocator.h>
+#include <ATen/cuda/PeerToPeerAccess.h>  // not c10/cuda/PeerToPeerAccess.h: recent torch only
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/PeerToPeerAccess.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <string>
@@ -124,54 +126,80 @@ at::Tensor spmm_csr_cuda(const at::Tensor& indptr, const at::Tensor& indices,
   return out_RF;
 }
 
+// Keeps pinned host memory from reuse until `stream` has passed this point: the kernel reads
+// it asynchronously, and the caller may drop its tensor as soon as the op returns.
+void keep_host_rows(const at::Tensor& x_host, const c10::cuda::CUDAStream& stream) {
+  const c10::DataPtr& data = x_host.storage().data_ptr();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  at::getHostAllocator(at::kCUDA)->record_event(data.get(), data.get_context(), stream.unwrap());
+#else
+  at::cuda::CachingHostAllocator_recordEvent(data.get(), data.get_context(), stream);
+#endif
+}
+
+// Orders `stream` after the work queued so far on the current stream of x_peer's GPU (which
+// produced or copied it), and keeps x_peer's memory from reuse until `stream` is done with it
+// (the caller may drop its tensor as soon as the op returns).
+// (A raw event: ATen/cuda/CUDAEvent.h pulls in cuSPARSE and cuBLAS headers.)
+void use_peer_rows(const at::Tensor& x_peer, const c10::cuda::CUDAStream& stream) {
+  cudaEvent_t ready = nullptr;
+  {
+    const c10::cuda::CUDAGuard peer(x_peer.device());
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(ready, c10::cuda::getCurrentCUDAStream(x_peer.device().index())));
+  }
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
+  C10_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has happened
+  c10::cuda::CUDACachingAllocator::recordStream(x_peer.storage().data_ptr(), stream);
+}
+
 // x_remote as the fused kernel reads it: contiguous, readable from `device`, and the link it
 // lives behind. A peer GPU's tensor needs peer access (enabled here, or a clear refusal); a
-// non-contiguous one is copied on the peer's current stream, and that copy is ordered before
-// our stream's kernel (an event) and kept from reuse until our stream is done with it
-// (recordStream). Host memory must be pinned and contiguous (read through its mapped address).
-// As with any tensor a kernel reads asynchronously, the caller keeps a host or peer x_remote
-// (not a copy made here) alive and unchanged until this stream has run the kernel.
+// non-contiguous one is copied on the peer's current stream first. Either way our stream waits
+// for the peer's stream, and the rows it reads stay allocated until the kernel has run. Host
+// memory must be pinned and contiguous (read through its mapped address) and likewise stays
+// allocated. What the caller must still do, as for any tensor a kernel reads asynchronously:
+// not write to x_remote until this stream has run the kernel.
 struct RemoteRows {
   at::Tensor x;
   const void* ptr;
   leo::RemoteLink link;
 };
 
+RemoteRows host_rows(const at::Tensor& x_remote, const at::Device& device, const char* op) {
+  TORCH_CHECK(x_remote.is_pinned() && x_remote.is_contiguous(), op,
+              ": x_remote in host memory must be pinned and contiguous (x.pin_memory())");
+  void* mapped = nullptr;
+  const cudaError_t status = cudaHostGetDevicePointer(&mapped, x_remote.data_ptr(), 0);
+  TORCH_CHECK(status == cudaSuccess, op, ": pinned x_remote is not mapped for ", device, ": ",
+              cudaGetErrorString(status));
+  keep_host_rows(x_remote, c10::cuda::getCurrentCUDAStream(device.index()));
+  return RemoteRows{x_remote, mapped, leo::RemoteLink::kHost};
+}
+
+RemoteRows peer_rows(const at::Tensor& x_remote, const at::Device& device, const char* op) {
+  TORCH_CHECK(at::cuda::get_p2p_access(device.index(), x_remote.device().index()), op,
+              ": x_remote is on ", x_remote.device(), ", which ", device,
+              " cannot read directly (no peer access between the two GPUs); copy it to ", device,
+              " first");
+  at::Tensor x = x_remote;
+  if (!x.is_contiguous()) {
+    const c10::cuda::CUDAGuard peer(x_remote.device());
+    x = x_remote.contiguous();  // on the peer's current stream
+  }
+  use_peer_rows(x, c10::cuda::getCurrentCUDAStream(device.index()));
+  return RemoteRows{x, x.data_ptr(), leo::RemoteLink::kPeer};
+}
+
 RemoteRows remote_rows(const at::Tensor& x_remote, const at::Device& device, const char* op) {
   TORCH_CHECK(x_remote.dim() == 2, op, ": x_remote must be 2-D (rows x F)");
-  if (x_remote.is_cpu()) {
-    TORCH_CHECK(x_remote.is_pinned() && x_remote.is_contiguous(), op,
-                ": x_remote in host memory must be pinned and contiguous (x.pin_memory())");
-    void* mapped = nullptr;
-    const cudaError_t status = cudaHostGetDevicePointer(&mapped, x_remote.data_ptr(), 0);
-    TORCH_CHECK(status == cudaSuccess, op, ": pinned x_remote is not mapped for ", device, ": ",
-                cudaGetErrorString(status));
-    return RemoteRows{x_remote, mapped, leo::RemoteLink::kHost};
-  }
+  if (x_remote.is_cpu()) return host_rows(x_remote, device, op);
   TORCH_CHECK(x_remote.is_cuda(), op, ": x_remote must be on a CUDA device or pinned host memory");
   if (x_remote.device() == device) {
     const at::Tensor x = x_remote.contiguous();
     return RemoteRows{x, x.data_ptr(), leo::RemoteLink::kSameDevice};
   }
-  TORCH_CHECK(c10::cuda::get_p2p_access(device.index(), x_remote.device().index()), op,
-              ": x_remote is on ", x_remote.device(), ", which ", device,
-              " cannot read directly (no peer access between the two GPUs); copy it to ", device,
-              " first");
-  if (x_remote.is_contiguous()) return RemoteRows{x_remote, x_remote.data_ptr(),
-                                                  leo::RemoteLink::kPeer};
-  at::Tensor copy;
-  cudaEvent_t copied = nullptr;
-  {
-    const c10::cuda::CUDAGuard peer(x_remote.device());
-    copy = x_remote.contiguous();
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-    C10_CUDA_CHECK(cudaEventRecord(copied, c10::cuda::getCurrentCUDAStream()));
-  }
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, copied, 0));
-  C10_CUDA_CHECK(cudaEventDestroy(copied));  // released once the wait has happened
-  c10::cuda::CUDACachingAllocator::recordStream(copy.storage().data_ptr(), stream);
-  return RemoteRows{copy, copy.data_ptr(), leo::RemoteLink::kPeer};
+  return peer_rows(x_remote, device, op);
 }
 
 at::Tensor fused_aggregate_cuda(

@@ -20,7 +20,8 @@
 // range, and a high-degree row is split across all groups (hence warps) of its side. A group
 // flushes its partial sum of a row into the block's shared-memory accumulator (fp32, fp64 for
 // float64) with a shared atomic whenever its range leaves the row; after a barrier the block
-// writes the accumulator out once. Rows with no edges get zeros.
+// writes the accumulator out once. Rows with no edges get zeros. The atomics' order varies, so
+// a row split across groups may differ in its last bits from run to run.
 //
 // Hub rows: a row with more than hub_degree edges on one side is not summed by its tile. The
 // hub pass of spmm_csr.cuh runs first over that side's CSR (edge chunks spread over the whole

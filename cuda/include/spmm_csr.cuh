@@ -22,8 +22,13 @@
 // two: the row its chunk starts in and a row starting inside it, since a hub row is longer than
 // a chunk) into a workspace of partial sums, slot 0 and slot 1. The main pass then gives a hub
 // row the sum of its chunks' partials instead of walking its edges: a second reduction, no
-// atomics on the output, the same result on every run. The first pass's blocks split a segment
-// across all their lane groups and combine them with shared-memory atomics.
+// atomics on the output. The first pass's blocks split a segment across all their lane groups
+// and combine them with float shared-memory atomics, whose order varies: a hub row's sum may
+// differ in its last bits from run to run (rows up to hub_degree edges are summed in a fixed
+// order and do not). The fused kernel's shared-memory flushes vary the same way.
+// The workspace (K x 2 x F accumulators, ~E*F/256 bytes) is taken from torch's caching
+// allocator per call, on the call's stream, only when the CSR's longest row says there are
+// hubs (or when it is unknown, -1: LEO always passes it).
 //
 // Shape suffixes: R rows, C columns, E edges, F features, K edge chunks.
 #pragma once

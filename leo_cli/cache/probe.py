@@ -128,6 +128,8 @@ def regular_csr(num_rows: int, num_cols: int, num_edges: int, gen: torch.Generat
         t_indptr=torch.arange(num_cols + 1, dtype=torch.int32) * per_col,
         t_indices=(t_perm_E // per_row).to(torch.int32),
         t_perm=t_perm_E,
+        max_degree=per_row,  # known here: the GPU SpMM skips its hub-row pass
+        t_max_degree=per_col,
     )
 
 

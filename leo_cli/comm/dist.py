@@ -43,11 +43,17 @@ def pick_backend(device: torch.device, backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
-def init_process_group(env: DistEnv, backend: str, timeout_s: float) -> None:
+def init_process_group(
+    env: DistEnv, backend: str, timeout_s: float, device: torch.device | None = None
+) -> None:
     """Join the group through the rendezvous store, namespaced by the restart attempt.
 
     A restarted group must not read the addresses the dead attempt left in the shared store
-    (pytorch/pytorch#135712), so every attempt gets its own key prefix.
+    (pytorch/pytorch#135712), so every attempt gets its own key prefix. On a CUDA `device` the
+    group is bound to it (`device_id`): NCCL then builds its communicator here, with every rank
+    present, instead of lazily at the first CUDA collective, where a rank with nothing to send
+    in the first round of point-to-point transfers would leave the others creating it alone
+    (undefined per torch's `batch_isend_irecv` docs: a possible hang).
     """
     timeout = timedelta(seconds=timeout_s)
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
@@ -60,8 +66,14 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: float) -> None:
         wait_for_workers=False,
     )
     prefixed = dist.PrefixStore(f"leo/attempt{env.restart}", store)  # type: ignore[attr-defined]
+    device_id = device if device is not None and device.type == "cuda" else None
     dist.init_process_group(
-        backend, store=prefixed, rank=env.rank, world_size=env.world_size, timeout=timeout
+        backend,
+        store=prefixed,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        device_id=device_id,
     )
 
 

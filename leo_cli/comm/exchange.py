@@ -22,44 +22,70 @@ from torch import Tensor
 from leo_cli import kernels
 
 
+def _cuda_event() -> Any:
+    """A timing event recorded now on the current CUDA stream."""
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event
+
+
+def _elapsed_s(start: Any, end: Any) -> float:
+    """Seconds between two recorded events (waits for `end` only if it is still pending)."""
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1000.0
+
+
 @dataclass
 class CommStats:
     """Bytes this worker sent and seconds it spent on transfers, since the last reset.
 
-    On CUDA a collective's return is only its enqueue; waits are then timed with CUDA events
-    around the point where the compute stream waits, and settled by `settle()`.
+    On CUDA a collective's return is only its enqueue, so times are taken with CUDA events on
+    the compute stream: a wait from before to after the point where the stream waits for the
+    transfer, a transfer from where its rows were posted (`mark`) to where the stream may use
+    what arrived (`add_transfer`). `settle()` folds them into `wait_s` and `transfer_s` once per
+    step, after the step's clock has waited for the device, so it waits for nothing itself.
     """
 
     bytes_sent: int = 0
     wait_s: float = 0.0
     transfer_s: float = 0.0
     _events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
+    _transfers: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     def reset(self) -> None:
         self.bytes_sent, self.wait_s, self.transfer_s = 0, 0.0, 0.0
         self._events.clear()
+        self._transfers.clear()
 
     @contextmanager
     def waiting(self, device: torch.device) -> Iterator[None]:
         """Time a wait: wall clock on the CPU, stream time (CUDA events) on GPUs."""
         if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
+            start = _cuda_event()
             yield
-            end.record()
-            self._events.append((start, end))
+            self._events.append((start, _cuda_event()))
             return
         t0 = time.perf_counter()
         yield
         self.wait_s += time.perf_counter() - t0
 
+    def mark(self, device: torch.device) -> Any:
+        """Where a transfer starts, for `add_transfer`: the wall clock, or a CUDA event."""
+        return _cuda_event() if device.type == "cuda" else time.perf_counter()
+
+    def add_transfer(self, start: Any, device: torch.device) -> None:
+        """Account a transfer that began at `start` (a `mark`) and has landed by now."""
+        if device.type == "cuda":
+            self._transfers.append((start, _cuda_event()))
+        else:
+            self.transfer_s += time.perf_counter() - start
+
     def settle(self) -> None:
-        """Fold pending CUDA event timings into wait_s (synchronises with the device)."""
-        for start, end in self._events:
-            end.synchronize()
-            self.wait_s += start.elapsed_time(end) / 1000.0
+        """Fold pending CUDA event timings into wait_s and transfer_s."""
+        self.wait_s += sum(_elapsed_s(start, end) for start, end in self._events)
+        self.transfer_s += sum(_elapsed_s(start, end) for start, end in self._transfers)
         self._events.clear()
+        self._transfers.clear()
 
 
 @dataclass
@@ -96,10 +122,10 @@ def all_to_all_rows(
 ) -> Tensor:
     """Uneven all-to-all of rows, waited for at once; counts bytes leaving this worker."""
     recv = send_SF.new_empty((sum(recv_counts), send_SF.shape[1]))
-    t0 = time.perf_counter()
+    t0 = stats.mark(send_SF.device)
     with stats.waiting(send_SF.device):
         dist.all_to_all_single(recv, send_SF.contiguous(), recv_counts, send_counts)
-    stats.transfer_s += time.perf_counter() - t0
+    stats.add_transfer(t0, send_SF.device)
     stats.bytes_sent += send_SF.numel() * send_SF.element_size()
     return recv
 
@@ -136,7 +162,7 @@ class Transfer:
     def __init__(self, stats: CommStats, device: torch.device) -> None:
         self.stats, self.device = stats, device
         self.rounds: list[tuple[list[Any], list[Tensor], list[Tensor]]] = []
-        self.posted_at = time.perf_counter()
+        self.posted_at = stats.mark(device)
 
     def post(self, recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]]) -> None:
         """Post one round: receive into each (peer, buffer), send each (peer, rows)."""
@@ -157,5 +183,5 @@ class Transfer:
 
     def finish(self) -> None:
         """Every round has been waited for: account the exchange, release send buffers."""
-        self.stats.transfer_s += time.perf_counter() - self.posted_at
+        self.stats.add_transfer(self.posted_at, self.device)
         self.rounds.clear()

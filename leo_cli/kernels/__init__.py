@@ -25,7 +25,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from leo_cli.errors import KernelError
 from leo_cli.kernels import gat_ops, ops
-from leo_cli.kernels.backend import Backend, active_backend
+from leo_cli.kernels.backend import Backend, active_backend, load_at_import
 from leo_cli.kernels.csr import CSR
 
 __all__ = [
@@ -44,8 +44,10 @@ __all__ = [
     "spmm",
 ]
 
-# Load the CUDA kernels (if built and wanted) before any op runs.
-active_backend()
+# Load the CUDA kernels (if built and wanted) before any op runs. An unhonoured LEO_KERNELS=cuda
+# is raised by active_backend() and by kernels asked to serve CUDA tensors, not here: `leo
+# compile` imports this package to build the extension.
+load_at_import()
 
 
 def _values_for(csr: CSR, x: Tensor) -> Tensor:
@@ -92,8 +94,9 @@ def sddmm(csr: CSR, a: Tensor, b: Tensor) -> Tensor:
             f"a must have shape ({csr.num_rows}, F) for this CSR, got {tuple(a.shape)}"
         )
     values_E: Tensor = ops.sddmm_csr(
-        csr.indptr, csr.indices, a, b, csr.t_indptr, csr.t_indices, csr.t_perm
-    )
+        csr.indptr, csr.indices, a, b, csr.t_indptr, csr.t_indices, csr.t_perm,
+        csr.max_degree, csr.t_max_degree,
+    )  # fmt: skip
     return values_E
 
 
@@ -237,6 +240,7 @@ def gat_spmm(csr: CSR, alpha_EH: Tensor, x_CHF: Tensor) -> Tensor:
     out_RHF: Tensor = gat_ops.gat_spmm(
         csr.indptr, csr.indices, alpha_EH, x_CHF,
         csr.t_indptr, csr.t_indices, csr.t_perm, csr.num_rows,
+        csr.max_degree, csr.t_max_degree,
     )  # fmt: skip
     return out_RHF
 

@@ -9,7 +9,10 @@ The environment variable `LEO_KERNELS` chooses:
 - `cuda`: load it or fail with the reason.
 
 The choice is made once per process, the first time `leo_cli.kernels` is imported (a loaded
-extension cannot be unloaded), so set the variable before that.
+extension cannot be unloaded), so set the variable before that. A `cuda` choice that cannot be
+honoured does not fail the import itself (`leo compile`, which builds the extension, imports
+this package too): `active_backend()` and every kernel asked to serve a CUDA tensor raise the
+reason instead, and `leo train` asks before it starts anything.
 
 Loading is four steps, each of which can fail without taking the process down: compare the
 library with the stamp `leo compile` wrote (in a checkout, a library built from other sources
@@ -29,6 +32,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from leo_cli.errors import KernelError
 
@@ -76,8 +81,6 @@ def first_use_failure() -> str | None:
     A library built without this GPU's architecture loads and registers fine and only fails
     at its first launch ("no kernel image is available for execution on the device").
     """
-    import torch
-
     from leo_cli.kernels import ops
     from leo_cli.kernels.csr import CSR
 
@@ -185,9 +188,47 @@ def select_backend(env: Mapping[str, str] | None = None) -> Backend:
     return Backend("reference", failure)
 
 
+_FAILURE: KernelError | None = None  # why LEO_KERNELS=cuda could not be honoured
+
+
 def active_backend() -> Backend:
-    """The backend of this process, selected on first call."""
-    global _ACTIVE
+    """The backend of this process, selected on first call.
+
+    Raises:
+        KernelError: `LEO_KERNELS=cuda` and the extension does not load (on every call).
+    """
+    global _ACTIVE, _FAILURE
+    if _FAILURE is not None:
+        raise _FAILURE
     if _ACTIVE is None:
-        _ACTIVE = select_backend()
+        try:
+            _ACTIVE = select_backend()
+        except KernelError as exc:
+            _FAILURE = exc
+            raise
     return _ACTIVE
+
+
+def load_at_import() -> None:
+    """Select the backend as `leo_cli.kernels` is imported, keeping a `LEO_KERNELS=cuda`
+    failure for later (see the module docstring); a bad value still fails here.
+
+    Raises:
+        KernelError: `LEO_KERNELS` holds something else than auto, ref or cuda.
+    """
+    try:
+        active_backend()
+    except KernelError:
+        if requested_backend() != "cuda":
+            raise
+
+
+def require_cuda_kernels(device: torch.device) -> None:
+    """Called by the reference kernels: refuse to serve a CUDA tensor under an unhonoured
+    `LEO_KERNELS=cuda` (the CUDA kernels would have served it had they loaded).
+
+    Raises:
+        KernelError: the reason the extension did not load.
+    """
+    if _FAILURE is not None and device.type == "cuda":
+        raise _FAILURE

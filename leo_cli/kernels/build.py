@@ -113,14 +113,49 @@ def cuda_include_dir(nvcc: Path) -> Path:
     return beside
 
 
+def toolkit_root(nvcc: Path) -> Path:
+    """The CUDA toolkit folder that `nvcc` belongs to (the parent of its include/ folder).
+
+    torch's extension build guesses the toolkit as the folder above the first nvcc on PATH,
+    which for a wrapper script such as /usr/local/bin/nvcc is /usr/local: no cuda_runtime.h
+    there. The build is given this folder as CUDA_HOME instead (when none is set).
+    """
+    return cuda_include_dir(nvcc).parent
+
+
+def nvcc_version(nvcc: Path) -> str | None:
+    """The CUDA release `nvcc --version` reports ("13.0"), or None when it says none."""
+    proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"release (\d+)\.(\d+)", proc.stdout)
+    return f"{found[1]}.{found[2]}" if found else None
+
+
+def _major(version: str) -> str:
+    return version.split(".")[0]
+
+
 def torch_cuda_problem() -> str | None:
-    """None when this torch can build CUDA extensions, else why not."""
+    """None when this torch can build CUDA extensions with the nvcc found here, else why not.
+
+    torch's extension build refuses a toolkit whose CUDA major version differs from the one
+    torch was built with; this says so before anything compiles.
+
+    Raises:
+        KernelError: no nvcc is found (torch has CUDA).
+    """
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is a CPU-only build"
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME is None:
-        return "torch cannot find the CUDA toolkit (set CUDA_HOME)"
+    nvcc = find_nvcc()
+    found = nvcc_version(nvcc)
+    if found is None:
+        return f"`{nvcc} --version` names no CUDA release"
+    wanted = torch.version.cuda
+    if _major(found) != _major(wanted):
+        return (
+            f"torch {torch.__version__} was built with CUDA {wanted} but {nvcc} is CUDA {found}, "
+            f"and extensions need the same major version: put a CUDA {_major(wanted)} nvcc "
+            f"first (CUDA_HOME or PATH) or install a torch built for CUDA {_major(found)}"
+        )
     return None
 
 
@@ -244,6 +279,10 @@ def _run_setup(cuda_dir: Path, build_root: Path, archs: str, verbose: bool) -> N
         filter(None, [str(package_dir().parent), os.environ.get("PYTHONPATH")])
     )
     env = {**os.environ, "TORCH_CUDA_ARCH_LIST": archs, "PYTHONPATH": python_path}
+    # The subprocess imports leo_cli but never runs a kernel: no extension to load there.
+    env["LEO_KERNELS"] = "ref"
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        env["CUDA_HOME"] = str(toolkit_root(find_nvcc()))
     cmd = [sys.executable, "-m", "leo_cli.kernels.build", "--setup", spec]
     log_path = build_root / "build.log"
     with log_path.open("w") as log:
@@ -289,7 +328,8 @@ def build_extension(
         build_root: intermediate files (default: build/leo_ext beside cuda/; git-ignored).
 
     Raises:
-        KernelError: torch has no CUDA, no architecture is known, or the build fails.
+        KernelError: torch has no CUDA, nvcc is missing or of another CUDA major version
+            than torch's, no architecture is known, or the build fails.
     """
     problem = torch_cuda_problem()
     if problem is not None:

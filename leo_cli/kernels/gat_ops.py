@@ -143,10 +143,13 @@ def gat_spmm(
     t_indices: Tensor,
     t_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     """Per head, the attention-weighted sum of in-neighbours' rows; (R x H x F).
 
-    The transpose arrays (see `CSR`) are only read by the backward pass.
+    The transpose arrays (see `CSR`) and the degrees (as in `spmm_csr`) are only read by the
+    backward pass.
     """
     _require(alpha.dtype == x.dtype, lambda: "gat_spmm: alpha and x must share a dtype")
     heads = [_head_spmm(indptr, indices, alpha[:, h], x[:, h], num_rows) for h in range(x.shape[1])]
@@ -165,6 +168,8 @@ def _gat_spmm_fake(
     t_indices: Tensor,
     t_perm: Tensor,
     num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     _require(x.dim() == 3 and alpha.dim() == 2, lambda: "gat_spmm: x (C x H x F), alpha (E x H)")
     _require(alpha.shape[1] == x.shape[1], lambda: "gat_spmm: one alpha column per head")
@@ -172,8 +177,9 @@ def _gat_spmm_fake(
 
 
 def _gat_spmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    indptr, indices, alpha, x, t_indptr, t_indices, t_perm, _ = inputs
+    indptr, indices, alpha, x, t_indptr, t_indices, t_perm, _, degree, t_degree = inputs
     ctx.save_for_backward(indptr, indices, alpha, x, t_indptr, t_indices, t_perm)
+    ctx.degrees = (degree, t_degree)
 
 
 def _head(t: Tensor, h: int) -> Tensor:
@@ -188,16 +194,22 @@ def _gat_spmm_backward(ctx: Any, grad_RHF: Tensor) -> tuple[Tensor | None, ...]:
     if ctx.needs_input_grad[3]:  # per head: A_hᵀ · grad_h
         grad_x = torch.stack(
             [
-                _spmm_transposed(indptr, indices, _head(alpha, h), *t, _head(grad_RHF, h))
+                _spmm_transposed(
+                    indptr, indices, _head(alpha, h), *t, _head(grad_RHF, h), ctx.degrees
+                )
                 for h in heads
             ],
             1,
         )
     if ctx.needs_input_grad[2]:  # per head and edge: <grad_h[row], x_h[col]>
         grad_alpha = torch.stack(
-            [sddmm_csr(indptr, indices, _head(grad_RHF, h), _head(x, h), *t) for h in heads], 1
+            [
+                sddmm_csr(indptr, indices, _head(grad_RHF, h), _head(x, h), *t, *ctx.degrees)
+                for h in heads
+            ],
+            1,
         )
-    return None, None, grad_alpha, grad_x, None, None, None, None
+    return None, None, grad_alpha, grad_x, None, None, None, None, None, None
 
 
 gat_spmm.register_autograd(_gat_spmm_backward, setup_context=_gat_spmm_setup_context)

@@ -3,7 +3,8 @@
 Each op is declared once with `torch.library.custom_op`. Its body is the reference
 implementation: the CPU path, the path under `LEO_KERNELS=ref`, and the oracle the CUDA kernels
 are tested against. `leo_cli._C` (built from cuda/) registers kernels for the CUDA dispatch key
-of the same ops; the fake (shape) and autograd registrations below serve both backends.
+of the same ops; the fake (shape) and autograd registrations below serve both backends. Under an
+unhonoured `LEO_KERNELS=cuda` the four ops with CUDA kernels refuse CUDA tensors (backend.py).
 
 Low-precision features (float16, bfloat16) are accumulated in float32 and rounded once, as the
 CUDA kernels do. Outputs are always fresh tensors: custom ops may not alias their inputs.
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leo_cli.kernels.backend import require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -147,6 +149,7 @@ def spmm_csr(
     longest row of A and of A^T, -1 when unknown) only steer the CUDA kernel's hub-row split.
     """
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
+    require_cuda_kernels(x.device)
     return _csr_matmul(indptr, indices, values, x, num_rows).to(x.dtype)
 
 
@@ -184,7 +187,9 @@ def _spmm_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
             indptr, indices, values, t_indptr, t_indices, t_perm, grad_RF, ctx.degrees
         )
     if ctx.needs_input_grad[2]:
-        grad_values = sddmm_csr(indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm)
+        grad_values = sddmm_csr(
+            indptr, indices, grad_RF, x, t_indptr, t_indices, t_perm, *ctx.degrees
+        )
     return None, None, grad_values, grad_x, None, None, None, None, None, None
 
 
@@ -204,8 +209,13 @@ def sddmm_csr(
     t_indptr: Tensor,
     t_indices: Tensor,
     t_perm: Tensor,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
-    """Dot product of a's row and b's row at every edge of the pattern; (E)."""
+    """Dot product of a's row and b's row at every edge of the pattern; (E).
+
+    The degrees (as in `spmm_csr`) are handed to the SpMMs of the backward pass.
+    """
     dtype = _compute_dtype(a.dtype)
     rows_E = row_of_edges(indptr)
     out_E = torch.empty(indices.shape[0], dtype=dtype, device=a.device)
@@ -229,23 +239,27 @@ def _sddmm_csr_fake(
     t_indptr: Tensor,
     t_indices: Tensor,
     t_perm: Tensor,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
 ) -> Tensor:
     _require(a.dim() == 2 and b.dim() == 2, lambda: "sddmm_csr: a and b must be 2-D")
     return a.new_empty((indices.shape[0],))
 
 
 def _sddmm_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:7])
+    ctx.degrees = (inputs[7], inputs[8])
 
 
 def _sddmm_backward(ctx: Any, grad_E: Tensor) -> tuple[Tensor | None, ...]:
     indptr, indices, a, b, t_indptr, t_indices, t_perm = ctx.saved_tensors
+    t = (t_indptr, t_indices, t_perm)
     grad_a = grad_b = None
     if ctx.needs_input_grad[2]:
-        grad_a = spmm_csr(indptr, indices, grad_E, b, t_indptr, t_indices, t_perm, a.shape[0])
+        grad_a = spmm_csr(indptr, indices, grad_E, b, *t, a.shape[0], *ctx.degrees)
     if ctx.needs_input_grad[3]:
-        grad_b = _spmm_transposed(indptr, indices, grad_E, t_indptr, t_indices, t_perm, a)
-    return None, None, grad_a, grad_b, None, None, None
+        grad_b = _spmm_transposed(indptr, indices, grad_E, *t, a, ctx.degrees)
+    return None, None, grad_a, grad_b, None, None, None, None, None
 
 
 sddmm_csr.register_autograd(_sddmm_backward, setup_context=_sddmm_setup_context)
@@ -258,6 +272,7 @@ sddmm_csr.register_autograd(_sddmm_backward, setup_context=_sddmm_setup_context)
 @torch.library.custom_op("leo::gather_rows", mutates_args=())
 def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     """Rows idx of x; (N x F). Indices may repeat."""
+    require_cuda_kernels(x.device)
     return x.index_select(0, idx)
 
 
@@ -288,6 +303,7 @@ gather_rows.register_autograd(_gather_backward, setup_context=_gather_setup_cont
 @torch.library.custom_op("leo::scatter_add_rows", mutates_args=())
 def scatter_add_rows(src: Tensor, idx: Tensor, num_rows: int) -> Tensor:
     """zeros(num_rows, F) with src's rows added at idx (repeated indices sum)."""
+    require_cuda_kernels(src.device)
     dtype = _compute_dtype(src.dtype)
     out = torch.zeros((num_rows, src.shape[1]), dtype=dtype, device=src.device)
     return out.index_add_(0, idx, src.to(dtype)).to(src.dtype)
@@ -346,6 +362,7 @@ def fused_aggregate(
     does it in one pass with warps specialised per side. The degrees are as in `spmm_csr`.
     """
     _check_fused_dtypes(values, x_local, r_values, x_remote)
+    require_cuda_kernels(x_local.device)
     out = _csr_matmul(indptr, indices, values, x_local, num_rows)
     out += _csr_matmul(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)
@@ -414,7 +431,8 @@ def _side_grads(
         )
     if need_values:
         x_CF = x.to(grad_RF.device)  # x_remote may live on a peer GPU or the host
-        grad_values = sddmm_csr(indptr, indices, grad_RF, x_CF, t_indptr, t_indices, t_perm)
+        t = (t_indptr, t_indices, t_perm)
+        grad_values = sddmm_csr(indptr, indices, grad_RF, x_CF, *t, *degrees)
     return grad_values, grad_x
 
 

@@ -11,6 +11,21 @@ from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
 
 
+def check_backend(backend: str, on_cuda: bool) -> None:
+    """Refuse gloo for workers whose tensors live on GPUs (the launcher checks what it sees,
+    each worker its own device).
+
+    Gloo's point-to-point transfers read host memory, so the first halo exchange of CUDA
+    tensors would fail deep inside a worker; training tensors are not kept on the CPU for it
+    either (every step would copy them both ways), so the setting is refused.
+    """
+    if on_cuda and backend == "gloo":
+        raise ConfigError(
+            "launch.backend=gloo cannot move the CUDA tensors of the halo exchange; use "
+            "launch.backend=auto or nccl on GPUs, or launch.device=cpu to train on the CPU."
+        )
+
+
 def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     """Refuse settings that training cannot honour (yet), and inexact modes unless asked for.
 

@@ -18,8 +18,9 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
+from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
-from leo_cli.train.checks import check_config
+from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.launch import launch_module, workers_per_node
 from leo_cli.train.metrics import read_json, write_json
 from leo_cli.train.plan_stage import ensure_plan
@@ -32,8 +33,11 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Devices as the parent sees them, then the config checks that every worker repeats."""
+    """Devices as the parent sees them, the kernels `LEO_KERNELS` asks for (an unbuilt
+    extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
+    that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
+    active_backend()
     check_config(cfg, allow_inexact)
 
 
@@ -50,6 +54,7 @@ def check_device(launch: LaunchConfigSection, nproc: int) -> None:
         )
     if launch.backend == "nccl" and not cuda:
         raise ConfigError("launch.backend=nccl needs CUDA devices; use launch.backend=gloo on CPU.")
+    check_backend(launch.backend, cuda)
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

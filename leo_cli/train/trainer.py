@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,26 +56,45 @@ class WorkerData:
 
 
 class PhaseClock:
-    """Wall-clock phases of a step; on CUDA each stamp waits for the device first (kernel
-    launches return before the work is done)."""
+    """Phases of a step: wall clock on the CPU; on CUDA, events on the current stream (a kernel
+    launch returns before its work is done), read once at the end of the step: the step's one
+    wait for the device, instead of one at every stamp."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.start = self.last = self._now()
-        self.phases: dict[str, float] = {}
+        self._marks: list[tuple[str, Any]] = [("start", self._mark())]
+        self._seconds: list[float] | None = None
 
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
 
     def stamp(self, phase: str) -> None:
-        now = self._now()
-        self.phases[phase] = now - self.last
-        self.last = now
+        self._marks.append((phase, self._mark()))
+        self._seconds = None
+
+    def _since_start(self) -> list[float]:
+        """Seconds from the start to each mark (on CUDA: waits for the last event, once)."""
+        if self._seconds is None:
+            first = self._marks[0][1]
+            if self.cuda:
+                self._marks[-1][1].synchronize()
+                self._seconds = [first.elapsed_time(m) / 1000.0 for _, m in self._marks]
+            else:
+                self._seconds = [m - first for _, m in self._marks]
+        return self._seconds
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds of each stamped phase, by name."""
+        t = self._since_start()
+        return {name: t[i] - t[i - 1] for i, (name, _) in enumerate(self._marks) if i > 0}
 
     def total(self) -> float:
-        return self.last - self.start
+        return self._since_start()[-1]
 
 
 def train_step(

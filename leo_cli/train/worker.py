@@ -36,9 +36,10 @@ from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.kernels import active_backend
 from leo_cli.train import metrics as run_files
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
-from leo_cli.train.checks import check_config
+from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
@@ -292,6 +293,7 @@ def run_worker(
     laps = Laps()
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
     check_same_host(cfg, env)
     meta = read_meta(partition_dir(run_dir))
     if meta["num_parts"] != env.world_size:
@@ -300,8 +302,10 @@ def run_worker(
             f"{env.world_size} workers started; set launch.nproc to match."
         )
     device = pick_device(cfg.launch, env)
+    check_backend(cfg.launch.backend, device.type == "cuda")
     if env.world_size > 1:
-        init_process_group(env, pick_backend(device, cfg.launch.backend), cfg.launch.timeout_s)
+        backend = pick_backend(device, cfg.launch.backend)
+        init_process_group(env, backend, cfg.launch.timeout_s, device)
     laps.lap("process_group_s")
     # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
     # not hang in the first exchange.

@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -297,3 +299,72 @@ def test_make_test_runs_the_cuda_compile_check() -> None:
     dry = subprocess.run(["make", "-n", "test"], cwd=root, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert "leo compile --check" in dry.stdout and "pytest -q" in dry.stdout
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="torch here has CUDA")
+def test_leo_compile_runs_under_leo_kernels_cuda_on_an_unbuilt_tree() -> None:
+    # The import of leo_cli.kernels used to raise before `leo compile` could build anything.
+    env = {**os.environ, "LEO_KERNELS": "cuda"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "leo_cli", "compile"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "CPU-only" in proc.stdout + proc.stderr
+
+
+def test_nvcc_of_another_cuda_major_is_refused_before_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvcc = tmp_path / "bin" / "nvcc"
+    fake_nvcc.parent.mkdir()
+    fake_nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    fake_nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    problem = build.torch_cuda_problem()
+    assert problem is not None and "CUDA 12.8" in problem and "CUDA 13.0" in problem
+    assert "same major version" in problem and str(fake_nvcc) in problem
+
+    def no_setup(*args: object) -> None:
+        raise AssertionError("compiled despite the mismatch")
+
+    monkeypatch.setattr(build, "_run_setup", no_setup)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    with pytest.raises(KernelError, match="same major version"):
+        build.build_extension(CUDA_DIR, build_root=tmp_path / "build")
+    monkeypatch.setattr(torch.version, "cuda", "13.1")  # minor versions may differ
+    assert build.torch_cuda_problem() is None
+
+
+def test_the_build_gets_the_toolkit_of_nvcc_not_the_folder_of_a_wrapper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /usr/local/bin/nvcc as a wrapper script made torch guess CUDA_HOME=/usr/local, which has
+    # no cuda_runtime.h: the first real build here failed on it.
+    nvcc = nvcc_or_skip()
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {nvcc.resolve()} "$@"\n')
+    wrapper.chmod(0o755)
+    root = build.toolkit_root(wrapper)
+    assert root != tmp_path and (root / "include" / "cuda_runtime_api.h").is_file()
+    seen: dict[str, str] = {}
+    real_run = subprocess.run
+
+    def record(cmd: list[str], **kwargs: Any) -> Any:
+        if "--setup" not in cmd:  # nvcc's own dry run, asked where its headers are
+            return real_run(cmd, **kwargs)
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(build, "find_nvcc", lambda: wrapper)
+    monkeypatch.setattr(build.subprocess, "run", record)
+    build._run_setup(CUDA_DIR, tmp_path, "9.0", verbose=True)
+    assert seen["CUDA_HOME"] == str(root) and seen["LEO_KERNELS"] == "ref"

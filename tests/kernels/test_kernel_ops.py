@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
+from typer.testing import CliRunner
 
 from leo_cli import kernels
+from leo_cli.cli.app import app
 from leo_cli.errors import KernelError
 from leo_cli.kernels import backend, ops
-from leo_cli.kernels.backend import select_backend
+from leo_cli.kernels.backend import Backend, select_backend
 from leo_cli.kernels.synthetic import power_law_csr, random_csr, split_local_remote
 
 KINDS = {
@@ -455,6 +458,51 @@ def test_working_extension_is_registered_and_kept(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(backend, "first_use_failure", lambda: None)
     chosen, warned = _select_with(fake, monkeypatch, {})
     assert chosen.name == "cuda" and fake.registered and not fake.unregistered and not warned
+
+
+@pytest.fixture
+def unhonoured_cuda(monkeypatch: pytest.MonkeyPatch) -> KernelError:
+    """This process as under LEO_KERNELS=cuda with no loadable extension (state restored)."""
+    reason = KernelError("LEO_KERNELS=cuda but leo_cli._C is not built")
+    monkeypatch.setenv("LEO_KERNELS", "cuda")
+    monkeypatch.setattr(backend, "_ACTIVE", None)
+    monkeypatch.setattr(backend, "_FAILURE", None)
+
+    def fail(env: Any = None) -> Backend:
+        raise reason
+
+    monkeypatch.setattr(backend, "select_backend", fail)
+    return reason
+
+
+def test_unhonoured_cuda_choice_does_not_fail_the_import(unhonoured_cuda: KernelError) -> None:
+    backend.load_at_import()  # `leo compile` imports the package to build the extension
+    for _ in range(2):  # ... but every later question gets the reason
+        with pytest.raises(KernelError, match="not built"):
+            backend.active_backend()
+    with pytest.raises(KernelError, match="not built"):
+        backend.require_cuda_kernels(torch.device("cuda", 0))
+    backend.require_cuda_kernels(torch.device("cpu"))  # CPU tensors always run the reference
+    x = torch.ones(3, 2)
+    assert torch.equal(kernels.gather_rows(x, torch.tensor([2, 0])), x[[2, 0]])
+
+
+def test_a_bad_kernels_value_still_fails_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEO_KERNELS", "fast")
+    monkeypatch.setattr(backend, "_ACTIVE", None)
+    monkeypatch.setattr(backend, "_FAILURE", None)
+    with pytest.raises(KernelError, match="auto, ref, cuda"):
+        backend.load_at_import()
+
+
+def test_leo_train_says_the_reason_before_partitioning(
+    unhonoured_cuda: KernelError, tmp_path: Path
+) -> None:
+    backend.load_at_import()
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--set", f"run.out_dir={run}"])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "leo_cli._C is not built" in result.stderr and not (run / "partitions").exists()
 
 
 def test_first_use_probe_is_a_no_op_without_a_gpu() -> None:

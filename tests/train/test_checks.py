@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from leo_cli.cli.app import app
 from leo_cli.config import load_config, write_resolved
 from leo_cli.errors import ConfigError
-from leo_cli.train.checks import check_config
+from leo_cli.train.checks import check_backend, check_config
+from leo_cli.train.launcher import check_device
 
 REFUSED = [
     ("pipeline.mode=compute-only", "pipeline.mode=compute-only skips the halo exchange"),
@@ -84,3 +86,38 @@ def test_worker_without_launcher_refuses_in_one_sentence(
     )
     assert res.returncode == 3, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's device check as on a machine with two GPUs (none is used)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_gloo_with_cuda_tensors_is_refused_in_one_sentence(two_gpus: None, device: str) -> None:
+    cfg = load_config(None, [f"launch.device={device}", "launch.backend=gloo"])
+    with pytest.raises(ConfigError, match=r"launch\.backend=gloo cannot move the CUDA tensors"):
+        check_device(cfg.launch, 2)
+    result = CliRunner().invoke(
+        app, ["train", "--set", f"launch.device={device}", "--set", "launch.backend=gloo"]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "launch.backend=gloo cannot move" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("setting", ["launch.backend=auto", "launch.backend=nccl"])
+def test_gpu_backends_pass_the_device_check(two_gpus: None, setting: str) -> None:
+    check_device(load_config(None, [setting]).launch, 2)
+
+
+def test_gloo_on_the_cpu_passes_even_beside_gpus(two_gpus: None) -> None:
+    check_device(load_config(None, ["launch.device=cpu", "launch.backend=gloo"]).launch, 2)
+
+
+def test_a_worker_refuses_gloo_on_its_gpu() -> None:
+    with pytest.raises(ConfigError, match="launch.device=cpu"):
+        check_backend("gloo", on_cuda=True)
+    check_backend("gloo", on_cuda=False)
+    check_backend("cpu:gloo,cuda:nccl", on_cuda=True)
