@@ -23,6 +23,8 @@ from leo_cli.train.checks import check_config
 from leo_cli.train.launch import launch_module, workers_per_node
 from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.worker import config_fingerprint
+from leo_cli.util import files
+from leo_cli.util.interrupt import Interrupted
 
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
@@ -117,6 +119,7 @@ def prepare(
     )
     if not resume:
         clear_run_files(run_dir)
+    files.sweep_temporaries(run_dir)  # left by a process killed mid-write (SIGKILL)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
     ensure_plan(cfg, run_dir)
@@ -124,7 +127,25 @@ def prepare(
 
 
 def run_workers(cfg: LeoConfig, run_dir: Path, resume: bool, allow_inexact: bool = False) -> None:
-    """Start the training workers and block until they finish; failures become TrainError."""
+    """Start the training workers and block until they finish; failures become TrainError.
+
+    status.json never stays "running" once they are gone: "interrupted" after SIGINT /
+    SIGTERM (checkpoints kept, resumable), "failed" with the reason after any other failure.
+    """
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
-    launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+    try:
+        launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+    except Interrupted as exc:
+        mark_status(cfg, run_dir, "interrupted", exc.name)
+        raise
+    except BaseException as exc:
+        mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
+        raise
+
+
+def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:
+    """status.json after the workers ended without finishing (node 0 writes it: the folder
+    may be shared between nodes)."""
+    if cfg.launch.node_rank == 0:
+        files.write_json(run_dir / "status.json", {"state": state, "reason": reason})
