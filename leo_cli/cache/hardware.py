@@ -33,7 +33,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -43,21 +42,13 @@ from pydantic import (
 
 from leo_cli.errors import CacheError
 from leo_cli.util import files
+from leo_cli.util.strict import Finite, Whole
 
 FORMAT_VERSION = 2
 HARDWARE_FILE = "hardware.json"
 Link = Literal["gloo", "shm"]
 MiB = 1 << 20
 
-
-def _no_bool(value: Any) -> Any:
-    """JSON's true/false is not a number here (pydantic would read true as 1)."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not true/false")
-    return value
-
-
-NoBool = BeforeValidator(_no_bool)
 # Physical bounds of what a probe can measure (a file outside them was not measured: it was
 # edited, or the probe broke). Per second, at most: 1e16 FLOP (an H200 does about 1e15 dense
 # fp16 FLOP/s), 1e14 bytes (20x an H200's 4.8 TB/s of HBM), 1e13 rows or edges (each moves 4
@@ -65,15 +56,15 @@ NoBool = BeforeValidator(_no_bool)
 # and the bound keeps every predicted time finite (rates of 1e-300 made them NaN). A message
 # costs at most 60 s beside its bytes (a link slower than that is down); the probe takes at
 # most a day.
-FlopRate = Annotated[float, NoBool, Field(ge=1.0, le=1e16, allow_inf_nan=False)]
-ByteRate = Annotated[float, NoBool, Field(ge=1.0, le=1e14, allow_inf_nan=False)]
-Rate = Annotated[float, NoBool, Field(ge=1.0, le=1e13, allow_inf_nan=False)]
-Seconds = Annotated[float, NoBool, Field(ge=0, le=60.0, allow_inf_nan=False)]
-Width = Annotated[int, NoBool, Field(ge=1, le=1 << 20)]
-Bytes = Annotated[int, NoBool, Field(ge=1, le=1 << 40)]
-Share = Annotated[float, NoBool, Field(ge=0, le=1, allow_inf_nan=False)]
-Count = Annotated[int, NoBool, Field(ge=1, le=1 << 30)]
-DTYPES = ("float32", "float64")  # what training computes in (train.dtype)
+FlopRate = Annotated[Finite, Field(ge=1.0, le=1e16)]
+ByteRate = Annotated[Finite, Field(ge=1.0, le=1e14)]
+Rate = Annotated[Finite, Field(ge=1.0, le=1e13)]
+Seconds = Annotated[Finite, Field(ge=0, le=60.0)]
+Width = Annotated[Whole, Field(ge=1, le=1 << 20)]
+Bytes = Annotated[Whole, Field(ge=1, le=1 << 40)]
+Share = Annotated[Finite, Field(ge=0, le=1)]
+Count = Annotated[Whole, Field(ge=1, le=1 << 30)]
+Load = Annotated[Finite, Field(ge=0, le=1e6)]
 # Other load above this share of the cores (mean over the probe) makes its rates this
 # machine's under load, not its own: not saved machine-wide. LEO_PROBE_LOAD_LIMIT overrides.
 HIGH_LOAD_SHARE = 0.25
@@ -186,7 +177,7 @@ class LinkFit(_Record):
 class PairFit(LinkFit):
     """The fit of one pair of workers, measured while the other workers waited."""
 
-    ranks: tuple[Annotated[int, NoBool, Field(ge=0)], Annotated[int, NoBool, Field(ge=0)]]
+    ranks: tuple[Annotated[Whole, Field(ge=0)], Annotated[Whole, Field(ge=0)]]
     """The two global ranks, lower first."""
 
 
@@ -221,13 +212,13 @@ class Links(_Record):
 class ProbeLoad(_Record):
     """What else kept the machine busy while the probe measured it."""
 
-    load_avg_1m: Annotated[float, NoBool, Field(ge=0, le=1e6, allow_inf_nan=False)]
+    load_avg_1m: Load
     """The 1-minute load average when the probe ended (`os.getloadavg`), its own workers
     included."""
-    other_cpu: Annotated[float, NoBool, Field(ge=0, le=1e6, allow_inf_nan=False)] | None
+    other_cpu: Load | None
     """Cores other processes kept busy, on average over the probe: the machine's busy time
     (/proc/stat) less the probe's own CPU time; null where /proc/stat is missing."""
-    num_cpus: Annotated[int, NoBool, Field(ge=1, le=1 << 20)]
+    num_cpus: Annotated[Whole, Field(ge=1, le=1 << 20)]
     """Cores of the machine (`os.cpu_count`)."""
 
     def high(self, share: float = HIGH_LOAD_SHARE) -> bool:
@@ -254,13 +245,13 @@ class HardwareProfile(_Record):
     """`kernels.backend_name()`: `reference` or `cuda`."""
     dtype: Literal["float32", "float64"]
     """Element type of every measured row (`float32`); bytes per element follow from it."""
-    world_size: Annotated[int, NoBool, Field(ge=1, le=4096)]
+    world_size: Annotated[Whole, Field(ge=1, le=4096)]
     """Workers that ran the probe at once (`partition.num_parts`)."""
-    threads_per_worker: Annotated[int, NoBool, Field(ge=1, le=4096)]
+    threads_per_worker: Annotated[Whole, Field(ge=1, le=4096)]
     """Intra-op threads of each worker (`torch.get_num_threads()`, from OMP_NUM_THREADS)."""
     quick: StrictBool
     """Measured with the quick (test) sizes: rates are rough."""
-    probe_s: Annotated[float, NoBool, Field(ge=0, le=86400.0, allow_inf_nan=False)]
+    probe_s: Annotated[Finite, Field(ge=0, le=86400.0)]
     """Wall seconds rank 0 spent measuring (process start-up excluded)."""
     sizes: ProbeSizes
     """The work each measurement did."""
@@ -466,9 +457,9 @@ class HardwareProfile(_Record):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "top level"
+            why = first["msg"].removeprefix("Value error, ")  # our validators' own sentences
             raise CacheError(
-                f"Hardware profile {path} is incomplete or invalid ({where}: {first['msg']}); "
-                f"{_REDO}."
+                f"Hardware profile {path} is incomplete or invalid ({where}: {why}); {_REDO}."
             ) from None
 
 

@@ -14,7 +14,8 @@ plan that passes trains the numbers of one process (each level, each chunk count
 break exactness or safety. Checked:
 
 - schema and types: unknown or missing keys, whole numbers as JSON integers (no 2.0, no
-  `true`), booleans as JSON booleans (no "no"), finite numbers only, digests as 64 hex digits;
+  `true`), booleans as JSON booleans (no "no"), finite numbers only (predictions are shown,
+  not used: any finite value), digests as 64 hex digits;
 - intrinsic bounds: chunk counts 1..`MAX_CHUNKS`, rows non-negative and listed once, one
   entry per rank in rank order, the static aggregate on every rank or on none;
 - fit to the run (`check_fits`, with facts the reader knows): one chunk count per layer, rows
@@ -41,15 +42,12 @@ from pydantic import (
 )
 
 from leo_cli.config.schema import MAX_CHUNKS
+from leo_cli.util.strict import Finite, NonNegative
 
 MAX_ROW = 2**62  # far beyond any halo; keeps every row an int64
 Row = Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]
 Count = Annotated[StrictInt, Field(ge=0)]
 Chunks = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNKS)]
-Number = (
-    Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-    | Annotated[StrictInt, Field(ge=0)]
-)
 Digest = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
 STAGES_READ = ("forward_s", "backward_s", "comm_wait_s")  # what `leo profile-cache` shows
 
@@ -80,8 +78,8 @@ class RankEntry(_Strict):
 class SweepPoint(_Strict):
     """One point of cache-plan.png."""
 
-    replica_budget_mb: Number
-    predicted_epoch_time_s: Number
+    replica_budget_mb: NonNegative
+    predicted_epoch_time_s: Finite
 
 
 class PlanFile(_Strict):
@@ -93,11 +91,11 @@ class PlanFile(_Strict):
     graph_inputs: Digest
     policy: Literal["none", "degree", "leo"]
     num_chunks: Annotated[list[Chunks], Field(min_length=1)]
-    predicted_epoch_time_s: dict[str, Number | None]
-    predicted_stages_s: dict[str, dict[str, Number]]
+    predicted_epoch_time_s: dict[str, Finite | None]
+    predicted_stages_s: dict[str, dict[str, Finite]]
     ranks: Annotated[list[RankEntry], Field(min_length=1)]
     replica_budget_sweep: list[SweepPoint]
-    replica_budget_mb: Number
+    replica_budget_mb: NonNegative
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

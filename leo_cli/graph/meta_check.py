@@ -26,11 +26,11 @@ from pydantic import (
 )
 
 from leo_cli.graph.layout import LocalPart
+from leo_cli.util.strict import Finite
 
 Count = Annotated[StrictInt, Field(ge=0)]
 Positive = Annotated[StrictInt, Field(ge=1)]
-Number = Annotated[float, Field(allow_inf_nan=False, strict=True)] | StrictInt
-Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False, strict=True)] | Literal[1]
+Share = Annotated[Finite, Field(gt=0, le=1)]
 Digest = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
 ARRAYS = frozenset(
     f.name for f in dataclasses.fields(LocalPart) if f.name not in ("rank", "num_parts")
@@ -57,18 +57,18 @@ class StatsMeta(_Open):
     halo_nodes: list[Count]
     edge_cut: Count
     num_undirected_edges: Count
-    edge_cut_fraction: Number
-    balance: Number
-    node_balance: Number
-    replication_factor: Number
+    edge_cut_fraction: Finite
+    balance: Finite
+    node_balance: Finite
+    replication_factor: Finite
 
 
 class MetisMeta(_Open):
     edge_fraction: Share
     requested_edge_fraction: Share
-    memory_limit_gb: Number | None
-    projected_gb: Number
-    exact_projected_gb: Number
+    memory_limit_gb: Finite | None
+    projected_gb: Finite
+    exact_projected_gb: Finite
     feature_bytes: Count
     sampling: StrictStr | None = None
 
@@ -104,8 +104,8 @@ class Meta(StorageMeta):
     dataset: DatasetMeta
     stats: StatsMeta
     metis: MetisMeta | None = None
-    timings_s: dict[str, Number] = {}
-    peak_rss_gb: dict[str, Number] = {}
+    timings_s: dict[str, Finite] = {}
+    peak_rss_gb: dict[str, Finite] = {}
 
     @model_validator(mode="after")
     def _per_part(self) -> Meta:

@@ -14,8 +14,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from leo_cli.errors import TrainError
+from leo_cli.util.strict import Finite
 
-Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)] | StrictInt
 Count = Annotated[StrictInt, Field(ge=0)]
 
 

@@ -257,7 +257,7 @@ BAD_CONTENTS: dict[str, tuple[bytes, str]] = {
     ),
     "true as world size": (
         json.dumps(setitem(profile_dict(), True, "world_size")).encode(),
-        "world_size",
+        "world_size: must be a number, not true/false",
     ),
     "unknown dtype": (json.dumps(setitem(profile_dict(), "int7", "dtype")).encode(), "dtype"),
 }
