@@ -121,6 +121,8 @@ def train_cmd(
         exc.note = (
             f"workers stopped; {run_dir} keeps the checkpoints written so far: continue with "
             "the same command and --resume."
+            if follower.is_alive()
+            else "nothing was half-written; run the command again."
         )
         raise
     finally:

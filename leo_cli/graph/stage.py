@@ -33,12 +33,12 @@ from leo_cli.graph.storage import (
     FORMAT_VERSION,
     META,
     PartitionWriter,
-    private_dir,
     read_meta,
     spill_graph,
     verify_files,
 )
 from leo_cli.graph.types import Graph, IntArray
+from leo_cli.util.files import private_dir, sweep_temporaries
 
 
 @dataclass
@@ -92,6 +92,7 @@ def ensure_partitions(
     part themselves (training workers do).
     """
     target = partition_dir(out_dir)
+    sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
     key = source_key(data, part, seed)
     if not force and (target / META).is_file():
         meta = read_meta(target)

@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,10 @@ from leo_cli.errors import PartitionError
 from leo_cli.graph.layout import LocalPart, ProgressFn
 from leo_cli.graph.meta_check import meta_problem
 from leo_cli.graph.types import Graph
+from leo_cli.util.files import private_dir
 
 FORMAT_VERSION = 1
 META = "META.json"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once at import: the umask is process-wide
 
 
 def sha256_file(path: Path) -> str:
@@ -109,16 +106,6 @@ def save_array(path: Path, arr: np.ndarray) -> None:
             "to another folder (while it runs, the partition stage keeps a copy of the graph "
             "beside the partitions)."
         ) from None
-
-
-def private_dir(target: Path) -> Path:
-    """A new, empty folder beside `target`, ours alone: created under a unique name with
-    `mkdtemp` (never an existing folder or a symlink planted under a predictable name), then
-    opened to the usual permissions."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}-"))
-    folder.chmod(0o777 & ~_UMASK)
-    return folder
 
 
 def swap_into_place(tmp: Path, target: Path) -> None:

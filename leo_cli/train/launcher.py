@@ -119,7 +119,6 @@ def prepare(
     )
     if not resume:
         clear_run_files(run_dir)
-    files.sweep_temporaries(run_dir)  # left by a process killed mid-write (SIGKILL)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
     ensure_plan(cfg, run_dir)

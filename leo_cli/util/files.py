@@ -12,8 +12,9 @@ Every file LEO writes into a run folder (or the shared hardware cache) goes thro
 - JSON is written with `allow_nan=False`: NaN and infinities are not JSON, and a reader must
   never meet them.
 
-The creating pid is part of the temporary name, so `sweep_temporaries` can remove the ones a
-killed process (SIGKILL: nothing runs) left behind, and only those.
+Folders written in place then renamed (partitions) start in `private_dir`, made the same way.
+The creating pid is part of every temporary name, so `sweep_temporaries` can remove the ones
+a killed process (SIGKILL: nothing runs) left behind, and only those.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +40,8 @@ def _umask() -> int:
 
 
 # Read once at import (changing the umask is process-wide, so not in the middle of a run).
-_FILE_MODE = 0o666 & ~_umask()
+_UMASK = _umask()
+_FILE_MODE = 0o666 & ~_UMASK
 
 
 def temp_prefix(path: Path) -> str:
@@ -125,18 +128,30 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def private_dir(target: Path) -> Path:
+    """A new, empty folder beside `target`, ours alone: made by `mkdtemp` under a unique name
+    (never an existing folder or a symlink planted under a predictable one), then opened to
+    the usual permissions. Named like a temporary file, so `sweep_temporaries` knows it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=TEMP_SUFFIX)
+    os.chmod(folder, 0o777 & ~_UMASK)  # mkdtemp makes 0700
+    return Path(folder)
+
+
 def sweep_temporaries(folder: Path) -> int:
-    """Remove the temporary files in `folder` whose writer is gone (killed before its rename);
-    returns how many. Only regular files named by `atomic_file` are touched."""
+    """Remove the temporary files and folders in `folder` whose writer is gone (killed before
+    its rename, SIGKILL: nothing ran); returns how many. Only names made by `atomic_file` or
+    `private_dir` whose pid no longer exists on this host are touched; never symlinks."""
     removed = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             m = _TEMP_NAME.match(entry.name)
-            if m is None or not entry.is_file(follow_symlinks=False):
-                continue
-            if pid_alive(int(m.group(1))):
+            if m is None or entry.is_symlink() or pid_alive(int(m.group(1))):
                 continue
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
                 removed += 1
     return removed

@@ -74,8 +74,12 @@ def test_sweep_removes_temporaries_of_dead_writers_only(tmp_path: Path) -> None:
     for path in (dead, alive, other):
         path.write_text("x")
     (tmp_path / f".link.{dead_pid()}-x.tmp").symlink_to(other)
-    assert files.sweep_temporaries(tmp_path) == 1
-    assert not dead.exists() and alive.exists() and other.exists()
+    folder = files.private_dir(tmp_path / "partitions")  # a writer's folder, this pid: kept
+    dead_folder = tmp_path / f".partitions.{dead_pid()}-abc.tmp"
+    (dead_folder / "part_0").mkdir(parents=True)
+    assert files.sweep_temporaries(tmp_path) == 2
+    assert not dead.exists() and not dead_folder.exists()
+    assert alive.exists() and other.exists() and folder.is_dir()
 
 
 def test_resolved_config_is_not_written_through_a_planted_symlink(tmp_path: Path) -> None:
