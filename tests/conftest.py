@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile
 from leo_cli.graph.types import Graph, symmetrize
 
 
@@ -22,15 +23,68 @@ def shared_datasets() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def hardware_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One machine profile per worker count for the whole session (never ~/.cache)."""
+    """One machine profile per worker count for the whole session (never ~/.cache), saved
+    however busy the machine is: tests check behaviour, not rates, and the suite shares its
+    cores with other jobs (a test of the load rule sets its own limit)."""
     folder = tmp_path_factory.mktemp("hardware-cache")
-    old = os.environ.get("LEO_HARDWARE_CACHE")
-    os.environ["LEO_HARDWARE_CACHE"] = str(folder)
+    wanted = {"LEO_HARDWARE_CACHE": str(folder), "LEO_PROBE_LOAD_LIMIT": "1000"}
+    old = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
     yield folder
-    if old is None:
-        del os.environ["LEO_HARDWARE_CACHE"]
-    else:
-        os.environ["LEO_HARDWARE_CACHE"] = old
+    for key, value in old.items():
+        if value is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = value
+
+
+def hardware_dict(world_size: int = 2) -> dict[str, Any]:
+    """A valid hardware profile of `world_size` workers (1 or 2), as JSON data."""
+    fit = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}
+    link = {"concurrent": fit, "pairs": [{"ranks": [0, 1], **fit}]}
+    two = world_size == 2
+    rates = [1e6, 1e6]
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_utc": "2026-12-01T00:00:00+00:00",
+        "hostname": "test",
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "kernels_backend": "reference",
+        "dtype": "float32",
+        "world_size": world_size,
+        "threads_per_worker": 1,
+        "quick": True,
+        "probe_s": 1.0,
+        "sizes": {},
+        "compute": {
+            "widths": [8, 64],
+            "spmm_bytes": [1 << 14, 1 << 16],
+            "spmm_edges_per_s": [rates, rates],
+            "spmm_t_edges_per_s": [rates, rates],
+            "gemm_flop_per_s": [1e9, 1e9],
+            "gemm_narrow_bytes_per_s": [1e9, 1e9],
+            "mask_rows_per_s": rates,
+            "mask_backward_rows_per_s": rates,
+            "gather_rows_per_s": rates,
+            "scatter_add_rows_per_s": rates,
+            "pass_bytes": [1 << 14, 1 << 16],
+            "pass_bytes_per_s": [1e9, 1e9],
+        },
+        "links": {
+            "gloo": link if two else None,
+            "shm": link if two else None,
+            "barrier_s": 1e-4 if two else None,
+            "alltoall": fit if two else None,
+            "overlap": 0.5 if two else None,
+        },
+    }
+
+
+@pytest.fixture
+def hw_profile() -> HardwareProfile:
+    """A valid two-worker hardware profile."""
+    return HardwareProfile.model_validate(hardware_dict())
 
 
 @pytest.fixture

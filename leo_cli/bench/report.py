@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -26,6 +27,7 @@ from leo_cli.bench import stats
 from leo_cli.bench.suite import Measured, Variant
 from leo_cli.config import LeoConfig
 from leo_cli.train.metrics import git_sha, write_json
+from leo_cli.util import files
 
 COLUMNS = (
     "system",
@@ -72,7 +74,8 @@ def planned_time(out_dir: Path | None, mode: str, world_size: int) -> float | No
         value = json.loads(path.read_text())["predicted_epoch_time_s"].get(mode)
     except (OSError, ValueError, KeyError, AttributeError):
         return None
-    return float(value) if value is not None else None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) else None
 
 
 def variant_key(v: Variant) -> tuple[str, int, bool | None]:
@@ -336,9 +339,7 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], env: dict[str, Any]
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    files.write_text(path, text)  # a fresh temporary file, then a rename
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -382,7 +383,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set(title=title, ylabel=unit)
     ax_t.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    with files.atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    tmp.replace(path)

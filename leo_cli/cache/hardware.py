@@ -27,25 +27,47 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
 from leo_cli.errors import CacheError
+from leo_cli.util import files
+from leo_cli.util.strict import Finite, Whole
 
 FORMAT_VERSION = 2
 HARDWARE_FILE = "hardware.json"
 Link = Literal["gloo", "shm"]
 MiB = 1 << 20
 
-Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Width = Annotated[int, Field(ge=1)]
-Bytes = Annotated[int, Field(ge=1)]
-Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# Physical bounds of what a probe can measure (a file outside them was not measured: it was
+# edited, or the probe broke). Per second, at most: 1e16 FLOP (an H200 does about 1e15 dense
+# fp16 FLOP/s), 1e14 bytes (20x an H200's 4.8 TB/s of HBM), 1e13 rows or edges (each moves 4
+# bytes or more). At least 1 of anything per second: no machine that runs the probe is slower,
+# and the bound keeps every predicted time finite (rates of 1e-300 made them NaN). A message
+# costs at most 60 s beside its bytes (a link slower than that is down); the probe takes at
+# most a day.
+FlopRate = Annotated[Finite, Field(ge=1.0, le=1e16)]
+ByteRate = Annotated[Finite, Field(ge=1.0, le=1e14)]
+Rate = Annotated[Finite, Field(ge=1.0, le=1e13)]
+Seconds = Annotated[Finite, Field(ge=0, le=60.0)]
+Width = Annotated[Whole, Field(ge=1, le=1 << 20)]
+Bytes = Annotated[Whole, Field(ge=1, le=1 << 40)]
+Share = Annotated[Finite, Field(ge=0, le=1)]
+Count = Annotated[Whole, Field(ge=1, le=1 << 30)]
+Load = Annotated[Finite, Field(ge=0, le=1e6)]
+# Other load above this share of the cores (mean over the probe) makes its rates this
+# machine's under load, not its own: not saved machine-wide. LEO_PROBE_LOAD_LIMIT overrides.
+HIGH_LOAD_SHARE = 0.25
 
 _REDO = "delete it and run `leo profile-cache` to probe again, or pass a valid file with --hardware"
 
@@ -61,25 +83,25 @@ class ProbeSizes(_Record):
     """Row widths (elements) at which every compute rate is measured, increasing."""
     spmm_bytes: tuple[Bytes, ...] = (1 * MiB, 8 * MiB, 32 * MiB)
     """Working-set sizes (B) of the SpMM measurements, increasing: the matrix the edges read."""
-    avg_degree: int = Field(16, ge=1)
+    avg_degree: Count = 16
     """Edges summed into each written row of the probe's SpMMs (see `probe.gather_shape`)."""
-    spmm_min_edges: int = Field(1 << 16, ge=1)
+    spmm_min_edges: Count = 1 << 16
     """Fewest edges of one SpMM call (small working sets would time call overheads)."""
-    dense_elements: int = Field(1 << 21, ge=1)
+    dense_elements: Count = 1 << 21
     """Rows x width of one GEMM, gather or scatter-add call."""
-    mask_elements: int = Field(1 << 20, ge=1)
+    mask_elements: Count = 1 << 20
     """Rows x width of one dropout call (forward, then backward)."""
     pass_bytes: tuple[Bytes, ...] = tuple(MiB << k for k in range(7))
     """Output sizes (B) of the elementwise pass measurements, increasing (1 to 64 MiB)."""
-    repeats: int = Field(3, ge=1)
+    repeats: Count = 3
     """Timed calls per measurement after one warm-up; the median is kept."""
-    small_message_bytes: int = Field(256, ge=4)
+    small_message_bytes: Annotated[Bytes, Field(ge=4)] = 256
     """Message size (B) of the latency point of each link fit."""
-    large_message_bytes: int = Field(4 << 20, ge=8)
+    large_message_bytes: Annotated[Bytes, Field(ge=8)] = 4 << 20
     """Message size (B) of the bandwidth point of each link fit (4 MiB: a pipeline chunk)."""
-    small_iters: int = Field(20, ge=1)
+    small_iters: Count = 20
     """Small transfers timed one at a time per link fit (median kept, after one warm-up)."""
-    large_iters: int = Field(5, ge=1)
+    large_iters: Count = 5
     """Large transfers timed one at a time per link fit (median kept, after one warm-up)."""
 
     @model_validator(mode="after")
@@ -105,9 +127,9 @@ class ComputeRates(_Record):
     spmm_t_edges_per_s: list[list[Rate]]
     """Backward aggregation `A^T @ G` (the SpMM's autograd backward), G of `spmm_bytes[i]`
     bytes: edges per second, [size][width]."""
-    gemm_flop_per_s: list[Rate]
+    gemm_flop_per_s: list[FlopRate]
     """Dense update `F.linear` with in = out = width: FLOP (2 x rows x in x out) per second."""
-    gemm_narrow_bytes_per_s: list[Rate]
+    gemm_narrow_bytes_per_s: list[ByteRate]
     """`F.linear` from width to 8 columns (memory bound): bytes in + out per second."""
     mask_rows_per_s: list[Rate]
     """Counter-based dropout forward (mask generation and apply): rows per second."""
@@ -119,7 +141,7 @@ class ComputeRates(_Record):
     """Row scatter-add `out.index_add_(0, idx, src)` (unpacks gradients): rows per second."""
     pass_bytes: list[Bytes]
     """Output sizes (B) of the elementwise pass rates, increasing."""
-    pass_bytes_per_s: list[Rate]
+    pass_bytes_per_s: list[ByteRate]
     """Elementwise `a + b` into a fresh tensor: output bytes per second, one per size."""
 
     @model_validator(mode="after")
@@ -146,7 +168,7 @@ class ComputeRates(_Record):
 class LinkFit(_Record):
     """`seconds = latency_s + bytes / bandwidth_bytes_per_s` for one message to one peer."""
 
-    bandwidth_bytes_per_s: Rate
+    bandwidth_bytes_per_s: ByteRate
     """Bytes per second in one direction while the other direction is busy too."""
     latency_s: Seconds
     """Seconds a message costs besides its bytes."""
@@ -155,7 +177,7 @@ class LinkFit(_Record):
 class PairFit(LinkFit):
     """The fit of one pair of workers, measured while the other workers waited."""
 
-    ranks: tuple[int, int]
+    ranks: tuple[Annotated[Whole, Field(ge=0)], Annotated[Whole, Field(ge=0)]]
     """The two global ranks, lower first."""
 
 
@@ -187,6 +209,25 @@ class Links(_Record):
     compete for the same cores)."""
 
 
+class ProbeLoad(_Record):
+    """What else kept the machine busy while the probe measured it."""
+
+    load_avg_1m: Load
+    """The 1-minute load average when the probe ended (`os.getloadavg`), its own workers
+    included."""
+    other_cpu: Load | None
+    """Cores other processes kept busy, on average over the probe: the machine's busy time
+    (/proc/stat) less the probe's own CPU time; null where /proc/stat is missing."""
+    num_cpus: Annotated[Whole, Field(ge=1, le=1 << 20)]
+    """Cores of the machine (`os.cpu_count`)."""
+
+    def high(self, share: float = HIGH_LOAD_SHARE) -> bool:
+        """Other processes used more than `share` of the cores (or, without /proc/stat, the
+        load average beyond the probe's workers did)."""
+        other = self.other_cpu if self.other_cpu is not None else self.load_avg_1m
+        return other > share * self.num_cpus
+
+
 class HardwareProfile(_Record):
     """Everything the probe measured on one machine with one worker count."""
 
@@ -202,15 +243,15 @@ class HardwareProfile(_Record):
     """torch.__version__ of the workers."""
     kernels_backend: str
     """`kernels.backend_name()`: `reference` or `cuda`."""
-    dtype: str
+    dtype: Literal["float32", "float64"]
     """Element type of every measured row (`float32`); bytes per element follow from it."""
-    world_size: int = Field(ge=1)
+    world_size: Annotated[Whole, Field(ge=1, le=4096)]
     """Workers that ran the probe at once (`partition.num_parts`)."""
-    threads_per_worker: int = Field(ge=1)
+    threads_per_worker: Annotated[Whole, Field(ge=1, le=4096)]
     """Intra-op threads of each worker (`torch.get_num_threads()`, from OMP_NUM_THREADS)."""
-    quick: bool
+    quick: StrictBool
     """Measured with the quick (test) sizes: rates are rough."""
-    probe_s: Seconds
+    probe_s: Annotated[Finite, Field(ge=0, le=86400.0)]
     """Wall seconds rank 0 spent measuring (process start-up excluded)."""
     sizes: ProbeSizes
     """The work each measurement did."""
@@ -218,6 +259,8 @@ class HardwareProfile(_Record):
     """Kernel rates per width."""
     links: Links
     """Link fits between workers."""
+    load: ProbeLoad | None = None
+    """What else ran on the machine while the probe measured (null: not recorded)."""
 
     @model_validator(mode="after")
     def _check(self) -> HardwareProfile:
@@ -383,18 +426,16 @@ class HardwareProfile(_Record):
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON content; a plan made from another profile is stale."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def write(self, path: Path) -> None:
         """Write the profile atomically (temporary file in the same folder, then rename)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)  # left only when the rename failed
+        # A fresh, uniquely named temporary file: the machine-wide cache may be shared.
+        files.write_text(path, files.json_text(self.model_dump(mode="json"), indent=2) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> HardwareProfile:
@@ -416,9 +457,9 @@ class HardwareProfile(_Record):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "top level"
+            why = first["msg"].removeprefix("Value error, ")  # our validators' own sentences
             raise CacheError(
-                f"Hardware profile {path} is incomplete or invalid ({where}: {first['msg']}); "
-                f"{_REDO}."
+                f"Hardware profile {path} is incomplete or invalid ({where}: {why}); {_REDO}."
             ) from None
 
 

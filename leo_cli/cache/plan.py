@@ -8,7 +8,9 @@ policy's sweep over replicated shares (predicted step against replica bytes) fee
 `cache-plan.png`.
 
 The plan is stale when the partitions, the model's widths or dropout, the policy, the
-budgets or the hardware profile change (its `key` covers all of them).
+budgets or the hardware profile change (its `key` covers all of them). Its content is read
+as untrusted input: `read_plan` validates every field, `check_fits` the rows and counts
+against the run (cache/plan_check.py says why validation rather than a digest).
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from typing import Any
 
 import numpy as np
 
+from leo_cli.cache import plan_check
 from leo_cli.cache.cost import MODES, ModelShape, RankCache, predict
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.policy import Budgets, decide
 from leo_cli.cache.profile import PartProfile
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
+from leo_cli.util import files
 
 PLAN = "cache-plan.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the sweep's points say their share and budget fit; plan_s
+OLDER_VERSIONS = (1,)
 
 
 def model_shape(
@@ -133,30 +138,53 @@ class CachePlan:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], path: Path) -> CachePlan:
+    def from_json(cls, data: Any, path: Path) -> CachePlan:
+        """The plan in `data`, validated as untrusted input (cache/plan_check.py).
+
+        Raises:
+            CacheError: naming the file and the first field that is wrong.
+        """
         try:
-            if data["format_version"] != FORMAT_VERSION:
-                raise KeyError("format_version")
-            caches = [
-                RankCache(
-                    bool(r["static_aggregate"]),
-                    np.asarray(r["replica_rows"], dtype=np.int64),
-                    np.asarray(r["l3_rows"], dtype=np.int64),
-                )
-                for r in data["ranks"]
-            ]
-            return cls(
-                data["key"], data["inputs"], data["graph_inputs"], data["policy"], caches,
-                [int(k) for k in data["num_chunks"]],
-                data["predicted_epoch_time_s"], data["predicted_stages_s"],
-                [r["bytes_per_level"] for r in data["ranks"]], data["replica_budget_sweep"],
-                float(data["replica_budget_mb"]), _seconds(data.get("plan_s")),
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CacheError(
-                f"{path} is not a cache plan this version reads ({exc}); delete it and run "
-                "leo profile-cache."
-            ) from None
+            f = plan_check.parse(data)
+        except ValueError as exc:
+            raise invalid(path, str(exc)) from None
+        caches = [
+            RankCache(
+                r.static_aggregate,
+                np.asarray(r.replica_rows, dtype=np.int64),
+                np.asarray(r.l3_rows, dtype=np.int64),
+            )
+            for r in f.ranks
+        ]
+        return cls(
+            f.key, f.inputs, f.graph_inputs, f.policy, caches, list(f.num_chunks),
+            {k: None if v is None else float(v) for k, v in f.predicted_epoch_time_s.items()},
+            {m: {k: float(v) for k, v in st.items()} for m, st in f.predicted_stages_s.items()},
+            [r.bytes_per_level.model_dump() for r in f.ranks],
+            [p.model_dump() for p in f.replica_budget_sweep],
+            float(f.replica_budget_mb), f.plan_s,
+        )  # fmt: skip
+
+    def check_fits(
+        self, path: Path, halo_sizes: list[int], num_layers: int, attention: bool
+    ) -> None:
+        """Refuse a plan that does not fit the run (see `plan_check.fit_problem`).
+
+        Raises:
+            CacheError: naming the file and the field.
+        """
+        ranks = [(c.static_aggregate, c.replica_rows, c.l3_rows) for c in self.caches]
+        problem = plan_check.fit_problem(ranks, self.num_chunks, halo_sizes, num_layers, attention)
+        if problem is not None:
+            raise invalid(path, problem)
+
+
+def invalid(path: Path, problem: str) -> CacheError:
+    """The one sentence for a plan that cannot be used."""
+    return CacheError(
+        f"{path} is not a cache plan LEO can use ({problem}); delete it and run leo "
+        "profile-cache (leo train makes a new one itself)."
+    )
 
 
 def _seconds(value: Any) -> float | None:
@@ -227,22 +255,40 @@ def make_plan(
 
 
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:
+    """Write cache-plan.json atomically (a fresh temporary file, then a rename).
+
+    Raises:
+        CacheError: the run folder cannot hold it (no space, or the name is a folder).
+    """
     path = run_dir / PLAN
-    tmp = path.with_name(f".{PLAN}.tmp")
-    tmp.write_text(json.dumps(plan.to_json()))
-    tmp.replace(path)
+    try:
+        files.write_text(path, files.json_text(plan.to_json()))
+    except OSError as exc:
+        raise CacheError(
+            f"cannot write {path} ({exc.strerror or exc}); remove what is there or choose "
+            "another run.out_dir."
+        ) from None
     return path
 
 
 def read_plan(run_dir: Path) -> CachePlan | None:
-    """The run folder's plan, or None when there is none."""
+    """The run folder's plan, validated, or None when there is none (or an earlier LEO's).
+
+    Raises:
+        CacheError: it is not a regular file, not UTF-8 JSON, or not a valid plan.
+    """
     path = run_dir / PLAN
-    if not path.is_file():
+    if not path.exists():
         return None
+    if not path.is_file():
+        raise CacheError(f"{path} is not a file; remove it and run leo profile-cache.")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 JSON"
         raise CacheError(
-            f"cannot read {path} ({exc}); delete it and run leo profile-cache."
+            f"cannot read {path} ({reason}); delete it and run leo profile-cache."
         ) from None
+    if isinstance(data, dict) and data.get("format_version") in OLDER_VERSIONS:
+        return None  # made by an earlier LEO: made again, like a missing one
     return CachePlan.from_json(data, path)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from leo_cli.cache.plan import CachePlan
+from leo_cli.util import files
 
 
 def plot_plan(plan: CachePlan, path: Path) -> None:
@@ -43,7 +43,6 @@ def plot_plan(plan: CachePlan, path: Path) -> None:
            ylabel="predicted step time (s)", title=title)  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    with files.atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    tmp.replace(path)

@@ -12,10 +12,18 @@ from rich.table import Table
 
 from leo_cli.bench import report
 from leo_cli.bench.suite import Measured, Variant, run_suite
-from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.common import (
+    ConfigOpt,
+    SetOpt,
+    console,
+    handle_errors,
+    resolve_config,
+    sweep_segments,
+)
 from leo_cli.cli.render import STAGE_LABELS
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
+from leo_cli.util.interrupt import Interrupted
 
 DEFAULT_BENCH_CONFIG = Path(__file__).resolve().parent.parent / "bench" / "default.yaml"
 
@@ -55,6 +63,7 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
     """
     cfg = resolve_config(config or DEFAULT_BENCH_CONFIG, overrides)
     check_bench(cfg)
+    sweep_segments()  # every row is a `leo train`
     out_dir = Path(cfg.run.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     env = report.environment("leo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
@@ -81,7 +90,11 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
         def on_round(measured: list[Measured]) -> None:
             report.write_outputs(out_dir, report.make_rows(cfg, measured, out_dir), env)
 
-        measured = run_suite(cfg, out_dir, on_run, on_stage, console.print, on_round)
+        try:
+            measured = run_suite(cfg, out_dir, on_run, on_stage, console.print, on_round)
+        except Interrupted as exc:
+            exc.note = f"runs stopped; finished rounds, if any, are in {out_dir / 'bench.md'}."
+            raise
     rows = report.make_rows(cfg, measured, out_dir)
     paths = report.write_outputs(out_dir, rows, env)
     console.print(results_table(rows))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
@@ -11,8 +12,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
+from leo_cli.config.schema import MAX_CHUNKS
 from leo_cli.errors import LeoError
+from leo_cli.util.interrupt import Interrupted, raise_on_signals
 
 console = Console()
 err_console = Console(stderr=True)
@@ -34,7 +38,7 @@ SetOpt = Annotated[
         "-s",
         help="Override one config key, e.g. --set partition.num_parts=4 or "
         "--set model.dropout=0; the value is parsed as YAML. Repeatable; wins over the YAML "
-        "file.",
+        f"file. pipeline.num_chunks takes `auto` or 1 to {MAX_CHUNKS} (chunks per peer).",
         show_default=False,
     ),
 ]
@@ -44,10 +48,13 @@ R = TypeVar("R")
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Render `LeoError` as one red sentence on stderr and exit with code 2 (no traceback)."""
+    """Render `LeoError` as one red sentence on stderr and exit with code 2 (no traceback);
+    SIGINT and SIGTERM end the command as one line too, with exit code 130 / 143 (cleanup runs
+    on the way out: util/interrupt.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        raise_on_signals()
         try:
             return fn(*args, **kwargs)
         except LeoError as exc:
@@ -55,9 +62,10 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
             )
             raise typer.Exit(code=2) from None
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
-            raise typer.Exit(code=130) from None
+        except KeyboardInterrupt as exc:
+            stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+            err_console.print(f"[bold red]{escape(stop.sentence())}[/]", soft_wrap=True)
+            raise typer.Exit(code=stop.exit_code) from None
 
     return wrapper
 
@@ -65,3 +73,11 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 def resolve_config(config: Path | None, overrides: list[str] | None) -> LeoConfig:
     """Defaults < YAML < --set (explicit flags are applied by each command on top)."""
     return load_config(config, overrides or [])
+
+
+def sweep_segments() -> None:
+    """Remove shared-memory segments that ended jobs left behind, saying how much was freed
+    (at the start of every `leo train` and `leo bench`)."""
+    freed = segments.sweep_stale()
+    if freed.count:
+        console.print(f"[yellow]Note:[/] {escape(segments.describe(freed))}")

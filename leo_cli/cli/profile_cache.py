@@ -14,6 +14,7 @@ from leo_cli.cli.render import stage_progress
 from leo_cli.graph.stage import ensure_partitions
 from leo_cli.train.checks import check_config
 from leo_cli.train.plan_stage import ensure_plan
+from leo_cli.util.interrupt import Interrupted
 
 
 def plan_table(plan: CachePlan) -> Table:
@@ -68,7 +69,9 @@ def profile_cache_cmd(
     force: Annotated[
         bool,
         typer.Option(
-            "--force", help="Probe the machine and make the plan again even when they are fresh."
+            "--force",
+            help="Probe the machine again (even when a saved profile fits) and make the plan "
+            "again even when it is fresh.",
         ),
     ] = False,
 ) -> None:
@@ -83,8 +86,12 @@ def profile_cache_cmd(
     run_dir = Path(cfg.run.out_dir).resolve()
     with stage_progress() as progress:
         ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
-    with console.status("measuring the machine and planning the cache..."):
-        plan = ensure_plan(cfg, run_dir, hardware, force, always=True)
+    try:
+        with console.status("measuring the machine and planning the cache..."):
+            plan = ensure_plan(cfg, run_dir, hardware, force, always=True)
+    except Interrupted as exc:
+        exc.note = "probe workers stopped; no plan was written: run the command again."
+        raise
     assert plan is not None
     console.print(plan_table(plan))
     console.print(prediction_table(plan))

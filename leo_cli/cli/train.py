@@ -11,13 +11,21 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.common import (
+    ConfigOpt,
+    SetOpt,
+    console,
+    handle_errors,
+    resolve_config,
+    sweep_segments,
+)
 from leo_cli.cli.render import stage_progress
 from leo_cli.graph.stage import metis_note, partition_dir
 from leo_cli.graph.storage import read_meta
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.metrics import read_json, read_metrics
 from leo_cli.train.timing import RunTimer, process_start_time
+from leo_cli.util.interrupt import Interrupted
 
 
 def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
@@ -104,6 +112,7 @@ def train_cmd(
     timer = RunTimer(started_at=process_start_time())
     cfg = resolve_config(config, overrides)
     run_dir = Path(cfg.run.out_dir).resolve()
+    sweep_segments()
     stop = threading.Event()
     follower = threading.Thread(
         target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop), daemon=True
@@ -116,6 +125,14 @@ def train_cmd(
             console.print(f"[yellow]Note:[/] {note}")
         follower.start()
         run_workers(cfg, run_dir, resume, allow_inexact, timer)
+    except Interrupted as exc:
+        exc.note = (
+            f"workers stopped; {run_dir} keeps the checkpoints written so far: continue with "
+            "the same command and --resume."
+            if follower.is_alive()
+            else "nothing was half-written; run the command again."
+        )
+        raise
     finally:
         stop.set()
         if follower.is_alive():

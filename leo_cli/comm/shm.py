@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch import Tensor
 from leo_cli.comm.blocks import Schedule
 from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.exchange import HaloPlan, offsets
+from leo_cli.comm.segments import segment_name
 from leo_cli.comm.transport import GradOf, Landed, halo_slices, sent_slices
 from leo_cli.errors import TrainError
 
@@ -39,7 +39,8 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
 
     The space is reserved up front (a full /dev/shm then fails here with a sentence, instead
     of killing a worker with SIGBUS on first write), and the file is unlinked once everyone
-    has mapped it, so no file outlives the job.
+    has mapped it. A worker killed before that leaves the file: its name says whose it is,
+    and the launcher and later runs remove it (comm/segments.py).
     """
     num_bytes = max(num_elements, 1) * torch.empty(0, dtype=dtype).element_size()
     names: list[Any] = [None]
@@ -63,7 +64,7 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
 
 def _create(num_bytes: int) -> str:
     """A new file of num_bytes reserved bytes in /dev/shm; "!reason" when that fails."""
-    name = os.path.join(SHM_DIR, f"leo-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    name = str(segment_name())  # says whose it is (comm/segments.py)
     try:
         fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:

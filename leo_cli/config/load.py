@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from leo_cli.config.schema import LeoConfig
 from leo_cli.errors import ConfigError
+from leo_cli.util import files
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> LeoConfig:
@@ -123,9 +124,7 @@ def write_resolved(cfg: LeoConfig) -> Path:
     path = out / "resolved_config.yaml"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text(dump_config(cfg))
-        tmp.replace(path)
+        files.write_text(path, dump_config(cfg))  # a fresh temporary file, then a rename
     except OSError as exc:
         raise ConfigError(
             f"run.out_dir={out} cannot be written ({exc.strerror}); choose a writable folder."

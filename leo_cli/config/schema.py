@@ -7,11 +7,35 @@ those texts. Unknown keys are rejected (`extra="forbid"`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DROPOUT_STEP = 1 / 256  # resolution of dropout rates: one random byte per entry
+# Most chunks per peer of one pipelined transfer (pipeline.num_chunks and the cache plan's
+# counts): every chunk is a message per peer and layer and a block of the CSR per peer, so an
+# unbounded count only trades speed for memory (10**12 ran a worker out of memory).
+MAX_CHUNKS = 64
+
+
+def accepts_bool(annotation: Any) -> bool:
+    """Whether a field's type admits true/false (bool itself, Any, or a union holding one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        return any(accepts_bool(a) for a in args)
+    return False
 
 
 class Section(BaseModel):
@@ -20,6 +44,21 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML reads `true` as a boolean, which pydantic would take as 1 (a 1 MiB budget, one
+        # chunk): where a number or text is meant, true/false is a mistake, not a value.
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, bool) for v in items) and not accepts_bool(annotation):
+            item = get_args(annotation)[0] if get_origin(annotation) is list else None
+            if item is None or not accepts_bool(item):
+                raise ValueError("must be a number or a name, not true/false")
+        return value
 
 
 class RunConfig(Section):
@@ -173,7 +212,7 @@ class TrainConfig(Section):
     """Floating-point type of features, weights and embeddings."""
 
 
-Budget = Annotated[float, Field(ge=0)] | str
+Budget = Annotated[float, Field(ge=0, allow_inf_nan=False)] | str
 
 
 class CacheConfig(Section):
@@ -208,13 +247,14 @@ class PipelineConfig(Section):
     """Halo exchange: `leo` (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM);
     `compute-only` skips the exchange (wrong numbers; `leo bench` only)."""
     num_chunks: Literal["auto"] | int = "auto"
-    """Chunks per peer for the pipelined exchange, or `auto` (about 4 MiB per chunk, 1 to 4)."""
+    """Chunks per peer for the pipelined exchange: 1 to 64 (each is one message per peer and
+    layer), or `auto` (about 4 MiB per chunk, 1 to 4)."""
 
     @field_validator("num_chunks")
     @classmethod
-    def _positive_chunks(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
-        if value != "auto" and int(value) < 1:
-            raise ValueError("must be `auto` or a positive integer")
+    def _bounded_chunks(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if value != "auto" and not 1 <= int(value) <= MAX_CHUNKS:
+            raise ValueError(f"must be `auto` or a whole number from 1 to {MAX_CHUNKS}")
         return value
 
 

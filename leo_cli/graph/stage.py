@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
 import shutil
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from leo_cli.config.schema import METIS_OPTIONS, DataConfig, PartitionConfig
-from leo_cli.errors import ConfigError, DataError
+from leo_cli.errors import ConfigError, DataError, PartitionError
 from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.layout import (
     ProgressFn,
@@ -39,6 +38,7 @@ from leo_cli.graph.storage import (
     verify_files,
 )
 from leo_cli.graph.types import Graph, IntArray
+from leo_cli.util.files import private_dir, sweep_temporaries
 
 
 @dataclass
@@ -92,6 +92,7 @@ def ensure_partitions(
     part themselves (training workers do).
     """
     target = partition_dir(out_dir)
+    sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
     key = source_key(data, part, seed)
     if not force and (target / META).is_file():
         meta = read_meta(target)
@@ -136,9 +137,10 @@ def build_partitions(
     if part.method == "metis" and part.num_parts > 1:
         meta["metis"] = metis_plan(GraphSize.of(graph), part, graph.name)
         prepared = metis_input(graph, meta["metis"]["edge_fraction"], seed)
-    scratch = target.with_name(f".{target.name}.graph-{os.getpid()}")
+    scratch = None
     try:
         if prepared is not None:  # METIS's working set is the peak: hold nothing else
+            scratch = scratch_dir(target)
             graph = spill_graph(graph, scratch)
         parts_N = assign_parts(graph, part.num_parts, part.method, seed, prepared)
         del prepared
@@ -146,8 +148,20 @@ def build_partitions(
         report("partition", 1, 1)
         layout_and_write(graph, parts_N, part.num_parts, target, progress, clock, meta)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return read_meta(target)
+
+
+def scratch_dir(target: Path) -> Path:
+    """A private folder beside the partitions for the spilled graph (a unique name: never a
+    folder or symlink planted under a predictable one)."""
+    try:
+        return private_dir(target.with_name(f"{target.name}.graph"))
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot create {target.parent} ({exc.strerror}); set run.out_dir to a writable folder."
+        ) from None
 
 
 def layout_and_write(

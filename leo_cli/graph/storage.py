@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ import numpy as np
 
 from leo_cli.errors import PartitionError
 from leo_cli.graph.layout import LocalPart, ProgressFn
+from leo_cli.graph.meta_check import meta_problem
 from leo_cli.graph.types import Graph
+from leo_cli.util.files import private_dir
 
 FORMAT_VERSION = 1
 META = "META.json"
@@ -42,13 +43,12 @@ class PartitionWriter:
 
     def __init__(self, target: Path) -> None:
         self.target = target
-        self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        self.tmp = target  # set by __enter__
         self.files: dict[str, str] = {}
 
     def __enter__(self) -> PartitionWriter:
-        shutil.rmtree(self.tmp, ignore_errors=True)
         try:
-            self.tmp.mkdir(parents=True)
+            self.tmp = private_dir(self.target)
         except OSError as exc:
             raise PartitionError(
                 f"Cannot create {self.tmp.parent} ({exc.strerror}); "
@@ -57,7 +57,8 @@ class PartitionWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)  # gone already after `finish`
+        if self.tmp != self.target:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # gone already after `finish`
 
     def write(self, rank: int, arrays: dict[str, np.ndarray]) -> None:
         """Write arrays of part `rank` as `part_<rank>/<name>.npy` (more may follow)."""
@@ -79,7 +80,7 @@ class PartitionWriter:
 
         files = {rel: self.files[rel] for rel in sorted(self.files, key=position)}
         meta = {"format_version": FORMAT_VERSION, **meta, "files": files}
-        (self.tmp / META).write_text(json.dumps(meta, indent=2))
+        (self.tmp / META).write_text(json.dumps(meta, indent=2, allow_nan=False))
         swap_into_place(self.tmp, self.target)
 
 
@@ -109,7 +110,7 @@ def save_array(path: Path, arr: np.ndarray) -> None:
 
 def swap_into_place(tmp: Path, target: Path) -> None:
     """Replace `target` by `tmp`; the old folder is removed only after the rename."""
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    old = private_dir(target)  # an empty folder of ours, which the rename replaces
     if target.exists():
         target.rename(old)
     tmp.rename(target)
@@ -137,21 +138,28 @@ def spill_graph(graph: Graph, folder: Path) -> Graph:
     return dataclasses.replace(graph, **arrays)
 
 
-def read_meta(root: Path) -> dict[str, Any]:
-    """META.json of a partition folder, version-checked."""
+def read_meta(root: Path, stage: bool = True) -> dict[str, Any]:
+    """META.json of a partition folder, checked as untrusted input (graph/meta_check.py):
+    every field the stages read, or (`stage=False`) the part count and file list only."""
     path = root / META
     if not path.is_file():
         raise PartitionError(f"{path} is missing; run `leo partition` (add --force to rebuild).")
     try:
-        meta: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        meta: dict[str, Any] = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         raise PartitionError(
             f"{path} is not valid JSON; rebuild with `leo partition --force`."
         ) from None
-    if meta.get("format_version") != FORMAT_VERSION:
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
         raise PartitionError(
-            f"{path} has format version {meta.get('format_version')!r}, this LEO reads "
+            f"{path} has format version {version!r}, this LEO reads "
             f"{FORMAT_VERSION}; rebuild with `leo partition --force`."
+        )
+    problem = meta_problem(meta, stage)  # untrusted: checked before any field is used
+    if problem is not None:
+        raise PartitionError(
+            f"{path} is not what LEO wrote ({problem}); rebuild with `leo partition --force`."
         )
     return meta
 
@@ -176,7 +184,7 @@ def verify_files(root: Path, meta: dict[str, Any], prefix: str = "") -> None:
 def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) -> LocalPart:
     """Load part `rank` (checksums verified first unless `verify=False`); `mmap` maps the
     files instead of reading them into memory."""
-    meta = read_meta(root)
+    meta = read_meta(root, stage=False)
     num_parts = int(meta["num_parts"])
     if not 0 <= rank < num_parts:
         raise PartitionError(f"{root} holds {num_parts} parts; there is no part {rank}.")

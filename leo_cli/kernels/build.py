@@ -23,6 +23,7 @@ import torch
 
 from leo_cli.errors import KernelError
 from leo_cli.graph.storage import sha256_file
+from leo_cli.util import files
 
 
 @dataclass(frozen=True)
@@ -303,9 +304,9 @@ def _install(build_root: Path, pkg: Path) -> Path:
     if not built:
         raise KernelError(f"the build produced no _C*.so under {build_root / 'lib'}")
     target = pkg / built[0].name
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.copy2(built[0], tmp)
-    os.replace(tmp, target)
+    with files.atomic_file(target) as f, built[0].open("rb") as src:  # a fresh temporary
+        shutil.copyfileobj(src, f)
+        os.fchmod(f.fileno(), built[0].stat().st_mode & 0o777)
     for stale in installed_extensions(pkg):
         if stale != target:
             stale.unlink()

@@ -1,4 +1,4 @@
-"""Checkpoints: model + optimizer + epoch, written atomically, loaded safely.
+"""Checkpoints: model + optimizer + epoch, written atomically, loaded safely and checked.
 
 Dropout masks are keyed by (seed, epoch, layer, node), so the epoch is the whole RNG state of
 training; torch's global generator is saved too for anything else that draws from it.
@@ -6,7 +6,6 @@ training; torch's global generator is saved too for anything else that draws fro
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 import torch
 
 from leo_cli.errors import TrainError
+from leo_cli.train.readback import check_checkpoint
+from leo_cli.util import files
 
 KEEP = 2  # newest checkpoints kept; older ones are deleted after a successful write
 
@@ -33,18 +34,19 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def epoch_of(path: Path) -> int:
+    """The epoch in a checkpoint's file name."""
+    return int(path.name.removeprefix("epoch_").removesuffix(".pt"))
+
+
 def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any]) -> Path:
     """Write `checkpoints/epoch_<e>.pt` via a temporary file and an atomic rename."""
     folder = checkpoint_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"epoch_{epoch:06d}.pt"
-    tmp = folder / f".epoch_{epoch:06d}.pt.tmp-{os.getpid()}"
-    for stale in folder.glob(".epoch_*.pt.tmp-*"):  # left by a save that was killed
-        stale.unlink(missing_ok=True)
-    torch.save({"epoch": epoch, "rng": torch.get_rng_state(), **state}, tmp)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    files.sweep_temporaries(folder)  # left by a save that was killed
+    with files.atomic_file(path, fsync=True) as f:
+        torch.save({"epoch": epoch, "rng": torch.get_rng_state(), **state}, f)
     for _, old in list_checkpoints(run_dir)[:-KEEP]:
         old.unlink(missing_ok=True)
     return path
@@ -60,6 +62,7 @@ def read_latest(run_dir: Path) -> dict[str, Any] | None:
     for i, path in enumerate(newest_first):
         try:
             state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+            check_checkpoint(state, epoch_of(path))  # untrusted: loads, but is it ours?
         except Exception as exc:  # a corrupt file must name itself, not crash with a traceback
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             if i + 1 == len(newest_first):

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from leo_cli.util import files
+
 BEAT_S = 1.0
 MIN_STALL_S = 5.0  # a few missed beats, so that scheduling jitter never kills a live worker
 
@@ -25,7 +27,7 @@ def start_heartbeat(run_dir: Path, rank: int) -> None:
     """Touch `.heartbeat/rank_<r>` every second from a daemon thread."""
     path = run_dir / ".heartbeat" / f"rank_{rank}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")  # lets the launcher, tests and operators find it
+    files.write_text(path, f"{os.getpid()}\n")  # lets the launcher, tests and operators find it
 
     def beat() -> None:
         while True:

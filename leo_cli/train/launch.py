@@ -5,19 +5,28 @@ turned into one sentence.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.util.interrupt import Interrupted
+
+# The signals the elastic agent takes over while it runs (TORCHELASTIC_SIGNALS_TO_HANDLE).
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def workers_per_node(cfg: LeoConfig) -> int:
@@ -74,24 +83,47 @@ def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -
     Same elastic launch config (worker count, rendezvous, restarts), threads per worker and
     stall watch; logs land in `<run_dir>/logs`, a worker's user error is read from
     `<run_dir>/.errors`, heartbeats from `<run_dir>/.heartbeat`. Blocks until the workers
-    finish; failures become TrainError.
+    finish; failures become TrainError, SIGINT / SIGTERM `Interrupted` (once the agent has
+    stopped the workers). Shared-memory segments of the job are removed however it ends.
     """
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
-    # The agent logs each failed worker with its own formatting; our message replaces that.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch:
+    # The agent logs each failed worker (and a signal it got) with its own formatting; our
+    # message replaces that. Its modules set their own levels, so each logger is quietened.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
+    with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch, own_signal_handlers():
         try:
             elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(
                 "-m", module, *args
             )
+        except SignalException as exc:  # the agent stopped the workers first
+            raise Interrupted(int(exc.sigval)) from None
         except ChildFailedError as exc:
             stalled = watch.killed or stalled_ranks(run_dir, cfg.launch.timeout_s)
             message = worker_error(run_dir) or describe_failure(
                 exc, run_dir, cfg.launch.timeout_s, stalled
             )
             raise TrainError(message) from None
+        finally:
+            remove_job(job)  # the segments a killed worker had not unlinked yet
+
+
+@contextlib.contextmanager
+def own_signal_handlers() -> Iterator[None]:
+    """Restore this process's signal handlers after a launch: the elastic agent installs its
+    own (SIGINT, SIGTERM, SIGHUP, SIGQUIT raise its SignalException) and leaves them."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def describe_failure(

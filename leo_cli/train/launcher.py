@@ -22,10 +22,12 @@ from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.launch import launch_module, workers_per_node
-from leo_cli.train.metrics import read_json, write_json
+from leo_cli.train.metrics import read_json
 from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.timing import RunTimer
 from leo_cli.train.worker import config_fingerprint
+from leo_cli.util import files
+from leo_cli.util.interrupt import Interrupted
 
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
@@ -152,16 +154,32 @@ def run_workers(
     """Start the training workers and block until they finish; failures become TrainError.
 
     With the parent's `timer`, workers report the set-up since the run started and the
-    summary gets the run's `wall_s` (train/timing.py).
+    summary gets the run's `wall_s` (train/timing.py). status.json never stays "running" once
+    they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
+    "failed" with the reason after any other failure.
     """
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     if timer is not None:
         timer.write(run_dir)
         args += ["--launched-at", repr(timer.launched_at)]
-    launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+    try:
+        launch_module(cfg, run_dir, "leo_cli.train.worker", args)
+    except Interrupted as exc:
+        mark_status(cfg, run_dir, "interrupted", exc.name)
+        raise
+    except BaseException as exc:
+        mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
+        raise
     summary_path = run_dir / "summary.json"
     if timer is not None and cfg.launch.node_rank == 0 and summary_path.is_file():
         summary = read_json(summary_path)
         summary["wall_s"] = round(time.time() - timer.started_at, 4)
-        write_json(summary_path, summary)
+        files.write_json(summary_path, summary)
+
+
+def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:
+    """status.json after the workers ended without finishing (node 0 writes it: the folder
+    may be shared between nodes)."""
+    if cfg.launch.node_rank == 0:
+        files.write_json(run_dir / "status.json", {"state": state, "reason": reason})

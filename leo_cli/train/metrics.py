@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -13,13 +12,13 @@ import torch
 
 import leo_cli
 from leo_cli import kernels
+from leo_cli.train.readback import check_rows
+from leo_cli.util import files
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Atomic JSON write (temporary file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    """Atomic, strict JSON write (a fresh temporary file + rename; no NaN: util/files.py)."""
+    files.write_json(path, obj)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -37,17 +36,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
     """Keep only epochs <= last_epoch, so a resumed run appends without duplicates."""
-    rows = [r for r in read_metrics(run_dir) if r["epoch"] <= last_epoch]
     path = run_dir / "metrics.jsonl"
-    tmp = path.with_name(f".metrics.jsonl.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    rows = read_metrics(run_dir)
+    check_rows(rows, path)  # read back on resume: rows it keeps go into summary.json
+    rows = [r for r in rows if r["epoch"] <= last_epoch]
+    files.write_text(path, "".join(files.json_text(r) + "\n" for r in rows))
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
-    with (run_dir / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
+    """One line per epoch (strict JSON; never appended through a symlink)."""
+    files.append_line(run_dir / "metrics.jsonl", files.json_text(row))
 
 
 def git_sha() -> str | None:
@@ -129,10 +127,9 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
     ax_acc.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    with files.atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def read_json(path: Path) -> dict[str, Any]:

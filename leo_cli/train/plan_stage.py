@@ -15,11 +15,13 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.cache.hardware import HARDWARE_FILE, HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.cache.plan import (
+    PLAN,
     CachePlan,
     graph_inputs,
     make_plan,
@@ -103,6 +105,9 @@ def hardware_profile(
     t0 = time.perf_counter()
     hw = run_probe(cfg, run_dir)
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
+    if hw.load is not None and hw.load.high(load_limit()):
+        print(busy_note(hw.load, run_dir), file=sys.stderr)
+        return hw  # kept in the run folder only
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
         hw.write(machine_cache(num_workers, worker_threads(workers_per_node(cfg))))
     return hw
@@ -119,11 +124,10 @@ def _find_profile(
             hw.write(run_dir / HARDWARE_FILE)
         return hw
     threads = worker_threads(workers_per_node(cfg))
-    cached = machine_cache(num_workers, threads)
     own = None if reprobe else saved_profile(run_dir / HARDWARE_FILE)
     if own is not None and own.world_size == num_workers:
         return own
-    machine = None if reprobe else saved_profile(cached)
+    machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
         machine.write(run_dir / HARDWARE_FILE)
         return machine
@@ -135,6 +139,36 @@ def _find_profile(
             file=sys.stderr,
         )
     return None
+
+
+def load_limit() -> float:
+    """Share of the cores other processes may keep busy during a probe that is saved for the
+    whole machine (`LEO_PROBE_LOAD_LIMIT`, default 0.25; a machine that is always shared may
+    raise it)."""
+    raw = os.environ.get("LEO_PROBE_LOAD_LIMIT")
+    try:
+        limit = float(raw) if raw else HIGH_LOAD_SHARE
+    except ValueError:
+        raise CacheError(
+            f"LEO_PROBE_LOAD_LIMIT={raw!r} is not a number; give a share of the cores such as 0.5."
+        ) from None
+    if not limit >= 0:  # also NaN
+        raise CacheError(f"LEO_PROBE_LOAD_LIMIT={raw!r} must be a share of the cores >= 0.")
+    return limit
+
+
+def busy_note(load: ProbeLoad, run_dir: Path) -> str:
+    """The sentence for a probe measured while other processes kept the machine busy."""
+    what = (
+        f"other processes kept {load.other_cpu:.1f} of {load.num_cpus} cores busy"
+        if load.other_cpu is not None
+        else f"the load average was {load.load_avg_1m:.1f} on {load.num_cpus} cores"
+    )
+    return (
+        f"note: {what} while the hardware probe ran, so its rates are this machine's under "
+        f"load: kept in {run_dir / HARDWARE_FILE} only, not saved for later runs; probe again "
+        "on a quiet machine with `leo profile-cache --force`."
+    )
 
 
 def ensure_plan(
@@ -163,8 +197,10 @@ def ensure_plan(
     t0 = time.perf_counter()
     inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
     key = plan_key(inputs, hw)
-    existing = read_plan(run_dir)
-    if existing is not None and existing.key == key and not force:
+    existing = None if force else read_plan(run_dir)
+    if existing is not None and existing.key == key:
+        gat = cfg.model.name == "gat"
+        existing.check_fits(run_dir / PLAN, halo_sizes(meta), cfg.model.num_layers, gat)
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
     profiles = part_profiles(run_dir, num_parts, verify_parts)
@@ -181,6 +217,11 @@ def ensure_plan(
     write_plan(run_dir, plan)
     timer.add("plan_s", plan.plan_s, ran=True)
     return plan
+
+
+def halo_sizes(meta: dict[str, Any]) -> list[int]:
+    """Every part's halo rows, as META.json records them (checked by graph/storage.py)."""
+    return [int(n) for n in meta["stats"]["halo_nodes"]]
 
 
 def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:

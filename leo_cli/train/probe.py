@@ -12,6 +12,7 @@ from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, TrainError
 from leo_cli.train.launch import launch_module
+from leo_cli.train.machine_load import LoadMeter
 
 PROBE_FOLDER = "probe"
 
@@ -33,7 +34,10 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
     out = run_dir / HARDWARE_FILE
     args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
     try:
-        launch_module(cfg, work_dir, "leo_cli.train.probe_worker", args + ["--quick"] * quick)
+        with LoadMeter() as load:
+            launch_module(cfg, work_dir, "leo_cli.train.probe_worker", args + ["--quick"] * quick)
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None
-    return HardwareProfile.read(out)
+    hw = HardwareProfile.read(out).model_copy(update={"load": load.result()})
+    hw.write(out)  # what else ran is part of what was measured
+    return hw

@@ -16,7 +16,7 @@ from leo_cli.comm.grads import GradReducer, make_grad_reducer
 from leo_cli.comm.levels import Levels, RankLevels, build_levels, levels_for_mode
 from leo_cli.comm.modes import auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
-from leo_cli.config.schema import ModelConfig
+from leo_cli.config.schema import MAX_CHUNKS, ModelConfig
 from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN, build_model
@@ -67,11 +67,15 @@ def chunk_counts(
     on by all workers (the largest any of them wants).
     """
     if setting != "auto":
-        return [int(setting)]
-    if planned:
-        return planned
-    wanted = torch.tensor([auto_chunks(plan, width, dtype)], dtype=torch.int64)
-    return [int(all_reduce_(wanted, op="max").item())]
+        counts = [int(setting)]
+    elif planned:
+        counts = planned
+    else:
+        wanted = torch.tensor([auto_chunks(plan, width, dtype)], dtype=torch.int64)
+        counts = [int(all_reduce_(wanted, op="max").item())]
+    # Checked where they are read (config schema, cache plan); 0 chunks would send nothing.
+    assert all(1 <= k <= MAX_CHUNKS for k in counts), f"chunk counts {counts} out of range"
+    return counts
 
 
 def layer0_is_static(cfg: LeoConfig, levels: Levels) -> bool:
@@ -155,10 +159,12 @@ def build_job(
     part: LocalPart,
     world_size: int,
     device: torch.device,
+    halo_sizes: list[int],
     laps: Laps | None = None,
 ) -> Job:
     """The job of one part, with its share of the run's cache plan (checked to be made for
-    these partitions and settings)."""
+    these partitions and settings, and checked whole against `halo_sizes`, every rank's
+    halo rows: every rank then refuses a bad plan alike, before any set-up collective)."""
     rank = part.rank
     plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
     inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
@@ -169,6 +175,9 @@ def build_job(
             f"{run_dir / PLAN} is missing or was made for other partitions or settings; run "
             "leo profile-cache with this config (leo train does so itself)."
         )
+    if plan is not None:
+        gat = cfg.model.name == "gat"
+        plan.check_fits(run_dir / PLAN, halo_sizes, cfg.model.num_layers, gat)
     if plan is None:
         return assemble(cfg, part, meta["dataset"], world_size, device, laps=laps)
     c = plan.caches[rank]

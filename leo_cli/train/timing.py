@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leo_cli.util import files
+
 SETUP_FILE = ".setup.json"
 WORKER_PARTS = (
     "process_group_s",
@@ -86,9 +88,7 @@ class RunTimer:
             "parts": self.parts,
             "reused": self.reused,
         }
-        tmp = run_dir / f".{SETUP_FILE}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(payload))
-        tmp.replace(run_dir / SETUP_FILE)
+        files.write_json(run_dir / SETUP_FILE, payload)
 
 
 def read_parent(run_dir: Path, launched_at: float | None) -> dict[str, Any]:

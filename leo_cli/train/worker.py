@@ -38,14 +38,16 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.kernels import active_backend
 from leo_cli.train import metrics as run_files
-from leo_cli.train.checkpoint import load_latest, save_checkpoint
+from leo_cli.train.checkpoint import checkpoint_dir, load_latest, save_checkpoint
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
+from leo_cli.train.readback import restore
 from leo_cli.train.setup import Job, build_job, halo_plan
 from leo_cli.train.timing import WORKER_PARTS, Laps, read_parent, setup_summary
 from leo_cli.train.trainer import evaluate, train_step
+from leo_cli.util import files
 
 USER_ERROR_EXIT = 3
 # Where each node is and where it sees the shared files; every other key must match.
@@ -99,8 +101,9 @@ def config_fingerprint(cfg: LeoConfig) -> str:
     return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
 
 
-def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> None:
-    """Cross-check every rank's config, halo counts and resume epoch in one all-gather.
+def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> list[int]:
+    """Cross-check every rank's config, halo counts and resume epoch in one all-gather;
+    returns every rank's halo size (what the cache plan's rows are checked against).
 
     A node started with another config would silently train node 0's; ranks that read
     different partitions (a stale folder on one host) would run an inconsistent all-to-all;
@@ -113,6 +116,7 @@ def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> None:
     check_fingerprints(rows[:, 2 * p + 1 :])
     check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
     check_same_start(rows[:, 2 * p])
+    return [int(n) for n in rows[:, p : 2 * p].sum(dim=1)]
 
 
 def check_fingerprints(digests: torch.Tensor) -> None:
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         # agent stop the other ranks, which may be waiting for this one in a collective.
         error_file = run_dir / ".errors" / f"rank_{env.rank}"
         error_file.parent.mkdir(parents=True, exist_ok=True)
-        error_file.write_text(str(exc))
+        files.write_text(error_file, str(exc))
         print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT
 
@@ -315,14 +319,13 @@ def run_worker(
     state = load_latest(run_dir) if resume else None
     start = 0 if state is None else int(state["epoch"])
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), run_dir, cfg)
-    check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
-    job = build_job(run_dir, cfg, meta, part, env.world_size, device, laps)
+    halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
+    job = build_job(run_dir, cfg, meta, part, env.world_size, device, halo_sizes, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
     del part
     if state is not None:
-        job.model.load_state_dict(state["model"])
-        job.optimizer.load_state_dict(state["optimizer"])
+        restore(state, job.model, job.optimizer, checkpoint_dir(run_dir))
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run_files.truncate_metrics(run_dir, start)

@@ -14,6 +14,7 @@ from leo_cli.cache.hardware import (
     FORMAT_VERSION,
     HardwareProfile,
     LinkFit,
+    ProbeLoad,
     interpolate,
     per_row_rate,
 )
@@ -231,6 +232,34 @@ BAD_CONTENTS: dict[str, tuple[bytes, str]] = {
         json.dumps(setitem(profile_dict(), [], "links", "shm", "pairs")).encode(),
         "one pair fit per pair",
     ),
+    # Physical bounds (hardware.py): rates of 1e-300 made every predicted time NaN.
+    "rate below physical": (
+        json.dumps(setitem(profile_dict(), [1e-300, 4e9], "compute", "gemm_flop_per_s")).encode(),
+        "compute.gemm_flop_per_s.0",
+    ),
+    "rate above physical": (
+        json.dumps(setitem(profile_dict(), [1e20, 1e3], "compute", "gather_rows_per_s")).encode(),
+        "compute.gather_rows_per_s.0",
+    ),
+    "infinite bandwidth": (
+        json.dumps(
+            setitem(profile_dict(), math.inf, "links", "alltoall", "bandwidth_bytes_per_s")
+        ).encode(),
+        "links.alltoall.bandwidth_bytes_per_s",
+    ),
+    "latency of an hour": (
+        json.dumps(setitem(profile_dict(), 3600.0, "links", "barrier_s")).encode(),
+        "links.barrier_s",
+    ),
+    "true as a rate": (
+        json.dumps(setitem(profile_dict(), [True, 250.0], "compute", "mask_rows_per_s")).encode(),
+        "not true/false",
+    ),
+    "true as world size": (
+        json.dumps(setitem(profile_dict(), True, "world_size")).encode(),
+        "world_size: must be a number, not true/false",
+    ),
+    "unknown dtype": (json.dumps(setitem(profile_dict(), "int7", "dtype")).encode(), "dtype"),
 }
 
 
@@ -257,3 +286,14 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(CacheError, match="Cannot read") as info:
         HardwareProfile.read(tmp_path)  # a folder
     assert str(tmp_path) in str(info.value)
+
+
+def test_load_is_recorded_and_judged(tmp_path: Path, hw: HardwareProfile) -> None:
+    quiet = ProbeLoad(load_avg_1m=2.1, other_cpu=0.1, num_cpus=2)
+    busy = ProbeLoad(load_avg_1m=6.0, other_cpu=1.5, num_cpus=2)
+    assert not quiet.high() and busy.high() and not busy.high(share=1.0)
+    assert ProbeLoad(load_avg_1m=3.0, other_cpu=None, num_cpus=2).high()  # no /proc/stat
+    path = tmp_path / "hardware.json"
+    hw.model_copy(update={"load": busy}).write(path)
+    assert HardwareProfile.read(path).load == busy
+    assert HardwareProfile.read(path).fingerprint() != hw.fingerprint()

@@ -120,3 +120,40 @@ def test_values_no_code_can_use_are_refused(override: str, needle: str) -> None:
 )
 def test_values_at_the_limits_are_accepted(override: str) -> None:
     load_config(None, override.split())
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("pipeline.num_chunks=0", "'pipeline.num_chunks'.*1 to 64"),
+        ("pipeline.num_chunks=65", "'pipeline.num_chunks'.*1 to 64"),
+        ("pipeline.num_chunks=1000000000000", "'pipeline.num_chunks'.*1 to 64"),
+        ("pipeline.num_chunks=true", "'pipeline.num_chunks'.*not true/false"),
+        ("cache.replica_budget_mb=true", "'cache.replica_budget_mb'.*not true/false"),
+        ("cache.halo_budget_mb=.inf", "'cache.halo_budget_mb'.*finite"),
+        ("cache.replica_budget_mb=.nan", "'cache.replica_budget_mb'.*finite"),
+        ("train.lr=true", "'train.lr'.*not true/false"),
+        ("train.num_epochs=false", "'train.num_epochs'.*not true/false"),
+        ("bench.world_sizes=[1,true]", "'bench.world_sizes'.*not true/false"),
+    ],
+)
+def test_numbers_are_bounded_and_never_booleans(override: str, needle: str) -> None:
+    """`true` read as 1 (a 1 MiB budget, one chunk) and 10**12 chunks (a worker out of
+    memory) used to be accepted."""
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, [override])
+
+
+def test_booleans_stay_booleans_and_the_bound_is_accepted() -> None:
+    cfg = load_config(None, ["pipeline.num_chunks=64", "cache.static_aggregate=false"])
+    assert cfg.pipeline.num_chunks == 64 and cfg.cache.static_aggregate is False
+
+
+def test_chunk_bound_is_in_help() -> None:
+    from typer.testing import CliRunner
+
+    from leo_cli.cli.app import app
+
+    for command in ("train", "profile-cache", "bench"):
+        res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert "pipeline.num_chunks takes `auto` or 1 to 64" in " ".join(res.stdout.split())

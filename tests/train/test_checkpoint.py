@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,9 +12,18 @@ from leo_cli.errors import TrainError
 from leo_cli.train.checkpoint import list_checkpoints, load_latest, save_checkpoint
 
 
+def saved_state(epoch: int) -> dict[str, Any]:
+    """What the worker saves: the model's and the optimizer's state dicts."""
+    model = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.fill_(float(epoch))
+    opt = torch.optim.Adam(model.parameters())
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
 def save_two(run_dir: Path) -> list[Path]:
     for epoch in (2, 4):
-        save_checkpoint(run_dir, epoch, {"model": {"w": torch.full((3,), float(epoch))}})
+        save_checkpoint(run_dir, epoch, saved_state(epoch))
     return [path for _, path in list_checkpoints(run_dir)]
 
 
@@ -24,7 +34,7 @@ def test_corrupt_newest_falls_back_to_older(
     newest.write_bytes(newest.read_bytes()[:100])  # a copy cut short
     state = load_latest(tmp_path)
     assert state is not None and state["epoch"] == 2
-    assert torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+    assert torch.equal(state["model"]["weight"], torch.full((1, 3), 2.0))
     err = capsys.readouterr().err
     assert f"warning: checkpoint {newest} cannot be read" in err and older.name in err
     assert len(err.strip().splitlines()) == 1

@@ -52,6 +52,8 @@ def test_probe_for_gpu_training_warns(
     probed: list[Path] = []
 
     class _Profile:
+        load = None  # not recorded
+
         def write(self, path: Path) -> None:
             probed.append(path)
 

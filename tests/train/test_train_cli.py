@@ -243,6 +243,8 @@ def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
     )
     assert res.returncode == 2
     assert "loss became" in res.stderr and "Traceback" not in res.stderr
+    status = json.loads((run / "status.json").read_text())  # not left "running"
+    assert status["state"] == "failed" and "loss became" in status["reason"]
 
 
 def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
@@ -350,3 +352,88 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
     assert f"checkpoint {newest} cannot be read" in " ".join(res.stderr.split())
     assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]  # 3 and 4 trained again
     assert torch.load(newest, weights_only=True)["epoch"] == 4
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_ends_train_in_one_line_and_resumes(tmp_path: Path, signum: int, code: int) -> None:
+    """Ctrl-C (SIGINT to the launcher's process group; workers run in sessions of their own)
+    or SIGTERM to the launcher: one line, 130 / 143, workers stopped, status "interrupted",
+    no temporary file left, and --resume finishes the run (checked after SIGTERM). A segment
+    in /dev/shm left by an ended job is removed at the start, with a note."""
+    stale = Path("/dev/shm") / f"leo-{ended_pid()}-1-test-{os.getpid():012x}"
+    stale.write_bytes(b"\0" * 4096)
+    run = tmp_path / "run"
+    args = [*TINY, "--set", f"run.out_dir={run}", "--set", "cache.policy=none"]
+    args += ["--set", "train.checkpoint_every=1"]
+    proc = start("train", *args, "--set", "train.num_epochs=100000")
+    try:
+        wait_for_epoch(run, 3, proc)
+        workers = heartbeat_pids(run)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stale.unlink(missing_ok=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted by SIG" in lines[0] and "--resume" in lines[0], err
+    assert "removed" in out and "shared-memory segment" in out
+    assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
+    assert not [pid for pid in workers.values() if pid_alive(pid)]
+    leftovers = [p.name for p in run.rglob("*.tmp")]
+    assert not leftovers, leftovers
+    if signum == signal.SIGINT:
+        return  # resuming is the same after either signal: checked once (a full run costs)
+    done = max(r["epoch"] for r in metrics(run))
+    last = int(sorted((run / "checkpoints").glob("*.pt"))[-1].name[6:12])
+    res = leo("train", *args, "--set", f"train.num_epochs={last + 1}", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert [r["epoch"] for r in metrics(run)] == list(range(1, last + 2)) and done >= last
+    assert json.loads((run / "status.json").read_text())["state"] == "done"
+
+
+def ended_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_plan_edited_for_one_rank_stops_every_worker_in_seconds(
+    tmp_path: Path, hw_profile: Any
+) -> None:
+    """The workers check the whole plan, every rank's entries, after comparing its bytes: a
+    static aggregate on rank 1 only used to hang rank 0 until launch.timeout_s."""
+    from leo_cli.config import load_config
+    from leo_cli.errors import TrainError
+    from leo_cli.train.launcher import prepare, run_workers
+
+    given = tmp_path / "hardware.json"
+    hw_profile.write(given)
+    run = tmp_path / "run"
+    cfg = load_config(
+        None,
+        [
+            "data.synthetic.num_nodes=600",
+            "data.synthetic.num_features=16",
+            "model.hidden_channels=16",
+            "train.num_epochs=2",
+            f"run.out_dir={run}",
+            f"cache.hardware={given}",
+            "launch.timeout_s=120",
+        ],
+    )
+    prepare(cfg, resume=False, progress=None)
+    plan = json.loads((run / "cache-plan.json").read_text())
+    plan["ranks"][1]["static_aggregate"] = not plan["ranks"][0]["static_aggregate"]
+    (run / "cache-plan.json").write_text(json.dumps(plan))
+    began = time.monotonic()
+    with pytest.raises(TrainError) as info:
+        run_workers(cfg, run, resume=False)
+    message = " ".join(str(info.value).split())
+    assert "cache-plan.json" in message and "static_aggregate" in message, message
+    assert time.monotonic() - began < 60  # a bound on a hang, not a speed claim
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"

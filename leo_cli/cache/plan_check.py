@@ -1,0 +1,183 @@
+"""cache-plan.json as untrusted input: every field checked before a worker builds on it.
+
+Workers build their exchange from the plan (which halo rows are replicated, fetched per edge
+or exchanged, how many chunks each transfer is cut into, whether layer 0 is precomputed), so
+a plan that was edited, cut short or written by something else must never reach them: a chunk
+count of 0 builds no exchange (wrong numbers that say `exact: true`), a negative row wraps
+around, a static aggregate on some ranks only hangs the others in a collective.
+
+Chosen: **validation, not a content digest.** A digest recorded in the run folder is as
+editable as the plan, and it would refuse a deliberate, valid edit as firmly as a broken one.
+Instead the file is checked against what the cache levels need to stay exact, and every
+plan that passes trains the numbers of one process (each level, each chunk count 1 to
+`MAX_CHUNKS`, tested in tests/train): edits need not be detected, only refused when they would
+break exactness or safety. Checked:
+
+- schema and types: unknown or missing keys, whole numbers as JSON integers (no 2.0, no
+  `true`), booleans as JSON booleans (no "no"), finite numbers only (predictions are shown,
+  not used: any finite value), digests as 64 hex digits;
+- intrinsic bounds: chunk counts 1..`MAX_CHUNKS`, rows non-negative and listed once, one
+  entry per rank in rank order, the static aggregate on every rank or on none;
+- fit to the run (`check_fits`, with facts the reader knows): one chunk count per layer, rows
+  within each rank's halo, nothing that attention models cannot use.
+
+Workers check the whole plan, every rank's entries, after comparing its bytes across ranks
+(train/worker.py), so all ranks stop together with the same sentence instead of hanging.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from leo_cli.config.schema import MAX_CHUNKS
+from leo_cli.util.strict import Finite, NonNegative
+
+MAX_ROW = 2**62  # far beyond any halo; keeps every row an int64
+Row = Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]
+Count = Annotated[StrictInt, Field(ge=0)]
+Chunks = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNKS)]
+Digest = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+STAGES_READ = ("forward_s", "backward_s", "comm_wait_s")  # what `leo profile-cache` shows
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LevelBytes(_Strict):
+    """Bytes a rank holds at L1 and receives per step at L2 / L3."""
+
+    L1_replica_bytes: Count
+    L1s_static_bytes: Count
+    L2_bytes_per_step: Count
+    L3_bytes_per_step: Count
+
+
+class RankEntry(_Strict):
+    """One rank's cache levels."""
+
+    rank: Count
+    static_aggregate: StrictBool
+    replica_rows: list[Row]
+    l3_rows: list[Row]
+    bytes_per_level: LevelBytes
+
+
+class SweepPoint(_Strict):
+    """One point of cache-plan.png: every rank replicating this share of its halo."""
+
+    replica_share: Annotated[NonNegative, Field(le=1)]
+    replica_budget_mb: NonNegative
+    predicted_epoch_time_s: Finite
+    within_budget: StrictBool
+
+
+class PlanFile(_Strict):
+    """The layout of cache-plan.json (format version 2)."""
+
+    format_version: Literal[2]
+    key: Digest
+    inputs: Digest
+    graph_inputs: Digest
+    policy: Literal["none", "degree", "leo"]
+    num_chunks: Annotated[list[Chunks], Field(min_length=1)]
+    predicted_epoch_time_s: dict[str, Finite | None]
+    predicted_stages_s: dict[str, dict[str, Finite]]
+    ranks: Annotated[list[RankEntry], Field(min_length=1)]
+    replica_budget_sweep: list[SweepPoint]
+    replica_budget_mb: NonNegative
+    plan_s: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlanFile:
+        for i, entry in enumerate(self.ranks):
+            if entry.rank != i:
+                raise ValueError(f"ranks.{i}.rank is {entry.rank}; entries must be in rank order")
+            for name in ("replica_rows", "l3_rows"):
+                repeated = first_repeat(getattr(entry, name))
+                if repeated is not None:
+                    raise ValueError(f"ranks.{i}.{name} lists row {repeated} twice")
+        static = {e.static_aggregate for e in self.ranks}
+        if len(static) > 1:
+            on = [e.rank for e in self.ranks if e.static_aggregate]
+            raise ValueError(
+                f"ranks.*.static_aggregate is true for ranks {on} only; it must be the same on "
+                "every rank (layer 0 exchanges rows on all of them or on none)"
+            )
+        for mode, t in self.predicted_epoch_time_s.items():
+            stages = self.predicted_stages_s.get(mode)
+            if t is not None and (stages is None or any(k not in stages for k in STAGES_READ)):
+                raise ValueError(f"predicted_stages_s.{mode} must hold {', '.join(STAGES_READ)}")
+        return self
+
+
+def first_repeat(rows: list[int]) -> int | None:
+    """A row listed more than once, or None."""
+    if len(rows) < 2:
+        return None
+    values = np.sort(np.asarray(rows, dtype=np.int64))
+    same = np.flatnonzero(values[1:] == values[:-1])
+    return int(values[same[0]]) if same.size else None
+
+
+def parse(data: Any) -> PlanFile:
+    """The validated file content.
+
+    Raises:
+        ValueError: one phrase naming the field and what is wrong with it.
+    """
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "top level"
+        value = err.get("input")
+        shown = f", got {value!r}" if isinstance(value, str | int | float | bool) else ""
+        message = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {message}{shown}" if err["loc"] else message) from None
+
+
+def fit_problem(
+    ranks: list[tuple[bool, np.ndarray, np.ndarray]],
+    num_chunks: list[int],
+    halo_sizes: list[int],
+    num_layers: int,
+    attention: bool,
+) -> str | None:
+    """What makes a parsed plan unfit for this run, or None.
+
+    Args:
+        ranks: per rank (static aggregate, replica rows, L3 rows).
+        num_chunks: the plan's chunk count per layer.
+        halo_sizes: the halo rows of every rank (from the partitions).
+        num_layers: layers of the model trained.
+        attention: the model is an attention model (gat).
+    """
+    if len(ranks) != len(halo_sizes):
+        return f"ranks: {len(ranks)} entries for {len(halo_sizes)} workers"
+    if len(num_chunks) != num_layers:
+        return f"num_chunks: {len(num_chunks)} counts for a model of {num_layers} layers"
+    for r, ((static, replicas, l3), num_halo) in enumerate(zip(ranks, halo_sizes, strict=True)):
+        for name, rows in (("replica_rows", replicas), ("l3_rows", l3)):
+            outside = np.flatnonzero(rows >= num_halo)
+            if outside.size:
+                i = int(outside[0])
+                return (
+                    f"ranks.{r}.{name}.{i}: row {int(rows[i])} is not among rank {r}'s "
+                    f"{num_halo} halo rows"
+                )
+        if attention and (static or replicas.size):
+            return f"ranks.{r}: attention models use neither replicas nor a static aggregate"
+    return None

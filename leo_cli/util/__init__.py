@@ -1,0 +1,1 @@
+"""Run-safety helpers every layer may use: safe file writes and interruption handling."""

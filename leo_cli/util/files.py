@@ -1,0 +1,157 @@
+"""Writing run files safely: a fresh temporary file in the destination folder, then a rename.
+
+Every file LEO writes into a run folder (or the shared hardware cache) goes through here:
+
+- the temporary file gets a unique name (`.<name>.<pid>-<random>.tmp`) and is created with
+  `O_CREAT | O_EXCL | O_NOFOLLOW` (`tempfile.mkstemp`), so a file or symlink planted under a
+  predictable name is never opened, let alone written through;
+- the rename replaces the destination itself: a symlink standing there is replaced, its target
+  is left alone;
+- an error or an interruption (Ctrl-C, SIGTERM) removes the temporary file, and the
+  destination keeps its old content: nothing half-written is ever left under the real name;
+- JSON is written with `allow_nan=False`: NaN and infinities are not JSON, and a reader must
+  never meet them.
+
+Folders written in place then renamed (partitions) start in `private_dir`, made the same way.
+The creating pid is part of every temporary name, so `sweep_temporaries` can remove the ones
+a killed process (SIGKILL: nothing runs) left behind, and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TEMP_SUFFIX = ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.(\d+)-[A-Za-z0-9_]+\.tmp$")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Read once at import (changing the umask is process-wide, so not in the middle of a run).
+_UMASK = _umask()
+_FILE_MODE = 0o666 & ~_UMASK
+
+
+def temp_prefix(path: Path) -> str:
+    """`.<name>.<pid>-`: hidden, names what it will become and which process writes it."""
+    return f".{path.name}.{os.getpid()}-"
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb", fsync: bool = False) -> Iterator[IO[Any]]:
+    """A file object whose content replaces `path` when the block ends without an error.
+
+    Args:
+        path: the destination; its folder must exist.
+        mode: "wb" (bytes) or "w" (UTF-8 text).
+        fsync: flush to disk before the rename (checkpoints: a crash right after the rename
+            must not leave an empty file under the real name).
+
+    Raises:
+        OSError: the folder cannot hold the file, or `path` is a folder; the temporary file
+            is removed first.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=TEMP_SUFFIX)
+    try:
+        os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600; a run file is as readable as any other
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            fd = -1  # owned by f now
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
+    """Replace `path` with `data` (see `atomic_file`)."""
+    with atomic_file(path, "wb", fsync=fsync) as f:
+        f.write(data)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace `path` with UTF-8 `text` (see `atomic_file`)."""
+    write_bytes(path, text.encode())
+
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """`obj` as strict JSON.
+
+    Raises:
+        ValueError: `obj` holds NaN or an infinity (a bug upstream: inputs are validated so
+            that none can arise).
+    """
+    return json.dumps(obj, indent=indent, allow_nan=False)
+
+
+def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Replace `path` with `obj` as strict JSON (no NaN, no infinities)."""
+    write_text(path, json_text(obj, indent))
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to `path`, never through a symlink (`O_APPEND | O_NOFOLLOW`)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, _FILE_MODE)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (on this host)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def private_dir(target: Path) -> Path:
+    """A new, empty folder beside `target`, ours alone: made by `mkdtemp` under a unique name
+    (never an existing folder or a symlink planted under a predictable one), then opened to
+    the usual permissions. Named like a temporary file, so `sweep_temporaries` knows it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target), suffix=TEMP_SUFFIX)
+    os.chmod(folder, 0o777 & ~_UMASK)  # mkdtemp makes 0700
+    return Path(folder)
+
+
+def sweep_temporaries(folder: Path) -> int:
+    """Remove the temporary files and folders in `folder` whose writer is gone (killed before
+    its rename, SIGKILL: nothing ran); returns how many. Only names made by `atomic_file` or
+    `private_dir` whose pid no longer exists on this host are touched; never symlinks."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            m = _TEMP_NAME.match(entry.name)
+            if m is None or entry.is_symlink() or pid_alive(int(m.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed += 1
+    return removed
