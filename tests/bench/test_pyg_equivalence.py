@@ -11,7 +11,7 @@ from conftest import random_graph
 from leo_cli.bench.peers import PygGAT, PygGCN, adjacency
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
-from leo_cli.train.setup import assemble
+from leo_cli.train.assemble import assemble
 
 pytest.importorskip("torch_geometric")
 

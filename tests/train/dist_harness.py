@@ -19,7 +19,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import Graph
-from leo_cli.train.setup import Job, assemble
+from leo_cli.train.assemble import Job, assemble
 from leo_cli.train.trainer import evaluate, train_step
 
 

@@ -23,8 +23,8 @@ from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.modes import make_aggregator
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
-from leo_cli.models.graph import part_adjacency
-from leo_cli.train.setup import halo_plan
+from leo_cli.models.local_graph import part_adjacency
+from leo_cli.train.assemble import halo_plan
 
 pytestmark = pytest.mark.dist
 

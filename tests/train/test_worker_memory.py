@@ -21,8 +21,8 @@ from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.storage import read_part, write_partitions
-from leo_cli.models.graph import part_adjacency
-from leo_cli.train.setup import assemble, halo_plan
+from leo_cli.models.local_graph import part_adjacency
+from leo_cli.train.assemble import assemble, halo_plan
 from leo_cli.train.trainer import WorkerData
 
 
