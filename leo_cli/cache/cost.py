@@ -441,7 +441,7 @@ def predict(
     stages["loss_s"] = max(hw.pass_seconds(pr.num_inner, classes) for pr in accesses) * LOSS_PASSES
     if num > 1:
         params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
-        stages["allreduce_s"] = hw.transfer_seconds(params * 4, num - 1, "gloo")
+        stages["allreduce_s"] = hw.transfer_seconds(params * hw.dtype_bytes, num - 1, "gloo")
     total = sum(v for key, v in stages.items() if key != "comm_wait_s")
     for name in sorted({t for terms in rank_terms for t in terms}):
         stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)

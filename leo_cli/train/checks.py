@@ -1,8 +1,9 @@
 """Config checks that every start of training runs: in the launcher (`leo train`) and in each
 worker, since plain `torchrun -m leo_cli.train.worker` starts workers without the launcher.
 
-Settings whose feature does not exist yet are refused with one sentence naming the key,
-rather than validated and then ignored, or failing deep inside a worker.
+Settings training cannot honour (a mode's needs from its registry record, a cache plan that one
+machine's probe cannot describe, gloo with CUDA tensors) are refused with one sentence naming
+the key, rather than failing deep inside a worker.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def check_backend(backend: str, on_cuda: bool) -> None:
 
 
 def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Refuse settings that training cannot honour (yet), and inexact modes unless asked for.
+    """Refuse settings that training cannot honour, and inexact modes unless asked for.
 
     Args:
         cfg: the resolved config.
