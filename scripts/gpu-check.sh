@@ -10,7 +10,7 @@
 #   train    with two GPUs or more: `leo train` on 2 GPUs (NCCL), pipeline.mode leo (cache
 #            plan) and blocking (no cache), against one process; float64 loss curves must agree
 #            to 1e-9 relative and both runs must say exact and name the cuda kernels.
-#   bench    the kernel bandwidth benchmark (python -m leo_cli.kernels.bench_gpu).
+#   bench    the kernel bandwidth benchmark (python -m leo_cli.kernel_tools.bench_gpu).
 #
 # Logs, env.json, exactness.json, bench_gpu.json and summary.json (every step's status and
 # seconds, the GPU test counts, the exactness and bench results) land in OUT_DIR. Exits non-zero
@@ -95,5 +95,5 @@ else
 fi
 
 # --- kernel bandwidth --------------------------------------------------------------------------
-run_step bench 170 bench_gpu.log "$py" -m leo_cli.kernels.bench_gpu --json "$out/bench_gpu.json"
+run_step bench 170 bench_gpu.log "$py" -m leo_cli.kernel_tools.bench_gpu --json "$out/bench_gpu.json"
 finish

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
+from leo_cli.registry import conv_of
 from leo_cli.train.timing import process_start_time
 
 PEERS = ("pyg", "pyg-csr")
@@ -48,7 +49,7 @@ class PygGCN(nn.Module):
             GCNConv(a, b, cached=True) for a, b in zip(widths, widths[1:], strict=False)
         )
         self.dropout = cfg.dropout
-        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
+        self.input_dropout = cfg.effective_input_dropout
 
     def forward(self, x_NF: Tensor, adj: Any) -> Tensor:
         h = x_NF
@@ -86,7 +87,7 @@ class PygGAT(nn.Module):
         )
         self.convs = nn.ModuleList(convs)
         self.dropout = cfg.dropout
-        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
+        self.input_dropout = cfg.effective_input_dropout
 
     def forward(self, x_NF: Tensor, adj: Any) -> Tensor:
         h = x_NF
@@ -98,7 +99,8 @@ class PygGAT(nn.Module):
         return h
 
 
-PEER_MODELS: dict[str, type[nn.Module]] = {"gcn": PygGCN, "gat": PygGAT}
+# The PyG layer each convolution compares with (registry: `Conv.pyg_peer`).
+PEER_MODELS: dict[str, type[nn.Module]] = {"GCNConv": PygGCN, "GATConv": PygGAT}
 
 
 def adjacency(
@@ -125,9 +127,11 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
     y = torch.from_numpy(g.y_N)
     train = torch.from_numpy(g.train_mask_N)
     adj = adjacency(g.edge_index_2E, g.num_nodes, system)
-    model = PEER_MODELS[cfg.model.name](cfg.model, g.num_features, g.num_classes)
+    peer = conv_of(cfg.model.name).pyg_peer
+    assert peer is not None, "leo bench runs peers only for models that have one"
+    model = PEER_MODELS[peer](cfg.model, g.num_features, g.num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    if cfg.model.name == "gcn":  # GCNConv(cached=True) normalises on its first call
+    if peer == "GCNConv":  # cached=True normalises on its first call
         model.eval()
         with torch.no_grad():
             model(x, adj)

@@ -24,8 +24,9 @@ import torch
 
 import leo_cli
 from leo_cli.bench import stats
-from leo_cli.bench.suite import Measured, Variant
+from leo_cli.bench.suite import LEO, Measured, Variant
 from leo_cli.config import LeoConfig
+from leo_cli.registry import baseline_mode, floor_mode, overlap_mode, planned_mode
 from leo_cli.train.metrics import git_sha, write_json
 from leo_cli.util import files
 
@@ -91,7 +92,7 @@ def make_rows(
     rows = []
     for m in measured:
         v, s = m.variant, stats.spread(m.epochs)
-        base = by_key.get(("blocking", v.world_size, None))
+        base = by_key.get((baseline_mode(), v.world_size, None))
         vs_blocking = stats.paired_ratio(m.round_medians, base.round_medians) if base else {}
         vs_pyg = stats.paired_ratio(m.round_medians, pyg.round_medians) if pyg else {}
         setup = _median(m.runs, "setup_s")
@@ -124,7 +125,7 @@ def make_rows(
                 "comm_wait_s": _median(m.runs, "comm_wait_s"),
                 "test_acc": _median(m.runs, "test_acc"),
                 "predicted_epoch_time_s": _median(m.runs, "predicted_epoch_time_s")
-                or (planned_time(out_dir, v.mode, v.world_size) if v.system == "leo" else None),
+                or (planned_time(out_dir, v.mode, v.world_size) if v.system == LEO else None),
                 "exact": all(r.get("exact", True) for r in m.runs),
                 "epochs_kept": len(m.epochs),
                 "epochs_dropped": m.dropped,
@@ -148,17 +149,19 @@ def _median_parts(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def pipelined_mode(rows: list[dict[str, Any]]) -> str:
     """The mode whose overlap the hidden share measures (see the module docstring)."""
-    return "leo-no-cache" if any(r["mode"] == "leo-no-cache" for r in rows) else "leo"
+    measured = {r["mode"] for r in rows}
+    return overlap_mode() if overlap_mode() in measured else planned_mode()
 
 
 def hidden_shares(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per world size: (blocking - pipelined) / (blocking - compute-only), per round, with
     its interval (`share`, `ci_low`, `ci_high`, `interval`)."""
-    t = {(r["mode"], r["world_size"]): r["round_medians"] for r in rows if r["system"] == "leo"}
+    t = {(r["mode"], r["world_size"]): r["round_medians"] for r in rows if r["system"] == LEO}
     mode = pipelined_mode(rows)
     out: dict[int, dict[str, Any]] = {}
     for w in sorted({r["world_size"] for r in rows}):
-        b, pipe, floor = t.get(("blocking", w)), t.get((mode, w)), t.get(("compute-only", w))
+        b, pipe = t.get((baseline_mode(), w)), t.get((mode, w))
+        floor = t.get((floor_mode(), w))
         if b is not None and pipe is not None and floor is not None:
             share = stats.hidden_share(b, pipe, floor)
             out[w] = {"share": share.pop("value"), **share}
@@ -286,7 +289,8 @@ def share_lines(rows: list[dict[str, Any]]) -> list[str]:
         if share["ci_low"] is not None:
             name = INTERVAL_NAMES[share["interval"]]
             text += f" ({name} {share['ci_low']:.2f}-{share['ci_high']:.2f})"
-        text += f" = (blocking - {mode}) / (blocking - compute-only), per round."
+        base, floor = baseline_mode(), floor_mode()
+        text += f" = ({base} - {mode}) / ({base} - {floor}), per round."
         warning = share_warning(share)
         lines.append(text + (f" **{warning}**" if warning else ""))
     return lines
@@ -351,7 +355,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
     worlds = sorted({r["world_size"] for r in rows})
-    labels = list(dict.fromkeys(r["label"] for r in rows if r["mode"] != "compute-only"))
+    labels = list(dict.fromkeys(r["label"] for r in rows if r["mode"] != floor_mode()))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         for ax, key in ((ax_t, "epoch_time_s"), (ax_b, "comm_bytes_per_epoch")):
@@ -363,9 +367,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     ys.append(row[key] / (1e6 if key != "epoch_time_s" else 1))
             ax.bar(xs, ys, width, label=label)
     for j, w in enumerate(worlds):
-        floor = next(
-            (r for r in rows if r["mode"] == "compute-only" and r["world_size"] == w), None
-        )
+        floor = next((r for r in rows if r["mode"] == floor_mode() and r["world_size"] == w), None)
         if floor is not None:
             ax_t.hlines(
                 floor["epoch_time_s"],
@@ -373,7 +375,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 j + 0.8 - width / 2,
                 colors="k",
                 linestyles="dashed",
-                label="compute-only floor" if j == 0 else None,
+                label=f"{floor_mode()} floor" if j == 0 else None,
             )
     for ax, title, unit in (
         (ax_t, "epoch time", "seconds (median)"),

@@ -2,7 +2,8 @@
 
 Rule for disturbed epochs (documented in the README): within one run, an epoch slower than
 the run's median by more than 3 scaled median absolute deviations (and by more than 5%) is
-dropped as disturbed by other load; at most half of a run's epochs are ever dropped.
+dropped as disturbed by other load. Only epochs above the median go, so at most half of a
+run's epochs are ever dropped.
 Ratios and the hidden share are paired by round (variants run interleaved A B C A B C ...),
 so slow phases of the machine hit both sides; the interval is a seeded bootstrap of the median
 from five rounds on, the range of the per-round values below (`interval` says which).
@@ -27,8 +28,7 @@ def drop_disturbed(times: list[float]) -> list[float]:
     med = statistics.median(times)
     mad = MAD_SCALE * statistics.median(abs(t - med) for t in times)
     limit = med + max(OUTLIER_MADS * mad, MIN_EXCESS * med)
-    kept = [t for t in times if t <= limit]
-    return kept if 2 * len(kept) >= len(times) else sorted(times)[: (len(times) + 1) // 2]
+    return [t for t in times if t <= limit]  # the limit is above the median: half stay
 
 
 def quantile(values: list[float], q: float) -> float:

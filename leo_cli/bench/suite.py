@@ -19,20 +19,14 @@ from typing import Any
 from leo_cli.bench import stats
 from leo_cli.bench.peers import PEER_MODELS, pyg_available
 from leo_cli.config import LeoConfig, write_resolved
+from leo_cli.config.schema import CacheConfig
 from leo_cli.errors import TrainError
+from leo_cli.registry import conv_of, mode_of, planned_mode
 from leo_cli.train import metrics as run_files
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.timing import RunTimer
 
-# bench mode -> (pipeline.mode, cache.policy or None to keep the config's)
-LEO_MODES: dict[str, tuple[str, str | None]] = {
-    "leo": ("leo", None),
-    "leo-no-cache": ("leo", "none"),
-    "blocking": ("blocking", "none"),
-    "fine-grained": ("fine-grained", "none"),
-    "shared-memory": ("shared-memory", "none"),
-    "compute-only": ("compute-only", "none"),
-}
+LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr)
 NEVER = 10**9  # an epoch interval that never comes (no evaluation, no checkpoint mid-run)
 
 ProgressFn = Callable[[str, int, int], None]
@@ -67,8 +61,8 @@ class Measured:
 def static_applies(cfg: LeoConfig) -> bool:
     """Whether a plan would use the static aggregate (`Â·X` once) for layer 0."""
     c, m = cfg.cache, cfg.model
-    input_dropout = m.dropout if m.input_dropout is None else m.input_dropout
-    return c.policy != "none" and c.static_aggregate and input_dropout == 0 and m.name != "gat"
+    no_input_dropout = m.effective_input_dropout == 0
+    return c.policy != "none" and c.static_aggregate and no_input_dropout and m.admits_replicas
 
 
 def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
@@ -76,19 +70,20 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     is the same single process: one row, plus one without the static aggregate where it
     applies (the same algorithm as the peers; the precompute is a row of its own)."""
     out = []
+    planned = planned_mode()
     for w in cfg.bench.world_sizes:
         if w == 1:
-            out.append(Variant("leo", "leo", 1))
+            out.append(Variant(LEO, planned, 1))
             if static_applies(cfg):
-                out.append(Variant("leo", "leo", 1, static_aggregate=False))
+                out.append(Variant(LEO, planned, 1, static_aggregate=False))
             continue
-        out += [Variant("leo", m, w) for m in cfg.bench.modes]
+        out += [Variant(LEO, m, w) for m in cfg.bench.modes]
     if cfg.bench.peers and not pyg_available():
         skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
-    elif cfg.bench.peers and cfg.model.name not in PEER_MODELS:
+    elif cfg.bench.peers and conv_of(cfg.model.name).pyg_peer not in PEER_MODELS:
         skip(
-            f"peers compare GCNConv and GATConv only; model.name={cfg.model.name}: peer rows "
-            "skipped."
+            f"peers compare {' and '.join(PEER_MODELS)} only; model.name={cfg.model.name}: "
+            "peer rows skipped."
         )
     else:
         out += [Variant(p, p, 1) for p in cfg.bench.peers]
@@ -96,18 +91,26 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
 
 
 def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
-    """The `leo train` config of a LEO variant (one run folder per world size)."""
-    pipeline_mode, policy = LEO_MODES[v.mode]
+    """The `leo train` config of a LEO variant (one run folder per world size): its pipeline
+    mode, the cache policy the benchmark gives it (the baselines run without a cache), and no
+    setting its mode would refuse."""
+    mode = mode_of(v.mode)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
-    cache: dict[str, Any] = {"policy": policy or cfg.cache.policy}
+    cache: dict[str, Any] = {"policy": mode.bench_policy or cfg.cache.policy}
+    if cache["policy"] == "none":  # settings of the levels a run without a cache refuses
+        for key in ("static_aggregate", "replica_budget_mb"):
+            cache[key] = CacheConfig.model_fields[key].default
     if v.static_aggregate is False:
         cache["static_aggregate"] = False
+    pipeline = {"mode": mode.pipeline_mode}
+    if not mode_of(mode.pipeline_mode).chunks:
+        pipeline["num_chunks"] = "auto"
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"out_dir": out_dir / f"p{v.world_size}"}),
             "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
             "launch": cfg.launch.model_copy(update={"nproc": None}),
-            "pipeline": cfg.pipeline.model_copy(update={"mode": pipeline_mode}),
+            "pipeline": cfg.pipeline.model_copy(update=pipeline),
             "cache": cfg.cache.model_copy(update=cache),
             "train": cfg.train.model_copy(
                 update={"num_epochs": epochs, "eval_every": NEVER, "checkpoint_every": NEVER}
@@ -121,7 +124,7 @@ def run_leo(
 ) -> dict[str, Any]:
     """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
     run_cfg = leo_config(cfg, v, out_dir)
-    inexact = v.mode == "compute-only"
+    inexact = not mode_of(v.mode).exact
     timer = RunTimer()
     run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact, timer=timer)
     run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
@@ -189,7 +192,7 @@ def run_suite(
     for r in range(cfg.bench.repeats):
         for i, v in enumerate(todo):
             on_run(r * len(todo) + i, total, v)
-            if v.system == "leo":
+            if v.system == LEO:
                 run = run_leo(cfg, v, out_dir, progress)
             else:
                 run = run_peer(cfg, v, out_dir)

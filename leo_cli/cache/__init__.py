@@ -1,2 +1,2 @@
-"""The hierarchical cache: hardware probe and profile (more to come: access profiling, cost
-model, cache policies, plan I/O)."""
+"""The hierarchical cache: halo access per part, the hardware profile and its probe, the cost
+model, the cache policies and the plan they write (cache-plan.json)."""

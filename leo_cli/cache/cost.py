@@ -4,7 +4,8 @@ Per layer and direction, a rank's work splits into what must happen before its r
 (`pre`), what can overlap the transfer (`window`), the transfer itself (`comm`) and what needs
 the arrived rows (`post`). Each phase is a sum of named terms, each priced by the hardware
 profile (`leo profile-cache` measures it; every compute rate is the slowest worker's while all
-workers run the kernel at once, so cores shared by several workers are priced as shared):
+workers run the kernel at once, so cores shared by several workers are priced as shared; the
+lookups are cache/rates.py's):
 
 - `dropout` (mask_seconds): the counter-based mask and its apply on the layer's input (N x a,
   and the replicated rows); backward, the mask on the gradient (layers > 0: layer 0's input
@@ -59,12 +60,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.hardware import HardwareProfile, Link
-from leo_cli.cache.profile import PartProfile
+from leo_cli.cache.rates import Rates
 from leo_cli.graph.types import IntArray
+from leo_cli.registry import Mode, mode_of
 
-MODES = ("leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only")
-PIPELINED = ("leo", "leo-no-cache")
 SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
 BIAS_RELU_PASSES = 2  # bias and ReLU (the last layer: bias only), forward and backward
 LOSS_PASSES = 2  # the logits' gradient: zero-filled, then the training rows' written
@@ -151,15 +152,15 @@ class _Counts:
     """
 
     def __init__(
-        self, profiles: list[PartProfile], caches: list[RankCache], layer: int, per_edge: bool
+        self, accesses: list[PartAccess], caches: list[RankCache], layer: int, per_edge: bool
     ) -> None:
-        num = len(profiles)
+        num = len(accesses)
         self.recv = np.zeros((num, num))  # recv[r, q]: rows r receives from q
         self.halo_edges = np.zeros(num)
         self.replica_edges = np.zeros(num)
         self.replica_rows = np.zeros(num)
         self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
-        for r, (p, c) in enumerate(zip(profiles, caches, strict=True)):
+        for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
             l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
             l1_edges = float(p.reuse_H[l1].sum())
             recv = np.asarray(p.recv_counts, dtype=np.float64)
@@ -185,7 +186,7 @@ class _Counts:
 Terms = dict[str, float]
 
 
-def _spmm(hw: HardwareProfile, edges: float, w: int, rows_read: float, out_rows: float,
+def _spmm(hw: Rates, edges: float, w: int, rows_read: float, out_rows: float,
           backward: bool = False) -> float:  # fmt: skip
     """An SpMM over `edges` reading rows of a (rows_read x w) matrix, writing (out_rows x w)."""
     if edges <= 0:
@@ -194,7 +195,7 @@ def _spmm(hw: HardwareProfile, edges: float, w: int, rows_read: float, out_rows:
     return hw.spmm_seconds(edges, w, backward, read_bytes) + hw.pass_seconds(out_rows, w)
 
 
-def _dense(hw: HardwareProfile, n: int, sl: ShapeLayer, backward: bool, self_width: int) -> Terms:
+def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -> Terms:
     """Dropout, GEMMs and the epilogue of one rank's layer (no aggregation, no exchange);
     `self_width`: width of the self-loop term (0: none)."""
     a, b = sl.a, sl.b
@@ -216,7 +217,7 @@ def _self_width(sl: ShapeLayer, backward: bool) -> int:
     return sl.w
 
 
-def _blocks(hw: HardwareProfile, count: float, edges: float, w: int, rows_read: float,
+def _blocks(hw: Rates, count: float, edges: float, w: int, rows_read: float,
             out_rows: float, backward: bool = False) -> float:  # fmt: skip
     """`count` SpMMs over column blocks sharing `edges`, `rows_read` and `out_rows` evenly."""
     if count <= 0 or edges <= 0:
@@ -225,7 +226,7 @@ def _blocks(hw: HardwareProfile, count: float, edges: float, w: int, rows_read: 
 
 
 def _replica_terms(
-    hw: HardwareProfile, r: int, cnt: _Counts, sl: ShapeLayer, n: int, backward: bool
+    hw: Rates, r: int, cnt: _Counts, sl: ShapeLayer, n: int, backward: bool
 ) -> Terms:
     """Layer 0's replicated columns: forward, their masks, aggregation at input width, GEMM
     and the out-of-place add into the layer's rows; backward, the weight gradient of that
@@ -270,43 +271,43 @@ class _Split:
 
 
 def _comm(
-    hw: HardwareProfile,
+    hw: Rates,
     r: int,
     cnt: _Counts,
     row: int,
-    mode: str,
+    mode: Mode,
     k: int,
     written: float,
     backward: bool = False,
 ) -> float:
-    """Transfer seconds of rank r at one layer and direction (see the module docstring);
-    `written`: rows the shared-memory mode copies into the segment."""
+    """Transfer seconds of rank r at one layer and direction, by the mode's transport (see
+    the module docstring); `written`: rows a shared segment receives."""
     num = cnt.recv.shape[0]
-    if mode == "compute-only" or num == 1:
+    if mode.transport == "none" or num == 1:
         return 0.0
     incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
-    if mode in PIPELINED:
+    if mode.transport == "point-to-point":
         link: Link = "gloo"
         return max(hw.transfer_seconds(rows * row, k, link) for rows in incoming)
-    if mode == "shared-memory":
+    if mode.transport == "segment":
         return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
     busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it
     return hw.alltoall_seconds(busiest * row)
 
 
-def _halo_buffer_terms(hw: HardwareProfile, mode: str, rows: float, w: int) -> float:
-    """What a mode pays to turn `rows` arriving rows into a buffer the blocks read: shared
-    memory reads them out of the segment, compute-only writes zeros; the others receive them
-    in place (their fresh buffer is priced with the transfer)."""
-    if mode == "shared-memory":
+def _halo_buffer_terms(hw: Rates, mode: Mode, rows: float, w: int) -> float:
+    """What a mode pays to turn `rows` arriving rows into a buffer the blocks read: a shared
+    segment is read out, no transport writes zeros; the others receive them in place (their
+    fresh buffer is priced with the transfer)."""
+    if mode.transport == "segment":
         return hw.gather_seconds(rows, w)
-    if mode == "compute-only":
+    if mode.transport == "none":
         return hw.pass_seconds(rows, w)
     return 0.0
 
 
 def _forward(
-    hw: HardwareProfile, p: PartProfile, r: int, cnt: _Counts, sl: ShapeLayer, mode: str, k: int
+    hw: Rates, p: PartAccess, r: int, cnt: _Counts, sl: ShapeLayer, mode: Mode, k: int
 ) -> _Split:
     """Forward terms of rank r at one layer: every mode aggregates the inner block and one
     block per peer and chunk; modes differ in packing, transfer and overlap."""
@@ -317,9 +318,9 @@ def _forward(
     update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
     update_window = gemm - update_pre if sl.upd else 0.0
     pack = 0.0
-    if mode in PIPELINED or mode in ("blocking", "fine-grained"):
+    if mode.transport in ("point-to-point", "all-to-all"):
         pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    if mode in PIPELINED and sl.upd:  # boundary-first: x rows gathered, h rows placed
+    if mode.overlap and sl.upd:  # boundary-first: x rows gathered, h rows placed
         pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
     rows = p.rows_reading_blocks(k)
     inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
@@ -327,18 +328,18 @@ def _forward(
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
-    overlap = mode in PIPELINED
+    overlap = mode.overlap
     window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=n)
-    if comm > 0 and mode != "shared-memory":  # the rows land in a fresh buffer
+    if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
     return _Split(pre, window, comm, _add(post, dense))
 
 
 def _backward(
-    hw: HardwareProfile, p: PartProfile, r: int, cnt: _Counts, sl: ShapeLayer, mode: str, k: int
+    hw: Rates, p: PartAccess, r: int, cnt: _Counts, sl: ShapeLayer, mode: Mode, k: int
 ) -> _Split:
     """Backward terms of rank r at one layer (the forward's mirror)."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
@@ -349,22 +350,22 @@ def _backward(
     pre: Terms = {"epilogue": dense.pop("epilogue")}
     pre["spmm"] = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, rows, halo, backward=True)
     pre["pack"] = hw.gather_seconds(rows, w)  # each block's rows of the gradient
-    if mode in ("blocking", "fine-grained"):  # one buffer for the collective
+    if mode.transport == "all-to-all":  # one buffer for the collective
         pre["pack"] += hw.pass_seconds(halo, w)
     inner_spmm = _spmm(hw, p.inner_edges, w, n, n, backward=True)
-    overlap = mode in PIPELINED
+    overlap = mode.overlap
     window: Terms = {"spmm": inner_spmm} if overlap else {}
     unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
     unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
-    if comm > 0 and mode != "shared-memory":  # the gradients land in a fresh buffer
+    if comm > 0 and mode.transport != "segment":  # the gradients land in a fresh buffer
         comm += hw.fresh_seconds(cnt.send[r], w)
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=True)
     post = {"unpack": unpack, "spmm": inner_spmm * (not overlap)}
     return _Split(pre, window, comm, _add(post, dense, replicas))
 
 
-def _static_layer(hw: HardwareProfile, p: PartProfile, sl: ShapeLayer) -> tuple[Terms, Terms]:
+def _static_layer(hw: Rates, p: PartAccess, sl: ShapeLayer) -> tuple[Terms, Terms]:
     """Layer 0 over the precomputed `Â·X` (L1s): no exchange, no SpMM, no dropout; the
     self-loop term is added at input width, and no gradient flows back through it."""
     n = p.num_inner
@@ -374,9 +375,9 @@ def _static_layer(hw: HardwareProfile, p: PartProfile, sl: ShapeLayer) -> tuple[
     )
 
 
-def _combine(phases: list[Phases], mode: str, k: int, overlap: float) -> tuple[float, list[float]]:
+def _combine(phases: list[Phases], mode: Mode, k: int, overlap: float) -> tuple[float, list[float]]:
     """Seconds of one layer and direction over all ranks, and each rank's finish time."""
-    if mode in PIPELINED:
+    if mode.overlap:
         start = max(ph.pre for ph in phases)
         times = []
         for ph in phases:
@@ -399,23 +400,25 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
 
 
 def predict(
-    profiles: list[PartProfile],
+    accesses: list[PartAccess],
     caches: list[RankCache],
     shape: ModelShape,
-    hw: HardwareProfile,
-    mode: str,
+    profile: HardwareProfile,
+    mode_name: str,
     num_chunks: list[int],
 ) -> Prediction:
-    """Predicted training-step time of `mode` (evaluation excluded, as epoch_time_s is)."""
-    num = len(profiles)
-    per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in profiles]
+    """Predicted training-step time of a mode (evaluation excluded, as epoch_time_s is)."""
+    mode = mode_of(mode_name)
+    hw = Rates(profile)
+    num = len(accesses)
+    per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in accesses]
     stages = {"forward_s": 0.0, "backward_s": 0.0, "comm_wait_s": 0.0}
-    rank_terms: list[Terms] = [{} for _ in profiles]
+    rank_terms: list[Terms] = [{} for _ in accesses]
     static = bool(caches) and all(c.static_aggregate for c in caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
         if layer == 0 and sl.p == 0 and static:
-            pairs = [_static_layer(hw, pr, sl) for pr in profiles]
+            pairs = [_static_layer(hw, pr, sl) for pr in accesses]
             for direction, idx in (("forward_s", 0), ("backward_s", 1)):
                 times = [sum(terms[idx].values()) for terms in pairs]
                 stages[direction] += max(times)
@@ -423,10 +426,10 @@ def predict(
                     per_rank[r][direction] += t
                     rank_terms[r] = _add(rank_terms[r], pairs[r][idx])
             continue
-        k = num_chunks[min(layer, len(num_chunks) - 1)] if mode in PIPELINED else 1
-        cnt = _Counts(profiles, caches, layer, per_edge=mode == "fine-grained")
+        k = num_chunks[min(layer, len(num_chunks) - 1)] if mode.chunks else 1
+        cnt = _Counts(accesses, caches, layer, per_edge=mode.per_edge_rows)
         for direction, build in (("forward_s", _forward), ("backward_s", _backward)):
-            splits = [build(hw, pr, r, cnt, sl, mode, k) for r, pr in enumerate(profiles)]
+            splits = [build(hw, pr, r, cnt, sl, mode, k) for r, pr in enumerate(accesses)]
             phases = [s.phases() for s in splits]
             total, times = _combine(phases, mode, k, hw.overlap_share())
             stages[direction] += total
@@ -435,10 +438,10 @@ def predict(
                 rank_terms[r] = _add(rank_terms[r], s.terms())
                 stages["comm_wait_s"] += (t - ph.pre - ph.window - ph.post) / num
     classes = shape.widths[-1]
-    stages["loss_s"] = max(hw.pass_seconds(pr.num_inner, classes) for pr in profiles) * LOSS_PASSES
+    stages["loss_s"] = max(hw.pass_seconds(pr.num_inner, classes) for pr in accesses) * LOSS_PASSES
     if num > 1:
         params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
-        stages["allreduce_s"] = hw.transfer_seconds(params * 4, num - 1, "gloo")
+        stages["allreduce_s"] = hw.transfer_seconds(params * hw.dtype_bytes, num - 1, "gloo")
     total = sum(v for key, v in stages.items() if key != "comm_wait_s")
     for name in sorted({t for terms in rank_terms for t in terms}):
         stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)

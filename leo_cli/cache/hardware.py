@@ -27,7 +27,6 @@ import hashlib
 import itertools
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -276,151 +275,10 @@ class HardwareProfile(_Record):
                 raise ValueError(f"a link needs one pair fit per pair of the {world} workers")
         return self
 
-    # -- compute ------------------------------------------------------------------------------
-
-    def spmm_seconds(
-        self, num_edges: float, width: int, backward: bool = False, working_bytes: float = 0
-    ) -> float:
-        """Seconds of one SpMM over `num_edges` edges at `width` (backward: `A^T @ G`).
-
-        `working_bytes`: the bytes of the matrix the edges gather rows from (X forward, G
-        backward); the rate is looked up log-log between the measured sizes, clamped (0: the
-        smallest, rows that stay cached).
-        """
-        if num_edges <= 0:
-            return 0.0
-        c = self.compute
-        table = c.spmm_t_edges_per_s if backward else c.spmm_edges_per_s
-        per_size = [per_row_rate(c.widths, row, width) for row in table]
-        size = max(float(working_bytes), float(c.spmm_bytes[0]))
-        return num_edges / interpolate(c.spmm_bytes, per_size, size)
-
-    def gemm_seconds(self, rows: float, in_width: int, out_width: int) -> float:
-        """Seconds of `F.linear` on (rows x in_width) with an (out_width x in_width) weight.
-
-        A roofline: the larger of its FLOP (2 x rows x in x out) at the square GEMM's FLOP/s
-        (looked up at the geometric mean width) and its bytes (rows x (in + out) elements) at
-        the narrow GEMM's bytes/s (looked up at the wider side). A layer's backward costs two
-        more of these: (rows x out) @ (out x in) and the weight gradient (in x rows) @ (rows x
-        out), with the same FLOP and bytes.
-        """
-        if rows <= 0:
-            return 0.0
-        c = self.compute
-        flop = 2.0 * rows * in_width * out_width
-        compute_s = flop / interpolate(c.widths, c.gemm_flop_per_s, math.sqrt(in_width * out_width))
-        moved = rows * (in_width + out_width) * self.dtype_bytes
-        memory_s = moved / interpolate(
-            c.widths, c.gemm_narrow_bytes_per_s, max(in_width, out_width)
-        )
-        return max(compute_s, memory_s)
-
-    def mask_seconds(self, rows: float, width: int, backward: bool = False) -> float:
-        """Seconds of counter-based dropout on (rows x width): forward (mask + apply) or its
-        backward (the mask applied to the gradient)."""
-        c = self.compute
-        rates = c.mask_backward_rows_per_s if backward else c.mask_rows_per_s
-        return rows / per_row_rate(c.widths, rates, width)
-
-    def gather_seconds(self, rows: float, width: int) -> float:
-        """Seconds to gather `rows` rows of `width` into a contiguous buffer (pack)."""
-        return rows / per_row_rate(self.compute.widths, self.compute.gather_rows_per_s, width)
-
-    def scatter_add_seconds(self, rows: float, width: int) -> float:
-        """Seconds to add `rows` received rows of `width` into their places (unpack)."""
-        rates = self.compute.scatter_add_rows_per_s
-        return rows / per_row_rate(self.compute.widths, rates, width)
-
-    def pass_seconds(self, rows: float, width: int) -> float:
-        """Seconds of one elementwise pass writing a fresh (rows x width) tensor (an add, a
-        ReLU, a copy), at the rate of the largest measured output size not above its own."""
-        num_bytes = rows * width * self.dtype_bytes
-        if num_bytes <= 0:
-            return 0.0
-        c = self.compute
-        i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
-        return num_bytes / c.pass_bytes_per_s[i]
-
-    def fresh_seconds(self, rows: float, width: int) -> float:
-        """Seconds a fresh (rows x width) buffer costs beyond writing it at the fastest
-        measured pass rate: the page faults of new memory (0 where the allocator reuses it).
-        Kernels whose probe output was small pay this for their real, larger outputs."""
-        num_bytes = rows * width * self.dtype_bytes
-        if num_bytes <= 0:
-            return 0.0
-        return self.pass_seconds(rows, width) - num_bytes / max(self.compute.pass_bytes_per_s)
-
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the measured rows."""
         return 8 if self.dtype == "float64" else 4
-
-    # -- links --------------------------------------------------------------------------------
-
-    def transfer_seconds(
-        self,
-        num_bytes: float,
-        num_messages: int,
-        link: Link = "gloo",
-        *,
-        concurrent: bool = True,
-        pair: tuple[int, int] | None = None,
-    ) -> float:
-        """Seconds to move `num_bytes` to one peer in `num_messages` messages over `link`.
-
-        Args:
-            num_bytes: bytes sent to that peer (its replies flow at the same time).
-            num_messages: messages they travel in (each pays the latency once).
-            link: `gloo` (the process group) or `shm` (a shared segment + barrier).
-            concurrent: every worker exchanges with every peer at once (a layer's exchange);
-                False: this pair alone.
-            pair: the two ranks, for their own isolated fit (implies concurrent=False).
-        """
-        fit = self.link_fit(link, concurrent=concurrent, pair=pair)
-        return num_bytes / fit.bandwidth_bytes_per_s + num_messages * fit.latency_s
-
-    def link_fit(
-        self, link: Link, *, concurrent: bool = True, pair: tuple[int, int] | None = None
-    ) -> LinkFit:
-        """The fit for `link`: all pairs at once, one given pair, or the median pair."""
-        profile = self.links.gloo if link == "gloo" else self.links.shm
-        if profile is None:
-            why = "one worker" if self.world_size == 1 else "workers on several hosts"
-            raise CacheError(
-                f"The hardware profile has no {link} link measurement (probed with {why}); "
-                "probe again with every worker on one host and partition.num_parts >= 2."
-            )
-        if pair is not None:
-            wanted = (min(pair), max(pair))
-            for fit in profile.pairs:
-                if fit.ranks == wanted:
-                    return fit
-            raise CacheError(
-                f"The hardware profile has no pair {wanted} (probed with {self.world_size} "
-                "workers); probe again with the worker count you train with."
-            )
-        if concurrent:
-            return profile.concurrent
-        return LinkFit(
-            bandwidth_bytes_per_s=statistics.median(p.bandwidth_bytes_per_s for p in profile.pairs),
-            latency_s=statistics.median(p.latency_s for p in profile.pairs),
-        )
-
-    def barrier_seconds(self) -> float:
-        """Seconds of one barrier of all workers (0 for a single worker)."""
-        return self.links.barrier_s or 0.0
-
-    def alltoall_seconds(self, num_bytes: float) -> float:
-        """Seconds of one gloo `all_to_all_single` in which the busiest worker receives (or
-        sends) `num_bytes` from (to) all its peers together (0 for a single worker)."""
-        fit = self.links.alltoall
-        if fit is None:
-            return 0.0
-        return fit.latency_s + num_bytes / fit.bandwidth_bytes_per_s
-
-    def overlap_share(self) -> float:
-        """Share of the shorter of transfer and computation hidden when both run (0 alone)."""
-        return self.links.overlap or 0.0
 
     # -- file ---------------------------------------------------------------------------------
 

@@ -24,12 +24,14 @@ from typing import Any
 import numpy as np
 
 from leo_cli.cache import plan_check
-from leo_cli.cache.cost import MODES, ModelShape, RankCache, predict
+from leo_cli.cache.access import PartAccess
+from leo_cli.cache.cost import ModelShape, RankCache, predict
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.policy import Budgets, decide
-from leo_cli.cache.profile import PartProfile
+from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
+from leo_cli.registry import MODES, Mode, conv_of
 from leo_cli.util import files
 
 PLAN = "cache-plan.json"
@@ -41,10 +43,10 @@ def model_shape(
     model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int
 ) -> ModelShape:
     widths = tuple(model.layer_widths(num_features, num_classes))
-    input_dropout = model.dropout if model.input_dropout is None else model.input_dropout
     return ModelShape(
-        widths, model.dropout, input_dropout, dtype_bytes, model.name in ("sage", "gin"),
-        attention=model.name == "gat", rows=tuple(model.row_widths(num_classes)),
+        widths, model.dropout, model.effective_input_dropout, dtype_bytes,
+        conv_of(model.name).extra_gemm, attention=model.attention,
+        rows=tuple(model.row_widths(num_classes)),
     )  # fmt: skip
 
 
@@ -55,8 +57,8 @@ def budget_bytes(value: float | str, own_bytes: int) -> int:
     return int(value * 2**20)
 
 
-def budgets(cache: CacheConfig, profiles: list[PartProfile], shape: ModelShape) -> Budgets:
-    own = [p.num_inner * shape.widths[0] * shape.dtype_bytes for p in profiles]
+def budgets(cache: CacheConfig, accesses: list[PartAccess], shape: ModelShape) -> Budgets:
+    own = [p.num_inner * shape.widths[0] * shape.dtype_bytes for p in accesses]
     return Budgets(
         [budget_bytes(cache.replica_budget_mb, o) for o in own],
         [budget_bytes(cache.halo_budget_mb, o) for o in own],
@@ -67,27 +69,36 @@ def _digest(material: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def graph_inputs(partition_meta: dict[str, Any], model: ModelConfig, dtype: str) -> str:
-    """Digest of what every mode's prediction depends on: partitions, model, dtype."""
+def graph_inputs(
+    partition_meta: dict[str, Any], model: ModelConfig, dtype: str, num_chunks: str | int
+) -> str:
+    """Digest of what every mode's prediction depends on: partitions, model, dtype and
+    `pipeline.num_chunks`."""
     return _digest(
         {
             "format": FORMAT_VERSION,
             "partitions": partition_meta.get("files", partition_meta),
             "model": model.model_dump(mode="json"),
             "dtype": dtype,
+            "num_chunks": num_chunks,
         }
     )
 
 
 def plan_inputs(
-    partition_meta: dict[str, Any], model: ModelConfig, cache: CacheConfig, dtype: str
+    partition_meta: dict[str, Any],
+    model: ModelConfig,
+    cache: CacheConfig,
+    dtype: str,
+    num_chunks: str | int,
 ) -> str:
     """Digest of what the cache levels depend on: the graph inputs and the cache settings.
 
     Workers check it, so a plan made for other partitions or settings is never used.
     """
     settings = cache.model_dump(mode="json", exclude={"hardware"})
-    return _digest({"graph": graph_inputs(partition_meta, model, dtype), "cache": settings})
+    graph = graph_inputs(partition_meta, model, dtype, num_chunks)
+    return _digest({"graph": graph, "cache": settings})
 
 
 def plan_key(inputs: str, hw: HardwareProfile) -> str:
@@ -110,7 +121,7 @@ class CachePlan:
     bytes_per_level: list[dict[str, int]]
     sweep: list[dict[str, float | bool]]
     replica_budget_mb: float
-    plan_s: float | None = None  # seconds it took to make (profiles, policy, plot)
+    plan_s: float | None = None  # seconds it took to make (accesses, policy, plot)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -196,7 +207,7 @@ def _seconds(value: Any) -> float | None:
     return float(value)
 
 
-def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str, int]:
+def bytes_per_level(p: PartAccess, c: RankCache, shape: ModelShape) -> dict[str, int]:
     """Bytes this rank holds at L1 (replicas, static aggregate) and receives per step at L2/L3."""
     l3 = np.zeros(p.num_halo, dtype=bool)
     l3[c.l3_rows] = True
@@ -225,33 +236,58 @@ def bytes_per_level(p: PartProfile, c: RankCache, shape: ModelShape) -> dict[str
 
 def make_plan(
     cache: CacheConfig,
-    profiles: list[PartProfile],
+    accesses: list[PartAccess],
     shape: ModelShape,
     hw: HardwareProfile,
     keys: tuple[str, str, str],
+    num_chunks: str | int = "auto",
 ) -> CachePlan:
-    """Run the policy (which also gives the replica sweep for the plot), predict every mode.
+    """Run the policy (which also gives the replica sweep for the plot), predict every mode
+    with the chunk counts it will run (`num_chunks`: the `pipeline.num_chunks` setting).
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
-    b = budgets(cache, profiles, shape)
-    decision = decide(cache.policy, profiles, shape, b, hw, cache.static_aggregate)
-    none = [RankCache() for _ in profiles]
+    b = budgets(cache, accesses, shape)
+    decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate)
+    if num_chunks != "auto":  # a set count serves every layer (and the plan says so)
+        decision.num_chunks = [int(num_chunks)] * shape.num_layers
+    none = [RankCache() for _ in accesses]
     predicted: dict[str, float | None] = {}
     stages: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        caches = decision.caches if mode == "leo" else none
+    for name, mode in MODES.items():
+        caches = decision.caches if mode.planned else none
+        chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
         try:
-            pred = predict(profiles, caches, shape, hw, mode, decision.num_chunks)
+            pred = predict(accesses, caches, shape, hw, name, chunks)
         except CacheError:  # the profile lacks that link (e.g. shared memory across hosts)
-            predicted[mode] = None
+            predicted[name] = None
             continue
-        predicted[mode], stages[mode] = pred.epoch_time_s, pred.stages
+        predicted[name], stages[name] = pred.epoch_time_s, pred.stages
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
-        [bytes_per_level(p, c, shape) for p, c in zip(profiles, decision.caches, strict=True)],
+        [bytes_per_level(p, c, shape) for p, c in zip(accesses, decision.caches, strict=True)],
         decision.sweep, max(b.replica_bytes) / 2**20,
     )  # fmt: skip
+
+
+def chunks_run(
+    mode: Mode,
+    planned: list[int],
+    setting: str | int,
+    accesses: list[PartAccess],
+    shape: ModelShape,
+) -> list[int]:
+    """The chunk counts a run of `mode` cuts its transfers into (train/assemble.py
+    chunk_counts): none for a mode that does not chunk; the `pipeline.num_chunks` setting; the
+    plan's; or for a mode run without a plan (cache.policy none) the 4 MiB heuristic of
+    comm/modes.py, whose count every worker agrees on (the largest)."""
+    if not mode.chunks:
+        return [1]
+    if setting != "auto" or mode.cache_policy != "none":
+        return planned
+    width = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
+    rows = max(max([*p.send_counts, *p.recv_counts, 0]) for p in accesses)
+    return [auto_chunk_count(rows * width * shape.dtype_bytes)]
 
 
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:

@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Prediction, RankCache, predict
 from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.cache.profile import PartProfile
+from leo_cli.cache.rates import Rates
 from leo_cli.errors import CacheError
 from leo_cli.graph.types import IntArray
+from leo_cli.registry import planned_mode
 
+PLANNED = planned_mode()  # the mode whose levels and chunks a policy decides
 CHUNK_CHOICES = (1, 2, 4, 8)
 REPLICA_FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 # Shares of every rank's whole halo replicated at once: the curve of cache-plan.png, and the
@@ -61,14 +64,14 @@ class Decision:
     sweep: list[dict[str, float | bool]] = field(default_factory=list)
 
 
-def check_halo_budget(profiles: list[PartProfile], budgets: Budgets, row_bytes: int) -> None:
+def check_halo_budget(accesses: list[PartAccess], budgets: Budgets, row_bytes: int) -> None:
     """Every rank's deduplicated halo buffer must fit `cache.halo_budget_mb`.
 
     Rows beyond it would go to L3, read on demand without a local copy; that needs peer memory
     (GPUs) or shared memory, which this version's exchange does not have: here a row fetched
     per edge takes more buffer than a deduplicated one, so L3 cannot honour a budget.
     """
-    for r, p in enumerate(profiles):
+    for r, p in enumerate(accesses):
         need = p.num_halo * row_bytes
         if need > budgets.halo_bytes[r]:
             raise CacheError(
@@ -77,7 +80,7 @@ def check_halo_budget(profiles: list[PartProfile], budgets: Budgets, row_bytes: 
             )
 
 
-def replica_order(p: PartProfile, shape: ModelShape, hw: HardwareProfile | None) -> IntArray:
+def replica_order(p: PartAccess, shape: ModelShape, hw: HardwareProfile | None) -> IntArray:
     """Halo rows in the order they are worth replicating.
 
     `degree` (no hardware): most-read first. With rates: a row saves its transfer at the
@@ -88,11 +91,12 @@ def replica_order(p: PartProfile, shape: ModelShape, hw: HardwareProfile | None)
     if hw is None:
         return np.argsort(-p.reuse_H, kind="stable").astype(np.int64)
     a, w = shape.widths[0], shape.exchanged_width(0)
-    per_edge = hw.spmm_seconds(1_000_000, a) - 2 * hw.spmm_seconds(1_000_000, w)
+    rates = Rates(hw)
+    per_edge = rates.spmm_seconds(1_000_000, a) - 2 * rates.spmm_seconds(1_000_000, w)
     return np.argsort(p.reuse_H * np.sign(per_edge) * 1.0, kind="stable").astype(np.int64)
 
 
-def most_read(p: PartProfile, shape: ModelShape, budget: int) -> IntArray:
+def most_read(p: PartAccess, shape: ModelShape, budget: int) -> IntArray:
     """The `degree` policy's replicas: the most-read halo rows that fit the budget."""
     return replica_order(p, shape, None)[: fits(p.num_halo, shape, budget)]
 
@@ -104,7 +108,7 @@ def fits(count: int, shape: ModelShape, budget: int) -> int:
 
 def decide(
     policy: str,
-    profiles: list[PartProfile],
+    accesses: list[PartAccess],
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile | None,
@@ -115,33 +119,34 @@ def decide(
     static = static and not shape.attention
     row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
     if policy != "none":
-        check_halo_budget(profiles, budgets, row_bytes)
-    base = [RankCache(static) for _ in profiles]
+        check_halo_budget(accesses, budgets, row_bytes)
+    base = [RankCache(static) for _ in accesses]
     chunks = [1] * shape.num_layers
     curve: list[dict[str, float | bool]] = []
     orders: list[IntArray] = []
-    if policy != "none" and not static and not shape.attention and hw is not None:
-        orders = [replica_order(p, shape, hw) for p in profiles]
-        curve = sweep(profiles, shape, budgets, hw, orders)
+    halo = any(p.num_halo > 0 for p in accesses)
+    if policy != "none" and not static and not shape.attention and hw is not None and halo:
+        orders = [replica_order(p, shape, hw) for p in accesses]
+        curve = sweep(accesses, shape, budgets, hw, orders)
     if policy == "none" or static or shape.attention:
         caches = base
     elif policy == "degree":
         caches = [
             RankCache(False, np.sort(most_read(p, shape, b)))
-            for p, b in zip(profiles, budgets.replica_bytes, strict=True)
+            for p, b in zip(accesses, budgets.replica_bytes, strict=True)
         ]
     else:
         assert hw is not None, "the leo policy needs a hardware profile"
-        caches = choose_replicas(profiles, shape, budgets, hw, (orders, curve))
+        caches = choose_replicas(accesses, shape, budgets, hw, (orders, curve))
     if hw is None:
         return Decision(caches, chunks, None)
-    chunks = choose_chunks(profiles, caches, shape, hw)
-    prediction = predict(profiles, caches, shape, hw, "leo", chunks)
+    chunks = choose_chunks(accesses, caches, shape, hw)
+    prediction = predict(accesses, caches, shape, hw, PLANNED, chunks)
     return Decision(caches, chunks, prediction, curve)
 
 
 def sweep(
-    profiles: list[PartProfile],
+    accesses: list[PartAccess],
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile,
@@ -153,9 +158,9 @@ def sweep(
     chunks = [1] * shape.num_layers
     out: list[dict[str, float | bool]] = []
     for share in SWEEP_SHARES:
-        counts = [int(share * p.num_halo) for p in profiles]
+        counts = [int(share * p.num_halo) for p in accesses]
         caches = [RankCache(False, np.sort(o[:c])) for o, c in zip(orders, counts, strict=True)]
-        t = predict(profiles, caches, shape, hw, "leo", chunks).epoch_time_s
+        t = predict(accesses, caches, shape, hw, PLANNED, chunks).epoch_time_s
         fits_all = all(
             c * row_bytes <= b for c, b in zip(counts, budgets.replica_bytes, strict=True)
         )
@@ -171,7 +176,7 @@ def sweep(
 
 
 def choose_replicas(
-    profiles: list[PartProfile],
+    accesses: list[PartAccess],
     shape: ModelShape,
     budgets: Budgets,
     hw: HardwareProfile,
@@ -183,18 +188,18 @@ def choose_replicas(
     orders, curve = swept
     fitting = [pt for pt in curve if pt["within_budget"]]
     best = min(fitting, key=lambda pt: float(pt["predicted_epoch_time_s"]))
-    counts = [int(float(best["replica_share"]) * p.num_halo) for p in profiles]
+    counts = [int(float(best["replica_share"]) * p.num_halo) for p in accesses]
     chunks = [1] * shape.num_layers
 
     def caches_for(cs: list[int]) -> list[RankCache]:
-        return [RankCache(False, np.sort(orders[r][: cs[r]])) for r in range(len(profiles))]
+        return [RankCache(False, np.sort(orders[r][: cs[r]])) for r in range(len(accesses))]
 
     def step_time(r: int, c: int) -> float:
         trial = counts[:r] + [c] + counts[r + 1 :]
-        return predict(profiles, caches_for(trial), shape, hw, "leo", chunks).epoch_time_s
+        return predict(accesses, caches_for(trial), shape, hw, PLANNED, chunks).epoch_time_s
 
     for _ in range(2):
-        for r, p in enumerate(profiles):
+        for r, p in enumerate(accesses):
             limit = fits(p.num_halo, shape, budgets.replica_bytes[r])
             options = sorted({int(limit * f) for f in REPLICA_FRACTIONS} | {counts[r]})
             counts[r] = min(options, key=lambda c, r=r: step_time(r, c))  # type: ignore[misc]
@@ -202,7 +207,7 @@ def choose_replicas(
 
 
 def choose_chunks(
-    profiles: list[PartProfile], caches: list[RankCache], shape: ModelShape, hw: HardwareProfile
+    accesses: list[PartAccess], caches: list[RankCache], shape: ModelShape, hw: HardwareProfile
 ) -> list[int]:
     """Per layer, the chunk count (the same on every rank) with the fastest predicted step.
 
@@ -216,7 +221,7 @@ def choose_chunks(
 
         def time_with(k: int, layer: int = layer) -> float:
             trial = chunks[:layer] + [k] + chunks[layer + 1 :]
-            return predict(profiles, caches, shape, hw, "leo", trial).epoch_time_s
+            return predict(accesses, caches, shape, hw, PLANNED, trial).epoch_time_s
 
         chunks[layer] = min(CHUNK_CHOICES, key=time_with)
     return chunks

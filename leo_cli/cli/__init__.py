@@ -1,1 +1,2 @@
-
+"""The `leo` command: one thin module per command (parse, load config, call one function,
+render)."""

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.errors import KernelError
-from leo_cli.kernels import build, check
+from leo_cli.kernel_tools import build, check
 
 _STATUS_STYLE = {"OK": "green", "FAIL": "bold red", "SKIP": "yellow"}
 

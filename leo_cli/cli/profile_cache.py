@@ -77,7 +77,7 @@ def profile_cache_cmd(
 ) -> None:
     """Decide which halo rows to cache at which level, and predict every mode's step time.
 
-    Partitions the graph when needed, profiles halo reuse per rank, measures the machine
+    Partitions the graph when needed, counts halo reuse per rank, measures the machine
     with a short probe (or reads --hardware), then writes cache-plan.json and
     cache-plan.png into run.out_dir.
     """

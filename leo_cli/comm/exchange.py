@@ -88,15 +88,18 @@ class CommStats:
         self._transfers.clear()
 
 
-@dataclass
+@dataclass(frozen=True)
 class HaloPlan:
-    """Who sends what: the boundary rows per peer and the halo rows received per peer."""
+    """Who sends what: the boundary rows per peer and the halo rows received per peer.
+
+    Immutable: views of the halo (comm/views.py) are new plans; what moved and how long it
+    took is counted by the aggregator that moves the rows (its transport's `CommStats`).
+    """
 
     num_inner: int
     send_idx_S: Tensor
     send_counts: list[int]
     recv_counts: list[int]
-    stats: CommStats = field(default_factory=CommStats)
 
     @property
     def num_halo(self) -> int:
@@ -132,9 +135,9 @@ def all_to_all_rows(
 
 def fetch_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
     """The halo rows alone, (H x F), not differentiable: for set-up fetches (training moves
-    rows through the transports of comm/transport.py)."""
+    rows through the transports of comm/transport.py, which count them)."""
     send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
-    return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, plan.stats)
+    return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, CommStats())
 
 
 def halo_ids(plan: HaloPlan, ids_N: Tensor) -> Tensor:

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from leo_cli.registry import Mode
+
 
 def _distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
@@ -102,9 +104,10 @@ class BucketedGradReducer:
         self.works.clear()
 
 
-def make_grad_reducer(model: nn.Module, mode: str) -> GradReducer:
-    """Bucketed async reduction in the pipelined mode; one flat all-reduce otherwise."""
+def make_grad_reducer(model: nn.Module, mode: Mode) -> GradReducer:
+    """Bucketed async reduction where the mode's record asks for it; one flat all-reduce
+    otherwise."""
     convs = getattr(model, "convs", None)
-    if mode == "leo" and convs is not None:
+    if mode.bucketed_grads and convs is not None:
         return BucketedGradReducer([list(c.parameters()) for c in convs])
     return FlatGradReducer(model)

@@ -23,6 +23,7 @@ from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import HaloPlan, fetch_halo
 from leo_cli.comm.views import L1, L2, L3, level_view, remap_plan
+from leo_cli.registry import Mode
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,11 @@ class Levels:
     static_agg_NF: Tensor | None
 
 
-def levels_for_mode(levels: RankLevels, mode: str) -> RankLevels:
-    """What a mode can use of a plan: shared memory reads every halo row in place and
-    compute-only exchanges nothing, so only the static aggregate applies to them
-    (fine-grained then fetches every row that is not replicated once per edge)."""
-    if mode in ("shared-memory", "compute-only"):
+def levels_for_mode(levels: RankLevels, mode: Mode) -> RankLevels:
+    """What a mode can use of a plan: modes without cache levels (shared memory reads every
+    halo row out of the segment, compute-only moves nothing) keep only the static aggregate
+    (a per-edge mode then fetches every row that is not replicated once per edge)."""
+    if not mode.cache_levels:
         return RankLevels(levels.static_aggregate, [], [])
     return levels
 

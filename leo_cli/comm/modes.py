@@ -1,10 +1,15 @@
-"""Choosing the aggregator of a `pipeline.mode` (only modes that exist; no silent fallback).
+"""The aggregator of a pipeline mode, built from its registry record (leo_cli/registry.py).
 
-Every mode aggregates through the same column blocks (comm/aggregate.py); a mode is its
-transport, its chunking and whether the update is split boundary-first.
+Every mode aggregates through the same column blocks (comm/aggregate.py); a record says which
+transport moves its rows (`TRANSPORTS`, keyed by the record's `transport`), whether it cuts
+transfers into chunks, splits the update boundary-first, or lays its halo out one row per
+remote edge. Nothing here compares mode names.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -12,10 +17,11 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.aggregate import Aggregator, BlockAggregator, PerLayerAggregator
 from leo_cli.comm.blocks import ColumnBlock
-from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.shm import SharedMemory
 from leo_cli.comm.transport import AllToAll, NoTransfer, PointToPoint, Transport
 from leo_cli.comm.views import fine_grained_view
+from leo_cli.registry import Mode
 
 # `auto` chunking: one chunk per this many bytes of a peer's rows at the widest layer...
 AUTO_CHUNK_BYTES = 4 << 20
@@ -23,15 +29,42 @@ AUTO_CHUNK_BYTES = 4 << 20
 AUTO_MAX_CHUNKS = 4
 
 
-def auto_chunks(plan: HaloPlan, width: int, dtype: torch.dtype) -> int:
-    """`pipeline.num_chunks=auto`: chunks of about 4 MiB per peer, 1 to 4 of them.
+def auto_chunk_count(largest_bytes: int) -> int:
+    """`pipeline.num_chunks=auto` without a plan: chunks of about 4 MiB per peer, 1 to 4.
 
     Small halos go in one message (a message costs a fixed latency); large ones in a few
     chunks so that aggregation can start on the first while the rest is in flight.
     """
+    return max(1, min(AUTO_MAX_CHUNKS, -(-largest_bytes // AUTO_CHUNK_BYTES)))
+
+
+def auto_chunks(plan: HaloPlan, width: int, dtype: torch.dtype) -> int:
+    """`auto_chunk_count` of this worker's largest peer transfer at `width`."""
     row_bytes = width * torch.empty(0, dtype=dtype).element_size()
-    largest = max([*plan.send_counts, *plan.recv_counts, 0]) * row_bytes
-    return max(1, min(AUTO_MAX_CHUNKS, -(-largest // AUTO_CHUNK_BYTES)))
+    return auto_chunk_count(max([*plan.send_counts, *plan.recv_counts, 0]) * row_bytes)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a transport may need besides the halo plan."""
+
+    stats: CommStats  # shared by every aggregator of the worker
+    halo_local_H: Tensor  # owner-local row of every halo row (shared memory)
+    width: int  # the widest row any layer moves (sizes shared segments)
+    dtype: torch.dtype
+
+
+def _shared_memory(plan: HaloPlan, w: Wiring) -> Transport:
+    return SharedMemory(plan, w.stats, w.halo_local_H, w.width, w.dtype)
+
+
+# How each transport of the registry (`Mode.transport`) is made.
+TRANSPORTS: dict[str, Callable[[HaloPlan, Wiring], Transport]] = {
+    "point-to-point": lambda plan, w: PointToPoint(plan, w.stats),
+    "all-to-all": lambda plan, w: AllToAll(plan, w.stats),
+    "segment": _shared_memory,
+    "none": lambda plan, w: NoTransfer(plan, w.stats),
+}
 
 
 def no_halo_plan(num_inner: int, device: torch.device) -> HaloPlan:
@@ -40,88 +73,76 @@ def no_halo_plan(num_inner: int, device: torch.device) -> HaloPlan:
 
 
 def make_aggregator(
-    mode: str,
+    mode: Mode,
     adj: kernels.CSR,
     plan: HaloPlan | None,
-    world_size: int,
-    *,
+    wiring: Wiring,
     num_chunks: list[int],
-    width: int,
-    halo_local_H: Tensor,
+    *,
     attention: bool = False,
     layers: slice = slice(None),
     inner: ColumnBlock | None = None,
-) -> Aggregator:
+) -> BlockAggregator:
     """The aggregator of `mode` for one worker.
 
     Args:
-        mode: `pipeline.mode` (or `compute-only`, for benchmarks).
+        mode: the registry record of `pipeline.mode`.
         adj: local CSR, inner rows and `[inner | halo]` columns.
-        plan: halo plan of this worker (None: a single worker).
-        world_size: number of workers (1 means no halo and no communication).
-        num_chunks: chunks per peer of every layer, for the pipelined mode.
-        width: the widest rows any layer exchanges (sizes shared segments).
-        halo_local_H: owner-local row of every halo node (shared-memory mode).
+        plan: halo plan of this worker; None for a single worker (no halo, nothing moves).
+        wiring: the statistics, widths and rows its transport may need.
+        num_chunks: chunks per peer of every layer, for modes that chunk.
         attention: the model builds attention views from `columns` (the aggregator then
             keeps the whole CSR beside its column blocks).
-        layers: the layers it serves, a slice of `num_chunks` (the pipelined mode builds
-            the schedules of their chunk counts only).
+        layers: the layers it serves, a slice of `num_chunks` (schedules are built for their
+            chunk counts only).
         inner: an inner column block to share with another view of the same part.
     """
-    kwargs = {"inner": inner, "attention": attention, "layers": layers}
-    if world_size == 1 or plan is None:
+    if plan is None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
-        alone = plan or no_halo_plan(adj.num_rows, adj.device)
-        return BlockAggregator(adj, alone, NoTransfer(alone), [1], **kwargs)  # type: ignore[arg-type]
-    if mode == "fine-grained":
+        alone = no_halo_plan(adj.num_rows, adj.device)
+        transport: Transport = NoTransfer(alone, wiring.stats)
+        return BlockAggregator(
+            adj, alone, transport, [1], inner=inner, attention=attention, layers=layers
+        )
+    if mode.per_edge_rows:
         adj, plan = fine_grained_view(adj, plan)  # its inner columns are the part's
-    transport: Transport
-    if mode == "leo":
-        transport = PointToPoint(plan)
-    elif mode in ("blocking", "fine-grained"):
-        transport, num_chunks = AllToAll(plan), [1]
-    elif mode == "shared-memory":
-        transport, num_chunks = SharedMemory(plan, halo_local_H, width, adj.values.dtype), [1]
-    elif mode == "compute-only":
-        transport, num_chunks = NoTransfer(plan), [1]
-    else:
-        raise ValueError(f"unknown pipeline mode {mode!r}")
-    overlap = mode == "leo"
-    return BlockAggregator(adj, plan, transport, num_chunks, overlap=overlap, **kwargs)  # type: ignore[arg-type]
+    transport = TRANSPORTS[mode.transport](plan, wiring)
+    chunks = num_chunks if mode.chunks else [1]
+    return BlockAggregator(
+        adj,
+        plan,
+        transport,
+        chunks,
+        overlap=mode.overlap,
+        inner=inner,
+        attention=attention,
+        layers=layers,
+    )
 
 
 def make_layer_aggregators(
-    mode: str,
-    layer0: tuple[kernels.CSR, HaloPlan],
-    others: tuple[kernels.CSR, HaloPlan],
-    world_size: int,
-    *,
+    mode: Mode,
+    layer0: tuple[kernels.CSR, HaloPlan | None],
+    others: tuple[kernels.CSR, HaloPlan | None],
+    wiring: Wiring,
     num_chunks: list[int],
-    width: int,
-    halo_local_H: Tensor,
+    *,
     attention: bool = False,
     static_layer0: bool = False,
 ) -> Aggregator:
     """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest
-    (sharing their inner column block).
+    (sharing their inner column block and statistics).
 
     `static_layer0`: layer 0 never aggregates (its static aggregate stands in), so nothing is
     built for its chunk count unless a deeper layer uses it too.
     """
-    kwargs = {
-        "num_chunks": num_chunks,
-        "width": width,
-        "halo_local_H": halo_local_H,
-        "attention": attention,
-    }
-    same = layer0[0] is others[0]
-    alone = same or world_size == 1 or mode in ("shared-memory", "compute-only")
-    kwargs["layers"] = slice(1, None) if static_layer0 or not alone else slice(None)
-    rest = make_aggregator(mode, *others, world_size, **kwargs)  # type: ignore[arg-type]
+    alone = layer0[0] is others[0] or others[1] is None or not mode.cache_levels
+    layers = slice(1, None) if static_layer0 or not alone else slice(None)
+    rest = make_aggregator(mode, *others, wiring, num_chunks, attention=attention, layers=layers)
     if alone:
         return rest
-    kwargs["layers"] = slice(0, 1)
-    if isinstance(rest, BlockAggregator):
-        kwargs["inner"] = rest.inner  # views differ in their halo columns only
-    first = make_aggregator(mode, *layer0, world_size, **kwargs)  # type: ignore[arg-type]
+    first = make_aggregator(
+        mode, *layer0, wiring, num_chunks, attention=attention, layers=slice(0, 1),
+        inner=rest.inner,  # views differ in their halo columns only
+    )  # fmt: skip
     return PerLayerAggregator(first, rest)

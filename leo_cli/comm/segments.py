@@ -9,7 +9,7 @@ ogbn-products size, gigabytes. So every name says whose it is:
 
 - the creator's pid and start time (clock ticks after boot, /proc/<pid>/stat field 22): a
   later run can tell whether the creator is still alive, even once its pid is reused;
-- the job: a token the launcher (`train/launch.py`) hands its workers in `LEO_JOB`; when the
+- the job: a token the launcher (`train/elastic.py`) hands its workers in `LEO_JOB`; when the
   job ends, however it ends, the launcher removes every segment of its job;
 - `sweep_stale` (run at every `leo train` start) removes segments whose creator is gone.
 

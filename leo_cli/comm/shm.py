@@ -26,7 +26,7 @@ from torch import Tensor
 
 from leo_cli.comm.blocks import Schedule
 from leo_cli.comm.dist import all_gather_
-from leo_cli.comm.exchange import HaloPlan, offsets
+from leo_cli.comm.exchange import CommStats, HaloPlan, offsets
 from leo_cli.comm.segments import segment_name
 from leo_cli.comm.transport import GradOf, Landed, halo_slices, sent_slices
 from leo_cli.errors import TrainError
@@ -82,15 +82,21 @@ class SharedMemory:
     """The shared-memory transport: segment + barrier, no copies through the process group."""
 
     def __init__(
-        self, plan: HaloPlan, halo_local_H: Tensor, width: int, dtype: torch.dtype
+        self,
+        plan: HaloPlan,
+        stats: CommStats,
+        halo_local_H: Tensor,
+        width: int,
+        dtype: torch.dtype,
     ) -> None:
         """Args:
         plan: the halo plan (send lists per peer, receive counts per peer).
+        stats: where the bytes moved and the time waited are counted.
         halo_local_H: owner-local row of every halo node.
         width: the widest row any layer exchanges (sizes the segment).
         dtype: the rows' dtype.
         """
-        self.plan, self.stats = plan, plan.stats
+        self.plan, self.stats = plan, stats
         self.width, self.rank = width, dist.get_rank()
         mine = torch.tensor([plan.num_inner, plan.num_halo, *plan.recv_offsets()])
         counts = [[int(v) for v in row] for row in all_gather_(mine).tolist()]

@@ -14,6 +14,8 @@ the gradient of every received chunk back to its owner. Modes differ in how and 
 - `SharedMemory` (shared-memory, comm/shm.py): rows written to a segment, a barrier, read back.
 
 Every `send_*` returns a `Pending` whose `wait(r)` gives round r's buffers, one per chunk.
+Each transport counts what it moved and how long it waited in its `CommStats` (shared by
+the aggregators of one worker, so a step's statistics cover every layer's views).
 Legend: N inner rows, H halo rows, S rows sent (sum over peers), F width.
 """
 
@@ -88,8 +90,8 @@ def halo_grads(sched: Schedule, grad_of: GradOf, like_F: Tensor) -> Tensor:
 class PointToPoint:
     """Chunks posted round by round with isend/irecv, waited for round by round (leo)."""
 
-    def __init__(self, plan: HaloPlan) -> None:
-        self.stats = plan.stats
+    def __init__(self, plan: HaloPlan, stats: CommStats) -> None:
+        self.stats = stats
 
     def send_rows(self, rows_XF: Tensor, sched: Schedule, by_position: bool) -> Transfer:
         transfer = Transfer(self.stats, rows_XF.device)
@@ -119,8 +121,8 @@ class AllToAll:
     lists, which a schedule of one chunk per peer follows.
     """
 
-    def __init__(self, plan: HaloPlan) -> None:
-        self.plan, self.stats = plan, plan.stats
+    def __init__(self, plan: HaloPlan, stats: CommStats) -> None:
+        self.plan, self.stats = plan, stats
 
     def send_rows(self, rows_XF: Tensor, sched: Schedule, by_position: bool) -> Landed:
         assert sched.num_chunks == 1 and not by_position, "all-to-all moves one chunk per peer"
@@ -144,8 +146,8 @@ class NoTransfer:
     gradients returned to this worker's rows are zeros. The halo gradients are still computed,
     as the exact modes compute them."""
 
-    def __init__(self, plan: HaloPlan) -> None:
-        self.stats = plan.stats
+    def __init__(self, plan: HaloPlan, stats: CommStats) -> None:
+        self.stats = stats
         self.num_send = int(plan.send_idx_S.shape[0])
 
     def send_rows(self, rows_XF: Tensor, sched: Schedule, by_position: bool) -> Landed:

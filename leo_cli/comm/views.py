@@ -81,7 +81,7 @@ def remap_plan(plan: HaloPlan, rows_K: Tensor) -> HaloPlan:
     counts = torch.tensor(send_counts, device=device)
     reader = torch.repeat_interleave(torch.arange(len(send_counts), device=device), counts)
     send_idx = plan.send_idx_S[send_offsets[reader] + positions]
-    return HaloPlan(n, send_idx, send_counts, recv_counts, plan.stats)
+    return HaloPlan(n, send_idx, send_counts, recv_counts)
 
 
 def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:

@@ -19,6 +19,8 @@ from pydantic import (
     model_validator,
 )
 
+from leo_cli import registry
+
 DROPOUT_STEP = 1 / 256  # resolution of dropout rates: one random byte per entry
 # Most chunks per peer of one pipelined transfer (pipeline.num_chunks and the cache plan's
 # counts): every chunk is a message per peer and layer and a block of the CSR per peer, so an
@@ -136,10 +138,17 @@ class PartitionConfig(Section):
         return self
 
 
+def one_of(names: list[str], value: str) -> str:
+    """A name from a registry table, or a sentence listing them."""
+    if value not in names:
+        raise ValueError(f"must be one of {', '.join(names)} (got {value!r})")
+    return value
+
+
 class ModelConfig(Section):
-    name: Literal["gcn", "sage", "gin", "gat"] = "gcn"
-    """GNN architecture: `gcn`, `sage` (mean aggregator), `gin` (sum + MLP) or `gat`
-    (multi-head attention)."""
+    name: str = registry.DEFAULT_CONV
+    """GNN architecture (leo_cli/registry.py): `gcn`, `sage` (mean aggregator), `gin` (sum +
+    MLP) or `gat` (multi-head attention)."""
     hidden_channels: int = Field(64, ge=1)
     """Width of the hidden layers (for `gat`: per head; a hidden layer is heads x this)."""
     num_layers: int = Field(2, ge=1, le=64)
@@ -160,27 +169,50 @@ class ModelConfig(Section):
     (seed, epoch, layer, head, global source id, global destination id)."""
 
     def layer_widths(self, num_features: int, num_classes: int) -> list[int]:
-        """Input width of every layer, then the output width (gat: hidden = heads x channels)."""
-        hidden = self.hidden_channels * (self.heads if self.name == "gat" else 1)
+        """Input width of every layer, then the output width (attention: hidden = heads x
+        channels)."""
+        hidden = self.hidden_channels * (self.heads if self.attention else 1)
         return [num_features] + [hidden] * (self.num_layers - 1) + [num_classes]
 
     def row_widths(self, num_classes: int) -> list[int]:
         """Width of the row each layer computes before aggregating: its output width, or for
-        gat heads x (channels + 1), the transformed features and the source score per head."""
-        if self.name != "gat":
+        attention heads x (channels + 1), the transformed features and the source score per
+        head."""
+        if not self.attention:
             return self.layer_widths(0, num_classes)[1:]
         hidden = self.heads * (self.hidden_channels + 1)
         return [hidden] * (self.num_layers - 1) + [self.output_heads * (num_classes + 1)]
 
+    @property
+    def attention(self) -> bool:
+        """The convolution weights edges by attention (registry: `Conv.attention`)."""
+        return registry.conv_of(self.name).attention
+
+    @property
+    def admits_replicas(self) -> bool:
+        """L1 replicas and the static aggregate apply (registry: `Conv.admits_replicas`)."""
+        return registry.conv_of(self.name).admits_replicas
+
+    @property
+    def effective_input_dropout(self) -> float:
+        """The first layer's input dropout rate (`input_dropout`, or `dropout` when null)."""
+        return self.dropout if self.input_dropout is None else self.input_dropout
+
+    @field_validator("name")
+    @classmethod
+    def _known_conv(cls, value: str) -> str:
+        return one_of(list(registry.CONVS), value)
+
     @model_validator(mode="after")
     def _attention_settings_need_gat(self) -> ModelConfig:
-        # Only gat reads them: a changed value for another model would be accepted and ignored.
-        if self.name != "gat":
+        # Only attention reads them: a changed value for another model would be ignored.
+        if not self.attention:
             for key in ("heads", "output_heads", "attention_dropout"):
                 if getattr(self, key) != type(self).model_fields[key].default:
+                    names = " or ".join(n for n, c in registry.CONVS.items() if c.attention)
                     raise ValueError(
-                        f"model.{key} applies to model.name=gat only (model.name is "
-                        f"{self.name}); remove it or set model.name=gat"
+                        f"model.{key} applies to attention models only (model.name={names}; "
+                        f"model.name is {self.name}); remove it or set model.name={names}"
                     )
         return self
 
@@ -232,6 +264,19 @@ class CacheConfig(Section):
     """A hardware profile written by `leo profile-cache` (hardware.json) to use instead of
     probing this machine; null probes once per run folder."""
 
+    @model_validator(mode="after")
+    def _levels_need_a_policy(self) -> CacheConfig:
+        # With policy none no cache level is used: a changed value would be accepted and
+        # ignored. (A changed value, not a set one: a resolved config lists every default.)
+        if self.policy == "none":
+            for key in ("static_aggregate", "replica_budget_mb"):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(
+                        f"cache.{key} has no effect with cache.policy=none; remove it or set "
+                        "cache.policy=leo or degree"
+                    )
+        return self
+
     @field_validator("replica_budget_mb", "halo_budget_mb")
     @classmethod
     def _budget(cls, value: float | str) -> float | str:
@@ -243,12 +288,29 @@ class CacheConfig(Section):
 
 
 class PipelineConfig(Section):
-    mode: Literal["leo", "blocking", "fine-grained", "shared-memory", "compute-only"] = "leo"
-    """Halo exchange: `leo` (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM);
-    `compute-only` skips the exchange (wrong numbers; `leo bench` only)."""
+    mode: str = registry.DEFAULT_MODE
+    """Halo exchange (leo_cli/registry.py): `leo` (pipelined), `blocking`, `fine-grained` (MGG),
+    `shared-memory` (UVM); `compute-only` skips the exchange (wrong numbers; `leo bench`)."""
     num_chunks: Literal["auto"] | int = "auto"
-    """Chunks per peer for the pipelined exchange: 1 to 64 (each is one message per peer and
-    layer), or `auto` (about 4 MiB per chunk, 1 to 4)."""
+    """Chunks per peer for the modes that cut transfers into chunks (leo): 1 to 64 (each is one
+    message per peer and layer), or `auto`: the cache plan's count per layer (1, 2, 4 or 8,
+    the fastest it predicts), and without a plan (cache.policy=none) chunks of about 4 MiB per
+    peer (1 to 4)."""
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        return one_of(registry.pipeline_modes(), value)
+
+    @model_validator(mode="after")
+    def _chunks_need_a_chunking_mode(self) -> PipelineConfig:
+        if self.num_chunks != "auto" and not registry.mode_of(self.mode).chunks:
+            chunking = ", ".join(n for n in registry.pipeline_modes() if registry.mode_of(n).chunks)
+            raise ValueError(
+                f"pipeline.num_chunks applies to modes that cut transfers into chunks "
+                f"({chunking}), not pipeline.mode={self.mode}; remove it"
+            )
+        return self
 
     @field_validator("num_chunks")
     @classmethod
@@ -279,19 +341,14 @@ class LaunchConfig(Section):
     """Collective timeout: a stalled worker ends the job after this many seconds."""
 
 
-BenchMode = Literal[
-    "leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only"
-]
 BenchPeer = Literal["pyg", "pyg-csr"]
 
 
 class BenchConfig(Section):
-    modes: list[BenchMode] = Field(
-        ["leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory", "compute-only"],
-        min_length=1,
-    )
-    """Modes to compare: `leo`, `leo-no-cache` (pipeline, cache.policy none), `blocking`,
-    `fine-grained`, `shared-memory`, `compute-only` (no exchange: the overlap floor)."""
+    modes: list[str] = Field(list(registry.MODES), min_length=1)
+    """Modes to compare (leo_cli/registry.py): `leo`, `leo-no-cache` (pipeline, cache.policy
+    none), `blocking`, `fine-grained`, `shared-memory`, `compute-only` (no exchange: the
+    overlap floor)."""
     world_sizes: list[Annotated[int, Field(ge=1)]] = Field([4], min_length=1)
     """Worker counts to measure (at 1 worker every mode is the same single process: one row)."""
     peers: list[BenchPeer] = ["pyg", "pyg-csr"]
@@ -304,6 +361,11 @@ class BenchConfig(Section):
     """Timed epochs per run."""
     warmup_epochs: int = Field(1, ge=0)
     """Untimed epochs at the start of every run."""
+
+    @field_validator("modes")
+    @classmethod
+    def _known_modes(cls, value: list[str]) -> list[str]:
+        return [one_of(list(registry.MODES), v) for v in value]
 
     @field_validator("modes", "world_sizes", "peers")
     @classmethod

@@ -1,1 +1,2 @@
-
+"""Graphs: datasets, partitioners, each worker's layout (inner, halo, boundary rows) and the
+on-disk partition format."""

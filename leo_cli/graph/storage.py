@@ -7,7 +7,6 @@ partition that looks complete. Readers check the format version and every file's
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -19,19 +18,10 @@ from leo_cli.errors import PartitionError
 from leo_cli.graph.layout import LocalPart, ProgressFn
 from leo_cli.graph.meta_check import meta_problem
 from leo_cli.graph.types import Graph
-from leo_cli.util.files import private_dir
+from leo_cli.util.files import private_dir, sha256_file
 
 FORMAT_VERSION = 1
 META = "META.json"
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed in 4 MiB blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class PartitionWriter:

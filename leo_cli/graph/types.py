@@ -85,6 +85,25 @@ class Graph:
         return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a worker needs to know of the whole dataset (META.json's `dataset` holds it)."""
+
+    num_features: int
+    num_classes: int
+    num_train: int  # training nodes of the whole graph: each worker's loss is scaled by it
+
+    @classmethod
+    def of(cls, graph: Graph) -> DatasetInfo:
+        return cls(graph.num_features, graph.num_classes, int(graph.train_mask_N.sum()))
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> DatasetInfo:
+        """From a partition folder's META.json (checked on reading: graph/meta_check.py)."""
+        d = meta["dataset"]
+        return cls(int(d["num_features"]), int(d["num_classes"]), int(d["num_train"]))
+
+
 def id_dtype(num_nodes: int) -> np.dtype[np.signedinteger[Any]]:
     """int32 when every node id fits, else int64."""
     return np.dtype(np.int32 if num_nodes <= np.iinfo(np.int32).max else np.int64)

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from leo_cli.errors import KernelError
+from leo_cli.kernels import stamp
 
 ENV_VAR = "LEO_KERNELS"
 EXTENSION = "leo_cli._C"
@@ -108,36 +109,32 @@ def stale_build(pkg: Path, cuda_dir: Path | None) -> str | None:
     installed package) there is nothing to compare and the library is trusted; without a
     library there is nothing to check.
     """
-    from leo_cli.kernels import build
-
-    libs = build.installed_extensions(pkg)
+    libs = stamp.installed_extensions(pkg)
     if cuda_dir is None or not libs:
         return None
     rebuild = "rebuild it with `leo compile`"
-    stamp = build.stamp_path(pkg)
-    recorded = build.read_stamp(stamp)
+    stamp_file = stamp.stamp_path(pkg)
+    recorded = stamp.read_stamp(stamp_file)
     if recorded is None:
-        return f"{EXTENSION} has no readable build stamp at {stamp}; {rebuild}"
-    fingerprint = build.source_fingerprint(cuda_dir, str(recorded.get("archs", "")))
+        return f"{EXTENSION} has no readable build stamp at {stamp_file}; {rebuild}"
+    fingerprint = stamp.source_fingerprint(cuda_dir, str(recorded.get("archs", "")))
     if recorded.get("fingerprint") != fingerprint:
         return (
             f"{EXTENSION} was built from other CUDA sources or for another torch than this "
             f"checkout's {cuda_dir}; {rebuild}"
         )
-    if not any(build.is_recorded_library(lib, recorded) for lib in libs):
-        return f"{EXTENSION} is not the library `leo compile` recorded in {stamp}; {rebuild}"
+    if not any(stamp.is_recorded_library(lib, recorded) for lib in libs):
+        return f"{EXTENSION} is not the library `leo compile` recorded in {stamp_file}; {rebuild}"
     return None
 
 
 def _checkout_stale_build() -> str | None:
     """stale_build for this checkout: the package's library and cuda/ beside it."""
-    from leo_cli.kernels import build
-
     try:
-        cuda_dir = build.cuda_source_dir()
+        cuda_dir = stamp.cuda_source_dir()
     except KernelError:
         return None  # an installed package without cuda/: nothing to compare with
-    return stale_build(build.package_dir(), cuda_dir)
+    return stale_build(stamp.package_dir(), cuda_dir)
 
 
 def _import_extension() -> str | None:

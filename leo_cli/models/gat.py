@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from leo_cli import kernels
 from leo_cli.config.schema import ModelConfig
 from leo_cli.models.dropout import counter_dropout
-from leo_cli.models.graph import LayerInput, LocalGraph
+from leo_cli.models.local_graph import LayerInput, LocalGraph
 
 NEGATIVE_SLOPE = 0.2  # LeakyReLU of the scores, as in the paper
 

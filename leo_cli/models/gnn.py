@@ -1,7 +1,9 @@
 """The GNN: a stack of one conv type with counter-based dropout before each layer.
 
-GCN, GraphSAGE and GIN use ReLU between layers; GAT uses ELU, as its paper does, and draws
-its attention dropout masks from a stream of its own per (seed, epoch, layer).
+What the stack needs of a convolution comes from its registry record (leo_cli/registry.py):
+attention layers (GAT) build their own stack, use ELU between layers as the paper does, and
+draw their attention dropout masks from a stream of their own per (seed, epoch, layer); the
+others use ReLU.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from torch import Tensor, nn
 from leo_cli.config.schema import ModelConfig
 from leo_cli.models.dropout import attention_key, counter_dropout, stream_key
 from leo_cli.models.gat import gat_convs
-from leo_cli.models.graph import LayerInput, LocalGraph
-from leo_cli.models.layers import CONVS
+from leo_cli.models.layers import LAYERS
+from leo_cli.models.local_graph import LayerInput, LocalGraph
+from leo_cli.registry import conv_of
 
 
 class GNN(nn.Module):
@@ -23,15 +26,16 @@ class GNN(nn.Module):
 
     def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
         super().__init__()
-        self.attention = cfg.name == "gat"
+        spec = conv_of(cfg.name)
+        self.attention, self.elu = spec.attention, spec.elu
         if self.attention:
             self.convs = nn.ModuleList(gat_convs(cfg, in_channels, out_channels))
         else:
-            conv = CONVS[cfg.name]
+            conv = LAYERS[cfg.name]
             widths = [in_channels] + [cfg.hidden_channels] * (cfg.num_layers - 1) + [out_channels]
             self.convs = nn.ModuleList(conv(a, b) for a, b in zip(widths, widths[1:], strict=False))
         self.dropout = cfg.dropout
-        self.input_dropout = cfg.dropout if cfg.input_dropout is None else cfg.input_dropout
+        self.input_dropout = cfg.effective_input_dropout
 
     def forward(self, x_NF: Tensor, g: LocalGraph, seed: int = 0, epoch: int = 0) -> Tensor:
         """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id)."""
@@ -52,7 +56,7 @@ class GNN(nn.Module):
                 at = LayerInput(layer, attention_key=attention_key(seed, epoch, layer))
             h = conv(h, g, at)
             if layer < len(self.convs) - 1:
-                h = F.elu(h) if self.attention else torch.relu(h)
+                h = F.elu(h) if self.elu else torch.relu(h)
         return h
 
 

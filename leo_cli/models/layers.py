@@ -11,32 +11,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from leo_cli.models.graph import LayerInput, LocalGraph
+from leo_cli.models.local_graph import LayerInput, Linear, LocalGraph
 
 
-def propagate(
-    x_NF: Tensor, lin: nn.Linear, g: LocalGraph, self_scale: Tensor | None, at: LayerInput
+def linear_propagate(
+    x_NF: Tensor, lin: nn.Linear, g: LocalGraph, at: LayerInput, self_scale: Tensor | None = None
 ) -> Tensor:
-    """lin(A·x + s⊙x) without bias, in whichever order exchanges fewer columns.
-
-    When the input is static and `Â·X` was computed once (cache level L1s), it stands in for
-    the aggregation; replicated halo rows (L1) are aggregated here, at input width.
-    """
-    if at.static and g.static_agg_NF is not None and at.layer == 0:
-        agg_NF = g.static_agg_NF
-        if self_scale is not None and not g.static_has_self:
-            agg_NF = agg_NF + self_scale * x_NF
-        static_out: Tensor = lin(agg_NF)
-        return static_out
+    """lin(Â·x + s⊙x) without bias, in whichever order moves fewer columns: the linear map
+    first where the layer narrows (update-first, as MGG and DGL do: `propagate(x·Wᵀ)`), the
+    aggregation first otherwise (`lin(propagate(x))`). Aggregation is linear, so both orders
+    give the same numbers up to rounding."""
     if lin.out_features < lin.in_features:
-        out, h_NO = g.transform_aggregate(x_NF, lin.weight, at.layer)
-        out = g.add_replicas(out, at.replica_RF, lin.weight, at.layer)
-        return out if self_scale is None else out + self_scale * h_NO
-    agg_NF = g.add_replicas(g.aggregate(x_NF, at.layer), at.replica_RF, None, at.layer)
-    if self_scale is not None:
-        agg_NF = agg_NF + self_scale * x_NF
-    result: Tensor = lin(agg_NF)
-    return result
+        return g.propagate(Linear(x_NF, lin.weight), at, self_scale)
+    out: Tensor = lin(g.propagate(x_NF, at, self_scale))
+    return out
 
 
 def column(t: Tensor | None) -> Tensor | None:
@@ -53,7 +41,7 @@ class GCNConv(nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)
 
     def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
-        return propagate(x_NF, self.lin, g, column(g.self_weight_N), at) + self.bias
+        return linear_propagate(x_NF, self.lin, g, at, column(g.self_weight_N)) + self.bias
 
 
 class SAGEConv(nn.Module):
@@ -66,7 +54,7 @@ class SAGEConv(nn.Module):
 
     def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
         root: Tensor = self.lin_r(x_NF)
-        return propagate(x_NF, self.lin_l, g, None, at) + root
+        return linear_propagate(x_NF, self.lin_l, g, at) + root
 
 
 class GINConv(nn.Module):
@@ -86,9 +74,11 @@ class GINConv(nn.Module):
         self.lin2 = nn.Linear(out_channels, out_channels)
 
     def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
-        z = propagate(x_NF, self.lin1, g, 1 + self.eps, at)
+        z = linear_propagate(x_NF, self.lin1, g, at, 1 + self.eps)
         out: Tensor = self.lin2(torch.relu(z + self.bias1))
         return out
 
 
-CONVS: dict[str, type[nn.Module]] = {"gcn": GCNConv, "sage": SAGEConv, "gin": GINConv}
+# The layer class of each convolution of the registry that aggregates with fixed edge weights
+# (attention layers: models/gat.py).
+LAYERS: dict[str, type[nn.Module]] = {"gcn": GCNConv, "sage": SAGEConv, "gin": GINConv}

@@ -1,14 +1,16 @@
 """Config checks that every start of training runs: in the launcher (`leo train`) and in each
 worker, since plain `torchrun -m leo_cli.train.worker` starts workers without the launcher.
 
-Settings whose feature does not exist yet are refused with one sentence naming the key,
-rather than validated and then ignored, or failing deep inside a worker.
+Settings training cannot honour (a mode's needs from its registry record, a cache plan that one
+machine's probe cannot describe, gloo with CUDA tensors) are refused with one sentence naming
+the key, rather than failing deep inside a worker.
 """
 
 from __future__ import annotations
 
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
+from leo_cli.registry import mode_of, planned_mode
 
 
 def check_backend(backend: str, on_cuda: bool) -> None:
@@ -27,25 +29,27 @@ def check_backend(backend: str, on_cuda: bool) -> None:
 
 
 def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Refuse settings that training cannot honour (yet), and inexact modes unless asked for.
+    """Refuse settings that training cannot honour, and inexact modes unless asked for.
 
     Args:
         cfg: the resolved config.
-        allow_inexact: permit `pipeline.mode=compute-only` (`leo train --allow-inexact`).
+        allow_inexact: permit an inexact `pipeline.mode` such as compute-only
+            (`leo train --allow-inexact`).
     """
+    mode = mode_of(cfg.pipeline.mode)
     if cfg.cache.policy != "none" and cfg.launch.nnodes > 1 and cfg.cache.hardware is None:
         raise ConfigError(
             f"cache.policy={cfg.cache.policy} on launch.nnodes={cfg.launch.nnodes} machines needs "
             "cache.hardware (a hardware.json from leo profile-cache; the probe measures one "
             "machine), or cache.policy=none."
         )
-    if cfg.pipeline.mode == "compute-only" and not allow_inexact:
+    if not mode.exact and not allow_inexact:
         raise ConfigError(
-            "pipeline.mode=compute-only skips the halo exchange and trains on wrong numbers; "
+            f"pipeline.mode={mode.name} trains on wrong numbers on purpose ({mode.help}); "
             "it exists for `leo bench` (pass --allow-inexact to leo train to run it anyway)."
         )
-    if cfg.pipeline.mode == "shared-memory" and cfg.launch.nnodes > 1:
+    if mode.one_host and cfg.launch.nnodes > 1:
         raise ConfigError(
-            "pipeline.mode=shared-memory needs every worker on one host (launch.nnodes=1); "
-            "use pipeline.mode=leo across machines."
+            f"pipeline.mode={mode.name} needs every worker on one host (launch.nnodes=1); "
+            f"use pipeline.mode={planned_mode()} across machines."
         )

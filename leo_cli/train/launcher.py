@@ -21,7 +21,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config
-from leo_cli.train.launch import launch_module, workers_per_node
+from leo_cli.train.elastic import launch_module, workers_per_node
 from leo_cli.train.metrics import read_json
 from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.timing import RunTimer

@@ -12,6 +12,7 @@ import torch
 
 import leo_cli
 from leo_cli import kernels
+from leo_cli.registry import mode_of
 from leo_cli.train.readback import check_rows
 from leo_cli.util import files
 
@@ -92,9 +93,9 @@ def summarize(
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,
-        # compute-only skips the halo exchange on purpose: its numbers are not the model's,
-        # and a run resumed in another mode is exact only if every epoch was.
-        "exact": all(r.get("exact", mode != "compute-only" or world_size == 1) for r in rows),
+        # An inexact mode's numbers are not the model's (compute-only skips the exchange on
+        # purpose), and a run resumed in another mode is exact only if every epoch was.
+        "exact": all(r.get("exact", mode_of(mode).exact or world_size == 1) for r in rows),
         "kernels": kernels.backend_name(),
         "versions": {
             "leo": leo_cli.__version__,

@@ -1,4 +1,4 @@
-"""The cache-plan stage of a run: part profiles + hardware profile + policy -> cache-plan.json.
+"""The cache-plan stage of a run: part accesses + hardware profile + policy -> cache-plan.json.
 
 `leo profile-cache` runs it on its own; `leo train` runs it before starting workers when the
 plan is missing or stale. The hardware profile comes from `--hardware FILE` or
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.hardware import HARDWARE_FILE, HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.cache.plan import (
     PLAN,
@@ -32,26 +33,25 @@ from leo_cli.cache.plan import (
     write_plan,
 )
 from leo_cli.cache.plot import plot_plan
-from leo_cli.cache.profile import PartProfile
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
-from leo_cli.train.launch import worker_threads, workers_per_node
+from leo_cli.registry import mode_of, prediction_key
+from leo_cli.train.elastic import worker_threads, workers_per_node
 from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def part_profiles(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartProfile]:
+def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartAccess]:
     """The profile of every part (memory-mapped: features stay on disk). `verify` checks the
     parts' checksums first; `leo train` skips it, since every worker verifies its own part
     before training (a plan made from a corrupt part is never used: training stops)."""
     root = partition_dir(run_dir)
     return [
-        PartProfile.from_part(read_part(root, r, verify=verify, mmap=True))
-        for r in range(num_parts)
+        PartAccess.from_part(read_part(root, r, verify=verify, mmap=True)) for r in range(num_parts)
     ]
 
 
@@ -125,7 +125,7 @@ def _find_profile(
         return hw
     threads = worker_threads(workers_per_node(cfg))
     own = None if reprobe else saved_profile(run_dir / HARDWARE_FILE)
-    if own is not None and own.world_size == num_workers:
+    if own is not None and own.world_size == num_workers and str(own.threads_per_worker) == threads:
         return own
     machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
@@ -184,8 +184,8 @@ def ensure_plan(
 
     Training needs none with `cache.policy=none` (None is returned); `always` makes one
     anyway (`leo profile-cache` shows the predictions of every mode). `timer` gets the
-    probe's and the plan's seconds (`plan_s`: profiles, policy, predictions, plot).
-    `verify_parts=False` leaves the parts' checksums to the workers (see `part_profiles`).
+    probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
+    `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`).
     """
     timer = timer or RunTimer()
     if cfg.cache.policy == "none" and not always:
@@ -195,23 +195,23 @@ def ensure_plan(
     num_parts = int(meta["num_parts"])
     hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
     t0 = time.perf_counter()
-    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
+    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks)
     key = plan_key(inputs, hw)
     existing = None if force else read_plan(run_dir)
     if existing is not None and existing.key == key:
-        gat = cfg.model.name == "gat"
-        existing.check_fits(run_dir / PLAN, halo_sizes(meta), cfg.model.num_layers, gat)
+        attention, layers = cfg.model.attention, cfg.model.num_layers
+        existing.check_fits(run_dir / PLAN, halo_sizes(meta), layers, attention)
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
-    profiles = part_profiles(run_dir, num_parts, verify_parts)
+    accesses = part_accesses(run_dir, num_parts, verify_parts)
     shape = model_shape(
         cfg.model,
         int(dataset["num_features"]),
         int(dataset["num_classes"]),
         DTYPE_BYTES[cfg.train.dtype],
     )
-    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype))
-    plan = make_plan(cfg.cache, profiles, shape, hw, keys)
+    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype, cfg.pipeline.num_chunks))
+    plan = make_plan(cfg.cache, accesses, shape, hw, keys, cfg.pipeline.num_chunks)
     plot_plan(plan, run_dir / "cache-plan.png")
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
@@ -226,7 +226,9 @@ def halo_sizes(meta: dict[str, Any]) -> list[int]:
 
 def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     """The plan's predicted step time of this run's mode, when the run folder's plan was made
-    for these partitions and settings (`leo-no-cache` for the pipeline without a cache)."""
+    for these partitions and settings: with a cache, only the planned mode's (the plan prices
+    the others without one); without, every mode's (the planned mode under its cache-free
+    benchmark name, registry.prediction_key)."""
     try:
         plan = read_plan(run_dir)
         meta = read_meta(partition_dir(run_dir))
@@ -234,13 +236,12 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
         return None
     if plan is None:
         return None
-    mode: str = cfg.pipeline.mode
     cached = cfg.cache.policy != "none"
+    chunks = cfg.pipeline.num_chunks
     if cached:
-        fresh = plan.inputs == plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype)
+        fresh = plan.inputs == plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks)
     else:
-        fresh = plan.graph_inputs == graph_inputs(meta, cfg.model, cfg.train.dtype)
-        mode = "leo-no-cache" if mode == "leo" else mode
-    if not fresh or (cached and mode != "leo"):
-        return None  # the plan predicts baselines without a cache
-    return plan.predicted.get(mode)
+        fresh = plan.graph_inputs == graph_inputs(meta, cfg.model, cfg.train.dtype, chunks)
+    if not fresh or (cached and not mode_of(cfg.pipeline.mode).planned):
+        return None
+    return plan.predicted.get(prediction_key(cfg.pipeline.mode, cached))

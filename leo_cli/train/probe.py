@@ -1,18 +1,47 @@
-"""The parent side of the hardware probe: start `leo_cli.train.probe_worker` with the launcher
-of `leo train` (one worker per part) and read the profile it writes to
-`<run_dir>/hardware.json`. The probe's own logs and heartbeats go to `<run_dir>/probe/`, apart
-from training's."""
+"""The hardware probe, both sides.
+
+Parent (`run_probe`): start `python -m leo_cli.train.probe` with the launcher of `leo train`
+(one worker per part) and read the profile rank 0 writes to `<run_dir>/hardware.json`; the
+probe's own logs and heartbeats go to `<run_dir>/probe/`, apart from training's.
+
+Ranks (`main`): the probe sees what training sees: the same worker count, the same threads
+per worker (OMP_NUM_THREADS), the same process group. Every rank measures the compute rates
+at the same moments as the others (on a machine with fewer cores than workers, they share
+them as in training), then the links between them; rank 0 writes the profile (compute rates:
+the slowest rank's, per call). It lives in train/ rather than cache/ because it joins two
+layers: the measurements of cache/measure.py and the dropout of models/.
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import shutil
+import socket
+import time
 from pathlib import Path
 
-from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from leo_cli import kernels
+from leo_cli.cache.hardware import FORMAT_VERSION, HARDWARE_FILE, HardwareProfile, ProbeSizes
+from leo_cli.cache.measure import (
+    ALONE,
+    DEFAULT_SIZES,
+    GROUP,
+    QUICK_SIZES,
+    measure_compute,
+    measure_links,
+)
+from leo_cli.comm.dist import DistEnv, init_process_group
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, TrainError
-from leo_cli.train.launch import launch_module
+from leo_cli.models.dropout import counter_dropout
+from leo_cli.train.elastic import launch_module
 from leo_cli.train.machine_load import LoadMeter
+from leo_cli.train.rank import rank_entry, run_rank
 
 PROBE_FOLDER = "probe"
 
@@ -35,9 +64,68 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
     args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
     try:
         with LoadMeter() as load:
-            launch_module(cfg, work_dir, "leo_cli.train.probe_worker", args + ["--quick"] * quick)
+            launch_module(cfg, work_dir, "leo_cli.train.probe", args + ["--quick"] * quick)
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None
     hw = HardwareProfile.read(out).model_copy(update={"load": load.result()})
     hw.write(out)  # what else ran is part of what was measured
     return hw
+
+
+def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
+    """Measure compute rates (all ranks at once), then the links; the same result on every rank."""
+    start = time.perf_counter()
+    group = env.world_size > 1
+    compute = measure_compute(sizes, counter_dropout, GROUP if group else ALONE)
+    compute_s = time.perf_counter() - start
+    links = measure_links(sizes, same_host=env.local_world_size == env.world_size)
+    if env.rank == 0:  # lands in the probe's log
+        print(f"compute {compute_s:.1f} s, links {time.perf_counter() - start - compute_s:.1f} s")
+    return HardwareProfile(
+        format_version=FORMAT_VERSION,
+        created_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+        device="cpu",
+        torch_version=torch.__version__,
+        kernels_backend=kernels.backend_name(),
+        dtype="float32",
+        world_size=env.world_size,
+        threads_per_worker=torch.get_num_threads(),
+        quick=quick,
+        probe_s=time.perf_counter() - start,
+        sizes=sizes,
+        compute=compute,
+        links=links,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m leo_cli.train.probe")
+    parser.add_argument("out", type=Path, help="where rank 0 writes the hardware profile (JSON)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (tests): rough rates")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+    parser.add_argument("--heartbeat-dir", type=Path, help="folder the launcher watches")
+    args = parser.parse_args(argv)
+
+    def body(env: DistEnv) -> int:
+        if env.world_size > 1:
+            init_process_group(env, "gloo", args.timeout_s)
+        profile = probe(env, QUICK_SIZES if args.quick else DEFAULT_SIZES, args.quick)
+        if env.rank == 0:
+            profile.write(args.out)
+        if env.world_size > 1:
+            dist.barrier()  # nobody tears the group down while a peer still talks to it
+        return 0
+
+    work_dir = args.heartbeat_dir  # the launcher reads user errors from <work_dir>/.errors
+    errors_dir = None if work_dir is None else work_dir / ".errors"
+    return run_rank(body, heartbeat_dir=work_dir, errors_dir=errors_dir)
+
+
+@record
+def entry() -> None:
+    rank_entry(main)
+
+
+if __name__ == "__main__":
+    entry()

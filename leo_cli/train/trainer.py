@@ -1,26 +1,36 @@
 """The training loop of one worker: exact full-graph epochs and all-reduced evaluation.
 
-Works with and without a process group: a single process (P = 1) is the same code path with
-identity collectives, and is the oracle the distributed runs are compared against.
-Legend: N inner rows, F features, C classes.
+`fit` reads top to bottom: per epoch a step, a stop on a non-finite loss, evaluation every
+`train.eval_every` epochs, one metrics row (rank 0) and a checkpoint every
+`train.checkpoint_every` (rank 0). Works with and without a process group: a single process
+(P = 1) is the same code path with identity collectives, and is the oracle the distributed
+runs are compared against. Legend: N inner rows, F features, C classes.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli.comm.dist import all_reduce_
+from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer
+from leo_cli.config.schema import TrainConfig
+from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
-from leo_cli.models.graph import LocalGraph
+from leo_cli.models.local_graph import LocalGraph
+from leo_cli.train import metrics as run_files
+from leo_cli.train.checkpoint import save_checkpoint
 
 
 @dataclass
@@ -140,3 +150,79 @@ def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float | N
     all_reduce_(counts)
     accs = [float(c / n) if n > 0 else None for c, n in counts.tolist()]
     return {"train_acc": accs[0], "val_acc": accs[1], "test_acc": accs[2]}
+
+
+@dataclass
+class Job:
+    """Everything one worker trains with (train/assemble.py builds it)."""
+
+    halo: HaloPlan
+    graph: LocalGraph
+    reducer: GradReducer
+    data: WorkerData
+    model: GNN
+    optimizer: torch.optim.Optimizer
+    static_layer0: bool = False  # layer 0 trains on the static aggregate (cache level L1s)
+
+    def step(self, seed: int, epoch: int) -> tuple[float, dict[str, float]]:
+        return train_step(
+            self.model, self.optimizer, self.reducer, self.graph, self.data, seed, epoch
+        )
+
+    def evaluate(self) -> dict[str, float | None]:
+        return evaluate(self.model, self.graph, self.data)
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Where rank 0 writes the rows and checkpoints of `fit` (other ranks: `rank` > 0)."""
+
+    run_dir: Path
+    rank: int
+    row_extras: dict[str, Any]  # the same in every row (bytes per cache level, exactness)
+
+
+def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> None:
+    """Train epochs `start + 1 .. train.num_epochs`."""
+    stats = job.graph.aggregator.stats
+    for epoch in range(start + 1, train.num_epochs + 1):
+        stats.reset()
+        loss, times = job.step(seed, epoch)
+        if not math.isfinite(loss):
+            raise TrainError(
+                f"training loss became {loss} at epoch {epoch}; lower train.lr "
+                "(checkpoints of earlier epochs, if any, are kept in checkpoints/)."
+            )
+        stats.settle()
+        row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
+        step_comm = (stats.wait_s, stats.transfer_s, stats.bytes_sent)
+        if epoch % train.eval_every == 0 or epoch == train.num_epochs:
+            t0 = time.perf_counter()
+            row.update(job.evaluate())
+            row["eval_s"] = time.perf_counter() - t0
+        row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.bytes_sent))
+        row.update(log.row_extras, cold=epoch == start + 1)
+        if log.rank != 0:
+            continue
+        run_files.append_metrics(log.run_dir, row)
+        if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
+            state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
+            save_checkpoint(log.run_dir, epoch, state)
+
+
+def reduce_epoch_stats(
+    step_s: float, wait_s: float, transfer_s: float, step_bytes: int, all_bytes: int
+) -> dict[str, Any]:
+    """The slowest worker's step time, communication times of the training step (mean over
+    workers, and the longest wait), bytes summed over workers (step and whole epoch)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
+    s = all_reduce_(torch.tensor([wait_s, transfer_s, step_bytes, all_bytes], dtype=torch.float64))
+    return {
+        "epoch_time_s": float(t[0]),
+        "comm_wait_s": float(s[0]) / world,
+        "comm_wait_max_s": float(t[1]),
+        "comm_transfer_s": float(s[1]) / world,
+        "step_comm_bytes": int(s[2]),
+        "comm_bytes": int(s[3]),
+    }

@@ -1,19 +1,16 @@
 """The rank side of `leo train`: `python -m leo_cli.train.worker <run folder> [--resume]`.
 
 Runs under the elastic agent that `leo train` starts, or under plain `torchrun`. Reads the
-run folder's resolved config and this rank's partition, trains, and (global rank 0 only)
-writes metrics, checkpoints, summary and curves.
+run folder's resolved config and this rank's partition, checks across ranks that everyone
+starts alike, assembles the job and hands it to the training loop (train/trainer.py); global
+rank 0 writes the summary and curves at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import json
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,32 +30,25 @@ from leo_cli.comm.dist import (
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig
-from leo_cli.errors import LeoError, TrainError
+from leo_cli.errors import TrainError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.kernels import active_backend
+from leo_cli.registry import mode_of, planned_mode
 from leo_cli.train import metrics as run_files
-from leo_cli.train.checkpoint import checkpoint_dir, load_latest, save_checkpoint
+from leo_cli.train.assemble import build_job, halo_plan
+from leo_cli.train.checkpoint import checkpoint_dir, load_latest
 from leo_cli.train.checks import check_backend, check_config
-from leo_cli.train.heartbeat import start_heartbeat
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
+from leo_cli.train.rank import rank_entry, run_rank
 from leo_cli.train.readback import restore
-from leo_cli.train.setup import Job, build_job, halo_plan
 from leo_cli.train.timing import WORKER_PARTS, Laps, read_parent, setup_summary
-from leo_cli.train.trainer import evaluate, train_step
-from leo_cli.util import files
+from leo_cli.train.trainer import RunLog, fit
 
 USER_ERROR_EXIT = 3
 # Where each node is and where it sees the shared files; every other key must match.
 PER_NODE_KEYS = ("launch.node_rank", "launch.master_addr", "run.out_dir", "data.root")
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when its launcher dies (no orphans)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
@@ -75,11 +65,13 @@ def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
 
 
 def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
-    """Shared memory reaches only the workers of one host (what torchrun says, not the config)."""
-    if cfg.pipeline.mode == "shared-memory" and env.local_world_size != env.world_size:
+    """A one-host mode reaches only the workers of one host (what torchrun says, not the
+    config)."""
+    if mode_of(cfg.pipeline.mode).one_host and env.local_world_size != env.world_size:
         raise TrainError(
-            "pipeline.mode=shared-memory needs every worker on one host, but "
-            f"{env.world_size - env.local_world_size} run elsewhere; use pipeline.mode=leo."
+            f"pipeline.mode={cfg.pipeline.mode} needs every worker on one host, but "
+            f"{env.world_size - env.local_world_size} run elsewhere; use pipeline.mode="
+            f"{planned_mode()}."
         )
 
 
@@ -152,69 +144,19 @@ def check_same_start(starts: torch.Tensor) -> None:
         )
 
 
-def level_bytes(cfg: LeoConfig, run_dir: Path) -> dict[str, int]:
-    """Bytes per cache level of one training step, all workers (from the plan; leo and
-    blocking move exactly these, a test checks them against the measured bytes)."""
-    plan = read_plan(run_dir) if cfg.cache.policy != "none" else None
-    if plan is None or cfg.pipeline.mode not in ("leo", "blocking"):
-        return {}
-    return {
-        f"step_{level}_bytes": sum(r[f"{level}_bytes_per_step"] for r in plan.bytes_per_level)
-        for level in ("L2", "L3")
-    }
-
-
-def run_epochs(cfg: LeoConfig, job: Job, env: DistEnv, run_dir: Path, start: int) -> None:
-    """The epoch loop: step, evaluate, log (rank 0), checkpoint (rank 0)."""
-    tc = cfg.train
-    levels = level_bytes(cfg, run_dir) if env.rank == 0 else {}
-    for epoch in range(start + 1, tc.num_epochs + 1):
-        job.plan.stats.reset()
-        loss, times = train_step(
-            job.model, job.optimizer, job.reducer, job.graph, job.data, cfg.run.seed, epoch
-        )
-        if not torch.isfinite(torch.tensor(loss)):
-            raise TrainError(
-                f"training loss became {loss} at epoch {epoch}; lower train.lr "
-                "(checkpoints of earlier epochs, if any, are kept in checkpoints/)."
-            )
-        row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
-        job.plan.stats.settle()
-        step_comm = (job.plan.stats.wait_s, job.plan.stats.transfer_s, job.plan.stats.bytes_sent)
-        if epoch % tc.eval_every == 0 or epoch == tc.num_epochs:
-            t0 = time.perf_counter()
-            row.update(evaluate(job.model, job.graph, job.data))
-            row["eval_s"] = time.perf_counter() - t0
-        row.update(reduce_epoch_stats(times["step_s"], *step_comm, job.plan.stats.bytes_sent))
-        row.update(levels)
-        row["cold"] = epoch == start + 1
-        row["exact"] = cfg.pipeline.mode != "compute-only" or env.world_size == 1
-        if env.rank == 0:
-            run_files.append_metrics(run_dir, row)
-            if epoch % tc.checkpoint_every == 0 or epoch == tc.num_epochs:
-                save_checkpoint(
-                    run_dir,
-                    epoch,
-                    {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()},
-                )
-
-
-def reduce_epoch_stats(
-    step_s: float, wait_s: float, transfer_s: float, step_bytes: int, all_bytes: int
-) -> dict[str, Any]:
-    """The slowest worker's step time, communication times of the training step (mean over
-    workers, and the longest wait), bytes summed over workers (step and whole epoch)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
-    s = all_reduce_(torch.tensor([wait_s, transfer_s, step_bytes, all_bytes], dtype=torch.float64))
-    return {
-        "epoch_time_s": float(t[0]),
-        "comm_wait_s": float(s[0]) / world,
-        "comm_wait_max_s": float(t[1]),
-        "comm_transfer_s": float(s[1]) / world,
-        "step_comm_bytes": int(s[2]),
-        "comm_bytes": int(s[3]),
-    }
+def row_extras(cfg: LeoConfig, run_dir: Path, world_size: int) -> dict[str, Any]:
+    """What every metrics row of the run carries besides the epoch's own numbers: the bytes
+    per cache level of one step, all workers (from the plan; modes that hold its levels and
+    move one row per halo node move exactly these, a test checks them against the measured
+    bytes), and whether the numbers are exact."""
+    mode = mode_of(cfg.pipeline.mode)
+    extras: dict[str, Any] = {"exact": mode.exact or world_size == 1}
+    cache_plan = read_plan(run_dir) if cfg.cache.policy != "none" else None
+    if cache_plan is not None and mode.cache_levels and not mode.per_edge_rows:
+        for level in ("L2", "L3"):
+            rows = cache_plan.bytes_per_level
+            extras[f"step_{level}_bytes"] = sum(r[f"{level}_bytes_per_step"] for r in rows)
+    return extras
 
 
 def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> dict[str, float]:
@@ -246,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allow-inexact",
         action="store_true",
-        help="allow pipeline.mode=compute-only (skips the halo exchange; for leo bench)",
+        help="allow an inexact pipeline.mode such as compute-only (for leo bench)",
     )
     parser.add_argument(
         "--config-sha", help="fingerprint of the launcher's config (default: the run folder's)"
@@ -258,29 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     entered_at = time.time()
-    die_with_parent()
     fix_mmap_threshold()  # before set-up's large temporaries come and go (train/memory.py)
-    env = DistEnv.from_env()
     run_dir: Path = args.run_dir
-    start_heartbeat(run_dir, env.rank)
-    try:
+
+    def body(env: DistEnv) -> int:
         resume = args.resume or env.restart > 0
-        return run_worker(
-            run_dir,
-            env,
-            resume,
-            args.config_sha,
-            args.allow_inexact,
-            (entered_at, args.launched_at),
-        )
-    except LeoError as exc:
-        # The launcher shows this sentence instead of a traceback; the non-zero exit makes the
-        # agent stop the other ranks, which may be waiting for this one in a collective.
-        error_file = run_dir / ".errors" / f"rank_{env.rank}"
-        error_file.parent.mkdir(parents=True, exist_ok=True)
-        files.write_text(error_file, str(exc))
-        print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
-        return USER_ERROR_EXIT
+        started = (entered_at, args.launched_at)
+        return run_worker(run_dir, env, resume, args.config_sha, args.allow_inexact, started)
+
+    return run_rank(body, heartbeat_dir=run_dir, errors_dir=run_dir / ".errors")
 
 
 def run_worker(
@@ -331,7 +259,8 @@ def run_worker(
         run_files.truncate_metrics(run_dir, start)
         run_files.write_json(run_dir / "status.json", {"state": "running"})
     worker = reduce_setup(laps, entered_at, launched_at)
-    run_epochs(cfg, job, env, run_dir, start)
+    log = RunLog(run_dir, env.rank, row_extras(cfg, run_dir, env.world_size))
+    fit(job, cfg.train, cfg.run.seed, start, log)
     if env.rank == 0:
         first_step_at = worker.pop("first_step_at")
         setup = setup_summary(read_parent(run_dir, launched_at), worker, first_step_at)
@@ -344,13 +273,7 @@ def run_worker(
 
 @record
 def entry() -> None:
-    code = main()
-    # Skip destroy_process_group and interpreter teardown: gloo's threads sometimes abort the
-    # process there ("terminate called without an active exception") after a clean finish.
-    # The kernel closes the sockets; every rank has passed the final barrier.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    rank_entry(main)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ a killed process (SIGKILL: nothing runs) left behind, and only those.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -155,3 +156,12 @@ def sweep_temporaries(folder: Path) -> int:
                     os.unlink(entry.path)
                 removed += 1
     return removed
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, streamed in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -11,7 +11,8 @@ from conftest import random_graph
 from leo_cli.bench.peers import PygGAT, PygGCN, adjacency
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
-from leo_cli.train.setup import assemble
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.train.assemble import assemble
 
 pytest.importorskip("torch_geometric")
 
@@ -23,7 +24,7 @@ def test_leo_gcn_equals_pyg_gcnconv(system: str) -> None:
         None, ["train.dtype=float64", "model.hidden_channels=5", "model.num_layers=3"]
     )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
-    info = {"num_train": int(g.train_mask_N.sum()), "num_features": 6, "num_classes": 3}
+    info = DatasetInfo.of(g)
     job = assemble(cfg, part, info, 1, torch.device("cpu"))
     peer = PygGCN(cfg.model, 6, 3).double()
     for ours, theirs in zip(job.model.convs, peer.convs, strict=True):
@@ -54,7 +55,7 @@ def test_leo_gat_equals_pyg_gatconv(system: str) -> None:
         ],
     )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
-    info = {"num_train": int(g.train_mask_N.sum()), "num_features": 6, "num_classes": 3}
+    info = DatasetInfo.of(g)
     job = assemble(cfg, part, info, 1, torch.device("cpu"))
     peer = PygGAT(cfg.model, 6, 3).double()
     for ours, theirs in zip(job.model.convs, peer.convs, strict=True):

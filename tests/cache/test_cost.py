@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Phases, RankCache, _combine, predict
 from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile
-from leo_cli.cache.profile import PartProfile
+from leo_cli.registry import mode_of
 
 # Rates: SpMM 1000 edges/s forward, 500 backward; GEMM 1e6 FLOP/s (never memory bound);
 # gather 1000 rows/s, scatter-add 500; a pass writes 1e4 B/s; masks 100 / 200 rows/s.
@@ -65,7 +66,7 @@ def hardware(overlap: float = 0.5) -> HardwareProfile:
     return HardwareProfile.model_validate(data)
 
 
-def part(rank: int) -> PartProfile:
+def part(rank: int) -> PartAccess:
     """10 inner rows (4 boundary), 20 inner edges, 4 halo rows of the other rank read by
     5 edges (one row twice) from 3 rows."""
     peer = 1 - rank
@@ -73,7 +74,7 @@ def part(rank: int) -> PartProfile:
     counts[peer] = 4
     readers = [0, 0]
     readers[peer] = 3
-    return PartProfile(
+    return PartAccess(
         rank=rank,
         num_inner=10,
         num_boundary=4,
@@ -153,20 +154,20 @@ def test_fine_grained_moves_a_row_per_edge() -> None:
 def test_pipelined_combine_hides_the_overlap_share() -> None:
     # Rank 0 posts after 1 s, rank 1 after 2 s: transfers start at 2 s.
     phases = [Phases(pre=1.0, window=4.0, comm=2.0, post=2.0), Phases(2.0, 1.0, 3.0, 1.0)]
-    total, times = _combine(phases, "leo", k=2, overlap=0.5)
+    total, times = _combine(phases, mode_of("leo"), k=2, overlap=0.5)
     # Rank 0: local work ends at 1 + 4 + 1 = 6, its transfer at 2 + 2 = 4; they shared the
     # cores from 2 to 4, half of it lost; then the last chunk's post (1).
     assert times[0] == pytest.approx(6 + 0.5 * 2 + 1)
     # Rank 1: local ends at 2 + 1 + 0.5 = 3.5, transfer at 5; shared 1.5 s.
     assert times[1] == pytest.approx(5 + 0.5 * 1.5 + 0.5)
     assert total == max(times)
-    serial, _ = _combine(phases, "leo", k=1, overlap=0.0)
+    serial, _ = _combine(phases, mode_of("leo"), k=1, overlap=0.0)
     assert serial == pytest.approx(max(1 + 4 + 2 + 2, 2 + 1 + 3 + 1))
 
 
 def test_blocking_combine_waits_for_every_rank() -> None:
     phases = [Phases(1.0, 4.0, 2.0, 2.0), Phases(2.0, 1.0, 3.0, 1.0)]
-    total, times = _combine(phases, "blocking", k=1, overlap=1.0)
+    total, times = _combine(phases, mode_of("blocking"), k=1, overlap=1.0)
     assert total == pytest.approx(5 + 3 + 2) and times == [total, total]
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import RankCache, _Counts
-from leo_cli.cache.profile import PartProfile
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import Graph, symmetrize
 
 
-def reference(profiles: list[PartProfile], caches: list[RankCache], layer: int, per_edge: bool):
-    num = len(profiles)
+def reference(accesses: list[PartAccess], caches: list[RankCache], layer: int, per_edge: bool):
+    num = len(accesses)
     recv, edges, per = np.zeros((num, num)), np.zeros(num), np.zeros(num)
-    for r, (p, c) in enumerate(zip(profiles, caches, strict=True)):
+    for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
         l1 = np.zeros(p.num_halo, dtype=bool)
         if layer == 0:
             l1[c.replica_rows] = True
@@ -48,16 +48,16 @@ def graph(seed: int) -> Graph:
 def test_counts_match_a_pass_over_every_halo_row(seed: int) -> None:
     g = graph(seed)
     parts = build_parts(g, assign_parts(g, 3, "random", seed=seed), 3)
-    profiles = [PartProfile.from_part(p) for p in parts]
+    accesses = [PartAccess.from_part(p) for p in parts]
     rng = np.random.default_rng(seed)
     caches = []
-    for p in profiles:
+    for p in accesses:
         rows = rng.permutation(p.num_halo)
         caches.append(RankCache(False, np.sort(rows[: p.num_halo // 3]), np.sort(rows[5:30])))
     for layer in (0, 1):
         for per_edge in (False, True):
-            got = _Counts(profiles, caches, layer, per_edge)
-            recv, edges, per = reference(profiles, caches, layer, per_edge)
+            got = _Counts(accesses, caches, layer, per_edge)
+            recv, edges, per = reference(accesses, caches, layer, per_edge)
             np.testing.assert_allclose(got.recv, recv)
             np.testing.assert_allclose(got.halo_edges, edges)
             np.testing.assert_allclose(got.per_edge_edges, per)
@@ -66,7 +66,7 @@ def test_counts_match_a_pass_over_every_halo_row(seed: int) -> None:
 def test_profile_counts_distinct_rows() -> None:
     g = graph(3)
     for part in build_parts(g, assign_parts(g, 3, "random", seed=3), 3):
-        prof = PartProfile.from_part(part)
+        prof = PartAccess.from_part(part)
         indices, n = np.asarray(part.indices), part.num_inner
         rows = np.repeat(np.arange(n), np.diff(np.asarray(part.indptr)))
         remote = indices >= n

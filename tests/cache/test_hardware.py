@@ -18,6 +18,7 @@ from leo_cli.cache.hardware import (
     interpolate,
     per_row_rate,
 )
+from leo_cli.cache.rates import Rates
 from leo_cli.errors import CacheError, LeoError
 
 
@@ -76,6 +77,11 @@ def hw() -> HardwareProfile:
     return HardwareProfile.model_validate(profile_dict())
 
 
+@pytest.fixture
+def profile(hw: HardwareProfile) -> HardwareProfile:
+    return hw
+
+
 def test_interpolation_is_log_log_and_clamped() -> None:
     widths, rates = [8, 32], [100.0, 25.0]
     assert interpolate(widths, rates, 16) == pytest.approx(50.0, rel=1e-12)
@@ -88,7 +94,8 @@ def test_interpolation_is_log_log_and_clamped() -> None:
     assert interpolate([8, 16, 64], [10.0, 20.0, 5.0], 32) == pytest.approx(10.0, rel=1e-12)
 
 
-def test_compute_lookups(hw: HardwareProfile) -> None:
+def test_compute_lookups(profile: HardwareProfile) -> None:
+    hw = Rates(profile)
     assert hw.spmm_seconds(1000, 16) == pytest.approx(20.0, rel=1e-12)
     assert hw.spmm_seconds(1000, 16, backward=True) == pytest.approx(10.0, rel=1e-12)
     assert hw.spmm_seconds(1000, 64) == pytest.approx(80.0, rel=1e-12)
@@ -116,10 +123,11 @@ def test_compute_lookups(hw: HardwareProfile) -> None:
     # Fresh memory: what a pass costs beyond the fastest measured one (1e4 B/s).
     assert hw.fresh_seconds(1000, 8) == pytest.approx(32000 / 1e3 - 32000 / 1e4, rel=1e-12)
     assert hw.fresh_seconds(100, 8) == 0.0
-    assert hw.dtype_bytes == 4
+    assert profile.dtype_bytes == 4
 
 
-def test_link_lookups(hw: HardwareProfile) -> None:
+def test_link_lookups(profile: HardwareProfile) -> None:
+    hw = Rates(profile)
     assert hw.transfer_seconds(1e6, 2) == pytest.approx(1e-3 + 2e-4, rel=1e-12)
     assert hw.transfer_seconds(8e6, 1, "shm") == pytest.approx(2e-3 + 2e-4, rel=1e-12)
     # One pair alone, either order; without a pair, the median pair (2e9 B/s, 1e-4 s).
@@ -145,10 +153,10 @@ def test_single_worker_profile_has_no_links() -> None:
         "gloo": None, "shm": None, "barrier_s": None, "alltoall": None, "overlap": None
     }  # fmt: skip
     single = HardwareProfile.model_validate(data)
-    assert single.barrier_seconds() == 0.0
-    assert single.alltoall_seconds(1e6) == 0.0 and single.overlap_share() == 0.0
+    assert Rates(single).barrier_seconds() == 0.0
+    assert Rates(single).alltoall_seconds(1e6) == 0.0 and Rates(single).overlap_share() == 0.0
     with pytest.raises(CacheError, match="no gloo link"):
-        single.transfer_seconds(1, 1)
+        Rates(single).transfer_seconds(1, 1)
 
 
 def test_round_trip_and_fingerprint(tmp_path: Path, hw: HardwareProfile) -> None:

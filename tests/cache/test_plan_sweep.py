@@ -27,9 +27,9 @@ def test_plan_prices_the_sweep_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(policy_module, "predict", counted)
     monkeypatch.setattr(plan_module, "predict", counted)
-    profiles = [part(0), part(1)]
-    made = plan_module.make_plan(CacheConfig(), profiles, SHAPE, hardware(), ("k", "i", "g"))
-    ranks, layers = len(profiles), SHAPE.num_layers
+    accesses = [part(0), part(1)]
+    made = plan_module.make_plan(CacheConfig(), accesses, SHAPE, hardware(), ("k", "i", "g"))
+    ranks, layers = len(accesses), SHAPE.num_layers
     replicas = 2 * ranks * (len(policy_module.REPLICA_FRACTIONS) + 1)  # two passes
     chunks = layers * len(policy_module.CHUNK_CHOICES)
     budget = len(policy_module.SWEEP_SHARES) + replicas + chunks + 1 + len(MODES)

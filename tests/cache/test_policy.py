@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from leo_cli.cache import policy as policy_module
+from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.plan import model_shape
 from leo_cli.cache.policy import Budgets, decide
-from leo_cli.cache.profile import PartProfile
 from leo_cli.config.schema import ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import build_parts
@@ -21,10 +21,10 @@ from leo_cli.graph.types import Graph, symmetrize
 ROW = 16 * 4  # bytes of one replicated row: input width 16, float32
 
 
-def part(reuse: list[int]) -> PartProfile:
+def part(reuse: list[int]) -> PartAccess:
     """Rank 0 with halo rows owned by rank 1, read by `reuse[i]` local edges each."""
     reuse_H = np.asarray(reuse, dtype=np.int64)
-    return PartProfile(
+    return PartAccess(
         rank=0,
         num_inner=10,
         num_boundary=4,
@@ -87,7 +87,7 @@ def test_profile_counts_reuse_from_a_part() -> None:
         np.ones(3, bool), np.zeros(3, bool), np.zeros(3, bool), 2,
     )  # fmt: skip
     parts = build_parts(g, np.array([0, 0, 1]), 2)
-    p0, p1 = (PartProfile.from_part(p) for p in parts)
+    p0, p1 = (PartAccess.from_part(p) for p in parts)
     assert p0.reuse_H.tolist() == [1] and p0.owner_H.tolist() == [1]
     assert p0.inner_edges == 2 and p0.num_boundary == 1 and p0.rows_reading_halo == 1
     assert p1.reuse_H.tolist() == [1] and p1.inner_edges == 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from leo_cli.cache.hardware import ProbeSizes
-from leo_cli.cache.probe import (
+from leo_cli.cache.measure import (
     QUICK_SIZES,
     Pace,
     fit_link,

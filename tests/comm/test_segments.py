@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from leo_cli.comm import segments
 from leo_cli.config import load_config
-from leo_cli.train import launch
+from leo_cli.train import elastic
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -80,12 +80,12 @@ def test_launcher_removes_its_jobs_segments_when_interrupted(
     def mine(signum: int, frame: object) -> None:
         raise AssertionError("not called")
 
-    monkeypatch.setattr(launch, "elastic_launch", agent)
+    monkeypatch.setattr(elastic, "elastic_launch", agent)
     cfg = load_config(None, [f"run.out_dir={tmp_path}"])
     saved = signal.signal(signal.SIGTERM, mine)
     try:
         with pytest.raises(Interrupted) as info:
-            launch.launch_module(cfg, tmp_path, "leo_cli.train.worker", [])
+            elastic.launch_module(cfg, tmp_path, "leo_cli.train.worker", [])
         assert signal.getsignal(signal.SIGTERM) is mine  # ours again after the launch
     finally:
         signal.signal(signal.SIGTERM, saved)

@@ -20,7 +20,7 @@ from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.stage import ensure_partitions
 from leo_cli.graph.storage import read_meta, read_part, write_partitions
 from leo_cli.graph.types import Graph
-from leo_cli.models.graph import edge_values
+from leo_cli.models.local_graph import edge_values
 
 
 def local_to_global(p: LocalPart) -> np.ndarray:

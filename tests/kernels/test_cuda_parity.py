@@ -19,8 +19,8 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.errors import KernelError
+from leo_cli.kernel_tools.synthetic import random_csr, split_local_remote
 from leo_cli.kernels import ops
-from leo_cli.kernels.synthetic import random_csr, split_local_remote
 
 
 def _skip_reason() -> str | None:

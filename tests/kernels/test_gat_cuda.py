@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_kernel_compile import CUDA_DIR, nvcc_or_skip
 
-from leo_cli.kernels.check import TORCH_NVCC_FLAGS
+from leo_cli.kernel_tools.check import TORCH_NVCC_FLAGS
 
 
 def test_gat_kernel_bodies_match_the_reference(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.kernel_tools.synthetic import random_csr
 from leo_cli.kernels import gat_ops
 from leo_cli.kernels.csr import row_of_edges
-from leo_cli.kernels.synthetic import random_csr
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},

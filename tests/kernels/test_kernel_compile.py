@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from leo_cli.cli.compile import compile_cmd
 from leo_cli.errors import KernelError
-from leo_cli.kernels import build, check
+from leo_cli.kernel_tools import build, check
+from leo_cli.kernel_tools.check import TORCH_NVCC_FLAGS
 from leo_cli.kernels.backend import stale_build
-from leo_cli.kernels.check import TORCH_NVCC_FLAGS
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 runner = CliRunner()

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from leo_cli import kernels
 from leo_cli.cli.app import app
 from leo_cli.errors import KernelError
+from leo_cli.kernel_tools.synthetic import power_law_csr, random_csr, split_local_remote
 from leo_cli.kernels import backend, ops
 from leo_cli.kernels.backend import Backend, select_backend
-from leo_cli.kernels.synthetic import power_law_csr, random_csr, split_local_remote
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},

@@ -10,7 +10,7 @@ from parity import assert_parity, exact_spmm
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.kernels.synthetic import random_csr, split_local_remote
+from leo_cli.kernel_tools.synthetic import random_csr, split_local_remote
 
 
 def features(rows: int, width: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> Tensor:

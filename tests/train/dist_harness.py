@@ -1,40 +1,26 @@
-"""Run the trainer on P gloo ranks inside pytest (torch.multiprocessing.spawn on localhost)."""
+"""Run the trainer on P gloo ranks inside pytest (tests/ranks.py starts them)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from ranks import spawn_ranks
 
 from leo_cli.comm.levels import RankLevels
 from leo_cli.config import LeoConfig
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
-from leo_cli.graph.types import Graph
-from leo_cli.train.setup import Job, assemble
+from leo_cli.graph.types import DatasetInfo, Graph
+from leo_cli.train.assemble import Job, assemble
 from leo_cli.train.trainer import evaluate, train_step
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def dataset_info(g: Graph) -> dict[str, Any]:
-    return {
-        "num_train": int(g.train_mask_N.sum()),
-        "num_features": g.num_features,
-        "num_classes": g.num_classes,
-    }
+def dataset_info(g: Graph) -> DatasetInfo:
+    return DatasetInfo.of(g)
 
 
 def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
@@ -55,7 +41,7 @@ def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
 def run_job(
     cfg: LeoConfig,
     part: LocalPart,
-    info: dict[str, Any],
+    info: DatasetInfo,
     world: int,
     num_steps: int,
     spec: str | None = None,
@@ -77,7 +63,7 @@ def run_job(
         "logits": logits.numpy(),
         "params": [p.detach().numpy().copy() for p in job.model.parameters()],
         "acc": acc,
-        "bytes": job.plan.stats.bytes_sent,
+        "bytes": job.graph.aggregator.stats.bytes_sent,
         "grads": grads,
     }
 
@@ -96,63 +82,12 @@ def first_gradients(job: Job, seed: int) -> list[np.ndarray]:
     return grads
 
 
-def spawn_ranks(
-    target: Callable[..., Any], world: int, *args: Any, limit_s: float = 120
-) -> list[Any]:
-    """Run `target(rank, world, *args)` on `world` spawned processes; results by rank.
-
-    MASTER_ADDR/MASTER_PORT point at a free local port; an exception a rank raises comes back
-    as its result. A rank that never answers fails the test after `limit_s` instead of hanging.
-    """
-    queue = mp.get_context("spawn").SimpleQueue()
-    context = mp.start_processes(
-        _rank_main,
-        args=(world, free_port(), target, args, queue),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    # Read results before joining: a large result blocks its writer until the pipe drains.
-    by_rank: dict[int, Any] = {}
-    deadline = time.monotonic() + limit_s
-    while len(by_rank) < world:
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-            raise AssertionError(f"ranks {sorted(set(range(world)) - set(by_rank))} hung")
-        if queue.empty():
-            context.join(timeout=0.1)  # raises if a worker crashed, instead of hanging
-        else:
-            rank, result = queue.get()
-            by_rank[rank] = result
-    while not context.join():
-        pass
-    return [by_rank[r] for r in range(world)]
-
-
-def _rank_main(
-    rank: int, world: int, port: int, target: Callable[..., Any], args: Any, queue: Any
-) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        result = target(rank, world, *args)
-    except Exception as exc:  # the test inspects it
-        result = exc
-    queue.put((rank, result))
-    # As the real workers do: gloo's threads can abort a process while the group or the
-    # interpreter is torn down after a clean finish, so sync and leave without either.
-    if dist.is_initialized() and not isinstance(result, Exception):
-        dist.barrier()
-    os._exit(0)
-
-
 def _train_configs(
     rank: int,
     world: int,
     cfgs: list[LeoConfig],
     parts: list[LocalPart],
-    info: dict[str, Any],
+    info: DatasetInfo,
     num_steps: int,
     specs: list[str | None],
 ) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from dist_harness import spawn_ranks
 
 from leo_cli.comm import modes
 from leo_cli.comm.exchange import HaloPlan
-from leo_cli.train.setup import chunk_counts
+from leo_cli.train.assemble import chunk_counts
 
 pytestmark = pytest.mark.dist
 

@@ -16,7 +16,7 @@ from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.graph.stage import ensure_partitions
 from leo_cli.train import plan_stage
-from leo_cli.train.launch import worker_threads
+from leo_cli.train.elastic import worker_threads
 
 SMALL = ["data.synthetic.num_nodes=600", "data.synthetic.num_features=16"]
 

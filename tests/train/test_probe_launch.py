@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.cache.rates import Rates
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.train import plan_stage
-from leo_cli.train.launch import worker_threads
+from leo_cli.train.elastic import worker_threads
 from leo_cli.train.probe import PROBE_FOLDER, run_probe
 
 pytestmark = pytest.mark.dist
@@ -31,8 +32,8 @@ def test_probe_on_two_workers(tmp_path: Path) -> None:
     assert profile.threads_per_worker == int(worker_threads(2))
     for link in (profile.links.gloo, profile.links.shm):
         assert link is not None and [p.ranks for p in link.pairs] == [(0, 1)]
-    assert profile.barrier_seconds() > 0
-    assert profile.transfer_seconds(1 << 20, 1) > profile.transfer_seconds(1 << 10, 1)
+    assert Rates(profile).barrier_seconds() > 0
+    assert Rates(profile).transfer_seconds(1 << 20, 1) > Rates(profile).transfer_seconds(1 << 10, 1)
     assert list((tmp_path / PROBE_FOLDER / "logs").iterdir())
 
 

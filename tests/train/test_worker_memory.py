@@ -15,15 +15,24 @@ import torch.distributed as dist
 from conftest import random_graph
 from dist_harness import spawn_ranks
 
+from leo_cli.comm.exchange import CommStats
 from leo_cli.comm.levels import RankLevels, build_levels, view_of_layer
-from leo_cli.comm.modes import make_layer_aggregators
+from leo_cli.comm.modes import Wiring, make_layer_aggregators
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.storage import read_part, write_partitions
-from leo_cli.models.graph import part_adjacency
-from leo_cli.train.setup import assemble, halo_plan
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.models.local_graph import part_adjacency
+from leo_cli.registry import mode_of
+from leo_cli.train.assemble import assemble, halo_plan
 from leo_cli.train.trainer import WorkerData
+
+
+def layered(first, rest, chunks, **kwargs):  # type: ignore[no-untyped-def]
+    """The pipelined (leo) aggregators of two views, as a worker builds them."""
+    wiring = Wiring(CommStats(), torch.zeros(0), 4, torch.float32)
+    return make_layer_aggregators(mode_of("leo"), first, rest, wiring, chunks, **kwargs)
 
 
 def mapped_part(tmp_path: Path, rank: int = 0):  # type: ignore[no-untyped-def]
@@ -58,11 +67,11 @@ def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     plan = halo_plan(part, torch.device("cpu"))
     adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]  # another view
-    kwargs = {"num_chunks": [2], "width": 4, "halo_local_H": torch.zeros(0)}
-    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    chunks = [2]
+    agg = layered((layer0, plan), (adj, plan), chunks)
     assert agg.first.inner is agg.rest.inner  # type: ignore[attr-defined]
     # The same CSR for both: one aggregator.
-    single = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    single = layered((adj, plan), (adj, plan), chunks)
     assert not hasattr(single, "first")
 
 
@@ -71,20 +80,18 @@ def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path
     plan = halo_plan(part, torch.device("cpu"))
     adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]
-    kwargs = {"num_chunks": [2, 3, 4], "width": 4, "halo_local_H": torch.zeros(0)}
-    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    chunks = [2, 3, 4]
+    agg = layered((layer0, plan), (adj, plan), chunks)
     assert set(agg.first._schedules) == {2} and set(agg.rest._schedules) == {3, 4}  # type: ignore[attr-defined]
-    one = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    one = layered((adj, plan), (adj, plan), chunks)
     assert set(one._schedules) == {2, 3, 4}  # type: ignore[attr-defined]
-    static = make_layer_aggregators(
-        "leo", (adj, plan), (adj, plan), 2, static_layer0=True, **kwargs
-    )  # type: ignore[arg-type]
+    static = layered((adj, plan), (adj, plan), chunks, static_layer0=True)
     assert set(static._schedules) == {3, 4}  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="layer 0 is not one"):
         static.schedule(0)  # type: ignore[attr-defined]
     # One chunk count for every layer: the deeper layers' aggregator builds it.
-    kwargs["num_chunks"] = [2]
-    agg = make_layer_aggregators("leo", (layer0, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    chunks = [2]
+    agg = layered((layer0, plan), (adj, plan), chunks)
     assert set(agg.first._schedules) == set(agg.rest._schedules) == {2}  # type: ignore[attr-defined]
 
 
@@ -92,13 +99,13 @@ def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
     adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
-    kwargs = {"num_chunks": [2, 3], "width": 4, "halo_local_H": torch.zeros(0)}
-    agg = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, **kwargs)  # type: ignore[arg-type]
+    chunks = [2, 3]
+    agg = layered((adj, plan), (adj, plan), chunks)
     assert agg.adj is None  # type: ignore[attr-defined]
     assert [agg.schedule(layer).num_chunks for layer in range(3)] == [2, 3, 3]  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="attention"):
         agg.columns(0)
-    gat = make_layer_aggregators("leo", (adj, plan), (adj, plan), 2, attention=True, **kwargs)  # type: ignore[arg-type]
+    gat = layered((adj, plan), (adj, plan), chunks, attention=True)
     assert gat.columns(1)[0] is adj
 
 
@@ -106,9 +113,9 @@ def test_single_worker_keeps_one_copy_of_the_csr() -> None:
     g = random_graph(num_nodes=60, num_edges=300, seed=4)
     part = build_parts(g, assign_parts(g, 1, "range", 0), 1)[0]
     adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
-    kwargs = {"num_chunks": [1], "width": 4, "halo_local_H": torch.zeros(0)}
-    agg = make_layer_aggregators("leo", (adj, None), (adj, None), 1, **kwargs)  # type: ignore[arg-type]
-    gat = make_layer_aggregators("leo", (adj, None), (adj, None), 1, attention=True, **kwargs)  # type: ignore[arg-type]
+    chunks = [1]
+    agg = layered((adj, None), (adj, None), chunks)
+    gat = layered((adj, None), (adj, None), chunks, attention=True)
     for name in ("indptr", "indices", "values"):
         assert getattr(gat.columns(0)[0], name) is getattr(adj, name)
         assert getattr(agg.inner.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
@@ -120,11 +127,7 @@ def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
     parts = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)
     write_partitions(tmp_path / "partitions", parts, {"num_parts": 1})
     part = read_part(tmp_path / "partitions", 0, mmap=True)
-    info = {
-        "num_train": int(g.train_mask_N.sum()),
-        "num_features": g.x_NF.shape[1],
-        "num_classes": int(g.y_N.max()) + 1,
-    }
+    info = DatasetInfo.of(g)
     edges = [weakref.ref(getattr(part, name)) for name in ("indptr", "indices", "degree")]
     features = weakref.ref(part.x)
     job = assemble(load_config(None, []), part, info, 1, torch.device("cpu"))

@@ -1,6 +1,6 @@
 """GPU kernel benchmark: achieved bandwidth of every kernel vs the device's copy bandwidth.
 
-    python -m leo_cli.kernels.bench_gpu [--nodes N] [--edges E] [--width F] [--json PATH]
+    python -m leo_cli.kernel_tools.bench_gpu [--nodes N] [--edges E] [--width F] [--json PATH]
 
 First measures the device's copy bandwidth (a device-to-device copy of a large buffer; bytes
 read + written per second). Then, on a uniform random graph and on a power-law graph (hub rows
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.kernel_tools.synthetic import power_law_csr, random_csr, split_local_remote
 from leo_cli.kernels import ops
-from leo_cli.kernels.synthetic import power_law_csr, random_csr, split_local_remote
 
 _COPY_BYTES = 1 << 30
 ROWS: list[dict[str, object]] = []  # every measurement of this run, for --json

@@ -8,7 +8,6 @@ compile-only check (`leo compile --check`, no GPU needed) lives in `check.py`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,8 +21,16 @@ from pathlib import Path
 import torch
 
 from leo_cli.errors import KernelError
-from leo_cli.graph.storage import sha256_file
+from leo_cli.kernels.stamp import (
+    installed_extensions,
+    is_recorded_library,
+    package_dir,
+    read_stamp,
+    source_fingerprint,
+    stamp_path,
+)
 from leo_cli.util import files
+from leo_cli.util.files import sha256_file
 
 
 @dataclass(frozen=True)
@@ -35,27 +42,6 @@ class BuildResult:
     cached: bool
     seconds: float
     arch_list: str
-
-
-def package_dir() -> Path:
-    """The leo_cli package folder (where leo_cli/_C*.so goes)."""
-    return Path(__file__).resolve().parents[1]
-
-
-def cuda_source_dir() -> Path:
-    """cuda/ beside the package (a repository checkout or editable install), or $LEO_CUDA_DIR.
-
-    Raises:
-        KernelError: the folder or its include/ and kernels/ subfolders are missing.
-    """
-    env = os.environ.get("LEO_CUDA_DIR")
-    cuda_dir = Path(env) if env else package_dir().parent / "cuda"
-    if not (cuda_dir / "include").is_dir() or not (cuda_dir / "kernels").is_dir():
-        raise KernelError(
-            f"CUDA sources not found at {cuda_dir} (need include/ and kernels/); `leo compile` "
-            "runs from a repository checkout (pip install -e .) or with LEO_CUDA_DIR set"
-        )
-    return cuda_dir
 
 
 def kernel_sources(cuda_dir: Path) -> list[Path]:
@@ -180,47 +166,8 @@ def arch_list() -> str:
 
 # What a build compiles: editor swap files or objects left by a manual nvcc in these folders
 # change nothing, so they must not make a library look stale.
-SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp")
-
-
-def source_fingerprint(cuda_dir: Path, archs: str) -> str:
-    """sha256 of the sources under include/, kernels/ and binding/ plus the build inputs."""
-    digest = hashlib.sha256()
-    for sub in ("include", "kernels", "binding"):
-        for path in sorted((cuda_dir / sub).rglob("*")):
-            if path.is_file() and path.suffix in SOURCE_SUFFIXES:
-                relative = path.relative_to(cuda_dir).as_posix()
-                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-    meta = f"torch={torch.__version__};cuda={torch.version.cuda};archs={archs};py={sys.version}"
-    digest.update(meta.encode())
-    return digest.hexdigest()
-
-
 def _tail(log: str, lines: int = 25) -> str:
     return "\n".join(log.splitlines()[-lines:])
-
-
-def installed_extensions(pkg: Path) -> list[Path]:
-    """Built copies of leo_cli._C in the package folder."""
-    return sorted(p for p in pkg.glob("_C*") if p.suffix in (".so", ".pyd"))
-
-
-STAMP = "_C.stamp.json"
-
-
-def stamp_path(pkg: Path) -> Path:
-    """Where `leo compile` records what it built: beside the library, so the record travels
-    and disappears with it (git-ignored)."""
-    return pkg / STAMP
-
-
-def read_stamp(stamp: Path) -> dict[str, object] | None:
-    """The stamp's record, or None when it is missing or unreadable."""
-    try:
-        recorded = json.loads(stamp.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return recorded if isinstance(recorded, dict) else None
 
 
 def stamp_record(lib: Path, fingerprint: str, archs: str) -> dict[str, object]:
@@ -233,20 +180,6 @@ def stamp_record(lib: Path, fingerprint: str, archs: str) -> dict[str, object]:
         "library_size": stat.st_size,
         "library_mtime_ns": stat.st_mtime_ns,
     }
-
-
-def is_recorded_library(lib: Path, recorded: dict[str, object]) -> bool:
-    """Whether `lib` is the library the stamp describes. Same name, size and modification time
-    settle it without reading the file (every process checks); otherwise its sha256 does."""
-    stat = lib.stat()
-    quick = (lib.name, stat.st_size, stat.st_mtime_ns)
-    if quick == (
-        recorded.get("library"),
-        recorded.get("library_size"),
-        recorded.get("library_mtime_ns"),
-    ):
-        return True
-    return recorded.get("library_sha256") == sha256_file(lib)
 
 
 def _up_to_date(stamp: Path, fingerprint: str, pkg: Path) -> Path | None:
@@ -284,7 +217,7 @@ def _run_setup(cuda_dir: Path, build_root: Path, archs: str, verbose: bool) -> N
     env["LEO_KERNELS"] = "ref"
     if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
         env["CUDA_HOME"] = str(toolkit_root(find_nvcc()))
-    cmd = [sys.executable, "-m", "leo_cli.kernels.build", "--setup", spec]
+    cmd = [sys.executable, "-m", "leo_cli.kernel_tools.build", "--setup", spec]
     log_path = build_root / "build.log"
     with log_path.open("w") as log:
         out = None if verbose else log

@@ -4,7 +4,7 @@ Runs forward + backward of `A @ (x @ W)` on a synthetic graph (default 200k node
 128 -> 64 features) both ways and prints the median times and their ratio. Not a test: speed
 is reported, never asserted.
 
-    python -m leo_cli.kernels.bench_cpu [--nodes N] [--edges E] [--repeats K]
+    python -m leo_cli.kernel_tools.bench_cpu [--nodes N] [--edges E] [--repeats K]
 
 Shape suffixes: N nodes, E edges, F features.
 """
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.kernels.synthetic import random_csr
+from leo_cli.kernel_tools.synthetic import random_csr
 
 
 def _median_seconds(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leo_cli.errors import KernelError
-from leo_cli.kernels.build import binding_sources, cuda_include_dir, find_nvcc, kernel_sources
+from leo_cli.kernel_tools.build import binding_sources, cuda_include_dir, find_nvcc, kernel_sources
 
 CHECK_ARCHS = ("80", "90")
 # Defines torch's BuildExtension passes to nvcc: the check must see the code the build sees

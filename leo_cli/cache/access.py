@@ -1,4 +1,4 @@
-"""Access profiling: what each part's halo costs, read from the part files alone.
+"""Halo access: what each part's halo costs, read from the part files alone (`PartAccess`).
 
 For every rank: inner rows, boundary rows (sent to some peer), edges between inner rows,
 and per halo row its owner and its reuse (how many local edges read it). The cost model
@@ -20,7 +20,7 @@ from leo_cli.graph.types import IntArray
 
 
 @dataclass(frozen=True)
-class PartProfile:
+class PartAccess:
     """The numbers of one part that the cost model needs.
 
     Attributes:
@@ -73,7 +73,7 @@ class PartProfile:
         return float(min(sum(per_peer) * num_chunks, self.halo_edges))
 
     @classmethod
-    def from_part(cls, part: LocalPart) -> PartProfile:
+    def from_part(cls, part: LocalPart) -> PartAccess:
         """Counts marked in boolean arrays (one pass each; a sort of every halo edge took most
         of a plan's time at ogbn-products size)."""
         n = part.num_inner

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from leo_cli import kernels
@@ -21,6 +22,7 @@ from leo_cli.comm.levels import Replicas
 from leo_cli.graph.layout import LocalPart
 from leo_cli.kernels.csr import row_of_edges
 from leo_cli.models.dropout import edge_ids
+from leo_cli.registry import conv_of
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,21 @@ class LayerInput:
     attention_key: int | None = None
 
 
+@dataclass(frozen=True)
+class Linear:
+    """`x·Wᵀ` not computed yet, handed to `LocalGraph.propagate` as its input: the aggregation
+    computes it where its mode wants (the LEO pipeline: boundary rows first, so their rows
+    leave before the interior's GEMM), as PyG's `propagate(x=self.lin(x))` with the GEMM left
+    to the one that moves the rows."""
+
+    x_NF: Tensor
+    weight_OF: Tensor
+
+
 @dataclass
 class LocalGraph:
-    """What a layer needs: self-loop weights, global ids and the aggregator.
+    """What a layer needs: self-loop weights, global ids and the aggregator; the cache levels
+    (static aggregate, replicas) sit here, out of the layers' sight.
 
     Attributes:
         self_weight_N: weight of each row's own term (GCN's self-loop), or None.
@@ -90,15 +104,30 @@ class LocalGraph:
     static_has_self: bool = False
     edge_views: dict[int, EdgeView] = field(default_factory=dict)
 
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        """Σ_j w_ij h_j over in-edges, halo rows included; the self term is not included."""
-        return self.aggregator.aggregate(h_NF, layer)
+    def propagate(
+        self, h: Tensor | Linear, at: LayerInput, self_scale: Tensor | None = None
+    ) -> Tensor:
+        """Σ_j â_ij h_j + s_i h_i: message passing over in-edges, halo rows included (PyG's
+        `propagate`), `self_scale` s the weight of each row's own term (None: none).
 
-    def transform_aggregate(
-        self, x_NF: Tensor, weight_OF: Tensor, layer: int
-    ) -> tuple[Tensor, Tensor]:
-        """(Σ_j w_ij h_j, h) with h = x·Wᵀ: the mode may overlap the GEMM with the exchange."""
-        return self.aggregator.transform_aggregate(x_NF, weight_OF, layer)
+        `h` is a layer's input rows, or a pending `Linear` x·Wᵀ. Where the input is static
+        (layer 0 without input dropout), the precomputed `Â·X` stands in (L1s); replicated
+        halo rows are aggregated at input width and added (L1).
+        """
+        weight = h.weight_OF if isinstance(h, Linear) else None
+        x_NF = h.x_NF if isinstance(h, Linear) else h
+        if at.static and at.layer == 0 and self.static_agg_NF is not None:
+            agg_NF = self.static_agg_NF
+            if self_scale is not None and not self.static_has_self:
+                agg_NF = agg_NF + self_scale * x_NF
+            return agg_NF if weight is None else F.linear(agg_NF, weight)
+        if weight is None:
+            out = self.aggregator.aggregate(x_NF, at.layer)
+            h_NF = x_NF
+        else:
+            out, h_NF = self.aggregator.transform_aggregate(x_NF, weight, at.layer)
+        out = self.add_replicas(out, at.replica_RF, weight, at.layer)
+        return out if self_scale is None else out + self_scale * h_NF
 
     def gather(self, h_NF: Tensor, layer: int) -> Tensor:
         """`[h | halo(h)]` in the columns of `edge_view(layer)` (attention layers)."""
@@ -140,23 +169,23 @@ class LocalGraph:
 
 
 def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """Per-model edge weights from global degrees, computed in the training dtype.
-
-    gcn: 1/sqrt((d_j+1)(d_i+1)) with self weight 1/(d_i+1); sage: mean, 1/d_i; gin: sum, 1;
-    gat: 1 (its weights are attention scores, computed per step).
+    """Edge weights of a convolution from global degrees, computed in the training dtype, by
+    its registry record's `edge_weights`: symmetric 1/sqrt((d_j+1)(d_i+1)) with self weight
+    1/(d_i+1) (GCN); mean 1/d_i; sum 1; attention 1 (its weights are scores, per step).
     """
+    kind = conv_of(model).edge_weights
     deg = torch.from_numpy(np.asarray(part.degree)).to(dtype)
     rows = torch.repeat_interleave(
         torch.arange(part.num_inner), torch.from_numpy(np.diff(np.asarray(part.indptr)))
     )
     cols = torch.from_numpy(np.asarray(part.indices))
     deg_N = deg[: part.num_inner]
-    if model == "gcn":
+    if kind == "symmetric":
         values = torch.rsqrt((deg[cols] + 1) * (deg_N[rows] + 1))
         return values, 1.0 / (deg_N + 1)
-    if model == "sage":
+    if kind == "mean":
         return 1.0 / deg_N[rows], None
-    assert model in ("gin", "gat"), model
+    assert kind in ("sum", "attention"), kind
     return torch.ones(cols.shape[0], dtype=dtype), None
 
 

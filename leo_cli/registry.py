@@ -1,0 +1,236 @@
+"""The two tables LEO grows along: pipeline modes and convolutions, one record each.
+
+In the spirit of torch.distributed.pipelining's schedule table and torchtitan's `TrainSpec`:
+a record says what the rest of the code needs to know about a mode or a convolution, as
+fields, and code asks the record (`mode_of("leo").overlap`) instead of comparing names. Only this
+module spells mode and model names; the implementations register beside their code (the
+transports in comm/modes.py, the layers in models/layers.py and models/gat.py) under the
+names given here, and tests/test_registry.py checks that every record has one.
+
+Pure data (no torch), so the config schema, at the bottom of the imports, validates against it.
+Adding a mode: its transport module, one `Mode` line here and its cost terms (cache/cost.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Transport = Literal["point-to-point", "all-to-all", "segment", "none"]
+EdgeWeights = Literal["symmetric", "mean", "sum", "attention"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One pipeline mode (`pipeline.mode`), or a benchmark variant of one (`bench.modes`).
+
+    Attributes:
+        name: the key in configs and tables.
+        help: one line for `--help` and the README.
+        exact: its numbers equal one process (otherwise `leo train` needs --allow-inexact).
+        transport: how halo rows move (comm/transport.py): asynchronous point-to-point
+            chunks, one all-to-all, a shared-memory segment per host, or not at all.
+        overlap: the update is split boundary-first and arriving rows are aggregated while
+            later ones travel (the LEO pipeline).
+        chunks: transfers are cut into `pipeline.num_chunks` chunks per peer.
+        cache_levels: can hold replicas (L1) and rows fetched per edge (L3); every mode can
+            use the static aggregate (L1s).
+        per_edge_rows: every remote edge brings its own row (MGG's scheme).
+        one_host: every worker must be on one host.
+        bucketed_grads: weight gradients are all-reduced per layer, asynchronously, during
+            the backward pass (else one all-reduce after it).
+        planned: the cache plan's levels are priced for it (the others without a cache).
+        runs_as: for a benchmark variant, the pipeline mode it runs.
+        cache_policy: for a benchmark variant, the `cache.policy` it forces.
+    """
+
+    name: str
+    help: str
+    exact: bool
+    transport: Transport
+    overlap: bool = False
+    chunks: bool = False
+    cache_levels: bool = False
+    per_edge_rows: bool = False
+    one_host: bool = False
+    bucketed_grads: bool = False
+    planned: bool = False
+    runs_as: str | None = None
+    cache_policy: str | None = None
+
+    @property
+    def pipeline_mode(self) -> str:
+        """The `pipeline.mode` a run of this record uses."""
+        return self.runs_as or self.name
+
+    @property
+    def bench_policy(self) -> str | None:
+        """The `cache.policy` `leo bench` runs it with: its own, none for the baselines (what
+        the paper compares against has no cache), or None: the config's (the planned mode)."""
+        return self.cache_policy or (None if self.planned else "none")
+
+
+DEFAULT_MODE = "leo"
+DEFAULT_CONV = "gcn"
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode(
+            "leo",
+            "the pipeline: boundary rows first, chunks in flight while the inner rows are "
+            "aggregated, each chunk aggregated as it lands; per-layer gradient all-reduce",
+            exact=True,
+            transport="point-to-point",
+            overlap=True,
+            chunks=True,
+            cache_levels=True,
+            bucketed_grads=True,
+            planned=True,
+        ),
+        Mode(
+            "blocking",
+            "the whole halo in one all-to-all, wait, then aggregate (DGL/PyG-style)",
+            exact=True,
+            transport="all-to-all",
+            cache_levels=True,
+        ),
+        Mode(
+            "fine-grained",
+            "no deduplication: every remote edge brings its own row (MGG's scheme)",
+            exact=True,
+            transport="all-to-all",
+            cache_levels=True,
+            per_edge_rows=True,
+        ),
+        Mode(
+            "shared-memory",
+            "rows written to one shared segment per host, a barrier, halo rows read out of it "
+            "(the unified-memory baseline; one host)",
+            exact=True,
+            transport="segment",
+            one_host=True,
+        ),
+        Mode(
+            "compute-only",
+            "the same computation with the transfers removed (wrong numbers on purpose): the "
+            "floor perfect overlap would reach",
+            exact=False,
+            transport="none",
+        ),
+        Mode(
+            "leo-no-cache",
+            "leo with cache.policy=none (benchmarks: the pipeline's overlap alone)",
+            exact=True,
+            transport="point-to-point",
+            overlap=True,
+            chunks=True,
+            bucketed_grads=True,
+            runs_as="leo",
+            cache_policy="none",
+        ),
+    )
+}
+
+
+def mode_of(name: str) -> Mode:
+    """The record of a mode (names are validated by the config schema)."""
+    return MODES[name]
+
+
+def pipeline_modes() -> list[str]:
+    """What `pipeline.mode` accepts: the modes a run can use (not benchmark variants)."""
+    return [m.name for m in MODES.values() if m.runs_as is None]
+
+
+def planned_mode() -> str:
+    """The mode the cache plan's levels are made for."""
+    return next(m.name for m in MODES.values() if m.planned)
+
+
+def baseline_mode() -> str:
+    """The exact reference every ratio of `leo bench` is against: one all-to-all of the
+    deduplicated halo, no overlap."""
+    return next(
+        m.name
+        for m in MODES.values()
+        if m.exact and m.transport == "all-to-all" and not m.per_edge_rows
+    )
+
+
+def floor_mode() -> str:
+    """The computation without any transfer: the floor of the hidden share."""
+    return next(m.name for m in MODES.values() if m.transport == "none")
+
+
+def overlap_mode() -> str:
+    """The pipeline without a cache: what the hidden share measures (same computation as the
+    floor, plus the transfers)."""
+    return next(m.name for m in MODES.values() if m.overlap and m.cache_policy == "none")
+
+
+def prediction_key(pipeline_mode: str, cached: bool) -> str:
+    """The plan's prediction a run in `pipeline_mode` is compared with: the planned mode
+    without a cache is predicted under its benchmark variant's name."""
+    if cached:
+        return pipeline_mode
+    for m in MODES.values():
+        if m.runs_as == pipeline_mode and m.cache_policy == "none":
+            return m.name
+    return pipeline_mode
+
+
+@dataclass(frozen=True)
+class Conv:
+    """One convolution (`model.name`).
+
+    Attributes:
+        name: the key in configs.
+        help: one line for `--help`.
+        edge_weights: how edge values come from global degrees: GCN's symmetric
+            normalisation with a self-loop weight, the mean over in-edges, their sum, or
+            attention scores computed per step (edge values 1).
+        extra_gemm: a second linear map per layer (sage's root map, gin's MLP), for the cost
+            model.
+        attention: edge weights depend on the rows of both ends (gat): layers gather
+            `[h | halo]` instead of aggregating, and neither replicas nor the static aggregate
+            apply (both rest on aggregating raw inputs first).
+        elu: ELU between layers (else ReLU).
+        pyg_peer: the PyTorch Geometric layer `leo bench` compares with, or None.
+    """
+
+    name: str
+    help: str
+    edge_weights: EdgeWeights
+    extra_gemm: bool = False
+    attention: bool = False
+    elu: bool = False
+    pyg_peer: str | None = None
+
+    @property
+    def admits_replicas(self) -> bool:
+        """L1 replicas and the L1s static aggregate (aggregate-first of raw inputs)."""
+        return not self.attention
+
+
+CONVS: dict[str, Conv] = {
+    c.name: c
+    for c in (
+        Conv("gcn", "Kipf & Welling's GCN", "symmetric", pyg_peer="GCNConv"),
+        Conv("sage", "GraphSAGE, mean aggregator", "mean", extra_gemm=True),
+        Conv("gin", "GIN with a learnt eps and a 2-layer MLP", "sum", extra_gemm=True),
+        Conv(
+            "gat",
+            "multi-head graph attention",
+            "attention",
+            attention=True,
+            elu=True,
+            pyg_peer="GATConv",
+        ),
+    )
+}
+
+
+def conv_of(name: str) -> Conv:
+    """The record of a convolution (names are validated by the config schema)."""
+    return CONVS[name]

@@ -1,0 +1,204 @@
+"""Assembling one worker's job: partition -> halo plan -> aggregator -> graph, data, model.
+
+Names: `halo` is a worker's HaloPlan (who sends what), `cache_plan` the run's CachePlan
+(cache-plan.json), `mode` the registry record of `pipeline.mode`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from leo_cli import kernels
+from leo_cli.cache.plan import PLAN, plan_inputs, read_plan
+from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.dist import all_reduce_
+from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.grads import make_grad_reducer
+from leo_cli.comm.levels import Levels, RankLevels, build_levels, levels_for_mode
+from leo_cli.comm.modes import Wiring, auto_chunks, make_layer_aggregators
+from leo_cli.config import LeoConfig
+from leo_cli.config.schema import MAX_CHUNKS, ModelConfig
+from leo_cli.errors import TrainError
+from leo_cli.graph.layout import LocalPart
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.models.gnn import build_model
+from leo_cli.models.local_graph import LocalGraph, part_adjacency
+from leo_cli.registry import mode_of
+from leo_cli.train.timing import Laps
+from leo_cli.train.trainer import Job, WorkerData
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
+    return HaloPlan(
+        num_inner=part.num_inner,
+        send_idx_S=torch.from_numpy(np.array(part.send_idx)).to(device),
+        send_counts=[int(c) for c in part.send_counts],
+        recv_counts=[int(c) for c in part.recv_counts],
+    )
+
+
+def exchange_width(model: ModelConfig, dataset: DatasetInfo) -> int:
+    """The widest rows any layer exchanges: each layer sends the narrower of its input and
+    the row it computes (for attention: the features and source score of every head)."""
+    widths = model.layer_widths(dataset.num_features, dataset.num_classes)
+    rows = model.row_widths(dataset.num_classes)
+    return max(min(a, b) for a, b in zip(widths, rows, strict=False))
+
+
+def chunk_counts(
+    setting: str | int,
+    planned: list[int] | None,
+    halo: HaloPlan,
+    width: int,
+    dtype: torch.dtype,
+) -> list[int]:
+    """Chunks per peer of every layer: the setting, else the plan's, else the heuristic.
+
+    Both ends of a transfer must cut it the same way, so the heuristic's count is agreed
+    on by all workers (the largest any of them wants).
+    """
+    if setting != "auto":
+        counts = [int(setting)]
+    elif planned:
+        counts = planned
+    else:
+        wanted = torch.tensor([auto_chunks(halo, width, dtype)], dtype=torch.int64)
+        counts = [int(all_reduce_(wanted, op="max").item())]
+    # Checked where they are read (config schema, cache plan); 0 chunks would send nothing.
+    assert all(1 <= k <= MAX_CHUNKS for k in counts), f"chunk counts {counts} out of range"
+    return counts
+
+
+def layer0_is_static(cfg: LeoConfig, levels: Levels) -> bool:
+    """Layer 0 never aggregates when its static aggregate stands in (no input dropout)."""
+    return levels.static_agg_NF is not None and cfg.model.effective_input_dropout == 0
+
+
+def assemble(
+    cfg: LeoConfig,
+    part: LocalPart,
+    dataset: DatasetInfo,
+    world_size: int,
+    device: torch.device,
+    cache: RankLevels | None = None,
+    chunks_planned: list[int] | None = None,
+    laps: Laps | None = None,
+) -> Job:
+    """Build a job from an in-memory part (used by workers and by the single-process oracle).
+
+    `cache` is this rank's share of the cache plan; None means no cache (every halo row is
+    exchanged each layer). Every rank must pass one, or none (set-up runs collectives).
+    `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`.
+    `laps` gets the seconds of each step (train/timing.py).
+    """
+    laps = laps or Laps()
+    mode = mode_of(cfg.pipeline.mode)
+    dtype = DTYPES[cfg.train.dtype]
+    halo = halo_plan(part, device)
+    adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
+    data = WorkerData.from_part(part, dataset.num_train, dtype, device)
+    laps.lap("graph_s")
+    levels = None
+    if cache is not None:
+        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate)
+        halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
+        mode_cache = levels_for_mode(cache, mode)
+        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1)
+    laps.lap("levels_s")
+    graph = LocalGraph(
+        self_weight_N=self_weight,
+        global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
+        aggregator=aggregator_of(
+            cfg, part, (adj, halo), levels, world_size, dataset, chunks_planned
+        ),
+        replicas=None if levels is None else levels.replicas,
+        static_agg_NF=None if levels is None else levels.static_agg_NF,
+    )
+    laps.lap("aggregator_s")
+    graph.fold_self_loops(data.x_NF)
+    if cfg.model.attention:
+        graph.prepare_attention(cfg.model.num_layers)
+    model = build_model(cfg.model, dataset.num_features, dataset.num_classes, cfg.run.seed)
+    model = model.to(device=device, dtype=dtype)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    reducer = make_grad_reducer(model, mode)
+    laps.lap("model_s")
+    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
+    return Job(halo, graph, reducer, data, model, opt, static_layer0)
+
+
+def aggregator_of(
+    cfg: LeoConfig,
+    part: LocalPart,
+    whole: tuple[kernels.CSR, HaloPlan],
+    levels: Levels | None,
+    world_size: int,
+    dataset: DatasetInfo,
+    chunks_planned: list[int] | None,
+) -> Aggregator:
+    """The mode's aggregator over the part's halo (`whole`) or the cache levels' views; a
+    single worker has no halo to move (its views carry no plan)."""
+    adj, halo = whole
+    dtype = DTYPES[cfg.train.dtype]
+    width = exchange_width(cfg.model, dataset)
+    if world_size == 1:
+        return make_layer_aggregators(
+            mode_of(cfg.pipeline.mode), (adj, None), (adj, None),
+            Wiring(CommStats(), torch.zeros(0), width, dtype), [1],
+            attention=cfg.model.attention,
+        )  # fmt: skip
+    others = whole if levels is None else levels.others
+    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
+    first = others if levels is None or static_layer0 else levels.layer0
+    local_H = torch.from_numpy(np.array(part.halo_owner_local)).to(adj.device)
+    return make_layer_aggregators(
+        mode_of(cfg.pipeline.mode),
+        first,
+        others,
+        Wiring(CommStats(), local_H, width, dtype),
+        chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, dtype),
+        attention=cfg.model.attention,
+        static_layer0=static_layer0,
+    )
+
+
+def build_job(
+    run_dir: Path,
+    cfg: LeoConfig,
+    meta: dict[str, Any],
+    part: LocalPart,
+    world_size: int,
+    device: torch.device,
+    halo_sizes: list[int],
+    laps: Laps | None = None,
+) -> Job:
+    """The job of one part, with its share of the run's cache plan (checked to be made for
+    these partitions and settings, and checked whole against `halo_sizes`, every rank's
+    halo rows: every rank then refuses a bad plan alike, before any set-up collective)."""
+    dataset = DatasetInfo.from_meta(meta)
+    cache_plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
+    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks)
+    if cache_plan is not None and (
+        cache_plan.inputs != inputs or len(cache_plan.caches) != world_size
+    ):
+        cache_plan = None
+    if cfg.cache.policy != "none" and cache_plan is None:
+        raise TrainError(
+            f"{run_dir / PLAN} is missing or was made for other partitions or settings; run "
+            "leo profile-cache with this config (leo train does so itself)."
+        )
+    if cache_plan is None:
+        return assemble(cfg, part, dataset, world_size, device, laps=laps)
+    layers, attention = cfg.model.num_layers, cfg.model.attention
+    cache_plan.check_fits(run_dir / PLAN, halo_sizes, layers, attention)
+    c = cache_plan.caches[part.rank]
+    levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
+    return assemble(
+        cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps
+    )

@@ -1,0 +1,200 @@
+"""Every mode of the registry, unit by unit: its aggregator against a dense reference on a small
+hand-made halo (forward and backward, aggregating, transforming and gathering), and the same
+column-block products in every mode.
+
+Two gloo ranks own nodes 0-4 and 5-9 of a ten-node graph whose cut edges make every kind of
+halo row: read by one edge, read by several, a node that is both boundary and halo. The
+reference is the whole graph's normalised adjacency as a dense matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import spawn_ranks
+
+from leo_cli import kernels
+from leo_cli.comm.blocks import ColumnBlock
+from leo_cli.comm.exchange import CommStats
+from leo_cli.comm.modes import Wiring, make_aggregator
+from leo_cli.graph.layout import LocalPart, build_parts
+from leo_cli.graph.types import Graph, symmetrize
+from leo_cli.models.local_graph import part_adjacency
+from leo_cli.registry import MODES, mode_of, pipeline_modes
+from leo_cli.train.assemble import halo_plan
+
+pytestmark = pytest.mark.dist
+
+WIDTH, OUT = 3, 2
+# Inside each half a path; across: 4-5 (boundary both ways), 0-7 and 0-8 (node 0 read twice by
+# rank 1), 2-9, 3-9 (node 9 read twice by rank 0).
+EDGES = [(0, 1), (1, 2), (2, 3), (3, 4), (5, 6), (6, 7), (7, 8), (8, 9)]
+EDGES += [(4, 5), (0, 7), (0, 8), (2, 9), (3, 9)]
+OWNER = np.array([0] * 5 + [1] * 5)
+
+
+def hand_made() -> Graph:
+    n = 10
+    return Graph(
+        name="hand-made",
+        edge_index_2E=symmetrize(np.array(EDGES).T, n),
+        x_NF=np.zeros((n, WIDTH), dtype=np.float32),
+        y_N=np.zeros(n, dtype=np.int64),
+        train_mask_N=np.ones(n, dtype=bool),
+        val_mask_N=np.zeros(n, dtype=bool),
+        test_mask_N=np.zeros(n, dtype=bool),
+        num_classes=2,
+    )
+
+
+def dense_adjacency(g: Graph) -> torch.Tensor:
+    """The whole graph's GCN-normalised adjacency (no self loops), as one part sees it."""
+    whole = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
+    adj, _ = part_adjacency(whole, "gcn", torch.float64, torch.device("cpu"))
+    order = torch.from_numpy(np.asarray(whole.inner_nodes, dtype=np.int64))
+    dense = torch.zeros(g.num_nodes, g.num_nodes, dtype=torch.float64)
+    dense[order.unsqueeze(1), order.unsqueeze(0)] = adj.to_dense()
+    return dense
+
+
+def inputs(n: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "x": torch.randn(n, WIDTH, dtype=torch.float64, generator=gen),
+        "w": torch.randn(OUT, WIDTH, dtype=torch.float64, generator=gen),
+        "grad": torch.randn(n, OUT, dtype=torch.float64, generator=gen),
+    }
+
+
+def run_mode(name: str, part: LocalPart, world: int, global_in: dict[str, torch.Tensor]) -> dict:
+    """Aggregate, transform-aggregate and gather this rank's rows in one mode; outputs and
+    input gradients (the ones the reference gives for these rows)."""
+    ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
+    adj, _ = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    local_H = torch.from_numpy(np.array(part.halo_owner_local))
+    wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
+    agg = make_aggregator(
+        mode_of(name), adj, halo_plan(part, torch.device("cpu")), wiring, [2], attention=True
+    )
+    out: dict[str, Any] = {"ids": ids.numpy()}
+    x = global_in["x"][ids].clone().requires_grad_(True)
+    grad = global_in["grad"][ids]
+    y = agg.aggregate(x @ global_in["w"].t(), 0)
+    (y * grad).sum().backward()
+    out["aggregate"], out["aggregate_grad"] = y.detach().numpy(), x.grad.numpy().copy()
+    x.grad = None
+    w = global_in["w"].clone().requires_grad_(True)
+    y2, h = agg.transform_aggregate(x, w, 1)
+    (y2 * grad).sum().backward()
+    out["transform"], out["transform_grad"] = y2.detach().numpy(), x.grad.numpy().copy()
+    out["w_grad"] = w.grad.numpy().copy()
+    full = agg.gather(x.detach() @ global_in["w"].t(), 0)
+    out["gather_inner"] = full[: part.num_inner].numpy()
+    out["bytes"] = agg.stats.bytes_sent
+    return out
+
+
+def every_mode(rank: int, world: int, parts: list[LocalPart], g_in: dict) -> dict[str, Any]:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    return {name: run_mode(name, parts[rank], world, g_in) for name in pipeline_modes()}
+
+
+def test_every_mode_matches_the_dense_reference() -> None:
+    g = hand_made()
+    parts = build_parts(g, OWNER, 2)
+    g_in = inputs(g.num_nodes)
+    A = dense_adjacency(g)
+    h = g_in["x"] @ g_in["w"].t()
+    ref_y = A @ h
+    ref_grad = (A.t() @ g_in["grad"]) @ g_in["w"]
+    by_rank = spawn_ranks(every_mode, 2, parts, g_in)
+    for res in by_rank:
+        assert not isinstance(res, Exception), res
+        ids = torch.from_numpy(res[pipeline_modes()[0]]["ids"])
+        own = torch.zeros(g.num_nodes, dtype=torch.bool)
+        own[ids] = True
+        local_A = A * own.unsqueeze(0)  # what a worker computes with zeros for its halo
+        for name in pipeline_modes():
+            got, mode = res[name], mode_of(name)
+            y_ref, grad_ref = (ref_y, ref_grad) if mode.exact else (local_A @ h, None)
+            np.testing.assert_allclose(got["aggregate"], y_ref[ids], atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(got["transform"], y_ref[ids], atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(got["gather_inner"], h[ids], atol=1e-12, err_msg=name)
+            if grad_ref is not None:
+                for key in ("aggregate_grad", "transform_grad"):
+                    np.testing.assert_allclose(got[key], grad_ref[ids], atol=1e-12, err_msg=name)
+            assert (got["bytes"] > 0) == (mode.transport != "none"), name
+    # Weight gradients summed over ranks are the whole graph's.
+    for name in (n for n in pipeline_modes() if mode_of(n).exact):
+        w_grad = sum(res[name]["w_grad"] for res in by_rank)
+        np.testing.assert_allclose(w_grad, g_in["grad"].t() @ A @ g_in["x"], atol=1e-12)
+
+
+def count_products(calls: list[tuple[Any, ...]]) -> None:
+    """Record every block product and every SpMM (patched on the class and the module)."""
+    block_fwd, block_bwd, spmm = ColumnBlock.forward, ColumnBlock.backward, kernels.spmm
+
+    def fwd(self: ColumnBlock, x: torch.Tensor) -> torch.Tensor:
+        calls.append(("forward", self.fwd.num_rows, self.num_cols, self.num_edges, x.shape[1]))
+        return block_fwd(self, x)
+
+    def bwd(self: ColumnBlock, grad: torch.Tensor) -> torch.Tensor:
+        calls.append(("backward", self.fwd.num_rows, self.num_cols, self.num_edges, grad.shape[1]))
+        return block_bwd(self, grad)
+
+    def counted_spmm(adj: kernels.CSR, x: torch.Tensor) -> torch.Tensor:
+        calls.append(("spmm", adj.num_edges))
+        return spmm(adj, x)
+
+    ColumnBlock.forward = fwd  # type: ignore[method-assign]
+    ColumnBlock.backward = bwd  # type: ignore[method-assign]
+    kernels.spmm = counted_spmm
+
+
+def products_of_every_mode(rank: int, world: int, parts: list[LocalPart]) -> dict[str, Any]:
+    """Each mode's aggregation of the same rows, and the products it ran (one chunk)."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = parts[rank]
+    adj, _ = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(part.num_inner, WIDTH, dtype=torch.float64, generator=gen)
+    grad = torch.randn(part.num_inner, WIDTH, dtype=torch.float64, generator=gen)
+    calls: list[tuple[Any, ...]] = []
+    count_products(calls)
+    out: dict[str, Any] = {"edges": adj.num_edges}
+    local_H = torch.from_numpy(np.array(part.halo_owner_local))
+    for name in pipeline_modes():
+        wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
+        plan = halo_plan(part, torch.device("cpu"))
+        agg = make_aggregator(mode_of(name), adj, plan, wiring, [1])
+        h = x.clone().requires_grad_(True)
+        calls.clear()
+        (agg.aggregate(h, 0) * grad).sum().backward()
+        out[name] = list(calls)
+    return out
+
+
+def test_every_mode_runs_the_same_block_products() -> None:
+    """Modes differ only in how rows move: every SpMM is a column block's, the blocks read
+    every local edge once per direction, and the modes that keep one row per halo node run
+    the very same list of products (compute-only: the exact modes' computation)."""
+    from conftest import random_graph
+
+    g = random_graph(num_nodes=80, num_edges=320, num_features=WIDTH, seed=7)
+    parts = build_parts(g, np.arange(g.num_nodes) % 2, 2)
+    for r, res in enumerate(spawn_ranks(products_of_every_mode, 2, parts)):
+        assert not isinstance(res, Exception), res
+        reference = None
+        for name in pipeline_modes():
+            blocks = sorted(c for c in res[name] if c[0] != "spmm")
+            assert len(res[name]) == 2 * len(blocks), (name, r)  # each block product one SpMM
+            for direction in ("forward", "backward"):
+                edges = sum(c[3] for c in blocks if c[0] == direction)
+                assert edges == res["edges"], (name, r, direction)
+            if not MODES[name].per_edge_rows:  # per-edge rows: one column per remote edge
+                reference = reference or blocks
+                assert blocks == reference, (name, r)
