@@ -22,6 +22,7 @@ from rich.table import Table
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.errors import KernelError
 from leo_cli.kernel_tools import build, check
+from leo_cli.kernels import stamp
 
 _STATUS_STYLE = {"OK": "green", "FAIL": "bold red", "SKIP": "yellow"}
 
@@ -85,7 +86,7 @@ def compile_cmd(
     --config and --set are accepted like every command's; no config section affects compiling.
     """
     resolve_config(config, overrides)
-    cuda_dir = build.cuda_source_dir()
+    cuda_dir = stamp.cuda_source_dir()
     if check_only:
         _run_check(cuda_dir, arch, jobs, verbose)
     else:

@@ -141,7 +141,7 @@ class PartitionConfig(Section):
 def one_of(names: list[str], value: str) -> str:
     """A name from a registry table, or a sentence listing them."""
     if value not in names:
-        raise ValueError(f"must be one of {', '.join(names)} (got {value!r})")
+        raise ValueError(f"must be one of {', '.join(names)}")
     return value
 
 
@@ -211,8 +211,8 @@ class ModelConfig(Section):
                 if getattr(self, key) != type(self).model_fields[key].default:
                     names = " or ".join(n for n, c in registry.CONVS.items() if c.attention)
                     raise ValueError(
-                        f"model.{key} applies to attention models only (model.name={names}; "
-                        f"model.name is {self.name}); remove it or set model.name={names}"
+                        f"model.{key} applies to model.name={names} only (model.name is "
+                        f"{self.name}); remove it or set model.name={names}"
                     )
         return self
 

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leo_cli.cache.cost import MODES, RankCache
+from leo_cli.cache.cost import RankCache
 from leo_cli.cache.plan import PLAN, CachePlan, read_plan, write_plan
 from leo_cli.config.schema import MAX_CHUNKS
 from leo_cli.errors import CacheError
+from leo_cli.registry import MODES
 
 HALO = [6, 4]  # halo rows of rank 0 and rank 1
 

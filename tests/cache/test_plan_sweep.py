@@ -10,8 +10,9 @@ from test_cost import hardware, part
 
 from leo_cli.cache import plan as plan_module
 from leo_cli.cache import policy as policy_module
-from leo_cli.cache.cost import MODES, ModelShape
+from leo_cli.cache.cost import ModelShape
 from leo_cli.config.schema import CacheConfig
+from leo_cli.registry import MODES
 
 # Two layers, 16 -> 8 -> 4, input dropout on: replicas apply (no static aggregate).
 SHAPE = ModelShape((16, 8, 4), 0.5, 0.5, 4, extra_gemm=False)

@@ -68,7 +68,7 @@ def test_shipped_configs_load() -> None:
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("bench.modes=[nonsense]", "'bench.modes'.*'compute-only'"),
+        ("bench.modes=[nonsense]", "'bench.modes'.*compute-only"),
         ("bench.modes=[leo,blocking,leo]", "'bench.modes'.*twice"),
         ("bench.modes=[]", "'bench.modes'"),
         ("bench.world_sizes=[-5]", "'bench.world_sizes'.*greater than or equal to 1"),
@@ -81,7 +81,7 @@ def test_shipped_configs_load() -> None:
         ("model.input_dropout=0.001", "'model.input_dropout'.*1/256"),
         ("model.attention_dropout=0.001", "'model.attention_dropout'.*1/256"),
         ("model.heads=0", "'model.heads'.*greater than or equal to 1"),
-        ("model.name=gatv2", "'model.name'.*'gat'"),
+        ("model.name=gatv2", "'model.name'.*gat"),
         ("bench.warmup_epochs=-1", "'bench.warmup_epochs'"),
         ("model.heads=4", "--set model.heads=4: model.heads applies to model.name=gat only"),
         ("model.name=sage model.output_heads=2", "model.output_heads applies to model.name=gat"),
