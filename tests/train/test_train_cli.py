@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dist_harness import free_port
+from ranks import free_port
 
 from leo_cli.kernels import backend_name
 
