@@ -47,13 +47,14 @@ class CommStats:
     """
 
     bytes_sent: int = 0
+    inplace_bytes: int = 0  # rows read in place from peers' published rows (per reading edge)
     wait_s: float = 0.0
     transfer_s: float = 0.0
     _events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
     _transfers: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     def reset(self) -> None:
-        self.bytes_sent, self.wait_s, self.transfer_s = 0, 0.0, 0.0
+        self.bytes_sent, self.inplace_bytes, self.wait_s, self.transfer_s = 0, 0, 0.0, 0.0
         self._events.clear()
         self._transfers.clear()
 

@@ -297,6 +297,13 @@ class PipelineConfig(Section):
     the fastest it predicts), and without a plan (cache.policy=none) chunks of about 4 MiB per
     peer (1 to 4)."""
 
+    transport: Literal["auto", "process-group", "shared-memory"] = "auto"
+    """How halo rows of same-host owners move: `auto` (the plan's choice per pair of workers;
+    L3 rows are read in place from the owner's published rows), `process-group` (every row
+    through the process group: L2 in bulk, L3 once per reading edge), `shared-memory` (every
+    row of a same-host owner read from its published rows). Owners on other hosts always use
+    the process group."""
+
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:

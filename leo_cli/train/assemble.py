@@ -18,7 +18,13 @@ from leo_cli.comm.aggregate import Aggregator
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.grads import make_grad_reducer
-from leo_cli.comm.levels import Levels, RankLevels, build_levels, levels_for_mode
+from leo_cli.comm.levels import (
+    InPlaceSetting,
+    Levels,
+    RankLevels,
+    build_levels,
+    levels_for_mode,
+)
 from leo_cli.comm.modes import Wiring, auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import MAX_CHUNKS, ModelConfig
@@ -104,19 +110,24 @@ def assemble(
     adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, dataset.num_train, dtype, device)
     laps.lap("graph_s")
+    stats = CommStats()  # every aggregator of this worker counts here
+    if mode.per_edge_rows and world_size > 1:  # MGG: every halo row L3 (replicas excepted)
+        cache = every_row_l3(cache, halo.num_halo)
     levels = None
     if cache is not None:
         assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate)
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
+        setting = in_place_setting(cfg, part, dataset, device, stats)
         mode_cache = levels_for_mode(cache, mode)
-        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1)
+        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting)
     laps.lap("levels_s")
+    aggregator = aggregator_of(
+        cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats)
+    )
     graph = LocalGraph(
         self_weight_N=self_weight,
         global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
-        aggregator=aggregator_of(
-            cfg, part, (adj, halo), levels, world_size, dataset, chunks_planned
-        ),
+        aggregator=aggregator,
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
@@ -140,11 +151,13 @@ def aggregator_of(
     levels: Levels | None,
     world_size: int,
     dataset: DatasetInfo,
-    chunks_planned: list[int] | None,
+    planned: tuple[list[int] | None, CommStats],
 ) -> Aggregator:
     """The mode's aggregator over the part's halo (`whole`) or the cache levels' views; a
-    single worker has no halo to move (its views carry no plan)."""
+    single worker has no halo to move (its views carry no plan). `planned`: the plan's chunk
+    counts (None: no plan) and where the aggregator counts what it moves."""
     adj, halo = whole
+    chunks_planned, stats = planned
     dtype = DTYPES[cfg.train.dtype]
     width = exchange_width(cfg.model, dataset)
     if world_size == 1:
@@ -161,11 +174,34 @@ def aggregator_of(
         mode_of(cfg.pipeline.mode),
         first,
         others,
-        Wiring(CommStats(), local_H, width, dtype),
+        Wiring(stats, local_H, width, dtype),
         chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, dtype),
         attention=cfg.model.attention,
         static_layer0=static_layer0,
+        in_place=None if levels is None else levels.in_place,
     )
+
+
+def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:
+    """The levels of a per-edge mode: every halo row L3, replicas and the static aggregate
+    kept where a plan has them."""
+    replicas = [] if cache is None else cache.replica_rows
+    static = cache is not None and cache.static_aggregate
+    rows = sorted(set(range(num_halo)) - set(replicas))
+    return RankLevels(static, replicas, rows)
+
+
+def in_place_setting(
+    cfg: LeoConfig, part: LocalPart, dataset: DatasetInfo, device: torch.device, stats: CommStats
+) -> InPlaceSetting | None:
+    """What reading L3 rows in place needs, or None where they travel per edge through the
+    process group (`pipeline.transport=process-group`, or CUDA: published rows are host
+    memory; peer-GPU reads need the CUDA kernel's remote side, not wired here)."""
+    if cfg.pipeline.transport == "process-group" or device.type != "cpu":
+        return None
+    local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))
+    width = exchange_width(cfg.model, dataset)
+    return InPlaceSetting(cfg.model.num_layers, width, cfg.launch.timeout_s, local_H, stats)
 
 
 def build_job(
