@@ -57,7 +57,12 @@ class InPlace:
     stats: CommStats
 
     def stream(self, layer: int, direction: int) -> int:
-        return 2 * layer + direction
+        """One stream per direction, not per layer: every worker publishes and reads the
+        layers in the same order (forward 0, 1, ...; backward ..., 1, 0), so exchanges line
+        up, and one pair of copies serves every layer (a copy per layer would multiply the
+        memory by the depth)."""
+        del layer
+        return direction
 
     # -- forward --------------------------------------------------------------------------
 
@@ -138,7 +143,8 @@ def build_in_place(
         plan: its halo plan.
         rows_H: halo positions read in place.
         halo_local_H: owner-local row of every halo position.
-        setting: (number of layers, widest width, dtype, timeout in seconds).
+        setting: (number of layers, widest width, dtype, timeout in seconds); the layers
+            share the segments (see `InPlace.stream`).
         stats: where in-place bytes are counted.
     """
     num_layers, width, dtype, timeout_s = setting
@@ -154,7 +160,7 @@ def build_in_place(
     hosts = same_host_ranks(world)
     layouts: list[Layout | None] = [
         Layout(
-            2 * num_layers, world, len(boundaries[q]),
+            2, world, len(boundaries[q]),
             [len(asked[q].get(owner, [])) for owner in range(world)],
             width, torch.empty(0, dtype=dtype).element_size(),
         ) if hosts[q] else None

@@ -128,11 +128,13 @@ def build_levels(
         static = kernels.spmm(adj, full)
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
-    assert not set(levels.l3_rows) & set(levels.replica_rows), "L1 and L3 rows are disjoint"
     in_place_H, rows = None, None
     if in_place is not None:
+        # L3 rows of same-host owners, unless replicated at layer 0 (those travel per edge at
+        # the other layers: one set of rows read in place serves every layer).
         hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=adj.device)
         in_place_H = hosts[halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))]
+        in_place_H[torch.tensor(levels.replica_rows, dtype=torch.int64, device=adj.device)] = False
         l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=adj.device)
         rows = l3_H[in_place_H[l3_H]].sort().values
         wanted = all_reduce_(torch.tensor([rows.numel()], device=adj.device), op="max")

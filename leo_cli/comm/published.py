@@ -2,9 +2,10 @@
 
 Every worker of a host owns one segment (a /dev/shm file that the host's workers map):
 
-- a header of int64 counters: for every stream s (a layer's forward rows, or its backward
-  gradients) `seq[s]`, the last exchange of s this worker has published, and `ack[s][q]`, the
-  last exchange of peer q's stream s this worker has finished reading;
+- a header of int64 counters: for every stream s (its forward rows, or its backward
+  gradients: every layer's in turn, in the same order on every worker) `seq[s]`, the last
+  exchange of s this worker has published, and `ack[s][q]`, the last exchange of peer q's
+  stream s this worker has finished reading;
 - `NUM_COPIES` copies of its forward rows (the rows peers read in place, at the widest width)
   and of its backward rows (the gradients of the rows it read, one region per owner).
 
