@@ -115,7 +115,9 @@ def assemble(
         cache = every_row_l3(cache, halo.num_halo)
     levels = None
     if cache is not None:
-        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate)
+        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
+            f"{cfg.model.name}: L2/L3 rows only (no replicas or static aggregate for this model)"
+        )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         setting = in_place_setting(cfg, part, dataset, device, stats)
         mode_cache = levels_for_mode(cache, mode)
