@@ -90,7 +90,7 @@ class InPlace:
             else:
                 out_NF += kernels.spmm(part.in_place, published)
             self.rows.end_read(s, part.owner, k)
-            self.stats.inplace_bytes += part.in_place.num_edges * width * h_NF.element_size()
+            self.stats.published_bytes += part.in_place.num_edges * width * h_NF.element_size()
         assert out_NF is not None
         return out_NF
 
@@ -105,7 +105,7 @@ class InPlace:
         for part in self.reads:
             region = self.rows.backward_rows(self.rank, part.owner, copy, width)
             region.copy_(part.block.backward(grad_NF))
-            self.stats.bytes_sent += region.numel() * region.element_size()
+            self.stats.published_bytes += region.numel() * region.element_size()
         self.rows.end_write(s, k)
 
     def add_returned(self, grad_NF: Tensor, layer: int) -> None:

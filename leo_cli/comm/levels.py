@@ -105,6 +105,7 @@ class InPlaceSetting:
     timeout_s: float
     halo_local_H: Tensor  # owner-local row of every halo position
     stats: CommStats  # the worker's communication statistics
+    every_row: bool = False  # every row of a same-host owner, not only L3 (shared-memory)
 
 
 @torch.no_grad()
@@ -135,6 +136,11 @@ def build_levels(
         hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=adj.device)
         in_place_H = hosts[halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))]
         in_place_H[torch.tensor(levels.replica_rows, dtype=torch.int64, device=adj.device)] = False
+        if in_place.every_row:  # every row of a same-host owner is read in place
+            more = torch.nonzero(in_place_H).squeeze(1).tolist()
+            levels = RankLevels(
+                levels.static_aggregate, levels.replica_rows, sorted({*levels.l3_rows, *more})
+            )
         l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=adj.device)
         rows = l3_H[in_place_H[l3_H]].sort().values
         wanted = all_reduce_(torch.tensor([rows.numel()], device=adj.device), op="max")

@@ -298,11 +298,12 @@ class PipelineConfig(Section):
     peer (1 to 4)."""
 
     transport: Literal["auto", "process-group", "shared-memory"] = "auto"
-    """How halo rows of same-host owners move: `auto` (the plan's choice per pair of workers;
-    L3 rows are read in place from the owner's published rows), `process-group` (every row
-    through the process group: L2 in bulk, L3 once per reading edge), `shared-memory` (every
-    row of a same-host owner read from its published rows). Owners on other hosts always use
-    the process group."""
+    """How halo rows of same-host owners move in the modes that can read rows in place (leo,
+    fine-grained): `auto` (L3 rows read in place from the owner's published rows, L2 rows in
+    bulk through the process group; fine-grained reads every row in place), `process-group`
+    (every row through the process group: L2 in bulk, L3 once per reading edge),
+    `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
+    on other hosts always use the process group; CUDA workers read nothing in place yet."""
 
     @field_validator("mode")
     @classmethod

@@ -46,7 +46,7 @@ def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int) -> An
         mode_of("leo"), levels.layer0, levels.others, wiring, [2], in_place=levels.in_place
     )
     outs = []
-    for it in range(3):
+    for _ in range(3):
         xx = x.clone().requires_grad_(True)
         y0, _ = agg.transform_aggregate(xx, g_in["w"], 0)  # width 2
         y1 = agg.aggregate(torch.relu(y0), 1)

@@ -24,15 +24,19 @@ def layout(copies: int) -> Layout:
     return Layout(2, 2, ROWS, [0, 0], WIDTH, 8, copies)
 
 
-def writer_and_slow_reader(rank: int, world: int, copies: int, wait: bool) -> list[Any]:
-    """Rank 0 publishes exchange k as rows full of k, as fast as it may; rank 1 reads each
-    exchange in two halves with a pause between them and reports what it saw."""
+def writer_and_slow_reader(
+    rank: int, world: int, copies: int, wait: bool, writer_pause: float = 0.0
+) -> list[Any]:
+    """Rank 0 publishes exchange k as rows full of k, as fast as it may (or pausing
+    `writer_pause` seconds before each); rank 1 reads each exchange in two halves with a pause
+    between them and reports what it saw."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
     rows = PublishedRows([layout(copies), layout(copies)], rank, torch.float64, timeout_s=30)
     stream = 2 * 0 + FORWARD
     seen: list[Any] = []
     for _ in range(EXCHANGES):
         if rank == 0:
+            time.sleep(writer_pause)
             k, copy = rows.begin_write(stream, readers=[1])
             rows.forward_rows(0, copy, WIDTH).fill_(float(k))
             rows.end_write(stream, k)
@@ -66,6 +70,8 @@ def test_one_copy_lets_a_fast_writer_overwrite_a_slow_read() -> None:
 
 
 def test_a_reader_that_skips_the_readiness_wait_reads_stale_rows() -> None:
-    seen = spawn_ranks(writer_and_slow_reader, 2, 2, False)[1]
+    # A writer slower than the reader: an impatient reader runs ahead of what is published
+    # (without the pause a loaded machine may slow the reader enough to hide it).
+    seen = spawn_ranks(writer_and_slow_reader, 2, 2, False, 0.1)[1]
     assert not isinstance(seen, Exception), seen
     assert torn(seen), "reading before the writer published should have seen old rows"
