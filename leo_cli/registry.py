@@ -37,6 +37,9 @@ class Mode:
             use the static aggregate (L1s).
         per_edge_rows: every remote edge brings its own row (MGG's scheme).
         one_host: every worker must be on one host.
+        reads_in_place: rows of same-host owners can be read in place from their published
+            rows (comm/inplace.py): the L3 rows (`pipeline.transport=auto`; every row for a
+            per-edge mode) or every row (`shared-memory`).
         bucketed_grads: weight gradients are all-reduced per layer, asynchronously, during
             the backward pass (else one all-reduce after it).
         planned: the cache plan's levels are priced for it (the others without a cache).
@@ -53,6 +56,7 @@ class Mode:
     cache_levels: bool = False
     per_edge_rows: bool = False
     one_host: bool = False
+    reads_in_place: bool = False
     bucketed_grads: bool = False
     planned: bool = False
     runs_as: str | None = None
@@ -85,6 +89,7 @@ MODES: dict[str, Mode] = {
             overlap=True,
             chunks=True,
             cache_levels=True,
+            reads_in_place=True,
             bucketed_grads=True,
             planned=True,
         ),
@@ -102,6 +107,7 @@ MODES: dict[str, Mode] = {
             transport="all-to-all",
             cache_levels=True,
             per_edge_rows=True,
+            reads_in_place=True,
         ),
         Mode(
             "shared-memory",
@@ -125,6 +131,7 @@ MODES: dict[str, Mode] = {
             transport="point-to-point",
             overlap=True,
             chunks=True,
+            reads_in_place=True,
             bucketed_grads=True,
             runs_as="leo",
             cache_policy="none",

@@ -144,18 +144,45 @@ class ShapeLayer:
     last: bool
 
 
+@dataclass(frozen=True)
+class Reach:
+    """Which owners' rows each rank may read in place (comm/inplace.py), and which rows.
+
+    `published[r, q]`: rank q publishes rows rank r maps (same host, CPU, `pipeline.transport`
+    not process-group). `every_row`: all rows of such an owner are read in place
+    (`pipeline.transport=shared-memory`), not only the L3 rows (`auto`). Replicated rows are
+    never read in place (they are exchanged at the layers past 0).
+    """
+
+    published: np.ndarray
+    every_row: bool = False
+
+    @classmethod
+    def none(cls, num: int) -> Reach:
+        return cls(np.zeros((num, num), dtype=bool))
+
+
 class _Counts:
     """Rows and edges a rank moves and aggregates at one layer, given every rank's cache.
 
     Computed from each part's totals and the rows its cache lists (replicas, rows fetched per
     edge), never from a pass over every halo row: the policy prices dozens of caches.
+    `in_place[r, q]`: rows r reads in place from q's published rows (no transfer: their edges
+    read the owner's memory; their gradients go back through it).
     """
 
     def __init__(
-        self, accesses: list[PartAccess], caches: list[RankCache], layer: int, per_edge: bool
+        self,
+        accesses: list[PartAccess],
+        caches: list[RankCache],
+        layer: int,
+        per_edge: bool,
+        reach: Reach | None = None,
     ) -> None:
         num = len(accesses)
+        reach = reach or Reach.none(num)
         self.recv = np.zeros((num, num))  # recv[r, q]: rows r receives from q
+        self.in_place = np.zeros((num, num))
         self.halo_edges = np.zeros(num)
         self.replica_edges = np.zeros(num)
         self.replica_rows = np.zeros(num)
@@ -163,23 +190,45 @@ class _Counts:
         for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
             l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
             l1_edges = float(p.reuse_H[l1].sum())
-            recv = np.asarray(p.recv_counts, dtype=np.float64)
-            recv -= np.bincount(p.owner_H[l1], minlength=num)
+            rows_q = np.asarray(p.recv_counts, dtype=np.float64)
+            recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
             per_edge_edges = 0.0
             if per_edge:  # every row not replicated comes once per reading edge
-                recv += p.reuse_per_owner - np.asarray(p.recv_counts, dtype=np.float64)
+                recv += p.reuse_per_owner - rows_q
                 recv -= np.bincount(p.owner_H[l1], weights=p.reuse_H[l1] - 1, minlength=num)
                 per_edge_edges = p.halo_edges - l1_edges
             elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
                 l3 = np.setdiff1d(c.l3_rows, l1, assume_unique=True)
                 recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
                 per_edge_edges = float(p.reuse_H[l3].sum())
+            mine = reach.published[r]
+            if mine.any():
+                # Rows of a publishing owner read in place: every row (per-edge modes, or
+                # `every_row`) or the L3 rows, replicas excepted; the rest still travel.
+                replicas = np.bincount(p.owner_H[c.replica_rows], minlength=num)
+                if per_edge or reach.every_row:
+                    read = rows_q - replicas
+                    stay = (replicas if layer > 0 else 0) * (1 if not per_edge else 0)
+                    travel_q = np.where(mine, stay, recv)
+                else:
+                    l3 = np.setdiff1d(c.l3_rows, c.replica_rows)
+                    read = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
+                    travelling_l3 = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
+                    travel_q = np.where(mine, recv - travelling_l3, recv)
+                    per_edge_edges -= float(travelling_l3[mine].sum())
+                self.in_place[r] = np.where(mine, read, 0.0)
+                recv = travel_q
+                if per_edge:
+                    per_edge_edges = float(np.where(mine, 0.0, p.reuse_per_owner).sum())
             self.recv[r] = recv
             self.halo_edges[r] = p.halo_edges - l1_edges
             self.replica_edges[r] = l1_edges
             self.replica_rows[r] = l1.shape[0]
             self.per_edge_edges[r] = per_edge_edges
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
+        self.read_in_place = self.in_place.sum(axis=1)  # rows each rank reads in place
+        self.read_from = self.in_place.T.sum(axis=1)  # rows of each rank read in place
+        self.publishes: np.ndarray = np.asarray((self.in_place > 0).any(axis=0))
         self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
 
 
@@ -322,9 +371,12 @@ def _forward(
         pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
     if mode.overlap and sl.upd:  # boundary-first: x rows gathered, h rows placed
         pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
+    if cnt.publishes[r]:  # its boundary rows copied where same-host readers map them
+        pack += hw.pass_seconds(bnd, w)
     rows = p.rows_reading_blocks(k)
     inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
-    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
+    read = halo + cnt.read_in_place[r]  # rows the halo edges read, here or in place
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, read, rows)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
@@ -348,14 +400,17 @@ def _backward(
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
-    pre["spmm"] = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, rows, halo, backward=True)
+    read = halo + cnt.read_in_place[r]
+    pre["spmm"] = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, rows, read, backward=True)
     pre["pack"] = hw.gather_seconds(rows, w)  # each block's rows of the gradient
+    pre["pack"] += hw.pass_seconds(cnt.read_in_place[r], w)  # published for their owners
     if mode.transport == "all-to-all":  # one buffer for the collective
         pre["pack"] += hw.pass_seconds(halo, w)
     inner_spmm = _spmm(hw, p.inner_edges, w, n, n, backward=True)
     overlap = mode.overlap
     window: Terms = {"spmm": inner_spmm} if overlap else {}
     unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
+    unpack += hw.scatter_add_seconds(cnt.read_from[r], w)  # what in-place readers published
     unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
     comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
     if comm > 0 and mode.transport != "segment":  # the gradients land in a fresh buffer
@@ -406,8 +461,10 @@ def predict(
     profile: HardwareProfile,
     mode_name: str,
     num_chunks: list[int],
+    reach: Reach | None = None,
 ) -> Prediction:
-    """Predicted training-step time of a mode (evaluation excluded, as epoch_time_s is)."""
+    """Predicted training-step time of a mode (evaluation excluded, as epoch_time_s is);
+    `reach`: the rows read in place (default: none, every row through the mode's transport)."""
     mode = mode_of(mode_name)
     hw = Rates(profile)
     num = len(accesses)
@@ -427,7 +484,9 @@ def predict(
                     rank_terms[r] = _add(rank_terms[r], pairs[r][idx])
             continue
         k = num_chunks[min(layer, len(num_chunks) - 1)] if mode.chunks else 1
-        cnt = _Counts(accesses, caches, layer, per_edge=mode.per_edge_rows)
+        cnt = _Counts(
+            accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
+        )
         for direction, build in (("forward_s", _forward), ("backward_s", _backward)):
             splits = [build(hw, pr, r, cnt, sl, mode, k) for r, pr in enumerate(accesses)]
             phases = [s.phases() for s in splits]

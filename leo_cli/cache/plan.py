@@ -25,7 +25,7 @@ import numpy as np
 
 from leo_cli.cache import plan_check
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import ModelShape, RankCache, predict
+from leo_cli.cache.cost import ModelShape, Prediction, RankCache, Reach, predict
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.policy import Budgets, decide
 from leo_cli.comm.modes import auto_chunk_count
@@ -70,10 +70,14 @@ def _digest(material: dict[str, Any]) -> str:
 
 
 def graph_inputs(
-    partition_meta: dict[str, Any], model: ModelConfig, dtype: str, num_chunks: str | int
+    partition_meta: dict[str, Any],
+    model: ModelConfig,
+    dtype: str,
+    num_chunks: str | int,
+    reach: Reach | None = None,
 ) -> str:
-    """Digest of what every mode's prediction depends on: partitions, model, dtype and
-    `pipeline.num_chunks`."""
+    """Digest of what every mode's prediction depends on: partitions, model, dtype,
+    `pipeline.num_chunks` and which rows can be read in place (`reach`)."""
     return _digest(
         {
             "format": FORMAT_VERSION,
@@ -81,6 +85,7 @@ def graph_inputs(
             "model": model.model_dump(mode="json"),
             "dtype": dtype,
             "num_chunks": num_chunks,
+            "reach": None if reach is None else [reach.published.tolist(), reach.every_row],
         }
     )
 
@@ -91,13 +96,14 @@ def plan_inputs(
     cache: CacheConfig,
     dtype: str,
     num_chunks: str | int,
+    reach: Reach | None = None,
 ) -> str:
     """Digest of what the cache levels depend on: the graph inputs and the cache settings.
 
     Workers check it, so a plan made for other partitions or settings is never used.
     """
     settings = cache.model_dump(mode="json", exclude={"hardware"})
-    graph = graph_inputs(partition_meta, model, dtype, num_chunks)
+    graph = graph_inputs(partition_meta, model, dtype, num_chunks, reach)
     return _digest({"graph": graph, "cache": settings})
 
 
@@ -122,6 +128,12 @@ class CachePlan:
     sweep: list[dict[str, float | bool]]
     replica_budget_mb: float
     plan_s: float | None = None  # seconds it took to make (accesses, policy, plot)
+    # Per rank: rows per level (L1 replicas, L2, L3) and how rows of each peer travel.
+    levels: list[dict[str, int]] | None = None
+    transport: list[list[str | None]] | None = None
+    # `pipeline.transport=auto` chose to read every row of same-host owners in place (the
+    # planned mode predicted faster so), not only the L3 rows.
+    every_row: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,12 +152,15 @@ class CachePlan:
                     "replica_rows": c.replica_rows.tolist(),
                     "l3_rows": c.l3_rows.tolist(),
                     "bytes_per_level": self.bytes_per_level[r],
+                    "levels": None if self.levels is None else self.levels[r],
+                    "transport": None if self.transport is None else self.transport[r],
                 }
                 for r, c in enumerate(self.caches)
             ],
             "replica_budget_sweep": self.sweep,
             "replica_budget_mb": self.replica_budget_mb,
             "plan_s": self.plan_s,
+            "every_row_in_place": self.every_row,
         }
 
     @classmethod
@@ -174,6 +189,11 @@ class CachePlan:
             [r.bytes_per_level.model_dump() for r in f.ranks],
             [p.model_dump() for p in f.replica_budget_sweep],
             float(f.replica_budget_mb), f.plan_s,
+            None if any(r.levels is None for r in f.ranks)
+            else [r.levels.model_dump() for r in f.ranks if r.levels is not None],
+            None if any(r.transport is None for r in f.ranks)
+            else [list(r.transport or []) for r in f.ranks],
+            f.every_row_in_place,
         )  # fmt: skip
 
     def check_fits(
@@ -241,14 +261,23 @@ def make_plan(
     hw: HardwareProfile,
     keys: tuple[str, str, str],
     num_chunks: str | int = "auto",
+    reach: Reach | None = None,
 ) -> CachePlan:
     """Run the policy (which also gives the replica sweep for the plot), predict every mode
-    with the chunk counts it will run (`num_chunks`: the `pipeline.num_chunks` setting).
+    with the chunk counts it will run (`num_chunks`: the `pipeline.num_chunks` setting) and
+    the rows it reads in place (`reach`; default none).
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
     b = budgets(cache, accesses, shape)
-    decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate)
+    reach = reach or Reach.none(len(accesses))
+    asked = reach  # what modes run without the plan read in place
+    decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, reach)
+    if reach.published.any() and not reach.every_row:  # auto: L3 rows only, or every row?
+        every = Reach(reach.published, every_row=True)
+        alt = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, every)
+        if faster(alt.prediction, decision.prediction):
+            decision, reach = alt, every
     if num_chunks != "auto":  # a set count serves every layer (and the plan says so)
         decision.num_chunks = [int(num_chunks)] * shape.num_layers
     none = [RankCache() for _ in accesses]
@@ -258,7 +287,9 @@ def make_plan(
         caches = decision.caches if mode.planned else none
         chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
         try:
-            pred = predict(accesses, caches, shape, hw, name, chunks)
+            pred = predict(
+                accesses, caches, shape, hw, name, chunks, reach if mode.planned else asked
+            )
         except CacheError:  # the profile lacks that link (e.g. shared memory across hosts)
             predicted[name] = None
             continue
@@ -266,8 +297,51 @@ def make_plan(
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [bytes_per_level(p, c, shape) for p, c in zip(accesses, decision.caches, strict=True)],
-        decision.sweep, max(b.replica_bytes) / 2**20,
+        decision.sweep, max(b.replica_bytes) / 2**20, None,
+        [rows_per_level(p, c) for p, c in zip(accesses, decision.caches, strict=True)],
+        transports(accesses, decision.caches, reach), reach.every_row,
     )  # fmt: skip
+
+
+def faster(a: Prediction | None, b: Prediction | None) -> bool:
+    """Whether prediction a is a faster step than b (False when either is missing)."""
+    return a is not None and b is not None and a.epoch_time_s < b.epoch_time_s
+
+
+def rows_per_level(p: PartAccess, c: RankCache) -> dict[str, int]:
+    """Halo rows of a rank per level: L1 replicas (layer 0), L3 (not replicated), L2 the rest."""
+    l3 = int(np.setdiff1d(c.l3_rows, c.replica_rows).shape[0])
+    return {
+        "L1": int(c.replica_rows.shape[0]),
+        "L2": p.num_halo - l3 - int(c.replica_rows.shape[0]),
+        "L3": l3,
+    }
+
+
+def transports(
+    accesses: list[PartAccess], caches: list[RankCache], reach: Reach
+) -> list[list[str | None]]:
+    """Per rank and peer, how the planned mode moves that peer's rows (replicas aside):
+    `process-group` (L2 in bulk, L3 per edge), `published-rows` (every row read in place),
+    `mixed` (its L3 rows read in place, its L2 rows through the process group), or None (no
+    rows from that peer)."""
+    out: list[list[str | None]] = []
+    for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
+        num = len(p.recv_counts)
+        l3 = np.bincount(p.owner_H[np.setdiff1d(c.l3_rows, c.replica_rows)], minlength=num)
+        rows = np.asarray(p.recv_counts) - np.bincount(p.owner_H[c.replica_rows], minlength=num)
+        row: list[str | None] = []
+        for q in range(num):
+            if rows[q] == 0:
+                row.append(None)
+            elif not reach.published[r, q] or (l3[q] == 0 and not reach.every_row):
+                row.append("process-group")
+            elif reach.every_row or l3[q] == rows[q]:
+                row.append("published-rows")
+            else:
+                row.append("mixed")
+        out.append(row)
+    return out
 
 
 def chunks_run(

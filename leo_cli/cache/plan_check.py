@@ -65,6 +65,17 @@ class LevelBytes(_Strict):
     L3_bytes_per_step: Count
 
 
+class LevelRows(_Strict):
+    """Halo rows a rank holds at each level."""
+
+    L1: Count
+    L2: Count
+    L3: Count
+
+
+PairTransport = Literal["process-group", "published-rows", "mixed"]
+
+
 class RankEntry(_Strict):
     """One rank's cache levels."""
 
@@ -73,6 +84,8 @@ class RankEntry(_Strict):
     replica_rows: list[Row]
     l3_rows: list[Row]
     bytes_per_level: LevelBytes
+    levels: LevelRows | None = None
+    transport: list[PairTransport | None] | None = None
 
 
 class SweepPoint(_Strict):
@@ -99,6 +112,7 @@ class PlanFile(_Strict):
     replica_budget_sweep: list[SweepPoint]
     replica_budget_mb: NonNegative
     plan_s: NonNegative | None = None
+    every_row_in_place: StrictBool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

@@ -13,9 +13,11 @@ transformed rows of both ends of an edge, recomputed every step. Their halo is L
 
 For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
 changes (`model.input_dropout` = 0), and the deduplicated halo buffer (L2) must fit
-`cache.halo_budget_mb`. No policy puts rows at L3 (fetched per edge) yet: without on-demand
-reads from peer or shared memory, a row fetched per edge costs more buffer, not less (the
-fine-grained baseline uses L3 for every row). Legend: H halo rows of a rank, R replicas.
+`cache.halo_budget_mb`: where it does not, the least-read rows of owners whose published rows
+this rank maps (`Reach`) go to L3, read in place inside the aggregation (comm/inplace.py),
+which needs no buffer. Rows of other owners cannot spill (fetched per edge through the process
+group, a row takes more buffer, not less): a budget they do not fit is refused.
+Legend: H halo rows of a rank, R replicas.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import ModelShape, Prediction, RankCache, predict
+from leo_cli.cache.cost import ModelShape, Prediction, RankCache, Reach, predict
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.rates import Rates
 from leo_cli.errors import CacheError
@@ -64,20 +66,38 @@ class Decision:
     sweep: list[dict[str, float | bool]] = field(default_factory=list)
 
 
-def check_halo_budget(accesses: list[PartAccess], budgets: Budgets, row_bytes: int) -> None:
-    """Every rank's deduplicated halo buffer must fit `cache.halo_budget_mb`.
+def spill_to_l3(
+    accesses: list[PartAccess], budgets: Budgets, row_bytes: int, reach: Reach
+) -> list[IntArray]:
+    """Per rank, the rows that go to L3 so its deduplicated halo buffer fits
+    `cache.halo_budget_mb`: the least-read rows among those it can read in place.
 
-    Rows beyond it would go to L3, read on demand without a local copy; that needs peer memory
-    (GPUs) or shared memory, which this version's exchange does not have: here a row fetched
-    per edge takes more buffer than a deduplicated one, so L3 cannot honour a budget.
+    Raises:
+        CacheError: a rank's buffer does not fit even with every such row at L3.
     """
+    out = []
     for r, p in enumerate(accesses):
-        need = p.num_halo * row_bytes
-        if need > budgets.halo_bytes[r]:
+        keep = budgets.halo_bytes[r] // max(row_bytes, 1)  # rows the buffer holds
+        excess = p.num_halo - keep
+        if excess <= 0:
+            out.append(np.zeros(0, dtype=np.int64))
+            continue
+        movable = np.nonzero(reach.published[r][p.owner_H])[0]
+        if movable.shape[0] < excess:
+            need = p.num_halo * row_bytes
+            how = (
+                "or read rows in place: pipeline.transport=auto with every worker on one host, "
+                "on CPU"
+                if movable.shape[0] == 0
+                else f"only {movable.shape[0]} of its rows can be read in place instead"
+            )
             raise CacheError(
                 f"cache.halo_budget_mb is below the halo buffer of rank {r} ({need / 2**20:.1f} "
-                "MiB); raise it (on-demand L3 reads without a local copy are not implemented)."
+                f"MiB); raise it ({how})."
             )
+        least_read = movable[np.argsort(p.reuse_H[movable], kind="stable")[:excess]]
+        out.append(np.sort(least_read).astype(np.int64))
+    return out
 
 
 def replica_order(p: PartAccess, shape: ModelShape, hw: HardwareProfile | None) -> IntArray:
@@ -113,36 +133,48 @@ def decide(
     budgets: Budgets,
     hw: HardwareProfile | None,
     static_aggregate: bool,
+    reach: Reach | None = None,
 ) -> Decision:
-    """The policy's levels for every rank, and the chunk count of every layer."""
+    """The policy's levels for every rank, and the chunk count of every layer; `reach`:
+    which owners' rows each rank can read in place (default: none)."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
     static = static and not shape.attention
     row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
+    reach = reach or Reach.none(len(accesses[0].recv_counts) if accesses else 0)
+    spills = [np.zeros(0, dtype=np.int64) for _ in accesses]
     if policy != "none":
-        check_halo_budget(accesses, budgets, row_bytes)
-    base = [RankCache(static) for _ in accesses]
+        spills = spill_to_l3(accesses, budgets, row_bytes, reach)
+    base = [RankCache(static, l3_rows=s) for s in spills]
     chunks = [1] * shape.num_layers
     curve: list[dict[str, float | bool]] = []
     orders: list[IntArray] = []
     halo = any(p.num_halo > 0 for p in accesses)
     if policy != "none" and not static and not shape.attention and hw is not None and halo:
         orders = [replica_order(p, shape, hw) for p in accesses]
-        curve = sweep(accesses, shape, budgets, hw, orders)
+        curve = sweep(accesses, shape, budgets, hw, orders, (spills, reach))
     if policy == "none" or static or shape.attention or not halo:
         caches = base
     elif policy == "degree":
         caches = [
-            RankCache(False, np.sort(most_read(p, shape, b)))
-            for p, b in zip(accesses, budgets.replica_bytes, strict=True)
+            with_l3(np.sort(most_read(p, shape, b)), s)
+            for p, b, s in zip(accesses, budgets.replica_bytes, spills, strict=True)
         ]
     else:
         assert hw is not None, "the leo policy needs a hardware profile"
-        caches = choose_replicas(accesses, shape, budgets, hw, (orders, curve))
+        caches = choose_replicas(accesses, shape, budgets, hw, (orders, curve), (spills, reach))
     if hw is None:
         return Decision(caches, chunks, None)
-    chunks = choose_chunks(accesses, caches, shape, hw)
-    prediction = predict(accesses, caches, shape, hw, PLANNED, chunks)
+    chunks = choose_chunks(accesses, caches, shape, hw, reach)
+    prediction = predict(accesses, caches, shape, hw, PLANNED, chunks, reach)
     return Decision(caches, chunks, prediction, curve)
+
+
+def with_l3(replicas: IntArray, spill: IntArray) -> RankCache:
+    """A rank's replicas and its L3 rows (spilled rows not replicated)."""
+    return RankCache(False, replicas, np.setdiff1d(spill, replicas).astype(np.int64))
+
+
+Spilled = tuple[list[IntArray], Reach]  # every rank's L3 rows, and where they are read
 
 
 def sweep(
@@ -151,16 +183,20 @@ def sweep(
     budgets: Budgets,
     hw: HardwareProfile,
     orders: list[IntArray],
+    spilled: Spilled,
 ) -> list[dict[str, float | bool]]:
     """Predicted step (one chunk per layer) with every rank replicating the same share of
     its halo, in the order the leo policy ranks rows (`orders`; see `Decision.sweep`)."""
+    spills, reach = spilled
     row_bytes = shape.widths[0] * shape.dtype_bytes
     chunks = [1] * shape.num_layers
     out: list[dict[str, float | bool]] = []
     for share in SWEEP_SHARES:
         counts = [int(share * p.num_halo) for p in accesses]
-        caches = [RankCache(False, np.sort(o[:c])) for o, c in zip(orders, counts, strict=True)]
-        t = predict(accesses, caches, shape, hw, PLANNED, chunks).epoch_time_s
+        caches = [
+            with_l3(np.sort(o[:c]), s) for o, c, s in zip(orders, counts, spills, strict=True)
+        ]
+        t = predict(accesses, caches, shape, hw, PLANNED, chunks, reach).epoch_time_s
         fits_all = all(
             c * row_bytes <= b for c, b in zip(counts, budgets.replica_bytes, strict=True)
         )
@@ -181,22 +217,24 @@ def choose_replicas(
     budgets: Budgets,
     hw: HardwareProfile,
     swept: tuple[list[IntArray], list[dict[str, float | bool]]],
+    spilled: Spilled,
 ) -> list[RankCache]:
     """Per rank, the replicated share that minimises the predicted step: from the best
     point of the sweep (`swept`: each rank's row order and the sweep) that fits the budgets,
     two passes over the ranks, each trying a few shares of its budget."""
     orders, curve = swept
+    spills, reach = spilled
     fitting = [pt for pt in curve if pt["within_budget"]]
     best = min(fitting, key=lambda pt: float(pt["predicted_epoch_time_s"]))
     counts = [int(float(best["replica_share"]) * p.num_halo) for p in accesses]
     chunks = [1] * shape.num_layers
 
     def caches_for(cs: list[int]) -> list[RankCache]:
-        return [RankCache(False, np.sort(orders[r][: cs[r]])) for r in range(len(accesses))]
+        return [with_l3(np.sort(orders[r][: cs[r]]), spills[r]) for r in range(len(accesses))]
 
     def step_time(r: int, c: int) -> float:
         trial = counts[:r] + [c] + counts[r + 1 :]
-        return predict(accesses, caches_for(trial), shape, hw, PLANNED, chunks).epoch_time_s
+        return predict(accesses, caches_for(trial), shape, hw, PLANNED, chunks, reach).epoch_time_s
 
     for _ in range(2):
         for r, p in enumerate(accesses):
@@ -207,7 +245,11 @@ def choose_replicas(
 
 
 def choose_chunks(
-    accesses: list[PartAccess], caches: list[RankCache], shape: ModelShape, hw: HardwareProfile
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    shape: ModelShape,
+    hw: HardwareProfile,
+    reach: Reach | None = None,
 ) -> list[int]:
     """Per layer, the chunk count (the same on every rank) with the fastest predicted step.
 
@@ -221,7 +263,7 @@ def choose_chunks(
 
         def time_with(k: int, layer: int = layer) -> float:
             trial = chunks[:layer] + [k] + chunks[layer + 1 :]
-            return predict(accesses, caches, shape, hw, PLANNED, trial).epoch_time_s
+            return predict(accesses, caches, shape, hw, PLANNED, trial, reach).epoch_time_s
 
         chunks[layer] = min(CHUNK_CHOICES, key=time_with)
     return chunks

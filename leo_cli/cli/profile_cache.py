@@ -18,19 +18,41 @@ from leo_cli.util.interrupt import Interrupted
 
 
 def plan_table(plan: CachePlan) -> Table:
-    table = Table(title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks})")
-    for name in ("rank", "static Â·X", "L1 replicas", "L3 rows", "L2 MB/step", "L3 MB/step"):
+    in_place = "every same-host row" if plan.every_row else "L3 rows of same-host owners"
+    table = Table(
+        title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
+        f"read in place: {in_place})"
+    )
+    columns = ("rank", "static Â·X", "L1 replicas", "L2 rows", "L3 rows", "L2 MB/step",
+               "L3 MB/step", "peers' rows")  # fmt: skip
+    for name in columns:
         table.add_column(name, justify="right")
     for r, (c, b) in enumerate(zip(plan.caches, plan.bytes_per_level, strict=True)):
+        levels = plan.levels[r] if plan.levels else None
+        peers = plan.transport[r] if plan.transport else []
         table.add_row(
             str(r),
             "yes" if c.static_aggregate else "no",
             f"{c.replica_rows.shape[0]:,}",
+            "-" if levels is None else f"{levels['L2']:,}",
             f"{c.l3_rows.shape[0]:,}",
             f"{b['L2_bytes_per_step'] / 1e6:.1f}",
             f"{b['L3_bytes_per_step'] / 1e6:.1f}",
+            peer_transports(peers),
         )
     return table
+
+
+SHORT = {"process-group": "pg", "published-rows": "in place", "mixed": "mixed"}
+
+
+def peer_transports(peers: list[str | None]) -> str:
+    """`in place 1,2; pg 3`: the peers whose rows move each way (cache-plan.json `transport`)."""
+    groups: dict[str, list[str]] = {}
+    for q, t in enumerate(peers):
+        if t is not None:
+            groups.setdefault(SHORT[t], []).append(str(q))
+    return "; ".join(f"{name} {','.join(qs)}" for name, qs in groups.items()) or "-"
 
 
 def prediction_table(plan: CachePlan) -> Table:

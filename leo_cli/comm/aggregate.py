@@ -33,6 +33,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, Schedule, build_schedule, column_block
 from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.inplace import InPlace
 from leo_cli.comm.transport import Pending, Transport
 
 
@@ -78,6 +79,7 @@ class BlockAggregator:
         inner: ColumnBlock | None = None,
         attention: bool = False,
         layers: slice = slice(None),
+        in_place: InPlace | None = None,
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -93,10 +95,20 @@ class BlockAggregator:
         layers: the layers it serves, as a slice of `num_chunks` (`slice(1, None)`: layer 1
             and deeper): schedules, each holding every halo edge again, are built for their
             chunk counts only.
+        in_place: the L3 rows this worker reads in place and the rows it publishes for its
+            peers to read so (comm/inplace.py); their edges are not in `adj`.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
-        self.num_chunks, self.overlap = num_chunks, overlap
-        self.boundary_B = torch.unique(plan.send_idx_S)  # sorted
+        self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
+        assert in_place is None or not attention, "attention layers gather rows, not in place"
+        sent = (
+            plan.send_idx_S
+            if in_place is None
+            else torch.cat([plan.send_idx_S, in_place.boundary_B])
+        )
+        self.boundary_B = torch.unique(sent)  # sorted: the rows computed (and sent) first
+        if in_place is not None:  # where the published rows sit among them
+            self.published_P = torch.searchsorted(self.boundary_B, in_place.boundary_B)
         if overlap:
             interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
             interior[self.boundary_B] = False
@@ -141,15 +153,18 @@ class BlockAggregator:
     # -- forward pieces ------------------------------------------------------------------
 
     def update_and_send(
-        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule
+        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule, layer: int
     ) -> tuple[Tensor, Pending]:
-        """h = x·Wᵀ (or x) and its rows on their way; boundary rows first with `overlap`."""
-        if weight is None:
-            return x_NF, self.transport.send_rows(x_NF, sched, by_position=False)
-        if not self.overlap:
-            h_NO = F.linear(x_NF, weight)
+        """h = x·Wᵀ (or x) and its rows on their way (published, sent); boundary rows first
+        with `overlap`."""
+        if weight is None or not self.overlap:
+            h_NO = x_NF if weight is None else F.linear(x_NF, weight)
+            if self.in_place is not None:
+                self.in_place.publish(h_NO.index_select(0, self.in_place.boundary_B), layer)
             return h_NO, self.transport.send_rows(h_NO, sched, by_position=False)
         h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
+        if self.in_place is not None:
+            self.in_place.publish(h_BO.index_select(0, self.published_P), layer)
         pending = self.transport.send_rows(h_BO, sched, by_position=True)
         h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
         h_NO.index_copy_(0, self.boundary_B, h_BO)
@@ -158,9 +173,15 @@ class BlockAggregator:
         )
         return h_NO, pending
 
-    def aggregate_arrivals(self, h_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
-        """Inner block first, then every round's chunks as soon as the round has landed."""
-        out_NF = self.inner.forward(h_NF)
+    def aggregate_arrivals(
+        self, h_NF: Tensor, pending: Pending, sched: Schedule, layer: int
+    ) -> Tensor:
+        """Inner block first (with the rows read in place), then every round's chunks as soon
+        as the round has landed."""
+        if self.in_place is None:
+            out_NF = self.inner.forward(h_NF)
+        else:
+            out_NF = self.in_place.aggregate(self.inner, h_NF, layer)
         for r, chunks in enumerate(sched.rounds):
             for c, halo in zip(chunks, pending.wait(r), strict=True):
                 if c.block.num_edges > 0:
@@ -181,11 +202,17 @@ class BlockAggregator:
 
     # -- backward pieces -----------------------------------------------------------------
 
-    def backward_halo(self, grad_NO: Tensor, sched: Schedule) -> Tensor:
-        """Gradient of h: the halo-gradient chunks leave for their owners first, the inner
-        block's backward runs, the gradients of this worker's sent rows are added last."""
+    def backward_halo(self, grad_NO: Tensor, sched: Schedule, layer: int) -> Tensor:
+        """Gradient of h: the halo-gradient chunks leave for their owners first (and those of
+        the rows read in place are published), the inner block's backward runs, the gradients
+        of this worker's sent and published rows are added last."""
         pending = self.transport.send_grads(sched, lambda c: c.block.backward(grad_NO), grad_NO)
-        return self.add_returned(self.inner.backward(grad_NO), pending, sched)
+        if self.in_place is not None:
+            self.in_place.publish_grads(grad_NO, layer)
+        grad_h = self.add_returned(self.inner.backward(grad_NO), pending, sched)
+        if self.in_place is not None:
+            self.in_place.add_returned(grad_h, layer)
+        return grad_h
 
     def return_halo_grads(self, grad_full: Tensor, sched: Schedule) -> Tensor:
         """Gradient of h from that of `[h | halo]`: halo-gradient chunks go to their owners."""
@@ -220,9 +247,9 @@ class _Aggregate(torch.autograd.Function):
         ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
     ) -> Any:
         sched = agg.schedule(layer)
-        h_NO, pending = agg.update_and_send(x_NF, weight, sched)
-        out_NO = agg.aggregate_arrivals(h_NO, pending, sched)
-        ctx.agg, ctx.sched = agg, sched
+        h_NO, pending = agg.update_and_send(x_NF, weight, sched, layer)
+        out_NO = agg.aggregate_arrivals(h_NO, pending, sched, layer)
+        ctx.agg, ctx.sched, ctx.layer = agg, sched, layer
         ctx.set_materialize_grads(False)
         if weight is None:
             return out_NO
@@ -235,7 +262,7 @@ class _Aggregate(torch.autograd.Function):
         if grad_out is None:
             assert grad_h is not None
             grad_out = grad_h.new_zeros(grad_h.shape)
-        g_h = agg.backward_halo(grad_out, ctx.sched)
+        g_h = agg.backward_halo(grad_out, ctx.sched, ctx.layer)
         if grad_h is not None:
             g_h += grad_h
         if not ctx.saved_tensors:
@@ -251,7 +278,7 @@ class _Gather(torch.autograd.Function):
         ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
     ) -> Tensor:
         sched = agg.schedule(layer)
-        h_NO, pending = agg.update_and_send(x_NF, weight, sched)
+        h_NO, pending = agg.update_and_send(x_NF, weight, sched, layer)
         ctx.agg, ctx.sched = agg, sched
         if weight is not None:
             ctx.save_for_backward(x_NF, weight)

@@ -47,15 +47,23 @@ class CommStats:
     """
 
     bytes_sent: int = 0
+    # Rows read in place from peers' published rows (per reading edge) and the gradients
+    # published for their owners (comm/inplace.py); not part of bytes_sent.
+    published_bytes: int = 0
     wait_s: float = 0.0
     transfer_s: float = 0.0
     _events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
     _transfers: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     def reset(self) -> None:
-        self.bytes_sent, self.wait_s, self.transfer_s = 0, 0.0, 0.0
+        self.bytes_sent, self.published_bytes, self.wait_s, self.transfer_s = 0, 0, 0.0, 0.0
         self._events.clear()
         self._transfers.clear()
+
+    @property
+    def remote_bytes(self) -> int:
+        """Every remote byte, whichever transport moved it."""
+        return self.bytes_sent + self.published_bytes
 
     @contextmanager
     def waiting(self, device: torch.device) -> Iterator[None]:

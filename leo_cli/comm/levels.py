@@ -6,7 +6,9 @@
   aggregates them locally at input width, `(Â_R·X'_R)·W`, with their dropout masks drawn
   here (keyed by global id, so exactly the masks their owners draw); the exchange of layer 0
   leaves them out, forward and backward.
-- L2 / L3: the exchanged rows, deduplicated or fetched per edge (a view of the halo).
+- L2 / L3: the exchanged rows, deduplicated or fetched per edge (a view of the halo); L3 rows
+  of an owner on this worker's host are read in place from its published rows instead
+  (comm/inplace.py), their edges left out of the view.
 
 Legend: N inner rows, H halo rows, R replicated rows, F input width.
 """
@@ -21,8 +23,9 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
-from leo_cli.comm.exchange import HaloPlan, fetch_halo
-from leo_cli.comm.views import L1, L2, L3, level_view, remap_plan
+from leo_cli.comm.exchange import CommStats, HaloPlan, fetch_halo
+from leo_cli.comm.inplace import InPlace, build_in_place, same_host_ranks
+from leo_cli.comm.views import IN_PLACE, L1, L2, L3, halo_owner, level_view, remap_plan
 from leo_cli.registry import Mode
 
 
@@ -54,12 +57,14 @@ class Replicas:
 
 @dataclass
 class Levels:
-    """What the cache changes for the layers: views per layer, replicas, static aggregate."""
+    """What the cache changes for the layers: views per layer, replicas, static aggregate,
+    rows read in place."""
 
     layer0: tuple[kernels.CSR, HaloPlan]
     others: tuple[kernels.CSR, HaloPlan]
     replicas: Replicas | None
     static_agg_NF: Tensor | None
+    in_place: InPlace | None = None
 
 
 def levels_for_mode(levels: RankLevels, mode: Mode) -> RankLevels:
@@ -71,14 +76,36 @@ def levels_for_mode(levels: RankLevels, mode: Mode) -> RankLevels:
     return levels
 
 
-def level_of_rows(num_halo: int, levels: RankLevels, device: torch.device, layer0: bool) -> Tensor:
+def level_of_rows(
+    num_halo: int,
+    levels: RankLevels,
+    device: torch.device,
+    layer0: bool,
+    in_place_H: Tensor | None = None,
+) -> Tensor:
     """Level of every halo row at layer 0 (replicas win) or at the other layers (replicas
-    exist only for layer 0's input; there a row is L3 if the plan fetches it per edge)."""
+    exist only for layer 0's input; there a row is L3 if the plan fetches it per edge, read
+    in place where `in_place_H` says its owner publishes to this worker)."""
     level = torch.full((num_halo,), L2, dtype=torch.int64, device=device)
-    level[torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)] = L3
+    l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)
+    level[l3_H] = L3
+    if in_place_H is not None:
+        level[l3_H[in_place_H[l3_H]]] = IN_PLACE
     if layer0:
         level[torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)] = L1
     return level
+
+
+@dataclass(frozen=True)
+class InPlaceSetting:
+    """What reading L3 rows in place needs (None where they travel per edge instead)."""
+
+    num_layers: int
+    width: int  # the widest row any layer moves
+    timeout_s: float
+    halo_local_H: Tensor  # owner-local row of every halo position
+    stats: CommStats  # the worker's communication statistics
+    every_row: bool = False  # every row of a same-host owner, not only L3 (shared-memory)
 
 
 @torch.no_grad()
@@ -89,8 +116,10 @@ def build_levels(
     halo_ids_H: Tensor,
     levels: RankLevels,
     distributed: bool,
+    in_place: InPlaceSetting | None = None,
 ) -> Levels:
-    """Fetch replicas, precompute the static aggregate, lay out the exchanged halo.
+    """Fetch replicas, precompute the static aggregate, lay out the exchanged halo, set up
+    the rows read in place (L3 rows of same-host owners, when `in_place` is given).
 
     Every worker calls this at the same point (it runs collectives) when a plan exists.
     """
@@ -100,21 +129,51 @@ def build_levels(
         static = kernels.spmm(adj, full)
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
-    level = level_of_rows(plan.num_halo, levels, adj.device, layer0=True)
+    in_place_H, rows = None, None
+    if in_place is not None:
+        # L3 rows of same-host owners, unless replicated at layer 0 (those travel per edge at
+        # the other layers: one set of rows read in place serves every layer).
+        hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=adj.device)
+        in_place_H = hosts[halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))]
+        in_place_H[torch.tensor(levels.replica_rows, dtype=torch.int64, device=adj.device)] = False
+        if in_place.every_row:  # every row of a same-host owner is read in place
+            more = torch.nonzero(in_place_H).squeeze(1).tolist()
+            levels = RankLevels(
+                levels.static_aggregate, levels.replica_rows, sorted({*levels.l3_rows, *more})
+            )
+        l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=adj.device)
+        rows = l3_H[in_place_H[l3_H]].sort().values
+        wanted = all_reduce_(torch.tensor([rows.numel()], device=adj.device), op="max")
+        if int(wanted.item()) == 0:
+            in_place_H, rows = None, None
+    level = level_of_rows(plan.num_halo, levels, adj.device, True, in_place_H)
     return Levels(
-        view_of_layer(adj, plan, levels, layer0=True),
-        view_of_layer(adj, plan, levels, layer0=False),
+        view_of_layer(adj, plan, levels, True, in_place_H),
+        view_of_layer(adj, plan, levels, False, in_place_H),
         fetch_replicas(adj, plan, x_NF, halo_ids_H, level),
         static,
+        None if rows is None or in_place is None else _in_place(adj, plan, rows, x_NF, in_place),
     )
 
 
+def _in_place(
+    adj: kernels.CSR, plan: HaloPlan, rows_H: Tensor, x_NF: Tensor, s: InPlaceSetting
+) -> InPlace:
+    setting = (s.num_layers, s.width, x_NF.dtype, s.timeout_s)
+    return build_in_place(adj, plan, rows_H, s.halo_local_H, setting, s.stats)
+
+
 def view_of_layer(
-    adj: kernels.CSR, plan: HaloPlan, levels: RankLevels, layer0: bool
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    levels: RankLevels,
+    layer0: bool,
+    in_place_H: Tensor | None = None,
 ) -> tuple[kernels.CSR, HaloPlan]:
-    """The halo view of layer 0 (replicas left out) or of the later layers: the part's own
-    CSR and plan when no worker has a row of another level there (rebuilding them would
-    hold another copy of every edge while set-up peaks, and one more all run).
+    """The halo view of layer 0 (replicas left out) or of the later layers (rows read in place
+    left out of both): the part's own CSR and plan when no worker has a row of another level
+    there (rebuilding them would hold another copy of every edge while set-up peaks, and one
+    more all run).
 
     Collective: a view's owners answer its readers, so all workers decide together.
     """
@@ -122,7 +181,8 @@ def view_of_layer(
     wanted = all_reduce_(torch.tensor([len(rows)], device=adj.device), op="max")
     if int(wanted.item()) == 0:
         return adj, plan
-    return level_view(adj, plan, level_of_rows(plan.num_halo, levels, adj.device, layer0))
+    level = level_of_rows(plan.num_halo, levels, adj.device, layer0, in_place_H)
+    return level_view(adj, plan, level)
 
 
 def fetch_replicas(

@@ -18,9 +18,9 @@ from leo_cli import kernels
 from leo_cli.comm.aggregate import Aggregator, BlockAggregator, PerLayerAggregator
 from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.inplace import InPlace
 from leo_cli.comm.shm import SharedMemory
 from leo_cli.comm.transport import AllToAll, NoTransfer, PointToPoint, Transport
-from leo_cli.comm.views import fine_grained_view
 from leo_cli.registry import Mode
 
 # `auto` chunking: one chunk per this many bytes of a peer's rows at the widest layer...
@@ -82,6 +82,7 @@ def make_aggregator(
     attention: bool = False,
     layers: slice = slice(None),
     inner: ColumnBlock | None = None,
+    in_place: InPlace | None = None,
 ) -> BlockAggregator:
     """The aggregator of `mode` for one worker.
 
@@ -96,6 +97,7 @@ def make_aggregator(
         layers: the layers it serves, a slice of `num_chunks` (schedules are built for their
             chunk counts only).
         inner: an inner column block to share with another view of the same part.
+        in_place: the rows read in place from same-host owners (comm/inplace.py).
     """
     if plan is None:
         assert adj.num_cols == adj.num_rows, "a single-worker graph has no halo columns"
@@ -104,8 +106,6 @@ def make_aggregator(
         return BlockAggregator(
             adj, alone, transport, [1], inner=inner, attention=attention, layers=layers
         )
-    if mode.per_edge_rows:
-        adj, plan = fine_grained_view(adj, plan)  # its inner columns are the part's
     transport = TRANSPORTS[mode.transport](plan, wiring)
     chunks = num_chunks if mode.chunks else [1]
     return BlockAggregator(
@@ -117,6 +117,7 @@ def make_aggregator(
         inner=inner,
         attention=attention,
         layers=layers,
+        in_place=in_place,
     )
 
 
@@ -129,20 +130,24 @@ def make_layer_aggregators(
     *,
     attention: bool = False,
     static_layer0: bool = False,
+    in_place: InPlace | None = None,
 ) -> Aggregator:
     """One aggregator, or one for layer 0 (replicas left out of its halo) and one for the rest
     (sharing their inner column block and statistics).
 
     `static_layer0`: layer 0 never aggregates (its static aggregate stands in), so nothing is
-    built for its chunk count unless a deeper layer uses it too.
+    built for its chunk count unless a deeper layer uses it too. `in_place`: rows read in
+    place at every layer (both aggregators share it).
     """
     alone = layer0[0] is others[0] or others[1] is None or not mode.cache_levels
     layers = slice(1, None) if static_layer0 or not alone else slice(None)
-    rest = make_aggregator(mode, *others, wiring, num_chunks, attention=attention, layers=layers)
+    rest = make_aggregator(
+        mode, *others, wiring, num_chunks, attention=attention, layers=layers, in_place=in_place
+    )
     if alone:
         return rest
     first = make_aggregator(
         mode, *layer0, wiring, num_chunks, attention=attention, layers=slice(0, 1),
-        inner=rest.inner,  # views differ in their halo columns only
+        inner=rest.inner, in_place=in_place,  # views differ in their halo columns only
     )  # fmt: skip
     return PerLayerAggregator(first, rest)

@@ -20,6 +20,7 @@ from leo_cli.comm.exchange import HaloPlan
 from leo_cli.kernels.csr import row_of_edges
 
 L1, L2, L3 = 1, 2, 3  # replicated, deduplicated halo buffer, fetched per edge
+IN_PLACE = 4  # L3 read in place from a same-host owner's published rows (comm/inplace.py)
 
 
 def _exchange_counts(counts: list[int], device: torch.device) -> list[int]:
@@ -92,7 +93,8 @@ def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:
 
 def level_view(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[kernels.CSR, HaloPlan]:
     """The view of a per-row level assignment: L2 rows once, L3 rows once per reading edge,
-    L1 rows left out (their edges leave the CSR: replicas are aggregated elsewhere).
+    L1 and in-place rows left out (their edges leave the CSR: replicas and rows read in place
+    are aggregated elsewhere).
 
     Per owner, the view's rows are its L2 rows (in halo order), then one row per edge that
     reads one of its L3 rows (in CSR order), so every owner's rows stay contiguous.
@@ -116,9 +118,3 @@ def level_view(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[kerne
     edge_cols = col_of_l2_row[halo_e]
     edge_cols[l3_e] = view_col[l2_H.shape[0] :]
     return remap_halo(adj, plan, rows_K, edge_cols)
-
-
-def fine_grained_view(adj: kernels.CSR, plan: HaloPlan) -> tuple[kernels.CSR, HaloPlan]:
-    """MGG's scheme: every halo row fetched once per remote edge (all rows at L3)."""
-    level = torch.full((plan.num_halo,), L3, dtype=torch.int64, device=adj.device)
-    return level_view(adj, plan, level)

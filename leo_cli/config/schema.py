@@ -297,6 +297,14 @@ class PipelineConfig(Section):
     the fastest it predicts), and without a plan (cache.policy=none) chunks of about 4 MiB per
     peer (1 to 4)."""
 
+    transport: Literal["auto", "process-group", "shared-memory"] = "auto"
+    """How halo rows of same-host owners move in the modes that can read rows in place (leo,
+    fine-grained): `auto` (L3 rows read in place from the owner's published rows, L2 rows in
+    bulk through the process group; fine-grained reads every row in place), `process-group`
+    (every row through the process group: L2 in bulk, L3 once per reading edge),
+    `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
+    on other hosts always use the process group; CUDA workers read nothing in place yet."""
+
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:

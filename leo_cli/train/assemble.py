@@ -18,7 +18,13 @@ from leo_cli.comm.aggregate import Aggregator
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.grads import make_grad_reducer
-from leo_cli.comm.levels import Levels, RankLevels, build_levels, levels_for_mode
+from leo_cli.comm.levels import (
+    InPlaceSetting,
+    Levels,
+    RankLevels,
+    build_levels,
+    levels_for_mode,
+)
 from leo_cli.comm.modes import Wiring, auto_chunks, make_layer_aggregators
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import MAX_CHUNKS, ModelConfig
@@ -28,6 +34,7 @@ from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency
 from leo_cli.registry import mode_of
+from leo_cli.train.plan_stage import reach_of
 from leo_cli.train.timing import Laps
 from leo_cli.train.trainer import Job, WorkerData
 
@@ -89,12 +96,14 @@ def assemble(
     cache: RankLevels | None = None,
     chunks_planned: list[int] | None = None,
     laps: Laps | None = None,
+    every_row: bool = False,
 ) -> Job:
     """Build a job from an in-memory part (used by workers and by the single-process oracle).
 
     `cache` is this rank's share of the cache plan; None means no cache (every halo row is
     exchanged each layer). Every rank must pass one, or none (set-up runs collectives).
-    `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`.
+    `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`;
+    `every_row`: the plan reads every row of a same-host owner in place (`auto` chose it).
     `laps` gets the seconds of each step (train/timing.py).
     """
     laps = laps or Laps()
@@ -104,6 +113,14 @@ def assemble(
     adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, dataset.num_train, dtype, device)
     laps.lap("graph_s")
+    stats = CommStats()  # every aggregator of this worker counts here
+    if mode.per_edge_rows and world_size > 1:  # MGG: every halo row L3 (replicas excepted)
+        cache = every_row_l3(cache, halo.num_halo)
+    setting = None
+    if world_size > 1:
+        setting = in_place_setting(cfg, part, dataset, device, stats, every_row)
+    if cache is None and setting is not None and setting.every_row:
+        cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     levels = None
     if cache is not None:
         assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
@@ -111,14 +128,15 @@ def assemble(
         )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, mode)
-        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1)
+        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting)
     laps.lap("levels_s")
+    aggregator = aggregator_of(
+        cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats)
+    )
     graph = LocalGraph(
         self_weight_N=self_weight,
         global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
-        aggregator=aggregator_of(
-            cfg, part, (adj, halo), levels, world_size, dataset, chunks_planned
-        ),
+        aggregator=aggregator,
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
@@ -142,11 +160,13 @@ def aggregator_of(
     levels: Levels | None,
     world_size: int,
     dataset: DatasetInfo,
-    chunks_planned: list[int] | None,
+    planned: tuple[list[int] | None, CommStats],
 ) -> Aggregator:
     """The mode's aggregator over the part's halo (`whole`) or the cache levels' views; a
-    single worker has no halo to move (its views carry no plan)."""
+    single worker has no halo to move (its views carry no plan). `planned`: the plan's chunk
+    counts (None: no plan) and where the aggregator counts what it moves."""
     adj, halo = whole
+    chunks_planned, stats = planned
     dtype = DTYPES[cfg.train.dtype]
     width = exchange_width(cfg.model, dataset)
     if world_size == 1:
@@ -163,11 +183,52 @@ def aggregator_of(
         mode_of(cfg.pipeline.mode),
         first,
         others,
-        Wiring(CommStats(), local_H, width, dtype),
+        Wiring(stats, local_H, width, dtype),
         chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, dtype),
         attention=cfg.model.attention,
         static_layer0=static_layer0,
+        in_place=None if levels is None else levels.in_place,
     )
+
+
+def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:
+    """The levels of a per-edge mode: every halo row L3, replicas and the static aggregate
+    kept where a plan has them."""
+    replicas = [] if cache is None else cache.replica_rows
+    static = cache is not None and cache.static_aggregate
+    rows = sorted(set(range(num_halo)) - set(replicas))
+    return RankLevels(static, replicas, rows)
+
+
+def in_place_setting(
+    cfg: LeoConfig,
+    part: LocalPart,
+    dataset: DatasetInfo,
+    device: torch.device,
+    stats: CommStats,
+    planned_every_row: bool = False,
+) -> InPlaceSetting | None:
+    """What reading rows in place needs, or None where every row travels through the mode's
+    transport: a mode that does not read in place, `pipeline.transport=process-group`, or
+    CUDA (published rows are host memory here; peer-GPU reads are not wired, and
+    `pipeline.transport=shared-memory` is refused there: train/checks.py)."""
+    if not reads_in_place(cfg, device):
+        return None
+    local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))
+    width = exchange_width(cfg.model, dataset)
+    every_row = cfg.pipeline.transport == "shared-memory" or (
+        planned_every_row and cfg.pipeline.transport == "auto"
+    )
+    timeout = cfg.launch.timeout_s
+    return InPlaceSetting(cfg.model.num_layers, width, timeout, local_H, stats, every_row)
+
+
+def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
+    """Whether same-host rows may be read in place from published rows in this run."""
+    mode = mode_of(cfg.pipeline.mode)
+    cpu = torch.device(device).type == "cpu"
+    in_place = mode.reads_in_place and not cfg.model.attention  # see cache/plan_stage reach_of
+    return in_place and cfg.pipeline.transport != "process-group" and cpu
 
 
 def build_job(
@@ -185,7 +246,9 @@ def build_job(
     halo rows: every rank then refuses a bad plan alike, before any set-up collective)."""
     dataset = DatasetInfo.from_meta(meta)
     cache_plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
-    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks)
+    reach = reach_of(cfg, world_size)
+    chunks = cfg.pipeline.num_chunks
+    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks, reach)
     if cache_plan is not None and (
         cache_plan.inputs != inputs or len(cache_plan.caches) != world_size
     ):
@@ -202,5 +265,6 @@ def build_job(
     c = cache_plan.caches[part.rank]
     levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
     return assemble(
-        cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps
-    )
+        cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps,
+        every_row=cache_plan.every_row,
+    )  # fmt: skip

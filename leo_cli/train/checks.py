@@ -10,7 +10,26 @@ from __future__ import annotations
 
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
-from leo_cli.registry import mode_of, planned_mode
+from leo_cli.registry import mode_of, pipeline_modes, planned_mode
+
+
+def check_transport(transport: str, mode: str, on_cuda: bool) -> None:
+    """Refuse `pipeline.transport=shared-memory` where rows cannot be read in place: CUDA
+    workers (published rows are host memory; peer-GPU reads are not wired in this version)
+    and modes that do not read in place (registry.Mode.reads_in_place)."""
+    if transport != "shared-memory":
+        return
+    if on_cuda:
+        raise ConfigError(
+            "pipeline.transport=shared-memory reads rows from host memory, which CUDA workers "
+            "do not read in place in this version; use pipeline.transport=auto or process-group."
+        )
+    if not mode_of(mode).reads_in_place:
+        readers = ", ".join(m for m in pipeline_modes() if mode_of(m).reads_in_place)
+        raise ConfigError(
+            f"pipeline.transport=shared-memory does not apply to pipeline.mode={mode} (it "
+            f"reads no rows in place); use it with pipeline.mode {readers}, or drop the key."
+        )
 
 
 def check_backend(backend: str, on_cuda: bool) -> None:

@@ -15,18 +15,25 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig
+from leo_cli.config.schema import LaunchConfig as LaunchSection
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
 from leo_cli.util.interrupt import Interrupted
 
 # The signals the elastic agent takes over while it runs (TORCHELASTIC_SIGNALS_TO_HANDLE).
 AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def uses_cuda(launch: LaunchSection) -> bool:
+    """Whether the workers will train on CUDA devices (as this process sees them)."""
+    return launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
 
 
 def workers_per_node(cfg: LeoConfig) -> int:

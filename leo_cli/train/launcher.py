@@ -20,8 +20,8 @@ from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.train.checkpoint import read_latest
-from leo_cli.train.checks import check_backend, check_config
-from leo_cli.train.elastic import launch_module, workers_per_node
+from leo_cli.train.checks import check_backend, check_config, check_transport
+from leo_cli.train.elastic import launch_module, uses_cuda, workers_per_node
 from leo_cli.train.metrics import read_json
 from leo_cli.train.plan_stage import ensure_plan
 from leo_cli.train.timing import RunTimer
@@ -41,10 +41,11 @@ def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     check_device(cfg.launch, workers_per_node(cfg))
     active_backend()
     check_config(cfg, allow_inexact)
+    check_transport(cfg.pipeline.transport, cfg.pipeline.mode, uses_cuda(cfg.launch))
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:
-    cuda = launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
+    cuda = uses_cuda(launch)
     if launch.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "launch.device=cuda but no CUDA device is visible; use launch.device=cpu."

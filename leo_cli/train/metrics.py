@@ -90,6 +90,8 @@ def summarize(
         "mean_comm_wait_s": _mean(warm_rows, "comm_wait_s"),
         "mean_comm_transfer_s": _mean(warm_rows, "comm_transfer_s"),
         "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),
+        # of which read in place from published rows, or published for their owners
+        "mean_step_published_bytes": _mean(warm_rows, "step_published_bytes"),
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from leo_cli.cache.access import PartAccess
+from leo_cli.cache.cost import Reach
 from leo_cli.cache.hardware import HARDWARE_FILE, HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.cache.plan import (
     PLAN,
@@ -38,7 +40,7 @@ from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.registry import mode_of, prediction_key
-from leo_cli.train.elastic import worker_threads, workers_per_node
+from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
@@ -195,7 +197,10 @@ def ensure_plan(
     num_parts = int(meta["num_parts"])
     hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
     t0 = time.perf_counter()
-    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks)
+    reach = reach_of(cfg, num_parts)
+    inputs = plan_inputs(
+        meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks, reach
+    )
     key = plan_key(inputs, hw)
     existing = None if force else read_plan(run_dir)
     if existing is not None and existing.key == key:
@@ -210,13 +215,26 @@ def ensure_plan(
         int(dataset["num_classes"]),
         DTYPE_BYTES[cfg.train.dtype],
     )
-    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype, cfg.pipeline.num_chunks))
-    plan = make_plan(cfg.cache, accesses, shape, hw, keys, cfg.pipeline.num_chunks)
+    chunks = cfg.pipeline.num_chunks
+    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype, chunks, reach))
+    plan = make_plan(cfg.cache, accesses, shape, hw, keys, chunks, reach)
     plot_plan(plan, run_dir / "cache-plan.png")
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
     timer.add("plan_s", plan.plan_s, ran=True)
     return plan
+
+
+def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
+    """Which ranks' rows each rank can read in place (comm/inplace.py): those on its host,
+    on CPU, unless `pipeline.transport=process-group` (or attention: its rows are not read
+    in place); every row of them under `pipeline.transport=shared-memory`."""
+    if cfg.pipeline.transport == "process-group" or uses_cuda(cfg.launch) or cfg.model.attention:
+        return Reach.none(num_parts)
+    host = np.arange(num_parts) // workers_per_node(cfg)
+    published = host[:, None] == host[None, :]
+    np.fill_diagonal(published, False)
+    return Reach(published, every_row=cfg.pipeline.transport == "shared-memory")
 
 
 def halo_sizes(meta: dict[str, Any]) -> list[int]:

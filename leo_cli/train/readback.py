@@ -34,6 +34,7 @@ class MetricsRow(BaseModel):
     comm_wait_s: Annotated[Finite, Field(ge=0)] | None = None
     comm_transfer_s: Annotated[Finite, Field(ge=0)] | None = None
     step_comm_bytes: Count | None = None
+    step_published_bytes: Count | None = None
     cold: StrictBool = False
     exact: StrictBool = True
 

@@ -195,12 +195,12 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
             )
         stats.settle()
         row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
-        step_comm = (stats.wait_s, stats.transfer_s, stats.bytes_sent)
+        step_comm = (stats.wait_s, stats.transfer_s, stats.remote_bytes, stats.published_bytes)
         if epoch % train.eval_every == 0 or epoch == train.num_epochs:
             t0 = time.perf_counter()
             row.update(job.evaluate())
             row["eval_s"] = time.perf_counter() - t0
-        row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.bytes_sent))
+        row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.remote_bytes))
         row.update(log.row_extras, cold=epoch == start + 1)
         if log.rank != 0:
             continue
@@ -211,13 +211,20 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
 
 
 def reduce_epoch_stats(
-    step_s: float, wait_s: float, transfer_s: float, step_bytes: int, all_bytes: int
+    step_s: float,
+    wait_s: float,
+    transfer_s: float,
+    step_bytes: int,
+    published_bytes: int,
+    all_bytes: int,
 ) -> dict[str, Any]:
     """The slowest worker's step time, communication times of the training step (mean over
-    workers, and the longest wait), bytes summed over workers (step and whole epoch)."""
+    workers, and the longest wait), remote bytes summed over workers (step, of which through
+    published rows, and whole epoch)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
-    s = all_reduce_(torch.tensor([wait_s, transfer_s, step_bytes, all_bytes], dtype=torch.float64))
+    counts = [wait_s, transfer_s, step_bytes, all_bytes, published_bytes]
+    s = all_reduce_(torch.tensor(counts, dtype=torch.float64))
     return {
         "epoch_time_s": float(t[0]),
         "comm_wait_s": float(s[0]) / world,
@@ -225,4 +232,5 @@ def reduce_epoch_stats(
         "comm_transfer_s": float(s[1]) / world,
         "step_comm_bytes": int(s[2]),
         "comm_bytes": int(s[3]),
+        "step_published_bytes": int(s[4]),
     }

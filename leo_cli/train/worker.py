@@ -38,7 +38,7 @@ from leo_cli.registry import mode_of, planned_mode
 from leo_cli.train import metrics as run_files
 from leo_cli.train.assemble import build_job, halo_plan
 from leo_cli.train.checkpoint import checkpoint_dir, load_latest
-from leo_cli.train.checks import check_backend, check_config
+from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.plan_stage import predicted_time
 from leo_cli.train.rank import rank_entry, run_rank
@@ -235,6 +235,7 @@ def run_worker(
         )
     device = pick_device(cfg.launch, env)
     check_backend(cfg.launch.backend, device.type == "cuda")
+    check_transport(cfg.pipeline.transport, cfg.pipeline.mode, device.type == "cuda")
     if env.world_size > 1:
         backend = pick_backend(device, cfg.launch.backend)
         init_process_group(env, backend, cfg.launch.timeout_s, device)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import ModelShape, Phases, RankCache, _combine, predict
+from leo_cli.cache.cost import ModelShape, Phases, RankCache, Reach, _combine, _Counts, predict
 from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile
 from leo_cli.registry import mode_of
 
@@ -183,3 +183,36 @@ def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
     forward = 10 * 16 / 2e6 + 1e-3  # every inner row written, then the barrier
     backward = 4 * 16 / 2e6 + 1e-3  # the halo rows' gradients
     assert pred.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
+
+
+PUBLISHED = Reach(np.array([[False, True], [True, False]]))  # two ranks on one host
+
+
+def test_rows_read_in_place_travel_nowhere() -> None:
+    """Rows a rank reads from its owner's published rows leave the transfer: L3 rows under
+    `auto`, every row for a per-edge mode or under `shared-memory`; replicas never."""
+    accesses = [part(0), part(1)]
+    l3 = [RankCache(l3_rows=np.array([0, 2])), RankCache(l3_rows=np.array([0, 2]))]
+    plain = _Counts(accesses, l3, 0, per_edge=False)
+    auto = _Counts(accesses, l3, 0, per_edge=False, reach=PUBLISHED)
+    assert plain.recv[0, 1] == 4 + 1  # row 0 read twice comes twice
+    assert auto.recv[0, 1] == 2 and auto.in_place[0, 1] == 2  # rows 1, 3 travel
+    assert auto.per_edge_edges[0] == 0 and bool(auto.publishes[1])
+    fine = _Counts(accesses, NONE, 0, per_edge=True, reach=PUBLISHED)
+    assert fine.recv[0, 1] == 0 and fine.in_place[0, 1] == 4
+    replicas = [RankCache(False, np.array([1])), RankCache(False, np.array([1]))]
+    every = Reach(PUBLISHED.published, every_row=True)
+    for layer, travels in ((0, 0), (1, 1)):  # the replica is exchanged past layer 0
+        shm = _Counts(accesses, replicas, layer, per_edge=False, reach=every)
+        assert shm.recv[0, 1] == travels and shm.in_place[0, 1] == 3
+
+
+def test_reading_in_place_is_priced_below_the_transfer() -> None:
+    hw = hardware()
+    exchanged = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])
+    in_place = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1], PUBLISHED)
+    assert in_place.epoch_time_s < exchanged.epoch_time_s
+    # blocking reads nothing in place: the reach changes nothing
+    a = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    b = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1], PUBLISHED)
+    assert a.epoch_time_s == b.epoch_time_s

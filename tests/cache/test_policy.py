@@ -9,7 +9,7 @@ import pytest
 
 from leo_cli.cache import policy as policy_module
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import ModelShape
+from leo_cli.cache.cost import ModelShape, Reach
 from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cache.plan import model_shape
 from leo_cli.cache.policy import Budgets, decide
@@ -161,3 +161,15 @@ def test_a_single_worker_gets_no_replicas(policy: str, hw_profile: HardwareProfi
     got = decide(policy, [alone], shape(0.5), Budgets([1000 * ROW], [0]), hw_profile, True)
     assert got.caches[0].replica_rows.size == 0 and got.sweep == []
     assert got.prediction is not None
+
+
+def test_a_halo_budget_below_the_buffer_spills_the_least_read_rows_to_l3() -> None:
+    """Rows an owner publishes to this rank are read in place (no buffer): the least-read go
+    to L3 until the rest fits; the same budget is refused where nothing is read in place."""
+    reuse = [1, 9, 3, 2, 7]
+    budgets = Budgets([0], [3 * 8 * 4])  # room for 3 of 5 rows
+    reach = Reach(np.array([[False, True]]))  # rank 0 maps rank 1's published rows
+    got = decide("degree", [part(reuse)], shape(0.5), budgets, None, True, reach).caches[0]
+    assert got.l3_rows.tolist() == [0, 3]  # read once and twice
+    with pytest.raises(CacheError, match="or read rows in place"):
+        decide("degree", [part(reuse)], shape(0.5), budgets, None, True)

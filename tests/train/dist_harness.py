@@ -69,7 +69,8 @@ def run_job(
         "logits": logits.numpy(),
         "params": [p.detach().numpy().copy() for p in job.model.parameters()],
         "acc": acc,
-        "bytes": job.graph.aggregator.stats.bytes_sent,
+        "bytes": job.graph.aggregator.stats.remote_bytes,
+        "published": job.graph.aggregator.stats.published_bytes,
         "grads": grads,
     }
 

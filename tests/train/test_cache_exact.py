@@ -20,7 +20,9 @@ MODELS = ("gcn", "sage", "gin")
 GRAPH = dict(num_nodes=120, num_edges=500, num_features=12, num_classes=4, seed=3)
 
 
-def cfg(model: str, input_dropout: float, mode: str = "leo", width: int = 8) -> LeoConfig:
+def cfg(
+    model: str, input_dropout: float, mode: str = "leo", width: int = 8, *extra: str
+) -> LeoConfig:
     return load_config(
         None,
         [
@@ -32,6 +34,7 @@ def cfg(model: str, input_dropout: float, mode: str = "leo", width: int = 8) -> 
             f"model.input_dropout={input_dropout}",
             f"model.hidden_channels={width}",
             "model.num_layers=3",
+            *extra,
         ],
     )
 
@@ -117,3 +120,34 @@ def test_float32_curves_with_replicas_and_static_aggregate() -> None:
         )
         print(f"float32 {label} P=4 vs P=1: max relative loss difference {worst:.2e}")
         assert worst < 1e-5, label
+
+
+@pytest.mark.parametrize("world", [3])
+def test_every_transport_matches_single_process(world: int) -> None:
+    """L3 rows read in place (`auto`), every row read in place (`shared-memory`), every row
+    through the process group (`process-group`): the same numbers, in leo and fine-grained,
+    with input dropout on and off; and the published rows really carry what they should."""
+    g = random_graph(**GRAPH)
+    cases = [
+        ("gcn", 0.4, "leo", "half", "auto"),
+        ("gcn", 0.4, "leo", "half", "process-group"),
+        ("sage", 0.0, "leo", "static+half", "shared-memory"),
+        ("gin", 0.4, "leo", None, "shared-memory"),
+        ("gcn", 0.4, "fine-grained", None, "auto"),
+        ("gcn", 0.4, "fine-grained", None, "process-group"),
+    ]
+    refs = {
+        (m, p): run_many([cfg(m, p, "blocking")], g, 1, 3)[0][0]
+        for m, p in sorted({(m, p) for m, p, *_ in cases})
+    }
+    cfgs = [cfg(m, p, mode, 8, f"pipeline.transport={t}") for m, p, mode, _, t in cases]
+    results = run_many(cfgs, g, world, 3, specs=[s for *_, s, _ in cases])
+    published = {}
+    for (model, p, mode, spec, t), got in zip(cases, results, strict=True):
+        label = f"{model} input_dropout={p} {mode} {spec} transport={t} P={world}"
+        close(got, refs[(model, p)], g.num_nodes, label)
+        published[(mode, t)] = sum(r["published"] for r in got)
+    assert published[("leo", "process-group")] == 0
+    assert published[("fine-grained", "process-group")] == 0
+    assert published[("leo", "auto")] > 0 and published[("fine-grained", "auto")] > 0
+    assert published[("leo", "shared-memory")] > published[("leo", "auto")]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from leo_cli.cli.app import app
 from leo_cli.config import load_config, write_resolved
 from leo_cli.errors import ConfigError
-from leo_cli.train.checks import check_backend, check_config
+from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.launcher import check_device
 
 REFUSED = [
@@ -121,3 +121,12 @@ def test_a_worker_refuses_gloo_on_its_gpu() -> None:
         check_backend("gloo", on_cuda=True)
     check_backend("gloo", on_cuda=False)
     check_backend("cpu:gloo,cuda:nccl", on_cuda=True)
+
+
+def test_shared_memory_transport_is_refused_where_nothing_is_read_in_place() -> None:
+    check_transport("shared-memory", "leo", on_cuda=False)
+    check_transport("process-group", "blocking", on_cuda=True)
+    with pytest.raises(ConfigError, match="does not apply to pipeline.mode=blocking"):
+        check_transport("shared-memory", "blocking", on_cuda=False)
+    with pytest.raises(ConfigError, match="CUDA workers"):
+        check_transport("shared-memory", "leo", on_cuda=True)

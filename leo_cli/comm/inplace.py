@@ -1,0 +1,197 @@
+"""L3 rows read in place: halo rows a worker reads straight out of their owner's published rows
+inside its aggregation, and whose gradients it publishes for the owner to add up.
+
+Only same-host pairs can map each other's segments (comm/published.py); an L3 row owned on
+another host is fetched per reading edge through the process group instead (comm/views.py).
+
+Each worker publishes, per layer, its boundary rows (sorted; the rows some peer reads): the
+pipelined update computes them first anyway. A reader's L3 rows of owner q are a column block
+of its CSR whose forward reads q's published rows by position (no copy) and whose backward
+gives the gradient of each row read once (the block's transpose); it publishes those for q,
+which adds them into its own rows' gradients. On CPU the inner block and the first owner's
+rows are summed by one `fused_aggregate` (the op whose CUDA kernel splits a tile's warps
+between local and remote edges); the other owners' rows add one SpMM each.
+Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
+from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
+from leo_cli.comm.views import halo_owner
+
+
+@dataclass(frozen=True)
+class OwnerRows:
+    """The rows this worker reads in place from one owner."""
+
+    owner: int
+    block: ColumnBlock  # compact: rows reading them, columns 0..R_q-1 (backward)
+    positions_C: Tensor  # (R_q) each column's position among the owner's published rows
+    in_place: kernels.CSR  # (N x B_q) the same edges, columns indexing the published rows
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.positions_C.shape[0])
+
+
+@dataclass
+class InPlace:
+    """One worker's L3 rows read in place, and the rows of its own that peers read so."""
+
+    rows: PublishedRows
+    rank: int
+    boundary_B: Tensor  # this worker's published rows (local ids, sorted)
+    reads: list[OwnerRows]  # owners this worker reads from
+    read_by: dict[int, Tensor]  # reader -> this worker's local rows it reads (its order)
+    stats: CommStats
+
+    def stream(self, layer: int, direction: int) -> int:
+        """One stream per direction, not per layer: every worker publishes and reads the
+        layers in the same order (forward 0, 1, ...; backward ..., 1, 0), so exchanges line
+        up, and one pair of copies serves every layer (a copy per layer would multiply the
+        memory by the depth)."""
+        del layer
+        return direction
+
+    # -- forward --------------------------------------------------------------------------
+
+    def publish(self, rows_BF: Tensor, layer: int) -> None:
+        """Make this worker's boundary rows of a layer readable by its in-place readers."""
+        if not self.read_by:
+            return
+        s = self.stream(layer, FORWARD)
+        k, copy = self.rows.begin_write(s, readers=list(self.read_by))
+        self.rows.forward_rows(self.rank, copy, rows_BF.shape[1]).copy_(rows_BF)
+        self.rows.end_write(s, k)
+
+    def aggregate(self, inner: ColumnBlock, h_NF: Tensor, layer: int) -> Tensor:
+        """The inner block's sums plus every owner's rows read in place (waiting for each
+        owner's rows of this layer)."""
+        if not self.reads:
+            return inner.forward(h_NF)
+        s, width = self.stream(layer, FORWARD), h_NF.shape[1]
+        out_NF: Tensor | None = None
+        for part in self.reads:
+            k, copy = self.rows.begin_read(s, part.owner)
+            published = self.rows.forward_rows(part.owner, copy, width)
+            if out_NF is None:  # the local rows and the first owner's in one op
+                out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, published)
+            else:
+                out_NF += kernels.spmm(part.in_place, published)
+            self.rows.end_read(s, part.owner, k)
+            self.stats.published_bytes += part.in_place.num_edges * width * h_NF.element_size()
+        assert out_NF is not None
+        return out_NF
+
+    # -- backward -------------------------------------------------------------------------
+
+    def publish_grads(self, grad_NF: Tensor, layer: int) -> None:
+        """The gradients of the rows read in place, for their owners to add."""
+        if not self.reads:
+            return
+        s, width = self.stream(layer, BACKWARD), grad_NF.shape[1]
+        k, copy = self.rows.begin_write(s, readers=[p.owner for p in self.reads])
+        for part in self.reads:
+            region = self.rows.backward_rows(self.rank, part.owner, copy, width)
+            region.copy_(part.block.backward(grad_NF))
+            self.stats.published_bytes += region.numel() * region.element_size()
+        self.rows.end_write(s, k)
+
+    def add_returned(self, grad_NF: Tensor, layer: int) -> None:
+        """grad += what every in-place reader computed for this worker's rows."""
+        s = self.stream(layer, BACKWARD)
+        for reader, rows_R in self.read_by.items():
+            k, copy = self.rows.begin_read(s, reader)
+            region = self.rows.backward_rows(reader, self.rank, copy, grad_NF.shape[1])
+            grad_NF.index_add_(0, rows_R, region)
+            self.rows.end_read(s, reader, k)
+
+
+def same_host_ranks(world_size: int) -> list[bool]:
+    """Which ranks run on this worker's host (collective)."""
+    hosts: list[Any] = [None] * world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    mine = hosts[dist.get_rank()]
+    return [h == mine for h in hosts]
+
+
+def build_in_place(
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    rows_H: Tensor,
+    halo_local_H: Tensor,
+    setting: tuple[int, int, torch.dtype, float],
+    stats: CommStats,
+) -> InPlace:
+    """Set up the in-place reads of the halo positions `rows_H` (sorted; owners on this host).
+
+    Collective: every worker calls it, with its own rows (possibly none).
+
+    Args:
+        adj: the part's CSR (inner rows, `[inner | halo]` columns).
+        plan: its halo plan.
+        rows_H: halo positions read in place.
+        halo_local_H: owner-local row of every halo position.
+        setting: (number of layers, widest width, dtype, timeout in seconds); the layers
+            share the segments (see `InPlace.stream`).
+        stats: where in-place bytes are counted.
+    """
+    num_layers, width, dtype, timeout_s = setting
+    world, rank = dist.get_world_size(), dist.get_rank()
+    boundary_B = torch.unique(plan.send_idx_S)
+    boundaries: list[Any] = [None] * world
+    dist.all_gather_object(boundaries, boundary_B.tolist())
+    owner_R = halo_owner(plan, rows_H)
+    owners = torch.unique(owner_R).tolist()
+    wanted = {q: halo_local_H[rows_H[owner_R == q]].tolist() for q in owners}
+    asked: list[Any] = [None] * world
+    dist.all_gather_object(asked, wanted)
+    hosts = same_host_ranks(world)
+    layouts: list[Layout | None] = [
+        Layout(
+            2, world, len(boundaries[q]),
+            [len(asked[q].get(owner, [])) for owner in range(world)],
+            width, torch.empty(0, dtype=dtype).element_size(),
+        ) if hosts[q] else None
+        for q in range(world)
+    ]  # fmt: skip
+    published = PublishedRows(layouts, rank, dtype, timeout_s)
+    reads = [
+        owner_rows(adj, plan, rows_H[owner_R == q], q, torch.tensor(boundaries[q]), halo_local_H)
+        for q in sorted(wanted)
+    ]
+    read_by = {r: torch.tensor(asked[r][rank]) for r in range(world) if asked[r].get(rank)}
+    return InPlace(published, rank, boundary_B, reads, read_by, stats)
+
+
+def owner_rows(
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    rows_C: Tensor,
+    owner: int,
+    boundary_B: Tensor,
+    halo_local_H: Tensor,
+) -> OwnerRows:
+    """The column block of the rows read from one owner, and its in-place twin."""
+    n = plan.num_inner
+    block = selected_columns_block(adj, rows_C + n)
+    positions_C = torch.searchsorted(boundary_B, halo_local_H[rows_C])
+    assert bool((boundary_B[positions_C] == halo_local_H[rows_C]).all()), "L3 rows are boundary"
+    assert block.rows_R is not None
+    rows_E = torch.repeat_interleave(block.rows_R.long(), torch.diff(block.fwd.indptr.long()))
+    cols_E = positions_C[block.fwd.indices.long()]
+    in_place = kernels.CSR.from_coo(
+        rows_E, cols_E, block.fwd.values, adj.num_rows, int(boundary_B.shape[0]), rows_sorted=True
+    )
+    return OwnerRows(owner, block, positions_C, in_place)

@@ -1,0 +1,234 @@
+"""Published rows: the rows a worker's same-host peers read in place, with no global barrier.
+
+Every worker of a host owns one segment (a /dev/shm file that the host's workers map):
+
+- a header of int64 counters: for every stream s (its forward rows, or its backward
+  gradients: every layer's in turn, in the same order on every worker) `seq[s]`, the last
+  exchange of s this worker has published, and `ack[s][q]`, the last exchange of peer q's
+  stream s this worker has finished reading;
+- `NUM_COPIES` copies of its forward rows (the rows peers read in place, at the widest width)
+  and of its backward rows (the gradients of the rows it read, one region per owner).
+
+Exchange k of a stream goes to copy k % 2. A writer waits, before writing that copy, until
+every reader has acknowledged exchange k - 2 (the last use of the copy); a reader waits, before
+reading exchange k, until the writer's `seq[s]` says k. So a fast worker runs at most one
+exchange ahead and never overwrites rows a slow reader is still reading (with one copy it
+would: tests/comm/test_published.py shows it); no worker waits for anyone but the peers it
+reads from. On x86 a store is never seen before an
+earlier one, so rows written before `seq` are there when `seq` is; waits poll with a short
+sleep and give up after `launch.timeout_s` with a sentence.
+
+Legend: B rows this worker publishes, R_q rows it reads from owner q, W the widest width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from leo_cli.comm.segments import segment_name
+from leo_cli.errors import TrainError
+
+NUM_COPIES = 2  # copies of every row area; a writer may run this many exchanges minus 1 ahead
+FORWARD, BACKWARD = 0, 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes of one worker's segment, the same arithmetic on every worker."""
+
+    num_streams: int
+    world_size: int
+    published_rows: int  # B
+    read_rows: list[int]  # R_q per owner q
+    width: int  # W
+    elem_size: int
+    copies: int = NUM_COPIES  # 1 only in tests (to show the race it lets through)
+
+    @property
+    def header(self) -> int:
+        """Elements of int64 counters, padded to a whole number of 64-byte lines."""
+        count = self.num_streams * (1 + self.world_size)
+        return -(-count // 8) * 8
+
+    def rows_bytes(self, rows: int) -> int:
+        return self.copies * rows * self.width * self.elem_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.header * 8 + self.rows_bytes(self.published_rows + sum(self.read_rows))
+
+
+class PublishedRows:
+    """This worker's segment and the mapped segments of the same-host peers it reads."""
+
+    def __init__(
+        self,
+        layouts: list[Layout | None],
+        rank: int,
+        dtype: torch.dtype,
+        timeout_s: float,
+        wait_hook: Callable[[], None] | None = None,
+    ) -> None:
+        """Create this worker's segment, map every peer's (collective: every worker calls it).
+
+        Args:
+            layouts: every rank's layout; None for ranks on another host (never mapped).
+            rank: this worker.
+            dtype: of the rows.
+            timeout_s: how long a wait may take before the job stops with a sentence.
+            wait_hook: called at every poll of a wait (tests slow a reader down with it).
+        """
+        self.rank, self.dtype, self.timeout_s = rank, dtype, timeout_s
+        self.layouts, self.wait_hook = layouts, wait_hook
+        mine = layouts[rank]
+        assert mine is not None, "a worker publishing rows is on its own host"
+        self.segments = _map_host_segments(layouts, rank)
+        self.counters = {
+            q: seg[: _header_of(layouts[q]) * 8].view(torch.int64)
+            for q, seg in self.segments.items()
+        }
+        self.exchanges: dict[tuple[int, int], int] = {}  # (stream, writer) -> count so far
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def _seq(self, q: int, stream: int) -> Tensor:
+        return self.counters[q][stream : stream + 1]
+
+    def _ack(self, reader: int, stream: int, writer: int) -> Tensor:
+        lay = self.layouts[reader]
+        assert lay is not None
+        i = lay.num_streams + stream * lay.world_size + writer
+        return self.counters[reader][i : i + 1]
+
+    def _rows(self, q: int, copy: int, first: int, count: int, width: int) -> Tensor:
+        """Rows [first, first + count) of copy `copy` of q's row area, at `width`."""
+        lay = self.layouts[q]
+        assert lay is not None
+        total = lay.published_rows + sum(lay.read_rows)
+        start = lay.header * 8 + copy * total * lay.width * lay.elem_size
+        start += first * width * lay.elem_size
+        end = start + count * width * lay.elem_size
+        return self.segments[q][start:end].view(self.dtype).view(count, width)
+
+    def forward_rows(self, q: int, copy: int, width: int) -> Tensor:
+        """Owner q's published forward rows (B_q x width) in copy `copy`."""
+        lay = self.layouts[q]
+        assert lay is not None
+        return self._rows(q, copy, 0, lay.published_rows, width)
+
+    def backward_rows(self, reader: int, owner: int, copy: int, width: int) -> Tensor:
+        """The gradients `reader` publishes for the rows it read from `owner` (R x width)."""
+        lay = self.layouts[reader]
+        assert lay is not None
+        first = lay.published_rows + sum(lay.read_rows[:owner])
+        return self._rows(reader, copy, first, lay.read_rows[owner], width)
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def next_exchange(self, stream: int, writer: int) -> int:
+        """Count exchange of (stream, writer) as begun here; its number (1, 2, ...)."""
+        key = (stream, writer)
+        self.exchanges[key] = self.exchanges.get(key, 0) + 1
+        return self.exchanges[key]
+
+    def begin_write(self, stream: int, readers: list[int]) -> tuple[int, int]:
+        """Wait until every reader is done with the copy exchange k will overwrite; (k, copy)."""
+        k = self.next_exchange(stream, self.rank)
+        for r in readers:
+            self._wait_count(self._ack(r, stream, self.rank), k - NUM_COPIES,
+                             f"worker {r} to finish reading", stream)  # fmt: skip
+        return k, k % self._copies(self.rank)
+
+    def end_write(self, stream: int, k: int) -> None:
+        """Exchange k of this worker's stream is written: readers may read it."""
+        self._seq(self.rank, stream).fill_(k)
+
+    def begin_read(self, stream: int, writer: int, wait: bool = True) -> tuple[int, int]:
+        """Wait until `writer` has published exchange k of its stream; (k, copy)."""
+        k = self.next_exchange(stream, writer)
+        if wait:
+            self._wait_count(self._seq(writer, stream), k,
+                             f"worker {writer} to publish its rows", stream)  # fmt: skip
+        return k, k % self._copies(writer)
+
+    def _copies(self, q: int) -> int:
+        lay = self.layouts[q]
+        assert lay is not None
+        return lay.copies
+
+    def end_read(self, stream: int, writer: int, k: int) -> None:
+        """This worker is done with exchange k of `writer`'s stream."""
+        self._ack(self.rank, stream, writer).fill_(k)
+
+    def _wait_count(self, counter: Tensor, at_least: int, what: str, stream: int) -> None:
+        """Poll a counter of a mapped header until it reaches `at_least`."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 1e-6
+        while int(counter) < at_least:
+            if self.wait_hook is not None:
+                self.wait_hook()
+            if time.monotonic() > deadline:
+                raise TrainError(
+                    f"worker {self.rank} waited {self.timeout_s:g} s for {what} (stream "
+                    f"{stream}); a peer stopped or is stalled (launch.timeout_s)."
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+
+def _header_of(layout: Layout | None) -> int:
+    assert layout is not None, "only same-host segments are mapped"
+    return layout.header
+
+
+def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Tensor]:
+    """Create this worker's segment, learn every same-host peer's name, map them all, and
+    unlink the files once every worker has mapped them (collective)."""
+    mine = layouts[rank]
+    assert mine is not None
+    name = _create(mine.num_bytes)
+    names: list[Any] = [None] * len(layouts)
+    dist.all_gather_object(names, name)
+    failed = [q for q, n in enumerate(names) if isinstance(n, str) and n.startswith("!")]
+    if failed:
+        raise TrainError(
+            f"workers {failed} cannot reserve their published rows in /dev/shm "
+            f"({names[failed[0]][1:]}); free space there or use pipeline.transport="
+            "process-group."
+        )
+    segments: dict[int, Tensor] = {}
+    try:
+        for q, lay in enumerate(layouts):
+            if lay is not None:
+                segments[q] = torch.from_file(str(names[q]), shared=True, size=lay.num_bytes,
+                                              dtype=torch.uint8)  # fmt: skip
+        dist.barrier()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    return segments
+
+
+def _create(num_bytes: int) -> str:
+    """A new zero-filled file of num_bytes in /dev/shm; "!reason" when that fails."""
+    path = str(segment_name())
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(num_bytes, 1))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return f"!{exc.strerror or exc}"
+    return path

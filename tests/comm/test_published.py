@@ -1,0 +1,77 @@
+"""Published rows without a barrier: a reader sees every exchange whole, however slow it is,
+because writes alternate between two copies and wait for the readers' acknowledgements; with
+one copy, or a reader that skips the readiness wait, it would not (shown, so the tests have
+teeth)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import spawn_ranks
+
+from leo_cli.comm.published import FORWARD, Layout, PublishedRows
+
+pytestmark = pytest.mark.dist
+
+ROWS, WIDTH, EXCHANGES = 64, 4, 12
+
+
+def layout(copies: int) -> Layout:
+    return Layout(2, 2, ROWS, [0, 0], WIDTH, 8, copies)
+
+
+def writer_and_slow_reader(
+    rank: int, world: int, copies: int, wait: bool, writer_pause: float = 0.0
+) -> list[Any]:
+    """Rank 0 publishes exchange k as rows full of k, as fast as it may (or pausing
+    `writer_pause` seconds before each); rank 1 reads each exchange in two halves with a pause
+    between them and reports what it saw."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = PublishedRows([layout(copies), layout(copies)], rank, torch.float64, timeout_s=30)
+    stream = 2 * 0 + FORWARD
+    seen: list[Any] = []
+    for _ in range(EXCHANGES):
+        if rank == 0:
+            time.sleep(writer_pause)
+            k, copy = rows.begin_write(stream, readers=[1])
+            rows.forward_rows(0, copy, WIDTH).fill_(float(k))
+            rows.end_write(stream, k)
+            continue
+        k, copy = rows.begin_read(stream, writer=0, wait=wait)
+        buf = rows.forward_rows(0, copy, WIDTH)
+        first = buf[: ROWS // 2].clone()
+        time.sleep(0.02)  # a slow reader: the writer may run ahead meanwhile
+        second = buf[ROWS // 2 :].clone()
+        rows.end_read(stream, 0, k)
+        seen.append((k, sorted({*first.flatten().tolist(), *second.flatten().tolist()})))
+    dist.barrier()
+    return seen
+
+
+def torn(seen: list[Any]) -> list[Any]:
+    """Exchanges the reader did not see whole and as published."""
+    return [(k, values) for k, values in seen if values != [float(k)]]
+
+
+def test_every_exchange_is_read_whole_with_two_copies() -> None:
+    seen = spawn_ranks(writer_and_slow_reader, 2, 2, True)[1]
+    assert not isinstance(seen, Exception), seen
+    assert len(seen) == EXCHANGES and torn(seen) == []
+
+
+def test_one_copy_lets_a_fast_writer_overwrite_a_slow_read() -> None:
+    seen = spawn_ranks(writer_and_slow_reader, 2, 1, True)[1]
+    assert not isinstance(seen, Exception), seen
+    assert torn(seen), "a single copy should have let the writer overwrite a read"
+
+
+def test_a_reader_that_skips_the_readiness_wait_reads_stale_rows() -> None:
+    # A writer slower than the reader: an impatient reader runs ahead of what is published
+    # (without the pause a loaded machine may slow the reader enough to hide it).
+    seen = spawn_ranks(writer_and_slow_reader, 2, 2, False, 0.1)[1]
+    assert not isinstance(seen, Exception), seen
+    assert torn(seen), "reading before the writer published should have seen old rows"
