@@ -227,13 +227,33 @@ def _seconds(value: Any) -> float | None:
     return float(value)
 
 
-def bytes_per_level(p: PartAccess, c: RankCache, shape: ModelShape) -> dict[str, int]:
-    """Bytes this rank holds at L1 (replicas, static aggregate) and receives per step at L2/L3."""
+def read_in_place(p: PartAccess, c: RankCache, reach: Reach) -> np.ndarray:
+    """Halo rows this rank reads in place (comm/levels.py build_levels): rows of owners that
+    publish to it, L3 ones or every one (`reach.every_row`), replicas never."""
+    mask = (
+        reach.published[p.rank][p.owner_H] if reach.published.size else np.zeros(p.num_halo, bool)
+    )
+    if not reach.every_row:
+        l3 = np.zeros(p.num_halo, dtype=bool)
+        l3[c.l3_rows] = True
+        mask = mask & l3
+    mask = mask.copy()
+    mask[c.replica_rows] = False
+    return mask
+
+
+def bytes_per_level(
+    p: PartAccess, c: RankCache, shape: ModelShape, reach: Reach | None = None
+) -> dict[str, int]:
+    """Bytes this rank holds at L1 (replicas, static aggregate), receives per step at L2/L3
+    through the process group, and reads in place or publishes back (`published`: each row
+    read in place once per reading edge forward, its gradient once backward)."""
     l3 = np.zeros(p.num_halo, dtype=bool)
     l3[c.l3_rows] = True
     l1 = np.zeros(p.num_halo, dtype=bool)
     l1[c.replica_rows] = True
-    per_step_l2 = per_step_l3 = 0
+    in_place = np.zeros(p.num_halo, dtype=bool) if reach is None else read_in_place(p, c, reach)
+    per_step_l2 = per_step_l3 = published = 0
     for layer in range(shape.num_layers):
         if layer == 0 and c.static_aggregate:
             continue
@@ -242,15 +262,19 @@ def bytes_per_level(p: PartAccess, c: RankCache, shape: ModelShape) -> dict[str,
         # needs no gradient, so nothing flows back.
         directions = 1 if layer == 0 and b >= a else 2
         w = shape.exchanged_width(layer) * shape.dtype_bytes * directions
-        skip = l1 if layer == 0 else np.zeros_like(l1)
+        skip = (l1 if layer == 0 else np.zeros_like(l1)) | in_place
         per_step_l2 += int((~l3 & ~skip).sum()) * w
         per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w
+        row = shape.exchanged_width(layer) * shape.dtype_bytes
+        published += int(p.reuse_H[in_place].sum()) * row  # forward, per reading edge
+        published += int(in_place.sum()) * row * (directions - 1)  # gradients, per row
     row_in = shape.widths[0] * shape.dtype_bytes
     return {
         "L1_replica_bytes": int(l1.sum()) * row_in,
         "L1s_static_bytes": p.num_inner * row_in if c.static_aggregate else 0,
         "L2_bytes_per_step": per_step_l2,
         "L3_bytes_per_step": per_step_l3,
+        "published_bytes_per_step": published,
     }
 
 
@@ -296,9 +320,12 @@ def make_plan(
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
-        [bytes_per_level(p, c, shape) for p, c in zip(accesses, decision.caches, strict=True)],
+        [
+            bytes_per_level(p, c, shape, reach)
+            for p, c in zip(accesses, decision.caches, strict=True)
+        ],
         decision.sweep, max(b.replica_bytes) / 2**20, None,
-        [rows_per_level(p, c) for p, c in zip(accesses, decision.caches, strict=True)],
+        [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
         transports(accesses, decision.caches, reach), reach.every_row,
     )  # fmt: skip
 
@@ -308,14 +335,13 @@ def faster(a: Prediction | None, b: Prediction | None) -> bool:
     return a is not None and b is not None and a.epoch_time_s < b.epoch_time_s
 
 
-def rows_per_level(p: PartAccess, c: RankCache) -> dict[str, int]:
-    """Halo rows of a rank per level: L1 replicas (layer 0), L3 (not replicated), L2 the rest."""
+def rows_per_level(p: PartAccess, c: RankCache, reach: Reach) -> dict[str, int]:
+    """Halo rows of a rank per level: L1 replicas (layer 0), L3 (not replicated), L2 the rest;
+    `in_place`: how many of the L2 and L3 rows are read in place from published rows."""
+    l1 = int(c.replica_rows.shape[0])
     l3 = int(np.setdiff1d(c.l3_rows, c.replica_rows).shape[0])
-    return {
-        "L1": int(c.replica_rows.shape[0]),
-        "L2": p.num_halo - l3 - int(c.replica_rows.shape[0]),
-        "L3": l3,
-    }
+    read = int(read_in_place(p, c, reach).sum())
+    return {"L1": l1, "L2": p.num_halo - l3 - l1, "L3": l3, "in_place": read}
 
 
 def transports(

@@ -63,6 +63,7 @@ class LevelBytes(_Strict):
     L1s_static_bytes: Count
     L2_bytes_per_step: Count
     L3_bytes_per_step: Count
+    published_bytes_per_step: Count = 0
 
 
 class LevelRows(_Strict):
@@ -71,6 +72,7 @@ class LevelRows(_Strict):
     L1: Count
     L2: Count
     L3: Count
+    in_place: Count = 0
 
 
 PairTransport = Literal["process-group", "published-rows", "mixed"]

@@ -86,8 +86,9 @@ def spill_to_l3(
         if movable.shape[0] < excess:
             need = p.num_halo * row_bytes
             how = (
-                "or read rows in place: pipeline.transport=auto with every worker on one host, "
-                "on CPU"
+                "rows spill to L3 only where they are read in place: CPU workers on one host, "
+                "pipeline.transport auto or shared-memory, a mode that reads in place, no "
+                "attention"
                 if movable.shape[0] == 0
                 else f"only {movable.shape[0]} of its rows can be read in place instead"
             )

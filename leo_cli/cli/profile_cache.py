@@ -18,7 +18,10 @@ from leo_cli.util.interrupt import Interrupted
 
 
 def plan_table(plan: CachePlan) -> Table:
-    in_place = "every same-host row" if plan.every_row else "L3 rows of same-host owners"
+    moves = {t for peers in plan.transport or [] for t in peers}
+    in_place = "none"
+    if moves & {"published-rows", "mixed"}:
+        in_place = "every same-host row" if plan.every_row else "L3 rows of same-host owners"
     table = Table(
         title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
         f"read in place: {in_place})"

@@ -16,6 +16,7 @@ Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,8 @@ class InPlace:
         if not self.read_by:
             return
         s = self.stream(layer, FORWARD)
-        k, copy = self.rows.begin_write(s, readers=list(self.read_by))
+        with self.stats.waiting(rows_BF.device):  # until readers are done with this copy
+            k, copy = self.rows.begin_write(s, readers=list(self.read_by))
         self.rows.forward_rows(self.rank, copy, rows_BF.shape[1]).copy_(rows_BF)
         self.rows.end_write(s, k)
 
@@ -83,7 +85,8 @@ class InPlace:
         s, width = self.stream(layer, FORWARD), h_NF.shape[1]
         out_NF: Tensor | None = None
         for part in self.reads:
-            k, copy = self.rows.begin_read(s, part.owner)
+            with self.stats.waiting(h_NF.device):  # counted in comm_wait_s, like a transfer
+                k, copy = self.rows.begin_read(s, part.owner)
             published = self.rows.forward_rows(part.owner, copy, width)
             if out_NF is None:  # the local rows and the first owner's in one op
                 out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, published)
@@ -101,7 +104,8 @@ class InPlace:
         if not self.reads:
             return
         s, width = self.stream(layer, BACKWARD), grad_NF.shape[1]
-        k, copy = self.rows.begin_write(s, readers=[p.owner for p in self.reads])
+        with self.stats.waiting(grad_NF.device):
+            k, copy = self.rows.begin_write(s, readers=[p.owner for p in self.reads])
         for part in self.reads:
             region = self.rows.backward_rows(self.rank, part.owner, copy, width)
             region.copy_(part.block.backward(grad_NF))
@@ -112,16 +116,19 @@ class InPlace:
         """grad += what every in-place reader computed for this worker's rows."""
         s = self.stream(layer, BACKWARD)
         for reader, rows_R in self.read_by.items():
-            k, copy = self.rows.begin_read(s, reader)
+            with self.stats.waiting(grad_NF.device):
+                k, copy = self.rows.begin_read(s, reader)
             region = self.rows.backward_rows(reader, self.rank, copy, grad_NF.shape[1])
             grad_NF.index_add_(0, rows_R, region)
             self.rows.end_read(s, reader, k)
 
 
 def same_host_ranks(world_size: int) -> list[bool]:
-    """Which ranks run on this worker's host (collective)."""
+    """Which ranks run on this worker's host (collective): torchrun's node (`GROUP_RANK`, the
+    grouping the plan assumes: rank // workers per node), else the host name."""
     hosts: list[Any] = [None] * world_size
-    dist.all_gather_object(hosts, socket.gethostname())
+    node = os.environ.get("GROUP_RANK")
+    dist.all_gather_object(hosts, f"node {node}" if node is not None else socket.gethostname())
     mine = hosts[dist.get_rank()]
     return [h == mine for h in hosts]
 

@@ -113,6 +113,7 @@ class PublishedRows:
         """Rows [first, first + count) of copy `copy` of q's row area, at `width`."""
         lay = self.layouts[q]
         assert lay is not None
+        assert width <= lay.width, f"rows of width {width} exceed the segment's {lay.width}"
         total = lay.published_rows + sum(lay.read_rows)
         start = lay.header * 8 + copy * total * lay.width * lay.elem_size
         start += first * width * lay.elem_size
@@ -196,22 +197,35 @@ def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Ten
     mine = layouts[rank]
     assert mine is not None
     name = _create(mine.num_bytes)
-    names: list[Any] = [None] * len(layouts)
-    dist.all_gather_object(names, name)
-    failed = [q for q, n in enumerate(names) if isinstance(n, str) and n.startswith("!")]
-    if failed:
-        raise TrainError(
-            f"workers {failed} cannot reserve their published rows in /dev/shm "
-            f"({names[failed[0]][1:]}); free space there or use pipeline.transport="
-            "process-group."
-        )
     segments: dict[int, Tensor] = {}
     try:
+        names: list[Any] = [None] * len(layouts)
+        dist.all_gather_object(names, name)
+        failed = [q for q, n in enumerate(names) if isinstance(n, str) and n.startswith("!")]
+        if failed:
+            raise TrainError(
+                f"workers {failed} cannot reserve their published rows in /dev/shm "
+                f"({names[failed[0]][1:]}); free space there or use pipeline.transport="
+                "process-group."
+            )
+        problem = ""
         for q, lay in enumerate(layouts):
             if lay is not None:
-                segments[q] = torch.from_file(str(names[q]), shared=True, size=lay.num_bytes,
-                                              dtype=torch.uint8)  # fmt: skip
-        dist.barrier()
+                try:
+                    size = lay.num_bytes
+                    segments[q] = torch.from_file(
+                        str(names[q]), shared=True, size=size, dtype=torch.uint8
+                    )
+                except RuntimeError as exc:  # e.g. a peer of the same host name elsewhere
+                    problem = problem or f"{names[q]}: {str(exc).splitlines()[0]}"
+        problems: list[Any] = [None] * len(layouts)
+        dist.all_gather_object(problems, problem)  # every worker fails alike, none waits
+        bad = [q for q, p in enumerate(problems) if p]
+        if bad:
+            raise TrainError(
+                f"workers {bad} cannot map their peers' published rows ({problems[bad[0]]}); "
+                "use pipeline.transport=process-group."
+            )
     finally:
         with contextlib.suppress(OSError):
             os.unlink(name)

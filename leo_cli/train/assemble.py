@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from leo_cli import kernels
-from leo_cli.cache.plan import PLAN, plan_inputs, read_plan
+from leo_cli.cache.plan import PLAN, read_plan
 from leo_cli.comm.aggregate import Aggregator
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan
@@ -34,7 +34,8 @@ from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency
 from leo_cli.registry import mode_of
-from leo_cli.train.plan_stage import reach_of
+from leo_cli.train.in_place import reads_in_place
+from leo_cli.train.plan_stage import plan_digests
 from leo_cli.train.timing import Laps
 from leo_cli.train.trainer import Job, WorkerData
 
@@ -223,14 +224,6 @@ def in_place_setting(
     return InPlaceSetting(cfg.model.num_layers, width, timeout, local_H, stats, every_row)
 
 
-def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
-    """Whether same-host rows may be read in place from published rows in this run."""
-    mode = mode_of(cfg.pipeline.mode)
-    cpu = torch.device(device).type == "cpu"
-    in_place = mode.reads_in_place and not cfg.model.attention  # see cache/plan_stage reach_of
-    return in_place and cfg.pipeline.transport != "process-group" and cpu
-
-
 def build_job(
     run_dir: Path,
     cfg: LeoConfig,
@@ -246,9 +239,7 @@ def build_job(
     halo rows: every rank then refuses a bad plan alike, before any set-up collective)."""
     dataset = DatasetInfo.from_meta(meta)
     cache_plan = None if cfg.cache.policy == "none" else read_plan(run_dir)
-    reach = reach_of(cfg, world_size)
-    chunks = cfg.pipeline.num_chunks
-    inputs = plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks, reach)
+    inputs, _ = plan_digests(cfg, meta, world_size)
     if cache_plan is not None and (
         cache_plan.inputs != inputs or len(cache_plan.caches) != world_size
     ):

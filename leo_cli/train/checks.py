@@ -8,27 +8,43 @@ the key, rather than failing deep inside a worker.
 
 from __future__ import annotations
 
+import platform
+
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
 from leo_cli.registry import mode_of, pipeline_modes, planned_mode
+from leo_cli.train.in_place import reads_in_place
 
 
-def check_transport(transport: str, mode: str, on_cuda: bool) -> None:
-    """Refuse `pipeline.transport=shared-memory` where rows cannot be read in place: CUDA
-    workers (published rows are host memory; peer-GPU reads are not wired in this version)
-    and modes that do not read in place (registry.Mode.reads_in_place)."""
-    if transport != "shared-memory":
+def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
+    """Refuse `pipeline.transport=shared-memory` where no row can be read in place (it would
+    otherwise move every row through the process group without a word): CUDA workers
+    (published rows are host memory; peer-GPU reads are not wired in this version), attention
+    models, modes that read nothing in place, and machines without x86's store order."""
+    if cfg.pipeline.transport != "shared-memory":
         return
+    key = "pipeline.transport=shared-memory"
+    mode = cfg.pipeline.mode
     if on_cuda:
         raise ConfigError(
-            "pipeline.transport=shared-memory reads rows from host memory, which CUDA workers "
-            "do not read in place in this version; use pipeline.transport=auto or process-group."
+            f"{key} reads rows from host memory, which CUDA workers do not read in place in "
+            "this version; use pipeline.transport=auto or process-group."
+        )
+    if cfg.model.attention:
+        raise ConfigError(
+            f"{key} does not apply to model.name={cfg.model.name} (attention rows are not read "
+            "in place); use pipeline.transport=auto or process-group."
         )
     if not mode_of(mode).reads_in_place:
         readers = ", ".join(m for m in pipeline_modes() if mode_of(m).reads_in_place)
         raise ConfigError(
-            f"pipeline.transport=shared-memory does not apply to pipeline.mode={mode} (it "
-            f"reads no rows in place); use it with pipeline.mode {readers}, or drop the key."
+            f"{key} does not apply to pipeline.mode={mode} (that mode reads no rows from "
+            f"published rows); use it with pipeline.mode {readers}, or drop the key."
+        )
+    if not reads_in_place(cfg, "cpu"):
+        raise ConfigError(
+            f"{key} needs x86's store order to read published rows safely, which this "
+            f"{platform.machine()} machine lacks; use pipeline.transport=process-group."
         )
 
 

@@ -41,7 +41,7 @@ def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     check_device(cfg.launch, workers_per_node(cfg))
     active_backend()
     check_config(cfg, allow_inexact)
-    check_transport(cfg.pipeline.transport, cfg.pipeline.mode, uses_cuda(cfg.launch))
+    check_transport(cfg, uses_cuda(cfg.launch))
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:

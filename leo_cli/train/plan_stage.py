@@ -41,6 +41,7 @@ from leo_cli.graph.stage import partition_dir
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.registry import mode_of, prediction_key
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
+from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
@@ -198,9 +199,7 @@ def ensure_plan(
     hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
     t0 = time.perf_counter()
     reach = reach_of(cfg, num_parts)
-    inputs = plan_inputs(
-        meta, cfg.model, cfg.cache, cfg.train.dtype, cfg.pipeline.num_chunks, reach
-    )
+    inputs, graph_key = plan_digests(cfg, meta, num_parts)
     key = plan_key(inputs, hw)
     existing = None if force else read_plan(run_dir)
     if existing is not None and existing.key == key:
@@ -216,8 +215,7 @@ def ensure_plan(
         DTYPE_BYTES[cfg.train.dtype],
     )
     chunks = cfg.pipeline.num_chunks
-    keys = (key, inputs, graph_inputs(meta, cfg.model, cfg.train.dtype, chunks, reach))
-    plan = make_plan(cfg.cache, accesses, shape, hw, keys, chunks, reach)
+    plan = make_plan(cfg.cache, accesses, shape, hw, (key, inputs, graph_key), chunks, reach)
     plot_plan(plan, run_dir / "cache-plan.png")
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
@@ -225,11 +223,22 @@ def ensure_plan(
     return plan
 
 
+def plan_digests(cfg: LeoConfig, meta: dict[str, Any], num_parts: int) -> tuple[str, str]:
+    """The digests a plan is made for and checked against, (inputs, graph inputs): one place,
+    so the plan stage, the workers and the summary agree."""
+    reach, chunks = reach_of(cfg, num_parts), cfg.pipeline.num_chunks
+    return (
+        plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks, reach),
+        graph_inputs(meta, cfg.model, cfg.train.dtype, chunks, reach),
+    )
+
+
 def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
     """Which ranks' rows each rank can read in place (comm/inplace.py): those on its host,
-    on CPU, unless `pipeline.transport=process-group` (or attention: its rows are not read
-    in place); every row of them under `pipeline.transport=shared-memory`."""
-    if cfg.pipeline.transport == "process-group" or uses_cuda(cfg.launch) or cfg.model.attention:
+    on CPU, in a mode that reads in place, unless `pipeline.transport=process-group` (or
+    attention: its rows are not read in place); every row of them under
+    `pipeline.transport=shared-memory` (train/assemble.py reads_in_place decides alike)."""
+    if not reads_in_place(cfg, "cuda" if uses_cuda(cfg.launch) else "cpu"):
         return Reach.none(num_parts)
     host = np.arange(num_parts) // workers_per_node(cfg)
     published = host[:, None] == host[None, :]
@@ -255,11 +264,8 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     if plan is None:
         return None
     cached = cfg.cache.policy != "none"
-    chunks = cfg.pipeline.num_chunks
-    if cached:
-        fresh = plan.inputs == plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks)
-    else:
-        fresh = plan.graph_inputs == graph_inputs(meta, cfg.model, cfg.train.dtype, chunks)
+    inputs, graph_key = plan_digests(cfg, meta, int(meta["num_parts"]))
+    fresh = plan.inputs == inputs if cached else plan.graph_inputs == graph_key
     if not fresh or (cached and not mode_of(cfg.pipeline.mode).planned):
         return None
     return plan.predicted.get(prediction_key(cfg.pipeline.mode, cached))

@@ -235,7 +235,7 @@ def run_worker(
         )
     device = pick_device(cfg.launch, env)
     check_backend(cfg.launch.backend, device.type == "cuda")
-    check_transport(cfg.pipeline.transport, cfg.pipeline.mode, device.type == "cuda")
+    check_transport(cfg, device.type == "cuda")
     if env.world_size > 1:
         backend = pick_backend(device, cfg.launch.backend)
         init_process_group(env, backend, cfg.launch.timeout_s, device)

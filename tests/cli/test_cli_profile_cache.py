@@ -60,25 +60,47 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert not any(r["replica_rows"] for r in read(other / "cache-plan.json")["ranks"])
 
 
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
-    cached, plain = tmp_path / "cached", tmp_path / "plain"
-    assert leo("train", *TINY, *LEVELS, "--set", f"run.out_dir={cached}").returncode == 0
+    cached, spilled, plain = tmp_path / "cached", tmp_path / "spilled", tmp_path / "plain"
+    pg = ["--set", "pipeline.transport=process-group"]
+    res = leo("train", *TINY, *LEVELS, *pg, "--set", f"run.out_dir={cached}")
+    assert res.returncode == 0, res.stderr
+    # A halo budget below the buffer: the least-read rows go to L3, read in place.
+    small = ["--set", "cache.halo_budget_mb=1%"]
+    res = leo("train", *TINY, *LEVELS, *small, "--set", f"run.out_dir={spilled}")
+    assert res.returncode == 0, res.stderr
     res = leo("train", *TINY, "--set", "cache.policy=none", "--set", f"run.out_dir={plain}")
     assert res.returncode == 0, res.stderr
-    a, b = read(cached / "summary.json"), read(plain / "summary.json")
-    assert a["final_loss"] == pytest.approx(b["final_loss"], rel=1e-5)
-    assert a["predicted_epoch_time_s"] > 0 and b["predicted_epoch_time_s"] is None
-    rows = [json.loads(line) for line in (cached / "metrics.jsonl").read_text().splitlines()]
+    a, s, b = (read(r / "summary.json") for r in (cached, spilled, plain))
+    for got in (a, s):
+        assert got["final_loss"] == pytest.approx(b["final_loss"], rel=1e-5)
+        assert got["predicted_epoch_time_s"] > 0
+    assert b["predicted_epoch_time_s"] is None
+    rows = metrics(cached)
     for row in rows:  # the plan's bytes per level are what the workers moved
         assert row["step_L2_bytes"] + row["step_L3_bytes"] == row["step_comm_bytes"]
+        assert row["step_published_bytes"] == 0
     assert rows[-1]["step_L3_bytes"] == 0 and rows[-1]["step_L2_bytes"] > 0
     assert a["total_comm_bytes"] < b["total_comm_bytes"]  # replicas leave layer 0's exchange
+    plan = read(spilled / "cache-plan.json")
+    assert any(r["l3_rows"] for r in plan["ranks"])
+    published = sum(r["bytes_per_level"]["published_bytes_per_step"] for r in plan["ranks"])
+    for row in metrics(spilled):  # ... and what they read in place or published back
+        moved = row["step_L2_bytes"] + row["step_L3_bytes"] + row["step_published_bytes"]
+        assert moved == row["step_comm_bytes"] and row["step_published_bytes"] == published > 0
 
 
 def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
+    """Refused where no row can be read in place instead (every row through the process
+    group: a row fetched per edge takes more buffer, not less)."""
     res = leo(
-        "train", *TINY, "--set", "cache.halo_budget_mb=1%", "--set", f"run.out_dir={tmp_path}"
-    )
+        "train", *TINY, "--set", "cache.halo_budget_mb=1%", "--set", f"run.out_dir={tmp_path}",
+        "--set", "pipeline.transport=process-group",
+    )  # fmt: skip
     assert res.returncode == 2
     assert "cache.halo_budget_mb is below the halo buffer" in " ".join(res.stderr.split())
     assert "Traceback" not in res.stderr

@@ -21,6 +21,7 @@ from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.exchange import CommStats
 from leo_cli.comm.modes import Wiring, make_aggregator
+from leo_cli.comm.views import L3, level_view
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.models.local_graph import part_adjacency
@@ -170,7 +171,10 @@ def products_of_every_mode(rank: int, world: int, parts: list[LocalPart]) -> dic
     for name in pipeline_modes():
         wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
         plan = halo_plan(part, torch.device("cpu"))
-        agg = make_aggregator(mode_of(name), adj, plan, wiring, [1])
+        view = (adj, plan)
+        if MODES[name].per_edge_rows:  # every row L3 (train/assemble.py every_row_l3), per edge
+            view = level_view(adj, plan, torch.full((plan.num_halo,), L3, dtype=torch.int64))
+        agg = make_aggregator(mode_of(name), *view, wiring, [1])
         h = x.clone().requires_grad_(True)
         calls.clear()
         (agg.aggregate(h, 0) * grad).sum().backward()

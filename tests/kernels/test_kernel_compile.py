@@ -48,15 +48,21 @@ def copy_cuda_tree(tmp_path: Path) -> Path:
     return target
 
 
-def test_check_compiles_every_kernel_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> None:
+def test_check_compiles_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> None:
+    """One real kernel beside a broken one (every kernel is compiled by `make test`'s
+    `leo compile --check` step already; compiling them all again here took minutes)."""
     nvcc_or_skip()
     cuda_dir = copy_cuda_tree(tmp_path)
+    kept = "row_ops.cu"
+    for other in (cuda_dir / "kernels").glob("*.cu"):
+        if other.name != kept:
+            other.unlink()
     # An unused variable is only a warning; -Werror all-warnings must turn it into a FAIL.
     broken = "__global__ void zz_broken(float* x) { int unused = 3; x[0] = 1.0f; }\n"
     (cuda_dir / "kernels" / "zz_broken.cu").write_text(broken)
     code, out = invoke("--check", env={"LEO_CUDA_DIR": str(cuda_dir)})
     assert code == 2, out
-    for source in sorted(p.name for p in (CUDA_DIR / "kernels").glob("*.cu")):
+    for source in [kept]:
         for arch in ("sm_80", "sm_90"):
             assert any(
                 source in line and arch in line and "OK" in line for line in out.splitlines()

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from leo_cli.cli.app import app
-from leo_cli.config import load_config, write_resolved
+from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.errors import ConfigError
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.launcher import check_device
@@ -124,9 +124,16 @@ def test_a_worker_refuses_gloo_on_its_gpu() -> None:
 
 
 def test_shared_memory_transport_is_refused_where_nothing_is_read_in_place() -> None:
-    check_transport("shared-memory", "leo", on_cuda=False)
-    check_transport("process-group", "blocking", on_cuda=True)
+    def cfg(*overrides: str) -> LeoConfig:
+        return load_config(None, list(overrides))
+
+    check_transport(cfg("pipeline.transport=shared-memory"), on_cuda=False)
+    check_transport(cfg("pipeline.transport=process-group", "pipeline.mode=blocking"), True)
+    blocking = cfg("pipeline.transport=shared-memory", "pipeline.mode=blocking")
     with pytest.raises(ConfigError, match="does not apply to pipeline.mode=blocking"):
-        check_transport("shared-memory", "blocking", on_cuda=False)
+        check_transport(blocking, on_cuda=False)
     with pytest.raises(ConfigError, match="CUDA workers"):
-        check_transport("shared-memory", "leo", on_cuda=True)
+        check_transport(cfg("pipeline.transport=shared-memory"), on_cuda=True)
+    gat = cfg("pipeline.transport=shared-memory", "model.name=gat")
+    with pytest.raises(ConfigError, match="does not apply to model.name=gat"):
+        check_transport(gat, on_cuda=False)

@@ -1,0 +1,29 @@
+"""Whether a run reads halo rows in place from its peers' published rows (comm/inplace.py).
+
+One rule for the plan (train/plan_stage.py `reach_of`) and the workers (train/assemble.py), so
+what the plan prices is what the workers do.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from leo_cli.config import LeoConfig
+from leo_cli.registry import mode_of
+
+# Readiness is a counter written after the rows (comm/published.py): ordered on x86's
+# total-store-order memory, not on weaker models (aarch64) without fences this code lacks.
+ORDERED_STORES = ("x86_64", "amd64", "i686")
+
+
+def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
+    """Whether same-host rows may be read in place in this run: a mode that reads in place,
+    no attention (its rows are not), `pipeline.transport` other than process-group, CPU
+    workers (published rows are host memory; peer-GPU reads are not wired) on x86."""
+    mode = mode_of(cfg.pipeline.mode)
+    cpu = torch.device(device).type == "cpu"
+    x86 = platform.machine().lower() in ORDERED_STORES
+    in_place = mode.reads_in_place and not cfg.model.attention
+    return in_place and cfg.pipeline.transport != "process-group" and cpu and x86
