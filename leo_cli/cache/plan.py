@@ -2,8 +2,9 @@
 
 It holds, per rank, the cache levels (static aggregate, replicated halo positions, halo
 positions fetched per edge), the chunk count of every layer (the same on every rank, since
-both ends of a transfer must cut it the same way), the predicted stage times, and the
-predicted step time of every mode, so `leo train` can put prediction beside measurement. The
+both ends of a transfer must cut it the same way), the predicted stage times, the predicted
+step time of every mode, and each rank's predicted step and busy time with their spread
+(slowest busy over fastest), so `leo train` can put prediction beside measurement. The
 policy's sweep over replicated shares (predicted step against replica bytes) feeds
 `cache-plan.png`.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,17 @@ class CachePlan:
     sweep: list[dict[str, float | bool]]
     replica_budget_mb: float
     plan_s: float | None = None  # seconds it took to make (accesses, policy, plot)
+    ranks_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """Per mode, each rank's predicted `step_s` and `busy_s` (cost.Prediction.per_rank)."""
+
+    def spread(self) -> dict[str, float]:
+        """Per mode, the slowest rank's predicted busy time over the fastest's."""
+        out = {}
+        for mode, ranks in self.ranks_s.items():
+            busy = [r["busy_s"] for r in ranks if "busy_s" in r]
+            if busy and min(busy) > 0:
+                out[mode] = max(busy) / min(busy)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +158,8 @@ class CachePlan:
             "replica_budget_sweep": self.sweep,
             "replica_budget_mb": self.replica_budget_mb,
             "plan_s": self.plan_s,
+            "predicted_ranks_s": self.ranks_s,
+            "predicted_rank_spread": self.spread(),
         }
 
     @classmethod
@@ -174,6 +188,7 @@ class CachePlan:
             [r.bytes_per_level.model_dump() for r in f.ranks],
             [p.model_dump() for p in f.replica_budget_sweep],
             float(f.replica_budget_mb), f.plan_s,
+            {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
         )  # fmt: skip
 
     def check_fits(
@@ -254,6 +269,7 @@ def make_plan(
     none = [RankCache() for _ in accesses]
     predicted: dict[str, float | None] = {}
     stages: dict[str, dict[str, float]] = {}
+    ranks_s: dict[str, list[dict[str, float]]] = {}
     for name, mode in MODES.items():
         caches = decision.caches if mode.planned else none
         chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
@@ -263,10 +279,11 @@ def make_plan(
             predicted[name] = None
             continue
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
+        ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [bytes_per_level(p, c, shape) for p, c in zip(accesses, decision.caches, strict=True)],
-        decision.sweep, max(b.replica_bytes) / 2**20,
+        decision.sweep, max(b.replica_bytes) / 2**20, ranks_s=ranks_s,
     )  # fmt: skip
 
 

@@ -11,9 +11,8 @@ from rich.table import Table
 from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
-from leo_cli.graph.stage import ensure_partitions
 from leo_cli.train.checks import check_config
-from leo_cli.train.plan_stage import ensure_plan
+from leo_cli.train.plan_stage import ensure_plan, run_partitions
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -85,7 +84,7 @@ def profile_cache_cmd(
     check_config(cfg)
     run_dir = Path(cfg.run.out_dir).resolve()
     with stage_progress() as progress:
-        ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
+        run_partitions(cfg, run_dir, progress, hardware=hardware)
     try:
         with console.status("measuring the machine and planning the cache..."):
             plan = ensure_plan(cfg, run_dir, hardware, force, always=True)

@@ -40,6 +40,7 @@ from leo_cli.train.assemble import build_job, halo_plan
 from leo_cli.train.checkpoint import checkpoint_dir, load_latest
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.memory import fix_mmap_threshold
+from leo_cli.train.placement import pin_from_config
 from leo_cli.train.plan_stage import predicted_time
 from leo_cli.train.rank import rank_entry, run_rank
 from leo_cli.train.readback import restore
@@ -225,6 +226,7 @@ def run_worker(
     laps = Laps()
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    pin_from_config(cfg.launch.cpu_affinity, env.local_rank)  # plain torchrun: not pinned yet
     active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
     check_same_host(cfg, env)
     meta = read_meta(partition_dir(run_dir))

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import rank_rates
 
 from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Phases, RankCache, _combine, predict
@@ -63,6 +64,7 @@ def hardware(overlap: float = 0.5) -> HardwareProfile:
             "overlap": overlap,
         },
     }
+    data["ranks"] = rank_rates(data["compute"], 2)
     return HardwareProfile.model_validate(data)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dist_harness import free_port
+from ranks import free_port
 
 from leo_cli.kernels import backend_name
 
@@ -264,12 +264,11 @@ def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
 
 
 def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
+    """Two nodes with the default cache policy: both join one probe, then train."""
     common = [
         *TINY,
         "--set",
         "train.num_epochs=5",
-        "--set",
-        "cache.policy=none",  # the probe measures one machine; see test_checks
         "--set",
         "launch.nnodes=2",
         "--set",
@@ -292,6 +291,10 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     )
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
     assert summary(run)["world_size"] == 2
+    hw = json.loads((run / "hardware.json").read_text())
+    assert hw["nnodes"] == 2 and [r["rank"] for r in hw["ranks"]] == [0, 1]
+    assert hw["links"]["shm"] is None  # one worker per node: no shared segment between them
+    assert (run / "cache-plan.json").is_file()
 
 
 def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
