@@ -15,8 +15,14 @@ from leo_cli.config import LeoConfig
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo, Graph
+from leo_cli.registry import mode_of
 from leo_cli.train.assemble import Job, assemble
 from leo_cli.train.trainer import evaluate, train_step
+
+
+def chunks_of(mode: str, chunks: int) -> list[str]:
+    """`--set` of a chunk count, for the modes that chunk (the others refuse the key)."""
+    return [f"pipeline.num_chunks={chunks}"] if mode_of(mode).chunks else []
 
 
 def dataset_info(g: Graph) -> DatasetInfo:

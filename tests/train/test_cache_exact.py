@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import random_graph
-from dist_harness import global_logits, run_many
+from dist_harness import chunks_of, global_logits, run_many
 
 from leo_cli.config import LeoConfig, load_config
 
@@ -26,7 +26,7 @@ def cfg(model: str, input_dropout: float, mode: str = "leo", width: int = 8) -> 
         [
             f"model.name={model}",
             f"pipeline.mode={mode}",
-            "pipeline.num_chunks=2",
+            *chunks_of(mode, 2),
             "train.dtype=float64",
             "model.dropout=0.3",
             f"model.input_dropout={input_dropout}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import random_graph
-from dist_harness import run_many
+from dist_harness import chunks_of, run_many
 from test_modes_exact import EXACT, assert_same_run
 
 from leo_cli.config import LeoConfig, load_config
@@ -27,7 +27,7 @@ def gat_cfg(mode: str = "blocking", chunks: int = 2, *extra: str) -> LeoConfig:
         [
             "model.name=gat",
             f"pipeline.mode={mode}",
-            f"pipeline.num_chunks={chunks}",
+            *chunks_of(mode, chunks),
             "train.dtype=float64",
             "model.dropout=0.3",
             "model.attention_dropout=0.3",

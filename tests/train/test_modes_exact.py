@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import random_graph
-from dist_harness import global_logits, run_many
+from dist_harness import chunks_of, global_logits, run_many
 
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.graph.types import Graph
@@ -22,7 +22,7 @@ def float64_cfg(model: str, mode: str, chunks: int = 2) -> LeoConfig:
         [
             f"model.name={model}",
             f"pipeline.mode={mode}",
-            f"pipeline.num_chunks={chunks}",
+            *chunks_of(mode, chunks),
             "train.dtype=float64",
             "model.dropout=0.3",
             "model.hidden_channels=8",
