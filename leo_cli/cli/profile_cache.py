@@ -11,15 +11,20 @@ from rich.table import Table
 from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
+from leo_cli.registry import planned_mode
 from leo_cli.train.checks import check_config
 from leo_cli.train.plan_stage import ensure_plan, run_partitions
 from leo_cli.util.interrupt import Interrupted
 
 
 def plan_table(plan: CachePlan) -> Table:
+    """Per rank: its levels, bytes, and the planned mode's predicted step and busy time."""
     table = Table(title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks})")
-    for name in ("rank", "static Â·X", "L1 replicas", "L3 rows", "L2 MB/step", "L3 MB/step"):
+    heads = ("rank", "static Â·X", "L1 replicas", "L3 rows", "L2 MB/step", "L3 MB/step")
+    for name in (*heads, "step s", "busy s"):
         table.add_column(name, justify="right")
+    mode = planned_mode()
+    ranks = plan.ranks_s.get(mode) or [{} for _ in plan.caches]
     for r, (c, b) in enumerate(zip(plan.caches, plan.bytes_per_level, strict=True)):
         table.add_row(
             str(r),
@@ -28,6 +33,13 @@ def plan_table(plan: CachePlan) -> Table:
             f"{c.l3_rows.shape[0]:,}",
             f"{b['L2_bytes_per_step'] / 1e6:.1f}",
             f"{b['L3_bytes_per_step'] / 1e6:.1f}",
+            *(f"{ranks[r][k]:.3f}" if k in ranks[r] else "-" for k in ("step_s", "busy_s")),
+        )
+    spread = plan.spread().get(mode)
+    if spread is not None:
+        table.caption = (
+            f"{mode}: each rank's predicted step and busy time (its own work, no waiting); "
+            f"slowest busy / fastest busy = {spread:.2f}"
         )
     return table
 
@@ -35,19 +47,22 @@ def plan_table(plan: CachePlan) -> Table:
 def prediction_table(plan: CachePlan) -> Table:
     table = Table(title="predicted training step per mode")
     table.add_column("mode")
-    for name in ("step s", "forward s", "backward s", "exposed wait s"):
+    for name in ("step s", "forward s", "backward s", "exposed wait s", "rank spread"):
         table.add_column(name, justify="right")
+    spreads = plan.spread()
     for mode, t in plan.predicted.items():
         if t is None:
-            table.add_row(mode, "-", "-", "-", "-")
+            table.add_row(mode, "-", "-", "-", "-", "-")
             continue
         st = plan.stages[mode]
+        spread = spreads.get(mode)
         table.add_row(
             mode,
             f"{t:.3f}",
             f"{st['forward_s']:.3f}",
             f"{st['backward_s']:.3f}",
             f"{st['comm_wait_s']:.3f}",
+            "-" if spread is None else f"{spread:.2f}",
         )
     return table
 

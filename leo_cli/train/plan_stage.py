@@ -338,6 +338,21 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     for these partitions and settings: with a cache, only the planned mode's (the plan prices
     the others without one); without, every mode's (the planned mode under its cache-free
     benchmark name, registry.prediction_key)."""
+    found = _plan_for(run_dir, cfg)
+    return None if found is None else found[0].predicted.get(found[1])
+
+
+def predicted_busy(run_dir: Path, cfg: LeoConfig) -> list[float] | None:
+    """Each rank's predicted busy time (its own work, no waiting) in this run's mode, from a
+    plan made for this run (as `predicted_time`)."""
+    found = _plan_for(run_dir, cfg)
+    ranks = None if found is None else found[0].ranks_s.get(found[1])
+    return None if not ranks else [r["busy_s"] for r in ranks]
+
+
+def _plan_for(run_dir: Path, cfg: LeoConfig) -> tuple[CachePlan, str] | None:
+    """The run folder's plan and the key of this run's mode in it, when the plan was made
+    for these partitions and settings (see `predicted_time`)."""
     try:
         plan = read_plan(run_dir)
         meta = read_meta(partition_dir(run_dir))
@@ -353,4 +368,4 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
         fresh = plan.graph_inputs == graph_inputs(meta, cfg.model, cfg.train.dtype, chunks)
     if not fresh or (cached and not mode_of(cfg.pipeline.mode).planned):
         return None
-    return plan.predicted.get(prediction_key(cfg.pipeline.mode, cached))
+    return plan, prediction_key(cfg.pipeline.mode, cached)

@@ -34,6 +34,8 @@ class MetricsRow(BaseModel):
     comm_wait_s: Annotated[Finite, Field(ge=0)] | None = None
     comm_transfer_s: Annotated[Finite, Field(ge=0)] | None = None
     step_comm_bytes: Count | None = None
+    rank_step_s: list[Annotated[Finite, Field(ge=0)]] | None = None
+    rank_busy_s: list[Annotated[Finite, Field(ge=0)]] | None = None
     cold: StrictBool = False
     exact: StrictBool = True
 

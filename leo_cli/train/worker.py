@@ -41,7 +41,7 @@ from leo_cli.train.checkpoint import checkpoint_dir, load_latest
 from leo_cli.train.checks import check_backend, check_config
 from leo_cli.train.memory import fix_mmap_threshold
 from leo_cli.train.placement import pin_from_config
-from leo_cli.train.plan_stage import predicted_time
+from leo_cli.train.plan_stage import predicted_busy, predicted_time
 from leo_cli.train.rank import rank_entry, run_rank
 from leo_cli.train.readback import restore
 from leo_cli.train.timing import WORKER_PARTS, Laps, read_parent, setup_summary
@@ -177,6 +177,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int, setup: dict[str, Any]
     summary = run_files.summarize(
         rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(run_dir, cfg)
     )
+    summary["predicted_rank_busy_s"] = predicted_busy(run_dir, cfg)
     run_files.write_json(run_dir / "summary.json", {**summary, **setup})
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})
