@@ -38,6 +38,9 @@ def test_dump_round_trips(tmp_path: Path) -> None:
         (["trainlr"], "dotted.key=value"),
         (["train=3"], "train"),
         (["pipeline.num_chunks=0"], "pipeline.num_chunks"),
+        (["bench.variants=[{name: x, set: [partition.part_weights=[1,2]]}]"], "quote items"),
+        (["bench.variants=[{name: x, set: [run.out_dir=y]}]"], "set by leo bench itself"),
+        (["bench.variants=[{name: x}, {name: x}]"], "variant names must differ"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
