@@ -129,7 +129,7 @@ def decide(
     if policy != "none" and not static and not shape.attention and hw is not None and halo:
         orders = [replica_order(p, shape, hw) for p in accesses]
         curve = sweep(accesses, shape, budgets, hw, orders)
-    if policy == "none" or static or shape.attention:
+    if policy == "none" or static or shape.attention or not halo:
         caches = base
     elif policy == "degree":
         caches = [

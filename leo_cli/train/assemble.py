@@ -106,7 +106,9 @@ def assemble(
     laps.lap("graph_s")
     levels = None
     if cache is not None:
-        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate)
+        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
+            f"{cfg.model.name}: L2/L3 rows only (no replicas or static aggregate for this model)"
+        )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, mode)
         levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1)

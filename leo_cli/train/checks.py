@@ -39,8 +39,9 @@ def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     mode = mode_of(cfg.pipeline.mode)
     if not mode.exact and not allow_inexact:
         raise ConfigError(
-            f"pipeline.mode={mode.name} trains on wrong numbers on purpose ({mode.help}); "
-            "it exists for `leo bench` (pass --allow-inexact to leo train to run it anyway)."
+            f"pipeline.mode={mode.name} skips the halo exchange and trains on wrong numbers on "
+            "purpose; it exists for `leo bench` (pass --allow-inexact to leo train to run it "
+            "anyway)."
         )
     if mode.one_host and cfg.launch.nnodes > 1:
         raise ConfigError(

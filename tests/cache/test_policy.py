@@ -142,3 +142,22 @@ def test_attention_keeps_one_chunk_without_pricing_more(monkeypatch: pytest.Monk
 def test_model_shape_counts_a_second_gemm_only_where_there_is_one(name: str, extra: bool) -> None:
     s = model_shape(ModelConfig(name=name), num_features=16, num_classes=4, dtype_bytes=4)
     assert s.extra_gemm is extra and s.attention is (name == "gat")
+
+
+@pytest.mark.parametrize("policy", ["degree", "leo"])
+def test_a_single_worker_gets_no_replicas(policy: str, hw_profile: HardwareProfile) -> None:
+    """One worker has no halo: nothing to sweep or replicate, yet a plan is priced."""
+    alone = PartAccess(
+        rank=0,
+        num_inner=10,
+        num_boundary=0,
+        inner_edges=20,
+        reuse_H=np.zeros(0, dtype=np.int64),
+        owner_H=np.zeros(0, dtype=np.int64),
+        send_counts=[0],
+        recv_counts=[0],
+        rows_reading_halo=0,
+    )
+    got = decide(policy, [alone], shape(0.5), Budgets([1000 * ROW], [0]), hw_profile, True)
+    assert got.caches[0].replica_rows.size == 0 and got.sweep == []
+    assert got.prediction is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.train import memory, worker
+from leo_cli.train import memory, rank, worker
 
 # Free a 16 MiB block (glibc would raise its mmap threshold to 16 MiB), then allocate 8 MiB
 # and print how many MiB malloc holds in mappings (mallinfo2().hblkhd).
@@ -72,7 +72,7 @@ def test_worker_fixes_the_threshold_before_set_up(
         calls.append("env")
         raise RuntimeError("stop before set-up")
 
-    monkeypatch.setattr(worker, "die_with_parent", lambda: None)
+    monkeypatch.setattr(rank, "die_with_parent", lambda: None)
     monkeypatch.setattr(worker, "fix_mmap_threshold", lambda: calls.append("mallopt"))
     monkeypatch.setattr(worker.DistEnv, "from_env", staticmethod(stop))
     with pytest.raises(RuntimeError, match="stop before set-up"):
