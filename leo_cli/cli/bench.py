@@ -78,6 +78,10 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
     (named --set overrides); rows run interleaved over bench.repeats rounds;
     bench.warmup_epochs are not timed. Writes bench.json, bench.csv,
     bench.md and bench.png into run.out_dir.
+
+    Variants, e.g. part weights: --set "bench.variants=[{name: uniform, set:
+    [partition.part_weights=uniform]}, {name: measured, set: [partition.part_weights=measured]}]"
+    (ratios `vs first variant` are to the first; quote an item holding brackets or commas).
     """
     cfg = resolve_config(config or DEFAULT_BENCH_CONFIG, overrides)
     check_bench(cfg)

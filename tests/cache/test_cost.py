@@ -185,3 +185,21 @@ def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
     forward = 10 * 16 / 2e6 + 1e-3  # every inner row written, then the barrier
     backward = 4 * 16 / 2e6 + 1e-3  # the halo rows' gradients
     assert pred.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["blocking", "leo-no-cache"])
+def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
+    """Rank 1 measured at half rank 0's compute rates: its own work takes twice as long, and
+    the step, which waits for the slowest rank, grows with it."""
+    data = hardware().model_dump(mode="json")
+    slow = data["ranks"][1]["compute"]
+    for key in [k for k in slow if k.endswith("_per_s")]:
+        slow[key] = (np.asarray(slow[key], dtype=float) / 2).tolist()
+    unequal = HardwareProfile.model_validate(data)
+    chunks = [2] if mode_of(mode).chunks else [1]
+    equal = predict([part(0), part(1)], NONE, SHAPE, hardware(), mode, chunks)
+    pred = predict([part(0), part(1)], NONE, SHAPE, unequal, mode, chunks)
+    assert [r["busy_s"] for r in equal.per_rank] == pytest.approx([equal.per_rank[0]["busy_s"]] * 2)
+    assert pred.per_rank[0]["busy_s"] == pytest.approx(equal.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.per_rank[1]["busy_s"] == pytest.approx(2 * pred.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.epoch_time_s > equal.epoch_time_s

@@ -159,4 +159,8 @@ def test_chunk_bound_is_in_help() -> None:
 
     for command in ("train", "profile-cache", "bench"):
         res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
-        assert "pipeline.num_chunks takes `auto` or 1 to 64" in " ".join(res.stdout.split())
+        text = " ".join(res.stdout.split())
+        assert "pipeline.num_chunks takes `auto` or 1 to 64" in text
+        assert "partition.part_weights=measured" in text and "launch.cpu_affinity" in text
+    res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert "bench.variants=[{name: uniform" in " ".join(res.stdout.split())
