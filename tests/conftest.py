@@ -38,12 +38,34 @@ def hardware_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ[key] = value
 
 
+def rank_rates(compute: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    """Every rank of a profile measuring `compute` (equal workers), as JSON data."""
+    return [
+        {"rank": r, "hostname": "test", "cores": None, "threads": 1, "compute": compute}
+        for r in range(world_size)
+    ]
+
+
 def hardware_dict(world_size: int = 2) -> dict[str, Any]:
     """A valid hardware profile of `world_size` workers (1 or 2), as JSON data."""
     fit = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}
     link = {"concurrent": fit, "pairs": [{"ranks": [0, 1], **fit}]}
     two = world_size == 2
     rates = [1e6, 1e6]
+    compute = {
+        "widths": [8, 64],
+        "spmm_bytes": [1 << 14, 1 << 16],
+        "spmm_edges_per_s": [rates, rates],
+        "spmm_t_edges_per_s": [rates, rates],
+        "gemm_flop_per_s": [1e9, 1e9],
+        "gemm_narrow_bytes_per_s": [1e9, 1e9],
+        "mask_rows_per_s": rates,
+        "mask_backward_rows_per_s": rates,
+        "gather_rows_per_s": rates,
+        "scatter_add_rows_per_s": rates,
+        "pass_bytes": [1 << 14, 1 << 16],
+        "pass_bytes_per_s": [1e9, 1e9],
+    }
     return {
         "format_version": FORMAT_VERSION,
         "created_utc": "2026-12-01T00:00:00+00:00",
@@ -57,20 +79,8 @@ def hardware_dict(world_size: int = 2) -> dict[str, Any]:
         "quick": True,
         "probe_s": 1.0,
         "sizes": {},
-        "compute": {
-            "widths": [8, 64],
-            "spmm_bytes": [1 << 14, 1 << 16],
-            "spmm_edges_per_s": [rates, rates],
-            "spmm_t_edges_per_s": [rates, rates],
-            "gemm_flop_per_s": [1e9, 1e9],
-            "gemm_narrow_bytes_per_s": [1e9, 1e9],
-            "mask_rows_per_s": rates,
-            "mask_backward_rows_per_s": rates,
-            "gather_rows_per_s": rates,
-            "scatter_add_rows_per_s": rates,
-            "pass_bytes": [1 << 14, 1 << 16],
-            "pass_bytes_per_s": [1e9, 1e9],
-        },
+        "compute": compute,
+        "ranks": rank_rates(compute, world_size),
         "links": {
             "gloo": link if two else None,
             "shm": link if two else None,

@@ -1,7 +1,10 @@
 """Benchmark outputs: rows with ratios, and bench.json / bench.csv / bench.md / bench.png.
 
-Ratios: every row against `blocking` at the same world size and against `pyg`, paired by
-round, with an interval that says its kind (bench/stats.py). The share of communication
+Ratios: every row against `blocking` at the same world size (and bench variant) and against
+`pyg`, paired by round, with an interval that says its kind (bench/stats.py); with
+`bench.variants`, also against the first variant's row of the same mode and world size
+(`vs_variant`), with each row's final loss (variants of an exact run train the same numbers)
+and `rank_spread`, the slowest rank's busy time over the fastest's. The share of communication
 hidden is (blocking - P) / (blocking - compute-only) per round, P the pipeline without a cache
 (`leo-no-cache`, which does the same computation as compute-only) when measured, else `leo`
 (whose cache may also remove work, which can put it below the floor). Every row carries its
@@ -24,7 +27,7 @@ import torch
 
 import leo_cli
 from leo_cli.bench import stats
-from leo_cli.bench.suite import LEO, Measured, Variant
+from leo_cli.bench.suite import LEO, Measured, Variant, run_folder
 from leo_cli.config import LeoConfig
 from leo_cli.registry import baseline_mode, floor_mode, overlap_mode, planned_mode
 from leo_cli.train.metrics import git_sha, write_json
@@ -57,6 +60,13 @@ COLUMNS = (
     "exact",
     "epochs_kept",
     "epochs_dropped",
+    "variant",
+    "vs_variant",
+    "vs_variant_ci_low",
+    "vs_variant_ci_high",
+    "final_loss",
+    "rank_spread",
+    "rank_prediction_error",
 )
 STANDARD_EPOCHS = 200  # cost_200_epochs_s: what a standard run costs, set-up included
 
@@ -66,40 +76,47 @@ def _median(runs: list[dict[str, Any]], key: str) -> Any:
     return statistics.median(values) if values else None
 
 
-def planned_time(out_dir: Path | None, mode: str, world_size: int) -> float | None:
-    """What the cache plan of that world size predicts for a mode (every LEO row)."""
+def planned_time(out_dir: Path | None, v: Variant) -> float | None:
+    """What the cache plan of the row's run folder predicts for its mode (every LEO row)."""
     if out_dir is None:
         return None
-    path = out_dir / f"p{world_size}" / "cache-plan.json"
+    path = run_folder(out_dir, v) / "cache-plan.json"
     try:
-        value = json.loads(path.read_text())["predicted_epoch_time_s"].get(mode)
+        value = json.loads(path.read_text())["predicted_epoch_time_s"].get(v.mode)
     except (OSError, ValueError, KeyError, AttributeError):
         return None
     number = isinstance(value, int | float) and not isinstance(value, bool)
     return float(value) if number and math.isfinite(value) else None
 
 
-def variant_key(v: Variant) -> tuple[str, int, bool | None]:
-    return (v.mode, v.world_size, v.static_aggregate)
+def variant_key(v: Variant) -> tuple[str, int, bool | None, str | None]:
+    return (v.mode, v.world_size, v.static_aggregate, v.variant)
 
 
 def make_rows(
     cfg: LeoConfig, measured: list[Measured], out_dir: Path | None = None
 ) -> list[dict[str, Any]]:
-    """One row per variant, with paired ratios to blocking (same P) and to pyg."""
+    """One row per variant, with paired ratios to blocking (same P and bench variant), to
+    pyg and to the first bench variant."""
     by_key = {variant_key(m.variant): m for m in measured}
-    pyg = by_key.get(("pyg", 1, None))
+    pyg = by_key.get(("pyg", 1, None, None))
+    first = cfg.bench.variants[0].name if cfg.bench.variants else None
     rows = []
     for m in measured:
         v, s = m.variant, stats.spread(m.epochs)
-        base = by_key.get((baseline_mode(), v.world_size, None))
+        base = by_key.get((baseline_mode(), v.world_size, None, v.variant))
         vs_blocking = stats.paired_ratio(m.round_medians, base.round_medians) if base else {}
         vs_pyg = stats.paired_ratio(m.round_medians, pyg.round_medians) if pyg else {}
+        ref = by_key.get((v.mode, v.world_size, v.static_aggregate, first))
+        vs_variant = {}
+        if first is not None and v.variant is not None and ref is not None:
+            vs_variant = stats.paired_ratio(m.round_medians, ref.round_medians)
         setup = _median(m.runs, "setup_s")
         rows.append(
             {
                 "system": v.system,
                 "mode": v.mode,
+                "variant": v.variant,
                 "world_size": v.world_size,
                 "static_aggregate": _any(m.runs, "static_aggregate"),
                 "label": v.label,
@@ -114,7 +131,7 @@ def make_rows(
                 "vs_pyg": vs_pyg.get("value"),
                 "vs_pyg_ci_low": vs_pyg.get("ci_low"),
                 "vs_pyg_ci_high": vs_pyg.get("ci_high"),
-                "interval": (vs_blocking or vs_pyg).get("interval"),
+                "interval": (vs_blocking or vs_pyg or vs_variant).get("interval"),
                 "setup_s": setup,
                 "setup_parts_s": _median_parts(m.runs),
                 "wall_s": _median(m.runs, "wall_s"),
@@ -125,14 +142,38 @@ def make_rows(
                 "comm_wait_s": _median(m.runs, "comm_wait_s"),
                 "test_acc": _median(m.runs, "test_acc"),
                 "predicted_epoch_time_s": _median(m.runs, "predicted_epoch_time_s")
-                or (planned_time(out_dir, v.mode, v.world_size) if v.system == LEO else None),
+                or (planned_time(out_dir, v) if v.system == LEO else None),
                 "exact": all(r.get("exact", True) for r in m.runs),
                 "epochs_kept": len(m.epochs),
                 "epochs_dropped": m.dropped,
                 "round_medians": m.round_medians,
+                "vs_variant": vs_variant.get("value"),
+                "vs_variant_ci_low": vs_variant.get("ci_low"),
+                "vs_variant_ci_high": vs_variant.get("ci_high"),
+                "final_loss": _median(m.runs, "final_loss"),
+                "final_losses": [r.get("final_loss") for r in m.runs],
+                **rank_columns(m.runs),
             }
         )
     return rows
+
+
+def rank_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rank, the median over runs of its busy time and of its predicted busy time;
+    `rank_spread`: the slowest rank's median busy time over the fastest's;
+    `rank_prediction_error`: the largest |predicted - measured| / measured over the ranks."""
+    out: dict[str, Any] = {}
+    for key in ("rank_busy_s", "predicted_rank_busy_s"):
+        lists = [r[key] for r in runs if isinstance(r.get(key), list)]
+        same = bool(lists) and all(len(x) == len(lists[0]) for x in lists)
+        out[key] = [statistics.median(c) for c in zip(*lists, strict=True)] if same else None
+    busy, predicted = out["rank_busy_s"], out["predicted_rank_busy_s"]
+    out["rank_spread"] = max(busy) / min(busy) if busy and min(busy) > 0 else None
+    out["rank_prediction_error"] = None
+    if busy and predicted and len(predicted) == len(busy) and min(busy) > 0:
+        errors = [abs(p - b) / b for p, b in zip(predicted, busy, strict=True)]
+        out["rank_prediction_error"] = max(errors)
+    return out
 
 
 def _any(runs: list[dict[str, Any]], key: str) -> bool | None:
@@ -153,18 +194,25 @@ def pipelined_mode(rows: list[dict[str, Any]]) -> str:
     return overlap_mode() if overlap_mode() in measured else planned_mode()
 
 
-def hidden_shares(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Per world size: (blocking - pipelined) / (blocking - compute-only), per round, with
-    its interval (`share`, `ci_low`, `ci_high`, `interval`)."""
-    t = {(r["mode"], r["world_size"]): r["round_medians"] for r in rows if r["system"] == LEO}
+def hidden_shares(rows: list[dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """Per world size (and bench variant: keys `P:variant`): (blocking - pipelined) /
+    (blocking - compute-only), per round, with its interval (`share`, `ci_low`, `ci_high`,
+    `interval`)."""
+    t = {
+        (r["mode"], r["world_size"], r.get("variant")): r["round_medians"]
+        for r in rows
+        if r["system"] == LEO
+    }
     mode = pipelined_mode(rows)
-    out: dict[int, dict[str, Any]] = {}
-    for w in sorted({r["world_size"] for r in rows}):
-        b, pipe = t.get((baseline_mode(), w)), t.get((mode, w))
-        floor = t.get((floor_mode(), w))
+    out: dict[int | str, dict[str, Any]] = {}
+    groups = sorted({(r["world_size"], r.get("variant") or "") for r in rows})
+    for w, name in groups:
+        named = name or None
+        b, pipe = t.get((baseline_mode(), w, named)), t.get((mode, w, named))
+        floor = t.get((floor_mode(), w, named))
         if b is not None and pipe is not None and floor is not None:
             share = stats.hidden_share(b, pipe, floor)
-            out[w] = {"share": share.pop("value"), **share}
+            out[f"{w}:{name}" if name else w] = {"share": share.pop("value"), **share}
     return out
 
 
@@ -243,10 +291,29 @@ def interval_name(rows: list[dict[str, Any]]) -> str:
     return " / ".join(INTERVAL_NAMES[k] for k in kinds) or "no interval"
 
 
+VARIANT_HEAD = (  # with bench.variants
+    "vs first variant",
+    "final loss",
+    "rank spread",
+    "rank busy s (predicted)",
+    "rank prediction error",
+)
+
+
+def with_variants(rows: list[dict[str, Any]]) -> bool:
+    """Whether the rows come from bench variants (their table has the variant columns)."""
+    return any(r.get("variant") is not None for r in rows)
+
+
 def head(rows: list[dict[str, Any]]) -> list[str]:
-    """MD_HEAD with the ratio columns naming their interval."""
+    """MD_HEAD with the ratio columns naming their interval (and, with bench variants, the
+    variant after the mode and their columns at the end)."""
     name = interval_name(rows)
-    return [f"{h} ({name})" if h in ("vs blocking", "vs pyg") else h for h in MD_HEAD]
+    ratios = ("vs blocking", "vs pyg", "vs first variant")
+    names = list(MD_HEAD)
+    if with_variants(rows):
+        names = [*names[:2], "variant", *names[2:], *VARIANT_HEAD]
+    return [f"{h} ({name})" if h in ratios else h for h in names]
 
 
 def _ratio(r: dict[str, Any], key: str) -> str:
@@ -256,8 +323,31 @@ def _ratio(r: dict[str, Any], key: str) -> str:
     return text
 
 
-def md_cells(r: dict[str, Any]) -> list[str]:
-    """One markdown table row."""
+def md_cells(r: dict[str, Any], variants: bool = False) -> list[str]:
+    """One markdown table row (`variants`: with the bench variant columns)."""
+    cells = _base_cells(r)
+    if not variants:
+        return cells
+    extra = [
+        _ratio(r, "vs_variant") if r.get("vs_variant") is not None else "-",
+        _fmt(r.get("final_loss"), 6),
+        _fmt(r.get("rank_spread"), 2),
+        _rank_cell(r.get("rank_busy_s"), r.get("predicted_rank_busy_s")),
+        _fmt(r.get("rank_prediction_error"), 2),
+    ]
+    return [*cells[:2], r.get("variant") or "-", *cells[2:], *extra]
+
+
+def _rank_cell(busy: list[float] | None, predicted: list[float] | None) -> str:
+    """Each rank's measured busy time, with the plan's prediction in parentheses."""
+    if not busy:
+        return "-"
+    text = " / ".join(f"{b:.3f}" for b in busy)
+    return text + (f" ({' / '.join(f'{p:.3f}' for p in predicted)})" if predicted else "")
+
+
+def _base_cells(r: dict[str, Any]) -> list[str]:
+    """The cells of MD_HEAD."""
     mb = None if r["comm_bytes_per_epoch"] is None else r["comm_bytes_per_epoch"] / 1e6
     epoch = f"{_fmt(r['epoch_time_s'])} ({_fmt(r['epoch_time_p10_s'])}-"
     epoch += f"{_fmt(r['epoch_time_p90_s'])})"
@@ -284,8 +374,10 @@ def share_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One sentence per world size: the hidden share, its interval, a warning if needed."""
     mode = pipelined_mode(rows)
     lines = []
-    for w, share in hidden_shares(rows).items():
-        text = f"Share of communication hidden at P={w}: {_fmt(share['share'], 2)}"
+    for key, share in hidden_shares(rows).items():
+        w, _, name = str(key).partition(":")
+        text = f"Share of communication hidden at P={w}" + (f" [{name}]" if name else "")
+        text += f": {_fmt(share['share'], 2)}"
         if share["ci_low"] is not None:
             name = INTERVAL_NAMES[share["interval"]]
             text += f" ({name} {share['ci_low']:.2f}-{share['ci_high']:.2f})"
@@ -307,13 +399,24 @@ FOOTNOTES = (
     "epoch median. static Â·X: layer 0 aggregated once at set-up (cache level L1s).",
 )
 
+VARIANT_NOTE = (
+    "Variants (bench.variants) run interleaved with each other; `vs first variant` pairs each "
+    "round with the first variant's row of the same mode and workers. Rank busy s: each rank's "
+    "median step less the time it waited for peers, with the plan's prediction in "
+    "parentheses; rank spread = slowest / fastest busy time; prediction error = the largest "
+    "|predicted - measured| / measured over the ranks."
+)
+
 
 def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     """A paste-able table: times, ratios with intervals, set-up, bytes, accuracy; then hidden
     shares and what the columns mean."""
-    lines = ["| " + " | ".join(head(rows)) + " |", "|" + "---|" * len(MD_HEAD)]
-    lines += ["| " + " | ".join(md_cells(r)) + " |" for r in rows]
+    names = head(rows)
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(md_cells(r, with_variants(rows))) + " |" for r in rows]
     lines += ["", *share_lines(rows), "", *FOOTNOTES]
+    if with_variants(rows):
+        lines += ["", VARIANT_NOTE]
     lines += [
         "",
         f"Machine: {env['cpu']}, {env['cores']} cores, GPU: {env['gpu'] or 'none'}; "

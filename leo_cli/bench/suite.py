@@ -1,8 +1,11 @@
-"""The benchmark suite: every (system, mode, world size) variant, interleaved over rounds.
+"""The benchmark suite: every (system, mode, world size, bench variant) row, interleaved over
+rounds.
 
 LEO rows run through the real `leo train` path (launcher, elastic workers, partitions on
-disk, reused across rows of one world size); peers run in their own process. Each round runs
-every variant once (A B C A B C ...), so a slow phase of a shared machine hits all of them.
+disk, reused across rows of one world size and bench variant); peers run in their own process.
+`bench.variants` (named `--set` overrides, such as `partition.part_weights=measured`) multiply
+the LEO rows: each runs in a run folder of its own (`<out_dir>/<variant>/p<P>`). Each round
+runs every row once (A B C A B C ...), so a slow phase of a shared machine hits all of them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from leo_cli.bench import stats
 from leo_cli.bench.peers import PEER_MODELS, pyg_available
 from leo_cli.config import LeoConfig, write_resolved
+from leo_cli.config.load import with_overrides
 from leo_cli.config.schema import CacheConfig
 from leo_cli.errors import TrainError
 from leo_cli.registry import conv_of, mode_of, planned_mode
@@ -40,11 +44,13 @@ class Variant:
     mode: str  # a bench mode for LEO rows; the system's name for peers
     world_size: int
     static_aggregate: bool | None = None  # None: as the config says; False: turned off
+    variant: str | None = None  # a bench.variants name (None: the config as it is)
 
     @property
     def label(self) -> str:
         off = " no-static" if self.static_aggregate is False else ""
-        return f"{self.system}/{self.mode}{off} P={self.world_size}"
+        named = f" [{self.variant}]" if self.variant is not None else ""
+        return f"{self.system}/{self.mode}{off}{named} P={self.world_size}"
 
 
 @dataclass
@@ -66,18 +72,21 @@ def static_applies(cfg: LeoConfig) -> bool:
 
 
 def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
-    """LEO modes per world size, then the peers at world size 1. At world size 1 every mode
-    is the same single process: one row, plus one without the static aggregate where it
-    applies (the same algorithm as the peers; the precompute is a row of its own)."""
+    """LEO modes per world size (each once per bench variant), then the peers at world size
+    1. At world size 1 every mode is the same single process: one row, plus one without the
+    static aggregate where it applies (the same algorithm as the peers; the precompute is a
+    row of its own)."""
     out = []
     planned = planned_mode()
+    names: list[str | None] = [v.name for v in cfg.bench.variants] or [None]
     for w in cfg.bench.world_sizes:
-        if w == 1:
-            out.append(Variant(LEO, planned, 1))
-            if static_applies(cfg):
-                out.append(Variant(LEO, planned, 1, static_aggregate=False))
-            continue
-        out += [Variant(LEO, m, w) for m in cfg.bench.modes]
+        for name in names:
+            if w == 1:
+                out.append(Variant(LEO, planned, 1, variant=name))
+                if static_applies(variant_config(cfg, name)):
+                    out.append(Variant(LEO, planned, 1, static_aggregate=False, variant=name))
+                continue
+            out += [Variant(LEO, m, w, variant=name) for m in cfg.bench.modes]
     if cfg.bench.peers and not pyg_available():
         skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
     elif cfg.bench.peers and conv_of(cfg.model.name).pyg_peer not in PEER_MODELS:
@@ -90,10 +99,28 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     return out
 
 
+def variant_config(cfg: LeoConfig, name: str | None) -> LeoConfig:
+    """The bench config with a bench variant's overrides applied (None: as it is).
+
+    Raises:
+        ConfigError: an override is not a valid setting (naming the variant and the key).
+    """
+    if name is None:
+        return cfg
+    variant = next(v for v in cfg.bench.variants if v.name == name)
+    return with_overrides(cfg, variant.set, f"bench.variants {name}")
+
+
+def run_folder(out_dir: Path, v: Variant) -> Path:
+    """Where a LEO row runs: one folder per world size (and bench variant)."""
+    return (out_dir if v.variant is None else out_dir / v.variant) / f"p{v.world_size}"
+
+
 def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
-    """The `leo train` config of a LEO variant (one run folder per world size): its pipeline
-    mode, the cache policy the benchmark gives it (the baselines run without a cache), and no
-    setting its mode would refuse."""
+    """The `leo train` config of a LEO variant (one run folder per world size and bench
+    variant): the variant's overrides, its pipeline mode, the cache policy the benchmark
+    gives it (the baselines run without a cache), and no setting its mode would refuse."""
+    cfg = variant_config(cfg, v.variant)
     mode = mode_of(v.mode)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     cache: dict[str, Any] = {"policy": mode.bench_policy or cfg.cache.policy}
@@ -107,7 +134,7 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
         pipeline["num_chunks"] = "auto"
     return cfg.model_copy(
         update={
-            "run": cfg.run.model_copy(update={"out_dir": out_dir / f"p{v.world_size}"}),
+            "run": cfg.run.model_copy(update={"out_dir": run_folder(out_dir, v)}),
             "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
             "launch": cfg.launch.model_copy(update={"nproc": None}),
             "pipeline": cfg.pipeline.model_copy(update=pipeline),
@@ -145,7 +172,18 @@ def run_leo(
         "test_acc": summary.get("final_test_acc"),
         "exact": summary.get("exact", True),
         "predicted_epoch_time_s": summary.get("predicted_epoch_time_s"),
+        "final_loss": summary.get("final_loss"),
+        "rank_busy_s": rank_medians(rows, "rank_busy_s"),
+        "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
     }
+
+
+def rank_medians(rows: list[dict[str, Any]], key: str) -> list[float] | None:
+    """Per rank, the median over the timed epochs of a per-rank list (`rank_busy_s`)."""
+    lists = [r[key] for r in rows if isinstance(r.get(key), list)]
+    if not lists or any(len(x) != len(lists[0]) for x in lists):
+        return None
+    return [stats.spread(list(col))["median"] for col in zip(*lists, strict=True)]
 
 
 def median_of(rows: list[dict[str, Any]], key: str) -> float | None:

@@ -3,8 +3,9 @@
 Per layer and direction, a rank's work splits into what must happen before its rows leave
 (`pre`), what can overlap the transfer (`window`), the transfer itself (`comm`) and what needs
 the arrived rows (`post`). Each phase is a sum of named terms, each priced by the hardware
-profile (`leo profile-cache` measures it; every compute rate is the slowest worker's while all
-workers run the kernel at once, so cores shared by several workers are priced as shared; the
+profile (`leo profile-cache` measures it with all workers running each kernel at once, so
+cores shared by several workers are priced as shared; every rank's work is priced with its own
+rates and its own fit of the exchange, so workers of unequal speed are seen as such; the
 lookups are cache/rates.py's):
 
 - `dropout` (mask_seconds): the counter-based mask and its apply on the layer's input (N x a,
@@ -123,6 +124,9 @@ class Prediction:
     `stages`: forward_s, backward_s (layers, waits included), comm_wait_s (exposed transfer
     and waiting, mean over ranks), loss_s, allreduce_s, and per term (`<term>_s`, the slowest
     rank's seconds of that term summed over layers and directions).
+    `per_rank`: each rank's forward_s and backward_s (when it finishes each layer, summed),
+    `step_s` (those, its loss gradient and the all-reduce) and `busy_s` (its own work: every
+    term but transfers and waiting, what a faster rank finishes early).
     """
 
     epoch_time_s: float
@@ -466,7 +470,8 @@ def predict(
     """Predicted training-step time of a mode (evaluation excluded, as epoch_time_s is);
     `reach`: the rows read in place (default: none, every row through the mode's transport)."""
     mode = mode_of(mode_name)
-    hw = Rates(profile)
+    hw = Rates(profile)  # the machine as a whole: overlap, the weight all-reduce
+    own = [Rates(profile, r) for r in range(len(accesses))]  # each rank's own rates
     num = len(accesses)
     per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in accesses]
     stages = {"forward_s": 0.0, "backward_s": 0.0, "comm_wait_s": 0.0}
@@ -475,7 +480,7 @@ def predict(
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
         if layer == 0 and sl.p == 0 and static:
-            pairs = [_static_layer(hw, pr, sl) for pr in accesses]
+            pairs = [_static_layer(own[r], pr, sl) for r, pr in enumerate(accesses)]
             for direction, idx in (("forward_s", 0), ("backward_s", 1)):
                 times = [sum(terms[idx].values()) for terms in pairs]
                 stages[direction] += max(times)
@@ -488,7 +493,7 @@ def predict(
             accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
         )
         for direction, build in (("forward_s", _forward), ("backward_s", _backward)):
-            splits = [build(hw, pr, r, cnt, sl, mode, k) for r, pr in enumerate(accesses)]
+            splits = [build(own[r], pr, r, cnt, sl, mode, k) for r, pr in enumerate(accesses)]
             phases = [s.phases() for s in splits]
             total, times = _combine(phases, mode, k, hw.overlap_share())
             stages[direction] += total
@@ -497,10 +502,17 @@ def predict(
                 rank_terms[r] = _add(rank_terms[r], s.terms())
                 stages["comm_wait_s"] += (t - ph.pre - ph.window - ph.post) / num
     classes = shape.widths[-1]
-    stages["loss_s"] = max(hw.pass_seconds(pr.num_inner, classes) for pr in accesses) * LOSS_PASSES
+    losses = [
+        own[r].pass_seconds(pr.num_inner, classes) * LOSS_PASSES for r, pr in enumerate(accesses)
+    ]
+    stages["loss_s"] = max(losses)
     if num > 1:
         params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
         stages["allreduce_s"] = hw.transfer_seconds(params * hw.dtype_bytes, num - 1, "gloo")
+    for r, mine in enumerate(per_rank):
+        mine["busy_s"] = sum(v for k, v in rank_terms[r].items() if k != "comm") + losses[r]
+        mine["step_s"] = mine["forward_s"] + mine["backward_s"] + losses[r]
+        mine["step_s"] += stages.get("allreduce_s", 0.0)
     total = sum(v for key, v in stages.items() if key != "comm_wait_s")
     for name in sorted({t for terms in rank_terms for t in terms}):
         stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)

@@ -3,9 +3,11 @@ rate lookups the cost model prices pipeline stages with.
 
 One file (`<run_dir>/hardware.json`, or any file passed with `--hardware`) holds compute rates
 and the links between workers. Every compute rate is measured with all workers running the
-same kernel at the same moment and is the **slowest** worker's (on a machine with fewer cores
-than workers they share the cores as in training, and a synchronised layer waits for the last
-one). Rates per row width; SpMM rates also per working-set size (the bytes of the matrix whose
+same kernel at the same moment, under the placement training uses (`launch.cpu_affinity`; on
+a machine with fewer cores than workers they share the cores as in training), and kept **per
+rank** (`ranks`: workers of unequal speed are priced each with its own rates); `compute` is
+the slowest rank's rate of every kernel, for what prices the machine as a whole. Rates per row
+width; SpMM rates also per working-set size (the bytes of the matrix whose
 rows the edges gather: an SpMM over rows that stay in the caches is several times faster than
 one that misses them); elementwise passes per output size (past the allocator's threshold for
 fresh memory, every new tensor pays its page faults). Links: the process group (gloo
@@ -43,7 +45,7 @@ from leo_cli.errors import CacheError
 from leo_cli.util import files
 from leo_cli.util.strict import Finite, Whole
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: rates per rank and the placement they were measured under
 HARDWARE_FILE = "hardware.json"
 Link = Literal["gloo", "shm"]
 MiB = 1 << 20
@@ -114,7 +116,8 @@ class ProbeSizes(_Record):
 
 
 class ComputeRates(_Record):
-    """Kernel throughput of the slowest worker while all workers run the kernel at once."""
+    """Kernel throughput of one worker (or the slowest) while all workers run the kernel at
+    once."""
 
     widths: list[Width]
     """Row widths (elements per row) at which each per-width rate below was measured."""
@@ -184,9 +187,13 @@ class LinkProfile(_Record):
     """One transport between workers: both directions of a pair move at once, as in training."""
 
     concurrent: LinkFit
-    """Every worker exchanging with every other at once (a layer's halo exchange): per peer."""
+    """Every worker exchanging with every other at once (a layer's halo exchange): per peer,
+    the mean over ranks."""
     pairs: list[PairFit]
     """One pair at a time, for every pair of workers."""
+    ranks: list[LinkFit] | None = None
+    """Each rank's own fit of the exchange with every peer at once (rank order; a worker on
+    a busier core packs and unpacks its messages more slowly)."""
 
 
 class Links(_Record):
@@ -227,15 +234,46 @@ class ProbeLoad(_Record):
         return other > share * self.num_cpus
 
 
+class RankRates(_Record):
+    """Where one rank ran during the probe and what it measured there."""
+
+    rank: Annotated[Whole, Field(ge=0, le=4095)]
+    """Its global rank."""
+    hostname: str
+    """Its host."""
+    cores: list[Annotated[Whole, Field(ge=0, le=1 << 20)]] | None
+    """The cores it was pinned to (`launch.cpu_affinity`); null: not pinned."""
+    threads: Annotated[Whole, Field(ge=1, le=4096)]
+    """Its intra-op threads (`torch.get_num_threads()`)."""
+    compute: ComputeRates
+    """Its kernel rates, every rank measuring at once."""
+
+
+def slowest_rates(ranks: list[ComputeRates]) -> ComputeRates:
+    """Every rate of `ranks` at its lowest over the ranks (same widths and sizes)."""
+    first, out = ranks[0], {}
+    for name in ComputeRates.model_fields:
+        values = [getattr(r, name) for r in ranks]
+        if name in ("widths", "spmm_bytes", "pass_bytes"):
+            out[name] = values[0]
+        elif name.startswith("spmm"):
+            out[name] = [
+                [min(col) for col in zip(*rows, strict=True)] for rows in zip(*values, strict=True)
+            ]
+        else:
+            out[name] = [min(col) for col in zip(*values, strict=True)]
+    return first.model_copy(update=out)
+
+
 class HardwareProfile(_Record):
-    """Everything the probe measured on one machine with one worker count."""
+    """Everything the probe measured on one or more machines with one worker count."""
 
     format_version: int
     """Version of this file's layout (FORMAT_VERSION)."""
     created_utc: str
     """When the probe ran (ISO 8601, UTC)."""
     hostname: str
-    """Host of rank 0."""
+    """Host of rank 0 (`ranks` has every rank's)."""
     device: str
     """Where the compute rates were measured (`cpu`)."""
     torch_version: str
@@ -247,7 +285,12 @@ class HardwareProfile(_Record):
     world_size: Annotated[Whole, Field(ge=1, le=4096)]
     """Workers that ran the probe at once (`partition.num_parts`)."""
     threads_per_worker: Annotated[Whole, Field(ge=1, le=4096)]
-    """Intra-op threads of each worker (`torch.get_num_threads()`, from OMP_NUM_THREADS)."""
+    """Intra-op threads of rank 0 (`torch.get_num_threads()`, from OMP_NUM_THREADS or its
+    cores); `ranks` has every rank's."""
+    nnodes: Annotated[Whole, Field(ge=1, le=4096)] = 1
+    """Machines the workers ran on (`launch.nnodes`)."""
+    cpu_affinity: list[list[Annotated[Whole, Field(ge=0, le=1 << 20)]]] | None = None
+    """`launch.cpu_affinity` of the probe's launch (null: workers not pinned)."""
     quick: StrictBool
     """Measured with the quick (test) sizes: rates are rough."""
     probe_s: Annotated[Finite, Field(ge=0, le=86400.0)]
@@ -255,7 +298,9 @@ class HardwareProfile(_Record):
     sizes: ProbeSizes
     """The work each measurement did."""
     compute: ComputeRates
-    """Kernel rates per width."""
+    """Kernel rates per width: every rate the slowest rank's (`slowest_rates`)."""
+    ranks: list[RankRates]
+    """Every rank's placement and own rates, in rank order."""
     links: Links
     """Link fits between workers."""
     load: ProbeLoad | None = None
@@ -273,7 +318,24 @@ class HardwareProfile(_Record):
         for link in (gloo, self.links.shm):
             if link is not None and len(link.pairs) != world * (world - 1) // 2:
                 raise ValueError(f"a link needs one pair fit per pair of the {world} workers")
+            if link is not None and link.ranks is not None and len(link.ranks) != world:
+                raise ValueError(f"a link's rank fits need one fit per worker ({world})")
+        if [r.rank for r in self.ranks] != list(range(world)):
+            raise ValueError(f"ranks must list every rank of the {world} workers in order")
         return self
+
+    def rank_compute(self, rank: int) -> ComputeRates:
+        """Rank `rank`'s own compute rates.
+
+        Raises:
+            CacheError: the profile has no such rank (probed with fewer workers).
+        """
+        if not 0 <= rank < len(self.ranks):
+            raise CacheError(
+                f"The hardware profile has no rank {rank} (probed with {self.world_size} "
+                "workers); probe again with the worker count you train with."
+            )
+        return self.ranks[rank].compute
 
     @property
     def dtype_bytes(self) -> int:

@@ -6,8 +6,9 @@ elementwise passes) at several row widths; `measure_links` times the transports 
 workers of a process group (gloo `isend`/`irecv`, gloo `all_to_all_single`, a /dev/shm
 segment), the barrier, and how much of a transfer hides behind computation. Every measurement
 keeps the median of `repeats` timed calls after one warm-up. Under the probe worker, a `Pace`
-starts every call on every rank at once (a barrier) and keeps, per call, the slowest rank's
-time: workers then contend for the cores as in training, and a layer waits for the last one.
+starts every call on every rank at once (a barrier), so workers contend for the cores as in
+training; `EACH` keeps each rank's own times (the probe's compute rates, per rank), `GROUP`
+per call the slowest rank's (a layer waits for the last one).
 The dropout under test is passed in (`dropout=counter_dropout`): models/ sits above cache/ in
 the import order.
 
@@ -43,6 +44,7 @@ from leo_cli.cache.hardware import (
     PairFit,
     ProbeSizes,
 )
+from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.shm import open_segment
 
 Sync = Callable[[], None]
@@ -363,6 +365,7 @@ def link_profile(fit: FitFn, sizes: ProbeSizes, everyone_fits: bool) -> LinkProf
             fits_K2[k] = torch.tensor(measured) if rank == a else 0.0
     dist.barrier()
     fits_K2[-1] = torch.tensor(fit([q for q in range(world) if q != rank], sizes))
+    per_rank = all_gather_(fits_K2[-1].clone()).tolist()  # each rank's all-pairs exchange
     dist.all_reduce(fits_K2)
     fits_K2[-1] /= world  # mean over ranks of the all-pairs exchange
     (bandwidth, latency), *_ = fits_K2[-1:].tolist()
@@ -372,7 +375,13 @@ def link_profile(fit: FitFn, sizes: ProbeSizes, everyone_fits: bool) -> LinkProf
             PairFit(ranks=p, bandwidth_bytes_per_s=f[0], latency_s=f[1])
             for p, f in zip(pairs, fits_K2[:-1].tolist(), strict=True)
         ],
+        ranks=[LinkFit(bandwidth_bytes_per_s=bounded(b), latency_s=t) for b, t in per_rank],
     )
+
+
+def bounded(bandwidth: float) -> float:
+    """A rank's bandwidth within what a profile may hold (one rank's copies can time ~0 s)."""
+    return min(max(bandwidth, 1.0), 1e14)
 
 
 def barrier_seconds(iters: int) -> float:
@@ -396,6 +405,8 @@ def barrier() -> None:
 
 GROUP = Pace(sync=barrier, slowest=slowest_over_ranks)
 """The pace of a process group: start together, keep the slowest rank."""
+EACH = Pace(sync=barrier)
+"""Start together, keep this rank's own times (rates per rank)."""
 
 
 def alltoall_seconds(num_bytes: int, iters: int) -> float:

@@ -2,8 +2,9 @@
 
 It holds, per rank, the cache levels (static aggregate, replicated halo positions, halo
 positions fetched per edge), the chunk count of every layer (the same on every rank, since
-both ends of a transfer must cut it the same way), the predicted stage times, and the
-predicted step time of every mode, so `leo train` can put prediction beside measurement. The
+both ends of a transfer must cut it the same way), the predicted stage times, the predicted
+step time of every mode, and each rank's predicted step and busy time with their spread
+(slowest busy over fastest), so `leo train` can put prediction beside measurement. The
 policy's sweep over replicated shares (predicted step against replica bytes) feeds
 `cache-plan.png`.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,17 @@ class CachePlan:
     # `pipeline.transport=auto` chose to read every row of same-host owners in place (the
     # planned mode predicted faster so), not only the L3 rows.
     every_row: bool = False
+    ranks_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """Per mode, each rank's predicted `step_s` and `busy_s` (cost.Prediction.per_rank)."""
+
+    def spread(self) -> dict[str, float]:
+        """Per mode, the slowest rank's predicted busy time over the fastest's."""
+        out = {}
+        for mode, ranks in self.ranks_s.items():
+            busy = [r["busy_s"] for r in ranks if "busy_s" in r]
+            if busy and min(busy) > 0:
+                out[mode] = max(busy) / min(busy)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +173,8 @@ class CachePlan:
             "replica_budget_mb": self.replica_budget_mb,
             "plan_s": self.plan_s,
             "every_row_in_place": self.every_row,
+            "predicted_ranks_s": self.ranks_s,
+            "predicted_rank_spread": self.spread(),
         }
 
     @classmethod
@@ -194,6 +208,7 @@ class CachePlan:
             None if any(r.transport is None for r in f.ranks)
             else [list(r.transport or []) for r in f.ranks],
             f.every_row_in_place,
+            {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
         )  # fmt: skip
 
     def check_fits(
@@ -307,6 +322,7 @@ def make_plan(
     none = [RankCache() for _ in accesses]
     predicted: dict[str, float | None] = {}
     stages: dict[str, dict[str, float]] = {}
+    ranks_s: dict[str, list[dict[str, float]]] = {}
     for name, mode in MODES.items():
         caches = decision.caches if mode.planned else none
         chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
@@ -318,6 +334,7 @@ def make_plan(
             predicted[name] = None
             continue
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
+        ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [
@@ -326,7 +343,7 @@ def make_plan(
         ],
         decision.sweep, max(b.replica_bytes) / 2**20, None,
         [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
-        transports(accesses, decision.caches, reach), reach.every_row,
+        transports(accesses, decision.caches, reach), reach.every_row, ranks_s,
     )  # fmt: skip
 
 

@@ -115,6 +115,10 @@ class PlanFile(_Strict):
     replica_budget_mb: NonNegative
     plan_s: NonNegative | None = None
     every_row_in_place: StrictBool = False
+    predicted_ranks_s: dict[str, list[dict[str, Finite]]] = {}
+    """Per mode, each rank's predicted `step_s` and `busy_s` (shown, not used)."""
+    predicted_rank_spread: dict[str, Finite] = {}
+    """Per mode, the slowest rank's busy time over the fastest's (shown, not used)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

@@ -5,7 +5,8 @@
 - `leo`: the cost model decides. Replicating a row saves its transfer (forward and
   backward) but costs its dropout mask at input width and aggregation of its edges at input
   width; rows are ranked by that trade and the number replicated per rank, and the chunk
-  count per layer, are chosen to minimise the slowest rank's predicted step time.
+  count per layer, are chosen to minimise the slowest rank's predicted step time, each rank
+  priced with its own measured rates (workers of unequal speed get different shares).
 
 Attention models (gat) get neither replicas nor a static aggregate from any policy: both rest
 on aggregating raw inputs first (`Â·X·W = (Â·X)·W`), and attention weights depend on the
@@ -112,7 +113,7 @@ def replica_order(p: PartAccess, shape: ModelShape, hw: HardwareProfile | None) 
     if hw is None:
         return np.argsort(-p.reuse_H, kind="stable").astype(np.int64)
     a, w = shape.widths[0], shape.exchanged_width(0)
-    rates = Rates(hw)
+    rates = Rates(hw, p.rank)  # the part's own worker aggregates it
     per_edge = rates.spmm_seconds(1_000_000, a) - 2 * rates.spmm_seconds(1_000_000, w)
     return np.argsort(p.reuse_H * np.sign(per_edge) * 1.0, kind="stable").astype(np.int64)
 

@@ -2,7 +2,8 @@
 
 The profile (cache/hardware.py) is the probe's data and its file; what the cost model asks of
 it (an SpMM over so many edges at a width, a GEMM, a mask, a pass, a transfer over a link)
-is looked up here, by interpolating between the measured widths and sizes.
+is looked up here, by interpolating between the measured widths and sizes. `Rates(hw, r)`
+prices rank r's work with its own rates; `Rates(hw)` with the slowest rank's.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from leo_cli.errors import CacheError
 
 
 class Rates:
-    """Seconds of work on the machine a profile describes."""
+    """Seconds of work on the machine a profile describes, for one rank or the slowest.
 
-    def __init__(self, hw: HardwareProfile) -> None:
+    Raises:
+        CacheError: `rank` is not a rank of the profile.
+    """
+
+    def __init__(self, hw: HardwareProfile, rank: int | None = None) -> None:
         self.hw = hw
+        self.rank = rank
+        self.compute = hw.compute if rank is None else hw.rank_compute(rank)
 
     @property
     def dtype_bytes(self) -> int:
@@ -38,7 +45,7 @@ class Rates:
         """
         if num_edges <= 0:
             return 0.0
-        c = self.hw.compute
+        c = self.compute
         table = c.spmm_t_edges_per_s if backward else c.spmm_edges_per_s
         per_size = [per_row_rate(c.widths, row, width) for row in table]
         size = max(float(working_bytes), float(c.spmm_bytes[0]))
@@ -55,7 +62,7 @@ class Rates:
         """
         if rows <= 0:
             return 0.0
-        c = self.hw.compute
+        c = self.compute
         flop = 2.0 * rows * in_width * out_width
         compute_s = flop / interpolate(c.widths, c.gemm_flop_per_s, math.sqrt(in_width * out_width))
         moved = rows * (in_width + out_width) * self.hw.dtype_bytes
@@ -67,18 +74,18 @@ class Rates:
     def mask_seconds(self, rows: float, width: int, backward: bool = False) -> float:
         """Seconds of counter-based dropout on (rows x width): forward (mask + apply) or its
         backward (the mask applied to the gradient)."""
-        c = self.hw.compute
+        c = self.compute
         rates = c.mask_backward_rows_per_s if backward else c.mask_rows_per_s
         return rows / per_row_rate(c.widths, rates, width)
 
     def gather_seconds(self, rows: float, width: int) -> float:
         """Seconds to gather `rows` rows of `width` into a contiguous buffer (pack)."""
-        return rows / per_row_rate(self.hw.compute.widths, self.hw.compute.gather_rows_per_s, width)
+        return rows / per_row_rate(self.compute.widths, self.compute.gather_rows_per_s, width)
 
     def scatter_add_seconds(self, rows: float, width: int) -> float:
         """Seconds to add `rows` received rows of `width` into their places (unpack)."""
-        rates = self.hw.compute.scatter_add_rows_per_s
-        return rows / per_row_rate(self.hw.compute.widths, rates, width)
+        rates = self.compute.scatter_add_rows_per_s
+        return rows / per_row_rate(self.compute.widths, rates, width)
 
     def pass_seconds(self, rows: float, width: int) -> float:
         """Seconds of one elementwise pass writing a fresh (rows x width) tensor (an add, a
@@ -86,7 +93,7 @@ class Rates:
         num_bytes = rows * width * self.hw.dtype_bytes
         if num_bytes <= 0:
             return 0.0
-        c = self.hw.compute
+        c = self.compute
         i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
         return num_bytes / c.pass_bytes_per_s[i]
 
@@ -97,7 +104,7 @@ class Rates:
         num_bytes = rows * width * self.hw.dtype_bytes
         if num_bytes <= 0:
             return 0.0
-        return self.pass_seconds(rows, width) - num_bytes / max(self.hw.compute.pass_bytes_per_s)
+        return self.pass_seconds(rows, width) - num_bytes / max(self.compute.pass_bytes_per_s)
 
     # -- links --------------------------------------------------------------------------------
 
@@ -144,6 +151,8 @@ class Rates:
                 "workers); probe again with the worker count you train with."
             )
         if concurrent:
+            if self.rank is not None and profile.ranks is not None:
+                return profile.ranks[self.rank]
             return profile.concurrent
         return LinkFit(
             bandwidth_bytes_per_s=statistics.median(p.bandwidth_bytes_per_s for p in profile.pairs),

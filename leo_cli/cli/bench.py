@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from leo_cli.bench import report
-from leo_cli.bench.suite import Measured, Variant, run_suite
+from leo_cli.bench.suite import LEO, Measured, Variant, leo_config, run_suite, variants
 from leo_cli.cli.common import (
     ConfigOpt,
     SetOpt,
@@ -22,7 +22,9 @@ from leo_cli.cli.common import (
 )
 from leo_cli.cli.render import STAGE_LABELS
 from leo_cli.config import LeoConfig
+from leo_cli.config.load import validate
 from leo_cli.errors import ConfigError
+from leo_cli.train.launcher import check_supported
 from leo_cli.util.interrupt import Interrupted
 
 DEFAULT_BENCH_CONFIG = Path(__file__).resolve().parent.parent / "bench" / "default.yaml"
@@ -39,6 +41,21 @@ def check_bench(cfg: LeoConfig) -> None:
         raise ConfigError(
             "launch.nproc is set by leo bench from bench.world_sizes; remove launch.nproc."
         )
+    check_runs(cfg)
+
+
+def check_runs(cfg: LeoConfig) -> None:
+    """Every `leo train` the suite will run, checked before the first (a bench variant's
+    override, or a placement for another worker count, would otherwise stop it midway)."""
+    for v in variants(cfg, lambda _: None):
+        if v.system == LEO:
+            run_cfg = leo_config(cfg, v, Path(cfg.run.out_dir))
+            try:  # validated again: the suite sets num_parts, which part_weights must fit
+                validate(run_cfg.model_dump(mode="json"), "leo bench")
+                check_supported(run_cfg, allow_inexact=True)
+            except ConfigError as exc:
+                where = f"bench variant {v.variant} at " if v.variant else "at "
+                raise ConfigError(f"{where}{v.world_size} workers: {exc}") from None
 
 
 def results_table(rows: list[dict[str, Any]]) -> Table:
@@ -47,7 +64,7 @@ def results_table(rows: list[dict[str, Any]]) -> Table:
     for name in report.head(rows):
         table.add_column(name, justify="left" if name in ("system", "mode") else "right")
     for r in rows:
-        table.add_row(*report.md_cells(r))
+        table.add_row(*report.md_cells(r, report.with_variants(rows)))
     table.caption = "\n".join(report.share_lines(rows)) or None
     return table
 
@@ -57,9 +74,14 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
     """Time LEO's pipeline modes, its baselines and PyG peers on one graph, interleaved.
 
     Without --config the default bench graph is used (synthetic, 200k nodes, GCN). Every LEO
-    row runs through `leo train` (same launcher and workers); variants run interleaved over
-    bench.repeats rounds; bench.warmup_epochs are not timed. Writes bench.json, bench.csv,
+    row runs through `leo train` (same launcher and workers), once per bench.variants entry
+    (named --set overrides); rows run interleaved over bench.repeats rounds;
+    bench.warmup_epochs are not timed. Writes bench.json, bench.csv,
     bench.md and bench.png into run.out_dir.
+
+    Variants, e.g. part weights: --set "bench.variants=[{name: uniform, set:
+    [partition.part_weights=uniform]}, {name: measured, set: [partition.part_weights=measured]}]"
+    (ratios `vs first variant` are to the first; quote an item holding brackets or commas).
     """
     cfg = resolve_config(config or DEFAULT_BENCH_CONFIG, overrides)
     check_bench(cfg)

@@ -38,7 +38,11 @@ SetOpt = Annotated[
         "-s",
         help="Override one config key, e.g. --set partition.num_parts=4 or "
         "--set model.dropout=0; the value is parsed as YAML. Repeatable; wins over the YAML "
-        f"file. pipeline.num_chunks takes `auto` or 1 to {MAX_CHUNKS} (chunks per peer).",
+        f"file. pipeline.num_chunks takes `auto` or 1 to {MAX_CHUNKS} (chunks per peer). "
+        "Unequal workers: partition.part_weights=measured (or [w0,w1,...]) sizes the parts by "
+        "each worker's speed; launch.cpu_affinity=[[0],[1],[1]] pins each local worker to "
+        "its cores; partition.method=file with partition.owners_path=OWNERS.npy trains on "
+        "parts made elsewhere.",
         show_default=False,
     ),
 ]

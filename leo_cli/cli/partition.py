@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,7 +10,8 @@ import typer
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import partition_table, stage_progress, stats_table
 from leo_cli.config import write_resolved
-from leo_cli.graph.stage import ensure_partitions, metis_note
+from leo_cli.graph.stage import metis_note
+from leo_cli.train.plan_stage import run_partitions
 
 
 @handle_errors
@@ -29,18 +31,19 @@ def partition_cmd(
         bool, typer.Option("--force", help="Rebuild even if up-to-date partitions exist.")
     ] = False,
 ) -> None:
-    """Partition the dataset (METIS, random or range) into <run.out_dir>/partitions.
+    """Partition the dataset (METIS, random, range or an owners file) into
+    <run.out_dir>/partitions.
 
-    Partitions are reused while the dataset, partition settings and seed are unchanged.
+    Partitions are reused while the dataset, partition settings and seed are unchanged (and,
+    with partition.part_weights=measured, the hardware profile the weights come from).
     """
     cfg = resolve_config(
         config,
         (overrides or []) + ([f"partition.num_parts={num_parts}"] if num_parts is not None else []),
     )
-    with stage_progress() as progress:
-        result = ensure_partitions(
-            cfg.data, cfg.partition, cfg.run.seed, cfg.run.out_dir, force=force, progress=progress
-        )
+    run_dir = Path(cfg.run.out_dir).resolve()
+    with stage_progress() as progress:  # part_weights=measured probes the machine first
+        result = run_partitions(cfg, run_dir, progress, force=force)
     write_resolved(cfg)
     if result.reused:
         console.print(f"[green]Up to date:[/] reusing {result.path} (use --force to rebuild).")

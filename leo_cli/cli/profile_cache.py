@@ -11,13 +11,15 @@ from rich.table import Table
 from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
-from leo_cli.graph.stage import ensure_partitions
+from leo_cli.registry import planned_mode
 from leo_cli.train.checks import check_config
-from leo_cli.train.plan_stage import ensure_plan
+from leo_cli.train.plan_stage import ensure_plan, run_partitions
 from leo_cli.util.interrupt import Interrupted
 
 
 def plan_table(plan: CachePlan) -> Table:
+    """Per rank: its levels, bytes, how peers' rows move, and the planned mode's predicted
+    step and busy time."""
     moves = {t for peers in plan.transport or [] for t in peers}
     in_place = "none"
     if moves & {"published-rows", "mixed"}:
@@ -27,9 +29,11 @@ def plan_table(plan: CachePlan) -> Table:
         f"read in place: {in_place})"
     )
     columns = ("rank", "static Â·X", "L1 replicas", "L2 rows", "L3 rows", "L2 MB/step",
-               "L3 MB/step", "peers' rows")  # fmt: skip
+               "L3 MB/step", "peers' rows", "step s", "busy s")  # fmt: skip
     for name in columns:
         table.add_column(name, justify="right")
+    mode = planned_mode()
+    ranks = plan.ranks_s.get(mode) or [{} for _ in plan.caches]
     for r, (c, b) in enumerate(zip(plan.caches, plan.bytes_per_level, strict=True)):
         levels = plan.levels[r] if plan.levels else None
         peers = plan.transport[r] if plan.transport else []
@@ -42,6 +46,13 @@ def plan_table(plan: CachePlan) -> Table:
             f"{b['L2_bytes_per_step'] / 1e6:.1f}",
             f"{b['L3_bytes_per_step'] / 1e6:.1f}",
             peer_transports(peers),
+            *(f"{ranks[r][k]:.3f}" if k in ranks[r] else "-" for k in ("step_s", "busy_s")),
+        )
+    spread = plan.spread().get(mode)
+    if spread is not None:
+        table.caption = (
+            f"{mode}: each rank's predicted step and busy time (its own work, no waiting); "
+            f"slowest busy / fastest busy = {spread:.2f}"
         )
     return table
 
@@ -61,19 +72,22 @@ def peer_transports(peers: list[str | None]) -> str:
 def prediction_table(plan: CachePlan) -> Table:
     table = Table(title="predicted training step per mode")
     table.add_column("mode")
-    for name in ("step s", "forward s", "backward s", "exposed wait s"):
+    for name in ("step s", "forward s", "backward s", "exposed wait s", "rank spread"):
         table.add_column(name, justify="right")
+    spreads = plan.spread()
     for mode, t in plan.predicted.items():
         if t is None:
-            table.add_row(mode, "-", "-", "-", "-")
+            table.add_row(mode, "-", "-", "-", "-", "-")
             continue
         st = plan.stages[mode]
+        spread = spreads.get(mode)
         table.add_row(
             mode,
             f"{t:.3f}",
             f"{st['forward_s']:.3f}",
             f"{st['backward_s']:.3f}",
             f"{st['comm_wait_s']:.3f}",
+            "-" if spread is None else f"{spread:.2f}",
         )
     return table
 
@@ -110,7 +124,7 @@ def profile_cache_cmd(
     check_config(cfg)
     run_dir = Path(cfg.run.out_dir).resolve()
     with stage_progress() as progress:
-        ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress)
+        run_partitions(cfg, run_dir, progress, hardware=hardware)
     try:
         with console.status("measuring the machine and planning the cache..."):
             plan = ensure_plan(cfg, run_dir, hardware, force, always=True)

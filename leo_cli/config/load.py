@@ -27,6 +27,18 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
     return validate(tree, str(path) if path else "the built-in defaults", sources)
 
 
+def with_overrides(cfg: LeoConfig, items: list[str], source: str) -> LeoConfig:
+    """`cfg` with `dotted.key=value` overrides applied and validated again; errors name the
+    key and `source` (e.g. a benchmark variant)."""
+    tree = cfg.model_dump(mode="json")
+    sources = {}
+    for item in items:
+        key, value = parse_override(item)
+        set_dotted(tree, key, value)
+        sources[key] = f"{source} ({item})"
+    return validate(tree, source, sources)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, or fail with the file name and the reason."""
     if not path.is_file():
@@ -57,6 +69,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
+        if raw.strip()[:1] in ("[", "{"):  # meant as a list or mapping: say so, not "a string"
+            raise ConfigError(
+                f"--set {item!r}: the value of {key} is not a valid YAML list or mapping; quote "
+                "items that hold [ ] { } or commas (e.g. ['partition.part_weights=[1,2]'])."
+            ) from None
         value = raw
     return key, value
 

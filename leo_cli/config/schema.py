@@ -106,11 +106,25 @@ class DataConfig(Section):
 METIS_OPTIONS = ("metis_edge_fraction", "metis_memory_gb")  # the keys only METIS reads
 
 
+PartWeight = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+PART_OPTIONS = ("part_weights", "owners_path")  # keys added after partitions had source keys
+
+
 class PartitionConfig(Section):
     num_parts: int = Field(2, ge=1, le=4096)
     """Number of parts (one per worker)."""
-    method: Literal["metis", "random", "range"] = "metis"
-    """`metis` (edge-balanced METIS), `random` (uniform owners) or `range` (contiguous ids)."""
+    method: Literal["metis", "random", "range", "file"] = "metis"
+    """`metis` (edge-balanced METIS), `random` (uniform owners), `range` (contiguous ids) or
+    `file` (the owners in `owners_path`, e.g. from a distributed partitioner)."""
+    owners_path: Path | None = None
+    """`method=file`: a .npy array of one owner rank (0 .. num_parts-1, integers) per node of
+    the dataset, as a distributed partitioner (ParMETIS, DistDGL's) writes it; checked when
+    read (length, range, every part non-empty)."""
+    part_weights: Literal["uniform", "measured"] | list[PartWeight] = "uniform"
+    """Target share of the work of each part: `uniform` (equal parts), `measured` (shares
+    proportional to each worker's speed for this model, from the hardware probe, which then
+    runs before partitioning) or num_parts positive numbers (normalised). METIS gets them as
+    target part weights; `random` and `range` give each part that share of the nodes."""
     metis_edge_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """Share of the undirected edges METIS sees: all edges of low-degree nodes and a seeded
     sample of those between hubs, weighted up by 1 / sqrt(keep probability); vertex weights
@@ -123,6 +137,41 @@ class PartitionConfig(Section):
     metis_edge_fraction of the edges would need more, it sees a sample of them (as above) sized
     to fit, and the stage says so. null: no limit (METIS sees metis_edge_fraction of the edges,
     all by default, whatever that needs; a 2.4M-node, 119M-edge graph needs about 16 GB)."""
+
+    @field_validator("part_weights", mode="before")
+    @classmethod
+    def _weights_form(cls, value: Any) -> Any:
+        numbers = isinstance(value, list) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1e6 for v in value
+        )
+        if value not in ("uniform", "measured") and not numbers:
+            raise ValueError("must be uniform, measured or a list of positive numbers (up to 1e6)")
+        return value
+
+    @field_validator("owners_path", mode="after")
+    @classmethod
+    def _expand_owners(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser()
+
+    @model_validator(mode="after")
+    def _weights_and_owners(self) -> PartitionConfig:
+        if (self.owners_path is None) != (self.method != "file"):
+            raise ValueError(
+                "partition.owners_path names the owners file of partition.method=file and "
+                "applies to it only; set both or neither"
+            )
+        weights = self.part_weights
+        if isinstance(weights, list) and len(weights) != self.num_parts:
+            raise ValueError(
+                f"partition.part_weights lists {len(weights)} weights for "
+                f"partition.num_parts={self.num_parts}; give one per part"
+            )
+        if weights != "uniform" and self.method == "file":
+            raise ValueError(
+                "partition.part_weights does not apply to partition.method=file (the file "
+                "fixes every owner); remove it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _metis_options_need_metis(self) -> PartitionConfig:
@@ -347,9 +396,47 @@ class LaunchConfig(Section):
     """How often the elastic agent restarts failed workers (torchrun's --max-restarts)."""
     timeout_s: float = Field(300.0, gt=0)
     """Collective timeout: a stalled worker ends the job after this many seconds."""
+    cpu_affinity: list[list[Annotated[int, Field(ge=0, le=1 << 20)]]] | None = None
+    """null (no pinning) or one list of core ids per local worker, e.g. [[0],[1],[1]]: worker
+    0 alone on core 0, workers 1 and 2 sharing core 1. Applied when a worker (or hardware
+    probe worker) starts, before its threads do; each gets as many threads as cores unless
+    OMP_NUM_THREADS is set."""
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _core_lists(cls, value: list[list[int]] | None) -> list[list[int]] | None:
+        for cores in value or []:
+            if not cores or len(set(cores)) != len(cores):
+                raise ValueError("every worker needs a non-empty list of distinct core ids")
+        return value
 
 
 BenchPeer = Literal["pyg", "pyg-csr"]
+# Keys a benchmark variant may not set: the bench sets them per row, or they are its own.
+BENCH_OWN_KEYS = ("run.", "bench.", "partition.num_parts", "launch.nproc", "pipeline.mode")
+
+
+class BenchVariant(Section):
+    """A named set of `--set` overrides that `leo bench` runs as variants of every LEO row."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    """The variant's name: the `variant` column and its run folders' name."""
+    set: list[str] = []
+    """`dotted.key=value` overrides, as --set takes them (e.g. partition.part_weights=measured)."""
+
+    @field_validator("set")
+    @classmethod
+    def _own_keys(cls, value: list[str]) -> list[str]:
+        for item in value:
+            key = item.partition("=")[0].strip()
+            if "=" not in item or not key:
+                raise ValueError(f"{item!r} is not of the form dotted.key=value")
+            if key.startswith(BENCH_OWN_KEYS) or key in BENCH_OWN_KEYS:
+                raise ValueError(
+                    f"{key} is set by leo bench itself (bench.modes, bench.world_sizes, "
+                    "run.out_dir); a variant cannot set it"
+                )
+        return value
 
 
 class BenchConfig(Section):
@@ -369,6 +456,18 @@ class BenchConfig(Section):
     """Timed epochs per run."""
     warmup_epochs: int = Field(1, ge=0)
     """Untimed epochs at the start of every run."""
+    variants: list[BenchVariant] = []
+    """Named override sets, each run as a variant of every LEO row, interleaved with the
+    others (A B A B ...), e.g. [{name: uniform, set: [partition.part_weights=uniform]},
+    {name: measured, set: [partition.part_weights=measured]}]; ratios `vs_variant` are to the
+    first. Empty: the config as it is."""
+
+    @field_validator("variants")
+    @classmethod
+    def _distinct_variants(cls, value: list[BenchVariant]) -> list[BenchVariant]:
+        if len({v.name for v in value}) != len(value):
+            raise ValueError("variant names must differ")
+        return value
 
     @field_validator("modes")
     @classmethod

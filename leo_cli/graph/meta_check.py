@@ -104,6 +104,11 @@ class Meta(StorageMeta):
     dataset: DatasetMeta
     stats: StatsMeta
     metis: MetisMeta | None = None
+    part_weights: list[Share] | None = None
+    """Target share of every part (null: equal parts)."""
+    achieved_shares: list[Annotated[Finite, Field(ge=0, le=1)]] | None = None
+    """Share of every part in nodes plus in-edges (METIS's vertex weight)."""
+    owners_sha256: Digest | None = None
     timings_s: dict[str, Finite] = {}
     peak_rss_gb: dict[str, Finite] = {}
 
@@ -112,6 +117,10 @@ class Meta(StorageMeta):
         for name in ("nodes", "edges", "halo_nodes"):
             if len(getattr(self.stats, name)) != self.num_parts:
                 raise ValueError(f"stats.{name} must hold one count per part ({self.num_parts})")
+        for name in ("part_weights", "achieved_shares"):
+            values = getattr(self, name)
+            if values is not None and len(values) != self.num_parts:
+                raise ValueError(f"{name} must hold one share per part ({self.num_parts})")
         return self
 
 

@@ -1,12 +1,15 @@
-"""Node-to-part assignment: METIS (edge-balanced), random and contiguous ranges.
+"""Node-to-part assignment: METIS (edge-balanced), random, contiguous ranges, or an owners
+file made elsewhere; each part's target share of the work (`weights`, normalised) is METIS's
+target part weight and the node share of `random` and `range`.
 
-Legend: N nodes, E directed edges.
+Legend: N nodes, E directed edges, P parts.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pymetis
@@ -14,32 +17,95 @@ import pymetis
 from leo_cli.errors import ConfigError
 from leo_cli.graph.types import CHUNK, BoolArray, Graph, IdArray, IntArray
 
-METHODS = ("metis", "random", "range")
+METHODS = ("metis", "random", "range")  # `file` reads its owners instead (`owners_from_file`)
 
 
 def assign_parts(
-    graph: Graph, num_parts: int, method: str, seed: int, prepared: MetisInput | None = None
+    graph: Graph,
+    num_parts: int,
+    method: str,
+    seed: int,
+    prepared: MetisInput | None = None,
+    weights: list[float] | None = None,
 ) -> IntArray:
     """Owner rank of every node, int64 [N] with values in `0..num_parts-1`.
 
     `prepared` is METIS's input built earlier (`metis_input`), so callers can release the
-    graph's arrays while METIS runs; without it, it is built from `graph`.
+    graph's arrays while METIS runs; without it, it is built from `graph`. `weights`: each
+    part's target share (P positive numbers, normalised here; None: equal parts, the very
+    parts of before weights existed).
     """
     assert method in METHODS, method
+    shares = None if weights is None else normalised(weights)
+    assert shares is None or len(shares) == num_parts, "one weight per part"
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64)
     if method == "metis":
-        return metis_parts(prepared or metis_input(graph), num_parts, seed)
+        return metis_parts(prepared or metis_input(graph), num_parts, seed, shares)
     if method == "random":
         # A stream of its own: the same seed also drives dataset generators.
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x9A27,)))
+        if shares is not None:
+            return rng.choice(num_parts, size=graph.num_nodes, p=shares).astype(np.int64)
         return rng.integers(0, num_parts, graph.num_nodes, dtype=np.int64)
-    return range_parts(graph.num_nodes, num_parts)
+    return range_parts(graph.num_nodes, num_parts, shares)
 
 
-def range_parts(num_nodes: int, num_parts: int) -> IntArray:
-    """Contiguous blocks of node ids of (almost) equal size."""
-    return (np.arange(num_nodes, dtype=np.int64) * num_parts) // num_nodes
+def normalised(weights: list[float]) -> list[float]:
+    """Weights as shares summing to 1 (METIS's `tpwgts` may not sum above 1)."""
+    total = math.fsum(weights)
+    shares = [w / total for w in weights]
+    excess = math.fsum(shares) - 1.0
+    if excess > 0:  # rounding: take it off the largest share
+        big = shares.index(max(shares))
+        shares[big] -= excess
+    return shares
+
+
+def range_parts(num_nodes: int, num_parts: int, shares: list[float] | None = None) -> IntArray:
+    """Contiguous blocks of node ids, of (almost) equal size or of the given node shares."""
+    ids = np.arange(num_nodes, dtype=np.int64)
+    if shares is None:
+        return (ids * num_parts) // num_nodes
+    ends = np.rint(np.cumsum(shares) * num_nodes).astype(np.int64)
+    return np.searchsorted(ends[:-1], ids, side="right").astype(np.int64)
+
+
+def owners_from_file(path: Path, num_nodes: int, num_parts: int) -> IntArray:
+    """The owners a partitioner wrote elsewhere: one integer rank per node, every part used.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or not one owner in
+            0..num_parts-1 per node with every part non-empty (one sentence naming it).
+    """
+    key = f"partition.owners_path={path}"
+    try:
+        owners = np.load(path, allow_pickle=False, mmap_mode="r")
+    except FileNotFoundError:
+        raise ConfigError(f"{key} does not exist; give the .npy file of owners.") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a .npy file"
+        raise ConfigError(f"{key} cannot be read ({reason}); give a .npy array.") from None
+    problem = owners_problem(owners, num_nodes, num_parts)
+    if problem is not None:
+        raise ConfigError(f"{key} is not an owners array for this graph: {problem}.")
+    return np.asarray(owners, dtype=np.int64)
+
+
+def owners_problem(owners: np.ndarray, num_nodes: int, num_parts: int) -> str | None:
+    """What makes `owners` unfit as one owner rank per node (a phrase), or None."""
+    if owners.ndim != 1 or owners.shape[0] != num_nodes:
+        return f"it has shape {owners.shape}, the graph has {num_nodes} nodes"
+    if not np.issubdtype(owners.dtype, np.integer):
+        return f"its dtype is {owners.dtype}, not an integer type"
+    if num_nodes and (int(owners.min()) < 0 or int(owners.max()) >= num_parts):
+        lo, hi = int(owners.min()), int(owners.max())
+        return f"its ranks run from {lo} to {hi}, outside 0..{num_parts - 1}"
+    counts = np.bincount(np.asarray(owners, dtype=np.int64), minlength=num_parts)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        return f"part {int(empty[0])} owns no node (partition.num_parts={num_parts})"
+    return None
 
 
 @dataclass
@@ -152,14 +218,17 @@ def keep_scale(src: IdArray, dst: IdArray, degree: IntArray, fraction: float) ->
     return hi_c
 
 
-def metis_parts(inputs: MetisInput, num_parts: int, seed: int) -> IntArray:
+def metis_parts(
+    inputs: MetisInput, num_parts: int, seed: int, shares: list[float] | None = None
+) -> IntArray:
     """METIS partition of `inputs` into `num_parts` (recursive bisection up to 8 parts, as
-    pymetis chooses)."""
+    pymetis chooses); `shares`: target part weights (`tpwgts`, summing to at most 1)."""
     result = pymetis.part_graph(
         num_parts,
         adjacency=pymetis.CSRAdjacency(inputs.starts, inputs.adjacent),
         vweights=inputs.vweights,
         eweights=inputs.eweights,
+        tpwgts=shares,
         options=pymetis.Options(seed=seed),
     )
     return np.asarray(result.vertex_part, dtype=np.int64)

@@ -1,4 +1,12 @@
-"""The partition stage: dataset -> parts on disk, reused while its inputs are unchanged."""
+"""The partition stage: dataset -> parts on disk, reused while its inputs are unchanged.
+
+Each part's target share of the work comes from `partition.part_weights`: equal, the numbers
+given, or (`measured`) numbers a `Weigher` computes from the hardware probe once the graph's
+size is known (the probe lives above this layer, so the caller hands the weigher in). The
+partitions' source key covers the weights (for `measured`, what they are computed from) and,
+for `method=file`, the owners file's content, so parts made for other weights or owners are
+rebuilt. META.json records the target shares and the shares achieved.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +15,12 @@ import json
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leo_cli.config.schema import METIS_OPTIONS, DataConfig, PartitionConfig
+from leo_cli.config.schema import METIS_OPTIONS, PART_OPTIONS, DataConfig, PartitionConfig
 from leo_cli.errors import ConfigError, DataError, PartitionError
 from leo_cli.graph.datasets import load_dataset, source_files
 from leo_cli.graph.layout import (
@@ -24,9 +33,12 @@ from leo_cli.graph.layout import (
 from leo_cli.graph.partitioners import (
     SAMPLING,
     GraphSize,
+    MetisInput,
     assign_parts,
     metis_edge_fraction,
     metis_input,
+    normalised,
+    owners_from_file,
     projected_metis_gb,
 )
 from leo_cli.graph.storage import (
@@ -38,7 +50,7 @@ from leo_cli.graph.storage import (
     verify_files,
 )
 from leo_cli.graph.types import Graph, IntArray
-from leo_cli.util.files import private_dir, sweep_temporaries
+from leo_cli.util.files import private_dir, sha256_file, sweep_temporaries
 
 
 @dataclass
@@ -50,31 +62,82 @@ class PartitionResult:
     reused: bool
 
 
+@dataclass(frozen=True)
+class Weigher:
+    """`partition.part_weights=measured` as numbers.
+
+    Attributes:
+        key: what the weights are computed from (the hardware profile and the model), part of
+            the partitions' source key: a new probe or another model rebuilds the parts.
+        weigh: the weight of every part, from the loaded graph (its size and widths).
+    """
+
+    key: str
+    weigh: Callable[[Graph], list[float]]
+
+
 def partition_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "partitions"
 
 
-def source_key(data: DataConfig, part: PartitionConfig, seed: int) -> str:
+def source_key(
+    data: DataConfig, part: PartitionConfig, seed: int, weigher: Weigher | None = None
+) -> str:
     """Fingerprint of everything the partitions depend on, cheap to compute without loading.
 
     Covers the data and partition config, the seed, the format version and the size and
-    modification time of the raw files, so edited inputs make the partitions stale.
+    modification time of the raw files, so edited inputs make the partitions stale; for
+    measured weights what they come from (`weigher.key`); for an owners file its content.
     """
     payload = {
         "data": data.model_dump(mode="json"),
-        # METIS options at their defaults keep the key partitions had before the options
-        # existed (on every graph whose METIS fits the memory limit, their parts are the same).
-        "partition": part.model_dump(mode="json", exclude=defaulted_metis_options(part)),
+        # Options at their defaults keep the key partitions had before the options existed
+        # (on every graph whose METIS fits the memory limit, their parts are the same).
+        "partition": part.model_dump(mode="json", exclude=defaulted_options(part)),
         "seed": seed,
         "format_version": FORMAT_VERSION,
         "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
     }
+    if part.part_weights == "measured":
+        assert weigher is not None, "part_weights=measured needs a weigher"
+        payload["measured"] = weigher.key
+    if part.owners_path is not None:
+        payload["owners"] = owners_digest(part.owners_path)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def defaulted_metis_options(part: PartitionConfig) -> set[str]:
-    """The METIS options of `part` left at their defaults."""
-    return {k for k in METIS_OPTIONS if getattr(part, k) == PartitionConfig.model_fields[k].default}
+def owners_digest(path: Path) -> str:
+    """sha256 of an owners file, or a marker when it cannot be read (building says why)."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return "unreadable"
+
+
+def defaulted_options(part: PartitionConfig) -> set[str]:
+    """The METIS options and part options of `part` left at their defaults."""
+    keys = (*METIS_OPTIONS, *PART_OPTIONS)
+    return {k for k in keys if getattr(part, k) == PartitionConfig.model_fields[k].default}
+
+
+def target_shares(
+    part: PartitionConfig, graph: Graph, weigher: Weigher | None
+) -> list[float] | None:
+    """Each part's target share of the work (summing to 1), or None for equal parts."""
+    weights = part.part_weights
+    if weights == "uniform" or part.num_parts == 1:
+        return None
+    if weights == "measured":
+        assert weigher is not None, "part_weights=measured needs a weigher"
+        weights = weigher.weigh(graph)
+    return normalised(list(weights))
+
+
+def achieved_shares(stats: dict[str, Any]) -> list[float]:
+    """Each part's share of METIS's vertex weight (1 + in-degree): its nodes and in-edges."""
+    work = [n + e for n, e in zip(stats["nodes"], stats["edges"], strict=True)]
+    total = max(sum(work), 1)
+    return [round(w / total, 6) for w in work]
 
 
 def ensure_partitions(
@@ -85,22 +148,24 @@ def ensure_partitions(
     force: bool = False,
     progress: ProgressFn | None = None,
     verify: bool = True,
+    weigher: Weigher | None = None,
 ) -> PartitionResult:
     """Reuse `<out_dir>/partitions` when its source key matches, else build.
 
     `verify=False` skips hashing reused files here, for callers whose readers verify each
-    part themselves (training workers do).
+    part themselves (training workers do). `weigher`: how `partition.part_weights=measured`
+    becomes numbers (needed then, unused otherwise).
     """
     target = partition_dir(out_dir)
     sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
-    key = source_key(data, part, seed)
+    key = source_key(data, part, seed, weigher)
     if not force and (target / META).is_file():
         meta = read_meta(target)
         if meta.get("source_key") == key and metis_plan_holds(meta, part):
             if verify:
                 verify_files(target, meta)
             return PartitionResult(target, meta, reused=True)
-    meta = build_partitions(data, part, seed, target, key, progress)
+    meta = build_partitions(data, part, seed, target, key, progress, weigher)
     return PartitionResult(target, meta, reused=False)
 
 
@@ -111,6 +176,7 @@ def build_partitions(
     target: Path,
     key: str,
     progress: ProgressFn | None,
+    weigher: Weigher | None = None,
 ) -> dict[str, Any]:
     """Load, assign owners, lay out and write parts one by one; returns META.json's content.
 
@@ -130,6 +196,10 @@ def build_partitions(
         "seed": seed,
         "source_key": key,
     }
+    shares = target_shares(part, graph, weigher)
+    meta["part_weights"] = shares  # null: equal parts
+    if part.owners_path is not None:
+        meta["owners_sha256"] = owners_digest(part.owners_path)
     clock.lap("load")
     report("load", 1, 1)
     report("partition", 0, 1)
@@ -142,7 +212,7 @@ def build_partitions(
         if prepared is not None:  # METIS's working set is the peak: hold nothing else
             scratch = scratch_dir(target)
             graph = spill_graph(graph, scratch)
-        parts_N = assign_parts(graph, part.num_parts, part.method, seed, prepared)
+        parts_N = owners(graph, part, seed, prepared, shares)
         del prepared
         clock.lap("partition")
         report("partition", 1, 1)
@@ -151,6 +221,20 @@ def build_partitions(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return read_meta(target)
+
+
+def owners(
+    graph: Graph,
+    part: PartitionConfig,
+    seed: int,
+    prepared: MetisInput | None,
+    shares: list[float] | None,
+) -> IntArray:
+    """The owner of every node: read from the owners file, or assigned by the method."""
+    if part.method == "file":
+        assert part.owners_path is not None, "checked by the config"
+        return owners_from_file(part.owners_path, graph.num_nodes, part.num_parts)
+    return assign_parts(graph, part.num_parts, part.method, seed, prepared, shares)
 
 
 def scratch_dir(target: Path) -> Path:
@@ -187,6 +271,7 @@ def layout_and_write(
         clock.lap("layout")
         ds = meta["dataset"]
         meta["stats"] = partition_stats(ds["num_nodes"], ds["num_edges"], summaries)
+        meta["achieved_shares"] = achieved_shares(meta["stats"])
         meta["timings_s"] = clock.seconds
         meta["peak_rss_gb"] = clock.peak_gb
         writer.finish(meta)

@@ -1,9 +1,9 @@
 """Config checks that every start of training runs: in the launcher (`leo train`) and in each
 worker, since plain `torchrun -m leo_cli.train.worker` starts workers without the launcher.
 
-Settings training cannot honour (a mode's needs from its registry record, a cache plan that one
-machine's probe cannot describe, gloo with CUDA tensors) are refused with one sentence naming
-the key, rather than failing deep inside a worker.
+Settings training cannot honour (a mode's needs from its registry record, gloo with CUDA
+tensors) are refused with one sentence naming the key, rather than failing deep inside a
+worker.
 """
 
 from __future__ import annotations
@@ -72,12 +72,6 @@ def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
             (`leo train --allow-inexact`).
     """
     mode = mode_of(cfg.pipeline.mode)
-    if cfg.cache.policy != "none" and cfg.launch.nnodes > 1 and cfg.cache.hardware is None:
-        raise ConfigError(
-            f"cache.policy={cfg.cache.policy} on launch.nnodes={cfg.launch.nnodes} machines needs "
-            "cache.hardware (a hardware.json from leo profile-cache; the probe measures one "
-            "machine), or cache.policy=none."
-        )
     if not mode.exact and not allow_inexact:
         raise ConfigError(
             f"pipeline.mode={mode.name} skips the halo exchange and trains on wrong numbers on "

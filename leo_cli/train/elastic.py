@@ -25,6 +25,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.config.schema import LaunchConfig as LaunchSection
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.train.placement import AFFINITY_ENV, check_affinity, placement_env
 from leo_cli.util.interrupt import Interrupted
 
 # The signals the elastic agent takes over while it runs (TORCHELASTIC_SIGNALS_TO_HANDLE).
@@ -51,6 +52,7 @@ def workers_per_node(cfg: LeoConfig) -> int:
         )
     if lc.nnodes > 1 and lc.master_port == 0:
         raise ConfigError("launch.master_port must be set (non-zero) when launch.nnodes > 1.")
+    check_affinity(lc.cpu_affinity, nproc)
     return nproc
 
 
@@ -79,8 +81,11 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
 _USER_THREADS = os.environ.get("OMP_NUM_THREADS")
 
 
-def worker_threads(nproc: int) -> str:
-    """Threads per worker: the user's OMP_NUM_THREADS, else the cores shared among workers."""
+def worker_threads(nproc: int, cores: list[int] | None = None) -> str:
+    """Threads per worker: the user's OMP_NUM_THREADS, else those of its `cores` when pinned,
+    else the cores shared among workers."""
+    if cores is not None:
+        return _USER_THREADS or str(len(cores))
     return _USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
 
 
@@ -96,6 +101,11 @@ def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
+    placement = placement_env(cfg.launch.cpu_affinity, _USER_THREADS)
+    if placement is None:  # this process launches many jobs: no earlier job's placement
+        os.environ.pop(AFFINITY_ENV, None)
+    else:  # each worker pins itself and sets its threads (train/placement.py)
+        os.environ[AFFINITY_ENV] = placement
     # The agent logs each failed worker (and a signal it got) with its own formatting; our
     # message replaces that. Its modules set their own levels, so each logger is quietened.
     for name in list(logging.root.manager.loggerDict):

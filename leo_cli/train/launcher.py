@@ -23,7 +23,7 @@ from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.elastic import launch_module, uses_cuda, workers_per_node
 from leo_cli.train.metrics import read_json
-from leo_cli.train.plan_stage import ensure_plan
+from leo_cli.train.plan_stage import ensure_plan, join_probe, part_weigher
 from leo_cli.train.timing import RunTimer
 from leo_cli.train.worker import config_fingerprint
 from leo_cli.util import files
@@ -123,16 +123,19 @@ def prepare(
     check_supported(cfg, allow_inexact)
     run_dir = Path(cfg.run.out_dir).resolve()
     if cfg.launch.node_rank > 0:
+        join_probe(cfg, run_dir)  # node 0 probes every node at once when it needs a profile
         wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
         return run_dir
     if resume:
         check_resumable(cfg, run_dir)
         read_latest(run_dir)  # says here, not only in worker logs, if the newest is corrupt
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
+    weigher = part_weigher(cfg, run_dir, timer)  # measured part weights: the probe first
     t0 = time.perf_counter()
     parts = ensure_partitions(
-        cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False
-    )
+        cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
+        weigher=weigher,
+    )  # fmt: skip
     made = sum(parts.meta.get("timings_s", {}).values())
     timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)
     if not parts.reused:  # a plan made from the parts before a rebuild is made again

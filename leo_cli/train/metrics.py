@@ -92,6 +92,7 @@ def summarize(
         "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),
         # of which read in place from published rows, or published for their owners
         "mean_step_published_bytes": _mean(warm_rows, "step_published_bytes"),
+        **rank_means(warm_rows),
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "mode": mode,
@@ -106,6 +107,22 @@ def summarize(
         },
         "git_sha": git_sha(),
     }
+
+
+def rank_means(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rank, the mean step and busy time over `rows` (`rank_mean_step_s`,
+    `rank_mean_busy_s`), and `rank_spread`: the slowest rank's mean busy time over the
+    fastest's (1: workers finish their own work together)."""
+    out: dict[str, Any] = {}
+    for key in ("step", "busy"):
+        lists = [r[f"rank_{key}_s"] for r in rows if isinstance(r.get(f"rank_{key}_s"), list)]
+        same = lists and all(len(x) == len(lists[0]) for x in lists)
+        out[f"rank_mean_{key}_s"] = (
+            [sum(c) / len(c) for c in zip(*lists, strict=True)] if same else None
+        )
+    busy = out["rank_mean_busy_s"]
+    out["rank_spread"] = max(busy) / min(busy) if busy and min(busy) > 0 else None
+    return out
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:

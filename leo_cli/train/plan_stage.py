@@ -3,13 +3,20 @@
 `leo profile-cache` runs it on its own; `leo train` runs it before starting workers when the
 plan is missing or stale. The hardware profile comes from `--hardware FILE` or
 `cache.hardware`, else from the run folder's hardware.json or this machine's saved profile
-when measured with as many workers and threads, else from a short probe through the same
-launcher as training (then saved in both places).
+when measured with as many workers, threads and the same placement (`launch.cpu_affinity`),
+else from a short probe through the same launcher as training (then saved in both places).
+On several machines (`launch.nnodes > 1`) every node joins that probe (`join_probe`): the run
+folder's profile is reused only when it was measured on as many machines with as many workers
+and the same placement, a rule every node evaluates alike on the shared folder; no machine
+cache is used. The profile also sizes the parts when `partition.part_weights=measured`
+(`part_weigher`): it is then found or probed before partitioning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import socket
 import sys
@@ -35,13 +42,17 @@ from leo_cli.cache.plan import (
     write_plan,
 )
 from leo_cli.cache.plot import plot_plan
+from leo_cli.cache.speed import measured_weights
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, LeoError
-from leo_cli.graph.stage import partition_dir
+from leo_cli.graph.layout import ProgressFn
+from leo_cli.graph.stage import PartitionResult, Weigher, ensure_partitions, partition_dir
 from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.graph.types import Graph
 from leo_cli.registry import mode_of, prediction_key
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.in_place import reads_in_place
+from leo_cli.train.placement import affinity_tag
 from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
@@ -59,23 +70,66 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
 
 
 def machine_cache(num_workers: int, threads: str) -> Path:
-    """Where this machine's profile for a worker count is kept between runs.
+    """Where this machine's profile for a worker count and placement is kept between runs.
 
-    `LEO_HARDWARE_CACHE` names the folder (default ~/.cache/leo/hardware).
+    `threads` is `placement(cfg)`. `LEO_HARDWARE_CACHE` names the folder (default
+    ~/.cache/leo/hardware).
     """
     root = os.environ.get("LEO_HARDWARE_CACHE") or Path.home() / ".cache" / "leo" / "hardware"
     name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}.json"
     return Path(root) / name
 
 
+def placement(cfg: LeoConfig) -> str:
+    """Rank 0's threads and, when pinned, a tag of every worker's cores (`launch.cpu_affinity`):
+    what a profile must have been measured with to be reused."""
+    affinity = cfg.launch.cpu_affinity
+    threads = worker_threads(workers_per_node(cfg), affinity[0] if affinity else None)
+    return threads + affinity_tag(affinity)
+
+
+def placement_of(hw: HardwareProfile) -> str:
+    """`placement` of the launch that measured a profile."""
+    return f"{hw.threads_per_worker}{affinity_tag(hw.cpu_affinity)}"
+
+
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
-    """Measured here, with this torch, as many workers and as many threads each."""
+    """Measured here, with this torch, as many workers, threads and the same placement."""
     return (
         hw.world_size == num_workers
-        and str(hw.threads_per_worker) == threads
+        and placement_of(hw) == threads
         and hw.hostname == socket.gethostname()
         and hw.torch_version == torch.__version__
     )
+
+
+def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
+    """A profile of a multi-node run that every node agrees to reuse: as many machines and
+    workers, the same placement (each node's threads may differ; the config may not)."""
+    return (
+        hw.world_size == num_workers
+        and hw.nnodes == cfg.launch.nnodes
+        and hw.cpu_affinity == cfg.launch.cpu_affinity
+    )
+
+
+def needs_profile(cfg: LeoConfig) -> bool:
+    """Whether this run uses a hardware profile: for its cache plan, or to size its parts."""
+    return cfg.cache.policy != "none" or cfg.partition.part_weights == "measured"
+
+
+def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
+    """On a node other than 0: take part in the probe node 0 is about to run, if it will.
+
+    Node 0 probes when the run needs a profile, none was given and the run folder's does not
+    fit (`fits_nodes`); every node sees the same folder and config, so they all decide alike
+    and meet in the probe's rendezvous. Node 0 writes the profile.
+    """
+    if not needs_profile(cfg) or cfg.cache.hardware is not None:
+        return
+    own = saved_profile(run_dir / HARDWARE_FILE)
+    if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
+        run_probe(cfg, run_dir)
 
 
 def saved_profile(path: Path) -> HardwareProfile | None:
@@ -111,8 +165,10 @@ def hardware_profile(
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
         return hw  # kept in the run folder only
+    if cfg.launch.nnodes > 1:
+        return hw  # several machines: the run folder's alone
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
-        hw.write(machine_cache(num_workers, worker_threads(workers_per_node(cfg))))
+        hw.write(machine_cache(num_workers, placement(cfg)))
     return hw
 
 
@@ -126,9 +182,11 @@ def _find_profile(
         if Path(path).resolve() != (run_dir / HARDWARE_FILE).resolve():
             hw.write(run_dir / HARDWARE_FILE)
         return hw
-    threads = worker_threads(workers_per_node(cfg))
     own = None if reprobe else saved_profile(run_dir / HARDWARE_FILE)
-    if own is not None and own.world_size == num_workers and str(own.threads_per_worker) == threads:
+    if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
+        return own if own is not None and fits_nodes(own, cfg, num_workers) else None
+    threads = placement(cfg)
+    if own is not None and own.world_size == num_workers and placement_of(own) == threads:
         return own
     machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
@@ -171,6 +229,57 @@ def busy_note(load: ProbeLoad, run_dir: Path) -> str:
         f"note: {what} while the hardware probe ran, so its rates are this machine's under "
         f"load: kept in {run_dir / HARDWARE_FILE} only, not saved for later runs; probe again "
         "on a quiet machine with `leo profile-cache --force`."
+    )
+
+
+def part_weigher(
+    cfg: LeoConfig, run_dir: Path, timer: RunTimer | None = None, hardware: Path | None = None
+) -> Weigher | None:
+    """For `partition.part_weights=measured`: the weigher of the partition stage, from the
+    run's hardware profile (`hardware`, or found, or probed now, before partitioning); None
+    otherwise.
+
+    Its key covers the profile and what the speeds are priced for (model, dtype, layer 0's
+    level), so new rates or another model rebuild the parts.
+    """
+    if cfg.partition.part_weights != "measured":
+        return None
+    num = cfg.partition.num_parts
+    hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer)
+    static = static_layer0(cfg)
+    dtype = cfg.train.dtype
+    material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype, static]
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    def weigh(graph: Graph) -> list[float]:
+        shape = model_shape(cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype])
+        return measured_weights(hw, shape, graph.num_nodes, graph.num_edges, static)
+
+    return Weigher(key, weigh)
+
+
+def static_layer0(cfg: LeoConfig) -> bool:
+    """Whether a plan would run layer 0 on the static aggregate (cache level L1s)."""
+    c, m = cfg.cache, cfg.model
+    no_input_dropout = m.effective_input_dropout == 0
+    return c.policy != "none" and c.static_aggregate and no_input_dropout and m.admits_replicas
+
+
+def run_partitions(
+    cfg: LeoConfig,
+    run_dir: Path,
+    progress: ProgressFn | None = None,
+    verify: bool = True,
+    force: bool = False,
+    hardware: Path | None = None,
+) -> PartitionResult:
+    """The run's partitions (`graph.stage.ensure_partitions`), sized by measured speeds when
+    `partition.part_weights=measured` (the probe then runs first, unless `hardware` names a
+    profile)."""
+    weigher = part_weigher(cfg, run_dir, hardware=hardware)
+    part = cfg.partition
+    return ensure_partitions(
+        cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher
     )
 
 
@@ -256,6 +365,21 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     for these partitions and settings: with a cache, only the planned mode's (the plan prices
     the others without one); without, every mode's (the planned mode under its cache-free
     benchmark name, registry.prediction_key)."""
+    found = _plan_for(run_dir, cfg)
+    return None if found is None else found[0].predicted.get(found[1])
+
+
+def predicted_busy(run_dir: Path, cfg: LeoConfig) -> list[float] | None:
+    """Each rank's predicted busy time (its own work, no waiting) in this run's mode, from a
+    plan made for this run (as `predicted_time`)."""
+    found = _plan_for(run_dir, cfg)
+    ranks = None if found is None else found[0].ranks_s.get(found[1])
+    return None if not ranks else [r["busy_s"] for r in ranks]
+
+
+def _plan_for(run_dir: Path, cfg: LeoConfig) -> tuple[CachePlan, str] | None:
+    """The run folder's plan and the key of this run's mode in it, when the plan was made
+    for these partitions and settings (see `predicted_time`)."""
     try:
         plan = read_plan(run_dir)
         meta = read_meta(partition_dir(run_dir))
@@ -268,4 +392,4 @@ def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     fresh = plan.inputs == inputs if cached else plan.graph_inputs == graph_key
     if not fresh or (cached and not mode_of(cfg.pipeline.mode).planned):
         return None
-    return plan.predicted.get(prediction_key(cfg.pipeline.mode, cached))
+    return plan, prediction_key(cfg.pipeline.mode, cached)

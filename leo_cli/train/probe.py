@@ -5,17 +5,21 @@ Parent (`run_probe`): start `python -m leo_cli.train.probe` with the launcher of
 probe's own logs and heartbeats go to `<run_dir>/probe/`, apart from training's.
 
 Ranks (`main`): the probe sees what training sees: the same worker count, the same threads
-per worker (OMP_NUM_THREADS), the same process group. Every rank measures the compute rates
-at the same moments as the others (on a machine with fewer cores than workers, they share
-them as in training), then the links between them; rank 0 writes the profile (compute rates:
-the slowest rank's, per call). It lives in train/ rather than cache/ because it joins two
-layers: the measurements of cache/measure.py and the dropout of models/.
+per worker (OMP_NUM_THREADS), the same cores (`launch.cpu_affinity`, applied by train/rank.py),
+the same process group, on every node of a multi-node job (each node's launcher starts its
+probe workers, as it starts training workers). Every rank measures the compute rates at the
+same moments as the others (on a machine with fewer cores than workers, they share them as in
+training) and keeps its own; then the links between them; rank 0 writes the profile (every
+rank's rates, and the slowest rank's). It lives in train/ rather than cache/ because it joins
+two layers: the measurements of cache/measure.py and the dropout of models/.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import shutil
 import socket
 import time
@@ -26,11 +30,19 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli import kernels
-from leo_cli.cache.hardware import FORMAT_VERSION, HARDWARE_FILE, HardwareProfile, ProbeSizes
+from leo_cli.cache.hardware import (
+    FORMAT_VERSION,
+    HARDWARE_FILE,
+    ComputeRates,
+    HardwareProfile,
+    ProbeSizes,
+    RankRates,
+    slowest_rates,
+)
 from leo_cli.cache.measure import (
     ALONE,
     DEFAULT_SIZES,
-    GROUP,
+    EACH,
     QUICK_SIZES,
     measure_compute,
     measure_links,
@@ -41,13 +53,15 @@ from leo_cli.errors import CacheError, TrainError
 from leo_cli.models.dropout import counter_dropout
 from leo_cli.train.elastic import launch_module
 from leo_cli.train.machine_load import LoadMeter
+from leo_cli.train.placement import AFFINITY_ENV
 from leo_cli.train.rank import rank_entry, run_rank
 
 PROBE_FOLDER = "probe"
 
 
 def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwareProfile:
-    """Measure this machine with `partition.num_parts` workers; returns the written profile.
+    """Measure this machine (every node, on several) with `partition.num_parts` workers;
+    returns the written profile.
 
     Args:
         cfg: the run's config (its `launch` and `partition` sections shape the launch).
@@ -59,7 +73,8 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
     """
     run_dir = run_dir.resolve()
     work_dir = run_dir / PROBE_FOLDER
-    shutil.rmtree(work_dir, ignore_errors=True)  # logs and heartbeats of an earlier probe
+    if cfg.launch.node_rank == 0:  # before any node's probe workers start (they rendezvous)
+        shutil.rmtree(work_dir, ignore_errors=True)  # logs and heartbeats of an earlier probe
     out = run_dir / HARDWARE_FILE
     args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
     try:
@@ -67,20 +82,25 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
             launch_module(cfg, work_dir, "leo_cli.train.probe", args + ["--quick"] * quick)
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None
+    if cfg.launch.node_rank > 0:  # rank 0, on node 0, wrote it; node 0 records the load
+        return HardwareProfile.read(out)
     hw = HardwareProfile.read(out).model_copy(update={"load": load.result()})
     hw.write(out)  # what else ran is part of what was measured
     return hw
 
 
 def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
-    """Measure compute rates (all ranks at once), then the links; the same result on every rank."""
+    """Measure compute rates (all ranks at once, each keeping its own), then the links; the
+    same result on every rank."""
     start = time.perf_counter()
     group = env.world_size > 1
-    compute = measure_compute(sizes, counter_dropout, GROUP if group else ALONE)
+    compute = measure_compute(sizes, counter_dropout, EACH if group else ALONE)
+    ranks = gather_ranks(env, compute)
     compute_s = time.perf_counter() - start
     links = measure_links(sizes, same_host=env.local_world_size == env.world_size)
     if env.rank == 0:  # lands in the probe's log
         print(f"compute {compute_s:.1f} s, links {time.perf_counter() - start - compute_s:.1f} s")
+    placement = os.environ.get(AFFINITY_ENV)
     return HardwareProfile(
         format_version=FORMAT_VERSION,
         created_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -91,12 +111,32 @@ def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
         dtype="float32",
         world_size=env.world_size,
         threads_per_worker=torch.get_num_threads(),
+        nnodes=max(1, env.world_size // max(env.local_world_size, 1)),
+        cpu_affinity=json.loads(placement)["cores"] if placement else None,
         quick=quick,
         probe_s=time.perf_counter() - start,
         sizes=sizes,
-        compute=compute,
+        compute=slowest_rates([r.compute for r in ranks]),
+        ranks=ranks,
         links=links,
     )
+
+
+def gather_ranks(env: DistEnv, compute: ComputeRates) -> list[RankRates]:
+    """Every rank's placement and rates, in rank order, on every rank."""
+    pinned = bool(os.environ.get(AFFINITY_ENV))
+    mine = RankRates(
+        rank=env.rank,
+        hostname=socket.gethostname(),
+        cores=sorted(os.sched_getaffinity(0)) if pinned else None,
+        threads=torch.get_num_threads(),
+        compute=compute,
+    ).model_dump(mode="json")
+    everyone: list[object] = [mine]
+    if env.world_size > 1:
+        everyone = [None] * env.world_size
+        dist.all_gather_object(everyone, mine)
+    return [RankRates.model_validate(r) for r in everyone]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,9 @@
 """What every rank process does around its work, training and probe workers alike.
 
-A rank dies with its launcher (no orphans), beats a heartbeat the launcher watches, turns a
-user error into one sentence the launcher shows (and a non-zero exit that makes the elastic
-agent stop the other ranks, which may wait for this one in a collective), and leaves without
-tearing gloo down (`rank_entry`).
+A rank dies with its launcher (no orphans), pins itself to its cores (`launch.cpu_affinity`),
+beats a heartbeat the launcher watches, turns a user error into one sentence the launcher
+shows (and a non-zero exit that makes the elastic agent stop the other ranks, which may wait
+for this one in a collective), and leaves without tearing gloo down (`rank_entry`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import NoReturn
 from leo_cli.comm.dist import DistEnv
 from leo_cli.errors import LeoError
 from leo_cli.train.heartbeat import start_heartbeat
+from leo_cli.train.placement import pin_rank
 from leo_cli.util import files
 
 USER_ERROR_EXIT = 3
@@ -38,6 +39,7 @@ def run_rank(
     error written to `errors_dir/rank_<r>` (read by the launcher) and exit code 3."""
     die_with_parent()
     env = DistEnv.from_env()
+    pin_rank(env.local_rank)  # before any thread of ours starts (launch.cpu_affinity)
     if heartbeat_dir is not None:
         start_heartbeat(heartbeat_dir, env.rank)
     try:

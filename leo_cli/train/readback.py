@@ -35,6 +35,8 @@ class MetricsRow(BaseModel):
     comm_transfer_s: Annotated[Finite, Field(ge=0)] | None = None
     step_comm_bytes: Count | None = None
     step_published_bytes: Count | None = None
+    rank_step_s: list[Annotated[Finite, Field(ge=0)]] | None = None
+    rank_busy_s: list[Annotated[Finite, Field(ge=0)]] | None = None
     cold: StrictBool = False
     exact: StrictBool = True
 

@@ -76,7 +76,10 @@ class RunTimer:
     launched_at: float | None = None
 
     def add(self, name: str, seconds: float, ran: bool) -> None:
-        """A stage's cost: spent now (`ran`), or spent when its reused output was made."""
+        """A stage's cost: spent now (`ran`), or spent when its reused output was made (not
+        when this run ran it already: a probe made for the part weights, reused by the plan)."""
+        if not ran and name in self.parts:
+            return
         (self.parts if ran else self.reused)[name] = round(seconds, 4)
 
     def write(self, run_dir: Path) -> None:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from leo_cli.comm.dist import all_reduce_
+from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.comm.grads import GradReducer
 from leo_cli.config.schema import TrainConfig
@@ -131,8 +131,9 @@ def train_step(
     reducer.finish()
     clock.stamp("allreduce_s")
     opt.step()
-    total = all_reduce_(loss.detach().clone().to(torch.float64))
     clock.stamp("optimizer_s")
+    total = all_reduce_(loss.detach().clone().to(torch.float64))
+    clock.stamp("loss_sync_s")  # waits for the slowest rank, like the all-reduce
     times = {**clock.phases, "step_s": clock.total()}
     return float(total.item()), times
 
@@ -201,6 +202,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
             row.update(job.evaluate())
             row["eval_s"] = time.perf_counter() - t0
         row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.remote_bytes))
+        row.update(rank_times(times, stats.wait_s))
         row.update(log.row_extras, cold=epoch == start + 1)
         if log.rank != 0:
             continue
@@ -208,6 +210,19 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
             state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
             save_checkpoint(log.run_dir, epoch, state)
+
+
+def rank_times(times: dict[str, float], wait_s: float) -> dict[str, list[float]]:
+    """Every rank's step time (`rank_step_s`) and its busy time (`rank_busy_s`: the step less
+    the time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum).
+
+    Steps end together (the all-reduces wait for the slowest rank), so the busy times are
+    what tells a fast rank from a slow one.
+    """
+    waited = wait_s + times.get("allreduce_s", 0.0) + times.get("loss_sync_s", 0.0)
+    mine = torch.tensor([times["step_s"], max(0.0, times["step_s"] - waited)], dtype=torch.float64)
+    every = all_gather_(mine)
+    return {"rank_step_s": every[:, 0].tolist(), "rank_busy_s": every[:, 1].tolist()}
 
 
 def reduce_epoch_stats(

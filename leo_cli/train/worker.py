@@ -40,7 +40,8 @@ from leo_cli.train.assemble import build_job, halo_plan
 from leo_cli.train.checkpoint import checkpoint_dir, load_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.memory import fix_mmap_threshold
-from leo_cli.train.plan_stage import predicted_time
+from leo_cli.train.placement import pin_from_config
+from leo_cli.train.plan_stage import predicted_busy, predicted_time
 from leo_cli.train.rank import rank_entry, run_rank
 from leo_cli.train.readback import restore
 from leo_cli.train.timing import WORKER_PARTS, Laps, read_parent, setup_summary
@@ -176,6 +177,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int, setup: dict[str, Any]
     summary = run_files.summarize(
         rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(run_dir, cfg)
     )
+    summary["predicted_rank_busy_s"] = predicted_busy(run_dir, cfg)
     run_files.write_json(run_dir / "summary.json", {**summary, **setup})
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})
@@ -225,6 +227,7 @@ def run_worker(
     laps = Laps()
     cfg = load_config(run_dir / "resolved_config.yaml")
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    pin_from_config(cfg.launch.cpu_affinity, env.local_rank)  # plain torchrun: not pinned yet
     active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
     check_same_host(cfg, env)
     meta = read_meta(partition_dir(run_dir))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,44 @@ def test_gat_suite_with_its_pyg_peer(tmp_path: Path) -> None:
         assert rows[-1]["epoch_time_s"] > 0
 
 
+def test_variants_of_part_weights_run_interleaved_with_equal_losses(tmp_path: Path) -> None:
+    """Two bench variants (uniform and measured part weights, three workers placed on two
+    cores): a row each, its own run folders, ratios to the first, the same losses."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the placement needs cores 0 and 1")
+    out = tmp_path / "bench"
+    variants = (
+        "bench.variants=[{name: uniform, set: [partition.part_weights=uniform]},"
+        " {name: measured, set: [partition.part_weights=measured]}]"
+    )
+    res = leo(
+        "bench",
+        *TINY,
+        "--set", f"run.out_dir={out}",
+        "--set", "bench.modes=[leo]",
+        "--set", "bench.world_sizes=[3]",
+        "--set", "bench.peers=[]",
+        "--set", "launch.cpu_affinity=[[0],[1],[1]]",
+        "--set", variants,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [(r["variant"], r["mode"], r["world_size"]) for r in rows] == [
+        ("uniform", "leo", 3),
+        ("measured", "leo", 3),
+    ]
+    uniform, measured = rows
+    assert uniform["vs_variant"] == pytest.approx(1.0) and measured["vs_variant"] > 0
+    assert measured["final_loss"] == pytest.approx(uniform["final_loss"], rel=1e-5)
+    assert len(measured["rank_busy_s"]) == 3 and measured["rank_spread"] >= 1.0
+    meta = json.loads((out / "measured" / "p3" / "partitions" / "META.json").read_text())
+    assert len(meta["part_weights"]) == 3 and len(meta["achieved_shares"]) == 3
+    uniform_meta = json.loads((out / "uniform" / "p3" / "partitions" / "META.json").read_text())
+    assert uniform_meta["part_weights"] is None
+    md = (out / "bench.md").read_text()
+    assert "| variant |" in md and "| leo | measured | 3 |" in md
+
+
 def _has_pyg() -> bool:
     import importlib.util
 
@@ -129,6 +168,14 @@ def _has_pyg() -> bool:
         (["--set", "bench.world_sizes=[0]"], "bench.world_sizes"),
         (["--set", "launch.nnodes=2"], "one machine"),
         (["--set", "launch.nproc=2"], "launch.nproc"),
+        (  # a placement of 2 workers for a suite of 4: said before the first run
+            ["--set", "launch.cpu_affinity=[[0],[0]]"],
+            "launch.cpu_affinity lists 2 core sets but this node starts 4 workers",
+        ),
+        (
+            ["--set", "bench.variants=[{name: x, set: ['partition.part_weights=[1,2]']}]"],
+            "bench variant x at 4 workers",
+        ),
     ],
 )
 def test_bad_bench_settings_are_one_sentence(tmp_path: Path, args: list[str], needle: str) -> None:

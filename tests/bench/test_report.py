@@ -4,9 +4,13 @@ share wholly above 1 is flagged."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from leo_cli.bench.report import hidden_shares, markdown, share_lines, share_warning
+from leo_cli.bench.report import hidden_shares, make_rows, markdown, share_lines, share_warning
+from leo_cli.bench.suite import Measured, Variant
+from leo_cli.config import load_config
 
 
 def _row(mode: str, rounds: list[float], world: int = 4) -> dict[str, object]:
@@ -64,3 +68,35 @@ def test_tables_name_the_kind_of_interval() -> None:
     assert "vs blocking (range)" in markdown([row], env)
     row["interval"] = "bootstrap95"
     assert "vs blocking (95% CI)" in markdown([row], env)
+
+
+def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path) -> None:
+    """Rows of bench variants: the ratio to the first variant is paired by round (a slow
+    round hits both), final losses and per-rank busy times (measured and predicted) shown."""
+    variants = (
+        "[{name: uniform, set: []}, {name: measured, set: [partition.part_weights=measured]}]"
+    )
+    cfg = load_config(None, [f"bench.variants={variants}"])
+
+    def measured(name: str, rounds: list[float], busy: list[float]) -> Measured:
+        run = {"final_loss": 0.5, "rank_busy_s": busy, "predicted_rank_busy_s": [0.2, 0.2]}
+        m = Measured(Variant("leo", "leo", 2, variant=name), round_medians=rounds)
+        m.epochs, m.runs = list(rounds), [run] * len(rounds)
+        return m
+
+    rows = make_rows(
+        cfg,
+        [
+            measured("uniform", [1.0, 2.0, 1.0], [0.1, 0.3]),
+            measured("measured", [0.8, 1.6, 0.8], [0.2, 0.25]),
+        ],
+        tmp_path,
+    )
+    assert [r["vs_variant"] for r in rows] == [pytest.approx(1.0), pytest.approx(0.8)]
+    assert rows[1]["vs_variant_ci_low"] == pytest.approx(0.8)  # paired: the slow round cancels
+    assert rows[0]["rank_spread"] == pytest.approx(3.0)
+    assert rows[1]["rank_prediction_error"] == pytest.approx(0.05 / 0.25)
+    env = {"cpu": "c", "cores": 2, "gpu": None, "versions": {"torch": "t"}, "command": "leo"}
+    md = markdown(rows, env)
+    assert "| leo | measured | 2 |" in md and "0.200 / 0.250 (0.200 / 0.200)" in md
+    assert "vs first variant (range)" in md and "0.500000" in md

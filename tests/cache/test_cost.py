@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import rank_rates
 
 from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Phases, RankCache, Reach, _combine, _Counts, predict
@@ -63,6 +64,7 @@ def hardware(overlap: float = 0.5) -> HardwareProfile:
             "overlap": overlap,
         },
     }
+    data["ranks"] = rank_rates(data["compute"], 2)
     return HardwareProfile.model_validate(data)
 
 
@@ -216,3 +218,21 @@ def test_reading_in_place_is_priced_below_the_transfer() -> None:
     a = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
     b = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1], PUBLISHED)
     assert a.epoch_time_s == b.epoch_time_s
+
+
+@pytest.mark.parametrize("mode", ["blocking", "leo-no-cache"])
+def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
+    """Rank 1 measured at half rank 0's compute rates: its own work takes twice as long, and
+    the step, which waits for the slowest rank, grows with it."""
+    data = hardware().model_dump(mode="json")
+    slow = data["ranks"][1]["compute"]
+    for key in [k for k in slow if k.endswith("_per_s")]:
+        slow[key] = (np.asarray(slow[key], dtype=float) / 2).tolist()
+    unequal = HardwareProfile.model_validate(data)
+    chunks = [2] if mode_of(mode).chunks else [1]
+    equal = predict([part(0), part(1)], NONE, SHAPE, hardware(), mode, chunks)
+    pred = predict([part(0), part(1)], NONE, SHAPE, unequal, mode, chunks)
+    assert [r["busy_s"] for r in equal.per_rank] == pytest.approx([equal.per_rank[0]["busy_s"]] * 2)
+    assert pred.per_rank[0]["busy_s"] == pytest.approx(equal.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.per_rank[1]["busy_s"] == pytest.approx(2 * pred.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.epoch_time_s > equal.epoch_time_s

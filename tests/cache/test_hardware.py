@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import rank_rates
 
 from leo_cli.cache.hardware import (
     FORMAT_VERSION,
@@ -33,6 +34,22 @@ def link(bandwidth: float, latency: float, pairs: list[tuple[float, float]]) -> 
     }
 
 
+COMPUTE: dict[str, Any] = {
+    "widths": [8, 32],
+    "spmm_bytes": [1000, 4000],
+    "spmm_edges_per_s": [[100.0, 25.0], [10.0, 2.5]],
+    "spmm_t_edges_per_s": [[200.0, 50.0], [20.0, 5.0]],
+    "gemm_flop_per_s": [1e9, 4e9],
+    "gemm_narrow_bytes_per_s": [1e8, 4e8],
+    "mask_rows_per_s": [1000.0, 250.0],
+    "mask_backward_rows_per_s": [2000.0, 500.0],
+    "gather_rows_per_s": [4000.0, 1000.0],
+    "scatter_add_rows_per_s": [2000.0, 500.0],
+    "pass_bytes": [100, 10000],
+    "pass_bytes_per_s": [1e4, 1e3],
+}
+
+
 def profile_dict() -> dict[str, Any]:
     """Three workers; every rate chosen so that lookups give round numbers."""
     return {
@@ -48,20 +65,8 @@ def profile_dict() -> dict[str, Any]:
         "quick": False,
         "probe_s": 10.0,
         "sizes": {"widths": [8, 32]},
-        "compute": {
-            "widths": [8, 32],
-            "spmm_bytes": [1000, 4000],
-            "spmm_edges_per_s": [[100.0, 25.0], [10.0, 2.5]],
-            "spmm_t_edges_per_s": [[200.0, 50.0], [20.0, 5.0]],
-            "gemm_flop_per_s": [1e9, 4e9],
-            "gemm_narrow_bytes_per_s": [1e8, 4e8],
-            "mask_rows_per_s": [1000.0, 250.0],
-            "mask_backward_rows_per_s": [2000.0, 500.0],
-            "gather_rows_per_s": [4000.0, 1000.0],
-            "scatter_add_rows_per_s": [2000.0, 500.0],
-            "pass_bytes": [100, 10000],
-            "pass_bytes_per_s": [1e4, 1e3],
-        },
+        "compute": json.loads(json.dumps(COMPUTE)),
+        "ranks": rank_rates(COMPUTE, 3),
         "links": {
             "gloo": link(1e9, 1e-4, [(2e9, 5e-5), (1e9, 1e-4), (3e9, 2e-4)]),
             "shm": link(4e9, 2e-4, [(8e9, 3e-4), (8e9, 3e-4), (8e9, 3e-4)]),
@@ -149,6 +154,7 @@ def test_link_lookups(profile: HardwareProfile) -> None:
 def test_single_worker_profile_has_no_links() -> None:
     data = profile_dict()
     data["world_size"] = 1
+    data["ranks"] = data["ranks"][:1]
     data["links"] = {
         "gloo": None, "shm": None, "barrier_s": None, "alltoall": None, "overlap": None
     }  # fmt: skip

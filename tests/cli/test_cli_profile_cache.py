@@ -48,6 +48,11 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert all(v > 0 for v in plan["predicted_epoch_time_s"].values())
     assert (run / "cache-plan.png").stat().st_size > 1000 and (run / "hardware.json").is_file()
     assert "predicted training step per mode" in res.stdout
+    # Each rank's predicted step and busy time, and their spread, per mode; printed per rank.
+    leo_ranks = plan["predicted_ranks_s"]["leo"]
+    assert len(leo_ranks) == 3 and all(r["busy_s"] > 0 for r in leo_ranks)
+    assert plan["predicted_rank_spread"]["leo"] >= 1.0
+    assert "busy s" in res.stdout and "slowest busy / fastest busy" in " ".join(res.stdout.split())
     # A saved profile is read, not measured again; other budgets make the plan stale.
     other = tmp_path / "other"
     res = leo(

@@ -38,6 +38,9 @@ def test_dump_round_trips(tmp_path: Path) -> None:
         (["trainlr"], "dotted.key=value"),
         (["train=3"], "train"),
         (["pipeline.num_chunks=0"], "pipeline.num_chunks"),
+        (["bench.variants=[{name: x, set: [partition.part_weights=[1,2]]}]"], "quote items"),
+        (["bench.variants=[{name: x, set: [run.out_dir=y]}]"], "set by leo bench itself"),
+        (["bench.variants=[{name: x}, {name: x}]"], "variant names must differ"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides: list[str], needle: str) -> None:
@@ -156,4 +159,8 @@ def test_chunk_bound_is_in_help() -> None:
 
     for command in ("train", "profile-cache", "bench"):
         res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
-        assert "pipeline.num_chunks takes `auto` or 1 to 64" in " ".join(res.stdout.split())
+        text = " ".join(res.stdout.split())
+        assert "pipeline.num_chunks takes `auto` or 1 to 64" in text
+        assert "partition.part_weights=measured" in text and "launch.cpu_affinity" in text
+    res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert "bench.variants=[{name: uniform" in " ".join(res.stdout.split())

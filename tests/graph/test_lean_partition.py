@@ -18,7 +18,7 @@ from leo_cli.graph import layout, partitioners, types
 from leo_cli.graph.datasets import synthetic
 from leo_cli.graph.layout import LocalPart, build_parts, local_index
 from leo_cli.graph.partitioners import GraphSize, assign_parts, metis_input
-from leo_cli.graph.stage import defaulted_metis_options, ensure_partitions, metis_note, source_key
+from leo_cli.graph.stage import defaulted_options, ensure_partitions, metis_note, source_key
 from leo_cli.graph.storage import read_part, spill_graph, write_partitions
 from leo_cli.graph.types import Graph, IntArray, id_dtype, symmetrize
 
@@ -318,7 +318,7 @@ def test_default_memory_limit_keeps_small_graphs_exact_and_their_key(tmp_path: P
     assert result.meta["metis"]["edge_fraction"] == 1.0 and metis_note(result.meta) is None
     unlimited = part.model_copy(update={"metis_memory_gb": None})
     assert source_key(data, unlimited, 0) != result.meta["source_key"]
-    # The key of the defaults is the key partitions had before the METIS options existed.
-    old_payload = part.model_dump(mode="json", exclude={"metis_edge_fraction", "metis_memory_gb"})
-    assert defaulted_metis_options(part) == {"metis_edge_fraction", "metis_memory_gb"}
-    assert part.model_dump(mode="json", exclude=defaulted_metis_options(part)) == (old_payload)
+    # The key of the defaults is the key partitions had before the METIS options (and the
+    # part weights and owners file) existed.
+    old_payload = {"num_parts": 3, "method": "metis"}
+    assert part.model_dump(mode="json", exclude=defaulted_options(part)) == old_payload

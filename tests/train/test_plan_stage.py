@@ -82,6 +82,27 @@ def test_force_probes_again_despite_saved_profiles(
     assert probes == [run, run]
 
 
+def test_older_profiles_and_other_placements_are_probed_again(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A format-2 profile (one rate per machine) is measured again, never misread; so is a
+    profile measured under another `launch.cpu_affinity`."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}"])
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    old = json.loads((run / HARDWARE_FILE).read_text())
+    old["format_version"] = 2
+    (run / HARDWARE_FILE).write_text(json.dumps(old))
+    for path in (tmp_path / "machine").iterdir():
+        path.write_text(json.dumps(old))
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == [run, run]
+    pinned = load_config(None, [f"run.out_dir={run}", "launch.cpu_affinity=[[0],[0]]"])
+    plan_stage.hardware_profile(pinned, run, None, num_workers=2)
+    assert probes == [run, run, run]
+
+
 @pytest.fixture
 def run_with_plan(tmp_path: Path, hw_profile: HardwareProfile) -> tuple[Path, list[str]]:
     """Partitions, a given hardware profile and a fresh plan (no probe)."""

@@ -150,6 +150,34 @@ def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
             assert [r[key] for r in curves[p]] == [r[key] for r in curves[1]], (p, key)
 
 
+def test_losses_do_not_depend_on_part_weights_or_owners(tmp_path: Path) -> None:
+    """Unequal parts (explicit weights 3:1, and owners from a file) train the numbers of one
+    process; every rank's step and busy time are logged and summarised."""
+    owners = tmp_path / "owners.npy"
+    np.save(owners, (np.arange(600) % 3 == 0).astype(np.int64))  # a third on rank 1
+    cases = {
+        "p1": ["--set", "partition.num_parts=1"],
+        "weighted": ["--set", "partition.part_weights=[3,1]"],
+        "file": ["--set", "partition.method=file", "--set", f"partition.owners_path={owners}"],
+    }
+    curves = {}
+    for name, args in cases.items():
+        run = tmp_path / name
+        res = leo(
+            "train", *TINY, *args, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=3"
+        )
+        assert res.returncode == 0, res.stderr
+        curves[name] = [r["loss"] for r in metrics(run)]
+        if name != "p1":
+            assert all(len(r["rank_step_s"]) == 2 for r in metrics(run))
+            s = summary(run)
+            assert len(s["rank_mean_busy_s"]) == 2 and s["rank_spread"] >= 1.0
+    meta = json.loads((tmp_path / "weighted" / "partitions" / "META.json").read_text())
+    assert meta["part_weights"] == [0.75, 0.25] and meta["achieved_shares"][0] > 0.6
+    for name in ("weighted", "file"):
+        np.testing.assert_allclose(curves[name], curves["p1"], rtol=1e-5, err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run = tmp_path_factory.mktemp("ref") / "run"
@@ -264,12 +292,11 @@ def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
 
 
 def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
+    """Two nodes with the default cache policy: both join one probe, then train."""
     common = [
         *TINY,
         "--set",
         "train.num_epochs=5",
-        "--set",
-        "cache.policy=none",  # the probe measures one machine; see test_checks
         "--set",
         "launch.nnodes=2",
         "--set",
@@ -292,6 +319,10 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     )
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
     assert summary(run)["world_size"] == 2
+    hw = json.loads((run / "hardware.json").read_text())
+    assert hw["nnodes"] == 2 and [r["rank"] for r in hw["ranks"]] == [0, 1]
+    assert hw["links"]["shm"] is None  # one worker per node: no shared segment between them
+    assert (run / "cache-plan.json").is_file()
 
 
 def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
@@ -318,6 +349,19 @@ def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
         (["--set", "pipeline.mode=compute-only"], "--allow-inexact"),
         (["--set", "cache.replica_budget_mb=lots"], "cache.replica_budget_mb"),
         (["--set", "model.name=gatv2"], "model.name"),  # gat exists; its v2 does not
+        (
+            ["--set", "launch.cpu_affinity=[[0]]"],
+            "launch.cpu_affinity lists 1 core sets but this node starts 2 workers",
+        ),
+        (
+            ["--set", "launch.cpu_affinity=[[0],[1048576]]"],
+            "launch.cpu_affinity names core 1048576, which this machine does not offer",
+        ),
+        (
+            ["--set", "partition.method=file", "--set", "partition.owners_path=/nonexistent.npy"],
+            "partition.owners_path=/nonexistent.npy does not exist",
+        ),
+        (["--set", "partition.part_weights=[1,2,3]"], "partition.part_weights lists 3 weights"),
     ],
 )
 def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -> None:

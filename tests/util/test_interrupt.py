@@ -52,7 +52,7 @@ def test_profile_cache_interrupted_is_one_line(
     signum: int,
     code: int,
 ) -> None:
-    monkeypatch.setattr(profile_cache, "ensure_partitions", lambda *a, **k: None)
+    monkeypatch.setattr(profile_cache, "run_partitions", lambda *a, **k: None)
     monkeypatch.setattr(profile_cache, "ensure_plan", fake_interrupt(signum))
     res = CliRunner().invoke(app, ["profile-cache", "--set", f"run.out_dir={tmp_path}"])
     assert res.exit_code == code

@@ -1,0 +1,82 @@
+"""Each worker's speed for the model at hand, from the probe's per-rank rates: the weights that
+size the parts when `partition.part_weights=measured`.
+
+A rank's speed is the work it gets through per second of its own computation, as the cost
+model prices it with that rank's rates: a part of the graph's average degree, the model's
+widths, dropout and layer-0 level (static aggregate or not), without halo (transfers and the
+halo's aggregation depend on the parts, which these weights decide). Shares start equal and are
+refined a few times (share_r proportional to share_r / busy_r at the part size the share
+gives), so a rate that changes with the part's size (the SpMM's working set) is priced at the
+size the part will have. Legend: N nodes, E directed edges, P parts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leo_cli.cache.access import PartAccess
+from leo_cli.cache.cost import ModelShape, RankCache, predict
+from leo_cli.cache.hardware import HardwareProfile
+from leo_cli.errors import CacheError
+from leo_cli.registry import planned_mode
+
+REFINEMENTS = 3  # share updates; the shares move by well under 1% after the third
+
+
+def measured_weights(
+    hw: HardwareProfile, shape: ModelShape, num_nodes: int, num_edges: int, static: bool
+) -> list[float]:
+    """Each rank's share of the work (summing to 1), proportional to its measured speed.
+
+    Args:
+        hw: the profile, measured with one worker per part.
+        shape: the model.
+        num_nodes, num_edges: the graph's N and E.
+        static: layer 0 runs on the static aggregate (cache level L1s).
+
+    Raises:
+        CacheError: the profile was measured with another worker count.
+    """
+    num = hw.world_size
+    shares = [1.0 / num] * num
+    for _ in range(REFINEMENTS):
+        busy = busy_seconds(hw, shape, num_nodes, num_edges, static, shares)
+        speeds = [s / max(b, 1e-12) for s, b in zip(shares, busy, strict=True)]
+        shares = [v / sum(speeds) for v in speeds]
+    return shares
+
+
+def busy_seconds(
+    hw: HardwareProfile,
+    shape: ModelShape,
+    num_nodes: int,
+    num_edges: int,
+    static: bool,
+    shares: list[float],
+) -> list[float]:
+    """Each rank's predicted seconds of its own work on a halo-less part of its share."""
+    num = len(shares)
+    if hw.world_size != num:
+        raise CacheError(
+            f"The hardware profile was measured with {hw.world_size} workers, not {num}; "
+            "probe again with partition.num_parts workers."
+        )
+    none = np.zeros(0, dtype=np.int64)
+    parts = [
+        PartAccess(
+            rank=r,
+            num_inner=max(1, round(share * num_nodes)),
+            num_boundary=0,
+            inner_edges=round(share * num_edges),
+            reuse_H=none,
+            owner_H=none,
+            send_counts=[0] * num,
+            recv_counts=[0] * num,
+            rows_reading_halo=0,
+        )
+        for r, share in enumerate(shares)
+    ]
+    caches = [RankCache(static) for _ in parts]
+    chunks = [1] * shape.num_layers
+    prediction = predict(parts, caches, shape, hw, planned_mode(), chunks)
+    return [t["busy_s"] for t in prediction.per_rank]
