@@ -28,8 +28,8 @@ def plan_table(plan: CachePlan) -> Table:
         title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
         f"read in place: {in_place})"
     )
-    columns = ("rank", "static Â·X", "L1 replicas", "L2 rows", "L3 rows", "L2 MB/step",
-               "L3 MB/step", "peers' rows", "step s", "busy s")  # fmt: skip
+    columns = ("rank", "static Â·X", "rows L1/L2/L3", "MB/step L2/L3", "peers' rows", "step s",
+               "busy s")  # fmt: skip
     for name in columns:
         table.add_column(name, justify="right")
     mode = planned_mode()
@@ -40,11 +40,9 @@ def plan_table(plan: CachePlan) -> Table:
         table.add_row(
             str(r),
             "yes" if c.static_aggregate else "no",
-            f"{c.replica_rows.shape[0]:,}",
-            "-" if levels is None else f"{levels['L2']:,}",
-            f"{c.l3_rows.shape[0]:,}",
-            f"{b['L2_bytes_per_step'] / 1e6:.1f}",
-            f"{b['L3_bytes_per_step'] / 1e6:.1f}",
+            f"{c.replica_rows.shape[0]}/{'-' if levels is None else levels['L2']}/"
+            f"{c.l3_rows.shape[0]}",
+            f"{b['L2_bytes_per_step'] / 1e6:.1f}/{b['L3_bytes_per_step'] / 1e6:.1f}",
             peer_transports(peers),
             *(f"{ranks[r][k]:.3f}" if k in ranks[r] else "-" for k in ("step_s", "busy_s")),
         )

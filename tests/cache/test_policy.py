@@ -171,5 +171,5 @@ def test_a_halo_budget_below_the_buffer_spills_the_least_read_rows_to_l3() -> No
     reach = Reach(np.array([[False, True]]))  # rank 0 maps rank 1's published rows
     got = decide("degree", [part(reuse)], shape(0.5), budgets, None, True, reach).caches[0]
     assert got.l3_rows.tolist() == [0, 3]  # read once and twice
-    with pytest.raises(CacheError, match="or read rows in place"):
+    with pytest.raises(CacheError, match="rows spill to L3 only where they are read in place"):
         decide("degree", [part(reuse)], shape(0.5), budgets, None, True)
