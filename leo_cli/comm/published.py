@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leo_cli.comm.segments import segment_name
+from leo_cli.comm.segments import create_segment
 from leo_cli.errors import TrainError
 
 NUM_COPIES = 2  # copies of every row area; a writer may run this many exchanges minus 1 ahead
@@ -196,7 +196,7 @@ def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Ten
     unlink the files once every worker has mapped them (collective)."""
     mine = layouts[rank]
     assert mine is not None
-    name = _create(mine.num_bytes)
+    name = create_segment(mine.num_bytes)
     segments: dict[int, Tensor] = {}
     try:
         names: list[Any] = [None] * len(layouts)
@@ -230,19 +230,3 @@ def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Ten
         with contextlib.suppress(OSError):
             os.unlink(name)
     return segments
-
-
-def _create(num_bytes: int) -> str:
-    """A new zero-filled file of num_bytes in /dev/shm; "!reason" when that fails."""
-    path = str(segment_name())
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, max(num_bytes, 1))
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return f"!{exc.strerror or exc}"
-    return path

@@ -67,6 +67,23 @@ def segment_name(root: Path | None = None) -> Path:
     return (root or SHM_DIR) / name
 
 
+def create_segment(num_bytes: int) -> str:
+    """A new file of num_bytes reserved (zero-filled) bytes in /dev/shm, named by
+    `segment_name`; "!reason" when that fails (callers gather every worker's answer)."""
+    path = str(segment_name())
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(num_bytes, 1))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return f"!{exc.strerror or exc}"
+    return path
+
+
 def creator_gone(name: str) -> bool:
     """Whether the process that created segment `name` has ended (False: not a LEO name)."""
     m = _NAME.match(name)

@@ -27,7 +27,7 @@ from torch import Tensor
 from leo_cli.comm.blocks import Schedule
 from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.exchange import CommStats, HaloPlan, offsets
-from leo_cli.comm.segments import segment_name
+from leo_cli.comm.segments import create_segment
 from leo_cli.comm.transport import GradOf, Landed, halo_slices, sent_slices
 from leo_cli.errors import TrainError
 
@@ -45,7 +45,7 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
     num_bytes = max(num_elements, 1) * torch.empty(0, dtype=dtype).element_size()
     names: list[Any] = [None]
     if dist.get_rank() == 0:
-        names[0] = _create(num_bytes)
+        names[0] = create_segment(num_bytes)
     dist.broadcast_object_list(names, src=0)
     if names[0].startswith("!"):
         raise TrainError(
@@ -60,22 +60,6 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
             with contextlib.suppress(OSError):
                 os.unlink(names[0])
     return segment
-
-
-def _create(num_bytes: int) -> str:
-    """A new file of num_bytes reserved bytes in /dev/shm; "!reason" when that fails."""
-    name = str(segment_name())  # says whose it is (comm/segments.py)
-    try:
-        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, num_bytes)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        return f"!{exc.strerror or exc}"
-    return name
 
 
 class SharedMemory:
