@@ -349,7 +349,10 @@ def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
     `pipeline.transport=shared-memory` (train/assemble.py reads_in_place decides alike)."""
     if not reads_in_place(cfg, "cuda" if uses_cuda(cfg.launch) else "cpu"):
         return Reach.none(num_parts)
-    host = np.arange(num_parts) // workers_per_node(cfg)
+    # Workers per node as launched (train/elastic.py workers_per_node, without its checks:
+    # a pinned worker calls this too, and sees only its own cores).
+    per_node = cfg.launch.nproc or max(num_parts // cfg.launch.nnodes, 1)
+    host = np.arange(num_parts) // per_node
     published = host[:, None] == host[None, :]
     np.fill_diagonal(published, False)
     return Reach(published, every_row=cfg.pipeline.transport == "shared-memory")

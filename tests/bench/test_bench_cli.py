@@ -78,7 +78,9 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     )
     blocking_bytes = by_mode["blocking"]["comm_bytes_per_epoch"]
     assert by_mode["leo-no-cache"]["comm_bytes_per_epoch"] == blocking_bytes
-    assert by_mode["leo"]["comm_bytes_per_epoch"] <= blocking_bytes  # the cache moves less
+    # leo may read rows in place (pipeline.transport=auto), counted once per reading edge like
+    # fine-grained's rows; its cache (static aggregate, replicas) still moves less than that.
+    assert by_mode["leo"]["comm_bytes_per_epoch"] < by_mode["fine-grained"]["comm_bytes_per_epoch"]
     # Exact modes train the same model: same accuracy.
     exact = ("leo", "leo-no-cache", "blocking", "fine-grained", "shared-memory")
     assert len({by_mode[m]["test_acc"] for m in exact}) == 1

@@ -131,3 +131,16 @@ def test_force_replaces_an_unreadable_plan(run_with_plan: tuple[Path, list[str]]
     (run / PLAN).write_bytes(b"\xff\xfe not a plan")
     plan = plan_stage.ensure_plan(load_config(None, overrides), run, force=True)
     assert plan is not None and json.loads((run / PLAN).read_text())["key"] == plan.key
+
+
+def test_reach_is_computed_inside_a_pinned_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers compute the plan's digests after pinning themselves: the reach must not check
+    the placement against the cores the worker now sees (it did, and every placed run
+    failed in its workers)."""
+    from leo_cli.train import placement
+    from leo_cli.train.plan_stage import reach_of
+
+    monkeypatch.setattr(placement, "machine_cores", lambda: {0})
+    cfg = load_config(None, ["partition.num_parts=3", "launch.cpu_affinity=[[0],[1],[1]]"])
+    published = reach_of(cfg, 3).published
+    assert published.tolist() == [[False, True, True], [True, False, True], [True, True, False]]
