@@ -146,7 +146,7 @@ class PublishedRows:
         k = self.next_exchange(stream, self.rank)
         for r in readers:
             self._wait_count(self._ack(r, stream, self.rank), k - NUM_COPIES,
-                             f"worker {r} to finish reading", stream)  # fmt: skip
+                             f"rank {r} to finish reading", stream)  # fmt: skip
         return k, k % self._copies(self.rank)
 
     def end_write(self, stream: int, k: int) -> None:
@@ -158,7 +158,7 @@ class PublishedRows:
         k = self.next_exchange(stream, writer)
         if wait:
             self._wait_count(self._seq(writer, stream), k,
-                             f"worker {writer} to publish its rows", stream)  # fmt: skip
+                             f"rank {writer} to publish its rows", stream)  # fmt: skip
         return k, k % self._copies(writer)
 
     def _copies(self, q: int) -> int:
@@ -179,7 +179,7 @@ class PublishedRows:
                 self.wait_hook()
             if time.monotonic() > deadline:
                 raise TrainError(
-                    f"worker {self.rank} waited {self.timeout_s:g} s for {what} (stream "
+                    f"rank {self.rank} waited {self.timeout_s:g} s for {what} (stream "
                     f"{stream}); a peer stopped or is stalled (launch.timeout_s)."
                 )
             time.sleep(pause)
