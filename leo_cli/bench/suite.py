@@ -28,6 +28,7 @@ from leo_cli.errors import TrainError
 from leo_cli.registry import conv_of, mode_of, planned_mode
 from leo_cli.train import metrics as run_files
 from leo_cli.train.launcher import prepare, run_workers
+from leo_cli.train.plan_stage import static_layer0
 from leo_cli.train.timing import RunTimer
 
 LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr)
@@ -64,13 +65,6 @@ class Measured:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def static_applies(cfg: LeoConfig) -> bool:
-    """Whether a plan would use the static aggregate (`Â·X` once) for layer 0."""
-    c, m = cfg.cache, cfg.model
-    no_input_dropout = m.effective_input_dropout == 0
-    return c.policy != "none" and c.static_aggregate and no_input_dropout and m.admits_replicas
-
-
 def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     """LEO modes per world size (each once per bench variant), then the peers at world size
     1. At world size 1 every mode is the same single process: one row, plus one without the
@@ -83,7 +77,7 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
         for name in names:
             if w == 1:
                 out.append(Variant(LEO, planned, 1, variant=name))
-                if static_applies(variant_config(cfg, name)):
+                if static_layer0(variant_config(cfg, name)):
                     out.append(Variant(LEO, planned, 1, static_aggregate=False, variant=name))
                 continue
             out += [Variant(LEO, m, w, variant=name) for m in cfg.bench.modes]
