@@ -138,7 +138,7 @@ def build_in_place(
     plan: HaloPlan,
     rows_H: Tensor,
     halo_local_H: Tensor,
-    setting: tuple[int, int, torch.dtype, float],
+    setting: tuple[int, torch.dtype, float],
     stats: CommStats,
 ) -> InPlace:
     """Set up the in-place reads of the halo positions `rows_H` (sorted; owners on this host).
@@ -150,11 +150,11 @@ def build_in_place(
         plan: its halo plan.
         rows_H: halo positions read in place.
         halo_local_H: owner-local row of every halo position.
-        setting: (number of layers, widest width, dtype, timeout in seconds); the layers
-            share the segments (see `InPlace.stream`).
+        setting: (widest width, dtype, timeout in seconds); every layer shares the
+            segments (see `InPlace.stream`).
         stats: where in-place bytes are counted.
     """
-    num_layers, width, dtype, timeout_s = setting
+    width, dtype, timeout_s = setting
     world, rank = dist.get_world_size(), dist.get_rank()
     boundary_B = torch.unique(plan.send_idx_S)
     boundaries: list[Any] = [None] * world

@@ -100,7 +100,6 @@ def level_of_rows(
 class InPlaceSetting:
     """What reading L3 rows in place needs (None where they travel per edge instead)."""
 
-    num_layers: int
     width: int  # the widest row any layer moves
     timeout_s: float
     halo_local_H: Tensor  # owner-local row of every halo position
@@ -159,7 +158,7 @@ def build_levels(
 def _in_place(
     adj: kernels.CSR, plan: HaloPlan, rows_H: Tensor, x_NF: Tensor, s: InPlaceSetting
 ) -> InPlace:
-    setting = (s.num_layers, s.width, x_NF.dtype, s.timeout_s)
+    setting = (s.width, x_NF.dtype, s.timeout_s)
     return build_in_place(adj, plan, rows_H, s.halo_local_H, setting, s.stats)
 
 

@@ -221,7 +221,7 @@ def in_place_setting(
         planned_every_row and cfg.pipeline.transport == "auto"
     )
     timeout = cfg.launch.timeout_s
-    return InPlaceSetting(cfg.model.num_layers, width, timeout, local_H, stats, every_row)
+    return InPlaceSetting(width, timeout, local_H, stats, every_row)
 
 
 def build_job(

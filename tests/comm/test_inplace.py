@@ -38,7 +38,7 @@ def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int) -> An
     lv = RankLevels(False, [], rows)
     x = g_in["x"][ids]
     halo_ids = torch.from_numpy(np.array(part.halo_nodes))
-    setting = InPlaceSetting(3, WIDTH, 30.0, local_H, stats)
+    setting = InPlaceSetting(WIDTH, 30.0, local_H, stats)
     levels = build_levels(adj, plan, x, halo_ids, lv, True, setting)
     assert levels.in_place is not None and levels.in_place.reads
     wiring = Wiring(stats, local_H, WIDTH, torch.float64)
