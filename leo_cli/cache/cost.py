@@ -212,7 +212,7 @@ class _Counts:
                 replicas = np.bincount(p.owner_H[c.replica_rows], minlength=num)
                 if per_edge or reach.every_row:
                     read = rows_q - replicas
-                    stay = (replicas if layer > 0 else 0) * (1 if not per_edge else 0)
+                    stay = replicas * (layer > 0 and not per_edge)  # exchanged past layer 0
                     travel_q = np.where(mine, stay, recv)
                 else:
                     l3 = np.setdiff1d(c.l3_rows, c.replica_rows)

@@ -252,8 +252,7 @@ def read_in_place(p: PartAccess, c: RankCache, reach: Reach) -> np.ndarray:
         l3 = np.zeros(p.num_halo, dtype=bool)
         l3[c.l3_rows] = True
         mask = mask & l3
-    mask = mask.copy()
-    mask[c.replica_rows] = False
+    mask[c.replica_rows] = False  # fancy indexing above made `mask` a copy
     return mask
 
 
@@ -369,20 +368,18 @@ def transports(
     `mixed` (its L3 rows read in place, its L2 rows through the process group), or None (no
     rows from that peer)."""
     out: list[list[str | None]] = []
-    for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
+    for p, c in zip(accesses, caches, strict=True):
         num = len(p.recv_counts)
-        l3 = np.bincount(p.owner_H[np.setdiff1d(c.l3_rows, c.replica_rows)], minlength=num)
+        read = np.bincount(p.owner_H[read_in_place(p, c, reach)], minlength=num)
         rows = np.asarray(p.recv_counts) - np.bincount(p.owner_H[c.replica_rows], minlength=num)
         row: list[str | None] = []
         for q in range(num):
             if rows[q] == 0:
                 row.append(None)
-            elif not reach.published[r, q] or (l3[q] == 0 and not reach.every_row):
+            elif read[q] == 0:
                 row.append("process-group")
-            elif reach.every_row or l3[q] == rows[q]:
-                row.append("published-rows")
             else:
-                row.append("mixed")
+                row.append("published-rows" if read[q] == rows[q] else "mixed")
         out.append(row)
     return out
 
