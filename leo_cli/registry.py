@@ -74,7 +74,8 @@ class Mode:
         return self.cache_policy or (None if self.planned else "none")
 
 
-DEFAULT_MODE = "leo"
+AUTO_MODE = "auto"  # what `pipeline.mode` may also say: a mode chosen per run, not a Mode
+DEFAULT_MODE = AUTO_MODE
 DEFAULT_CONV = "gcn"
 
 MODES: dict[str, Mode] = {
@@ -146,8 +147,26 @@ def mode_of(name: str) -> Mode:
 
 
 def pipeline_modes() -> list[str]:
-    """What `pipeline.mode` accepts: the modes a run can use (not benchmark variants)."""
+    """The modes a run can use (not benchmark variants, not `auto`)."""
     return [m.name for m in MODES.values() if m.runs_as is None]
+
+
+def mode_settings() -> list[str]:
+    """What `pipeline.mode` accepts: `auto` (train/auto_mode.py resolves it to a mode before
+    workers start) and the modes a run can use."""
+    return [AUTO_MODE, *pipeline_modes()]
+
+
+def is_auto(setting: str) -> bool:
+    """Whether a `pipeline.mode` setting asks for the mode to be chosen (`auto`)."""
+    return setting == AUTO_MODE
+
+
+def auto_candidates() -> list[str]:
+    """The modes `auto` chooses among: the exact pipeline modes (no benchmark variant, not
+    compute-only), the planned mode first (it wins ties and runs when nothing is predicted)."""
+    exact = [m for m in pipeline_modes() if MODES[m].exact]
+    return sorted(exact, key=lambda m: not MODES[m].planned)
 
 
 def planned_mode() -> str:

@@ -28,16 +28,16 @@ from leo_cli.cache import plan_check
 from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Prediction, RankCache, Reach, predict
 from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.cache.policy import Budgets, decide
+from leo_cli.cache.policy import Budgets, Decision, decide
 from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
-from leo_cli.registry import MODES, Mode, conv_of
+from leo_cli.registry import MODES, Mode, auto_candidates, conv_of, mode_of
 from leo_cli.util import files
 
 PLAN = "cache-plan.json"
-FORMAT_VERSION = 2  # 2: the sweep's points say their share and budget fit; plan_s
-OLDER_VERSIONS = (1,)
+FORMAT_VERSION = 3  # 2: the sweep's points say their share and budget fit; plan_s; 3: predicted_run
+OLDER_VERSIONS = (1, 2)
 
 
 def model_shape(
@@ -137,6 +137,11 @@ class CachePlan:
     every_row: bool = False
     ranks_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     """Per mode, each rank's predicted `step_s` and `busy_s` (cost.Prediction.per_rank)."""
+    predicted_run: dict[str, float | None] = field(default_factory=dict)
+    """Per exact pipeline mode, its predicted step when run with this plan's levels (what it
+    can use of them, comm/levels.py levels_for_mode): what `pipeline.mode=auto` chooses from.
+    `predicted` prices the modes other than the planned one without a cache, as `leo bench`
+    runs them."""
 
     def spread(self) -> dict[str, float]:
         """Per mode, the slowest rank's predicted busy time over the fastest's."""
@@ -175,6 +180,7 @@ class CachePlan:
             "every_row_in_place": self.every_row,
             "predicted_ranks_s": self.ranks_s,
             "predicted_rank_spread": self.spread(),
+            "predicted_run_s": self.predicted_run,
         }
 
     @classmethod
@@ -209,6 +215,7 @@ class CachePlan:
             else [list(r.transport or []) for r in f.ranks],
             f.every_row_in_place,
             {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
+            {k: None if v is None else float(v) for k, v in f.predicted_run_s.items()},
         )  # fmt: skip
 
     def check_fits(
@@ -334,6 +341,7 @@ def make_plan(
             continue
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
         ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
+    run = predicted_run(accesses, decision, shape, hw, (num_chunks, reach), predicted)
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [
@@ -342,8 +350,41 @@ def make_plan(
         ],
         decision.sweep, max(b.replica_bytes) / 2**20, None,
         [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
-        transports(accesses, decision.caches, reach), reach.every_row, ranks_s,
+        transports(accesses, decision.caches, reach), reach.every_row, ranks_s, run,
     )  # fmt: skip
+
+
+def predicted_run(
+    accesses: list[PartAccess],
+    decision: Decision,
+    shape: ModelShape,
+    hw: HardwareProfile,
+    setting: tuple[str | int, Reach],
+    predicted: dict[str, float | None],
+) -> dict[str, float | None]:
+    """Every exact pipeline mode's predicted step when run with the decided levels: the
+    planned mode's is `predicted`'s; another keeps what it can use of them (the static
+    aggregate alone without cache levels: comm/levels.py levels_for_mode) and reads in place
+    what `reach` lets it. `setting`: the `pipeline.num_chunks` setting and the plan's reach.
+    None where the profile lacks a link the mode needs, or where rows spilled to L3 to fit
+    `cache.halo_budget_mb` and the mode reads nothing in place (its own plan could not spill
+    them: policy.py spill_to_l3 would refuse the budget)."""
+    num_chunks, reach = setting
+    spilled = any(c.l3_rows.size for c in decision.caches)
+    out: dict[str, float | None] = {}
+    for name in auto_candidates():
+        mode = mode_of(name)
+        if mode.planned or (spilled and not mode.reads_in_place):
+            out[name] = predicted.get(name) if mode.planned else None
+            continue
+        caches = [c if mode.cache_levels else RankCache(c.static_aggregate)
+                  for c in decision.caches]  # fmt: skip
+        chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
+        try:
+            out[name] = predict(accesses, caches, shape, hw, name, chunks, reach).epoch_time_s
+        except CacheError:
+            out[name] = None
+    return out
 
 
 def faster(a: Prediction | None, b: Prediction | None) -> bool:

@@ -100,9 +100,9 @@ class SweepPoint(_Strict):
 
 
 class PlanFile(_Strict):
-    """The layout of cache-plan.json (format version 2)."""
+    """The layout of cache-plan.json (format version 3)."""
 
-    format_version: Literal[2]
+    format_version: Literal[3]
     key: Digest
     inputs: Digest
     graph_inputs: Digest
@@ -119,6 +119,9 @@ class PlanFile(_Strict):
     """Per mode, each rank's predicted `step_s` and `busy_s` (shown, not used)."""
     predicted_rank_spread: dict[str, Finite] = {}
     """Per mode, the slowest rank's busy time over the fastest's (shown, not used)."""
+    predicted_run_s: dict[str, Finite | None] = {}
+    """Per exact pipeline mode, its predicted step run with this plan's levels (what
+    `pipeline.mode=auto` chooses from)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

@@ -16,6 +16,7 @@ from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import MAX_CHUNKS
 from leo_cli.errors import LeoError
+from leo_cli.registry import DEFAULT_MODE, mode_settings
 from leo_cli.util.interrupt import Interrupted, raise_on_signals
 
 console = Console()
@@ -38,7 +39,9 @@ SetOpt = Annotated[
         "-s",
         help="Override one config key, e.g. --set partition.num_parts=4 or "
         "--set model.dropout=0; the value is parsed as YAML. Repeatable; wins over the YAML "
-        f"file. pipeline.num_chunks takes `auto` or 1 to {MAX_CHUNKS} (chunks per peer). "
+        f"file. pipeline.mode takes {', '.join(mode_settings())} (default {DEFAULT_MODE}: the "
+        "exact mode the cache plan predicts fastest, chosen before workers start). "
+        f"pipeline.num_chunks takes `auto` or 1 to {MAX_CHUNKS} (chunks per peer). "
         "Unequal workers: partition.part_weights=measured (or [w0,w1,...]) sizes the parts by "
         "each worker's speed; launch.cpu_affinity=[[0],[1],[1]] pins each local worker to "
         "its cores; partition.method=file with partition.owners_path=OWNERS.npy trains on "

@@ -6,12 +6,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
-from leo_cli.registry import planned_mode
+from leo_cli.config import LeoConfig
+from leo_cli.registry import AUTO_MODE, planned_mode
+from leo_cli.train.auto_mode import choose, with_mode
 from leo_cli.train.checks import check_config
 from leo_cli.train.plan_stage import ensure_plan, run_partitions
 from leo_cli.util.interrupt import Interrupted
@@ -90,6 +93,14 @@ def prediction_table(plan: CachePlan) -> Table:
     return table
 
 
+def auto_line(cfg: LeoConfig, plan: CachePlan) -> str:
+    """What `leo train` would run under `pipeline.mode=auto` with this plan (none with
+    cache.policy=none: training makes no plan then)."""
+    auto = with_mode(cfg, AUTO_MODE)
+    used = None if cfg.cache.policy == "none" else plan
+    return choose(auto, used, len(plan.caches)).describe()
+
+
 @handle_errors
 def profile_cache_cmd(
     config: ConfigOpt = None,
@@ -116,7 +127,7 @@ def profile_cache_cmd(
 
     Partitions the graph when needed, counts halo reuse per rank, measures the machine
     with a short probe (or reads --hardware), then writes cache-plan.json and
-    cache-plan.png into run.out_dir.
+    cache-plan.png into run.out_dir, and says which mode pipeline.mode=auto would run.
     """
     cfg = resolve_config(config, overrides)
     check_config(cfg)
@@ -132,4 +143,5 @@ def profile_cache_cmd(
     assert plan is not None
     console.print(plan_table(plan))
     console.print(prediction_table(plan))
+    console.print(f"pipeline.mode=auto would run: {escape(auto_line(cfg, plan))}")
     console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")

@@ -22,6 +22,7 @@ from leo_cli.cli.common import (
 from leo_cli.cli.render import stage_progress
 from leo_cli.graph.stage import metis_note, partition_dir
 from leo_cli.graph.storage import read_meta
+from leo_cli.train.auto_mode import from_json
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.metrics import read_json, read_metrics
 from leo_cli.train.timing import RunTimer, process_start_time
@@ -55,6 +56,15 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def mode_line(summary: dict[str, Any]) -> str:
+    """`leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)`, or the mode alone (set
+    by name, or a summary written before the choice was recorded)."""
+    try:
+        return escape(from_json(summary).describe())
+    except ValueError:
+        return escape(str(summary["mode"]))
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"training summary: {escape(summary['name'])}", show_header=False)
     table.add_column("metric")
@@ -64,7 +74,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
         return "-" if v is None else f"{100 * v:.2f}%"
 
     rows = [
-        ("mode / workers", f"{summary['mode']} / {summary['world_size']}"),
+        ("mode", mode_line(summary)),
+        ("workers", str(summary["world_size"])),
         ("epochs", str(summary["num_epochs"])),
         ("best val acc (epoch)", f"{pct(summary['best_val_acc'])} ({summary['best_epoch']})"),
         ("test acc at best val", pct(summary["test_acc"])),

@@ -338,13 +338,15 @@ class CacheConfig(Section):
 
 class PipelineConfig(Section):
     mode: str = registry.DEFAULT_MODE
-    """Halo exchange (leo_cli/registry.py): `leo` (pipelined), `blocking`, `fine-grained` (MGG),
-    `shared-memory` (UVM); `compute-only` skips the exchange (wrong numbers; `leo bench`)."""
+    """Halo exchange (leo_cli/registry.py): `auto` (the exact mode the cache plan predicts
+    fastest, chosen before workers start; `leo` without a plan or with one worker), `leo`
+    (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM); `compute-only` skips
+    the exchange (wrong numbers; `leo bench`)."""
     num_chunks: Literal["auto"] | int = "auto"
     """Chunks per peer for the modes that cut transfers into chunks (leo): 1 to 64 (each is one
     message per peer and layer), or `auto`: the cache plan's count per layer (1, 2, 4 or 8,
     the fastest it predicts), and without a plan (cache.policy=none) chunks of about 4 MiB per
-    peer (1 to 4)."""
+    peer (1 to 4). A count with pipeline.mode=auto limits auto to the modes that chunk."""
 
     transport: Literal["auto", "process-group", "shared-memory"] = "auto"
     """How halo rows of same-host owners move in the modes that can read rows in place (leo,
@@ -352,16 +354,19 @@ class PipelineConfig(Section):
     bulk through the process group; fine-grained reads every row in place), `process-group`
     (every row through the process group: L2 in bulk, L3 once per reading edge),
     `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
-    on other hosts always use the process group; CUDA workers read nothing in place yet."""
+    on other hosts always use the process group; CUDA workers read nothing in place yet.
+    `shared-memory` with pipeline.mode=auto limits auto to the modes that read in place."""
 
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:
-        return one_of(registry.pipeline_modes(), value)
+        return one_of(registry.mode_settings(), value)
 
     @model_validator(mode="after")
     def _chunks_need_a_chunking_mode(self) -> PipelineConfig:
-        if self.num_chunks != "auto" and not registry.mode_of(self.mode).chunks:
+        # With `auto` a set count limits the choice to the modes that chunk (auto_mode.py).
+        chunking_mode = registry.is_auto(self.mode) or registry.mode_of(self.mode).chunks
+        if self.num_chunks != "auto" and not chunking_mode:
             chunking = ", ".join(n for n in registry.pipeline_modes() if registry.mode_of(n).chunks)
             raise ValueError(
                 f"pipeline.num_chunks applies to modes that cut transfers into chunks "

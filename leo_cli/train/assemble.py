@@ -33,7 +33,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency
-from leo_cli.registry import mode_of
+from leo_cli.registry import is_auto, mode_of
 from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.plan_stage import plan_digests
 from leo_cli.train.timing import Laps
@@ -108,6 +108,7 @@ def assemble(
     `laps` gets the seconds of each step (train/timing.py).
     """
     laps = laps or Laps()
+    assert not is_auto(cfg.pipeline.mode), "pipeline.mode=auto is resolved before workers start"
     mode = mode_of(cfg.pipeline.mode)
     dtype = DTYPES[cfg.train.dtype]
     halo = halo_plan(part, device)

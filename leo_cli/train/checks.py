@@ -12,7 +12,7 @@ import platform
 
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
-from leo_cli.registry import mode_of, pipeline_modes, planned_mode
+from leo_cli.registry import is_auto, mode_of, pipeline_modes, planned_mode
 from leo_cli.train.in_place import reads_in_place
 
 
@@ -25,6 +25,9 @@ def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
         return
     key = "pipeline.transport=shared-memory"
     mode = cfg.pipeline.mode
+    if is_auto(mode):  # auto then chooses among the modes that read in place (auto_mode.py)
+        mode = planned_mode()
+        cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"mode": mode})})
     if on_cuda:
         raise ConfigError(
             f"{key} reads rows from host memory, which CUDA workers do not read in place in "
@@ -70,7 +73,12 @@ def check_config(cfg: LeoConfig, allow_inexact: bool = False) -> None:
         cfg: the resolved config.
         allow_inexact: permit an inexact `pipeline.mode` such as compute-only
             (`leo train --allow-inexact`).
+
+    `pipeline.mode=auto` passes: it chooses among the exact modes these checks accept
+    (train/auto_mode.py candidates).
     """
+    if is_auto(cfg.pipeline.mode):
+        return
     mode = mode_of(cfg.pipeline.mode)
     if not mode.exact and not allow_inexact:
         raise ConfigError(

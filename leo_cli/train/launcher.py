@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from leo_cli.cache.plan import PLAN
+from leo_cli.cache.plan import PLAN, CachePlan
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError
@@ -19,11 +19,13 @@ from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
+from leo_cli.registry import is_auto
+from leo_cli.train.auto_mode import CHOICE, ModeChoice, choose, resumed, with_mode, write_choice
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.elastic import launch_module, uses_cuda, workers_per_node
 from leo_cli.train.metrics import read_json
-from leo_cli.train.plan_stage import ensure_plan, join_probe, part_weigher
+from leo_cli.train.plan_stage import ensure_plan, join_probe, part_weigher, plan_digests
 from leo_cli.train.timing import RunTimer
 from leo_cli.train.worker import config_fingerprint
 from leo_cli.util import files
@@ -31,7 +33,7 @@ from leo_cli.util.interrupt import Interrupted
 
 # Keys that may change when resuming; anything else must match the run folder.
 RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
-RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png")
+RUN_FILES = ("metrics.jsonl", "summary.json", "status.json", "curves.png", CHOICE)
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
@@ -116,9 +118,10 @@ def prepare(
     allow_inexact: bool = False,
     timer: RunTimer | None = None,
 ) -> Path:
-    """Partition if needed, check resume consistency, write the resolved config, make the
-    cache plan if needed; `timer` receives the time of each stage (or of a reused output's
-    making)."""
+    """Partition if needed, check resume consistency, make the cache plan if needed, choose
+    the mode under `pipeline.mode=auto` (train/auto_mode.py), write the resolved config (with
+    the mode that runs) and mode-choice.json; `timer` receives the time of each stage (or of
+    a reused output's making)."""
     timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
     run_dir = Path(cfg.run.out_dir).resolve()
@@ -143,9 +146,35 @@ def prepare(
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
-    write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})}))
-    ensure_plan(cfg, run_dir, timer=timer, verify_parts=False)  # workers verify their parts
+    plan = ensure_plan(cfg, run_dir, timer=timer, verify_parts=False)  # workers verify parts
+    choice = run_mode(cfg, run_dir, plan, resume)
+    run_cfg = with_mode(cfg, choice.mode)
+    num_parts = int(parts.meta["num_parts"])
+    if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
+        # auto chose a mode that reads rows in place otherwise: the plan of its own levels
+        ensure_plan(run_cfg, run_dir, timer=timer, verify_parts=False)
+    write_choice(run_dir, choice)
+    # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
+    write_resolved(
+        run_cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})})
+    )
     return run_dir
+
+
+def run_mode(cfg: LeoConfig, run_dir: Path, plan: CachePlan | None, resume: bool) -> ModeChoice:
+    """The mode the workers run (train/auto_mode.py): `pipeline.mode` itself, or under `auto`
+    the plan's fastest, or on resume the mode the run started with."""
+    if resume and is_auto(cfg.pipeline.mode):
+        return resumed(cfg, run_dir)
+    return choose(cfg, plan, cfg.partition.num_parts)
+
+
+def run_config(cfg: LeoConfig, run_dir: Path) -> LeoConfig:
+    """The config the workers run: under `auto`, with the mode node 0 chose (its resolved
+    config in the shared run folder), so every node starts them with the same fingerprint."""
+    if not is_auto(cfg.pipeline.mode):
+        return cfg
+    return with_mode(cfg, load_config(run_dir / "resolved_config.yaml").pipeline.mode)
 
 
 def run_workers(
@@ -162,6 +191,7 @@ def run_workers(
     they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
     "failed" with the reason after any other failure.
     """
+    cfg = run_config(cfg, run_dir)
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     if timer is not None:

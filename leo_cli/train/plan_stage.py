@@ -50,6 +50,7 @@ from leo_cli.graph.stage import PartitionResult, Weigher, ensure_partitions, par
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import Graph
 from leo_cli.registry import mode_of, prediction_key
+from leo_cli.train.auto_mode import planning_config
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.placement import affinity_tag
@@ -295,7 +296,8 @@ def ensure_plan(
     """The run's cache plan, made when missing or stale.
 
     Training needs none with `cache.policy=none` (None is returned); `always` makes one
-    anyway (`leo profile-cache` shows the predictions of every mode). `timer` gets the
+    anyway (`leo profile-cache` shows the predictions of every mode). Under
+    `pipeline.mode=auto` it is the planned mode's plan (train/auto_mode.py). `timer` gets the
     probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
     `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`).
     """
@@ -346,7 +348,9 @@ def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
     """Which ranks' rows each rank can read in place (comm/inplace.py): those on its host,
     on CPU, in a mode that reads in place, unless `pipeline.transport=process-group` (or
     attention: its rows are not read in place); every row of them under
-    `pipeline.transport=shared-memory` (train/assemble.py reads_in_place decides alike)."""
+    `pipeline.transport=shared-memory` (train/assemble.py reads_in_place decides alike).
+    Under `pipeline.mode=auto`, the planned mode's (the plan is made for it: auto_mode.py)."""
+    cfg = planning_config(cfg)
     if not reads_in_place(cfg, "cuda" if uses_cuda(cfg.launch) else "cpu"):
         return Reach.none(num_parts)
     # Workers per node as launched (train/elastic.py workers_per_node, without its checks:

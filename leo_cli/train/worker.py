@@ -37,6 +37,7 @@ from leo_cli.kernels import active_backend
 from leo_cli.registry import mode_of, planned_mode
 from leo_cli.train import metrics as run_files
 from leo_cli.train.assemble import build_job, halo_plan
+from leo_cli.train.auto_mode import refuse_unresolved, summary_fields
 from leo_cli.train.checkpoint import checkpoint_dir, load_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.memory import fix_mmap_threshold
@@ -178,6 +179,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int, setup: dict[str, Any]
         rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(run_dir, cfg)
     )
     summary["predicted_rank_busy_s"] = predicted_busy(run_dir, cfg)
+    summary.update(summary_fields(run_dir, cfg.pipeline.mode))  # mode_requested and why
     run_files.write_json(run_dir / "summary.json", {**summary, **setup})
     run_files.plot_curves(rows, run_dir / "curves.png")
     run_files.write_json(run_dir / "status.json", {"state": "done"})
@@ -226,6 +228,7 @@ def run_worker(
     entered_at, launched_at = started or (time.time(), None)
     laps = Laps()
     cfg = load_config(run_dir / "resolved_config.yaml")
+    refuse_unresolved(cfg)  # every rank runs the mode leo train resolved, never `auto`
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
     pin_from_config(cfg.launch.cpu_affinity, env.local_rank)  # plain torchrun: not pinned yet
     active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now

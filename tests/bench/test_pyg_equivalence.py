@@ -21,7 +21,13 @@ pytest.importorskip("torch_geometric")
 def test_leo_gcn_equals_pyg_gcnconv(system: str) -> None:
     g = random_graph(num_nodes=80, num_edges=300, num_features=6, num_classes=3, seed=4)
     cfg = load_config(
-        None, ["train.dtype=float64", "model.hidden_channels=5", "model.num_layers=3"]
+        None,
+        [
+            "train.dtype=float64",
+            "model.hidden_channels=5",
+            "model.num_layers=3",
+            "pipeline.mode=leo",  # assemble runs a resolved mode (auto is the launcher's)
+        ],
     )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
     info = DatasetInfo.of(g)
@@ -52,6 +58,7 @@ def test_leo_gat_equals_pyg_gatconv(system: str) -> None:
             "model.output_heads=2",
             "model.hidden_channels=4",
             "model.num_layers=3",
+            "pipeline.mode=leo",
         ],
     )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]

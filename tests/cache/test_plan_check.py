@@ -47,15 +47,19 @@ def edited(tmp_path: Path, edit: str) -> Path:
     return tmp_path
 
 
-def test_an_earlier_format_is_made_again(tmp_path: Path) -> None:
-    (tmp_path / PLAN).write_text(json.dumps({"format_version": 1, "ranks": "whatever"}))
+@pytest.mark.parametrize("version", [1, 2])  # 2: before predicted_run_s (pipeline.mode=auto)
+def test_an_earlier_format_is_made_again(tmp_path: Path, version: int) -> None:
+    (tmp_path / PLAN).write_text(json.dumps({"format_version": version, "ranks": "whatever"}))
     assert read_plan(tmp_path) is None
 
 
 def test_valid_plan_round_trips(tmp_path: Path) -> None:
-    write_plan(tmp_path, plan())
+    made = plan()
+    made.predicted_run = {"leo": 0.5, "blocking": 0.4, "shared-memory": None}
+    write_plan(tmp_path, made)
     back = read_plan(tmp_path)
     assert back is not None and back.num_chunks == [2, 1] and back.plan_s == 2.5
+    assert back.predicted_run == made.predicted_run  # what pipeline.mode=auto chooses from
     assert back.caches[0].replica_rows.tolist() == [0, 5]
     back.check_fits(tmp_path / PLAN, HALO, num_layers=2, attention=False)
 
@@ -81,7 +85,8 @@ BAD: dict[str, tuple[str, str]] = {
     "NaN prediction": ("d['predicted_epoch_time_s']['leo'] = math.nan", "predicted_epoch_time_s"),
     "no stages": ("d['predicted_stages_s'] = {}", "predicted_stages_s.leo"),
     "short digest": ("d['key'] = 'abc'", "key"),
-    "other version": ("d['format_version'] = 3", "format_version"),
+    "other version": ("d['format_version'] = 4", "format_version"),
+    "text as a run prediction": ("d['predicted_run_s'] = {'leo': 'fast'}", "predicted_run_s"),
     "negative plan_s": ("d['plan_s'] = -1", "plan_s"),
     "'yes' within budget": (
         "d['replica_budget_sweep'][0]['within_budget'] = 'yes'",

@@ -48,6 +48,10 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert all(v > 0 for v in plan["predicted_epoch_time_s"].values())
     assert (run / "cache-plan.png").stat().st_size > 1000 and (run / "hardware.json").is_file()
     assert "predicted training step per mode" in res.stdout
+    run_s = plan["predicted_run_s"]  # every exact mode run with the plan's levels
+    fastest = min(run_s, key=lambda m: run_s[m] or float("inf"))
+    said = f"pipeline.mode=auto would run: {fastest} (auto: predicted fastest"
+    assert said in " ".join(res.stdout.split())
     # Each rank's predicted step and busy time, and their spread, per mode; printed per rank.
     leo_ranks = plan["predicted_ranks_s"]["leo"]
     assert len(leo_ranks) == 3 and all(r["busy_s"] > 0 for r in leo_ranks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from leo_cli.cli.train import summary_table
+from leo_cli.train.auto_mode import ModeChoice
 from leo_cli.train.metrics import summarize
 
 ROWS = [
@@ -37,3 +38,17 @@ def test_a_run_resumed_after_inexact_epochs_is_not_exact() -> None:
     assert summarize(rows[2:], 2, "blocking", "r")["exact"] is True
     assert summarize(ROWS, 2, "compute-only", "r")["exact"] is False  # rows from before the key
     assert summarize(ROWS, 1, "compute-only", "r")["exact"] is True
+
+
+def test_table_says_which_mode_auto_ran_and_why() -> None:
+    summary = summarize(ROWS, 2, "leo", "r")
+    summary.update(
+        ModeChoice("auto", "leo", "predicted fastest", {"leo": 0.053, "blocking": 0.062}).to_json()
+    )
+    console = Console(record=True, width=120)
+    console.print(summary_table(summary))
+    text = console.export_text()
+    assert "leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)" in text, text
+    older = summarize(ROWS, 2, "blocking", "r")  # a summary without the choice: the mode
+    console.print(summary_table(older))
+    assert "blocking" in console.export_text()

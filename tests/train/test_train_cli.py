@@ -16,7 +16,9 @@ import pytest
 import torch
 from ranks import free_port
 
+from leo_cli.config import load_config
 from leo_cli.kernels import backend_name
+from leo_cli.registry import auto_candidates
 
 pytestmark = pytest.mark.dist
 
@@ -95,6 +97,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         "train.checkpoint_every=3",
         "--set",
         "run.name=tiny-run",
+        env={**os.environ, "COLUMNS": "200"},  # the table's mode line on one line
     )
     assert res.returncode == 0, res.stderr
     rows = metrics(run)
@@ -106,7 +109,16 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert all(r["comm_bytes"] > 0 for r in rows)
     assert all(0 <= r["comm_wait_s"] <= r["comm_wait_max_s"] for r in rows)
     s = summary(run)
-    assert s["world_size"] == 2 and s["mode"] == "leo" and s["final_loss"] == rows[-1]["loss"]
+    assert s["world_size"] == 2 and s["final_loss"] == rows[-1]["loss"]
+    # pipeline.mode=auto (the default): the fastest candidate the plan predicts, recorded
+    predicted = s["mode_predicted_s"]
+    assert s["mode_requested"] == "auto" and s["mode_rule"] == "predicted fastest"
+    assert set(predicted) == set(auto_candidates())
+    assert s["mode"] == min(predicted, key=lambda m: predicted[m] or float("inf"))
+    resolved = load_config(run / "resolved_config.yaml")
+    assert resolved.pipeline.mode == s["mode"]  # what every rank read
+    stdout = " ".join(res.stdout.split())
+    assert f"{s['mode']} (auto: predicted fastest" in stdout, stdout
     assert s["exact"] is True and s["mean_comm_transfer_s"] >= 0
     assert s["name"] == "tiny-run"
     assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
@@ -198,10 +210,12 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
     while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(w) for w in workers), "orphan workers survived the launcher"
+    started = load_config(run / "resolved_config.yaml").pipeline.mode  # what auto chose
     res = leo("train", *MEDIUM, "--set", f"run.out_dir={run}", "--resume")
     assert res.returncode == 0, res.stderr
     assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
     assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+    assert (summary(run)["mode"], summary(run)["mode_requested"]) == (started, "auto")
 
 
 def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -> None:
@@ -319,6 +333,9 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     )
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
     assert summary(run)["world_size"] == 2
+    # auto: node 0 chose, node 1 started its worker with the same mode (one fingerprint)
+    assert summary(run)["mode_requested"] == "auto"
+    assert summary(run)["mode"] == load_config(run / "resolved_config.yaml").pipeline.mode
     hw = json.loads((run / "hardware.json").read_text())
     assert hw["nnodes"] == 2 and [r["rank"] for r in hw["ranks"]] == [0, 1]
     assert hw["links"]["shm"] is None  # one worker per node: no shared segment between them

@@ -130,7 +130,7 @@ def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
     info = DatasetInfo.of(g)
     edges = [weakref.ref(getattr(part, name)) for name in ("indptr", "indices", "degree")]
     features = weakref.ref(part.x)
-    job = assemble(load_config(None, []), part, info, 1, torch.device("cpu"))
+    job = assemble(load_config(None, ["pipeline.mode=leo"]), part, info, 1, torch.device("cpu"))
     del part
     gc.collect()
     assert all(ref() is None for ref in edges)
