@@ -130,10 +130,13 @@ def planning_config(cfg: LeoConfig) -> LeoConfig:
     return with_mode(cfg, planned_mode()) if is_auto(cfg.pipeline.mode) else cfg
 
 
-def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice:
+def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
     """Under `auto` on resume: the mode the run started with (its resolved config), with the
-    reasons recorded when it was chosen, if they name that mode."""
+    reasons recorded when it was chosen, if they name that mode; None when the resolved
+    config names no mode yet (written by `leo partition`: no worker ever started)."""
     mode = load_config(run_dir / "resolved_config.yaml").pipeline.mode
+    if is_auto(mode):
+        return None
     saved = read_choice(run_dir)
     if saved is not None and saved.mode == mode and saved.rule is not None:
         return saved

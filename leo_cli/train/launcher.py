@@ -164,9 +164,8 @@ def prepare(
 def run_mode(cfg: LeoConfig, run_dir: Path, plan: CachePlan | None, resume: bool) -> ModeChoice:
     """The mode the workers run (train/auto_mode.py): `pipeline.mode` itself, or under `auto`
     the plan's fastest, or on resume the mode the run started with."""
-    if resume and is_auto(cfg.pipeline.mode):
-        return resumed(cfg, run_dir)
-    return choose(cfg, plan, cfg.partition.num_parts)
+    started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
+    return started or choose(cfg, plan, cfg.partition.num_parts)
 
 
 def run_config(cfg: LeoConfig, run_dir: Path) -> LeoConfig:

@@ -108,9 +108,17 @@ def test_resumed_auto_run_keeps_the_mode_it_started_with(tmp_path: Path) -> None
     started = ModeChoice("auto", "blocking", "predicted fastest", {"leo": 0.2, "blocking": 0.1})
     auto_mode.write_choice(run, started)
     assert auto_mode.resumed(cfg(), run) == started
+    from leo_cli.train.launcher import run_mode
+
+    leo_faster = plan_with({"leo": 0.01, "blocking": 0.1})  # a new plan: not asked on resume
+    assert run_mode(cfg(), run, leo_faster, resume=True) == started
+    assert run_mode(cfg(), run, leo_faster, resume=False).mode == "leo"
     (run / auto_mode.CHOICE).unlink()  # an interrupted first start, or a mode set by name
     again = auto_mode.resumed(cfg(), run)
+    assert again is not None
     assert (again.mode, again.rule) == ("blocking", "resumed: the mode the run started with")
+    write_resolved(cfg(f"run.out_dir={run}"))  # as leo partition writes it: no mode chosen yet
+    assert auto_mode.resumed(cfg(), run) is None
 
 
 def test_summary_fields_name_the_request_only_for_the_mode_that_ran(tmp_path: Path) -> None:
