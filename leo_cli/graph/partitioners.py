@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pymetis
@@ -130,7 +131,7 @@ def owners_problem(owners: np.ndarray, num_nodes: int, num_parts: int) -> str | 
 # Integer vertex weights of the `cost` rule: a node without in-edges weighs NODE_UNITS (its
 # rounding is then within 0.05% of its weight), unless the graph's total would pass
 # WEIGHT_TOTAL_LIMIT, a total METIS sums without overflow in a 32-bit `idx_t` build too (a
-# graph of 2M nodes at average degree 20 still gets about 1000 a node).
+# graph of 2M nodes still averages about 1000 a node).
 NODE_UNITS = 1000
 WEIGHT_TOTAL_LIMIT = 2**31 - 1
 
@@ -146,7 +147,7 @@ class WorkMeasure:
     this measure are shares of the predicted busy time).
     """
 
-    rule: str
+    rule: Literal["degree", "cost"]
     per_node: float
     per_edge: float
 

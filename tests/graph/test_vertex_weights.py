@@ -230,3 +230,12 @@ def test_measured_shares_even_out_the_busy_time() -> None:
     busy = halo_less_busy(hw, shape, True, sizes)
     assert busy[0] == pytest.approx(busy[1], rel=0.01)
     assert shares[0] == pytest.approx(2 / 3, rel=0.01)
+
+
+def test_one_part_needs_no_weigher(tmp_path: Path) -> None:
+    """One part has no shares to size: `measured` there asks for no profile and weighs nodes
+    by the degree rule."""
+    part = PartitionConfig(num_parts=1, part_weights="measured")
+    result = ensure_partitions(DATA, part, 0, tmp_path / "run")
+    assert result.meta["vertex_weights"]["rule"] == "degree"
+    assert result.meta["part_weights"] is None
