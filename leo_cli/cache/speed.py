@@ -1,5 +1,6 @@
 """Each worker's speed for the model at hand, from the probe's per-rank rates: the weights that
-size the parts when `partition.part_weights=measured`.
+size the parts when `partition.part_weights=measured`; and what one node and one in-edge cost,
+the vertex weights of unequal parts (`work_costs`).
 
 A rank's speed is the work it gets through per second of its own computation, as the cost
 model prices it with that rank's rates: a part of the graph's average degree, the model's
@@ -7,10 +8,15 @@ widths, dropout and layer-0 level (static aggregate or not), without halo (trans
 halo's aggregation depend on the parts, which these weights decide). Shares start equal and are
 refined a few times (share_r proportional to share_r / busy_r at the part size the share
 gives), so a rate that changes with the part's size (the SpMM's working set) is priced at the
-size the part will have. Legend: N nodes, E directed edges, P parts.
+size the part will have. A part of share s holds s of the nodes and s of the in-edges, hence s
+of the total of any measure that prices nodes and edges, `work_costs`' included: the shares are
+shares of the measure METIS balances, so each rank's predicted busy time follows its share.
+Legend: N nodes, E directed edges, P parts.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import numpy as np
 
@@ -61,20 +67,51 @@ def busy_seconds(
             f"The hardware profile was measured with {hw.world_size} workers, not {num}; "
             "probe again with partition.num_parts workers."
         )
+    sizes = [(max(1, round(s * num_nodes)), round(s * num_edges)) for s in shares]
+    return halo_less_busy(hw, shape, static, sizes)
+
+
+def work_costs(
+    hw: HardwareProfile, shape: ModelShape, num_nodes: int, num_edges: int, static: bool
+) -> tuple[float, float]:
+    """Seconds of one training step per node and per in-edge: what a node weighs when the
+    parts are unequal (graph/partitioners.py `WorkMeasure`, the `cost` rule).
+
+    Priced on a halo-less part of the average size (N/P nodes, E/P edges) with every rank's
+    own rates, averaged over the ranks (their differences are in the part weights, not in
+    what a node weighs). At a given part size the SpMM is linear in the edges, so the same
+    part with twice the edges gives the seconds per edge; the rest of the part's time, per
+    node, is its dense work (GEMMs, masks, passes; all of layer 0's on the static aggregate).
+    """
+    num = hw.world_size
+    nodes, edges = max(1, round(num_nodes / num)), max(1, round(num_edges / num))
+    once = halo_less_busy(hw, shape, static, [(nodes, edges)] * num)
+    twice = halo_less_busy(hw, shape, static, [(nodes, 2 * edges)] * num)
+    per_edge = statistics.fmean(b - a for a, b in zip(once, twice, strict=True)) / edges
+    per_node = (statistics.fmean(once) - per_edge * edges) / nodes
+    return per_node, per_edge
+
+
+def halo_less_busy(
+    hw: HardwareProfile, shape: ModelShape, static: bool, sizes: list[tuple[int, int]]
+) -> list[float]:
+    """Each rank's predicted seconds of its own work on a part of (nodes, in-edges) without
+    halo, priced with its own rates (one size per rank of the profile)."""
+    num = len(sizes)
     none = np.zeros(0, dtype=np.int64)
     parts = [
         PartAccess(
             rank=r,
-            num_inner=max(1, round(share * num_nodes)),
+            num_inner=nodes,
             num_boundary=0,
-            inner_edges=round(share * num_edges),
+            inner_edges=edges,
             reuse_H=none,
             owner_H=none,
             send_counts=[0] * num,
             recv_counts=[0] * num,
             rows_reading_halo=0,
         )
-        for r, share in enumerate(shares)
+        for r, (nodes, edges) in enumerate(sizes)
     ]
     caches = [RankCache(static) for _ in parts]
     chunks = [1] * shape.num_layers

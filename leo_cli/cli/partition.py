@@ -35,14 +35,15 @@ def partition_cmd(
     <run.out_dir>/partitions.
 
     Partitions are reused while the dataset, partition settings and seed are unchanged (and,
-    with partition.part_weights=measured, the hardware profile the weights come from).
+    with unequal partition.part_weights, the hardware profile and model the shares and vertex
+    weights are priced with).
     """
     cfg = resolve_config(
         config,
         (overrides or []) + ([f"partition.num_parts={num_parts}"] if num_parts is not None else []),
     )
     run_dir = Path(cfg.run.out_dir).resolve()
-    with stage_progress() as progress:  # part_weights=measured probes the machine first
+    with stage_progress() as progress:  # unequal part_weights probe the machine first
         result = run_partitions(cfg, run_dir, progress, force=force)
     write_resolved(cfg)
     if result.reused:

@@ -44,19 +44,24 @@ def stage_progress() -> Iterator[ProgressFn]:
 
 
 def partition_table(meta: dict[str, Any]) -> Table:
-    """Per-part nodes, edges and halo sizes."""
+    """Per-part nodes, edges and halo sizes; with unequal part weights, each part's target
+    share and the share it got of the measure its nodes were weighed in."""
     stats = meta["stats"]
     table = Table(title=f"{meta['dataset']['name']}: {meta['num_parts']} parts ({meta['method']})")
     table.add_column("part", justify="right")
     for name in ("nodes", "edges", "halo nodes"):
         table.add_column(name, justify="right")
+    targets, achieved = meta.get("part_weights"), meta.get("achieved_shares")
+    shares = list(zip(targets, achieved, strict=True)) if targets and achieved else None
+    if shares:
+        rule = (meta.get("vertex_weights") or {}).get("rule", "degree")
+        table.add_column("target share", justify="right")
+        table.add_column(f"share ({rule})", justify="right")
     for r in range(meta["num_parts"]):
-        table.add_row(
-            str(r),
-            f"{stats['nodes'][r]:,}",
-            f"{stats['edges'][r]:,}",
-            f"{stats['halo_nodes'][r]:,}",
-        )
+        cells = [f"{stats[k][r]:,}" for k in ("nodes", "edges", "halo_nodes")]
+        if shares:
+            cells += [f"{shares[r][0]:.3f}", f"{shares[r][1]:.3f}"]
+        table.add_row(str(r), *cells)
     return table
 
 

@@ -124,7 +124,10 @@ class PartitionConfig(Section):
     """Target share of the work of each part: `uniform` (equal parts), `measured` (shares
     proportional to each worker's speed for this model, from the hardware probe, which then
     runs before partitioning) or num_parts positive numbers (normalised). METIS gets them as
-    target part weights; `random` and `range` give each part that share of the nodes."""
+    target part weights; unequal weights are shares of time, so each node then weighs its
+    predicted work (the cost model's seconds per node and per in-edge, from the hardware
+    profile, which is found or probed first): METIS's vertex weights and `range`'s blocks
+    follow it, `random` draws owners with these probabilities."""
     metis_edge_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """Share of the undirected edges METIS sees: all edges of low-degree nodes and a seeded
     sample of those between hubs, weighted up by 1 / sqrt(keep probability); vertex weights

@@ -73,6 +73,14 @@ class MetisMeta(_Open):
     sampling: StrictStr | None = None
 
 
+class VertexWeightsMeta(_Open):
+    """What a node weighed (graph/partitioners.py `WorkMeasure`)."""
+
+    rule: Literal["degree", "cost"]
+    per_node: Annotated[Finite, Field(gt=0)]
+    per_edge: Annotated[Finite, Field(ge=0)]
+
+
 class StorageMeta(_Open):
     """What the storage layer reads: the part count and the file list."""
 
@@ -106,8 +114,13 @@ class Meta(StorageMeta):
     metis: MetisMeta | None = None
     part_weights: list[Share] | None = None
     """Target share of every part (null: equal parts)."""
+    vertex_weights: VertexWeightsMeta | None = None
+    """The rule of METIS's vertex weights and the measure of `achieved_shares` (absent in
+    partitions written before it: the degree rule)."""
     achieved_shares: list[Annotated[Finite, Field(ge=0, le=1)]] | None = None
-    """Share of every part in nodes plus in-edges (METIS's vertex weight)."""
+    """Share of every part in `vertex_weights`' measure (degree rule: nodes plus in-edges)."""
+    achieved_node_shares: list[Annotated[Finite, Field(ge=0, le=1)]] | None = None
+    """Share of every part in nodes."""
     owners_sha256: Digest | None = None
     timings_s: dict[str, Finite] = {}
     peak_rss_gb: dict[str, Finite] = {}
@@ -117,7 +130,7 @@ class Meta(StorageMeta):
         for name in ("nodes", "edges", "halo_nodes"):
             if len(getattr(self.stats, name)) != self.num_parts:
                 raise ValueError(f"stats.{name} must hold one count per part ({self.num_parts})")
-        for name in ("part_weights", "achieved_shares"):
+        for name in ("part_weights", "achieved_shares", "achieved_node_shares"):
             values = getattr(self, name)
             if values is not None and len(values) != self.num_parts:
                 raise ValueError(f"{name} must hold one share per part ({self.num_parts})")

@@ -1,6 +1,7 @@
 """Node-to-part assignment: METIS (edge-balanced), random, contiguous ranges, or an owners
 file made elsewhere; each part's target share of the work (`weights`, normalised) is METIS's
-target part weight and the node share of `random` and `range`.
+target part weight and the node share of `random` and `range`, or, given a work measure
+(`WorkMeasure`: what each node weighs), their share of its total.
 
 Legend: N nodes, E directed edges, P parts.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pymetis
@@ -27,13 +29,17 @@ def assign_parts(
     seed: int,
     prepared: MetisInput | None = None,
     weights: list[float] | None = None,
+    work: WorkMeasure | None = None,
 ) -> IntArray:
     """Owner rank of every node, int64 [N] with values in `0..num_parts-1`.
 
     `prepared` is METIS's input built earlier (`metis_input`), so callers can release the
-    graph's arrays while METIS runs; without it, it is built from `graph`. `weights`: each
-    part's target share (P positive numbers, normalised here; None: equal parts, the very
-    parts of before weights existed).
+    graph's arrays while METIS runs; without it, it is built from `graph` with `work` as its
+    vertex weights. `weights`: each part's target share (P positive numbers, normalised here;
+    None: equal parts, the very parts of before weights existed). `work`: what a node weighs
+    (None: the degree rule for METIS, node counts for `range`). `random` draws every owner
+    independently of the node's weight, so each part's expected share of any measure is its
+    target share: it needs no measure.
     """
     assert method in METHODS, method
     shares = None if weights is None else normalised(weights)
@@ -41,14 +47,16 @@ def assign_parts(
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64)
     if method == "metis":
-        return metis_parts(prepared or metis_input(graph), num_parts, seed, shares)
+        inputs = prepared or metis_input(graph, work=work or DEGREE)
+        return metis_parts(inputs, num_parts, seed, shares)
     if method == "random":
         # A stream of its own: the same seed also drives dataset generators.
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x9A27,)))
         if shares is not None:
             return rng.choice(num_parts, size=graph.num_nodes, p=shares).astype(np.int64)
         return rng.integers(0, num_parts, graph.num_nodes, dtype=np.int64)
-    return range_parts(graph.num_nodes, num_parts, shares)
+    vweights = None if shares is None or work is None else work.vertex_weights(in_degrees(graph))
+    return range_parts(graph.num_nodes, num_parts, shares, vweights)
 
 
 def normalised(weights: list[float]) -> list[float]:
@@ -62,13 +70,25 @@ def normalised(weights: list[float]) -> list[float]:
     return shares
 
 
-def range_parts(num_nodes: int, num_parts: int, shares: list[float] | None = None) -> IntArray:
-    """Contiguous blocks of node ids, of (almost) equal size or of the given node shares."""
+def range_parts(
+    num_nodes: int,
+    num_parts: int,
+    shares: list[float] | None = None,
+    vweights: IntArray | None = None,
+) -> IntArray:
+    """Contiguous blocks of node ids, of (almost) equal size or of the given node shares; with
+    `vweights` (one weight per node), of the given shares of their total, each node in the
+    block where the middle of its weight falls."""
     ids = np.arange(num_nodes, dtype=np.int64)
     if shares is None:
         return (ids * num_parts) // num_nodes
-    ends = np.rint(np.cumsum(shares) * num_nodes).astype(np.int64)
-    return np.searchsorted(ends[:-1], ids, side="right").astype(np.int64)
+    if vweights is None:
+        ends = np.rint(np.cumsum(shares) * num_nodes).astype(np.int64)
+        return np.searchsorted(ends[:-1], ids, side="right").astype(np.int64)
+    cumulative = np.cumsum(vweights, dtype=np.float64)
+    middles = cumulative - vweights / 2
+    bounds = np.cumsum(shares)[:-1] * cumulative[-1]
+    return np.searchsorted(bounds, middles, side="right").astype(np.int64)
 
 
 def owners_from_file(path: Path, num_nodes: int, num_parts: int) -> IntArray:
@@ -108,6 +128,69 @@ def owners_problem(owners: np.ndarray, num_nodes: int, num_parts: int) -> str | 
     return None
 
 
+# Integer vertex weights of the `cost` rule: a node without in-edges weighs NODE_UNITS (its
+# rounding is then within 0.05% of its weight), unless the graph's total would pass
+# WEIGHT_TOTAL_LIMIT, a total METIS sums without overflow in a 32-bit `idx_t` build too (a
+# graph of 2M nodes still averages about 1000 a node).
+NODE_UNITS = 1000
+WEIGHT_TOTAL_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class WorkMeasure:
+    """What a node weighs: `per_node` + `per_edge` x its in-degree. METIS's vertex weight,
+    the blocks of `range` and the measure of the shares a partition achieves.
+
+    `rule` names where the coefficients come from: `degree` (1 + in-degree, edges and nodes
+    alike: the parts of before part weights) or `cost` (the cost model's seconds of one
+    training step per node, for its dense work, and per in-edge, for its SpMM: the shares of
+    this measure are shares of the predicted busy time).
+    """
+
+    rule: Literal["degree", "cost"]
+    per_node: float
+    per_edge: float
+
+    def vertex_weights(self, degree: IntArray) -> IntArray:
+        """Integer weights (int64, each >= 1) proportional to every node's work, given its
+        in-degree; the `degree` rule's are exactly 1 + in-degree."""
+        if self.rule == "degree":
+            return (1 + degree).astype(np.int64)
+        assert self.per_node > 0 and self.per_edge >= 0, self
+        num = degree.shape[0]
+        total = self.per_node * num + self.per_edge * float(degree.sum())
+        # Rounding and the floor of 1 add at most one a node; past 2^31 nodes nothing fits
+        # 32 bits, and the average weight is kept near 1 (pymetis's own `idx_t` is 64-bit).
+        room = max(WEIGHT_TOTAL_LIMIT - num, num)
+        scale = min(NODE_UNITS / self.per_node, room / max(total, 1e-300))
+        work = scale * (self.per_node + self.per_edge * degree)
+        weights: IntArray = np.rint(work).astype(np.int64)
+        weights[weights < 1] = 1  # METIS weighs nothing at 0
+        return weights
+
+    def shares(self, nodes: list[int], edges: list[int]) -> list[float]:
+        """Each part's share of the work, given its inner nodes and their in-edges."""
+        work = [self.per_node * n + self.per_edge * e for n, e in zip(nodes, edges, strict=True)]
+        total = sum(work) or 1.0
+        return [round(w / total, 6) for w in work]
+
+    def meta(self) -> dict[str, float | str]:
+        """The rule and its coefficients, as META.json records them."""
+        return {"rule": self.rule, "per_node": self.per_node, "per_edge": self.per_edge}
+
+
+DEGREE = WorkMeasure("degree", 1.0, 1.0)
+
+
+def in_degrees(graph: Graph) -> IntArray:
+    """In-degree of every node, int64 [N]."""
+    counts = np.zeros(graph.num_nodes, dtype=np.int64)
+    dst = graph.edge_index_2E[1]
+    for lo in range(0, dst.shape[0], CHUNK):
+        counts += np.bincount(dst[lo : lo + CHUNK], minlength=graph.num_nodes)
+    return counts
+
+
 @dataclass
 class MetisInput:
     """METIS's CSR (row starts, neighbours), vertex weights and edge weights (None: all 1),
@@ -132,11 +215,15 @@ EDGE_WEIGHT_SCALE = 4
 SAMPLING = f"min-degree, {EDGE_WEIGHT_SCALE}/sqrt(p)"
 
 
-def metis_input(graph: Graph, edge_fraction: float = 1.0, seed: int = 0) -> MetisInput:
-    """METIS's input, built once, with vertex weights 1 + in-degree.
+def metis_input(
+    graph: Graph, edge_fraction: float = 1.0, seed: int = 0, work: WorkMeasure = DEGREE
+) -> MetisInput:
+    """METIS's input, built once, with `work`'s vertex weights (default 1 + in-degree).
 
     Aggregation work follows edges, not nodes, so weighting vertices by their in-degree makes
-    parts carry similar edge counts and keeps fast workers from waiting for slow ones.
+    parts carry similar edge counts and keeps fast workers from waiting for slow ones. Where
+    the step is dominated by per-node work (dense GEMMs, layer 0 on the static aggregate),
+    equal edge counts are not equal time: the `cost` rule prices both.
 
     The graph is symmetric and sorted by (target, source), so its source row already is
     METIS's adjacency array (the neighbours of each node, in order) and in-degrees are the row
@@ -158,7 +245,7 @@ def metis_input(graph: Graph, edge_fraction: float = 1.0, seed: int = 0) -> Meti
     starts = np.zeros(graph.num_nodes + 1, dtype=np.int64)
     np.cumsum(row_length, out=starts[1:])
     adjacent = src.astype(pymetis.zero_copy_dtype())
-    return MetisInput(starts, adjacent, 1 + degree, eweights)
+    return MetisInput(starts, adjacent, work.vertex_weights(degree), eweights)
 
 
 def sampled_edges(

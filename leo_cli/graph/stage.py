@@ -2,10 +2,15 @@
 
 Each part's target share of the work comes from `partition.part_weights`: equal, the numbers
 given, or (`measured`) numbers a `Weigher` computes from the hardware probe once the graph's
-size is known (the probe lives above this layer, so the caller hands the weigher in). The
-partitions' source key covers the weights (for `measured`, what they are computed from) and,
-for `method=file`, the owners file's content, so parts made for other weights or owners are
-rebuilt. META.json records the target shares and the shares achieved.
+size is known (the probe lives above this layer, so the caller hands the weigher in). What a
+node weighs follows the same split: equal parts keep METIS's vertex weights of before (1 +
+in-degree, the `degree` rule); unequal ones are shares of predicted time, so the weigher prices
+every node by the cost model (the `cost` rule, `WorkMeasure`): a target share then means a
+share of the busy time, which per-node work (GEMMs, passes) dominates when layer 0 runs on the
+static aggregate. The partitions' source key covers the weights (for `measured`, what they are
+computed from), the vertex-weight rule and, for `method=file`, the owners file's content, so
+parts made for other weights, rules or owners are rebuilt. META.json records the target
+shares, the rule and the shares achieved in its measure.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from leo_cli.graph.layout import (
     summarize,
 )
 from leo_cli.graph.partitioners import (
+    DEGREE,
     SAMPLING,
     GraphSize,
     MetisInput,
+    WorkMeasure,
     assign_parts,
     metis_edge_fraction,
     metis_input,
@@ -62,18 +69,32 @@ class PartitionResult:
     reused: bool
 
 
+# The `cost` rule's name in the source key: parts made under another pricing are rebuilt.
+COST_RULE = "cost: busy seconds per node and per in-edge, halo-less part, mean rank's rates"
+
+
 @dataclass(frozen=True)
 class Weigher:
-    """`partition.part_weights=measured` as numbers.
+    """Unequal part weights (`partition.part_weights=measured` or a list) as numbers.
 
     Attributes:
-        key: what the weights are computed from (the hardware profile and the model), part of
+        key: what the numbers are computed from (the hardware profile and the model), part of
             the partitions' source key: a new probe or another model rebuilds the parts.
-        weigh: the weight of every part, from the loaded graph (its size and widths).
+        weigh: the weight of every part, from the loaded graph (its size and widths); needed
+            for `measured`, unused for a list.
+        work: what every node weighs (the `cost` rule), from the loaded graph; None: the
+            `degree` rule.
     """
 
     key: str
-    weigh: Callable[[Graph], list[float]]
+    weigh: Callable[[Graph], list[float]] | None = None
+    work: Callable[[Graph], WorkMeasure] | None = None
+
+
+def weighted(part: PartitionConfig) -> bool:
+    """Whether the parts get unequal target shares (measured or listed): the shares, and so
+    the vertex weights, are then shares of time."""
+    return part.part_weights != "uniform" and part.num_parts > 1 and part.method != "file"
 
 
 def partition_dir(out_dir: Path) -> Path:
@@ -87,7 +108,8 @@ def source_key(
 
     Covers the data and partition config, the seed, the format version and the size and
     modification time of the raw files, so edited inputs make the partitions stale; for
-    measured weights what they come from (`weigher.key`); for an owners file its content.
+    measured weights what they come from (`weigher.key`); for unequal weights priced by the
+    cost model, the rule and what its prices come from; for an owners file its content.
     """
     payload = {
         "data": data.model_dump(mode="json"),
@@ -98,9 +120,11 @@ def source_key(
         "format_version": FORMAT_VERSION,
         "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
     }
-    if part.part_weights == "measured":
+    if part.part_weights == "measured" and weighted(part):
         assert weigher is not None, "part_weights=measured needs a weigher"
         payload["measured"] = weigher.key
+    if weighted(part) and weigher is not None and weigher.work is not None:
+        payload["vertex_weights"] = [COST_RULE, weigher.key]
     if part.owners_path is not None:
         payload["owners"] = owners_digest(part.owners_path)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -128,16 +152,29 @@ def target_shares(
     if weights == "uniform" or part.num_parts == 1:
         return None
     if weights == "measured":
-        assert weigher is not None, "part_weights=measured needs a weigher"
+        assert weigher is not None and weigher.weigh is not None, "measured needs a weigher"
         weights = weigher.weigh(graph)
     return normalised(list(weights))
 
 
-def achieved_shares(stats: dict[str, Any]) -> list[float]:
-    """Each part's share of METIS's vertex weight (1 + in-degree): its nodes and in-edges."""
-    work = [n + e for n, e in zip(stats["nodes"], stats["edges"], strict=True)]
-    total = max(sum(work), 1)
-    return [round(w / total, 6) for w in work]
+def work_measure(part: PartitionConfig, graph: Graph, weigher: Weigher | None) -> WorkMeasure:
+    """What a node weighs for these parts: the weigher's `cost` rule for unequal shares,
+    else the `degree` rule (uniform parts stay the parts of before)."""
+    if weighted(part) and weigher is not None and weigher.work is not None:
+        return weigher.work(graph)
+    return DEGREE
+
+
+def achieved_shares(stats: dict[str, Any], work: WorkMeasure = DEGREE) -> list[float]:
+    """Each part's share of the work measure (default 1 + in-degree): from its nodes and
+    in-edges."""
+    return work.shares(stats["nodes"], stats["edges"])
+
+
+def node_shares(stats: dict[str, Any]) -> list[float]:
+    """Each part's share of the nodes."""
+    total = max(sum(stats["nodes"]), 1)
+    return [round(n / total, 6) for n in stats["nodes"]]
 
 
 def ensure_partitions(
@@ -198,6 +235,8 @@ def build_partitions(
     }
     shares = target_shares(part, graph, weigher)
     meta["part_weights"] = shares  # null: equal parts
+    work = work_measure(part, graph, weigher)
+    meta["vertex_weights"] = work.meta()
     if part.owners_path is not None:
         meta["owners_sha256"] = owners_digest(part.owners_path)
     clock.lap("load")
@@ -206,17 +245,17 @@ def build_partitions(
     prepared = None
     if part.method == "metis" and part.num_parts > 1:
         meta["metis"] = metis_plan(GraphSize.of(graph), part, graph.name)
-        prepared = metis_input(graph, meta["metis"]["edge_fraction"], seed)
+        prepared = metis_input(graph, meta["metis"]["edge_fraction"], seed, work)
     scratch = None
     try:
         if prepared is not None:  # METIS's working set is the peak: hold nothing else
             scratch = scratch_dir(target)
             graph = spill_graph(graph, scratch)
-        parts_N = owners(graph, part, seed, prepared, shares)
+        parts_N = owners(graph, part, seed, prepared, shares, work)
         del prepared
         clock.lap("partition")
         report("partition", 1, 1)
-        layout_and_write(graph, parts_N, part.num_parts, target, progress, clock, meta)
+        layout_and_write(graph, parts_N, part.num_parts, target, progress, clock, meta, work)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -229,12 +268,14 @@ def owners(
     seed: int,
     prepared: MetisInput | None,
     shares: list[float] | None,
+    work: WorkMeasure,
 ) -> IntArray:
     """The owner of every node: read from the owners file, or assigned by the method."""
     if part.method == "file":
         assert part.owners_path is not None, "checked by the config"
         return owners_from_file(part.owners_path, graph.num_nodes, part.num_parts)
-    return assign_parts(graph, part.num_parts, part.method, seed, prepared, shares)
+    measure = None if work.rule == "degree" else work  # `range` keeps its node counts
+    return assign_parts(graph, part.num_parts, part.method, seed, prepared, shares, measure)
 
 
 def scratch_dir(target: Path) -> Path:
@@ -256,8 +297,10 @@ def layout_and_write(
     progress: ProgressFn | None,
     clock: StageClock,
     meta: dict[str, Any],
+    work: WorkMeasure = DEGREE,
 ) -> None:
-    """Build each part, write it and drop it; then the send lists, stats and META.json."""
+    """Build each part, write it and drop it; then the send lists, stats and META.json (with
+    the shares achieved in `work`'s measure and in nodes)."""
     with PartitionWriter(target) as writer:
         summaries = []
         if progress is not None:
@@ -271,7 +314,8 @@ def layout_and_write(
         clock.lap("layout")
         ds = meta["dataset"]
         meta["stats"] = partition_stats(ds["num_nodes"], ds["num_edges"], summaries)
-        meta["achieved_shares"] = achieved_shares(meta["stats"])
+        meta["achieved_shares"] = achieved_shares(meta["stats"], work)
+        meta["achieved_node_shares"] = node_shares(meta["stats"])
         meta["timings_s"] = clock.seconds
         meta["peak_rss_gb"] = clock.peak_gb
         writer.finish(meta)

@@ -133,7 +133,7 @@ def prepare(
         check_resumable(cfg, run_dir)
         read_latest(run_dir)  # says here, not only in worker logs, if the newest is corrupt
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
-    weigher = part_weigher(cfg, run_dir, timer)  # measured part weights: the probe first
+    weigher = part_weigher(cfg, run_dir, timer)  # unequal part weights: the probe first
     t0 = time.perf_counter()
     parts = ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,

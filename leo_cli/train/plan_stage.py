@@ -8,8 +8,9 @@ else from a short probe through the same launcher as training (then saved in bot
 On several machines (`launch.nnodes > 1`) every node joins that probe (`join_probe`): the run
 folder's profile is reused only when it was measured on as many machines with as many workers
 and the same placement, a rule every node evaluates alike on the shared folder; no machine
-cache is used. The profile also sizes the parts when `partition.part_weights=measured`
-(`part_weigher`): it is then found or probed before partitioning.
+cache is used. The profile also sizes the parts when `partition.part_weights=measured`, and
+prices what each node weighs when the part weights are unequal (measured or a list;
+`part_weigher`): it is then found or probed before partitioning.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import Reach
+from leo_cli.cache.cost import ModelShape, Reach
 from leo_cli.cache.hardware import HARDWARE_FILE, HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.cache.plan import (
     PLAN,
@@ -42,11 +43,18 @@ from leo_cli.cache.plan import (
     write_plan,
 )
 from leo_cli.cache.plot import plot_plan
-from leo_cli.cache.speed import measured_weights
+from leo_cli.cache.speed import measured_weights, work_costs
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.layout import ProgressFn
-from leo_cli.graph.stage import PartitionResult, Weigher, ensure_partitions, partition_dir
+from leo_cli.graph.partitioners import WorkMeasure
+from leo_cli.graph.stage import (
+    PartitionResult,
+    Weigher,
+    ensure_partitions,
+    partition_dir,
+    weighted,
+)
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import Graph
 from leo_cli.registry import mode_of, prediction_key
@@ -116,7 +124,7 @@ def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
 
 def needs_profile(cfg: LeoConfig) -> bool:
     """Whether this run uses a hardware profile: for its cache plan, or to size its parts."""
-    return cfg.cache.policy != "none" or cfg.partition.part_weights == "measured"
+    return cfg.cache.policy != "none" or weighted(cfg.partition)
 
 
 def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
@@ -236,14 +244,14 @@ def busy_note(load: ProbeLoad, run_dir: Path) -> str:
 def part_weigher(
     cfg: LeoConfig, run_dir: Path, timer: RunTimer | None = None, hardware: Path | None = None
 ) -> Weigher | None:
-    """For `partition.part_weights=measured`: the weigher of the partition stage, from the
-    run's hardware profile (`hardware`, or found, or probed now, before partitioning); None
-    otherwise.
+    """For unequal part weights (`measured` or a list): the weigher of the partition stage,
+    from the run's hardware profile (`hardware`, or found, or probed now, before
+    partitioning): the shares (`measured` only) and what each node weighs; None otherwise.
 
-    Its key covers the profile and what the speeds are priced for (model, dtype, layer 0's
+    Its key covers the profile and what the work is priced for (model, dtype, layer 0's
     level), so new rates or another model rebuild the parts.
     """
-    if cfg.partition.part_weights != "measured":
+    if not weighted(cfg.partition):
         return None
     num = cfg.partition.num_parts
     hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer)
@@ -252,11 +260,18 @@ def part_weigher(
     material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype, static]
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
-    def weigh(graph: Graph) -> list[float]:
-        shape = model_shape(cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype])
-        return measured_weights(hw, shape, graph.num_nodes, graph.num_edges, static)
+    def shape_of(graph: Graph) -> ModelShape:
+        return model_shape(cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype])
 
-    return Weigher(key, weigh)
+    def weigh(graph: Graph) -> list[float]:
+        return measured_weights(hw, shape_of(graph), graph.num_nodes, graph.num_edges, static)
+
+    def work(graph: Graph) -> WorkMeasure:
+        costs = work_costs(hw, shape_of(graph), graph.num_nodes, graph.num_edges, static)
+        return WorkMeasure("cost", *costs)
+
+    measured = cfg.partition.part_weights == "measured"
+    return Weigher(key, weigh if measured else None, work)
 
 
 def static_layer0(cfg: LeoConfig) -> bool:
@@ -275,8 +290,8 @@ def run_partitions(
     hardware: Path | None = None,
 ) -> PartitionResult:
     """The run's partitions (`graph.stage.ensure_partitions`), sized by measured speeds when
-    `partition.part_weights=measured` (the probe then runs first, unless `hardware` names a
-    profile)."""
+    `partition.part_weights=measured` and by the cost model's work when the weights are
+    unequal (the probe then runs first, unless `hardware` names a profile)."""
     weigher = part_weigher(cfg, run_dir, hardware=hardware)
     part = cfg.partition
     return ensure_partitions(

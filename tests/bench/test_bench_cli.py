@@ -153,6 +153,8 @@ def test_variants_of_part_weights_run_interleaved_with_equal_losses(tmp_path: Pa
     assert len(meta["part_weights"]) == 3 and len(meta["achieved_shares"]) == 3
     uniform_meta = json.loads((out / "uniform" / "p3" / "partitions" / "META.json").read_text())
     assert uniform_meta["part_weights"] is None
+    rules = (meta["vertex_weights"]["rule"], uniform_meta["vertex_weights"]["rule"])
+    assert rules == ("cost", "degree")  # measured shares are shares of predicted time
     md = (out / "bench.md").read_text()
     assert "| variant |" in md and "| leo | measured | 3 |" in md
 

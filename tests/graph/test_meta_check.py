@@ -46,6 +46,8 @@ BAD: dict[str, tuple[str, str]] = {
     "missing array": ("del d['files'][first_file(d)]", "files: part_0 lacks"),
     "bad digest": ("d['files'][first_file(d)] = 'xyz'", "files.part_0"),
     "NaN timing": ("d['timings_s']['load'] = float('nan')", "timings_s.load"),
+    "unknown vertex rule": ("d['vertex_weights']['rule'] = 'edges'", "vertex_weights.rule"),
+    "short node shares": ("d['achieved_node_shares'] = [1.0]", "achieved_node_shares"),
 }
 
 
