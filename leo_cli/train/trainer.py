@@ -202,7 +202,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
             row.update(job.evaluate())
             row["eval_s"] = time.perf_counter() - t0
         row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.remote_bytes))
-        row.update(rank_times(times, stats.wait_s))
+        row.update(rank_times(times, step_comm[0]))  # the step's waits, not the evaluation's
         row.update(log.row_extras, cold=epoch == start + 1)
         if log.rank != 0:
             continue

@@ -17,6 +17,7 @@ from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo, Graph
 from leo_cli.registry import mode_of
 from leo_cli.train.assemble import Job, assemble
+from leo_cli.train.auto_mode import choose, with_mode
 from leo_cli.train.trainer import evaluate, train_step
 
 
@@ -52,7 +53,9 @@ def run_job(
     num_steps: int,
     spec: str | None = None,
 ) -> dict[str, Any]:
-    """Train num_steps epochs; return losses, final logits by global id and parameters."""
+    """Train num_steps epochs; return losses, final logits by global id and parameters. A config
+    left at `pipeline.mode=auto` runs what `leo train` would choose without a plan."""
+    cfg = with_mode(cfg, choose(cfg, None, world).mode)
     job = assemble(cfg, part, info, world, torch.device("cpu"), spec_levels(spec, part))
     grads = first_gradients(job, cfg.run.seed)
     losses = [

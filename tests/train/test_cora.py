@@ -1,5 +1,7 @@
-"""Real data: GCN (Kipf & Welling 2017) and GAT (Velickovic et al. 2018) on Cora reach their
-published accuracy on 2 and 4 workers."""
+"""Real data: GCN (Kipf & Welling 2017) on 4 workers and GAT (Velickovic et al. 2018) on 2
+reach their published accuracy. One worker count each: every worker count trains the same
+model (the exactness tests of tests/train and tests/comm), so a second count would repeat the
+same numbers for minutes of the suite."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def train_cora(config: str, run: Path, planetoid_root: Path, workers: int) -> di
     return summary
 
 
-@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("workers", [4])
 def test_cora_gcn_reaches_published_accuracy(
     tmp_path: Path, planetoid_root: Path, workers: int
 ) -> None:
@@ -52,7 +54,7 @@ def test_cora_gcn_reaches_published_accuracy(
     assert summary["test_acc"] >= 0.80, summary  # published: 81.5%
 
 
-@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("workers", [2])
 def test_cora_gat_reaches_published_accuracy(
     tmp_path: Path, planetoid_root: Path, workers: int
 ) -> None:

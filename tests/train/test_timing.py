@@ -36,3 +36,40 @@ def test_a_stale_parent_file_is_ignored(tmp_path: Path) -> None:
     assert read_parent(tmp_path, timer.launched_at + 1) == {}  # another launch wrote it
     setup = setup_summary({}, WORKER, 112.0)
     assert setup["setup_s"] == 3.0 and setup["setup_reused_s"] == {}
+
+
+def test_busy_time_is_the_step_less_the_steps_own_waits(tmp_path: Path) -> None:
+    """Rows exchanged while evaluating after the step are not waits of the step: a rank that
+    waited 0.25 s of a 1 s step is busy 0.75 s, however long its evaluation waited."""
+    import json
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    import torch
+
+    from leo_cli.comm.exchange import CommStats
+    from leo_cli.config import load_config
+    from leo_cli.train.trainer import Job, RunLog, fit
+
+    stats = CommStats()
+    model = torch.nn.Linear(2, 2)
+
+    def step(seed: int, epoch: int) -> tuple[float, dict[str, float]]:
+        stats.wait_s += 0.25
+        return 1.0, {"step_s": 1.0}
+
+    def evaluate() -> dict[str, Any]:
+        stats.wait_s += 5.0  # the evaluation's forward pass waits for a slower peer
+        return {"val_acc": 0.5}
+
+    job = SimpleNamespace(
+        graph=SimpleNamespace(aggregator=SimpleNamespace(stats=stats)),
+        step=step,
+        evaluate=evaluate,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    )
+    train = load_config(None, ["train.num_epochs=1"]).train
+    fit(cast(Job, job), train, seed=0, start=0, log=RunLog(tmp_path, 0, {}))
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["rank_busy_s"] == [pytest.approx(0.75)] and row["rank_step_s"] == [1.0]
