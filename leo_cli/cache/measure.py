@@ -80,10 +80,18 @@ def own_times(times: list[float]) -> list[float]:
 @dataclass(frozen=True)
 class Pace:
     """How the ranks time a call together: `sync` before each call, then per call the
-    `slowest` rank's time (identity and no-op in a single process)."""
+    `slowest` rank's time (identity and no-op in a single process).
+
+    `window_s`: each timed sample repeats the call until this many seconds have passed and
+    keeps the time per call. Workers sharing a core then share it for the whole window, as in
+    training; one call of a few milliseconds would run within one scheduler slice, each
+    sharing worker would time it alone, and a worker pinned beside another would look as fast
+    as one alone on its core.
+    """
 
     sync: Sync = no_sync
     slowest: Callable[[list[float]], list[float]] = field(default=own_times)
+    window_s: float = 0.0
 
 
 ALONE = Pace()
@@ -100,10 +108,20 @@ def median_seconds(fn: Callable[[], object], repeats: int, pace: Pace = ALONE) -
     times = []
     for _ in range(repeats):
         pace.sync()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        times.append(seconds_per_call(fn, pace.window_s))
     return max(statistics.median(pace.slowest(times)), 1e-9)  # a rate must stay finite
+
+
+def seconds_per_call(fn: Callable[[], object], window_s: float) -> float:
+    """Seconds per call of `fn`, called until `window_s` seconds have passed (at least once)."""
+    start = time.perf_counter()
+    calls = 0
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= window_s:
+            return elapsed / calls
 
 
 # -- compute ----------------------------------------------------------------------------------
@@ -405,8 +423,9 @@ def barrier() -> None:
 
 GROUP = Pace(sync=barrier, slowest=slowest_over_ranks)
 """The pace of a process group: start together, keep the slowest rank."""
-EACH = Pace(sync=barrier)
-"""Start together, keep this rank's own times (rates per rank)."""
+EACH = Pace(sync=barrier, window_s=0.03)
+"""Start together, keep this rank's own times (rates per rank), each sample a 30 ms window of
+calls (about ten scheduler slices: workers pinned to one core are timed sharing it)."""
 
 
 def alltoall_seconds(num_bytes: int, iters: int) -> float:

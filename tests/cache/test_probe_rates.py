@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from leo_cli.cache.hardware import ProbeSizes
+from leo_cli.cache import measure
 from leo_cli.cache.measure import (
+    EACH,
     QUICK_SIZES,
     Pace,
     fit_link,
@@ -67,6 +69,26 @@ def test_median_seconds_warms_up_then_times() -> None:
     # The slowest rank's times decide.
     slow = median_seconds(lambda: None, 3, Pace(slowest=lambda t: [5.0, 1.0, 7.0]))
     assert slow == 5.0
+
+
+def test_per_rank_samples_share_the_core_for_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A per-rank sample repeats the call for a whole window and keeps the time per call: two
+    workers on one core then each see half of it (a 1 ms call timed alone would fit in one
+    scheduler slice, and each would time it at full speed)."""
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    calls: list[int] = []
+
+    def call() -> None:  # a call of 2 ms
+        calls.append(1)
+        clock[0] += 0.002
+
+    window = Pace(window_s=0.01)
+    assert median_seconds(call, repeats=3, pace=window) == pytest.approx(0.002)
+    assert len(calls) == 1 + 3 * 5  # the warm-up, then 5 calls per 10 ms sample
+    calls.clear()
+    assert median_seconds(call, repeats=3) == pytest.approx(0.002) and len(calls) == 4
+    assert EACH.window_s >= 0.01  # the probe's per-rank rates are timed over windows
 
 
 def test_regular_csr_transpose_matches_the_built_one() -> None:
