@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from leo_cli.cache.hardware import ProbeSizes
 from leo_cli.cache import measure
+from leo_cli.cache.hardware import ProbeSizes
 from leo_cli.cache.measure import (
     EACH,
     QUICK_SIZES,
