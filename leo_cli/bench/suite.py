@@ -114,7 +114,12 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     """The `leo train` config of a LEO variant (one run folder per world size and bench
     variant): the variant's overrides, its pipeline mode, the cache policy the benchmark
     gives it (the baselines run without a cache), and no setting its mode would refuse."""
-    cfg = variant_config(cfg, v.variant)
+    # The variant's overrides are validated at this row's worker count (a variant may list
+    # one part weight per worker).
+    sized = cfg.model_copy(
+        update={"partition": cfg.partition.model_copy(update={"num_parts": v.world_size})}
+    )
+    cfg = variant_config(sized, v.variant)
     mode = mode_of(v.mode)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     cache: dict[str, Any] = {"policy": mode.bench_policy or cfg.cache.policy}

@@ -100,3 +100,19 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
     md = markdown(rows, env)
     assert "| leo | measured | 2 |" in md and "0.200 / 0.250 (0.200 / 0.200)" in md
     assert "vs first variant (range)" in md and "0.500000" in md
+
+
+def test_a_variant_lists_one_part_weight_per_worker_of_its_row(tmp_path: Path) -> None:
+    """`partition.part_weights=[2,1,1]` in a variant is checked at the row's 3 workers, not at
+    the config's own partition.num_parts (2 by default)."""
+    from leo_cli.bench.suite import LEO, leo_config
+
+    cfg = load_config(
+        None,
+        [
+            "bench.world_sizes=[3]",
+            "bench.variants=[{name: w, set: ['partition.part_weights=[2,1,1]']}]",
+        ],
+    )
+    run_cfg = leo_config(cfg, Variant(LEO, "leo", 3, variant="w"), tmp_path)
+    assert run_cfg.partition.num_parts == 3 and run_cfg.partition.part_weights == [2, 1, 1]
