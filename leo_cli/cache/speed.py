@@ -89,7 +89,9 @@ def work_costs(
     twice = halo_less_busy(hw, shape, static, [(nodes, 2 * edges)] * num)
     per_edge = statistics.fmean(b - a for a, b in zip(once, twice, strict=True)) / edges
     per_node = (statistics.fmean(once) - per_edge * edges) / nodes
-    return per_node, per_edge
+    # The rates are interpolated between measured sizes; METIS needs every weight positive.
+    per_edge = max(per_edge, 0.0)
+    return max(per_node, 1e-3 * statistics.fmean(once) / nodes), per_edge
 
 
 def halo_less_busy(

@@ -49,8 +49,8 @@ def check_runs(cfg: LeoConfig) -> None:
     override, or a placement for another worker count, would otherwise stop it midway)."""
     for v in variants(cfg, lambda _: None):
         if v.system == LEO:
-            run_cfg = leo_config(cfg, v, Path(cfg.run.out_dir))
             try:  # validated again: the suite sets num_parts, which part_weights must fit
+                run_cfg = leo_config(cfg, v, Path(cfg.run.out_dir))
                 validate(run_cfg.model_dump(mode="json"), "leo bench")
                 check_supported(run_cfg, allow_inexact=True)
             except ConfigError as exc:

@@ -92,9 +92,11 @@ class Weigher:
 
 
 def weighted(part: PartitionConfig) -> bool:
-    """Whether the parts get unequal target shares (measured or listed): the shares, and so
-    the vertex weights, are then shares of time."""
-    return part.part_weights != "uniform" and part.num_parts > 1 and part.method != "file"
+    """Whether the parts get unequal target shares (measured or listed) that need the hardware
+    profile: the shares, and so the vertex weights, are then shares of time. `random` draws
+    owners by share whatever a node weighs, so its listed shares need no profile."""
+    unequal = part.part_weights != "uniform" and part.num_parts > 1 and part.method != "file"
+    return unequal and (part.method != "random" or part.part_weights == "measured")
 
 
 def partition_dir(out_dir: Path) -> Path:

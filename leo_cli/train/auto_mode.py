@@ -133,10 +133,20 @@ def planning_config(cfg: LeoConfig) -> LeoConfig:
 def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
     """Under `auto` on resume: the mode the run started with (its resolved config), with the
     reasons recorded when it was chosen, if they name that mode; None when the resolved
-    config names no mode yet (written by `leo partition`: no worker ever started)."""
+    config names no mode yet (written by `leo partition`: no worker ever started).
+
+    Raises:
+        ConfigError: that mode is not one this config can run (another placement).
+    """
     mode = load_config(run_dir / "resolved_config.yaml").pipeline.mode
     if is_auto(mode):
         return None
+    if mode not in candidates(cfg):  # e.g. shared-memory, resumed across several machines
+        raise ConfigError(
+            f"Cannot resume {run_dir} with pipeline.mode=auto: the run started in "
+            f"{mode}, which this config cannot run; resume with that run's launch settings "
+            "or start a new run.out_dir."
+        )
     saved = read_choice(run_dir)
     if saved is not None and saved.mode == mode and saved.rule is not None:
         return saved

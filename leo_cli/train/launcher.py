@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from leo_cli.cache.plan import PLAN, CachePlan
+from leo_cli.cache.plan import PLAN
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError
@@ -20,7 +20,7 @@ from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.registry import is_auto
-from leo_cli.train.auto_mode import CHOICE, ModeChoice, choose, resumed, with_mode, write_choice
+from leo_cli.train.auto_mode import CHOICE, choose, resumed, with_mode, write_choice
 from leo_cli.train.checkpoint import read_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.elastic import launch_module, uses_cuda, workers_per_node
@@ -146,8 +146,11 @@ def prepare(
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(run_dir / ".errors", ignore_errors=True)
-    plan = ensure_plan(cfg, run_dir, timer=timer, verify_parts=False)  # workers verify parts
-    choice = run_mode(cfg, run_dir, plan, resume)
+    # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
+    started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
+    plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
+    plan = ensure_plan(plan_cfg, run_dir, timer=timer, verify_parts=False)  # workers verify
+    choice = started or choose(cfg, plan, cfg.partition.num_parts)
     run_cfg = with_mode(cfg, choice.mode)
     num_parts = int(parts.meta["num_parts"])
     if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
@@ -159,21 +162,6 @@ def prepare(
         run_cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})})
     )
     return run_dir
-
-
-def run_mode(cfg: LeoConfig, run_dir: Path, plan: CachePlan | None, resume: bool) -> ModeChoice:
-    """The mode the workers run (train/auto_mode.py): `pipeline.mode` itself, or under `auto`
-    the plan's fastest, or on resume the mode the run started with."""
-    started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
-    return started or choose(cfg, plan, cfg.partition.num_parts)
-
-
-def run_config(cfg: LeoConfig, run_dir: Path) -> LeoConfig:
-    """The config the workers run: under `auto`, with the mode node 0 chose (its resolved
-    config in the shared run folder), so every node starts them with the same fingerprint."""
-    if not is_auto(cfg.pipeline.mode):
-        return cfg
-    return with_mode(cfg, load_config(run_dir / "resolved_config.yaml").pipeline.mode)
 
 
 def run_workers(
@@ -190,7 +178,9 @@ def run_workers(
     they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
     "failed" with the reason after any other failure.
     """
-    cfg = run_config(cfg, run_dir)
+    # The fingerprint of the config as given (`auto` unresolved): every node's is the same when
+    # their configs are, whenever each reads the run folder; the workers read the mode node 0
+    # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     if timer is not None:

@@ -239,3 +239,19 @@ def test_one_part_needs_no_weigher(tmp_path: Path) -> None:
     result = ensure_partitions(DATA, part, 0, tmp_path / "run")
     assert result.meta["vertex_weights"]["rule"] == "degree"
     assert result.meta["part_weights"] is None
+
+
+def test_only_shares_that_need_the_probe_ask_for_it() -> None:
+    """Listed shares weigh nodes by the cost model for METIS and range (the profile prices the
+    work); random draws owners by share whatever a node weighs, so only measured shares probe."""
+
+    def part(method: str, weights: str) -> PartitionConfig:
+        return load_config(
+            None, ["partition.num_parts=3", f"partition.method={method}", weights]
+        ).partition
+
+    listed = "partition.part_weights=[2,1,1]"
+    assert stage.weighted(part("metis", listed)) and stage.weighted(part("range", listed))
+    assert not stage.weighted(part("random", listed))
+    assert stage.weighted(part("random", "partition.part_weights=measured"))
+    assert not stage.weighted(part("metis", "partition.part_weights=uniform"))

@@ -107,16 +107,17 @@ def test_resumed_auto_run_keeps_the_mode_it_started_with(tmp_path: Path) -> None
     write_resolved(cfg(f"run.out_dir={run}", "pipeline.mode=blocking"))
     started = ModeChoice("auto", "blocking", "predicted fastest", {"leo": 0.2, "blocking": 0.1})
     auto_mode.write_choice(run, started)
-    assert auto_mode.resumed(cfg(), run) == started
-    from leo_cli.train.launcher import run_mode
-
-    leo_faster = plan_with({"leo": 0.01, "blocking": 0.1})  # a new plan: not asked on resume
-    assert run_mode(cfg(), run, leo_faster, resume=True) == started
-    assert run_mode(cfg(), run, leo_faster, resume=False).mode == "leo"
+    assert auto_mode.resumed(cfg(), run) == started  # a new plan is not asked on resume
+    leo_faster = plan_with({"leo": 0.01, "blocking": 0.1})
+    assert auto_mode.choose(cfg(), leo_faster, 2).mode == "leo"  # a fresh start asks it
     (run / auto_mode.CHOICE).unlink()  # an interrupted first start, or a mode set by name
     again = auto_mode.resumed(cfg(), run)
     assert again is not None
     assert (again.mode, again.rule) == ("blocking", "resumed: the mode the run started with")
+    write_resolved(cfg(f"run.out_dir={run}", "pipeline.mode=shared-memory"))
+    two_nodes = cfg("launch.nnodes=2", "launch.master_port=29511")  # shared-memory: one host
+    with pytest.raises(ConfigError, match="the run started in shared-memory"):
+        auto_mode.resumed(two_nodes, run)
     write_resolved(cfg(f"run.out_dir={run}"))  # as leo partition writes it: no mode chosen yet
     assert auto_mode.resumed(cfg(), run) is None
 
@@ -138,7 +139,7 @@ def test_workers_refuse_an_unresolved_config() -> None:
 
 
 def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
-    from leo_cli.train.launcher import prepare, run_config
+    from leo_cli.train.launcher import prepare
 
     run = tmp_path / "run"
     config = cfg(
@@ -153,4 +154,3 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
     assert recorded["mode_rule"] == "no cache plan with cache.policy=none"
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == "leo"  # every rank, on every node, reads this one
-    assert run_config(config, run).pipeline.mode == "leo"

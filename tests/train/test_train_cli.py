@@ -163,13 +163,15 @@ def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
 
 
 def test_losses_do_not_depend_on_part_weights_or_owners(tmp_path: Path) -> None:
-    """Unequal parts (explicit weights 3:1, and owners from a file) train the numbers of one
-    process; every rank's step and busy time are logged and summarised."""
+    """Unequal parts (explicit weights 3:1 and 2:1:1, METIS's vertex weights priced by the cost
+    model, and owners from a file) train the numbers of one process; every rank's step and
+    busy time are logged and summarised."""
     owners = tmp_path / "owners.npy"
     np.save(owners, (np.arange(600) % 3 == 0).astype(np.int64))  # a third on rank 1
     cases = {
         "p1": ["--set", "partition.num_parts=1"],
         "weighted": ["--set", "partition.part_weights=[3,1]"],
+        "three": ["--set", "partition.num_parts=3", "--set", "partition.part_weights=[2,1,1]"],
         "file": ["--set", "partition.method=file", "--set", f"partition.owners_path={owners}"],
     }
     curves = {}
@@ -181,35 +183,18 @@ def test_losses_do_not_depend_on_part_weights_or_owners(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         curves[name] = [r["loss"] for r in metrics(run)]
         if name != "p1":
-            assert all(len(r["rank_step_s"]) == 2 for r in metrics(run))
+            parts = 3 if name == "three" else 2
+            assert all(len(r["rank_step_s"]) == parts for r in metrics(run))
             s = summary(run)
-            assert len(s["rank_mean_busy_s"]) == 2 and s["rank_spread"] >= 1.0
+            assert len(s["rank_mean_busy_s"]) == parts and s["rank_spread"] >= 1.0
     meta = json.loads((tmp_path / "weighted" / "partitions" / "META.json").read_text())
     assert meta["part_weights"] == [0.75, 0.25] and meta["achieved_shares"][0] > 0.6
     assert meta["vertex_weights"]["rule"] == "cost"  # unequal shares: shares of time
-    for name in ("weighted", "file"):
-        np.testing.assert_allclose(curves[name], curves["p1"], rtol=1e-5, err_msg=name)
-
-
-def test_losses_with_cost_vertex_weights_at_three_workers(tmp_path: Path) -> None:
-    """Three parts of 2:1:1 shares of the cost model's work (METIS's vertex weights priced per
-    node and per in-edge) train the numbers of one process."""
-    cases = {
-        "p1": ["--set", "partition.num_parts=1"],
-        "p3": ["--set", "partition.num_parts=3", "--set", "partition.part_weights=[2,1,1]"],
-    }
-    curves = {}
-    for name, args in cases.items():
-        run = tmp_path / name
-        res = leo(
-            "train", *TINY, *args, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=3"
-        )
-        assert res.returncode == 0, res.stderr
-        curves[name] = [r["loss"] for r in metrics(run)]
-    meta = json.loads((tmp_path / "p3" / "partitions" / "META.json").read_text())
+    meta = json.loads((tmp_path / "three" / "partitions" / "META.json").read_text())
     assert meta["vertex_weights"]["rule"] == "cost" and meta["vertex_weights"]["per_edge"] > 0
     assert meta["part_weights"] == pytest.approx([0.5, 0.25, 0.25])
-    np.testing.assert_allclose(curves["p3"], curves["p1"], rtol=1e-5)
+    for name in ("weighted", "three", "file"):
+        np.testing.assert_allclose(curves[name], curves["p1"], rtol=1e-5, err_msg=name)
 
 
 @pytest.fixture(scope="module")
