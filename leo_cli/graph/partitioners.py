@@ -55,7 +55,7 @@ def assign_parts(
         if shares is not None:
             return rng.choice(num_parts, size=graph.num_nodes, p=shares).astype(np.int64)
         return rng.integers(0, num_parts, graph.num_nodes, dtype=np.int64)
-    vweights = None if shares is None or work is None else work.vertex_weights(in_degrees(graph))
+    vweights = None if shares is None or work is None else work.vertex_weights(graph.degree())
     return range_parts(graph.num_nodes, num_parts, shares, vweights)
 
 
@@ -180,15 +180,6 @@ class WorkMeasure:
 
 
 DEGREE = WorkMeasure("degree", 1.0, 1.0)
-
-
-def in_degrees(graph: Graph) -> IntArray:
-    """In-degree of every node, int64 [N]."""
-    counts = np.zeros(graph.num_nodes, dtype=np.int64)
-    dst = graph.edge_index_2E[1]
-    for lo in range(0, dst.shape[0], CHUNK):
-        counts += np.bincount(dst[lo : lo + CHUNK], minlength=graph.num_nodes)
-    return counts
 
 
 @dataclass

@@ -24,7 +24,6 @@ from leo_cli.graph.partitioners import (
     WEIGHT_TOTAL_LIMIT,
     WorkMeasure,
     assign_parts,
-    in_degrees,
     metis_input,
     metis_parts,
 )
@@ -130,7 +129,7 @@ def test_uniform_parts_are_the_parts_of_before(tmp_path: Path) -> None:
     assert result.meta["vertex_weights"] == {"rule": "degree", "per_node": 1.0, "per_edge": 1.0}
     graph = load_dataset(DATA, 0)
     inputs = metis_input(graph)
-    np.testing.assert_array_equal(inputs.vweights, 1 + in_degrees(graph))
+    np.testing.assert_array_equal(inputs.vweights, 1 + graph.degree())
     expected = metis_parts(inputs, 2, 0)
     for rank in range(2):
         inner = read_part(result.path, rank).inner_nodes
@@ -165,7 +164,7 @@ def test_metis_balances_the_cost_not_the_degree() -> None:
     """Where per-node work dominates, the cost rule gives each part its share of the work and
     of the nodes; the degree rule hands the sparse half's part far more nodes."""
     g = two_densities()
-    degree = in_degrees(g)
+    degree = g.degree()
     measure = WorkMeasure("cost", 40.0, 1.0)
     work = measure.vertex_weights(degree)
     by_cost = assign_parts(g, 2, "metis", 0, weights=[1, 1], work=measure)
@@ -182,7 +181,7 @@ def test_metis_balances_the_cost_not_the_degree() -> None:
 def test_range_sizes_blocks_by_the_work_and_random_needs_no_measure() -> None:
     g = two_densities()
     measure = WorkMeasure("cost", 1.0, 4.0)
-    work = measure.vertex_weights(in_degrees(g))
+    work = measure.vertex_weights(g.degree())
     owners = assign_parts(g, 3, "range", 0, weights=[2, 1, 1], work=measure)
     assert np.all(np.diff(owners) >= 0)  # contiguous blocks
     share = np.bincount(owners, weights=work, minlength=3) / work.sum()
