@@ -13,6 +13,7 @@ import platform
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
 from leo_cli.registry import is_auto, mode_of, pipeline_modes, planned_mode
+from leo_cli.train.auto_mode import planning_config
 from leo_cli.train.in_place import reads_in_place
 
 
@@ -26,8 +27,8 @@ def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
     key = "pipeline.transport=shared-memory"
     mode = cfg.pipeline.mode
     if is_auto(mode):  # auto then chooses among the modes that read in place (auto_mode.py)
-        mode = planned_mode()
-        cfg = cfg.model_copy(update={"pipeline": cfg.pipeline.model_copy(update={"mode": mode})})
+        cfg = planning_config(cfg)
+        mode = cfg.pipeline.mode
     if on_cuda:
         raise ConfigError(
             f"{key} reads rows from host memory, which CUDA workers do not read in place in "
