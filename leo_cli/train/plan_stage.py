@@ -57,8 +57,8 @@ from leo_cli.graph.stage import (
 )
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import Graph
-from leo_cli.registry import mode_of, prediction_key
-from leo_cli.train.auto_mode import planning_config
+from leo_cli.registry import is_auto, mode_of, planned_mode, prediction_key
+from leo_cli.train.auto_mode import planning_config, read_choice, with_mode
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.placement import affinity_tag
@@ -384,24 +384,37 @@ def halo_sizes(meta: dict[str, Any]) -> list[int]:
 
 def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     """The plan's predicted step time of this run's mode, when the run folder's plan was made
-    for these partitions and settings: with a cache, only the planned mode's (the plan prices
-    the others without one); without, every mode's (the planned mode under its cache-free
-    benchmark name, registry.prediction_key)."""
-    found = _plan_for(run_dir, cfg)
-    return None if found is None else found[0].predicted.get(found[1])
+    for these partitions and settings. With a cache, the planned mode's is the plan's own
+    prediction and another exact mode's the one priced with what it can use of the plan's
+    levels (`predicted_run_s`, what `pipeline.mode=auto` chose from); without a cache, every
+    mode's (the planned mode under its cache-free benchmark name, registry.prediction_key)."""
+    plan = _plan_for(run_dir, cfg)
+    if plan is None:
+        return None
+    if _runs_levels_unplanned(cfg):
+        return plan.predicted_run.get(cfg.pipeline.mode)
+    return plan.predicted.get(prediction_key(cfg.pipeline.mode, cfg.cache.policy != "none"))
 
 
 def predicted_busy(run_dir: Path, cfg: LeoConfig) -> list[float] | None:
     """Each rank's predicted busy time (its own work, no waiting) in this run's mode, from a
-    plan made for this run (as `predicted_time`)."""
-    found = _plan_for(run_dir, cfg)
-    ranks = None if found is None else found[0].ranks_s.get(found[1])
+    plan made for this run (as `predicted_time`); None for a mode other than the planned one
+    run with a cache (the plan keeps only its step, not its ranks)."""
+    plan = _plan_for(run_dir, cfg)
+    if plan is None or _runs_levels_unplanned(cfg):
+        return None
+    ranks = plan.ranks_s.get(prediction_key(cfg.pipeline.mode, cfg.cache.policy != "none"))
     return None if not ranks else [r["busy_s"] for r in ranks]
 
 
-def _plan_for(run_dir: Path, cfg: LeoConfig) -> tuple[CachePlan, str] | None:
-    """The run folder's plan and the key of this run's mode in it, when the plan was made
-    for these partitions and settings (see `predicted_time`)."""
+def _runs_levels_unplanned(cfg: LeoConfig) -> bool:
+    """Whether this run uses a cache plan's levels in a mode the plan was not made for."""
+    return cfg.cache.policy != "none" and not mode_of(cfg.pipeline.mode).planned
+
+
+def _plan_for(run_dir: Path, cfg: LeoConfig) -> CachePlan | None:
+    """The run folder's plan, when it was made for these partitions and settings (with a
+    cache, its levels and prices; without, the graph and partitions alone)."""
     try:
         plan = read_plan(run_dir)
         meta = read_meta(partition_dir(run_dir))
@@ -410,8 +423,18 @@ def _plan_for(run_dir: Path, cfg: LeoConfig) -> tuple[CachePlan, str] | None:
     if plan is None:
         return None
     cached = cfg.cache.policy != "none"
-    inputs, graph_key = plan_digests(cfg, meta, int(meta["num_parts"]))
-    fresh = plan.inputs == inputs if cached else plan.graph_inputs == graph_key
-    if not fresh or (cached and not mode_of(cfg.pipeline.mode).planned):
-        return None
-    return plan, prediction_key(cfg.pipeline.mode, cached)
+    for made_for in planned_for(run_dir, cfg):
+        inputs, graph_key = plan_digests(made_for, meta, int(meta["num_parts"]))
+        if (plan.inputs == inputs) if cached else (plan.graph_inputs == graph_key):
+            return plan
+    return None
+
+
+def planned_for(run_dir: Path, cfg: LeoConfig) -> list[LeoConfig]:
+    """The configs this run's plan may have been made for: the run's own and, when
+    `pipeline.mode=auto` chose this mode (the run folder's mode-choice.json says so), the
+    planned mode's (auto plans for it; a resumed run plans for the mode it runs)."""
+    choice = read_choice(run_dir)
+    if choice is not None and is_auto(choice.requested) and choice.mode == cfg.pipeline.mode:
+        return [cfg, with_mode(cfg, planned_mode())]
+    return [cfg]

@@ -75,11 +75,12 @@ def metrics(run: Path) -> list[dict]:
 
 def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
     cached, spilled, plain = tmp_path / "cached", tmp_path / "spilled", tmp_path / "plain"
-    pg = ["--set", "pipeline.transport=process-group"]
+    # leo named (not auto's choice): the levels' bytes below are leo's.
+    pg = ["--set", "pipeline.transport=process-group", "--set", "pipeline.mode=leo"]
     res = leo("train", *TINY, *LEVELS, *pg, "--set", f"run.out_dir={cached}")
     assert res.returncode == 0, res.stderr
     # A halo budget below the buffer: the least-read rows go to L3, read in place.
-    small = ["--set", "cache.halo_budget_mb=1%"]
+    small = ["--set", "cache.halo_budget_mb=1%", "--set", "pipeline.mode=leo"]
     res = leo("train", *TINY, *LEVELS, *small, "--set", f"run.out_dir={spilled}")
     assert res.returncode == 0, res.stderr
     res = leo("train", *TINY, "--set", "cache.policy=none", "--set", f"run.out_dir={plain}")

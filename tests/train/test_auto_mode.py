@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import hardware_dict
 
 from leo_cli.cache.plan import CachePlan
 from leo_cli.config import LeoConfig, load_config, write_resolved
@@ -154,3 +155,36 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
     assert recorded["mode_rule"] == "no cache plan with cache.policy=none"
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == "leo"  # every rank, on every node, reads this one
+
+
+def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
+    """summary.json's predicted step of a cached run is the one auto chose from, for every
+    mode it can choose (a plan made for the planned mode prices the others with its levels)."""
+    from leo_cli.cache.plan import read_plan
+    from leo_cli.train.launcher import prepare
+    from leo_cli.train.plan_stage import predicted_busy, predicted_time
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(hardware_dict(2)))
+    run = tmp_path / "run"
+    config = cfg(
+        "data.synthetic.num_nodes=300",
+        "data.synthetic.num_features=8",
+        "partition.num_parts=2",
+        "cache.policy=degree",
+        "cache.replica_budget_mb=30%",
+        "pipeline.transport=process-group",
+        f"cache.hardware={hw}",
+        f"run.out_dir={run}",
+    )
+    prepare(config, resume=False, progress=None)
+    plan = read_plan(run)
+    assert plan is not None
+    others = [m for m in candidates(config) if not mode_of(m).planned]
+    assert any(plan.predicted_run.get(m) is not None for m in others)
+    for mode in candidates(config):
+        auto_mode.write_choice(run, ModeChoice("auto", mode, "predicted fastest"))
+        ran = auto_mode.with_mode(config, mode)
+        assert predicted_time(run, ran) == plan.predicted_run[mode]
+        busy = predicted_busy(run, ran)  # kept per rank for the planned mode only
+        assert (busy is not None) == mode_of(mode).planned

@@ -115,6 +115,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert s["mode_requested"] == "auto" and s["mode_rule"] == "predicted fastest"
     assert set(predicted) == set(auto_candidates())
     assert s["mode"] == min(predicted, key=lambda m: predicted[m] or float("inf"))
+    assert s["predicted_epoch_time_s"] == predicted[s["mode"]]  # what it chose by
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == s["mode"]  # what every rank read
     stdout = " ".join(res.stdout.split())
