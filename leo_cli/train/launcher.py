@@ -21,7 +21,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.registry import is_auto
 from leo_cli.train.auto_mode import CHOICE, choose, resumed, with_mode, write_choice
-from leo_cli.train.checkpoint import read_latest
+from leo_cli.train.checkpoint import checkpoint_dir, read_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
 from leo_cli.train.elastic import launch_module, uses_cuda, workers_per_node
 from leo_cli.train.metrics import read_json
@@ -194,11 +194,22 @@ def run_workers(
     except BaseException as exc:
         mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
         raise
+    finally:
+        sweep_run_files(cfg, run_dir)
     summary_path = run_dir / "summary.json"
     if timer is not None and cfg.launch.node_rank == 0 and summary_path.is_file():
         summary = read_json(summary_path)
         summary["wall_s"] = round(time.time() - timer.started_at, 4)
         files.write_json(summary_path, summary)
+
+
+def sweep_run_files(cfg: LeoConfig, run_dir: Path) -> None:
+    """Remove the temporary files of writers that are gone (a worker killed by a signal in
+    the middle of a checkpoint or a run file runs no clean-up of its own); node 0, whose
+    workers write them."""
+    if cfg.launch.node_rank == 0:
+        for folder in (run_dir, checkpoint_dir(run_dir)):
+            files.sweep_temporaries(folder)
 
 
 def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,13 @@ import pytest
 import torch
 
 from leo_cli.errors import TrainError
-from leo_cli.train.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from leo_cli.train.checkpoint import (
+    checkpoint_dir,
+    list_checkpoints,
+    load_latest,
+    save_checkpoint,
+)
+from leo_cli.util.interrupt import Interrupted
 
 
 def saved_state(epoch: int) -> dict[str, Any]:
@@ -50,3 +59,30 @@ def test_no_readable_checkpoint_is_one_sentence(tmp_path: Path) -> None:
 
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:
     assert load_latest(tmp_path) is None
+
+
+@pytest.mark.parametrize("ending", [Interrupted(15), TrainError("worker 1 failed")])
+def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: BaseException
+) -> None:
+    """A worker killed in the middle of a save leaves its temporary file (nothing of its own
+    runs); the launcher removes it once the workers are gone, and only a dead writer's."""
+    from leo_cli.config import load_config
+    from leo_cli.train import launcher
+
+    folder = checkpoint_dir(tmp_path)
+    folder.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cut = folder / f".epoch_000003.pt.{dead.pid}-abc123.tmp"
+    live = folder / f".epoch_000004.pt.{os.getpid()}-def456.tmp"
+    for path in (cut, live):
+        path.write_bytes(b"\0" * 64)
+
+    def killed(*_: Any) -> None:
+        raise ending
+
+    monkeypatch.setattr(launcher, "launch_module", killed)
+    with pytest.raises(type(ending)):
+        launcher.run_workers(load_config(None, []), tmp_path, resume=False)
+    assert not cut.exists() and live.exists()
