@@ -1,4 +1,4 @@
-"""Start P gloo ranks inside pytest: torch.multiprocessing.spawn on localhost, results back
+"""Start P gloo ranks inside pytest: torch.multiprocessing on localhost (forkserver), results back
 through a queue, a hung rank failing the test instead of hanging it."""
 
 from __future__ import annotations
@@ -13,6 +13,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# Ranks fork from a server that imported torch (and, with a CPU-only torch, the trainer) once:
+# a spawned rank imports them again, about 3 s of a core per rank and test. The server runs no
+# torch code, so forking it is safe; with a CUDA torch the trainer is not preloaded (importing
+# leo_cli.kernels can load the CUDA kernels and touch the GPU, which a forked child cannot use).
+START_METHOD = "forkserver"
+PRELOAD = ["torch", "torch.distributed", "numpy"]
+if torch.version.cuda is None:
+    PRELOAD += ["leo_cli.train.assemble", "leo_cli.train.trainer"]
+mp.set_forkserver_preload(PRELOAD)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,18 +33,18 @@ def free_port() -> int:
 def spawn_ranks(
     target: Callable[..., Any], world: int, *args: Any, limit_s: float = 120
 ) -> list[Any]:
-    """Run `target(rank, world, *args)` on `world` spawned processes; results by rank.
+    """Run `target(rank, world, *args)` on `world` processes; results by rank.
 
     MASTER_ADDR/MASTER_PORT point at a free local port; an exception a rank raises comes back
     as its result. A rank that never answers fails the test after `limit_s` instead of hanging.
     """
-    queue = mp.get_context("spawn").SimpleQueue()
+    queue = mp.get_context(START_METHOD).SimpleQueue()
     context = mp.start_processes(
         _rank_main,
-        args=(world, free_port(), target, args, queue),
+        args=(world, free_port(), dict(os.environ), target, args, queue),
         nprocs=world,
         join=False,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
     # Read results before joining: a large result blocks its writer until the pipe drains.
     by_rank: dict[int, Any] = {}
@@ -55,10 +65,18 @@ def spawn_ranks(
 
 
 def _rank_main(
-    rank: int, world: int, port: int, target: Callable[..., Any], args: Any, queue: Any
+    rank: int,
+    world: int,
+    port: int,
+    environ: dict[str, str],
+    target: Callable[..., Any],
+    args: Any,
+    queue: Any,
 ) -> None:
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # Forked from the server, not from pytest: the test's environment as it is now.
+    os.environ.clear()
+    os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         result = target(rank, world, *args)
     except Exception as exc:  # the test inspects it
