@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,3 +165,21 @@ class Payload:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (open, (str(self.marker), "w"))
+
+
+def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it:
+    for a command refused before any worker starts, without a fresh interpreter's ~4 s of
+    imports. The signal handlers the command installs are put back."""
+    from typer.testing import CliRunner
+
+    from leo_cli.cli.app import app
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    saved = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        res = CliRunner().invoke(app, list(args))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["leo", *args], res.exit_code, res.stdout, res.stderr)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import leo_here
 
 from leo_cli.bench.report import COLUMNS
 
@@ -183,7 +184,7 @@ def _has_pyg() -> bool:
     ],
 )
 def test_bad_bench_settings_are_one_sentence(tmp_path: Path, args: list[str], needle: str) -> None:
-    res = leo("bench", "--set", f"run.out_dir={tmp_path / 'b'}", *args)
+    res = leo_here("bench", "--set", f"run.out_dir={tmp_path / 'b'}", *args)
     assert res.returncode == 2
     assert needle in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "b" / "bench.json").exists()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import leo_here
 
 pytestmark = pytest.mark.dist
 
@@ -119,6 +120,8 @@ def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
 def test_bad_hardware_file_is_one_sentence(tmp_path: Path) -> None:
     bad = tmp_path / "hw.json"
     bad.write_text("{}")
-    res = leo("profile-cache", *TINY, "--set", f"run.out_dir={tmp_path}", "--hardware", str(bad))
+    res = leo_here(
+        "profile-cache", *TINY, "--set", f"run.out_dir={tmp_path}", "--hardware", str(bad)
+    )
     assert res.returncode == 2
     assert str(bad) in " ".join(res.stderr.split()) and "Traceback" not in res.stderr

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import leo_here
 from ranks import free_port
 
 from leo_cli.config import load_config
@@ -391,7 +392,7 @@ def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
 )
 def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -> None:
     run = tmp_path / "run"
-    res = leo("train", *TINY, "--set", f"run.out_dir={run}", *args)
+    res = leo_here("train", *TINY, "--set", f"run.out_dir={run}", *args)
     assert res.returncode == 2, res.stderr
     assert needle in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
     assert not (run / "metrics.jsonl").exists()
