@@ -14,11 +14,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # Ranks fork from a server that imported torch (and, with a CPU-only torch, the trainer) once:
-# a spawned rank imports them again, about 3 s of a core per rank and test. The server runs no
+# a spawned rank imports them again, about 3 s of a core per rank and test, and 2 s more for
+# torch._dynamo (the first call of a torch.library custom op imports it). The server runs no
 # torch code, so forking it is safe; with a CUDA torch the trainer is not preloaded (importing
 # leo_cli.kernels can load the CUDA kernels and touch the GPU, which a forked child cannot use).
 START_METHOD = "forkserver"
-PRELOAD = ["torch", "torch.distributed", "numpy"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy"]
 if torch.version.cuda is None:
     PRELOAD += ["leo_cli.train.assemble", "leo_cli.train.trainer"]
 mp.set_forkserver_preload(PRELOAD)

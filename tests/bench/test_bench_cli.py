@@ -33,42 +33,35 @@ def leo(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    peers = "[pyg]" if _has_pyg() else "[]"
     res = leo(
         "bench",
         *TINY,
         "--set", f"run.out_dir={out}",
         "--set", "bench.modes=[leo,leo-no-cache,blocking,fine-grained,compute-only]",
-        "--set", "bench.world_sizes=[1,2]",
-        "--set", f"bench.peers={peers}",
+        "--set", "bench.world_sizes=[2]",
+        "--set", "bench.peers=[]",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     data = json.loads((out / "bench.json").read_text())
     rows = data["rows"]
     assert {"cpu", "cores", "versions", "command"} <= set(data["env"])
-    # One worker: LEO with the static aggregate (input dropout 0 by default) and without.
-    leo_rows = [r for r in rows if r["system"] == "leo"]
-    assert [(r["mode"], r["world_size"], r["static_aggregate"]) for r in leo_rows[:2]] == [
-        ("leo", 1, True),
-        ("leo", 1, False),
-    ]
-    assert [(r["mode"], r["world_size"]) for r in leo_rows[2:]] == [
-        ("leo", 2),
-        ("leo-no-cache", 2),
-        ("blocking", 2),
-        ("fine-grained", 2),
-        ("compute-only", 2),
+    assert [(r["system"], r["mode"], r["world_size"]) for r in rows] == [
+        ("leo", "leo", 2),
+        ("leo", "leo-no-cache", 2),
+        ("leo", "blocking", 2),
+        ("leo", "fine-grained", 2),
+        ("leo", "compute-only", 2),
     ]
     for r in rows:
         assert set(COLUMNS) <= set(r)
         assert r["epoch_time_s"] > 0 and r["epochs_kept"] + r["epochs_dropped"] == 4
         assert 0 < r["setup_s"] < r["wall_s"], r
         assert r["cost_200_epochs_s"] == pytest.approx(r["setup_s"] + 200 * r["epoch_time_s"])
-        assert r["interval"] in (None, "range")  # two rounds: their range, said so
+        assert r["interval"] == "range"  # two rounds: their range, said so
     assert "vs blocking (range)" in (out / "bench.md").read_text()
     shares = data["hidden_share"]["2"]
     assert set(shares) == {"share", "ci_low", "ci_high", "interval"}
-    by_mode = {r["mode"]: r for r in rows if r["world_size"] == 2}
+    by_mode = {r["mode"]: r for r in rows}
     assert by_mode["blocking"]["vs_blocking"] == pytest.approx(1.0)
     assert by_mode["compute-only"]["exact"] is False and by_mode["leo"]["exact"] is True
     assert by_mode["compute-only"]["comm_bytes_per_epoch"] == 0
@@ -84,8 +77,6 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     # Exact modes train the same model: same accuracy.
     exact = ("leo", "leo-no-cache", "blocking", "fine-grained")
     assert len({by_mode[m]["test_acc"] for m in exact}) == 1
-    if _has_pyg():
-        assert rows[-1]["system"] == "pyg" and rows[-1]["vs_pyg"] == pytest.approx(1.0)
     with (out / "bench.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     md = (out / "bench.md").read_text()
@@ -95,27 +86,35 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     assert "leo bench" in res.stdout
 
 
-def test_gat_suite_with_its_pyg_peer(tmp_path: Path) -> None:
-    """`leo bench` accepts model.name=gat; the PyG peer is GATConv."""
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_one_worker_rows_beside_the_pyg_peer(tmp_path: Path, model: str) -> None:
+    """At one worker every mode is one process: one row, and for a model whose first layer
+    can aggregate once (GCN) a second row without it; the PyG peer is GCNConv or GATConv."""
     out = tmp_path / "bench"
     peers = "[pyg]" if _has_pyg() else "[]"
     res = leo(
         "bench",
         *TINY,
-        "--set", "model.name=gat",
-        "--set", "model.heads=2",
+        "--set", f"model.name={model}",
+        *(["--set", "model.heads=2"] if model == "gat" else []),
         "--set", f"run.out_dir={out}",
-        "--set", "bench.modes=[leo,blocking]",
-        "--set", "bench.world_sizes=[2]",
+        "--set", "bench.modes=[leo]",
+        "--set", "bench.world_sizes=[1]",
+        "--set", "bench.repeats=1",
         "--set", f"bench.peers={peers}",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "bench.json").read_text())["rows"]
-    leo_rows = [r for r in rows if r["system"] == "leo"]
-    assert [(r["mode"], r["world_size"]) for r in leo_rows] == [("leo", 2), ("blocking", 2)]
-    assert len({r["test_acc"] for r in leo_rows}) == 1 and all(r["exact"] for r in leo_rows)
+    leo_rows = [
+        (r["mode"], r["world_size"], r["static_aggregate"]) for r in rows if r["system"] == "leo"
+    ]
+    if model == "gcn":  # input dropout 0 by default: layer 0 aggregates once
+        assert leo_rows == [("leo", 1, True), ("leo", 1, False)]
+    else:  # attention: no static aggregate
+        assert leo_rows == [("leo", 1, False)]
+    assert all(r["interval"] is None for r in rows)  # one round: no interval
     if _has_pyg():
-        assert [r["system"] for r in rows[-1:]] == ["pyg"]
+        assert rows[-1]["system"] == "pyg" and rows[-1]["vs_pyg"] == pytest.approx(1.0)
         assert rows[-1]["epoch_time_s"] > 0
 
 
