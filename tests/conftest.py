@@ -170,7 +170,10 @@ class Payload:
 def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
     """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it:
     for a command refused before any worker starts, without a fresh interpreter's ~4 s of
-    imports. The signal handlers the command installs are put back."""
+    imports. An exception other than the command's exit propagates (with its traceback); the
+    environment and the signal handlers the command sets are put back."""
+    from unittest import mock
+
     from typer.testing import CliRunner
 
     from leo_cli.cli.app import app
@@ -178,8 +181,10 @@ def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
     signals = (signal.SIGINT, signal.SIGTERM)
     saved = {sig: signal.getsignal(sig) for sig in signals}
     try:
-        res = CliRunner().invoke(app, list(args))
+        with mock.patch.dict(os.environ):
+            res = CliRunner().invoke(app, list(args), catch_exceptions=False)
     finally:
         for sig, handler in saved.items():
-            signal.signal(sig, handler)
+            if handler is not None:
+                signal.signal(sig, handler)
     return subprocess.CompletedProcess(["leo", *args], res.exit_code, res.stdout, res.stderr)

@@ -16,11 +16,14 @@ import torch.multiprocessing as mp
 # Ranks fork from a server that imported torch (and, with a CPU-only torch, the trainer) once:
 # a spawned rank imports them again, about 3 s of a core per rank and test, and 2 s more for
 # torch._dynamo (the first call of a torch.library custom op imports it). The server runs no
-# torch code, so forking it is safe; with a CUDA torch the trainer is not preloaded (importing
-# leo_cli.kernels can load the CUDA kernels and touch the GPU, which a forked child cannot use).
-START_METHOD = "forkserver"
+# torch ops and never initialises a GPU, so forking it is safe; with a GPU build of torch the
+# trainer is not preloaded (importing leo_cli.kernels can load the CUDA kernels and touch the
+# GPU, which a forked child could not use). The server starts with the first test that starts
+# ranks, and what modules decide at import (LEO_KERNELS, OMP_NUM_THREADS, TORCH_*) is decided
+# in that environment: a test that needs another one at import time starts its ranks with
+# `start_method="spawn"`. Each rank gets the calling test's environment when it starts.
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy"]
-if torch.version.cuda is None:
+if torch.version.cuda is None and torch.version.hip is None:
     PRELOAD += ["leo_cli.train.assemble", "leo_cli.train.trainer"]
 mp.set_forkserver_preload(PRELOAD)
 
@@ -32,20 +35,24 @@ def free_port() -> int:
 
 
 def spawn_ranks(
-    target: Callable[..., Any], world: int, *args: Any, limit_s: float = 120
+    target: Callable[..., Any],
+    world: int,
+    *args: Any,
+    limit_s: float = 120,
+    start_method: str = "forkserver",
 ) -> list[Any]:
     """Run `target(rank, world, *args)` on `world` processes; results by rank.
 
     MASTER_ADDR/MASTER_PORT point at a free local port; an exception a rank raises comes back
     as its result. A rank that never answers fails the test after `limit_s` instead of hanging.
     """
-    queue = mp.get_context(START_METHOD).SimpleQueue()
+    queue = mp.get_context(start_method).SimpleQueue()
     context = mp.start_processes(
         _rank_main,
         args=(world, free_port(), dict(os.environ), target, args, queue),
         nprocs=world,
         join=False,
-        start_method=START_METHOD,
+        start_method=start_method,
     )
     # Read results before joining: a large result blocks its writer until the pipe drains.
     by_rank: dict[int, Any] = {}

@@ -205,9 +205,10 @@ def run_workers(
 
 def sweep_run_files(cfg: LeoConfig, run_dir: Path) -> None:
     """Remove the temporary files of writers that are gone (a worker killed by a signal in
-    the middle of a checkpoint or a run file runs no clean-up of its own); node 0, whose
-    workers write them."""
-    if cfg.launch.node_rank == 0:
+    the middle of a checkpoint or a run file runs no clean-up of its own). One machine only:
+    whether a writer lives is known for this host's processes alone, and a run folder shared
+    by several machines holds the others' (checkpoint saves sweep their own folder)."""
+    if cfg.launch.nnodes == 1:
         for folder in (run_dir, checkpoint_dir(run_dir)):
             files.sweep_temporaries(folder)
 

@@ -57,8 +57,8 @@ from leo_cli.graph.stage import (
 )
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import Graph
-from leo_cli.registry import is_auto, mode_of, planned_mode, prediction_key
-from leo_cli.train.auto_mode import planning_config, read_choice, with_mode
+from leo_cli.registry import mode_of, prediction_key
+from leo_cli.train.auto_mode import planning_config
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.placement import affinity_tag
@@ -384,10 +384,10 @@ def halo_sizes(meta: dict[str, Any]) -> list[int]:
 
 def predicted_time(run_dir: Path, cfg: LeoConfig) -> float | None:
     """The plan's predicted step time of this run's mode, when the run folder's plan was made
-    for these partitions and settings. With a cache, the planned mode's is the plan's own
-    prediction and another exact mode's the one priced with what it can use of the plan's
-    levels (`predicted_run_s`, what `pipeline.mode=auto` chose from); without a cache, every
-    mode's (the planned mode under its cache-free benchmark name, registry.prediction_key)."""
+    for these partitions and settings (the plan the workers ran with). With a cache, the
+    planned mode's is the plan's own prediction and another exact mode's the one priced with
+    what it can use of the plan's levels (`predicted_run_s`); without a cache, every mode's
+    (the planned mode under its cache-free benchmark name, registry.prediction_key)."""
     plan = _plan_for(run_dir, cfg)
     if plan is None:
         return None
@@ -423,18 +423,6 @@ def _plan_for(run_dir: Path, cfg: LeoConfig) -> CachePlan | None:
     if plan is None:
         return None
     cached = cfg.cache.policy != "none"
-    for made_for in planned_for(run_dir, cfg):
-        inputs, graph_key = plan_digests(made_for, meta, int(meta["num_parts"]))
-        if (plan.inputs == inputs) if cached else (plan.graph_inputs == graph_key):
-            return plan
-    return None
-
-
-def planned_for(run_dir: Path, cfg: LeoConfig) -> list[LeoConfig]:
-    """The configs this run's plan may have been made for: the run's own and, when
-    `pipeline.mode=auto` chose this mode (the run folder's mode-choice.json says so), the
-    planned mode's (auto plans for it; a resumed run plans for the mode it runs)."""
-    choice = read_choice(run_dir)
-    if choice is not None and is_auto(choice.requested) and choice.mode == cfg.pipeline.mode:
-        return [cfg, with_mode(cfg, planned_mode())]
-    return [cfg]
+    inputs, graph_key = plan_digests(cfg, meta, int(meta["num_parts"]))
+    fresh = plan.inputs == inputs if cached else plan.graph_inputs == graph_key
+    return plan if fresh else None

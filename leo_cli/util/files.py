@@ -126,6 +126,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # someone else's process
+    except OverflowError:
+        return True  # not a pid this host can have: not ours to remove
     return True
 
 

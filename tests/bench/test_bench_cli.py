@@ -86,10 +86,14 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     assert "leo bench" in res.stdout
 
 
-@pytest.mark.parametrize("model", ["gcn", "gat"])
-def test_one_worker_rows_beside_the_pyg_peer(tmp_path: Path, model: str) -> None:
-    """At one worker every mode is one process: one row, and for a model whose first layer
-    can aggregate once (GCN) a second row without it; the PyG peer is GCNConv or GATConv."""
+@pytest.mark.parametrize(
+    ("model", "sizes", "modes"),
+    [("gcn", "[1]", "[leo]"), ("gat", "[2]", "[leo,blocking]")],
+)
+def test_rows_beside_the_pyg_peer(tmp_path: Path, model: str, sizes: str, modes: str) -> None:
+    """GCN at one worker, where every mode is one process: one row, and a second without the
+    static aggregate of layer 0; GAT at two workers (attention: no static aggregate), its
+    modes exact alike. The PyG peer (GCNConv, GATConv) runs at one worker."""
     out = tmp_path / "bench"
     peers = "[pyg]" if _has_pyg() else "[]"
     res = leo(
@@ -98,24 +102,27 @@ def test_one_worker_rows_beside_the_pyg_peer(tmp_path: Path, model: str) -> None
         "--set", f"model.name={model}",
         *(["--set", "model.heads=2"] if model == "gat" else []),
         "--set", f"run.out_dir={out}",
-        "--set", "bench.modes=[leo]",
-        "--set", "bench.world_sizes=[1]",
+        "--set", f"bench.modes={modes}",
+        "--set", f"bench.world_sizes={sizes}",
         "--set", "bench.repeats=1",
         "--set", f"bench.peers={peers}",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "bench.json").read_text())["rows"]
-    leo_rows = [
-        (r["mode"], r["world_size"], r["static_aggregate"]) for r in rows if r["system"] == "leo"
-    ]
+    leo_rows = [r for r in rows if r["system"] == "leo"]
+    found = [(r["mode"], r["world_size"], r["static_aggregate"]) for r in leo_rows]
     if model == "gcn":  # input dropout 0 by default: layer 0 aggregates once
-        assert leo_rows == [("leo", 1, True), ("leo", 1, False)]
-    else:  # attention: no static aggregate
-        assert leo_rows == [("leo", 1, False)]
-    assert all(r["interval"] is None for r in rows)  # one round: no interval
+        assert found == [("leo", 1, True), ("leo", 1, False)]
+    else:
+        assert found == [("leo", 2, False), ("blocking", 2, False)]
+        assert len({r["test_acc"] for r in leo_rows}) == 1 and all(r["exact"] for r in leo_rows)
+    for r in rows:
+        assert set(COLUMNS) <= set(r) and r["epoch_time_s"] > 0
+        assert r["interval"] is None  # one round: no interval
+    for r in leo_rows:
+        assert 0 < r["setup_s"] < r["wall_s"], r
     if _has_pyg():
         assert rows[-1]["system"] == "pyg" and rows[-1]["vs_pyg"] == pytest.approx(1.0)
-        assert rows[-1]["epoch_time_s"] > 0
 
 
 def test_variants_of_part_weights_run_interleaved_with_equal_losses(tmp_path: Path) -> None:

@@ -61,9 +61,21 @@ def test_no_checkpoint_is_none(tmp_path: Path) -> None:
     assert load_latest(tmp_path) is None
 
 
-@pytest.mark.parametrize("ending", [Interrupted(15), TrainError("worker 1 failed")])
+@pytest.mark.parametrize(
+    ("ending", "nnodes", "swept"),
+    [
+        (Interrupted(15), 1, True),
+        (TrainError("worker 1 failed"), 1, True),
+        (None, 1, True),  # the run finished
+        (Interrupted(15), 2, False),  # a folder shared by machines: their writers are not ours
+    ],
+)
 def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: BaseException
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ending: BaseException | None,
+    nnodes: int,
+    swept: bool,
 ) -> None:
     """A worker killed in the middle of a save leaves its temporary file (nothing of its own
     runs); the launcher removes it once the workers are gone, and only a dead writer's."""
@@ -76,13 +88,19 @@ def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
     dead.wait()
     cut = folder / f".epoch_000003.pt.{dead.pid}-abc123.tmp"
     live = folder / f".epoch_000004.pt.{os.getpid()}-def456.tmp"
-    for path in (cut, live):
+    huge = folder / ".epoch_000005.pt.99999999999999999999-a.tmp"  # no pid: left alone
+    for path in (cut, live, huge):
         path.write_bytes(b"\0" * 64)
 
-    def killed(*_: Any) -> None:
-        raise ending
+    def launched(*_: Any) -> None:
+        if ending is not None:
+            raise ending
 
-    monkeypatch.setattr(launcher, "launch_module", killed)
-    with pytest.raises(type(ending)):
-        launcher.run_workers(load_config(None, []), tmp_path, resume=False)
-    assert not cut.exists() and live.exists()
+    monkeypatch.setattr(launcher, "launch_module", launched)
+    cfg = load_config(None, [f"launch.nnodes={nnodes}"])
+    if ending is None:
+        launcher.run_workers(cfg, tmp_path, resume=False)
+    else:
+        with pytest.raises(type(ending)):
+            launcher.run_workers(cfg, tmp_path, resume=False)
+    assert cut.exists() != swept and live.exists() and huge.exists()

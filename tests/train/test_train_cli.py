@@ -17,6 +17,7 @@ import torch
 from conftest import leo_here
 from ranks import free_port
 
+from leo_cli.cache.plan import read_plan
 from leo_cli.config import load_config
 from leo_cli.kernels import backend_name
 from leo_cli.registry import auto_candidates
@@ -116,7 +117,10 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert s["mode_requested"] == "auto" and s["mode_rule"] == "predicted fastest"
     assert set(predicted) == set(auto_candidates())
     assert s["mode"] == min(predicted, key=lambda m: predicted[m] or float("inf"))
-    assert s["predicted_epoch_time_s"] == predicted[s["mode"]]  # what it chose by
+    # Priced by the plan the workers ran with (made again for the chosen mode when that mode
+    # reads other rows in place than the planned one): what it chose by, or that plan's.
+    plan = read_plan(run)
+    assert plan is not None and s["predicted_epoch_time_s"] == plan.predicted_run[s["mode"]]
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == s["mode"]  # what every rank read
     stdout = " ".join(res.stdout.split())
