@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,10 @@ def test_check_passes_on_a_clean_tree(tmp_path: Path) -> None:
     assert "All 1 compilations passed" in out
 
 
-def run_host_emulation(
+def build_host_emulation(
     nvcc: Path, cuda_dir: Path, exe: Path, *flags: str
 ) -> subprocess.CompletedProcess[str]:
-    """Build cuda_dir/tests/host_emulation.cu against cuda_dir/include and run it."""
+    """Build cuda_dir/tests/host_emulation.cu against cuda_dir/include into `exe`."""
     cmd = [
         str(nvcc),
         "-std=c++17",
@@ -100,16 +101,7 @@ def run_host_emulation(
         "-o",
         str(exe),
     ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-
-
-def test_host_emulation_of_kernels_matches_reference(tmp_path: Path) -> None:
-    """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
-    nvcc = nvcc_or_skip()
-    result = run_host_emulation(nvcc, CUDA_DIR, tmp_path / "emulate")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert " 0 failed" in result.stdout
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
 # Each needed atomic of the kernels, and the plain add a careless edit could put there.
@@ -132,21 +124,57 @@ ATOMIC_MUTANTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def emulations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The host emulation of the kernels as they are (`reference`) and one build per atomic
+    mutant (race mode), compiled at once: each build is one single-threaded gcc of tens of
+    seconds. A mutant whose atomic is no longer in its header fails its test by name."""
+    nvcc = nvcc_or_skip()
+    root = tmp_path_factory.mktemp("emulation")
+    builds: dict[str, tuple[Path, Path, tuple[str, ...]]] = {
+        "reference": (CUDA_DIR, root / "emulate", ())
+    }
+    for mutant, (header, atomic, plain) in ATOMIC_MUTANTS.items():
+        cuda_dir = root / mutant / "cuda"
+        shutil.copytree(CUDA_DIR, cuda_dir)
+        path = cuda_dir / "include" / header
+        source = path.read_text()
+        if source.count(atomic) != 1:
+            continue  # test_host_emulation_catches_a_missing_atomic says so
+        path.write_text(source.replace(atomic, plain))
+        builds[mutant] = (cuda_dir, root / mutant / "emulate", ("-DLEO_RACE_CHECK_ONLY",))
+    with ThreadPoolExecutor(max_workers=len(builds)) as pool:
+        done = {
+            name: pool.submit(build_host_emulation, nvcc, cuda_dir, exe, *flags)
+            for name, (cuda_dir, exe, flags) in builds.items()
+        }
+    for name, future in done.items():
+        result = future.result()
+        assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
+    return {name: exe for name, (_, exe, _) in builds.items()}
+
+
+def run_emulation(exe: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+
+
+def test_host_emulation_of_kernels_matches_reference(emulations: dict[str, Path]) -> None:
+    """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
+    result = run_emulation(emulations["reference"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 failed" in result.stdout
+
+
 @pytest.mark.parametrize("mutant", sorted(ATOMIC_MUTANTS))
-def test_host_emulation_catches_a_missing_atomic(mutant: str, tmp_path: Path) -> None:
+def test_host_emulation_catches_a_missing_atomic(mutant: str, emulations: dict[str, Path]) -> None:
     """The race mode must fail a kernel whose needed atomic became a plain add.
 
     Threads run one at a time in the emulation, so without the race mode (private copies
     merged at each barrier) such a mutant passed every check.
     """
-    nvcc = nvcc_or_skip()
-    header, atomic, plain = ATOMIC_MUTANTS[mutant]
-    cuda_dir = copy_cuda_tree(tmp_path)
-    path = cuda_dir / "include" / header
-    source = path.read_text()
-    assert source.count(atomic) == 1, f"{header} no longer holds the atomic this test removes"
-    path.write_text(source.replace(atomic, plain))
-    result = run_host_emulation(nvcc, cuda_dir, tmp_path / "mutant", "-DLEO_RACE_CHECK_ONLY")
+    header, atomic, _ = ATOMIC_MUTANTS[mutant]
+    assert mutant in emulations, f"{header} no longer holds the atomic this test removes"
+    result = run_emulation(emulations[mutant])
     assert result.returncode == 1, result.stdout + result.stderr
     assert "races (plain stores by two threads)" in result.stdout, result.stdout
 
