@@ -76,11 +76,13 @@ class RunTimer:
     launched_at: float | None = None
 
     def add(self, name: str, seconds: float, ran: bool) -> None:
-        """A stage's cost: spent now (`ran`), or spent when its reused output was made (not
-        when this run ran it already: a probe made for the part weights, reused by the plan)."""
-        if not ran and name in self.parts:
-            return
-        (self.parts if ran else self.reused)[name] = round(seconds, 4)
+        """A stage's cost: spent now (`ran`; a stage run twice counts both, as the plan made
+        again for the mode `auto` chose), or spent when its reused output was made (not when
+        this run ran it already: a probe made for the part weights, reused by the plan)."""
+        if ran:
+            self.parts[name] = round(self.parts.get(name, 0.0) + seconds, 4)
+        elif name not in self.parts:
+            self.reused[name] = round(seconds, 4)
 
     def write(self, run_dir: Path) -> None:
         """`.setup.json` for rank 0, stamped with this launch (a stale file is ignored)."""

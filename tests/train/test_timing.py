@@ -29,6 +29,15 @@ def test_setup_spans_start_to_first_step_and_splits_into_stages(tmp_path: Path) 
     assert setup["setup_reused_s"] == {"plan_s": 7.5}
 
 
+def test_a_stage_run_twice_counts_both() -> None:
+    """`auto` chose a mode that reads other rows in place: the plan is made again for it."""
+    timer = RunTimer(started_at=100.0)
+    timer.add("plan_s", 1.5, ran=True)
+    timer.add("plan_s", 0.75, ran=True)
+    timer.add("plan_s", 9.0, ran=False)  # reused after being made here: not counted again
+    assert timer.parts == {"plan_s": 2.25} and timer.reused == {}
+
+
 def test_a_stale_parent_file_is_ignored(tmp_path: Path) -> None:
     timer = RunTimer(started_at=100.0)
     timer.write(tmp_path)
