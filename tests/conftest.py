@@ -7,6 +7,7 @@ import gzip
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,13 @@ class Payload:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (open, (str(self.marker), "w"))
+
+
+def ended_pid() -> int:
+    """The pid of a process that has ended (for files named after a writer that is gone)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 def leo_here(*args: str) -> subprocess.CompletedProcess[str]:

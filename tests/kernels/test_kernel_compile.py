@@ -135,8 +135,7 @@ def emulations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "reference": (CUDA_DIR, root / "emulate", ())
     }
     for mutant, (header, atomic, plain) in ATOMIC_MUTANTS.items():
-        cuda_dir = root / mutant / "cuda"
-        shutil.copytree(CUDA_DIR, cuda_dir)
+        cuda_dir = copy_cuda_tree(root / mutant)
         path = cuda_dir / "include" / header
         source = path.read_text()
         if source.count(atomic) != 1:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import ended_pid
 
 from leo_cli.errors import TrainError
 from leo_cli.train.checkpoint import (
@@ -84,9 +83,7 @@ def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
 
     folder = checkpoint_dir(tmp_path)
     folder.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    cut = folder / f".epoch_000003.pt.{dead.pid}-abc123.tmp"
+    cut = folder / f".epoch_000003.pt.{ended_pid()}-abc123.tmp"
     live = folder / f".epoch_000004.pt.{os.getpid()}-def456.tmp"
     huge = folder / ".epoch_000005.pt.99999999999999999999-a.tmp"  # no pid: left alone
     for path in (cut, live, huge):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import leo_here
+from conftest import ended_pid, leo_here
 from ranks import free_port
 
 from leo_cli.cache.plan import read_plan
@@ -468,12 +468,6 @@ def test_signal_ends_train_in_one_line_and_resumes(tmp_path: Path, signum: int, 
     assert res.returncode == 0, res.stderr
     assert [r["epoch"] for r in metrics(run)] == list(range(1, last + 2)) and done >= last
     assert json.loads((run / "status.json").read_text())["state"] == "done"
-
-
-def ended_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def test_plan_edited_for_one_rank_stops_every_worker_in_seconds(
