@@ -26,11 +26,16 @@ def shared_datasets() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def hardware_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One machine profile per worker count for the whole session (never ~/.cache), saved
-    however busy the machine is: tests check behaviour, not rates, and the suite shares its
-    cores with other jobs (a test of the load rule sets its own limit)."""
+    """One machine profile per worker count for the whole session (never ~/.cache), probed
+    with the tiny sizes (about 4 s against 13) and saved however busy the machine is: tests
+    check behaviour, not rates, and the suite shares its cores with other jobs (a test of
+    the load rule sets its own limit)."""
     folder = tmp_path_factory.mktemp("hardware-cache")
-    wanted = {"LEO_HARDWARE_CACHE": str(folder), "LEO_PROBE_LOAD_LIMIT": "1000"}
+    wanted = {
+        "LEO_HARDWARE_CACHE": str(folder),
+        "LEO_PROBE_LOAD_LIMIT": "1000",
+        "LEO_PROBE_QUICK": "1",
+    }
     old = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
     yield folder

@@ -103,13 +103,24 @@ def placement_of(hw: HardwareProfile) -> str:
 
 
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
-    """Measured here, with this torch, as many workers, threads and the same placement."""
+    """Measured here, with this torch, as many workers, threads and the same placement, at
+    the probe sizes asked for (`LEO_PROBE_QUICK`)."""
     return (
         hw.world_size == num_workers
         and placement_of(hw) == threads
         and hw.hostname == socket.gethostname()
         and hw.torch_version == torch.__version__
+        and hw.quick == quick_probe()
     )
+
+
+def quick_probe() -> bool:
+    """`LEO_PROBE_QUICK=1`: probe with the tiny sizes (a few seconds, rough rates; the test
+    suite's setting: its plans need rates, not good ones). Profiles say `quick`."""
+    raw = os.environ.get("LEO_PROBE_QUICK", "0")
+    if raw not in ("0", "1"):
+        raise CacheError(f"LEO_PROBE_QUICK={raw!r} must be 1 (tiny probe sizes) or 0.")
+    return raw == "1"
 
 
 def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
@@ -138,7 +149,7 @@ def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
         return
     own = saved_profile(run_dir / HARDWARE_FILE)
     if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
-        run_probe(cfg, run_dir)
+        run_probe(cfg, run_dir, quick=quick_probe())
 
 
 def saved_profile(path: Path) -> HardwareProfile | None:
@@ -169,7 +180,7 @@ def hardware_profile(
         timer.add("probe_s", hw.probe_s, ran=False)
         return hw
     t0 = time.perf_counter()
-    hw = run_probe(cfg, run_dir)
+    hw = run_probe(cfg, run_dir, quick=quick_probe())
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)

@@ -40,9 +40,10 @@ def probes(
     """Replace the probe by a busy-machine profile; lists the run folders probed."""
     done: list[Path] = []
 
-    def fake(cfg: object, run_dir: Path) -> HardwareProfile:
+    def fake(cfg: object, run_dir: Path, quick: bool = False) -> HardwareProfile:
         done.append(run_dir)
-        hw = here(hw_profile, ProbeLoad(load_avg_1m=5.0, other_cpu=1.4, num_cpus=2))
+        measured = hw_profile.model_copy(update={"quick": quick})
+        hw = here(measured, ProbeLoad(load_avg_1m=5.0, other_cpu=1.4, num_cpus=2))
         hw.write(run_dir / HARDWARE_FILE)
         return hw
 
@@ -80,6 +81,25 @@ def test_force_probes_again_despite_saved_profiles(
     assert probes == [run]  # the second run reused the run folder's profile
     plan_stage.hardware_profile(cfg, run, None, num_workers=2, reprobe=True)
     assert probes == [run, run]
+
+
+def test_a_quick_profile_serves_only_quick_runs(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LEO_PROBE_QUICK=1` (the suite's setting) probes with the tiny sizes; a run without it
+    never reuses such a profile, and another value is one sentence."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    cfg = load_config(None, [f"run.out_dir={tmp_path / 'a'}"])
+    runs = [tmp_path / name for name in "abcd"]
+    for run in runs[:2]:
+        plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == runs[:1]  # the second reused the machine's quick profile
+    monkeypatch.setenv("LEO_PROBE_QUICK", "0")
+    assert not plan_stage.hardware_profile(cfg, runs[2], None, num_workers=2).quick
+    assert probes == [runs[0], runs[2]]
+    monkeypatch.setenv("LEO_PROBE_QUICK", "yes")
+    with pytest.raises(CacheError, match="LEO_PROBE_QUICK='yes' must be 1"):
+        plan_stage.hardware_profile(cfg, runs[3], None, num_workers=2)
 
 
 def test_older_profiles_and_other_placements_are_probed_again(

@@ -59,7 +59,7 @@ def test_probe_for_gpu_training_warns(
             probed.append(path)
 
     monkeypatch.setenv("LEO_HARDWARE_CACHE", str(tmp_path / "machine"))
-    monkeypatch.setattr(plan_stage, "run_probe", lambda cfg, run_dir: _Profile())
+    monkeypatch.setattr(plan_stage, "run_probe", lambda cfg, run_dir, quick: _Profile())
     cfg = load_config(None, [f"launch.device={device}", f"run.out_dir={tmp_path}"])
     plan_stage.hardware_profile(cfg, tmp_path, None, num_workers=2)
     assert len(probed) == 1
