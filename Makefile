@@ -33,16 +33,14 @@ cuda-check: install
 	@if command -v nvcc >/dev/null 2>&1; then $(VENV)/bin/leo compile --check; \
 	else echo "cuda-check skipped: nvcc not found on PATH"; fi
 
-# `+`: pytest's progress streams even under --output-sync (below); the other checks' output
-# is printed whole as each ends.
 pytest: install
-	+$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q
 
 # The checks run side by side once installed: mypy and the single-threaded CUDA compile check
-# take the core pytest's two-rank tests leave idle (about 2 minutes less on 2 cores). Any
-# failing check fails `make test`.
+# take the core pytest's two-rank tests leave idle (about 2 minutes less on 2 cores); their
+# few lines land among pytest's progress. Any failing check fails `make test`.
 test: install
-	$(MAKE) --no-print-directory -j4 --output-sync=target lint typecheck cuda-check pytest
+	$(MAKE) --no-print-directory -j4 lint typecheck cuda-check pytest
 
 # A CUDA build of torch (the registry's default Linux x86_64 wheel: CUDA 13 for torch 2.13.0,
 # ~5 GB with its nvidia-* packages) in a virtual environment of its own, never the one
