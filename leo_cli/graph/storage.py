@@ -171,6 +171,18 @@ def verify_files(root: Path, meta: dict[str, Any], prefix: str = "") -> None:
             )
 
 
+def _load(path: Path, mmap: bool) -> np.ndarray:
+    """One part file; unreadable (truncated, say, when its checksum was left to the workers:
+    `read_part(verify=False)`) is one sentence, as a checksum mismatch is."""
+    try:
+        return np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise PartitionError(
+            f"Partition file {path} cannot be read ({exc}); it was modified or truncated; "
+            "rebuild with `leo partition --force`."
+        ) from None
+
+
 def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) -> LocalPart:
     """Load part `rank` (checksums verified first unless `verify=False`); `mmap` maps the
     files instead of reading them into memory."""
@@ -186,5 +198,5 @@ def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) ->
             name = rel.split("/", 1)[1].removesuffix(".npy")
             # Copy-on-write maps: pages come from the file (shared, reclaimable) and the arrays
             # stay writable, so torch.from_numpy takes them without a copy or a warning.
-            arrays[name] = np.load(root / rel, mmap_mode="c" if mmap else None, allow_pickle=False)
+            arrays[name] = _load(root / rel, mmap)
     return LocalPart(rank=rank, num_parts=num_parts, **arrays)

@@ -132,6 +132,11 @@ def test_storage_round_trip_and_checksum(tmp_path: Path) -> None:
     victim.write_bytes(victim.read_bytes()[:-8])
     with pytest.raises(PartitionError, match=r"part_1/indices\.npy.*--force"):
         read_part(root, 1)
+    # Unverified (the plan stage leaves checksums to the workers), mapped or read: a sentence,
+    # not numpy's ValueError (leo train printed a traceback when its plan was made again).
+    for mmap in (True, False):
+        with pytest.raises(PartitionError, match=r"part_1/indices\.npy cannot be read.*--force"):
+            read_part(root, 1, verify=False, mmap=mmap)
     read_part(root, 0)  # the other part is intact
 
 
