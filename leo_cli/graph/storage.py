@@ -175,12 +175,13 @@ def _load(path: Path, mmap: bool) -> np.ndarray:
     """One part file; unreadable (truncated, say, when its checksum was left to the workers:
     `read_part(verify=False)`) is one sentence, as a checksum mismatch is."""
     try:
-        return np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+        array: np.ndarray = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise PartitionError(
             f"Partition file {path} cannot be read ({exc}); it was modified or truncated; "
             "rebuild with `leo partition --force`."
         ) from None
+    return array
 
 
 def read_part(root: Path, rank: int, verify: bool = True, mmap: bool = False) -> LocalPart:
