@@ -65,6 +65,7 @@ COLUMNS = (
     "vs_variant_ci_low",
     "vs_variant_ci_high",
     "final_loss",
+    "halo_dtype",
     "rank_spread",
     "rank_prediction_error",
 )
@@ -152,6 +153,7 @@ def make_rows(
                 "vs_variant_ci_high": vs_variant.get("ci_high"),
                 "final_loss": _median(m.runs, "final_loss"),
                 "final_losses": [r.get("final_loss") for r in m.runs],
+                "halo_dtype": next((r["halo_dtype"] for r in m.runs if r.get("halo_dtype")), None),
                 **rank_columns(m.runs),
             }
         )

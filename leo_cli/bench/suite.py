@@ -172,6 +172,7 @@ def run_leo(
         "exact": summary.get("exact", True),
         "predicted_epoch_time_s": summary.get("predicted_epoch_time_s"),
         "final_loss": summary.get("final_loss"),
+        "halo_dtype": summary.get("halo_dtype"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
     }

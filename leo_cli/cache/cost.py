@@ -87,6 +87,20 @@ class ModelShape:
     rows: tuple[int, ...] = ()
     """Width of the row each layer computes (default: its output width; gat adds a score
     per head)."""
+    halo_bytes: int = 0
+    """Bytes of one element of a row as aggregations read it and it travels forward, where
+    rows are rounded to a narrower type (`pipeline.halo_dtype`); 0: not rounded."""
+
+    @property
+    def admits_replicas(self) -> bool:
+        """Replicas and the static aggregate apply (cache/policy.py): neither attention nor
+        rounded rows."""
+        return not self.attention and not self.halo_bytes
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one element of a forward row on the wire (gradients: `dtype_bytes`)."""
+        return self.halo_bytes or self.dtype_bytes
 
     @property
     def num_layers(self) -> int:
@@ -146,6 +160,7 @@ class ShapeLayer:
     upd: bool  # update-first: the GEMM runs before the exchange
     extra: bool
     last: bool
+    halo_bytes: int = 0  # rows rounded to this many bytes per element (0: not rounded)
 
 
 @dataclass(frozen=True)
@@ -388,7 +403,11 @@ def _forward(
     window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
-    comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=n)
+    if sl.halo_bytes:  # rounded rows: sent narrow, read back wide (inner ones and arrivals)
+        pre["round"] = hw.pass_seconds(bnd if overlap else n, w)
+        window["round"] = 2 * hw.pass_seconds(n, w) * overlap
+        post["round"] = 2 * hw.pass_seconds(n, w) * (not overlap) + hw.pass_seconds(halo, w)
+    comm = _comm(hw, r, cnt, w * (sl.halo_bytes or hw.dtype_bytes), mode, k, written=n)
     if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
     return _Split(pre, window, comm, _add(post, dense))
@@ -455,7 +474,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     p = shape.input_dropout if layer == 0 else shape.dropout
     last = layer == shape.num_layers - 1
     w = shape.exchanged_width(layer)
-    return ShapeLayer(layer, a, b, w, p, w < a, shape.extra_gemm, last)
+    return ShapeLayer(layer, a, b, w, p, w < a, shape.extra_gemm, last, shape.halo_bytes)
 
 
 def predict(

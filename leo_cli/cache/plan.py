@@ -41,13 +41,15 @@ OLDER_VERSIONS = (1, 2)
 
 
 def model_shape(
-    model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int
+    model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int, halo_bytes: int = 0
 ) -> ModelShape:
+    """The model as the cost model sees it; `halo_bytes`: rows rounded to that many bytes per
+    element (`pipeline.halo_dtype`), 0 where they are not."""
     widths = tuple(model.layer_widths(num_features, num_classes))
     return ModelShape(
         widths, model.dropout, model.effective_input_dropout, dtype_bytes,
         conv_of(model.name).extra_gemm, attention=model.attention,
-        rows=tuple(model.row_widths(num_classes)),
+        rows=tuple(model.row_widths(num_classes)), halo_bytes=halo_bytes,
     )  # fmt: skip
 
 
@@ -282,11 +284,13 @@ def bytes_per_level(
         # Rows forward, gradients backward, except layer 0 aggregating first: its input
         # needs no gradient, so nothing flows back.
         directions = 1 if layer == 0 and b >= a else 2
-        w = shape.exchanged_width(layer) * shape.dtype_bytes * directions
+        # (rows at `row_bytes` per element, gradients at the training dtype's)
+        width = shape.exchanged_width(layer)
+        w = width * (shape.row_bytes + shape.dtype_bytes * (directions - 1))
         skip = (l1 if layer == 0 else np.zeros_like(l1)) | in_place
         per_step_l2 += int((~l3 & ~skip).sum()) * w
         per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w
-        row = shape.exchanged_width(layer) * shape.dtype_bytes
+        row = width * shape.dtype_bytes
         published += int(p.reuse_H[in_place].sum()) * row  # forward, per reading edge
         published += int(in_place.sum()) * row * (directions - 1)  # gradients, per row
     row_in = shape.widths[0] * shape.dtype_bytes
@@ -442,7 +446,7 @@ def chunks_run(
         return planned
     width = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
     rows = max(max([*p.send_counts, *p.recv_counts, 0]) for p in accesses)
-    return [auto_chunk_count(rows * width * shape.dtype_bytes)]
+    return [auto_chunk_count(rows * width * shape.row_bytes)]
 
 
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:

@@ -10,7 +10,9 @@
 
 Attention models (gat) get neither replicas nor a static aggregate from any policy: both rest
 on aggregating raw inputs first (`Â·X·W = (Â·X)·W`), and attention weights depend on the
-transformed rows of both ends of an edge, recomputed every step. Their halo is L2 only.
+transformed rows of both ends of an edge, recomputed every step. Their halo is L2 only. So
+is that of rows rounded to a narrower type (`pipeline.halo_dtype`): an exchanged row is the
+rounded `x·W`, which a replica aggregating the raw `x` would not read.
 
 For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
 changes (`model.input_dropout` = 0), and the deduplicated halo buffer (L2) must fit
@@ -140,7 +142,7 @@ def decide(
     """The policy's levels for every rank, and the chunk count of every layer; `reach`:
     which owners' rows each rank can read in place (default: none)."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
-    static = static and not shape.attention
+    static = static and shape.admits_replicas
     row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
     reach = reach or Reach.none(len(accesses[0].recv_counts) if accesses else 0)
     spills = [np.zeros(0, dtype=np.int64) for _ in accesses]
@@ -151,10 +153,10 @@ def decide(
     curve: list[dict[str, float | bool]] = []
     orders: list[IntArray] = []
     halo = any(p.num_halo > 0 for p in accesses)
-    if policy != "none" and not static and not shape.attention and hw is not None and halo:
+    if policy != "none" and not static and shape.admits_replicas and hw is not None and halo:
         orders = [replica_order(p, shape, hw) for p in accesses]
         curve = sweep(accesses, shape, budgets, hw, orders, (spills, reach))
-    if policy == "none" or static or shape.attention or not halo:
+    if policy == "none" or static or not shape.admits_replicas or not halo:
         caches = base
     elif policy == "degree":
         caches = [

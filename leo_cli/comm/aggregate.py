@@ -19,6 +19,13 @@ backward runs, and each gradient chunk that arrives is added to its owner's rows
 time perfect overlap would reach. Attention layers (GAT) weight edges by scores computed from
 the rows, so for them a mode only brings the rows, `[h | halo(h)]` in the column order of its
 CSR (`columns`), with halo gradients flowing back.
+
+With `rows_dtype` (`pipeline.halo_dtype`), every row an aggregation reads is rounded to that
+type, its own rows included, and halo rows travel in it: a row is the same number whichever
+worker reads it, so 1, 2 or 4 workers still agree. The rounding passes gradients through
+unchanged (straight-through), and halo gradients travel in the training dtype: a halo
+gradient is a partial sum over the edges one worker holds, so rounding it would make the
+numbers depend on the partition.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
 """
 
@@ -80,6 +87,7 @@ class BlockAggregator:
         attention: bool = False,
         layers: slice = slice(None),
         in_place: InPlace | None = None,
+        rows_dtype: torch.dtype | None = None,
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -97,10 +105,14 @@ class BlockAggregator:
             chunk counts only.
         in_place: the L3 rows this worker reads in place and the rows it publishes for its
             peers to read so (comm/inplace.py); their edges are not in `adj`.
+        rows_dtype: the type every row the aggregation reads is rounded to, inner rows
+            included, and halo rows travel in (`pipeline.halo_dtype`); None: as computed.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
+        self.rows_dtype = rows_dtype
         assert in_place is None or not attention, "attention layers gather rows, not in place"
+        assert in_place is None or rows_dtype is None, "published rows are not rounded"
         sent = (
             plan.send_idx_S
             if in_place is None
@@ -152,6 +164,15 @@ class BlockAggregator:
 
     # -- forward pieces ------------------------------------------------------------------
 
+    def narrow(self, h_XF: Tensor) -> Tensor:
+        """Rows as they travel: in `rows_dtype` (rounded to nearest), or as computed."""
+        return h_XF if self.rows_dtype is None else h_XF.to(self.rows_dtype)
+
+    def rounded(self, h_XF: Tensor) -> Tensor:
+        """Rows as every aggregation reads them, whichever worker holds them: rounded to
+        `rows_dtype` and back, so 1, 2 or 4 workers read the same numbers."""
+        return h_XF if self.rows_dtype is None else h_XF.to(self.rows_dtype).to(h_XF.dtype)
+
     def update_and_send(
         self, x_NF: Tensor, weight: Tensor | None, sched: Schedule, layer: int
     ) -> tuple[Tensor, Pending]:
@@ -161,11 +182,11 @@ class BlockAggregator:
             h_NO = x_NF if weight is None else F.linear(x_NF, weight)
             if self.in_place is not None:
                 self.in_place.publish(h_NO.index_select(0, self.in_place.boundary_B), layer)
-            return h_NO, self.transport.send_rows(h_NO, sched, by_position=False)
+            return h_NO, self.transport.send_rows(self.narrow(h_NO), sched, by_position=False)
         h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
         if self.in_place is not None:
             self.in_place.publish(h_BO.index_select(0, self.published_P), layer)
-        pending = self.transport.send_rows(h_BO, sched, by_position=True)
+        pending = self.transport.send_rows(self.narrow(h_BO), sched, by_position=True)
         h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
         h_NO.index_copy_(0, self.boundary_B, h_BO)
         h_NO.index_copy_(
@@ -179,20 +200,20 @@ class BlockAggregator:
         """Inner block first (with the rows read in place), then every round's chunks as soon
         as the round has landed."""
         if self.in_place is None:
-            out_NF = self.inner.forward(h_NF)
+            out_NF = self.inner.forward(self.rounded(h_NF))
         else:
             out_NF = self.in_place.aggregate(self.inner, h_NF, layer)
         for r, chunks in enumerate(sched.rounds):
             for c, halo in zip(chunks, pending.wait(r), strict=True):
                 if c.block.num_edges > 0:
-                    c.block.add_into(out_NF, halo)
+                    c.block.add_into(out_NF, halo.to(out_NF.dtype))
         pending.finish()
         return out_NF
 
     def collect_arrivals(self, h_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
         """`[h | halo]`, every round's chunks copied into place once the round has landed."""
         full = h_NF.new_empty((h_NF.shape[0] + sched.num_halo, h_NF.shape[1]))
-        full[: h_NF.shape[0]] = h_NF
+        full[: h_NF.shape[0]] = self.rounded(h_NF)
         halo_HF = full[h_NF.shape[0] :]
         for r, chunks in enumerate(sched.rounds):
             for c, rows in zip(chunks, pending.wait(r), strict=True):

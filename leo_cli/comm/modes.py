@@ -51,11 +51,12 @@ class Wiring:
     stats: CommStats  # shared by every aggregator of the worker
     halo_local_H: Tensor  # owner-local row of every halo row (shared memory)
     width: int  # the widest row any layer moves (sizes shared segments)
-    dtype: torch.dtype
+    dtype: torch.dtype  # of gradients, and of rows unless rows_dtype says otherwise
+    rows_dtype: torch.dtype | None = None  # rows rounded to and moved in (pipeline.halo_dtype)
 
 
 def _shared_memory(plan: HaloPlan, w: Wiring) -> Transport:
-    return SharedMemory(plan, w.stats, w.halo_local_H, w.width, w.dtype)
+    return SharedMemory(plan, w.stats, w.halo_local_H, w.width, (w.rows_dtype or w.dtype, w.dtype))
 
 
 # How each transport of the registry (`Mode.transport`) is made.
@@ -104,8 +105,9 @@ def make_aggregator(
         alone = no_halo_plan(adj.num_rows, adj.device)
         transport: Transport = NoTransfer(alone, wiring.stats)
         return BlockAggregator(
-            adj, alone, transport, [1], inner=inner, attention=attention, layers=layers
-        )
+            adj, alone, transport, [1], inner=inner, attention=attention, layers=layers,
+            rows_dtype=wiring.rows_dtype,
+        )  # fmt: skip
     transport = TRANSPORTS[mode.transport](plan, wiring)
     chunks = num_chunks if mode.chunks else [1]
     return BlockAggregator(
@@ -118,6 +120,7 @@ def make_aggregator(
         attention=attention,
         layers=layers,
         in_place=in_place,
+        rows_dtype=wiring.rows_dtype,
     )
 
 

@@ -71,14 +71,15 @@ class SharedMemory:
         stats: CommStats,
         halo_local_H: Tensor,
         width: int,
-        dtype: torch.dtype,
+        dtypes: tuple[torch.dtype, torch.dtype],
     ) -> None:
         """Args:
         plan: the halo plan (send lists per peer, receive counts per peer).
         stats: where the bytes moved and the time waited are counted.
         halo_local_H: owner-local row of every halo node.
         width: the widest row any layer exchanges (sizes the segment).
-        dtype: the rows' dtype.
+        dtypes: the rows' and the gradients' (rows may travel narrower:
+            `pipeline.halo_dtype`).
         """
         self.plan, self.stats = plan, stats
         self.width, self.rank = width, dist.get_rank()
@@ -102,8 +103,8 @@ class SharedMemory:
                 for r in range(len(plan.send_counts))
             ]
         ).long()
-        self.fwd_seg = open_segment(2 * self.rows_T * width, dtype)
-        self.grad_seg = open_segment(2 * self.halo_T * width, dtype)
+        self.fwd_seg = open_segment(2 * self.rows_T * width, dtypes[0])
+        self.grad_seg = open_segment(2 * self.halo_T * width, dtypes[1])
         self._fwd_count = self._grad_count = 0
 
     def view(self, segment: Tensor, copy: int, rows: int, width: int) -> Tensor:

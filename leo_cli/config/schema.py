@@ -359,6 +359,12 @@ class PipelineConfig(Section):
     `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
     on other hosts always use the process group; CUDA workers read nothing in place yet.
     `shared-memory` with pipeline.mode=auto limits auto to the modes that read in place."""
+    halo_dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
+    """Type of the neighbour rows an aggregation reads: `float32` (the training dtype, as
+    computed), `bfloat16` or `float16` (every row rounded to it, local rows included, and
+    halo rows moved in it: half the bytes; the same numbers on 1, 2 or 4 workers). Gradients
+    move in the training dtype; rows are not replicated (L1), aggregated once (L1s) or read in
+    place (L3) under a narrow type. `int8` is not built yet."""
 
     @field_validator("mode")
     @classmethod
@@ -376,6 +382,25 @@ class PipelineConfig(Section):
                 f"({chunking}), not pipeline.mode={self.mode}; remove it"
             )
         return self
+
+    @model_validator(mode="after")
+    def _narrow_rows_move_through_the_process_group(self) -> PipelineConfig:
+        if self.halo_dtype == "int8":
+            raise ValueError(
+                "pipeline.halo_dtype=int8 is not built yet (per-row scales with keyed "
+                "stochastic rounding); use bfloat16 or float16"
+            )
+        if self.rounds_rows and self.transport == "shared-memory":
+            raise ValueError(
+                f"pipeline.transport=shared-memory reads rows in place in the training dtype, "
+                f"not pipeline.halo_dtype={self.halo_dtype}; use auto or process-group"
+            )
+        return self
+
+    @property
+    def rounds_rows(self) -> bool:
+        """Neighbour rows are rounded to a narrower type than they are computed in."""
+        return self.halo_dtype != "float32"
 
     @field_validator("num_chunks")
     @classmethod
@@ -502,3 +527,10 @@ class LeoConfig(Section):
     pipeline: PipelineConfig = PipelineConfig()
     launch: LaunchConfig = LaunchConfig()
     bench: BenchConfig = BenchConfig()
+
+    @property
+    def admits_replicas(self) -> bool:
+        """L1 replicas and the L1s static aggregate apply: the convolution aggregates raw inputs
+        first (not attention), and neighbour rows are not rounded (`pipeline.halo_dtype`: an
+        exchanged row is the rounded `x·W`, a replica would aggregate the raw `x`)."""
+        return self.model.admits_replicas and not self.pipeline.rounds_rows

@@ -40,6 +40,8 @@ from leo_cli.train.timing import Laps
 from leo_cli.train.trainer import Job, WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# `pipeline.halo_dtype`: the type neighbour rows are rounded to (None: as computed).
+ROW_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
@@ -125,8 +127,9 @@ def assemble(
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     levels = None
     if cache is not None:
-        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
-            f"{cfg.model.name}: L2/L3 rows only (no replicas or static aggregate for this model)"
+        assert cfg.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
+            f"{cfg.model.name}, halo_dtype {cfg.pipeline.halo_dtype}: no replicas or static "
+            "aggregate"
         )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, mode)
@@ -169,12 +172,12 @@ def aggregator_of(
     counts (None: no plan) and where the aggregator counts what it moves."""
     adj, halo = whole
     chunks_planned, stats = planned
-    dtype = DTYPES[cfg.train.dtype]
+    dtype, rows_dtype = DTYPES[cfg.train.dtype], ROW_DTYPES[cfg.pipeline.halo_dtype]
     width = exchange_width(cfg.model, dataset)
-    if world_size == 1:
+    if world_size == 1:  # rows are rounded all the same: one worker reads what P workers do
         return make_layer_aggregators(
             mode_of(cfg.pipeline.mode), (adj, None), (adj, None),
-            Wiring(CommStats(), torch.zeros(0), width, dtype), [1],
+            Wiring(CommStats(), torch.zeros(0), width, dtype, rows_dtype), [1],
             attention=cfg.model.attention,
         )  # fmt: skip
     others = whole if levels is None else levels.others
@@ -185,8 +188,8 @@ def aggregator_of(
         mode_of(cfg.pipeline.mode),
         first,
         others,
-        Wiring(stats, local_H, width, dtype),
-        chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, dtype),
+        Wiring(stats, local_H, width, dtype, rows_dtype),
+        chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, rows_dtype or dtype),
         attention=cfg.model.attention,
         static_layer0=static_layer0,
         in_place=None if levels is None else levels.in_place,

@@ -20,10 +20,11 @@ ORDERED_STORES = ("x86_64", "amd64", "i686")
 
 def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
     """Whether same-host rows may be read in place in this run: a mode that reads in place,
-    no attention (its rows are not), `pipeline.transport` other than process-group, CPU
+    no attention and no rounded rows (`pipeline.halo_dtype`: published rows are in the
+    training dtype), `pipeline.transport` other than process-group, CPU
     workers (published rows are host memory; peer-GPU reads are not wired) on x86."""
     mode = mode_of(cfg.pipeline.mode)
     cpu = torch.device(device).type == "cpu"
     x86 = platform.machine().lower() in ORDERED_STORES
-    in_place = mode.reads_in_place and not cfg.model.attention
+    in_place = mode.reads_in_place and not cfg.model.attention and not cfg.pipeline.rounds_rows
     return in_place and cfg.pipeline.transport != "process-group" and cpu and x86

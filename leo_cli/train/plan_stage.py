@@ -66,6 +66,14 @@ from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
+HALO_BYTES = {"float32": 0, "bfloat16": 2, "float16": 2}  # 0: rows not rounded
+
+
+def dtype_key(cfg: LeoConfig) -> str:
+    """The numeric types a plan depends on: the training dtype, and the rows' where
+    `pipeline.halo_dtype` rounds them (`float32+rows:bfloat16`)."""
+    halo = cfg.pipeline.halo_dtype
+    return cfg.train.dtype + (f"+rows:{halo}" if cfg.pipeline.rounds_rows else "")
 
 
 def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartAccess]:
@@ -268,11 +276,14 @@ def part_weigher(
     hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer)
     static = static_layer0(cfg)
     dtype = cfg.train.dtype
-    material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype, static]
+    material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype_key(cfg), static]
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
     def shape_of(graph: Graph) -> ModelShape:
-        return model_shape(cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype])
+        return model_shape(
+            cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype],
+            HALO_BYTES[cfg.pipeline.halo_dtype],
+        )  # fmt: skip
 
     def weigh(graph: Graph) -> list[float]:
         return measured_weights(hw, shape_of(graph), graph.num_nodes, graph.num_edges, static)
@@ -287,9 +298,9 @@ def part_weigher(
 
 def static_layer0(cfg: LeoConfig) -> bool:
     """Whether a plan would run layer 0 on the static aggregate (cache level L1s)."""
-    c, m = cfg.cache, cfg.model
-    no_input_dropout = m.effective_input_dropout == 0
-    return c.policy != "none" and c.static_aggregate and no_input_dropout and m.admits_replicas
+    c = cfg.cache
+    no_input_dropout = cfg.model.effective_input_dropout == 0
+    return c.policy != "none" and c.static_aggregate and no_input_dropout and cfg.admits_replicas
 
 
 def run_partitions(
@@ -350,6 +361,7 @@ def ensure_plan(
         int(dataset["num_features"]),
         int(dataset["num_classes"]),
         DTYPE_BYTES[cfg.train.dtype],
+        HALO_BYTES[cfg.pipeline.halo_dtype],
     )
     chunks = cfg.pipeline.num_chunks
     plan = make_plan(cfg.cache, accesses, shape, hw, (key, inputs, graph_key), chunks, reach)
@@ -365,8 +377,8 @@ def plan_digests(cfg: LeoConfig, meta: dict[str, Any], num_parts: int) -> tuple[
     so the plan stage, the workers and the summary agree."""
     reach, chunks = reach_of(cfg, num_parts), cfg.pipeline.num_chunks
     return (
-        plan_inputs(meta, cfg.model, cfg.cache, cfg.train.dtype, chunks, reach),
-        graph_inputs(meta, cfg.model, cfg.train.dtype, chunks, reach),
+        plan_inputs(meta, cfg.model, cfg.cache, dtype_key(cfg), chunks, reach),
+        graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, reach),
     )
 
 

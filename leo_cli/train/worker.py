@@ -179,6 +179,7 @@ def finish(cfg: LeoConfig, run_dir: Path, world_size: int, setup: dict[str, Any]
         rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(run_dir, cfg)
     )
     summary["predicted_rank_busy_s"] = predicted_busy(run_dir, cfg)
+    summary["halo_dtype"] = cfg.pipeline.halo_dtype
     summary.update(summary_fields(run_dir, cfg.pipeline.mode))  # mode_requested and why
     run_files.write_json(run_dir / "summary.json", {**summary, **setup})
     run_files.plot_curves(rows, run_dir / "curves.png")

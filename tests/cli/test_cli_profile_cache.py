@@ -105,6 +105,21 @@ def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
         assert moved == row["step_comm_bytes"] and row["step_published_bytes"] == published > 0
 
 
+def test_rounded_rows_move_the_bytes_the_plan_says(tmp_path: Path) -> None:
+    """`pipeline.halo_dtype=bfloat16` through `leo train`: the plan replicates nothing (a
+    replica would read the unrounded row), prices rows at 2 bytes and gradients at 4, and the
+    workers move exactly that; summary.json says which type the rows had."""
+    run = tmp_path / "bf16"
+    narrow = ["--set", "pipeline.halo_dtype=bfloat16", "--set", "pipeline.mode=leo"]
+    res = leo("train", *TINY, *LEVELS, *narrow, "--set", f"run.out_dir={run}")
+    assert res.returncode == 0, res.stderr
+    plan = read(run / "cache-plan.json")
+    assert not any(r["replica_rows"] or r["static_aggregate"] for r in plan["ranks"])
+    for row in metrics(run):
+        assert row["step_L2_bytes"] == row["step_comm_bytes"] > 0
+    assert read(run / "summary.json")["halo_dtype"] == "bfloat16"
+
+
 def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
     """Refused where no row can be read in place instead (every row through the process
     group: a row fetched per edge takes more buffer, not less)."""
