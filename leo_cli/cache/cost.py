@@ -88,8 +88,10 @@ class ModelShape:
     """Width of the row each layer computes (default: its output width; gat adds a score
     per head)."""
     halo_bytes: int = 0
-    """Bytes of one element of a row as aggregations read it and it travels forward, where
-    rows are rounded to a narrower type (`pipeline.halo_dtype`); 0: not rounded."""
+    """Bytes of one element of a row as it travels, where rows are rounded to a narrower
+    type (`pipeline.halo_dtype`); 0: not rounded."""
+    halo_row_bytes: int = 0
+    """Bytes a rounded row carries besides its elements (int8: its bfloat16 scale)."""
 
     @property
     def admits_replicas(self) -> bool:
@@ -97,10 +99,13 @@ class ModelShape:
         rounded rows."""
         return not self.attention and not self.halo_bytes
 
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one element of a forward row on the wire (gradients: `dtype_bytes`)."""
-        return self.halo_bytes or self.dtype_bytes
+    def wire_row(self, width: int, gradient: bool = False) -> int:
+        """Bytes of one row of `width` as it travels: rounded rows (and, but for attention,
+        the output-gradient rows of the backward pass) in the narrow type; gradients
+        otherwise in the training dtype."""
+        if not self.halo_bytes or (gradient and self.attention):
+            return width * self.dtype_bytes
+        return width * self.halo_bytes + self.halo_row_bytes
 
     @property
     def num_layers(self) -> int:
@@ -160,7 +165,11 @@ class ShapeLayer:
     upd: bool  # update-first: the GEMM runs before the exchange
     extra: bool
     last: bool
-    halo_bytes: int = 0  # rows rounded to this many bytes per element (0: not rounded)
+    row_bytes: int = 0  # bytes of an exchanged row as it travels forward
+    grad_bytes: int = 0  # ... and of a gradient row backward
+    rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide, and gradients
+    # read as rows (comm/aggregate.py backward_rows) but for attention
+    grad_rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -403,11 +412,11 @@ def _forward(
     window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
-    if sl.halo_bytes:  # rounded rows: sent narrow, read back wide (inner ones and arrivals)
+    if sl.rounded:  # rows sent narrow, read back wide (inner ones and arrivals)
         pre["round"] = hw.pass_seconds(bnd if overlap else n, w)
         window["round"] = 2 * hw.pass_seconds(n, w) * overlap
         post["round"] = 2 * hw.pass_seconds(n, w) * (not overlap) + hw.pass_seconds(halo, w)
-    comm = _comm(hw, r, cnt, w * (sl.halo_bytes or hw.dtype_bytes), mode, k, written=n)
+    comm = _comm(hw, r, cnt, sl.row_bytes, mode, k, written=n)
     if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
     return _Split(pre, window, comm, _add(post, dense))
@@ -421,6 +430,8 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
+    if sl.grad_rows:
+        return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
     read = halo + cnt.read_in_place[r]
@@ -435,12 +446,43 @@ def _backward(
     unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
     unpack += hw.scatter_add_seconds(cnt.read_from[r], w)  # what in-place readers published
     unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
-    comm = _comm(hw, r, cnt, w * hw.dtype_bytes, mode, k, written=halo, backward=True)
+    comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=halo, backward=True)
     if comm > 0 and mode.transport != "segment":  # the gradients land in a fresh buffer
         comm += hw.fresh_seconds(cnt.send[r], w)
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=True)
     post = {"unpack": unpack, "spmm": inner_spmm * (not overlap)}
     return _Split(pre, window, comm, _add(post, dense, replicas))
+
+
+def _backward_rows(
+    hw: Rates,
+    p: PartAccess,
+    r: int,
+    cnt: _Counts,
+    sl: ShapeLayer,
+    mode: Mode,
+    k: int,
+    dense: Terms,
+) -> _Split:
+    """Backward terms where rounded rows read the gradient as rows (comm/aggregate.py
+    backward_rows): the forward's exchange and aggregation, over the output gradient."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    rows = p.rows_reading_blocks(k)
+    pre: Terms = {"epilogue": dense.pop("epilogue")}
+    pre["round"] = hw.pass_seconds(n, w)  # encoded (and scaled, for the mean) to be sent
+    if mode.transport in ("point-to-point", "all-to-all"):
+        pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n) + hw.pass_seconds(n, w)  # decoded first
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
+    unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
+    unpack += hw.pass_seconds(halo, w)  # arrivals decoded
+    overlap = mode.overlap
+    window: Terms = {"spmm": inner_spmm * overlap}
+    post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
+    comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=n)
+    if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
+        comm += hw.fresh_seconds(halo, w)
+    return _Split(pre, window, comm, _add(post, dense))
 
 
 def _static_layer(hw: Rates, p: PartAccess, sl: ShapeLayer) -> tuple[Terms, Terms]:
@@ -474,7 +516,12 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     p = shape.input_dropout if layer == 0 else shape.dropout
     last = layer == shape.num_layers - 1
     w = shape.exchanged_width(layer)
-    return ShapeLayer(layer, a, b, w, p, w < a, shape.extra_gemm, last, shape.halo_bytes)
+    rounded = shape.halo_bytes > 0
+    return ShapeLayer(
+        layer, a, b, w, p, w < a, shape.extra_gemm, last,
+        shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
+        rounded and not shape.attention,
+    )  # fmt: skip
 
 
 def predict(

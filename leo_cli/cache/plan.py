@@ -41,15 +41,19 @@ OLDER_VERSIONS = (1, 2)
 
 
 def model_shape(
-    model: ModelConfig, num_features: int, num_classes: int, dtype_bytes: int, halo_bytes: int = 0
+    model: ModelConfig,
+    num_features: int,
+    num_classes: int,
+    dtype_bytes: int,
+    halo: tuple[int, int] = (0, 0),
 ) -> ModelShape:
-    """The model as the cost model sees it; `halo_bytes`: rows rounded to that many bytes per
-    element (`pipeline.halo_dtype`), 0 where they are not."""
+    """The model as the cost model sees it; `halo`: bytes per element and per row of rows
+    rounded to a narrower type (`pipeline.halo_dtype`), (0, 0) where they are not."""
     widths = tuple(model.layer_widths(num_features, num_classes))
     return ModelShape(
         widths, model.dropout, model.effective_input_dropout, dtype_bytes,
         conv_of(model.name).extra_gemm, attention=model.attention,
-        rows=tuple(model.row_widths(num_classes)), halo_bytes=halo_bytes,
+        rows=tuple(model.row_widths(num_classes)), halo_bytes=halo[0], halo_row_bytes=halo[1],
     )  # fmt: skip
 
 
@@ -284,9 +288,8 @@ def bytes_per_level(
         # Rows forward, gradients backward, except layer 0 aggregating first: its input
         # needs no gradient, so nothing flows back.
         directions = 1 if layer == 0 and b >= a else 2
-        # (rows at `row_bytes` per element, gradients at the training dtype's)
-        width = shape.exchanged_width(layer)
-        w = width * (shape.row_bytes + shape.dtype_bytes * (directions - 1))
+        width = shape.exchanged_width(layer)  # rows as they travel, and gradients
+        w = shape.wire_row(width) + shape.wire_row(width, gradient=True) * (directions - 1)
         skip = (l1 if layer == 0 else np.zeros_like(l1)) | in_place
         per_step_l2 += int((~l3 & ~skip).sum()) * w
         per_step_l3 += int(p.reuse_H[l3 & ~skip].sum()) * w
@@ -446,7 +449,7 @@ def chunks_run(
         return planned
     width = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
     rows = max(max([*p.send_counts, *p.recv_counts, 0]) for p in accesses)
-    return [auto_chunk_count(rows * width * shape.row_bytes)]
+    return [auto_chunk_count(rows * shape.wire_row(width))]
 
 
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:

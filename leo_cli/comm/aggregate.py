@@ -20,17 +20,21 @@ time perfect overlap would reach. Attention layers (GAT) weight edges by scores 
 the rows, so for them a mode only brings the rows, `[h | halo(h)]` in the column order of its
 CSR (`columns`), with halo gradients flowing back.
 
-With `rows_dtype` (`pipeline.halo_dtype`), every row an aggregation reads is rounded to that
-type, its own rows included, and halo rows travel in it: a row is the same number whichever
-worker reads it, so 1, 2 or 4 workers still agree. The rounding passes gradients through
-unchanged (straight-through), and halo gradients travel in the training dtype: a halo
-gradient is a partial sum over the edges one worker holds, so rounding it would make the
-numbers depend on the partition.
+With a `codec` (`pipeline.halo_dtype`, comm/rounding.py), every row an aggregation reads is
+rounded, its own rows included, and halo rows travel rounded: a row is the same number
+whichever worker reads it, so 1, 2 or 4 workers still agree. Backward, rounding passes
+gradients straight through, and the gradient of h is read as rows too, not sent back as
+partial sums (a partial sum over the edges one worker holds, rounded, would depend on the
+partition): every graph here is symmetric, so `Aᵀ = diag(r)·A·diag(c)` (r = c = 1 but for
+the mean, where c = 1/degree of the row sent and r = degree of the row receiving) and
+`Aᵀ·g` is the forward's aggregation of the rounded rows `c ⊙ g`, moved the same way.
+Attention layers return their halo gradients as partial sums, in the training dtype.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -41,7 +45,24 @@ from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, Schedule, build_schedule, column_block
 from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.inplace import InPlace
+from leo_cli.comm.rounding import RowCodec, backward_key
 from leo_cli.comm.transport import Pending, Transport
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """How a worker rounds the rows its aggregations read (`pipeline.halo_dtype`).
+
+    Attributes:
+        codec: the rounding and wire form (comm/rounding.py).
+        ids_N: global id of every inner row (int8's random bits are keyed by it).
+        grad_scales: (r, c) of every inner row, where `Aᵀ = diag(r)·A·diag(c)` needs them
+            (the mean), or None (r = c = 1).
+    """
+
+    codec: RowCodec
+    ids_N: Tensor
+    grad_scales: tuple[Tensor, Tensor] | None = None
 
 
 class Aggregator(Protocol):
@@ -49,12 +70,13 @@ class Aggregator(Protocol):
 
     stats: CommStats
 
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        """Σ_j a_ij h_j over in-edges, halo rows included; h is this worker's inner rows."""
+    def aggregate(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
+        """Σ_j a_ij h_j over in-edges, halo rows included; h is this worker's inner rows.
+        `key`: the layer's rounding key (int8 rows; None rounds to nearest)."""
         ...
 
     def transform_aggregate(
-        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """(A·[h | halo(h)], h) with h = x·Wᵀ (update-first layers)."""
         ...
@@ -63,11 +85,13 @@ class Aggregator(Protocol):
         """The CSR whose columns `gather` returns rows for, and the plan filling its halo."""
         ...
 
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+    def gather(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
         """`[h | halo(h)]` in the column order of `columns(layer)`, differentiably."""
         ...
 
-    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+    def transform_gather(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
+    ) -> Tensor:
         """`gather(x·Wᵀ)`: the mode may overlap the GEMM with the exchange."""
         ...
 
@@ -87,7 +111,7 @@ class BlockAggregator:
         attention: bool = False,
         layers: slice = slice(None),
         in_place: InPlace | None = None,
-        rows_dtype: torch.dtype | None = None,
+        rounding: Rounding | None = None,
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -105,14 +129,14 @@ class BlockAggregator:
             chunk counts only.
         in_place: the L3 rows this worker reads in place and the rows it publishes for its
             peers to read so (comm/inplace.py); their edges are not in `adj`.
-        rows_dtype: the type every row the aggregation reads is rounded to, inner rows
-            included, and halo rows travel in (`pipeline.halo_dtype`); None: as computed.
+        rounding: how every row the aggregation reads is rounded, inner rows included,
+            and travels (`pipeline.halo_dtype`); None: as computed.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
-        self.rows_dtype = rows_dtype
+        self.rounding = rounding
         assert in_place is None or not attention, "attention layers gather rows, not in place"
-        assert in_place is None or rows_dtype is None, "published rows are not rounded"
+        assert in_place is None or rounding is None, "published rows are not rounded"
         sent = (
             plan.send_idx_S
             if in_place is None
@@ -139,14 +163,14 @@ class BlockAggregator:
         assert k in self._schedules, f"layer {layer} is not one this aggregator was built for"
         return self._schedules[k]
 
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        out: Tensor = _Aggregate.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+    def aggregate(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
+        out: Tensor = _Aggregate.apply(h_NF, None, self, (layer, key))  # type: ignore[no-untyped-call]
         return out
 
     def transform_aggregate(
-        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        out, h_NO = _Aggregate.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+        out, h_NO = _Aggregate.apply(x_NF, weight_OF, self, (layer, key))  # type: ignore[no-untyped-call]
         return out, h_NO
 
     def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
@@ -154,70 +178,86 @@ class BlockAggregator:
         alone = len(self.plan.send_counts) == 1  # a single worker: no halo to fill
         return self.adj, None if alone else self.plan
 
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        out: Tensor = _Gather.apply(h_NF, None, self, layer)  # type: ignore[no-untyped-call]
+    def gather(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
+        out: Tensor = _Gather.apply(h_NF, None, self, (layer, key))  # type: ignore[no-untyped-call]
         return out
 
-    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
-        out: Tensor = _Gather.apply(x_NF, weight_OF, self, layer)  # type: ignore[no-untyped-call]
+    def transform_gather(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
+    ) -> Tensor:
+        out: Tensor = _Gather.apply(x_NF, weight_OF, self, (layer, key))  # type: ignore[no-untyped-call]
         return out
 
     # -- forward pieces ------------------------------------------------------------------
 
-    def narrow(self, h_XF: Tensor) -> Tensor:
-        """Rows as they travel: in `rows_dtype` (rounded to nearest), or as computed."""
-        return h_XF if self.rows_dtype is None else h_XF.to(self.rows_dtype)
+    def wire(self, h_XF: Tensor, rows_X: Tensor | None, key: int | None) -> Tensor:
+        """Rows as they travel: rounded and packed, or as computed. `rows_X`: which inner
+        rows they are (None: all of them, in order)."""
+        r = self.rounding
+        if r is None:
+            return h_XF
+        return r.codec.encode(h_XF, r.ids_N if rows_X is None else r.ids_N[rows_X], key)
 
-    def rounded(self, h_XF: Tensor) -> Tensor:
-        """Rows as every aggregation reads them, whichever worker holds them: rounded to
-        `rows_dtype` and back, so 1, 2 or 4 workers read the same numbers."""
-        return h_XF if self.rows_dtype is None else h_XF.to(self.rows_dtype).to(h_XF.dtype)
+    def rounded(self, h_NF: Tensor, key: int | None) -> Tensor:
+        """This worker's rows as every aggregation reads them, whichever worker holds them
+        (rounded, then back in their dtype), so 1, 2 or 4 workers read the same numbers."""
+        if self.rounding is None:
+            return h_NF
+        return self.rounding.codec.decode(self.wire(h_NF, None, key), h_NF.dtype)
+
+    def arrived(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
+        """Rows that travelled, in `dtype`."""
+        return rows if self.rounding is None else self.rounding.codec.decode(rows, dtype)
 
     def update_and_send(
-        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule, layer: int
-    ) -> tuple[Tensor, Pending]:
-        """h = x·Wᵀ (or x) and its rows on their way (published, sent); boundary rows first
-        with `overlap`."""
+        self, x_NF: Tensor, weight: Tensor | None, sched: Schedule, layer: int, key: int | None
+    ) -> tuple[Tensor, Tensor, Pending]:
+        """h = x·Wᵀ (or x), the rows the inner block reads (h, rounded where rows are), and
+        h's rows on their way (published, sent); boundary rows first with `overlap`."""
         if weight is None or not self.overlap:
             h_NO = x_NF if weight is None else F.linear(x_NF, weight)
             if self.in_place is not None:
                 self.in_place.publish(h_NO.index_select(0, self.in_place.boundary_B), layer)
-            return h_NO, self.transport.send_rows(self.narrow(h_NO), sched, by_position=False)
+            wire_NW = self.wire(h_NO, None, key)
+            pending = self.transport.send_rows(wire_NW, sched, by_position=False)
+            return h_NO, self.arrived(wire_NW, h_NO.dtype), pending
         h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
         if self.in_place is not None:
             self.in_place.publish(h_BO.index_select(0, self.published_P), layer)
-        pending = self.transport.send_rows(self.narrow(h_BO), sched, by_position=True)
+        wire_BW = self.wire(h_BO, self.boundary_B, key)
+        pending = self.transport.send_rows(wire_BW, sched, by_position=True)
         h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
         h_NO.index_copy_(0, self.boundary_B, h_BO)
         h_NO.index_copy_(
             0, self.interior_I, F.linear(x_NF.index_select(0, self.interior_I), weight)
         )
-        return h_NO, pending
+        return h_NO, self.rounded(h_NO, key), pending
 
     def aggregate_arrivals(
-        self, h_NF: Tensor, pending: Pending, sched: Schedule, layer: int
+        self, read_NF: Tensor, pending: Pending, sched: Schedule, layer: int
     ) -> Tensor:
         """Inner block first (with the rows read in place), then every round's chunks as soon
-        as the round has landed."""
+        as the round has landed. `read_NF`: this worker's rows as the aggregation reads them."""
         if self.in_place is None:
-            out_NF = self.inner.forward(self.rounded(h_NF))
+            out_NF = self.inner.forward(read_NF)
         else:
-            out_NF = self.in_place.aggregate(self.inner, h_NF, layer)
+            out_NF = self.in_place.aggregate(self.inner, read_NF, layer)
         for r, chunks in enumerate(sched.rounds):
             for c, halo in zip(chunks, pending.wait(r), strict=True):
                 if c.block.num_edges > 0:
-                    c.block.add_into(out_NF, halo.to(out_NF.dtype))
+                    c.block.add_into(out_NF, self.arrived(halo, out_NF.dtype))
         pending.finish()
         return out_NF
 
-    def collect_arrivals(self, h_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
+    def collect_arrivals(self, read_NF: Tensor, pending: Pending, sched: Schedule) -> Tensor:
         """`[h | halo]`, every round's chunks copied into place once the round has landed."""
-        full = h_NF.new_empty((h_NF.shape[0] + sched.num_halo, h_NF.shape[1]))
-        full[: h_NF.shape[0]] = self.rounded(h_NF)
-        halo_HF = full[h_NF.shape[0] :]
+        n = read_NF.shape[0]
+        full = read_NF.new_empty((n + sched.num_halo, read_NF.shape[1]))
+        full[:n] = read_NF
+        halo_HF = full[n:]
         for r, chunks in enumerate(sched.rounds):
             for c, rows in zip(chunks, pending.wait(r), strict=True):
-                halo_HF[c.recv_start : c.recv_end] = rows
+                halo_HF[c.recv_start : c.recv_end] = self.arrived(rows, full.dtype)
         pending.finish()
         return full
 
@@ -234,6 +274,19 @@ class BlockAggregator:
         if self.in_place is not None:
             self.in_place.add_returned(grad_h, layer)
         return grad_h
+
+    def backward_rows(
+        self, grad_NO: Tensor, sched: Schedule, layer: int, key: int | None
+    ) -> Tensor:
+        """Gradient of h where rows are rounded: `Aᵀ·g = r ⊙ A·[c ⊙ g | halo(c ⊙ g)]` (see
+        the module docstring), the rows `c ⊙ g` rounded and moved as the forward's rows."""
+        assert self.rounding is not None and self.in_place is None
+        scales = self.rounding.grad_scales
+        g_NO = grad_NO if scales is None else grad_NO * scales[1].unsqueeze(1)
+        wire_NW = self.wire(g_NO, None, backward_key(key))
+        pending = self.transport.send_rows(wire_NW, sched, by_position=False)
+        grad_h = self.aggregate_arrivals(self.arrived(wire_NW, g_NO.dtype), pending, sched, layer)
+        return grad_h if scales is None else grad_h.mul_(scales[0].unsqueeze(1))
 
     def return_halo_grads(self, grad_full: Tensor, sched: Schedule) -> Tensor:
         """Gradient of h from that of `[h | halo]`: halo-gradient chunks go to their owners."""
@@ -265,12 +318,17 @@ class _Aggregate(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
+        ctx: Any,
+        x_NF: Tensor,
+        weight: Tensor | None,
+        agg: BlockAggregator,
+        at: tuple[int, int | None],
     ) -> Any:
+        layer, key = at
         sched = agg.schedule(layer)
-        h_NO, pending = agg.update_and_send(x_NF, weight, sched, layer)
-        out_NO = agg.aggregate_arrivals(h_NO, pending, sched, layer)
-        ctx.agg, ctx.sched, ctx.layer = agg, sched, layer
+        h_NO, read_NO, pending = agg.update_and_send(x_NF, weight, sched, layer, key)
+        out_NO = agg.aggregate_arrivals(read_NO, pending, sched, layer)
+        ctx.agg, ctx.sched, ctx.at = agg, sched, at
         ctx.set_materialize_grads(False)
         if weight is None:
             return out_NO
@@ -283,7 +341,11 @@ class _Aggregate(torch.autograd.Function):
         if grad_out is None:
             assert grad_h is not None
             grad_out = grad_h.new_zeros(grad_h.shape)
-        g_h = agg.backward_halo(grad_out, ctx.sched, ctx.layer)
+        layer, key = ctx.at
+        if agg.rounding is None:
+            g_h = agg.backward_halo(grad_out, ctx.sched, layer)
+        else:
+            g_h = agg.backward_rows(grad_out, ctx.sched, layer, key)
         if grad_h is not None:
             g_h += grad_h
         if not ctx.saved_tensors:
@@ -296,14 +358,19 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x_NF: Tensor, weight: Tensor | None, agg: BlockAggregator, layer: int
+        ctx: Any,
+        x_NF: Tensor,
+        weight: Tensor | None,
+        agg: BlockAggregator,
+        at: tuple[int, int | None],
     ) -> Tensor:
+        layer, key = at
         sched = agg.schedule(layer)
-        h_NO, pending = agg.update_and_send(x_NF, weight, sched, layer)
+        _, read_NO, pending = agg.update_and_send(x_NF, weight, sched, layer, key)
         ctx.agg, ctx.sched = agg, sched
         if weight is not None:
             ctx.save_for_backward(x_NF, weight)
-        return agg.collect_arrivals(h_NO, pending, sched)
+        return agg.collect_arrivals(read_NO, pending, sched)
 
     @staticmethod
     def backward(ctx: Any, grad_full: Tensor) -> Any:
@@ -322,19 +389,21 @@ class PerLayerAggregator:
     def _of(self, layer: int) -> Aggregator:
         return self.first if layer == 0 else self.rest
 
-    def aggregate(self, h_NF: Tensor, layer: int) -> Tensor:
-        return self._of(layer).aggregate(h_NF, layer)
+    def aggregate(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
+        return self._of(layer).aggregate(h_NF, layer, key)
 
     def transform_aggregate(
-        self, x_NF: Tensor, weight_OF: Tensor, layer: int
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        return self._of(layer).transform_aggregate(x_NF, weight_OF, layer)
+        return self._of(layer).transform_aggregate(x_NF, weight_OF, layer, key)
 
     def columns(self, layer: int) -> tuple[kernels.CSR, HaloPlan | None]:
         return self._of(layer).columns(layer)
 
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
-        return self._of(layer).gather(h_NF, layer)
+    def gather(self, h_NF: Tensor, layer: int, key: int | None = None) -> Tensor:
+        return self._of(layer).gather(h_NF, layer, key)
 
-    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
-        return self._of(layer).transform_gather(x_NF, weight_OF, layer)
+    def transform_gather(
+        self, x_NF: Tensor, weight_OF: Tensor, layer: int, key: int | None = None
+    ) -> Tensor:
+        return self._of(layer).transform_gather(x_NF, weight_OF, layer, key)

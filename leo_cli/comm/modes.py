@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.aggregate import Aggregator, BlockAggregator, PerLayerAggregator
+from leo_cli.comm.aggregate import Aggregator, BlockAggregator, PerLayerAggregator, Rounding
 from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.inplace import InPlace
@@ -38,9 +38,8 @@ def auto_chunk_count(largest_bytes: int) -> int:
     return max(1, min(AUTO_MAX_CHUNKS, -(-largest_bytes // AUTO_CHUNK_BYTES)))
 
 
-def auto_chunks(plan: HaloPlan, width: int, dtype: torch.dtype) -> int:
-    """`auto_chunk_count` of this worker's largest peer transfer at `width`."""
-    row_bytes = width * torch.empty(0, dtype=dtype).element_size()
+def auto_chunks(plan: HaloPlan, row_bytes: int) -> int:
+    """`auto_chunk_count` of this worker's largest peer transfer, rows of `row_bytes`."""
     return auto_chunk_count(max([*plan.send_counts, *plan.recv_counts, 0]) * row_bytes)
 
 
@@ -51,12 +50,16 @@ class Wiring:
     stats: CommStats  # shared by every aggregator of the worker
     halo_local_H: Tensor  # owner-local row of every halo row (shared memory)
     width: int  # the widest row any layer moves (sizes shared segments)
-    dtype: torch.dtype  # of gradients, and of rows unless rows_dtype says otherwise
-    rows_dtype: torch.dtype | None = None  # rows rounded to and moved in (pipeline.halo_dtype)
+    dtype: torch.dtype  # of gradients, and of rows unless they are rounded
+    rounding: Rounding | None = None  # how rows are rounded and travel (pipeline.halo_dtype)
 
 
 def _shared_memory(plan: HaloPlan, w: Wiring) -> Transport:
-    return SharedMemory(plan, w.stats, w.halo_local_H, w.width, (w.rows_dtype or w.dtype, w.dtype))
+    if w.rounding is None:
+        return SharedMemory(plan, w.stats, w.halo_local_H, w.width, (w.dtype, w.dtype))
+    codec = w.rounding.codec  # rows travel packed (int8: with their scale), wider than F
+    width = max(codec.wire_width(w.width), w.width)
+    return SharedMemory(plan, w.stats, w.halo_local_H, width, (codec.wire_dtype, w.dtype))
 
 
 # How each transport of the registry (`Mode.transport`) is made.
@@ -106,7 +109,7 @@ def make_aggregator(
         transport: Transport = NoTransfer(alone, wiring.stats)
         return BlockAggregator(
             adj, alone, transport, [1], inner=inner, attention=attention, layers=layers,
-            rows_dtype=wiring.rows_dtype,
+            rounding=wiring.rounding,
         )  # fmt: skip
     transport = TRANSPORTS[mode.transport](plan, wiring)
     chunks = num_chunks if mode.chunks else [1]
@@ -120,7 +123,7 @@ def make_aggregator(
         attention=attention,
         layers=layers,
         in_place=in_place,
-        rows_dtype=wiring.rows_dtype,
+        rounding=wiring.rounding,
     )
 
 

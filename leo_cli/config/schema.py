@@ -360,11 +360,14 @@ class PipelineConfig(Section):
     on other hosts always use the process group; CUDA workers read nothing in place yet.
     `shared-memory` with pipeline.mode=auto limits auto to the modes that read in place."""
     halo_dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
-    """Type of the neighbour rows an aggregation reads: `float32` (the training dtype, as
-    computed), `bfloat16` or `float16` (every row rounded to it, local rows included, and
-    halo rows moved in it: half the bytes; the same numbers on 1, 2 or 4 workers). Gradients
-    move in the training dtype; rows are not replicated (L1), aggregated once (L1s) or read in
-    place (L3) under a narrow type. `int8` is not built yet."""
+    """Type of the neighbour rows aggregations read: `float32` (as computed, in train.dtype),
+    `bfloat16` or `float16` (rounded to nearest: 2 bytes an element; float16 overflows past
+    65504), `int8` (a bfloat16 scale per row and stochastic rounding keyed by seed, epoch,
+    layer, direction and global row: 1 byte an element and 2 a row). Every row is rounded,
+    local ones included, so 1, 2 or 4 workers give the same numbers; rows travel rounded, and
+    so do the output gradients the backward pass reads (not for gat: its halo gradients
+    travel in train.dtype). No replicas (L1), static aggregate (L1s) or rows read in place
+    (L3) under a narrow type."""
 
     @field_validator("mode")
     @classmethod
@@ -385,11 +388,6 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _narrow_rows_move_through_the_process_group(self) -> PipelineConfig:
-        if self.halo_dtype == "int8":
-            raise ValueError(
-                "pipeline.halo_dtype=int8 is not built yet (per-row scales with keyed "
-                "stochastic rounding); use bfloat16 or float16"
-            )
         if self.rounds_rows and self.transport == "shared-memory":
             raise ValueError(
                 f"pipeline.transport=shared-memory reads rows in place in the training dtype, "

@@ -13,34 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # int64 views of the splitmix64 constants
-_MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MUL2 = 0x94D049BB133111EB - (1 << 64)
-_COL_SALT = 0x5851F42D4C957F2D
+from leo_cli.util.keyed import random_bytes, splitmix64
+
 _ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
+_ROWS_SALT = 0x3C6EF372FE94F82B  # ... and the rounding of the rows it reads
 _CHUNK_ROWS = 1 << 15  # bounds the int64 temporaries to a few MB per chunk
-
-
-# Shift amounts as 0-d tensors: `z >> 30` with a Python int takes a slow scalar path on the
-# CPU (12 ms against 3 ms for a 0-d tensor on 200k x 8 int64, one thread); same result.
-_BITS = {bits: torch.tensor(bits, dtype=torch.int64) for bits in (27, 30, 31)}
-
-
-def _shr(z: Tensor, bits: int) -> Tensor:
-    """Logical right shift of int64 (torch's `>>` is arithmetic, so mask the sign bits)."""
-    return (z >> _BITS[bits]) & ((1 << (64 - bits)) - 1)
-
-
-def mix64(z: Tensor) -> Tensor:
-    """The splitmix64 finaliser, elementwise: a bijection of int64 (multiplication wraps)."""
-    z = (z ^ _shr(z, 30)) * _MUL1
-    z = (z ^ _shr(z, 27)) * _MUL2
-    return z ^ _shr(z, 31)
-
-
-def splitmix64(z: Tensor) -> Tensor:
-    """One splitmix64 step: the golden-ratio increment, then the finaliser."""
-    return mix64(z + _GOLDEN)
 
 
 def stream_key(seed: int, epoch: int, layer: int) -> int:
@@ -60,21 +37,10 @@ def threshold(p: float) -> int:
 
 
 def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
-    """Boolean [N, F] mask: entry (i, j) kept with probability 1 - threshold(p)/256.
-
-    Rows and groups of eight columns are hashed once with splitmix64; one 64-bit finaliser
-    over their xor then yields eight random bytes, one per entry, which keeps dropout cheap
-    next to the aggregation it precedes. The row hash keeps all 64 bits: it is a bijection
-    of `id ^ key`, so two rows never share a stream (a 32-bit row hash made thousands of rows
-    of a 2.4M-node graph share their whole mask).
-    """
-    num_groups = (num_cols + 7) // 8
-    row_N = splitmix64(ids_N.to(torch.int64) ^ key)
-    groups = torch.arange(num_groups, dtype=torch.int64, device=ids_N.device)
-    col_G = splitmix64(groups + _COL_SALT)
-    hashed_NG = mix64(row_N.unsqueeze(1) ^ col_G)
-    bytes_NF = hashed_NG.view(torch.uint8).view(ids_N.shape[0], 8 * num_groups)[:, :num_cols]
-    return bytes_NF >= threshold(p)
+    """Boolean [N, F] mask: entry (i, j) kept with probability 1 - threshold(p)/256, from
+    one random byte per entry (util/keyed.py), which keeps dropout cheap next to the
+    aggregation it precedes."""
+    return random_bytes(ids_N, num_cols, key) >= threshold(p)
 
 
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
@@ -107,6 +73,13 @@ class _Scale(torch.autograd.Function):
 def attention_key(seed: int, epoch: int, layer: int) -> int:
     """The key of a layer's attention dropout: a stream of its own beside its input dropout."""
     z = torch.tensor([stream_key(seed, epoch, layer) ^ _ATTENTION_SALT], dtype=torch.int64)
+    return int(splitmix64(z).item())
+
+
+def rows_key(seed: int, epoch: int, layer: int) -> int:
+    """The key of the stochastic rounding of a layer's rows (comm/rounding.py), a stream
+    apart from the layer's dropout and attention dropout."""
+    z = torch.tensor([stream_key(seed, epoch, layer) ^ _ROWS_SALT], dtype=torch.int64)
     return int(splitmix64(z).item())
 
 

@@ -47,17 +47,17 @@ class GATConv(nn.Module):
         w_src_HF = torch.einsum("hc,hcf->hf", self.att_src, w_HCF)
         return torch.cat([self.lin.weight, w_src_HF])
 
-    def rows(self, x_NF: Tensor, g: LocalGraph, layer: int) -> Tensor:
+    def rows(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
         """`[z | a_src·z]` of inner and halo columns, exchanging the narrower of x and it."""
         weight = self.row_weight()
         if weight.shape[0] < x_NF.shape[1]:
-            return g.transform_gather(x_NF, weight, layer)
-        return F.linear(g.gather(x_NF, layer), weight)
+            return g.transform_gather(x_NF, weight, at)
+        return F.linear(g.gather(x_NF, at), weight)
 
     def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
         n, hc = x_NF.shape[0], self.heads * self.channels
         view = g.edge_view(at.layer)
-        rows_K = self.rows(x_NF, g, at.layer)
+        rows_K = self.rows(x_NF, g, at)
         z_KHC = rows_K[:, :hc].reshape(-1, self.heads, self.channels)
         a_dst_NH = (z_KHC[:n] * self.att_dst).sum(-1)
         scores_EH = kernels.gat_scores(view.csr, rows_K[:, hc:], a_dst_NH, NEGATIVE_SLOPE)

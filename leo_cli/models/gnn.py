@@ -8,12 +8,14 @@ others use ReLU.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leo_cli.config.schema import ModelConfig
-from leo_cli.models.dropout import attention_key, counter_dropout, stream_key
+from leo_cli.models.dropout import attention_key, counter_dropout, rows_key, stream_key
 from leo_cli.models.gat import gat_convs
 from leo_cli.models.layers import LAYERS
 from leo_cli.models.local_graph import LayerInput, LocalGraph
@@ -54,6 +56,8 @@ class GNN(nn.Module):
                 at = LayerInput(layer, static=not dropped, replica_RF=xr)
             if self.attention and self.training:
                 at = LayerInput(layer, attention_key=attention_key(seed, epoch, layer))
+            if self.training:  # rounded rows draw their random bits from a stream of their own
+                at = replace(at, rows_key=rows_key(seed, epoch, layer))
             h = conv(h, g, at)
             if layer < len(self.convs) - 1:
                 h = F.elu(h) if self.elu else torch.relu(h)

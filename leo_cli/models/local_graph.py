@@ -62,12 +62,15 @@ class LayerInput:
             input dropout, or evaluation): a precomputed `Â·X` may stand in.
         replica_RF: layer 0's input rows of replicated halo nodes, dropout applied.
         attention_key: key of the layer's attention dropout masks (training), or None.
+        rows_key: key of the stochastic rounding of the rows it reads (`pipeline.halo_dtype`
+            int8, training), or None: round to nearest.
     """
 
     layer: int
     static: bool = False
     replica_RF: Tensor | None = None
     attention_key: int | None = None
+    rows_key: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,20 +125,20 @@ class LocalGraph:
                 agg_NF = agg_NF + self_scale * x_NF
             return agg_NF if weight is None else F.linear(agg_NF, weight)
         if weight is None:
-            out = self.aggregator.aggregate(x_NF, at.layer)
+            out = self.aggregator.aggregate(x_NF, at.layer, at.rows_key)
             h_NF = x_NF
         else:
-            out, h_NF = self.aggregator.transform_aggregate(x_NF, weight, at.layer)
+            out, h_NF = self.aggregator.transform_aggregate(x_NF, weight, at.layer, at.rows_key)
         out = self.add_replicas(out, at.replica_RF, weight, at.layer)
         return out if self_scale is None else out + self_scale * h_NF
 
-    def gather(self, h_NF: Tensor, layer: int) -> Tensor:
+    def gather(self, h_NF: Tensor, at: LayerInput) -> Tensor:
         """`[h | halo(h)]` in the columns of `edge_view(layer)` (attention layers)."""
-        return self.aggregator.gather(h_NF, layer)
+        return self.aggregator.gather(h_NF, at.layer, at.rows_key)
 
-    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, layer: int) -> Tensor:
+    def transform_gather(self, x_NF: Tensor, weight_OF: Tensor, at: LayerInput) -> Tensor:
         """`gather(x·Wᵀ)`: the mode may overlap the GEMM with the exchange."""
-        return self.aggregator.transform_gather(x_NF, weight_OF, layer)
+        return self.aggregator.transform_gather(x_NF, weight_OF, at.layer, at.rows_key)
 
     def edge_view(self, layer: int) -> EdgeView:
         assert layer in self.edge_views, "attention layers need prepare_attention() at set-up"
@@ -187,6 +190,20 @@ def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor
         return 1.0 / deg_N[rows], None
     assert kind in ("sum", "attention"), kind
     return torch.ones(cols.shape[0], dtype=dtype), None
+
+
+def transpose_scales(
+    part: LocalPart, model: str, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor] | None:
+    """(r, c) of the inner rows with `Aᵀ = diag(r)·A·diag(c)`, where the graph is symmetric
+    (every loader symmetrizes): the mean's `a_ij = 1/d_i` gives r = d, c = 1/d; symmetric
+    and sum weights are their own transpose (None). Rounded rows read `Aᵀ·g` so
+    (comm/aggregate.py)."""
+    if conv_of(model).edge_weights != "mean":
+        return None
+    deg_N = torch.from_numpy(np.asarray(part.degree)[: part.num_inner]).to(dtype)
+    deg_N = deg_N.clamp(min=1).to(device)  # a row without edges is read by none
+    return deg_N, 1.0 / deg_N
 
 
 def part_adjacency(

@@ -14,7 +14,7 @@ import torch
 
 from leo_cli import kernels
 from leo_cli.cache.plan import PLAN, read_plan
-from leo_cli.comm.aggregate import Aggregator
+from leo_cli.comm.aggregate import Aggregator, Rounding
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan
 from leo_cli.comm.grads import make_grad_reducer
@@ -26,13 +26,14 @@ from leo_cli.comm.levels import (
     levels_for_mode,
 )
 from leo_cli.comm.modes import Wiring, auto_chunks, make_layer_aggregators
+from leo_cli.comm.rounding import CODECS, wire_bytes
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import MAX_CHUNKS, ModelConfig
 from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
-from leo_cli.models.local_graph import LocalGraph, part_adjacency
+from leo_cli.models.local_graph import LocalGraph, part_adjacency, transpose_scales
 from leo_cli.registry import is_auto, mode_of
 from leo_cli.train.in_place import reads_in_place
 from leo_cli.train.plan_stage import plan_digests
@@ -40,8 +41,6 @@ from leo_cli.train.timing import Laps
 from leo_cli.train.trainer import Job, WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# `pipeline.halo_dtype`: the type neighbour rows are rounded to (None: as computed).
-ROW_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
@@ -65,10 +64,10 @@ def chunk_counts(
     setting: str | int,
     planned: list[int] | None,
     halo: HaloPlan,
-    width: int,
-    dtype: torch.dtype,
+    row_bytes: int,
 ) -> list[int]:
-    """Chunks per peer of every layer: the setting, else the plan's, else the heuristic.
+    """Chunks per peer of every layer: the setting, else the plan's, else the heuristic
+    (`row_bytes`: bytes of the widest row as it travels).
 
     Both ends of a transfer must cut it the same way, so the heuristic's count is agreed
     on by all workers (the largest any of them wants).
@@ -78,7 +77,7 @@ def chunk_counts(
     elif planned:
         counts = planned
     else:
-        wanted = torch.tensor([auto_chunks(halo, width, dtype)], dtype=torch.int64)
+        wanted = torch.tensor([auto_chunks(halo, row_bytes)], dtype=torch.int64)
         counts = [int(all_reduce_(wanted, op="max").item())]
     # Checked where they are read (config schema, cache plan); 0 chunks would send nothing.
     assert all(1 <= k <= MAX_CHUNKS for k in counts), f"chunk counts {counts} out of range"
@@ -172,12 +171,14 @@ def aggregator_of(
     counts (None: no plan) and where the aggregator counts what it moves."""
     adj, halo = whole
     chunks_planned, stats = planned
-    dtype, rows_dtype = DTYPES[cfg.train.dtype], ROW_DTYPES[cfg.pipeline.halo_dtype]
+    dtype = DTYPES[cfg.train.dtype]
     width = exchange_width(cfg.model, dataset)
+    rounding = rounding_of(cfg, part, dtype, adj.device)
+    row_bytes = wire_bytes(cfg.pipeline.halo_dtype, width, dtype.itemsize)
     if world_size == 1:  # rows are rounded all the same: one worker reads what P workers do
         return make_layer_aggregators(
             mode_of(cfg.pipeline.mode), (adj, None), (adj, None),
-            Wiring(CommStats(), torch.zeros(0), width, dtype, rows_dtype), [1],
+            Wiring(CommStats(), torch.zeros(0), width, dtype, rounding), [1],
             attention=cfg.model.attention,
         )  # fmt: skip
     others = whole if levels is None else levels.others
@@ -188,12 +189,23 @@ def aggregator_of(
         mode_of(cfg.pipeline.mode),
         first,
         others,
-        Wiring(stats, local_H, width, dtype, rows_dtype),
-        chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, width, rows_dtype or dtype),
+        Wiring(stats, local_H, width, dtype, rounding),
+        chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, row_bytes),
         attention=cfg.model.attention,
         static_layer0=static_layer0,
         in_place=None if levels is None else levels.in_place,
     )
+
+
+def rounding_of(
+    cfg: LeoConfig, part: LocalPart, dtype: torch.dtype, device: torch.device
+) -> Rounding | None:
+    """How this worker rounds the rows its aggregations read (`pipeline.halo_dtype`)."""
+    codec = CODECS[cfg.pipeline.halo_dtype]
+    if codec is None:
+        return None
+    ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
+    return Rounding(codec, ids_N, transpose_scales(part, cfg.model.name, dtype, device))
 
 
 def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:

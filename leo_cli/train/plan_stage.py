@@ -44,6 +44,7 @@ from leo_cli.cache.plan import (
 )
 from leo_cli.cache.plot import plot_plan
 from leo_cli.cache.speed import measured_weights, work_costs
+from leo_cli.comm.rounding import SCALE_BYTES
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.layout import ProgressFn
@@ -66,7 +67,8 @@ from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
-HALO_BYTES = {"float32": 0, "bfloat16": 2, "float16": 2}  # 0: rows not rounded
+# `pipeline.halo_dtype`: bytes per element and per row of a rounded row ((0, 0): not rounded)
+HALO_BYTES = {"float32": (0, 0), "bfloat16": (2, 0), "float16": (2, 0), "int8": (1, SCALE_BYTES)}
 
 
 def dtype_key(cfg: LeoConfig) -> str:

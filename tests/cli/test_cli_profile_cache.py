@@ -107,8 +107,8 @@ def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
 
 def test_rounded_rows_move_the_bytes_the_plan_says(tmp_path: Path) -> None:
     """`pipeline.halo_dtype=bfloat16` through `leo train`: the plan replicates nothing (a
-    replica would read the unrounded row), prices rows at 2 bytes and gradients at 4, and the
-    workers move exactly that; summary.json says which type the rows had."""
+    replica would read the unrounded row), prices rows and gradient rows at 2 bytes an
+    element, and the workers move exactly that; summary.json says which type rows had."""
     run = tmp_path / "bf16"
     narrow = ["--set", "pipeline.halo_dtype=bfloat16", "--set", "pipeline.mode=leo"]
     res = leo("train", *TINY, *LEVELS, *narrow, "--set", f"run.out_dir={run}")

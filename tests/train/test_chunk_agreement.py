@@ -26,8 +26,8 @@ def _auto(rank: int, world: int) -> int:
     send = ROWS[rank]
     recv = [ROWS[q][rank] for q in range(world)]
     plan = HaloPlan(5, torch.zeros(sum(send), dtype=torch.int64), send, recv)
-    alone = modes.auto_chunks(plan, 4, torch.float32)
-    agreed = chunk_counts("auto", None, plan, 4, torch.float32)[0]
+    alone = modes.auto_chunks(plan, 16)
+    agreed = chunk_counts("auto", None, plan, 16)[0]
     return alone * 1000 + agreed
 
 
@@ -38,5 +38,5 @@ def test_auto_chunk_counts_agree_across_ranks() -> None:
     agreed = {g % 1000 for g in got}
     assert len(agreed) == 1 and agreed == {modes.AUTO_MAX_CHUNKS}
     empty = HaloPlan(0, torch.zeros(0, dtype=torch.int64), [0], [0])
-    assert chunk_counts(3, [2, 5], empty, 4, torch.float32) == [3]
-    assert chunk_counts("auto", [2, 5], empty, 4, torch.float32) == [2, 5]
+    assert chunk_counts(3, [2, 5], empty, 16) == [3]
+    assert chunk_counts("auto", [2, 5], empty, 16) == [2, 5]

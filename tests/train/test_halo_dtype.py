@@ -33,80 +33,92 @@ def cfg_of(model: str, mode: str, halo: str, dtype: str = "float64") -> LeoConfi
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_rounded_rows_are_the_same_on_every_worker_count(world: int) -> None:
-    """Every model and exact mode with bfloat16 rows equals one process with bfloat16 rows
-    (float64 accumulation); float16 for one of them; the rounding changes the numbers."""
+    """Every model and exact mode with bfloat16 and int8 rows equals one process with the
+    same rows (float64 accumulation); float16 for one of them; rounding changes the numbers."""
     g = random_graph(**GRAPH)
-    cases = [(m, mode, "bfloat16") for m in MODELS for mode in EXACT]
-    cases.append(("gcn", "leo", "float16"))
-    refs = {
-        (m, halo): r[0]
-        for (m, halo), r in zip(
-            [(m, "bfloat16") for m in MODELS] + [("gcn", "float16")],
-            run_many(
-                [cfg_of(m, "blocking", "bfloat16") for m in MODELS]
-                + [cfg_of("gcn", "blocking", "float16")],
-                g,
-                1,
-                3,
-            ),
+    kinds = [(m, h) for m in MODELS for h in ("bfloat16", "int8")] + [("gcn", "float16")]
+    refs = dict(
+        zip(
+            kinds,
+            (r[0] for r in run_many([cfg_of(m, "blocking", h) for m, h in kinds], g, 1, 3)),
             strict=True,
         )
-    }
+    )
+    cases = [(m, mode, h) for m, h in kinds for mode in EXACT]
     results = run_many([cfg_of(*c) for c in cases], g, world, 3)
     for (model, mode, halo), got in zip(cases, results, strict=True):
         assert_same_run(got, refs[(model, halo)], g.num_nodes, f"{model} {mode} {halo} P={world}")
     wide = run_many([cfg_of("gcn", "blocking", "float32")], g, 1, 3)[0][0]
-    assert not np.allclose(refs[("gcn", "bfloat16")]["logits"], wide["logits"], rtol=1e-6)
-    assert not np.allclose(refs[("gcn", "float16")]["logits"], wide["logits"], rtol=1e-9)
+    for halo in ("bfloat16", "float16", "int8"):
+        assert not np.allclose(refs[("gcn", halo)]["logits"], wide["logits"], rtol=1e-9), halo
 
 
-def test_narrow_rows_halve_the_forward_bytes() -> None:
-    """Rows travel in the narrow type, gradients in the training dtype (float32): the bytes
-    drop by half of the forward rows' share, whatever the narrow type."""
+def test_float32_loss_curves_agree_on_1_2_4_workers() -> None:
+    """The issue's criterion in float32 accumulation: for each narrow type, 10 epochs of
+    losses on 2 and 4 workers within 1e-5 of one worker's (a row rounded a step apart on
+    one worker would show here)."""
+    g = random_graph(num_nodes=300, num_edges=1500, num_features=16, num_classes=5, seed=5)
+
+    def cfg(halo: str) -> LeoConfig:
+        sets = ["model.dropout=0.5", "model.hidden_channels=16", "pipeline.mode=leo"]
+        return load_config(None, [*sets, f"pipeline.halo_dtype={halo}"])
+
+    halos = ("bfloat16", "int8")
+    refs = [r[0]["losses"] for r in run_many([cfg(h) for h in halos], g, 1, 10)]
+    for world in (2, 4):
+        results = run_many([cfg(h) for h in halos], g, world, 10)
+        for halo, ref, got in zip(halos, refs, results, strict=True):
+            np.testing.assert_allclose(
+                got[0]["losses"], ref, rtol=1e-5, err_msg=f"{halo} P={world}"
+            )
+
+
+def test_narrow_rows_shrink_the_bytes_both_ways() -> None:
+    """Rows travel rounded, and so do the output-gradient rows of the backward pass: with
+    float32 training, 2-byte types move exactly half the bytes; int8 less (1 byte an element,
+    2 a row for its scale)."""
     g = random_graph(**GRAPH)
-    cfgs = [cfg_of("gcn", "blocking", h, "float32") for h in ("float32", "bfloat16", "float16")]
-    wide, bf16, f16 = (sum(r["bytes"] for r in got) for got in run_many(cfgs, g, 2, 2))
-    assert bf16 == f16
-    assert wide / 2 < bf16 < wide
+    halos = ("float32", "bfloat16", "float16", "int8")
+    cfgs = [cfg_of("gcn", "blocking", h, "float32") for h in halos]
+    wide, bf16, f16, int8 = (sum(r["bytes"] for r in got) for got in run_many(cfgs, g, 2, 2))
+    assert bf16 == f16 == wide // 2 and 2 * bf16 == wide
+    assert int8 < bf16
 
 
 def test_gat_rows_are_rounded_alike() -> None:
+    """Attention layers read rounded rows too (their halo gradients travel in train.dtype)."""
     g = random_graph(**GRAPH)
 
-    def cfg(mode: str) -> LeoConfig:
+    def cfg(mode: str, halo: str) -> LeoConfig:
         return load_config(
             None,
             [
                 "model.name=gat",
                 f"pipeline.mode={mode}",
-                "pipeline.halo_dtype=bfloat16",
+                f"pipeline.halo_dtype={halo}",
                 "train.dtype=float64",
                 "model.hidden_channels=4",
                 "model.heads=2",
             ],
         )
 
-    ref = run_many([cfg("blocking")], g, 1, 3)[0][0]
-    for mode, got in zip(EXACT, run_many([cfg(m) for m in EXACT], g, 3, 3), strict=True):
-        np.testing.assert_allclose(got[0]["losses"], ref["losses"], rtol=1e-10, err_msg=mode)
+    cases = [(mode, halo) for halo in ("bfloat16", "int8") for mode in EXACT]
+    refs = {h: run_many([cfg("blocking", h)], g, 1, 3)[0][0] for h in ("bfloat16", "int8")}
+    for (mode, halo), got in zip(cases, run_many([cfg(*c) for c in cases], g, 3, 3), strict=True):
+        ref, label = refs[halo], f"gat {mode} {halo}"
+        np.testing.assert_allclose(got[0]["losses"], ref["losses"], rtol=1e-10, err_msg=label)
         np.testing.assert_allclose(
-            global_logits(got, g.num_nodes)[np.argsort(np.argsort(ref["ids"]))],
+            global_logits(got, g.num_nodes)[ref["ids"]],
             ref["logits"],
             rtol=1e-9,
             atol=1e-10,
-            err_msg=mode,
+            err_msg=label,
         )
 
 
-@pytest.mark.parametrize(
-    ("sets", "words"),
-    [
-        (["pipeline.halo_dtype=int8"], "not built yet"),
-        (["pipeline.halo_dtype=float16", "pipeline.transport=shared-memory"], "in place"),
-    ],
-)
-def test_refused_settings(sets: list[str], words: str) -> None:
+def test_published_rows_are_refused_in_one_sentence() -> None:
+    sets = ["pipeline.halo_dtype=float16", "pipeline.transport=shared-memory"]
     res = leo_here("train", *[a for s in sets for a in ("--set", s)])
     assert res.returncode != 0
-    assert words in res.stdout + res.stderr
+    assert "not pipeline.halo_dtype=float16" in " ".join((res.stdout + res.stderr).split())
     assert "Traceback" not in res.stdout + res.stderr
