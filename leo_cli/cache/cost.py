@@ -170,6 +170,7 @@ class ShapeLayer:
     rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide, and gradients
     # read as rows (comm/aggregate.py backward_rows) but for attention
     grad_rows: bool = False
+    keyed: bool = False  # stochastic rounding with a scale per row (int8)
 
 
 @dataclass(frozen=True)
@@ -412,10 +413,11 @@ def _forward(
     window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
-    if sl.rounded:  # rows sent narrow, read back wide (inner ones and arrivals)
-        pre["round"] = hw.pass_seconds(bnd if overlap else n, w)
-        window["round"] = 2 * hw.pass_seconds(n, w) * overlap
-        post["round"] = 2 * hw.pass_seconds(n, w) * (not overlap) + hw.pass_seconds(halo, w)
+    if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
+        pre["round"] = _encode_seconds(hw, sl, bnd if overlap else n)
+        inner = _encode_seconds(hw, sl, n) * overlap + _decode_seconds(hw, sl, n)
+        window["round"] = inner * overlap
+        post["round"] = inner * (not overlap) + _decode_seconds(hw, sl, halo)
     comm = _comm(hw, r, cnt, sl.row_bytes, mode, k, written=n)
     if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
@@ -454,6 +456,22 @@ def _backward(
     return _Split(pre, window, comm, _add(post, dense, replicas))
 
 
+INT8_PASSES = 6  # |x|, its row maximum, the division, adding the draws, floor and clamp, packing
+
+
+def _encode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
+    """Seconds to round `rows` rows for the wire (`pipeline.halo_dtype`): one conversion;
+    int8 draws a random byte per element (priced as a dropout mask) and takes a few passes."""
+    if sl.keyed:
+        return hw.mask_seconds(rows, sl.w) + INT8_PASSES * hw.pass_seconds(rows, sl.w)
+    return hw.pass_seconds(rows, sl.w)
+
+
+def _decode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
+    """Seconds to read `rows` rounded rows back in the training dtype (int8: times its scale)."""
+    return hw.pass_seconds(rows, sl.w) * (2 if sl.keyed else 1)
+
+
 def _backward_rows(
     hw: Rates,
     p: PartAccess,
@@ -468,17 +486,20 @@ def _backward_rows(
     backward_rows): the forward's exchange and aggregation, over the output gradient."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
     rows = p.rows_reading_blocks(k)
-    pre: Terms = {"epilogue": dense.pop("epilogue")}
-    pre["round"] = hw.pass_seconds(n, w)  # encoded (and scaled, for the mean) to be sent
+    pre: Terms = {"epilogue": dense.pop("epilogue"), "round": _encode_seconds(hw, sl, n)}
     if mode.transport in ("point-to-point", "all-to-all"):
         pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    inner_spmm = _spmm(hw, p.inner_edges, w, n, n) + hw.pass_seconds(n, w)  # decoded first
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    inner_round = _decode_seconds(hw, sl, n)
     halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
-    unpack += hw.pass_seconds(halo, w)  # arrivals decoded
     overlap = mode.overlap
-    window: Terms = {"spmm": inner_spmm * overlap}
-    post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
+    window: Terms = {"spmm": inner_spmm * overlap, "round": inner_round * overlap}
+    post = {
+        "spmm": halo_spmm + inner_spmm * (not overlap),
+        "unpack": unpack,
+        "round": inner_round * (not overlap) + _decode_seconds(hw, sl, halo),
+    }
     comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=n)
     if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
@@ -520,7 +541,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     return ShapeLayer(
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
-        rounded and not shape.attention,
+        rounded and not shape.attention, shape.halo_row_bytes > 0,
     )  # fmt: skip
 
 

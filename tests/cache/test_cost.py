@@ -6,6 +6,7 @@ count divided by one round rate, and the expected seconds are written out term b
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,26 @@ def test_blocking_step_term_by_term() -> None:
     assert pred.epoch_time_s == pytest.approx(expected + loss + allreduce, rel=1e-12)
     assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
     assert pred.stages["comm_wait_s"] == pytest.approx(2 * comm, rel=1e-12)
+
+
+def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> None:
+    """bfloat16 rows (`pipeline.halo_dtype`): 2 bytes an element forward and backward (the
+    gradient read as rows: the same 4 rows each way), every inner row encoded and decoded,
+    arrivals decoded; int8 rows also draw their random bytes (a mask's price)."""
+    hw, parts = hardware(), [part(0), part(1)]
+    narrow = replace(SHAPE, halo_bytes=2)
+    pred = predict(parts, NONE, narrow, hw, "blocking", [1])
+    comm = 2e-3 + 4 * 8 / 1e6  # 4 rows of 4 elements, 2 bytes each
+    assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
+    per_direction = passes(10) + passes(10) + passes(4)  # encode, decode, arrivals
+    assert pred.stages["round_s"] == pytest.approx(2 * per_direction, rel=1e-12)
+    assert "round_s" not in predict(parts, NONE, SHAPE, hw, "blocking", [1]).stages
+    int8 = predict(parts, NONE, replace(SHAPE, halo_bytes=1, halo_row_bytes=2), hw, "blocking", [1])
+    assert int8.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * 6 / 1e6), rel=1e-12)
+    encode = 10 / 100 + 6 * passes(10)  # the mask's rate (100 rows/s) and six passes
+    assert int8.stages["round_s"] == pytest.approx(
+        2 * (encode + 2 * passes(10) + 2 * passes(4)), rel=1e-12
+    )
 
 
 def test_compute_only_is_blocking_without_the_transfers() -> None:
