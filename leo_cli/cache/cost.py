@@ -91,7 +91,7 @@ class ModelShape:
     """Bytes of one element of a row as it travels, where rows are rounded to a narrower
     type (`pipeline.halo_dtype`); 0: not rounded."""
     halo_row_bytes: int = 0
-    """Bytes a rounded row carries besides its elements (int8: its bfloat16 scale)."""
+    """Bytes a rounded row carries besides its elements (int8: its scale's exponent)."""
 
     @property
     def admits_replicas(self) -> bool:

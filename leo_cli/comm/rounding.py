@@ -7,12 +7,13 @@ included and on one worker too, by a rule that depends on the row alone: its val
 or 4 workers train the same model for a given type.
 
 - `bfloat16`, `float16`: round to nearest; rows travel in that type (2 bytes an element).
-- `int8`: a scale per row (its largest magnitude / 127, rounded up to a bfloat16, which keeps
-  float32's range: gradient rows are small) and stochastic rounding, `floor(x / scale + u)`,
-  whose `u` comes from the counter-based generator of the dropout masks keyed by (seed,
-  epoch, layer, direction, global row id, column): unbiased, and drawn alike by every worker.
-  Without a key (evaluation) it rounds to nearest. A row travels as `width + 2` bytes: its
-  int8 values, then the scale's two bytes.
+- `int8`: a scale per row, the smallest power of two at or above its largest magnitude / 127
+  (float32's whole range, since gradient rows are small; one byte, its exponent; exact to
+  multiply by), and stochastic rounding, `floor(x / scale + u)`, whose `u` comes from the
+  counter-based generator of the dropout masks keyed by (seed, epoch, layer, direction,
+  global row id, column): unbiased, and drawn alike by every worker. Without a key
+  (evaluation) it rounds to nearest. A row travels as `width + 1` bytes: its int8 values,
+  then the scale's exponent.
 
 Legend: X rows, F width, W wire width.
 """
@@ -27,7 +28,7 @@ from torch import Tensor
 from leo_cli.util.keyed import random_bytes, splitmix64
 
 _BACKWARD_SALT = 0x6A09E667F3BCC909  # gradients draw from a stream of their own
-SCALE_BYTES = 2  # int8 rows carry their scale, a bfloat16
+SCALE_BYTES = 1  # int8 rows carry their scale's exponent
 INT8_MAX = 127
 
 
@@ -66,15 +67,17 @@ class FloatCodec:
         return wire_XW.to(dtype)
 
 
-def scale_up(scale_X: Tensor) -> Tensor:
-    """The smallest bfloat16 at or above each positive float32 (so no value of a row is more
-    than 127 of its steps): the float32 bits rounded up to their top half."""
-    bits_X = scale_X.to(torch.float32).view(torch.int32)
-    return ((bits_X + 0xFFFF) >> 16).to(torch.int16).view(torch.bfloat16)
+def scale_exponent(top_X: Tensor) -> Tensor:
+    """int8 e per row with 2**e the smallest power of two at or above `top / 127` (so no value
+    of the row is more than 127 steps of 2**e), within float32's normal range; 0 (a scale
+    of 1) for a row of zeros."""
+    _, e_X = torch.frexp((top_X / INT8_MAX).to(torch.float32))  # x = m * 2**e, m in [0.5, 1)
+    e_X = torch.where(top_X > 0, e_X, torch.zeros_like(e_X))
+    return e_X.clamp_(-126, 127).to(torch.int8)
 
 
 class Int8Codec:
-    """A bfloat16 scale per row and stochastic rounding to int8, packed as bytes."""
+    """A power-of-two scale per row and stochastic rounding to int8, packed as bytes."""
 
     name = "int8"
     wire_dtype = torch.uint8
@@ -83,23 +86,20 @@ class Int8Codec:
         return width + SCALE_BYTES
 
     def encode(self, h_XF: Tensor, ids_X: Tensor, key: int | None) -> Tensor:
-        top_X = h_XF.abs().amax(1)
-        scale_X = scale_up(torch.where(top_X > 0, top_X / INT8_MAX, torch.ones_like(top_X)))
-        y_XF = h_XF / scale_X.to(h_XF.dtype).unsqueeze(1)
+        e_X = scale_exponent(h_XF.abs().amax(1))
+        y_XF = torch.ldexp(h_XF, -e_X.to(h_XF.dtype).unsqueeze(1))  # exact: a power of two
         if key is None:
             q_XF = torch.round(y_XF)
         else:  # floor(y + u), u uniform in (0, 1) on a grid of 1/256
             u_XF = random_bytes(ids_X, h_XF.shape[1], key).to(h_XF.dtype).add_(0.5).div_(256)
             q_XF = torch.floor(y_XF.add_(u_XF))
         q_XF = q_XF.clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-        scale_bytes = scale_X.view(torch.uint8).view(-1, SCALE_BYTES)
-        return torch.cat([q_XF.view(torch.uint8), scale_bytes], 1)
+        return torch.cat([q_XF, e_X.unsqueeze(1)], 1).view(torch.uint8)
 
     def decode(self, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
-        width = wire_XW.shape[1] - SCALE_BYTES
-        q_XF = wire_XW[:, :width].contiguous().view(torch.int8).to(dtype)
-        scale_X = wire_XW[:, width:].contiguous().view(torch.bfloat16).to(dtype)
-        return q_XF.mul_(scale_X)
+        signed = wire_XW.view(torch.int8)
+        q_XF, e_X = signed[:, :-SCALE_BYTES].to(dtype), signed[:, -SCALE_BYTES:].to(dtype)
+        return torch.ldexp(q_XF, e_X)
 
 
 CODECS: dict[str, RowCodec | None] = {

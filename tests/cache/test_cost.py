@@ -132,8 +132,8 @@ def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> Non
     per_direction = passes(10) + passes(10) + passes(4)  # encode, decode, arrivals
     assert pred.stages["round_s"] == pytest.approx(2 * per_direction, rel=1e-12)
     assert "round_s" not in predict(parts, NONE, SHAPE, hw, "blocking", [1]).stages
-    int8 = predict(parts, NONE, replace(SHAPE, halo_bytes=1, halo_row_bytes=2), hw, "blocking", [1])
-    assert int8.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * 6 / 1e6), rel=1e-12)
+    int8 = predict(parts, NONE, replace(SHAPE, halo_bytes=1, halo_row_bytes=1), hw, "blocking", [1])
+    assert int8.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * 5 / 1e6), rel=1e-12)
     encode = 10 / 100 + 6 * passes(10)  # the mask's rate (100 rows/s) and six passes
     assert int8.stages["round_s"] == pytest.approx(
         2 * (encode + 2 * passes(10) + 2 * passes(4)), rel=1e-12

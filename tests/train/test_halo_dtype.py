@@ -76,7 +76,7 @@ def test_float32_loss_curves_agree_on_1_2_4_workers() -> None:
 def test_narrow_rows_shrink_the_bytes_both_ways() -> None:
     """Rows travel rounded, and so do the output-gradient rows of the backward pass: with
     float32 training, 2-byte types move exactly half the bytes; int8 less (1 byte an element,
-    2 a row for its scale)."""
+    1 a row for its scale)."""
     g = random_graph(**GRAPH)
     halos = ("float32", "bfloat16", "float16", "int8")
     cfgs = [cfg_of("gcn", "blocking", h, "float32") for h in halos]
