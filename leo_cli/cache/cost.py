@@ -35,6 +35,11 @@ lookups are cache/rates.py's):
   (transfer_seconds); both land in a fresh buffer (fresh_seconds: page faults of new memory,
   0 where the allocator reuses it); shared-memory, the rows written to the segment and a
   barrier.
+- `round` (pass_seconds, mask_seconds): rows rounded to `pipeline.halo_dtype` (rows with
+  `halo_bytes`): every inner row encoded (int8 also draws its random bytes, priced as a mask)
+  and decoded, arrivals decoded; the transfers then move the narrow rows. Backward, the
+  output gradient is read as rows (comm/aggregate.py backward_rows): the forward's exchange,
+  blocks and rounding over it, no partial sums returned.
 - `loss` (pass_seconds): the logits' gradient (two passes over N x classes).
 - `allreduce` (transfer_seconds): the weight gradients summed over the ranks.
 
@@ -414,10 +419,12 @@ def _forward(
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
     if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
-        pre["round"] = _encode_seconds(hw, sl, bnd if overlap else n)
-        inner = _encode_seconds(hw, sl, n) * overlap + _decode_seconds(hw, sl, n)
-        window["round"] = inner * overlap
-        post["round"] = inner * (not overlap) + _decode_seconds(hw, sl, halo)
+        split = overlap and sl.upd  # boundary rows first (comm/aggregate.py update_and_send)
+        pre["round"] = _encode_seconds(hw, sl, bnd if split else n)
+        window["round"] = (
+            _encode_seconds(hw, sl, n) * split + _decode_seconds(hw, sl, n)
+        ) * overlap
+        post["round"] = _decode_seconds(hw, sl, n) * (not overlap) + _decode_seconds(hw, sl, halo)
     comm = _comm(hw, r, cnt, sl.row_bytes, mode, k, written=n)
     if comm > 0 and mode.transport != "segment":  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)

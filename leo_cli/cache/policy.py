@@ -91,7 +91,7 @@ def spill_to_l3(
             how = (
                 "rows spill to L3 only where they are read in place: CPU workers on one host, "
                 "pipeline.transport auto or shared-memory, a mode that reads in place, no "
-                "attention"
+                "attention, pipeline.halo_dtype float32"
                 if movable.shape[0] == 0
                 else f"only {movable.shape[0]} of its rows can be read in place instead"
             )
@@ -143,7 +143,7 @@ def decide(
     which owners' rows each rank can read in place (default: none)."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
     static = static and shape.admits_replicas
-    row_bytes = max(shape.exchanged_width(i) for i in range(shape.num_layers)) * shape.dtype_bytes
+    row_bytes = max(shape.wire_row(shape.exchanged_width(i)) for i in range(shape.num_layers))
     reach = reach or Reach.none(len(accesses[0].recv_counts) if accesses else 0)
     spills = [np.zeros(0, dtype=np.int64) for _ in accesses]
     if policy != "none":

@@ -4,18 +4,24 @@ Quantizing only the rows that cross a cut (AdaQP and its successors) makes the n
 on the partition. Here every row an aggregation reads is rounded, the worker's own rows
 included and on one worker too, by a rule that depends on the row alone: its values, and for
 `int8` its global id and a key. A row is then the same number wherever it is read, so 1, 2
-or 4 workers train the same model for a given type.
+or 4 workers train the same model for a given type (up to summation order: in float32, a
+last-bit difference of a row's value near a rounding boundary becomes one step, rarely).
 
-- `bfloat16`, `float16`: round to nearest; rows travel in that type (2 bytes an element).
+- `bfloat16`: round to nearest; rows travel in it (2 bytes an element, float32's range).
+- `float16`: each row scaled by a power of two (its exponent travels: one byte) so that its
+  largest magnitude lies in [0.5, 1), then rounded to nearest: no overflow past 65504 and no
+  underflow of small rows (the gradient rows of a large graph are ~1e-6).
 - `int8`: a scale per row, the smallest power of two at or above its largest magnitude / 127
-  (float32's whole range, since gradient rows are small; one byte, its exponent; exact to
-  multiply by), and stochastic rounding, `floor(x / scale + u)`, whose `u` comes from the
-  counter-based generator of the dropout masks keyed by (seed, epoch, layer, direction,
-  global row id, column): unbiased, and drawn alike by every worker. Without a key
-  (evaluation) it rounds to nearest. A row travels as `width + 1` bytes: its int8 values,
-  then the scale's exponent.
+  (one byte, its exponent), and stochastic rounding, `floor(x / scale + u)`, whose `u` comes
+  from the counter-based generator of the dropout masks keyed by (seed, epoch, layer,
+  direction, global row id, column): unbiased, and drawn alike by every worker. Without a
+  key (evaluation) it rounds to nearest.
 
-Legend: X rows, F width, W wire width.
+Scaled rows travel as bytes: the values, then the exponent. A row with a value that is not
+finite (or beyond float32's range) gets the exponent -128 and decodes to NaN, so the trainer's
+NaN check still stops the run. Scales are built from their bits, so multiplying by them is
+exact on every device.
+Legend: X rows, F width, W wire width (bytes for scaled rows).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from torch import Tensor
 from leo_cli.util.keyed import random_bytes, splitmix64
 
 _BACKWARD_SALT = 0x6A09E667F3BCC909  # gradients draw from a stream of their own
-SCALE_BYTES = 1  # int8 rows carry their scale's exponent
+SCALE_BYTES = 1  # a scaled row carries its scale's exponent
 INT8_MAX = 127
+NOT_FINITE = -128  # the exponent of a row that held a value not finite: decodes to NaN
+MIN_EXP, MAX_EXP = -126, 126  # powers of two whose inverse is a normal float32 too
 
 
 class RowCodec(Protocol):
@@ -37,6 +45,8 @@ class RowCodec(Protocol):
 
     name: str
     wire_dtype: torch.dtype  # the type rows travel in
+    element_bytes: int  # bytes of one element on the wire...
+    row_bytes: int  # ... and of what a row carries besides (its scale)
 
     def wire_width(self, width: int) -> int:
         """Elements of the wire type per row of `width`."""
@@ -51,70 +61,115 @@ class RowCodec(Protocol):
         ...
 
 
-class FloatCodec:
-    """Round to nearest in a narrower float type (bfloat16, float16)."""
+def pow2(e_X: Tensor, dtype: torch.dtype) -> Tensor:
+    """2**e in `dtype`, built from its bits (exact), for MIN_EXP <= e <= MAX_EXP."""
+    if dtype == torch.float64:
+        return ((e_X.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return ((e_X.to(torch.int32) + 127) << 23).view(torch.float32).to(dtype)
 
-    def __init__(self, name: str, dtype: torch.dtype) -> None:
-        self.name, self.wire_dtype = name, dtype
+
+def exponents(top_X: Tensor, bound: float) -> Tensor:
+    """int8 e per row, the smallest with `top <= bound * 2**e` (MIN_EXP at least; a row of
+    zeros gets 0), or NOT_FINITE where `top` is not finite or needs more than MAX_EXP."""
+    m_X, e_X = torch.frexp(top_X / bound)  # top / bound = m * 2**e, m in [0.5, 1)
+    e_X = e_X - (m_X == 0.5).to(e_X.dtype)  # an exact power of two is its own bound
+    e_X = torch.where(top_X > 0, e_X, torch.zeros_like(e_X)).clamp_(min=MIN_EXP)
+    bad = ~torch.isfinite(top_X) | (e_X > MAX_EXP)
+    return torch.where(bad, torch.full_like(e_X, NOT_FINITE), e_X).to(torch.int8)
+
+
+def _unscaled(h_XF: Tensor, e_X: Tensor) -> Tensor:
+    """h / 2**e per row (rows whose e is NOT_FINITE: NaN)."""
+    finite = e_X != NOT_FINITE
+    scale_X = pow2(torch.where(finite, -e_X, torch.zeros_like(e_X)), h_XF.dtype)
+    out = h_XF * scale_X.unsqueeze(1)
+    return torch.where(finite.unsqueeze(1), out, torch.full_like(out, float("nan")))
+
+
+def _pack(values_XF: Tensor, e_X: Tensor) -> Tensor:
+    """The values' bytes, then the exponent: one uint8 row per row."""
+    return torch.cat([values_XF.view(torch.uint8), e_X.view(torch.uint8).unsqueeze(1)], 1)
+
+
+def _scaled(values_XF: Tensor, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
+    """values * 2**e per row, the exponent read from the last byte of the wire rows."""
+    e_X = wire_XW[:, -SCALE_BYTES].view(torch.int8)
+    finite = e_X != NOT_FINITE
+    scale_X = pow2(torch.where(finite, e_X, torch.zeros_like(e_X)), dtype)
+    out = values_XF.to(dtype) * scale_X.unsqueeze(1)
+    return torch.where(finite.unsqueeze(1), out, torch.full_like(out, float("nan")))
+
+
+class BFloat16Codec:
+    """Round to nearest in bfloat16 (float32's exponent range: no scale needed)."""
+
+    name, wire_dtype, element_bytes, row_bytes = "bfloat16", torch.bfloat16, 2, 0
 
     def wire_width(self, width: int) -> int:
         return width
 
     def encode(self, h_XF: Tensor, ids_X: Tensor, key: int | None) -> Tensor:
-        return h_XF.to(self.wire_dtype)
+        return h_XF.to(torch.bfloat16)
 
     def decode(self, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
         return wire_XW.to(dtype)
 
 
-def scale_exponent(top_X: Tensor) -> Tensor:
-    """int8 e per row with 2**e the smallest power of two at or above `top / 127` (so no value
-    of the row is more than 127 steps of 2**e), within float32's normal range; 0 (a scale
-    of 1) for a row of zeros."""
-    _, e_X = torch.frexp((top_X / INT8_MAX).to(torch.float32))  # x = m * 2**e, m in [0.5, 1)
-    e_X = torch.where(top_X > 0, e_X, torch.zeros_like(e_X))
-    return e_X.clamp_(-126, 127).to(torch.int8)
+class Float16Codec:
+    """A power-of-two scale per row bringing its largest magnitude into [0.5, 1), then round
+    to nearest in float16; packed as bytes."""
+
+    name, wire_dtype, element_bytes, row_bytes = "float16", torch.uint8, 2, SCALE_BYTES
+
+    def wire_width(self, width: int) -> int:
+        return 2 * width + SCALE_BYTES
+
+    def encode(self, h_XF: Tensor, ids_X: Tensor, key: int | None) -> Tensor:
+        e_X = exponents(h_XF.abs().amax(1), 1.0)
+        return _pack(_unscaled(h_XF, e_X).to(torch.float16), e_X)
+
+    def decode(self, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
+        values_XF = wire_XW[:, :-SCALE_BYTES].contiguous().view(torch.float16)
+        return _scaled(values_XF, wire_XW, dtype)
 
 
 class Int8Codec:
     """A power-of-two scale per row and stochastic rounding to int8, packed as bytes."""
 
-    name = "int8"
-    wire_dtype = torch.uint8
+    name, wire_dtype, element_bytes, row_bytes = "int8", torch.uint8, 1, SCALE_BYTES
 
     def wire_width(self, width: int) -> int:
         return width + SCALE_BYTES
 
     def encode(self, h_XF: Tensor, ids_X: Tensor, key: int | None) -> Tensor:
-        e_X = scale_exponent(h_XF.abs().amax(1))
-        y_XF = torch.ldexp(h_XF, -e_X.to(h_XF.dtype).unsqueeze(1))  # exact: a power of two
+        e_X = exponents(h_XF.abs().amax(1), float(INT8_MAX))
+        y_XF = _unscaled(h_XF, e_X)  # |y| <= 127; exact (a power of two)
         if key is None:
             q_XF = torch.round(y_XF)
         else:  # floor(y + u), u uniform in (0, 1) on a grid of 1/256
             u_XF = random_bytes(ids_X, h_XF.shape[1], key).to(h_XF.dtype).add_(0.5).div_(256)
             q_XF = torch.floor(y_XF.add_(u_XF))
-        q_XF = q_XF.clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-        return torch.cat([q_XF, e_X.unsqueeze(1)], 1).view(torch.uint8)
+        q_XF = torch.nan_to_num(q_XF, nan=0.0).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        return _pack(q_XF, e_X)
 
     def decode(self, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
-        signed = wire_XW.view(torch.int8)
-        q_XF, e_X = signed[:, :-SCALE_BYTES].to(dtype), signed[:, -SCALE_BYTES:].to(dtype)
-        return torch.ldexp(q_XF, e_X)
+        return _scaled(wire_XW[:, :-SCALE_BYTES].view(torch.int8), wire_XW, dtype)
 
 
 CODECS: dict[str, RowCodec | None] = {
-    "float32": None,
-    "bfloat16": FloatCodec("bfloat16", torch.bfloat16),
-    "float16": FloatCodec("float16", torch.float16),
+    "float32": None,  # rows as computed, in train.dtype
+    "bfloat16": BFloat16Codec(),
+    "float16": Float16Codec(),
     "int8": Int8Codec(),
 }
 
 
 def wire_bytes(halo_dtype: str, width: int, dtype_bytes: int) -> int:
     """Bytes of one row of `width` as it travels (`dtype_bytes`: the training dtype's)."""
-    if halo_dtype == "int8":
-        return width + SCALE_BYTES
-    return width * (2 if halo_dtype in ("bfloat16", "float16") else dtype_bytes)
+    codec = CODECS[halo_dtype]
+    if codec is None:
+        return width * dtype_bytes
+    return width * codec.element_bytes + codec.row_bytes
 
 
 def backward_key(key: int | None) -> int | None:

@@ -5,7 +5,9 @@ maps). Per layer each worker writes its rows, all pass a barrier, then each read
 rows out of their owners' regions (on a GPU through host memory, as unified memory would page
 them) and aggregates them through the same column blocks as every mode (comm/aggregate.py).
 Backward mirrors it: each reader writes the gradients of its halo rows into its own region,
-a barrier, then every owner adds what its readers wrote for its rows.
+a barrier, then every owner adds what its readers wrote for its rows. (Rows rounded to
+`pipeline.halo_dtype` move the output gradient as rows instead, through the rows' segment:
+comm/aggregate.py backward_rows; the gradients' segment then serves attention layers only.)
 
 Buffers alternate between two copies, so one barrier per exchange suffices: a worker writes
 exchange k only after passing barrier k-1, which every peer reaches after finishing its reads

@@ -13,6 +13,9 @@ the gradient of every received chunk back to its owner. Modes differ in how and 
   modes' computation with the transfers removed.
 - `SharedMemory` (shared-memory, comm/shm.py): rows written to a segment, a barrier, read back.
 
+Rows may arrive rounded and packed (`pipeline.halo_dtype`, comm/rounding.py: a narrower type
+or bytes); the aggregation decodes them, and with rounded rows it moves the backward's
+output-gradient rows with `send_rows` too (comm/aggregate.py backward_rows).
 Every `send_*` returns a `Pending` whose `wait(r)` gives round r's buffers, one per chunk.
 Each transport counts what it moved and how long it waited in its `CommStats` (shared by
 the aggregators of one worker, so a step's statistics cover every layer's views).

@@ -361,13 +361,13 @@ class PipelineConfig(Section):
     `shared-memory` with pipeline.mode=auto limits auto to the modes that read in place."""
     halo_dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
     """Type of the neighbour rows aggregations read: `float32` (as computed, in train.dtype),
-    `bfloat16` or `float16` (rounded to nearest: 2 bytes an element; float16 overflows past
-    65504), `int8` (a power-of-two scale per row and stochastic rounding keyed by seed, epoch,
-    layer, direction and global row: 1 byte an element and 1 a row). Every row is rounded,
-    local ones included, so 1, 2 or 4 workers give the same numbers; rows travel rounded, and
-    so do the output gradients the backward pass reads (not for gat: its halo gradients
-    travel in train.dtype). No replicas (L1), static aggregate (L1s) or rows read in place
-    (L3) under a narrow type."""
+    `bfloat16` (rounded to nearest: 2 bytes an element), `float16` (each row scaled by a power
+    of two, then rounded to nearest: 2 bytes an element and 1 a row), `int8` (a power-of-two
+    scale per row and stochastic rounding keyed by seed, epoch, layer, direction and global
+    row: 1 byte an element and 1 a row). Every row is rounded, local ones included, so 1, 2
+    or 4 workers give the same numbers; rows travel rounded, and so do the output gradients
+    the backward pass reads (not for gat: its halo gradients travel in train.dtype). No
+    replicas (L1), static aggregate (L1s) or rows read in place (L3) under a narrow type."""
 
     @field_validator("mode")
     @classmethod

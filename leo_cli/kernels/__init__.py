@@ -141,6 +141,8 @@ def gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (rows x F), got shape {tuple(x.shape)}")
     check_row_indices(idx, x.shape[0], "gather_rows")
+    if not x.dtype.is_floating_point:  # packed rounded rows (comm/rounding.py): bytes the
+        return x.index_select(0, idx)  # kernels do not take, and no gradient
     out_NF: Tensor = ops.gather_rows(x, idx)
     return out_NF
 

@@ -44,7 +44,7 @@ from leo_cli.cache.plan import (
 )
 from leo_cli.cache.plot import plot_plan
 from leo_cli.cache.speed import measured_weights, work_costs
-from leo_cli.comm.rounding import SCALE_BYTES
+from leo_cli.comm.rounding import CODECS
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.layout import ProgressFn
@@ -67,8 +67,13 @@ from leo_cli.train.probe import run_probe
 from leo_cli.train.timing import RunTimer
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
-# `pipeline.halo_dtype`: bytes per element and per row of a rounded row ((0, 0): not rounded)
-HALO_BYTES = {"float32": (0, 0), "bfloat16": (2, 0), "float16": (2, 0), "int8": (1, SCALE_BYTES)}
+
+
+def halo_bytes(cfg: LeoConfig) -> tuple[int, int]:
+    """Bytes per element and per row of a rounded row (`pipeline.halo_dtype`; (0, 0): rows
+    are not rounded), for the cost model."""
+    codec = CODECS[cfg.pipeline.halo_dtype]
+    return (0, 0) if codec is None else (codec.element_bytes, codec.row_bytes)
 
 
 def dtype_key(cfg: LeoConfig) -> str:
@@ -284,7 +289,7 @@ def part_weigher(
     def shape_of(graph: Graph) -> ModelShape:
         return model_shape(
             cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype],
-            HALO_BYTES[cfg.pipeline.halo_dtype],
+            halo_bytes(cfg),
         )  # fmt: skip
 
     def weigh(graph: Graph) -> list[float]:
@@ -363,7 +368,7 @@ def ensure_plan(
         int(dataset["num_features"]),
         int(dataset["num_classes"]),
         DTYPE_BYTES[cfg.train.dtype],
-        HALO_BYTES[cfg.pipeline.halo_dtype],
+        halo_bytes(cfg),
     )
     chunks = cfg.pipeline.num_chunks
     plan = make_plan(cfg.cache, accesses, shape, hw, (key, inputs, graph_key), chunks, reach)

@@ -106,18 +106,19 @@ def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
 
 
 def test_rounded_rows_move_the_bytes_the_plan_says(tmp_path: Path) -> None:
-    """`pipeline.halo_dtype=bfloat16` through `leo train`: the plan replicates nothing (a
-    replica would read the unrounded row), prices rows and gradient rows at 2 bytes an
-    element, and the workers move exactly that; summary.json says which type rows had."""
-    run = tmp_path / "bf16"
-    narrow = ["--set", "pipeline.halo_dtype=bfloat16", "--set", "pipeline.mode=leo"]
+    """`pipeline.halo_dtype=int8` through `leo train`: the plan replicates nothing (a
+    replica would read the unrounded row), prices rows and gradient rows at a byte an
+    element and one a row, and the workers move exactly that; summary.json says which type
+    rows had."""
+    run = tmp_path / "int8"
+    narrow = ["--set", "pipeline.halo_dtype=int8", "--set", "pipeline.mode=leo"]
     res = leo("train", *TINY, *LEVELS, *narrow, "--set", f"run.out_dir={run}")
     assert res.returncode == 0, res.stderr
     plan = read(run / "cache-plan.json")
     assert not any(r["replica_rows"] or r["static_aggregate"] for r in plan["ranks"])
     for row in metrics(run):
         assert row["step_L2_bytes"] == row["step_comm_bytes"] > 0
-    assert read(run / "summary.json")["halo_dtype"] == "bfloat16"
+    assert read(run / "summary.json")["halo_dtype"] == "int8"
 
 
 def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
