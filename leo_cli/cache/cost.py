@@ -100,8 +100,8 @@ class ModelShape:
 
     @property
     def admits_replicas(self) -> bool:
-        """Replicas and the static aggregate apply (cache/policy.py): neither attention nor
-        rounded rows."""
+        """Replicas apply (cache/policy.py): neither attention nor rounded rows (the static
+        aggregate needs no attention only: layer 0 then reads no row per step)."""
         return not self.attention and not self.halo_bytes
 
     def wire_row(self, width: int, gradient: bool = False) -> int:

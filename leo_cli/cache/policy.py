@@ -10,9 +10,10 @@
 
 Attention models (gat) get neither replicas nor a static aggregate from any policy: both rest
 on aggregating raw inputs first (`Â·X·W = (Â·X)·W`), and attention weights depend on the
-transformed rows of both ends of an edge, recomputed every step. Their halo is L2 only. So
-is that of rows rounded to a narrower type (`pipeline.halo_dtype`): an exchanged row is the
-rounded `x·W`, which a replica aggregating the raw `x` would not read.
+transformed rows of both ends of an edge, recomputed every step. Their halo is L2 only.
+Rows rounded to a narrower type (`pipeline.halo_dtype`) get no replicas (an exchanged row is
+the rounded `x·W`, which a replica aggregating the raw `x` would not read), but keep the
+static aggregate: layer 0 then reads no row per step, on any worker count.
 
 For every policy but `none`: the static aggregate (L1s) is used when layer 0's input never
 changes (`model.input_dropout` = 0), and the deduplicated halo buffer (L2) must fit
@@ -142,7 +143,7 @@ def decide(
     """The policy's levels for every rank, and the chunk count of every layer; `reach`:
     which owners' rows each rank can read in place (default: none)."""
     static = policy != "none" and static_aggregate and shape.input_dropout == 0
-    static = static and shape.admits_replicas
+    static = static and not shape.attention
     row_bytes = max(shape.wire_row(shape.exchanged_width(i)) for i in range(shape.num_layers))
     reach = reach or Reach.none(len(accesses[0].recv_counts) if accesses else 0)
     spills = [np.zeros(0, dtype=np.int64) for _ in accesses]

@@ -367,7 +367,8 @@ class PipelineConfig(Section):
     row: 1 byte an element and 1 a row). Every row is rounded, local ones included, so 1, 2
     or 4 workers give the same numbers; rows travel rounded, and so do the output gradients
     the backward pass reads (not for gat: its halo gradients travel in train.dtype). No
-    replicas (L1), static aggregate (L1s) or rows read in place (L3) under a narrow type."""
+    replicas (L1) or rows read in place (L3) under a narrow type; the static aggregate (L1s)
+    stays (layer 0 then reads no row per step)."""
 
     @field_validator("mode")
     @classmethod
@@ -528,7 +529,8 @@ class LeoConfig(Section):
 
     @property
     def admits_replicas(self) -> bool:
-        """L1 replicas and the L1s static aggregate apply: the convolution aggregates raw inputs
-        first (not attention), and neighbour rows are not rounded (`pipeline.halo_dtype`: an
-        exchanged row is the rounded `x·W`, a replica would aggregate the raw `x`)."""
+        """L1 replicas apply: the convolution aggregates raw inputs first (not attention), and
+        neighbour rows are not rounded (`pipeline.halo_dtype`: an exchanged row is the rounded
+        `x·W`, a replica would aggregate the raw `x`). The static aggregate (L1s) needs the
+        first only: layer 0 then reads no row per step, on any worker count."""
         return self.model.admits_replicas and not self.pipeline.rounds_rows

@@ -126,9 +126,11 @@ def assemble(
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     levels = None
     if cache is not None:
-        assert cfg.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
-            f"{cfg.model.name}: L2/L3 rows only (no replicas or static aggregate for this "
-            f"model with pipeline.halo_dtype={cfg.pipeline.halo_dtype})"
+        assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
+            f"{cfg.model.name}: L2/L3 rows only (no replicas or static aggregate for this model)"
+        )
+        assert cfg.admits_replicas or not cache.replica_rows, (
+            f"pipeline.halo_dtype={cfg.pipeline.halo_dtype}: no replicas (rows are rounded)"
         )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, mode)

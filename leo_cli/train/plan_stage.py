@@ -307,7 +307,9 @@ def static_layer0(cfg: LeoConfig) -> bool:
     """Whether a plan would run layer 0 on the static aggregate (cache level L1s)."""
     c = cfg.cache
     no_input_dropout = cfg.model.effective_input_dropout == 0
-    return c.policy != "none" and c.static_aggregate and no_input_dropout and cfg.admits_replicas
+    return (
+        c.policy != "none" and c.static_aggregate and no_input_dropout and cfg.model.admits_replicas
+    )
 
 
 def run_partitions(

@@ -148,6 +148,18 @@ def test_rows_fetched_per_edge_round_alike() -> None:
     assert_same_run(got, ref, g.num_nodes, "sage leo int8 l3")
 
 
+def test_the_static_aggregate_stays_under_rounding() -> None:
+    """Layer 0 on its precomputed `Â·X` (no input dropout) reads no row per step: with
+    rounded rows at the deeper layers, 2 workers equal one."""
+    g = random_graph(**GRAPH)
+    for halo in ("bfloat16", "int8"):
+        cfg = cfg_of("gcn", "leo", halo)
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"input_dropout": 0.0})})
+        ref = run_many([cfg], g, 1, 3, specs=["static"])[0][0]
+        got = run_many([cfg], g, 2, 3, specs=["static"])[0]
+        assert_same_run(got, ref, g.num_nodes, f"static {halo}")
+
+
 def test_published_rows_are_refused_in_one_sentence() -> None:
     sets = ["pipeline.halo_dtype=float16", "pipeline.transport=shared-memory"]
     res = leo_here("train", *[a for s in sets for a in ("--set", s)])
