@@ -30,7 +30,7 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 cuda-check: install
-	@if command -v nvcc >/dev/null 2>&1; then $(VENV)/bin/leo compile --check; \
+	@if command -v nvcc >/dev/null 2>&1; then $(VENV)/bin/leo compile --check -j 1; \
 	else echo "cuda-check skipped: nvcc not found on PATH"; fi
 
 pytest: install

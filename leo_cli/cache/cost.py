@@ -96,7 +96,9 @@ class ModelShape:
     """Bytes of one element of a row as it travels, where rows are rounded to a narrower
     type (`pipeline.halo_dtype`); 0: not rounded."""
     halo_row_bytes: int = 0
-    """Bytes a rounded row carries besides its elements (int8: its scale's exponent)."""
+    """Bytes a rounded row carries besides its elements (a power-of-two scale's exponent)."""
+    halo_stochastic: bool = False
+    """Rounded rows draw random bytes (int8's stochastic rounding)."""
 
     @property
     def admits_replicas(self) -> bool:
@@ -175,7 +177,8 @@ class ShapeLayer:
     rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide, and gradients
     # read as rows (comm/aggregate.py backward_rows) but for attention
     grad_rows: bool = False
-    keyed: bool = False  # stochastic rounding with a scale per row (int8)
+    keyed: bool = False  # stochastic rounding: random bytes drawn per element (int8)
+    scaled: bool = False  # a power-of-two scale per row (int8, float16)
 
 
 @dataclass(frozen=True)
@@ -463,20 +466,20 @@ def _backward(
     return _Split(pre, window, comm, _add(post, dense, replicas))
 
 
-INT8_PASSES = 6  # |x|, its row maximum, the division, adding the draws, floor and clamp, packing
+SCALED_PASSES = 6  # |x|, its row maximum, the scaling, adding the draws or rounding, packing
 
 
 def _encode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
-    """Seconds to round `rows` rows for the wire (`pipeline.halo_dtype`): one conversion;
-    int8 draws a random byte per element (priced as a dropout mask) and takes a few passes."""
-    if sl.keyed:
-        return hw.mask_seconds(rows, sl.w) + INT8_PASSES * hw.pass_seconds(rows, sl.w)
-    return hw.pass_seconds(rows, sl.w)
+    """Seconds to round `rows` rows for the wire (`pipeline.halo_dtype`): one conversion; a
+    scale per row takes a few passes more, and int8 draws a random byte per element (priced
+    as a dropout mask)."""
+    seconds = hw.pass_seconds(rows, sl.w) * (SCALED_PASSES if sl.scaled else 1)
+    return seconds + (hw.mask_seconds(rows, sl.w) if sl.keyed else 0.0)
 
 
 def _decode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
-    """Seconds to read `rows` rounded rows back in the training dtype (int8: times its scale)."""
-    return hw.pass_seconds(rows, sl.w) * (2 if sl.keyed else 1)
+    """Seconds to read `rows` rounded rows back in the training dtype (and times a scale)."""
+    return hw.pass_seconds(rows, sl.w) * (2 if sl.scaled else 1)
 
 
 def _backward_rows(
@@ -548,7 +551,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     return ShapeLayer(
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
-        rounded and not shape.attention, shape.halo_row_bytes > 0,
+        rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
     )  # fmt: skip
 
 

@@ -45,15 +45,17 @@ def model_shape(
     num_features: int,
     num_classes: int,
     dtype_bytes: int,
-    halo: tuple[int, int] = (0, 0),
+    halo: tuple[int, int, bool] = (0, 0, False),
 ) -> ModelShape:
     """The model as the cost model sees it; `halo`: bytes per element and per row of rows
-    rounded to a narrower type (`pipeline.halo_dtype`), (0, 0) where they are not."""
+    rounded to a narrower type (`pipeline.halo_dtype`), (0, 0) where they are not, and
+    whether the rounding draws random bytes."""
     widths = tuple(model.layer_widths(num_features, num_classes))
     return ModelShape(
         widths, model.dropout, model.effective_input_dropout, dtype_bytes,
         conv_of(model.name).extra_gemm, attention=model.attention,
         rows=tuple(model.row_widths(num_classes)), halo_bytes=halo[0], halo_row_bytes=halo[1],
+        halo_stochastic=halo[2],
     )  # fmt: skip
 
 
@@ -225,7 +227,12 @@ class CachePlan:
         )  # fmt: skip
 
     def check_fits(
-        self, path: Path, halo_sizes: list[int], num_layers: int, attention: bool
+        self,
+        path: Path,
+        halo_sizes: list[int],
+        num_layers: int,
+        attention: bool,
+        rounded: bool = False,
     ) -> None:
         """Refuse a plan that does not fit the run (see `plan_check.fit_problem`).
 
@@ -233,7 +240,9 @@ class CachePlan:
             CacheError: naming the file and the field.
         """
         ranks = [(c.static_aggregate, c.replica_rows, c.l3_rows) for c in self.caches]
-        problem = plan_check.fit_problem(ranks, self.num_chunks, halo_sizes, num_layers, attention)
+        problem = plan_check.fit_problem(
+            ranks, self.num_chunks, halo_sizes, num_layers, attention, rounded
+        )
         if problem is not None:
             raise invalid(path, problem)
 

@@ -178,6 +178,7 @@ def fit_problem(
     halo_sizes: list[int],
     num_layers: int,
     attention: bool,
+    rounded: bool = False,
 ) -> str | None:
     """What makes a parsed plan unfit for this run, or None.
 
@@ -187,6 +188,7 @@ def fit_problem(
         halo_sizes: the halo rows of every rank (from the partitions).
         num_layers: layers of the model trained.
         attention: the model is an attention model (gat).
+        rounded: rows are rounded to a narrower type (`pipeline.halo_dtype`).
     """
     if len(ranks) != len(halo_sizes):
         return f"ranks: {len(ranks)} entries for {len(halo_sizes)} workers"
@@ -203,4 +205,6 @@ def fit_problem(
                 )
         if attention and (static or replicas.size):
             return f"ranks.{r}: attention models use neither replicas nor a static aggregate"
+        if rounded and replicas.size:
+            return f"ranks.{r}: rows rounded to pipeline.halo_dtype use no replicas"
     return None

@@ -9,17 +9,18 @@ last-bit difference of a row's value near a rounding boundary becomes one step, 
 
 - `bfloat16`: round to nearest; rows travel in it (2 bytes an element, float32's range).
 - `float16`: each row scaled by a power of two (its exponent travels: one byte) so that its
-  largest magnitude lies in [0.5, 1), then rounded to nearest: no overflow past 65504 and no
+  largest magnitude lies in [0.5, 1], then rounded to nearest: no overflow past 65504 and no
   underflow of small rows (the gradient rows of a large graph are ~1e-6).
 - `int8`: a scale per row, the smallest power of two at or above its largest magnitude / 127
   (one byte, its exponent), and stochastic rounding, `floor(x / scale + u)`, whose `u` comes
   from the counter-based generator of the dropout masks keyed by (seed, epoch, layer,
-  direction, global row id, column): unbiased, and drawn alike by every worker. Without a
-  key (evaluation) it rounds to nearest.
+  direction, global row id, column): unbiased up to the 1/256 grid of its draws (1/512 of a
+  step at most), and drawn alike by every worker. Without a key (evaluation) it rounds to
+  nearest.
 
 Scaled rows travel as bytes: the values, then the exponent. A row with a value that is not
-finite (or beyond float32's range) gets the exponent -128 and decodes to NaN, so the trainer's
-NaN check still stops the run. Scales are built from their bits, so multiplying by them is
+finite, or whose scale would pass 2**126, gets the exponent -128 and decodes to NaN, so the
+trainer's NaN check still stops the run. Scales are built from their bits, so multiplying by them is
 exact on every device.
 Legend: X rows, F width, W wire width (bytes for scaled rows).
 """
@@ -47,6 +48,7 @@ class RowCodec(Protocol):
     wire_dtype: torch.dtype  # the type rows travel in
     element_bytes: int  # bytes of one element on the wire...
     row_bytes: int  # ... and of what a row carries besides (its scale)
+    stochastic: bool  # draws random bytes (keyed) to round
 
     def wire_width(self, width: int) -> int:
         """Elements of the wire type per row of `width`."""
@@ -104,6 +106,7 @@ class BFloat16Codec:
     """Round to nearest in bfloat16 (float32's exponent range: no scale needed)."""
 
     name, wire_dtype, element_bytes, row_bytes = "bfloat16", torch.bfloat16, 2, 0
+    stochastic = False
 
     def wire_width(self, width: int) -> int:
         return width
@@ -116,10 +119,11 @@ class BFloat16Codec:
 
 
 class Float16Codec:
-    """A power-of-two scale per row bringing its largest magnitude into [0.5, 1), then round
+    """A power-of-two scale per row bringing its largest magnitude into [0.5, 1], then round
     to nearest in float16; packed as bytes."""
 
     name, wire_dtype, element_bytes, row_bytes = "float16", torch.uint8, 2, SCALE_BYTES
+    stochastic = False
 
     def wire_width(self, width: int) -> int:
         return 2 * width + SCALE_BYTES
@@ -129,14 +133,18 @@ class Float16Codec:
         return _pack(_unscaled(h_XF, e_X).to(torch.float16), e_X)
 
     def decode(self, wire_XW: Tensor, dtype: torch.dtype) -> Tensor:
-        values_XF = wire_XW[:, :-SCALE_BYTES].contiguous().view(torch.float16)
-        return _scaled(values_XF, wire_XW, dtype)
+        # A fresh copy: a slice of one row counts as contiguous with the wire's odd stride,
+        # which a view as float16 refuses.
+        values_XW = wire_XW.new_empty((wire_XW.shape[0], wire_XW.shape[1] - SCALE_BYTES))
+        values_XW.copy_(wire_XW[:, :-SCALE_BYTES])
+        return _scaled(values_XW.view(torch.float16), wire_XW, dtype)
 
 
 class Int8Codec:
     """A power-of-two scale per row and stochastic rounding to int8, packed as bytes."""
 
     name, wire_dtype, element_bytes, row_bytes = "int8", torch.uint8, 1, SCALE_BYTES
+    stochastic = True
 
     def wire_width(self, width: int) -> int:
         return width + SCALE_BYTES

@@ -270,7 +270,7 @@ def build_job(
     if cache_plan is None:
         return assemble(cfg, part, dataset, world_size, device, laps=laps)
     layers, attention = cfg.model.num_layers, cfg.model.attention
-    cache_plan.check_fits(run_dir / PLAN, halo_sizes, layers, attention)
+    cache_plan.check_fits(run_dir / PLAN, halo_sizes, layers, attention, cfg.pipeline.rounds_rows)
     c = cache_plan.caches[part.rank]
     levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
     return assemble(

@@ -69,11 +69,13 @@ from leo_cli.train.timing import RunTimer
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def halo_bytes(cfg: LeoConfig) -> tuple[int, int]:
+def halo_bytes(cfg: LeoConfig) -> tuple[int, int, bool]:
     """Bytes per element and per row of a rounded row (`pipeline.halo_dtype`; (0, 0): rows
-    are not rounded), for the cost model."""
+    are not rounded), and whether its rounding draws random bytes, for the cost model."""
     codec = CODECS[cfg.pipeline.halo_dtype]
-    return (0, 0) if codec is None else (codec.element_bytes, codec.row_bytes)
+    if codec is None:
+        return 0, 0, False
+    return codec.element_bytes, codec.row_bytes, codec.stochastic
 
 
 def dtype_key(cfg: LeoConfig) -> str:
@@ -100,7 +102,8 @@ def machine_cache(num_workers: int, threads: str) -> Path:
     ~/.cache/leo/hardware).
     """
     root = os.environ.get("LEO_HARDWARE_CACHE") or Path.home() / ".cache" / "leo" / "hardware"
-    name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}.json"
+    quick = "-quick" if quick_probe() else ""  # never in place of a full profile
+    name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{quick}.json"
     return Path(root) / name
 
 
@@ -129,13 +132,15 @@ def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
     )
 
 
-def quick_probe() -> bool:
+def quick_probe(nnodes: int = 1) -> bool:
     """`LEO_PROBE_QUICK=1`: probe with the tiny sizes (a few seconds, rough rates; the test
-    suite's setting: its plans need rates, not good ones). Profiles say `quick`."""
+    suite's setting: its plans need rates, not good ones). Profiles say `quick`. One machine
+    only: nodes reading their own environments could disagree on the sizes and wait for
+    each other's probe collectives."""
     raw = os.environ.get("LEO_PROBE_QUICK", "0")
     if raw not in ("0", "1"):
         raise CacheError(f"LEO_PROBE_QUICK={raw!r} must be 1 (tiny probe sizes) or 0.")
-    return raw == "1"
+    return raw == "1" and nnodes == 1
 
 
 def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
@@ -164,7 +169,7 @@ def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
         return
     own = saved_profile(run_dir / HARDWARE_FILE)
     if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
-        run_probe(cfg, run_dir, quick=quick_probe())
+        run_probe(cfg, run_dir)  # several machines: full sizes (quick_probe)
 
 
 def saved_profile(path: Path) -> HardwareProfile | None:
@@ -195,7 +200,7 @@ def hardware_profile(
         timer.add("probe_s", hw.probe_s, ran=False)
         return hw
     t0 = time.perf_counter()
-    hw = run_probe(cfg, run_dir, quick=quick_probe())
+    hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
@@ -221,7 +226,8 @@ def _find_profile(
     if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
         return own if own is not None and fits_nodes(own, cfg, num_workers) else None
     threads = placement(cfg)
-    if own is not None and own.world_size == num_workers and placement_of(own) == threads:
+    fits = own is not None and own.world_size == num_workers and placement_of(own) == threads
+    if own is not None and fits and own.quick == quick_probe():
         return own
     machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
@@ -361,7 +367,9 @@ def ensure_plan(
     existing = None if force else read_plan(run_dir)
     if existing is not None and existing.key == key:
         attention, layers = cfg.model.attention, cfg.model.num_layers
-        existing.check_fits(run_dir / PLAN, halo_sizes(meta), layers, attention)
+        existing.check_fits(
+            run_dir / PLAN, halo_sizes(meta), layers, attention, cfg.pipeline.rounds_rows
+        )
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
     accesses = part_accesses(run_dir, num_parts, verify_parts)

@@ -132,12 +132,17 @@ def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> Non
     per_direction = passes(10) + passes(10) + passes(4)  # encode, decode, arrivals
     assert pred.stages["round_s"] == pytest.approx(2 * per_direction, rel=1e-12)
     assert "round_s" not in predict(parts, NONE, SHAPE, hw, "blocking", [1]).stages
-    int8 = predict(parts, NONE, replace(SHAPE, halo_bytes=1, halo_row_bytes=1), hw, "blocking", [1])
-    assert int8.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * 5 / 1e6), rel=1e-12)
-    encode = 10 / 100 + 6 * passes(10)  # the mask's rate (100 rows/s) and six passes
-    assert int8.stages["round_s"] == pytest.approx(
-        2 * (encode + 2 * passes(10) + 2 * passes(4)), rel=1e-12
-    )
+    # float16: 2 bytes an element and its scale's byte; six passes to scale and pack, two to
+    # read back; int8 draws its random bytes too (the mask's rate, 100 rows/s).
+    f16 = replace(SHAPE, halo_bytes=2, halo_row_bytes=1)
+    int8 = replace(SHAPE, halo_bytes=1, halo_row_bytes=1, halo_stochastic=True)
+    for shape, row, draws in ((f16, 9, 0.0), (int8, 5, 10 / 100)):
+        got = predict(parts, NONE, shape, hw, "blocking", [1])
+        assert got.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * row / 1e6), rel=1e-12)
+        encode = draws + 6 * passes(10)
+        assert got.stages["round_s"] == pytest.approx(
+            2 * (encode + 2 * passes(10) + 2 * passes(4)), rel=1e-12
+        )
 
 
 def test_compute_only_is_blocking_without_the_transfers() -> None:

@@ -112,15 +112,19 @@ FIT: dict[str, tuple[dict[str, Any], str]] = {
     "chunks per layer": ({"num_layers": 3}, "num_chunks: 2 counts for a model of 3 layers"),
     "another world size": ({"halo": [6, 4, 4]}, "3 workers"),
     "replicas for gat": ({"attention": True}, "attention models"),
+    "replicas for rounded rows": ({"rounded": True}, "pipeline.halo_dtype use no replicas"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(FIT))
 def test_plan_that_does_not_fit_the_run_is_refused(tmp_path: Path, case: str) -> None:
     change, expected = FIT[case]
-    args: dict[str, Any] = {"halo": HALO, "num_layers": 2, "attention": False} | change
+    args: dict[str, Any] = {"halo": HALO, "num_layers": 2, "attention": False, "rounded": False}
+    args |= change
     with pytest.raises(CacheError, match="not a cache plan LEO can use") as info:
-        plan().check_fits(tmp_path / PLAN, args["halo"], args["num_layers"], args["attention"])
+        plan().check_fits(
+            tmp_path / PLAN, args["halo"], args["num_layers"], args["attention"], args["rounded"]
+        )
     assert expected in str(info.value)
 
 

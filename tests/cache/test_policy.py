@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -114,6 +115,20 @@ def test_attention_gets_no_replicas_and_no_static_aggregate(
     # The same budgets give a linear model replicas (degree) or the static aggregate.
     linear = run("degree", [1, 9, 3], replica_rows=1000, halo_rows=100, p=input_dropout)
     assert linear.caches[0].static_aggregate or linear.caches[0].replica_rows.size > 0
+
+
+@pytest.mark.parametrize("input_dropout", [0.0, 0.5])
+def test_rounded_rows_get_no_replicas_but_keep_the_static_aggregate(input_dropout: float) -> None:
+    """`pipeline.halo_dtype` (rows of 2 bytes an element): no replica at any budget; the
+    static aggregate exactly where the input never changes, with or without a halo (one
+    worker has none: it must run layer 0 alike)."""
+    narrow = replace(shape(input_dropout), halo_bytes=2)
+    budgets = Budgets([1000 * ROW], [100 * 8 * 4])
+    for reuse in ([1, 9, 3], []):  # two workers' rank 0, and one worker (no halo)
+        for policy in ("degree", "leo"):
+            got = decide(policy, [part(reuse)], narrow, budgets, None, True).caches[0]
+            assert got.replica_rows.size == 0
+            assert got.static_aggregate == (input_dropout == 0)
 
 
 def test_attention_rows_are_what_a_layer_exchanges() -> None:

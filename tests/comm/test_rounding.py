@@ -81,6 +81,19 @@ def test_int8_rows_are_within_one_step_of_their_scale() -> None:
     assert torch.equal(round_trip(zero, ids[:3], 11), zero)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "int8"])
+def test_no_row_one_row_and_a_row_of_a_larger_buffer(name: str) -> None:
+    """Arrivals are slices of one buffer, a chunk may hold one row or none: each decodes as
+    the same rows encoded alone (a one-row slice of a packed buffer has its odd stride)."""
+    codec = CODECS[name]
+    assert codec is not None
+    h, ids = rows(n=5, f=3)
+    wire = codec.encode(h, ids, None)
+    whole = codec.decode(wire, h.dtype)
+    for lo, hi in ((0, 0), (2, 3), (1, 4), (4, 5)):
+        np.testing.assert_array_equal(codec.decode(wire[lo:hi], h.dtype), whole[lo:hi])
+
+
 @pytest.mark.parametrize("name", ["float16", "int8"])
 def test_rows_that_are_not_finite_stay_not_finite(name: str) -> None:
     """NaN, inf or a float64 value past float32's range decodes to NaN (the trainer's NaN
@@ -125,6 +138,7 @@ class Exact:
     """A codec that rounds nothing: the backward still reads the gradient as rows."""
 
     name, wire_dtype, element_bytes, row_bytes = "exact", torch.float64, 8, 0
+    stochastic = False
 
     def wire_width(self, width: int) -> int:
         return width

@@ -87,7 +87,8 @@ def test_a_quick_profile_serves_only_quick_runs(
     tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`LEO_PROBE_QUICK=1` (the suite's setting) probes with the tiny sizes; a run without it
-    never reuses such a profile, and another value is one sentence."""
+    never reuses such a profile (machine-wide or in its run folder), and another value is
+    one sentence."""
     monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
     cfg = load_config(None, [f"run.out_dir={tmp_path / 'a'}"])
     runs = [tmp_path / name for name in "abcd"]
@@ -96,7 +97,10 @@ def test_a_quick_profile_serves_only_quick_runs(
     assert probes == runs[:1]  # the second reused the machine's quick profile
     monkeypatch.setenv("LEO_PROBE_QUICK", "0")
     assert not plan_stage.hardware_profile(cfg, runs[2], None, num_workers=2).quick
+    # Nor is a run folder's quick profile: the machine's full one replaces it.
+    assert not plan_stage.hardware_profile(cfg, runs[0], None, num_workers=2).quick
     assert probes == [runs[0], runs[2]]
+    assert len(list((tmp_path / "machine").iterdir())) == 2  # the full one beside, not over
     monkeypatch.setenv("LEO_PROBE_QUICK", "yes")
     with pytest.raises(CacheError, match="LEO_PROBE_QUICK='yes' must be 1"):
         plan_stage.hardware_profile(cfg, runs[3], None, num_workers=2)
