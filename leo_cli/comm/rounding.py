@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from leo_cli.util.keyed import random_bytes, splitmix64
+from leo_cli.util.keyed import random_bytes, salted
 
 _BACKWARD_SALT = 0x6A09E667F3BCC909  # gradients draw from a stream of their own
 SCALE_BYTES = 1  # a scaled row carries its scale's exponent
@@ -184,4 +184,4 @@ def backward_key(key: int | None) -> int | None:
     """The key of a layer's gradient rows: a stream apart from its forward rows'."""
     if key is None:
         return None
-    return int(splitmix64(torch.tensor([key ^ _BACKWARD_SALT], dtype=torch.int64)).item())
+    return salted(key, _BACKWARD_SALT)

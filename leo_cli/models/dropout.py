@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leo_cli.util.keyed import random_bytes, splitmix64
+from leo_cli.util.keyed import random_bytes, salted, splitmix64
 
 _ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
 _ROWS_SALT = 0x3C6EF372FE94F82B  # ... and the rounding of the rows it reads
@@ -72,15 +72,13 @@ class _Scale(torch.autograd.Function):
 
 def attention_key(seed: int, epoch: int, layer: int) -> int:
     """The key of a layer's attention dropout: a stream of its own beside its input dropout."""
-    z = torch.tensor([stream_key(seed, epoch, layer) ^ _ATTENTION_SALT], dtype=torch.int64)
-    return int(splitmix64(z).item())
+    return salted(stream_key(seed, epoch, layer), _ATTENTION_SALT)
 
 
 def rows_key(seed: int, epoch: int, layer: int) -> int:
     """The key of the stochastic rounding of a layer's rows (comm/rounding.py), a stream
     apart from the layer's dropout and attention dropout."""
-    z = torch.tensor([stream_key(seed, epoch, layer) ^ _ROWS_SALT], dtype=torch.int64)
-    return int(splitmix64(z).item())
+    return salted(stream_key(seed, epoch, layer), _ROWS_SALT)
 
 
 def edge_ids(src_E: Tensor, dst_E: Tensor) -> Tensor:

@@ -53,3 +53,9 @@ def random_bytes(ids_N: Tensor, num_cols: int, key: int) -> Tensor:
     col_G = splitmix64(groups + _COL_SALT)
     hashed_NG = mix64(row_N.unsqueeze(1) ^ col_G)
     return hashed_NG.view(torch.uint8).view(ids_N.shape[0], 8 * num_groups)[:, :num_cols]
+
+
+def salted(key: int, salt: int) -> int:
+    """A key of its own derived from `key` (a stream apart from the key's: `salt` tells them
+    apart)."""
+    return int(splitmix64(torch.tensor([key ^ salt], dtype=torch.int64)).item())
