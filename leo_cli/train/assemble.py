@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.cache.plan import PLAN, read_plan
@@ -136,12 +137,14 @@ def assemble(
         mode_cache = levels_for_mode(cache, mode)
         levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting)
     laps.lap("levels_s")
+    ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
+    rounding = rounding_of(cfg, part, ids_N, dtype)
     aggregator = aggregator_of(
-        cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats)
+        cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats), rounding
     )
     graph = LocalGraph(
         self_weight_N=self_weight,
-        global_ids_N=torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device),
+        global_ids_N=ids_N,
         aggregator=aggregator,
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
@@ -167,15 +170,16 @@ def aggregator_of(
     world_size: int,
     dataset: DatasetInfo,
     planned: tuple[list[int] | None, CommStats],
+    rounding: Rounding | None = None,
 ) -> Aggregator:
     """The mode's aggregator over the part's halo (`whole`) or the cache levels' views; a
     single worker has no halo to move (its views carry no plan). `planned`: the plan's chunk
-    counts (None: no plan) and where the aggregator counts what it moves."""
+    counts (None: no plan) and where the aggregator counts what it moves; `rounding`: how
+    its rows are rounded (`rounding_of`)."""
     adj, halo = whole
     chunks_planned, stats = planned
     dtype = DTYPES[cfg.train.dtype]
     width = exchange_width(cfg.model, dataset)
-    rounding = rounding_of(cfg, part, dtype, adj.device)
     row_bytes = wire_bytes(cfg.pipeline.halo_dtype, width, dtype.itemsize)
     if world_size == 1:  # rows are rounded all the same: one worker reads what P workers do
         return make_layer_aggregators(
@@ -200,14 +204,15 @@ def aggregator_of(
 
 
 def rounding_of(
-    cfg: LeoConfig, part: LocalPart, dtype: torch.dtype, device: torch.device
+    cfg: LeoConfig, part: LocalPart, ids_N: Tensor, dtype: torch.dtype
 ) -> Rounding | None:
-    """How this worker rounds the rows its aggregations read (`pipeline.halo_dtype`)."""
+    """How this worker rounds the rows its aggregations read (`pipeline.halo_dtype`);
+    `ids_N`: the global ids of its inner rows."""
     codec = CODECS[cfg.pipeline.halo_dtype]
     if codec is None:
         return None
-    ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
-    return Rounding(codec, ids_N, transpose_scales(part, cfg.model.name, dtype, device))
+    scales = transpose_scales(part, cfg.model.name, dtype, ids_N.device)
+    return Rounding(codec, ids_N, scales)
 
 
 def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:
