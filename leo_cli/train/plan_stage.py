@@ -226,8 +226,12 @@ def _find_profile(
     if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
         return own if own is not None and fits_nodes(own, cfg, num_workers) else None
     threads = placement(cfg)
-    fits = own is not None and own.world_size == num_workers and placement_of(own) == threads
-    if own is not None and fits and own.quick == quick_probe():
+    if (
+        own is not None
+        and own.world_size == num_workers
+        and placement_of(own) == threads
+        and own.quick == quick_probe()
+    ):
         return own
     machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
