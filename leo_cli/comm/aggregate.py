@@ -20,7 +20,7 @@ time perfect overlap would reach. Attention layers (GAT) weight edges by scores 
 the rows, so for them a mode only brings the rows, `[h | halo(h)]` in the column order of its
 CSR (`columns`), with halo gradients flowing back.
 
-With a `codec` (`pipeline.halo_dtype`, comm/rounding.py), every row an aggregation reads is
+With `rounding` (`pipeline.halo_dtype`, comm/rounding.py), every row an aggregation reads is
 rounded, its own rows included, and halo rows travel rounded: a row is the same number
 whichever worker reads it, so 1, 2 or 4 workers still agree. Backward, rounding passes
 gradients straight through, and the gradient of h is read as rows too, not sent back as
