@@ -13,7 +13,7 @@ import torch
 
 from leo_cli.errors import TrainError
 from leo_cli.train.checkpoint import load_latest, save_checkpoint
-from leo_cli.train.metrics import append_metrics, truncate_metrics
+from leo_cli.train.metrics import append_metrics, read_metrics, truncate_metrics
 from leo_cli.train.readback import restore
 
 
@@ -42,6 +42,17 @@ def test_bad_metrics_row_stops_resume(tmp_path: Path, case: str) -> None:
         truncate_metrics(tmp_path, 3)
     message = str(info.value)
     assert f"{path} line 2" in message and needle in message and "--resume" in message
+
+
+def test_a_row_being_appended_is_not_read_yet(tmp_path: Path) -> None:
+    """A reader of a live run (the progress bar, a test polling it) can see the first part of
+    a line the writer is still appending (a line that crosses a page boundary): it reads the
+    complete rows before it."""
+    append_metrics(tmp_path, row(1))
+    text = json.dumps(row(2))
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(text[: len(text) // 2])
+    assert [r["epoch"] for r in read_metrics(tmp_path)] == [1]
 
 
 def test_good_rows_are_kept_up_to_the_checkpoint(tmp_path: Path) -> None:

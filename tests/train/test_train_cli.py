@@ -21,6 +21,7 @@ from leo_cli.cache.plan import read_plan
 from leo_cli.config import load_config
 from leo_cli.kernels import backend_name
 from leo_cli.registry import auto_candidates
+from leo_cli.train.metrics import read_metrics
 
 pytestmark = pytest.mark.dist
 
@@ -67,6 +68,7 @@ def start(*args: str) -> subprocess.Popen[str]:
 
 
 def metrics(run: Path) -> list[dict[str, Any]]:
+    """Every line of a finished run's metrics.jsonl, strictly (a torn line fails the test)."""
     path = run / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -78,7 +80,8 @@ def summary(run: Path) -> dict[str, Any]:
 def wait_for_epoch(run: Path, epoch: int, proc: subprocess.Popen[str], limit: float = 240) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        rows = metrics(run)
+        # the run is writing: a line that crosses a page boundary can be read half-appended
+        rows = read_metrics(run)
         if rows and rows[-1]["epoch"] >= epoch and list((run / "checkpoints").glob("*.pt")):
             return
         assert proc.poll() is None, proc.communicate()
