@@ -121,9 +121,17 @@ def replica_order(p: PartAccess, shape: ModelShape, hw: HardwareProfile | None) 
     return np.argsort(p.reuse_H * np.sign(per_edge) * 1.0, kind="stable").astype(np.int64)
 
 
-def most_read(p: PartAccess, shape: ModelShape, budget: int) -> IntArray:
-    """The `degree` policy's replicas: the most-read halo rows that fit the budget."""
-    return replica_order(p, shape, None)[: fits(p.num_halo, shape, budget)]
+def most_read(p: PartAccess, shape: ModelShape, budget: int, spill: IntArray) -> IntArray:
+    """The `degree` policy's replicas: the most-read halo rows that fit the budget, spilled
+    rows left out."""
+    return unspilled(replica_order(p, shape, None), spill)[: fits(p.num_halo, shape, budget)]
+
+
+def unspilled(order: IntArray, spill: IntArray) -> IntArray:
+    """`order` without the rows spilled to L3. A replica serves layer 0 only: at the later
+    layers a replicated row travels through the L2 buffer, so a spilled row replicated
+    would overflow the budget it spilled for."""
+    return order[~np.isin(order, spill)]
 
 
 def fits(count: int, shape: ModelShape, budget: int) -> int:
@@ -155,13 +163,14 @@ def decide(
     orders: list[IntArray] = []
     halo = any(p.num_halo > 0 for p in accesses)
     if policy != "none" and not static and shape.admits_replicas and hw is not None and halo:
-        orders = [replica_order(p, shape, hw) for p in accesses]
+        ranked = [replica_order(p, shape, hw) for p in accesses]
+        orders = [unspilled(o, s) for o, s in zip(ranked, spills, strict=True)]
         curve = sweep(accesses, shape, budgets, hw, orders, (spills, reach))
     if policy == "none" or static or not shape.admits_replicas or not halo:
         caches = base
     elif policy == "degree":
         caches = [
-            with_l3(np.sort(most_read(p, shape, b)), s)
+            with_l3(np.sort(most_read(p, shape, b, s)), s)
             for p, b, s in zip(accesses, budgets.replica_bytes, spills, strict=True)
         ]
     else:
@@ -175,8 +184,9 @@ def decide(
 
 
 def with_l3(replicas: IntArray, spill: IntArray) -> RankCache:
-    """A rank's replicas and its L3 rows (spilled rows not replicated)."""
-    return RankCache(False, replicas, np.setdiff1d(spill, replicas).astype(np.int64))
+    """A rank's replicas and its L3 rows (chosen apart: `unspilled`)."""
+    assert not np.isin(replicas, spill).any(), "a spilled row was replicated"
+    return RankCache(False, replicas, spill)
 
 
 Spilled = tuple[list[IntArray], Reach]  # every rank's L3 rows, and where they are read

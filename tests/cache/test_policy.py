@@ -188,3 +188,31 @@ def test_a_halo_budget_below_the_buffer_spills_the_least_read_rows_to_l3() -> No
     assert got.l3_rows.tolist() == [0, 3]  # read once and twice
     with pytest.raises(CacheError, match="rows spill to L3 only where they are read in place"):
         decide("degree", [part(reuse)], shape(0.5), budgets, None, True)
+
+
+@pytest.mark.parametrize("policy", ["degree", "leo"])
+def test_spilled_rows_are_not_replicated(policy: str, hw_profile: HardwareProfile) -> None:
+    """A replica serves layer 0 only: a spilled row that were also replicated would travel
+    through the L2 buffer at the later layers and overflow the budget it spilled for. Rows
+    that spill are never replicated; the replica budget goes to the rest."""
+    reuse = [1, 9, 3, 2, 7]
+    other = PartAccess(
+        rank=1,
+        num_inner=10,
+        num_boundary=5,
+        inner_edges=20,
+        reuse_H=np.ones(4, dtype=np.int64),
+        owner_H=np.zeros(4, dtype=np.int64),
+        send_counts=[5, 0],
+        recv_counts=[4, 0],
+        rows_reading_halo=4,
+    )
+    budgets = Budgets([1000 * ROW] * 2, [3 * 8 * 4] * 2)  # all fit L1; L2 holds 3 rows
+    reach = Reach(np.array([[False, True], [True, False]]))
+    hw = hw_profile if policy == "leo" else None
+    caches = decide(policy, [part(reuse), other], shape(0.5), budgets, hw, True, reach).caches
+    assert caches[0].l3_rows.tolist() == [0, 3] and caches[1].l3_rows.tolist() == [0]
+    for c in caches:
+        assert not set(c.replica_rows.tolist()) & set(c.l3_rows.tolist())
+    if policy == "degree":
+        assert caches[0].replica_rows.tolist() == [1, 2, 4]
