@@ -10,7 +10,9 @@ of its CSR whose forward reads q's published rows by position (no copy) and whos
 gives the gradient of each row read once (the block's transpose); it publishes those for q,
 which adds them into its own rows' gradients. On CPU the inner block and the first owner's
 rows are summed by one `fused_aggregate` (the op whose CUDA kernel splits a tile's warps
-between local and remote edges); the other owners' rows add one SpMM each.
+between local and remote edges); the other owners' rows add one SpMM each. An owner that has
+not published yet when the aggregation starts is waited for after the inner block's SpMM,
+so local work hides the wait (the same sums).
 Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
 """
 
@@ -79,16 +81,22 @@ class InPlace:
 
     def aggregate(self, inner: ColumnBlock, h_NF: Tensor, layer: int) -> Tensor:
         """The inner block's sums plus every owner's rows read in place (waiting for each
-        owner's rows of this layer)."""
+        owner's rows of this layer).
+
+        Where the first owner has not published yet, the inner block is summed first, so that
+        local work hides the wait; else the op sums both at once. The sums are the same either
+        way: the op's are the local SpMM's plus the remote one's, in the training dtype."""
         if not self.reads:
             return inner.forward(h_NF)
         s, width = self.stream(layer, FORWARD), h_NF.shape[1]
         out_NF: Tensor | None = None
+        if not self.rows.published(s, self.reads[0].owner):
+            out_NF = inner.forward(h_NF)
         for part in self.reads:
             with self.stats.waiting(h_NF.device):  # counted in comm_wait_s, like a transfer
                 k, copy = self.rows.begin_read(s, part.owner)
             published = self.rows.forward_rows(part.owner, copy, width)
-            if out_NF is None:  # the local rows and the first owner's in one op
+            if out_NF is None:  # the local rows and the first owner's, in one op
                 out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, published)
             else:
                 out_NF += kernels.spmm(part.in_place, published)

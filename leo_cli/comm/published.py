@@ -153,6 +153,11 @@ class PublishedRows:
         """Exchange k of this worker's stream is written: readers may read it."""
         self._seq(self.rank, stream).fill_(k)
 
+    def published(self, stream: int, writer: int) -> bool:
+        """Whether `writer` has already published the exchange this worker reads next from it
+        (no wait, nothing counted: `begin_read` still follows)."""
+        return int(self._seq(writer, stream)) > self.exchanges.get((stream, writer), 0)
+
     def begin_read(self, stream: int, writer: int, wait: bool = True) -> tuple[int, int]:
         """Wait until `writer` has published exchange k of its stream; (k, copy)."""
         k = self.next_exchange(stream, writer)

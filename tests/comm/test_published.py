@@ -75,3 +75,31 @@ def test_a_reader_that_skips_the_readiness_wait_reads_stale_rows() -> None:
     seen = spawn_ranks(writer_and_slow_reader, 2, 2, False, 0.1)[1]
     assert not isinstance(seen, Exception), seen
     assert torn(seen), "reading before the writer published should have seen old rows"
+
+
+def asks_before_reading(rank: int, world: int) -> list[tuple[bool, bool]]:
+    """Rank 1 asks whether rank 0 has published its next exchange before and after rank 0
+    publishes it (barriers order the two), then reads it. Twice."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = PublishedRows([layout(2), layout(2)], rank, torch.float64, timeout_s=30)
+    seen = []
+    for _ in range(2):
+        early = rows.published(FORWARD, 0) if rank == 1 else False
+        dist.barrier()
+        if rank == 0:
+            k, _ = rows.begin_write(FORWARD, readers=[1])
+            rows.end_write(FORWARD, k)
+        dist.barrier()
+        if rank == 1:
+            late = rows.published(FORWARD, 0)
+            k, _ = rows.begin_read(FORWARD, writer=0)
+            rows.end_read(FORWARD, 0, k)
+            seen.append((early, late))
+    dist.barrier()
+    return seen
+
+
+def test_a_reader_can_ask_whether_the_next_exchange_is_published() -> None:
+    """What the aggregation asks before it decides to sum its local rows first."""
+    seen = spawn_ranks(asks_before_reading, 2)[1]
+    assert seen == [(False, True), (False, True)]
