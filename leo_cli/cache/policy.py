@@ -184,9 +184,16 @@ def decide(
 
 
 def with_l3(replicas: IntArray, spill: IntArray) -> RankCache:
-    """A rank's replicas and its L3 rows (chosen apart: `unspilled`)."""
+    """A rank's replicas and its L3 rows (sorted by `spill_to_l3`; never replicated:
+    `unspilled` keeps them apart)."""
     assert not np.isin(replicas, spill).any(), "a spilled row was replicated"
     return RankCache(False, replicas, spill)
+
+
+def counts_at(share: float, accesses: list[PartAccess], orders: list[IntArray]) -> list[int]:
+    """Rows each rank replicates at `share` of its halo: at most the rows its order holds
+    (spilled rows are not in it)."""
+    return [min(int(share * p.num_halo), len(o)) for p, o in zip(accesses, orders, strict=True)]
 
 
 Spilled = tuple[list[IntArray], Reach]  # every rank's L3 rows, and where they are read
@@ -207,7 +214,7 @@ def sweep(
     chunks = [1] * shape.num_layers
     out: list[dict[str, float | bool]] = []
     for share in SWEEP_SHARES:
-        counts = [int(share * p.num_halo) for p in accesses]
+        counts = counts_at(share, accesses, orders)
         caches = [
             with_l3(np.sort(o[:c]), s) for o, c, s in zip(orders, counts, spills, strict=True)
         ]
@@ -241,7 +248,7 @@ def choose_replicas(
     spills, reach = spilled
     fitting = [pt for pt in curve if pt["within_budget"]]
     best = min(fitting, key=lambda pt: float(pt["predicted_epoch_time_s"]))
-    counts = [int(float(best["replica_share"]) * p.num_halo) for p in accesses]
+    counts = counts_at(float(best["replica_share"]), accesses, orders)
     chunks = [1] * shape.num_layers
 
     def caches_for(cs: list[int]) -> list[RankCache]:
@@ -252,8 +259,8 @@ def choose_replicas(
         return predict(accesses, caches_for(trial), shape, hw, PLANNED, chunks, reach).epoch_time_s
 
     for _ in range(2):
-        for r, p in enumerate(accesses):
-            limit = fits(p.num_halo, shape, budgets.replica_bytes[r])
+        for r, order in enumerate(orders):
+            limit = fits(len(order), shape, budgets.replica_bytes[r])
             options = sorted({int(limit * f) for f in REPLICA_FRACTIONS} | {counts[r]})
             counts[r] = min(options, key=lambda c, r=r: step_time(r, c))  # type: ignore[misc]
     return caches_for(counts)
