@@ -85,7 +85,8 @@ class InPlace:
 
         Where the first owner has not published yet, the inner block is summed first, so that
         local work hides the wait; else the op sums both at once. The sums are the same either
-        way: the op's are the local SpMM's plus the remote one's, in the training dtype."""
+        way: the op's reference (CPU; only CPU workers read in place) is the local SpMM plus
+        the remote one, in the training dtype (float32 or float64)."""
         if not self.reads:
             return inner.forward(h_NF)
         s, width = self.stream(layer, FORWARD), h_NF.shape[1]

@@ -16,20 +16,20 @@ from leo_cli.comm.inplace import InPlace, OwnerRows
 
 
 class Rows:
-    """Published rows of one owner, on time or late, recording the reader's waits."""
+    """Published rows of each owner, on time or late, recording the reader's waits."""
 
-    def __init__(self, rows_BF: torch.Tensor, on_time: bool, events: list[str]) -> None:
-        self.rows_BF, self.on_time, self.events = rows_BF, on_time, events
+    def __init__(self, rows: dict[int, torch.Tensor], on_time: set[int], events: list[str]):
+        self.rows, self.on_time, self.events = rows, on_time, events
 
     def published(self, stream: int, writer: int) -> bool:
-        return self.on_time
+        return writer in self.on_time
 
     def begin_read(self, stream: int, writer: int) -> tuple[int, int]:
-        self.events.append("wait")
+        self.events.append(f"wait {writer}")
         return 1, 1
 
     def forward_rows(self, q: int, copy: int, width: int) -> torch.Tensor:
-        return self.rows_BF
+        return self.rows[q]
 
     def end_read(self, stream: int, writer: int, k: int) -> None:
         pass
@@ -44,16 +44,20 @@ def csr(dense: torch.Tensor) -> kernels.CSR:
 def test_a_late_owner_waits_after_the_local_sums(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Owners 1 and 2; the first (owner 1) on time or late, the second late either way."""
     g = torch.Generator().manual_seed(0)
     mask = lambda *s: (torch.rand(*s, generator=g) < 0.5).to(dtype)  # noqa: E731
     local_NN = torch.rand(6, 6, generator=g, dtype=dtype) * mask(6, 6)
-    remote_NB = torch.rand(6, 4, generator=g, dtype=dtype) * mask(6, 4)
     h_NF = torch.randn(6, 3, generator=g, dtype=dtype)
-    rows_BF = torch.randn(4, 3, generator=g, dtype=dtype)
-    inner_csr, remote_csr = csr(local_NN), csr(remote_NB)
+    remote, published, owners = {}, {}, []
+    for q, rows in ((1, 4), (2, 5)):
+        remote[q] = torch.rand(6, rows, generator=g, dtype=dtype) * mask(6, rows)
+        published[q] = torch.randn(rows, 3, generator=g, dtype=dtype)
+        block_csr = csr(remote[q])
+        block = ColumnBlock(0, rows, None, block_csr, block_csr.transpose())
+        owners.append(OwnerRows(q, block, torch.arange(rows), block_csr))
+    inner_csr = csr(local_NN)
     inner = ColumnBlock(0, 6, None, inner_csr, inner_csr.transpose())
-    owner = OwnerRows(1, ColumnBlock(0, 4, None, remote_csr, remote_csr.transpose()),
-                      torch.arange(4), remote_csr)  # fmt: skip
 
     events: list[str] = []
     spmm, fused = kernels.spmm, kernels.fused_aggregate
@@ -69,11 +73,14 @@ def test_a_late_owner_waits_after_the_local_sums(
     monkeypatch.setattr(kernels, "spmm", traced_spmm)
     monkeypatch.setattr(kernels, "fused_aggregate", traced_fused)
     out = {}
-    for on_time in (True, False):
+    for on_time in ({1}, {2}, set()):
         events.clear()
-        rows = Rows(rows_BF, on_time, events)
-        reader = InPlace(rows, 0, torch.zeros(0), [owner], {}, CommStats())  # type: ignore[arg-type]
-        out[on_time] = reader.aggregate(inner, h_NF, layer=0)
-        assert events == (["wait", "fused"] if on_time else ["local", "wait", "remote"])
-    assert torch.equal(out[True], out[False])
-    torch.testing.assert_close(out[False], local_NN @ h_NF + remote_NB @ rows_BF)
+        rows = Rows(published, on_time, events)
+        reader = InPlace(rows, 0, torch.zeros(0), owners, {}, CommStats())  # type: ignore[arg-type]
+        out[frozenset(on_time)] = reader.aggregate(inner, h_NF, layer=0)
+        first = ["wait 1", "fused"] if 1 in on_time else ["local", "wait 1", "remote"]
+        assert events == [*first, "wait 2", "remote"], on_time
+    got = list(out.values())
+    assert all(torch.equal(got[0], o) for o in got[1:])
+    want = local_NN @ h_NF + remote[1] @ published[1] + remote[2] @ published[2]
+    torch.testing.assert_close(got[0], want)

@@ -102,4 +102,5 @@ def asks_before_reading(rank: int, world: int) -> list[tuple[bool, bool]]:
 def test_a_reader_can_ask_whether_the_next_exchange_is_published() -> None:
     """What the aggregation asks before it decides to sum its local rows first."""
     seen = spawn_ranks(asks_before_reading, 2)[1]
+    assert not isinstance(seen, Exception), seen
     assert seen == [(False, True), (False, True)]

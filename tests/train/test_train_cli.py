@@ -221,7 +221,7 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
     workers = list(heartbeat_pids(run).values())
     os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
     proc.wait()
-    assert len(metrics(run)) < 30
+    assert len(read_metrics(run)) < 30  # workers may still be appending a row
     deadline = time.monotonic() + 10
     while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
