@@ -16,6 +16,19 @@ from leo_cli.cache.hardware import HardwareProfile, Link, LinkFit, interpolate, 
 from leo_cli.errors import CacheError
 
 
+def settled(rates_by_size: list[float]) -> list[float]:
+    """Rates measured at growing working-set sizes, none above the one before it past the
+    fastest: a larger working set does not stream faster once it has left the caches, so a
+    measured rise there is noise of one timing (seen: a pass at 32 MiB timed 5x faster than
+    at 16 MiB, which priced a rank's passes 5x too cheap). Below the fastest size the rates
+    stand (small sizes pay per-call overheads)."""
+    peak = max(range(len(rates_by_size)), key=rates_by_size.__getitem__)
+    out = list(rates_by_size)
+    for i in range(peak + 1, len(out)):
+        out[i] = min(out[i], out[i - 1])
+    return out
+
+
 class Rates:
     """Seconds of work on the machine a profile describes, for one rank or the slowest.
 
@@ -47,7 +60,7 @@ class Rates:
             return 0.0
         c = self.compute
         table = c.spmm_t_edges_per_s if backward else c.spmm_edges_per_s
-        per_size = [per_row_rate(c.widths, row, width) for row in table]
+        per_size = settled([per_row_rate(c.widths, row, width) for row in table])
         size = max(float(working_bytes), float(c.spmm_bytes[0]))
         return num_edges / interpolate(c.spmm_bytes, per_size, size)
 
@@ -95,7 +108,7 @@ class Rates:
             return 0.0
         c = self.compute
         i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
-        return num_bytes / c.pass_bytes_per_s[i]
+        return num_bytes / settled(c.pass_bytes_per_s)[i]
 
     def fresh_seconds(self, rows: float, width: int) -> float:
         """Seconds a fresh (rows x width) buffer costs beyond writing it at the fastest
