@@ -19,8 +19,8 @@ from leo_cli.errors import CacheError
 def settled(rates_by_size: list[float]) -> list[float]:
     """Rates measured at growing working-set sizes, none above the one before it past the
     fastest: a larger working set does not stream faster once it has left the caches, so a
-    measured rise there is noise of one timing (seen: a pass at 32 MiB timed 5x faster than
-    at 16 MiB, which priced a rank's passes 5x too cheap). Below the fastest size the rates
+    measured rise there is noise of one timing (seen: a pass at 32 MiB timed 2x faster than
+    at 16 MiB, which priced a rank's passes 2x too cheap). Below the fastest size the rates
     stand (small sizes pay per-call overheads)."""
     peak = max(range(len(rates_by_size)), key=rates_by_size.__getitem__)
     out = list(rates_by_size)
