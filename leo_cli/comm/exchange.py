@@ -174,6 +174,7 @@ class Transfer:
         self.stats, self.device = stats, device
         self.rounds: list[tuple[list[Any], list[Tensor], list[Tensor]]] = []
         self.posted_at = stats.mark(device)
+        self.moved = False  # whether any round posted rows (every row may be read in place)
 
     def post(self, recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]]) -> None:
         """Post one round: receive into each (peer, buffer), send each (peer, rows)."""
@@ -181,6 +182,7 @@ class Transfer:
         ops = [dist.P2POp(dist.irecv, buf, peer) for peer, buf in recvs if buf.numel() > 0]
         ops += [dist.P2POp(dist.isend, rows, peer) for peer, rows in sent]
         works = dist.batch_isend_irecv(ops) if ops else []
+        self.moved = self.moved or bool(ops)
         self.stats.bytes_sent += sum(rows.numel() * rows.element_size() for _, rows in sent)
         self.rounds.append((works, [buf for _, buf in recvs], [rows for _, rows in sent]))
 
@@ -193,6 +195,8 @@ class Transfer:
         return buffers
 
     def finish(self) -> None:
-        """Every round has been waited for: account the exchange, release send buffers."""
-        self.stats.add_transfer(self.posted_at, self.device)
+        """Every round has been waited for: account the exchange (an exchange that moved
+        nothing took no transfer time, however long the work it spans), release send buffers."""
+        if self.moved:
+            self.stats.add_transfer(self.posted_at, self.device)
         self.rounds.clear()
