@@ -17,7 +17,8 @@ worker), a /dev/shm segment, a barrier, and how much of a transfer hides behind 
 Lookups between measured points are log-log (a power law between neighbours), clamped at both
 ends; above the widest width, per-row and per-edge rates fall as 1 / width (the throughput in
 elements per second stays the widest one's). Elementwise passes use the measured size at or
-below theirs (the cost of fresh memory is a step, not a slope).
+below theirs (the cost of fresh memory is a step, not a slope). Rates by working-set size are
+read settled: past the fastest size none exceeds the one before it (cache/rates.py `settled`).
 
 Units: seconds (s), bytes (B); rates are per second. A width is a row's element count.
 """
