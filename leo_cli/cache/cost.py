@@ -424,8 +424,8 @@ def _forward(
     if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
         split = overlap and sl.upd  # boundary rows first (comm/aggregate.py update_and_send)
         pre["round"] = _encode_seconds(hw, sl, bnd if split else n)
-        window["round"] = (
-            _encode_seconds(hw, sl, n) * split + _decode_seconds(hw, sl, n)
+        window["round"] = (  # split: the interior rows, the boundary ones were sent
+            _encode_seconds(hw, sl, n - bnd) * split + _decode_seconds(hw, sl, n)
         ) * overlap
         post["round"] = _decode_seconds(hw, sl, n) * (not overlap) + _decode_seconds(hw, sl, halo)
     comm = _comm(hw, r, cnt, sl.row_bytes, mode, k, written=n)

@@ -226,12 +226,19 @@ class BlockAggregator:
             self.in_place.publish(h_BO.index_select(0, self.published_P), layer)
         wire_BW = self.wire(h_BO, self.boundary_B, key)
         pending = self.transport.send_rows(wire_BW, sched, by_position=True)
+        h_IO = F.linear(x_NF.index_select(0, self.interior_I), weight)
         h_NO = x_NF.new_empty((x_NF.shape[0], weight.shape[0]))
         h_NO.index_copy_(0, self.boundary_B, h_BO)
-        h_NO.index_copy_(
-            0, self.interior_I, F.linear(x_NF.index_select(0, self.interior_I), weight)
-        )
-        return h_NO, self.rounded(h_NO, key), pending
+        h_NO.index_copy_(0, self.interior_I, h_IO)
+        if self.rounding is None:
+            return h_NO, h_NO, pending
+        # Rounding is a rule of each row alone: the boundary rows read here are the ones sent
+        # (encoded once), the interior rows are rounded on their own.
+        read_NO = torch.empty_like(h_NO)
+        read_NO.index_copy_(0, self.boundary_B, self.arrived(wire_BW, h_NO.dtype))
+        wire_IW = self.wire(h_IO, self.interior_I, key)
+        read_NO.index_copy_(0, self.interior_I, self.arrived(wire_IW, h_NO.dtype))
+        return h_NO, read_NO, pending
 
     def aggregate_arrivals(
         self, read_NF: Tensor, pending: Pending, sched: Schedule, layer: int

@@ -132,6 +132,10 @@ def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> Non
     per_direction = passes(10) + passes(10) + passes(4)  # encode, decode, arrivals
     assert pred.stages["round_s"] == pytest.approx(2 * per_direction, rel=1e-12)
     assert "round_s" not in predict(parts, NONE, SHAPE, hw, "blocking", [1]).stages
+    # leo sends its boundary rows first, and reads those very rows back: every row is still
+    # encoded once (comm/aggregate.py update_and_send), as in blocking.
+    leo = predict(parts, NONE, narrow, hw, "leo", [1])
+    assert leo.stages["round_s"] == pytest.approx(pred.stages["round_s"], rel=1e-12)
     # float16: 2 bytes an element and its scale's byte; six passes to scale and pack, two to
     # read back; int8 draws its random bytes too (the mask's rate, 100 rows/s).
     f16 = replace(SHAPE, halo_bytes=2, halo_row_bytes=1)
