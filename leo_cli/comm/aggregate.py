@@ -198,13 +198,6 @@ class BlockAggregator:
             return h_XF
         return r.codec.encode(h_XF, r.ids_N if rows_X is None else r.ids_N[rows_X], key)
 
-    def rounded(self, h_NF: Tensor, key: int | None) -> Tensor:
-        """This worker's rows as every aggregation reads them, whichever worker holds them
-        (rounded, then back in their dtype), so 1, 2 or 4 workers read the same numbers."""
-        if self.rounding is None:
-            return h_NF
-        return self.rounding.codec.decode(self.wire(h_NF, None, key), h_NF.dtype)
-
     def arrived(self, rows: Tensor, dtype: torch.dtype) -> Tensor:
         """Rows that travelled, in `dtype`."""
         return rows if self.rounding is None else self.rounding.codec.decode(rows, dtype)
