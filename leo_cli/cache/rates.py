@@ -40,6 +40,7 @@ class Rates:
         self.hw = hw
         self.rank = rank
         self.compute = hw.compute if rank is None else hw.rank_compute(rank)
+        self.pass_rates = settled(self.compute.pass_bytes_per_s)  # by pass_bytes
 
     @property
     def dtype_bytes(self) -> int:
@@ -108,7 +109,7 @@ class Rates:
             return 0.0
         c = self.compute
         i = max(0, bisect.bisect_right(c.pass_bytes, num_bytes) - 1)
-        return num_bytes / settled(c.pass_bytes_per_s)[i]
+        return num_bytes / self.pass_rates[i]
 
     def fresh_seconds(self, rows: float, width: int) -> float:
         """Seconds a fresh (rows x width) buffer costs beyond writing it at the fastest
