@@ -224,6 +224,7 @@ class _Counts:
         self.replica_edges = np.zeros(num)
         self.replica_rows = np.zeros(num)
         self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
+        self.in_place_edges = np.zeros(num)  # edges reading a row in place
         for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
             l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
             l1_edges = float(p.reuse_H[l1].sum())
@@ -247,13 +248,18 @@ class _Counts:
                     read = rows_q - replicas
                     stay = replicas * (layer > 0 and not per_edge)  # exchanged past layer 0
                     travel_q = np.where(mine, stay, recv)
+                    reps = c.replica_rows
+                    edges_q = p.reuse_per_owner - np.bincount(
+                        p.owner_H[reps], weights=p.reuse_H[reps], minlength=num
+                    )
                 else:
                     l3 = np.setdiff1d(c.l3_rows, c.replica_rows)
                     read = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
-                    travelling_l3 = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
-                    travel_q = np.where(mine, recv - travelling_l3, recv)
-                    per_edge_edges -= float(travelling_l3[mine].sum())
+                    edges_q = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
+                    travel_q = np.where(mine, recv - edges_q, recv)
+                    per_edge_edges -= float(edges_q[mine].sum())
                 self.in_place[r] = np.where(mine, read, 0.0)
+                self.in_place_edges[r] = float(np.where(mine, edges_q, 0.0).sum())
                 recv = travel_q
                 if per_edge:
                     per_edge_edges = float(np.where(mine, 0.0, p.reuse_per_owner).sum())
@@ -309,6 +315,15 @@ def _blocks(hw: Rates, count: float, edges: float, w: int, rows_read: float,
     if count <= 0 or edges <= 0:
         return 0.0
     return count * _spmm(hw, edges / count, w, rows_read / count, out_rows / count, backward)
+
+
+def _in_place_factor(hw: Rates, cnt: _Counts, r: int) -> float:
+    """What reading rows in place multiplies the halo blocks' SpMM by: the share of their
+    edges that read in place, at the measured slowdown of such reads."""
+    if cnt.in_place_edges[r] <= 0 or cnt.halo_edges[r] <= 0:
+        return 1.0
+    share = min(1.0, float(cnt.in_place_edges[r] / cnt.halo_edges[r]))
+    return 1.0 + share * (hw.in_place_slowdown() - 1.0)
 
 
 def _replica_terms(
@@ -414,6 +429,7 @@ def _forward(
     inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
     read = halo + cnt.read_in_place[r]  # rows the halo edges read, here or in place
     halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, read, rows)
+    halo_spmm *= _in_place_factor(hw, cnt, r)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
     replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
@@ -456,7 +472,9 @@ def _backward(
     overlap = mode.overlap
     window: Terms = {"spmm": inner_spmm} if overlap else {}
     unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
-    unpack += hw.scatter_add_seconds(cnt.read_from[r], w)  # what in-place readers published
+    unpack += (  # what in-place readers published, read from their segments
+        hw.scatter_add_seconds(cnt.read_from[r], w) * hw.in_place_slowdown()
+    )
     unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
     comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=halo, backward=True)
     if comm > 0 and mode.transport != "segment":  # the gradients land in a fresh buffer

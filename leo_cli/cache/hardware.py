@@ -30,6 +30,7 @@ import hashlib
 import itertools
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,8 +49,8 @@ from leo_cli.util.strict import Finite, Whole
 
 # 3: rates per rank and the placement they were measured under; 4: per-rank compute rates timed
 # over 30 ms windows of calls (3 timed one call per sample: workers sharing a core looked as fast
-# as one alone on its core)
-FORMAT_VERSION = 4
+# as one alone on its core); 5: `links.in_place`, the SpMM over rows a peer has just published
+FORMAT_VERSION = 5
 HARDWARE_FILE = "hardware.json"
 Link = Literal["gloo", "shm"]
 MiB = 1 << 20
@@ -200,6 +201,59 @@ class LinkProfile(_Record):
     a busier core packs and unpacks its messages more slowly)."""
 
 
+class InPlaceRead(_Record):
+    """Reading a peer's published rows in place (comm/published.py), against local rows.
+
+    Every rank times the same SpMM twice, both over rows written just before it: rows of
+    its own memory that it wrote, and the rows its next peer (rank + 1 mod P) wrote into that
+    peer's block of a shared /dev/shm segment (mapped here, as a reader of published rows
+    maps its owner's). Every rank reads while the others do, as in a layer of training.
+    The two rates are measured back to back on the same rank, so their ratio is what reading
+    in place adds to an SpMM (the cache lines move from the writer's core) and applies to
+    the SpMM table at every working-set size."""
+
+    widths: list[Width]
+    """Row widths (elements) of the measurements, increasing."""
+    working_bytes: Bytes
+    """Bytes of the rows each SpMM gathers from (the same for both)."""
+    local_edges_per_s: list[list[Rate]]
+    """Per rank, per width: edges per second of the SpMM over rows of its own memory."""
+    mapped_edges_per_s: list[list[Rate]]
+    """Per rank, per width: edges per second of the SpMM over the peer's published rows."""
+
+    @model_validator(mode="after")
+    def _check(self) -> InPlaceRead:
+        if not increasing(self.widths):
+            raise ValueError("widths must be a non-empty increasing list")
+        tables = (self.local_edges_per_s, self.mapped_edges_per_s)
+        if len(tables[0]) != len(tables[1]) or any(
+            len(row) != len(self.widths) for table in tables for row in table
+        ):
+            raise ValueError("local and mapped rates need one rate per rank and width")
+        return self
+
+    def slowdown(self, rank: int | None) -> float:
+        """How many times an SpMM's time when its rows are read in place: the median over
+        widths of the local rate over the mapped one (rank None: the largest over ranks). One
+        number, not one per width: one SpMM timed once is noisy (per-width ratios of 0.8-1.4
+        on this 2-core machine with 4 workers, around 1). At least 1: rows a peer wrote are
+        never quicker to read than rows of one's own (the same bytes, fetched from farther),
+        so a ratio below 1 is timing noise."""
+        ranks = range(len(self.local_edges_per_s)) if rank is None else [rank]
+        return max(
+            1.0,
+            *(
+                statistics.median(
+                    a / b
+                    for a, b in zip(
+                        self.local_edges_per_s[r], self.mapped_edges_per_s[r], strict=True
+                    )
+                )
+                for r in ranks
+            ),
+        )
+
+
 class Links(_Record):
     """The transports between workers; null when the probe ran a single worker."""
 
@@ -217,6 +271,9 @@ class Links(_Record):
     """Share of the shorter of a transfer (isend/irecv to every peer) and a computation (GEMMs)
     that hides behind the other when both run at once: 1 is perfect overlap, 0 none (they
     compete for the same cores)."""
+    in_place: InPlaceRead | None = None
+    """Rows read in place from a peer's published rows (null across hosts and with one
+    worker: nothing is read in place there)."""
 
 
 class ProbeLoad(_Record):
@@ -324,6 +381,8 @@ class HardwareProfile(_Record):
                 raise ValueError(f"a link needs one pair fit per pair of the {world} workers")
             if link is not None and link.ranks is not None and len(link.ranks) != world:
                 raise ValueError(f"a link's rank fits need one fit per worker ({world})")
+        if links.in_place is not None and len(links.in_place.local_edges_per_s) != world:
+            raise ValueError(f"links.in_place needs the rates of each of the {world} workers")
         if [r.rank for r in self.ranks] != list(range(world)):
             raise ValueError(f"ranks must list every rank of the {world} workers in order")
         return self

@@ -38,6 +38,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.cache.hardware import (
     ComputeRates,
+    InPlaceRead,
     LinkFit,
     LinkProfile,
     Links,
@@ -490,17 +491,66 @@ def overlap_share(sizes: ProbeSizes) -> float:
     return min(1.0, max(0.0, hidden))
 
 
+def in_place_read(sizes: ProbeSizes) -> InPlaceRead:
+    """Every rank's SpMM rate over rows its next peer has just published in a shared segment,
+    and over rows of its own memory it has just written (see `hardware.InPlaceRead`), at every
+    width of `sizes`, over rows of the middle SpMM working-set size. Each sample: everyone
+    writes its rows, a barrier, everyone times one SpMM (one call: a second would read rows
+    this core has already fetched). Samples come in pairs, local then mapped and mapped then
+    local in turn, 3 x `repeats` pairs after a warm-up pair; the medians are kept."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    num_bytes = sizes.spmm_bytes[len(sizes.spmm_bytes) // 2]
+    block = max(gather_shape(sizes, w, num_bytes)[0] * w for w in sizes.widths)
+    segment = open_segment(world * block, torch.float32)
+    peer = (rank + 1) % world
+    local_F, mapped_F = [], []
+    gen = torch.Generator().manual_seed(_SEED)
+    for width in sizes.widths:
+        big, small, num_edges = gather_shape(sizes, width, num_bytes)
+        csr = regular_csr(small, big, num_edges, gen)
+        fresh_CF = torch.rand(big, width, generator=gen)
+        own_CF = segment[rank * block : rank * block + big * width].view(big, width)
+        read_CF = segment[peer * block : peer * block + big * width].view(big, width)
+        local_CF = torch.empty(big, width)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for sample in range(2 * (3 * sizes.repeats + 1)):
+            mapped = bool(sample % 2) != bool(sample // 2 % 2)  # L M, M L, L M, ...
+            (own_CF if mapped else local_CF).copy_(fresh_CF)
+            dist.barrier()
+            start = time.perf_counter()
+            kernels.spmm(csr, read_CF if mapped else local_CF)
+            times[mapped].append(time.perf_counter() - start)
+        local_F.append(num_edges / max(statistics.median(times[False][1:]), 1e-9))
+        mapped_F.append(num_edges / max(statistics.median(times[True][1:]), 1e-9))
+    dist.barrier()  # every reader is done before the segment goes
+    everyone = all_gather_(torch.tensor([local_F, mapped_F], dtype=torch.float64))
+    return InPlaceRead(
+        widths=list(sizes.widths),
+        working_bytes=num_bytes,
+        local_edges_per_s=[[bounded_rate(v) for v in r[0]] for r in everyone.tolist()],
+        mapped_edges_per_s=[[bounded_rate(v) for v in r[1]] for r in everyone.tolist()],
+    )
+
+
+def bounded_rate(rate: float) -> float:
+    """An edges-per-second rate within what a profile may hold."""
+    return min(max(rate, 1.0), 1e13)
+
+
 def measure_links(sizes: ProbeSizes, same_host: bool) -> Links:
-    """gloo and (on one host) shared-memory fits between the ranks of the process group."""
+    """gloo and (on one host) shared-memory fits between the ranks of the process group, and
+    (on one host) the rate of reading rows in place."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return Links(gloo=None, shm=None, barrier_s=None, alltoall=None, overlap=None)
     gloo = link_profile(gloo_fit, sizes, everyone_fits=False)
-    shm = None
+    shm = in_place = None
     if same_host:
         blocks = ShmBlocks(sizes.large_message_bytes)
         shm = link_profile(blocks.fit, sizes, everyone_fits=True)
         del blocks
+        in_place = in_place_read(sizes)
     return Links(
+        in_place=in_place,
         gloo=gloo,
         shm=shm,
         barrier_s=barrier_seconds(sizes.small_iters),

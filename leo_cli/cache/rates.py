@@ -65,6 +65,13 @@ class Rates:
         size = max(float(working_bytes), float(c.spmm_bytes[0]))
         return num_edges / interpolate(c.spmm_bytes, per_size, size)
 
+    def in_place_slowdown(self) -> float:
+        """How many times an SpMM's (or scatter-add's) time when the rows it reads are a
+        peer's published rows, read in place (hardware.InPlaceRead; 1 where the profile did not
+        measure it)."""
+        measured = self.hw.links.in_place
+        return 1.0 if measured is None else measured.slowdown(self.rank)
+
     def gemm_seconds(self, rows: float, in_width: int, out_width: int) -> float:
         """Seconds of `F.linear` on (rows x in_width) with an (out_width x in_width) weight.
 

@@ -250,6 +250,42 @@ def test_reading_in_place_is_priced_below_the_transfer() -> None:
     assert a.epoch_time_s == b.epoch_time_s
 
 
+def with_in_place(local: float, mapped: float) -> HardwareProfile:
+    """`hardware()` with reads in place measured at `mapped` edges/s against `local` on rank 0
+    (rank 1 reads in place as fast as locally)."""
+    data = hardware().model_dump(mode="json")
+    data["links"]["in_place"] = {
+        "widths": [4, 16],
+        "working_bytes": 1 << 20,
+        "local_edges_per_s": [[local, local], [SPMM, SPMM]],
+        "mapped_edges_per_s": [[mapped, mapped], [SPMM, SPMM]],
+    }
+    return HardwareProfile.model_validate(data)
+
+
+def test_reads_in_place_cost_what_the_probe_measured() -> None:
+    """Rank 0 reads its peer's published rows 3x slower than local rows: the SpMM share of
+    its halo edges that read in place costs 3x, and the gradients its readers published cost
+    its owner 3x to add; a measured slowdown of 1 prices as a profile without the measurement."""
+    accesses = [part(0), part(1)]
+    l3 = [RankCache(l3_rows=np.array([0, 2])), RankCache(l3_rows=np.array([0, 2]))]
+    base = predict(accesses, l3, SHAPE, hardware(), "leo", [1], PUBLISHED)
+    same = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0), "leo", [1], PUBLISHED)
+    assert same.per_rank == base.per_rank
+    slow = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0 / 3), "leo", [1], PUBLISHED)
+    cnt = _Counts(accesses, l3, 0, per_edge=False, reach=PUBLISHED)
+    assert cnt.in_place_edges.tolist() == [3.0, 3.0]  # rows 0 (read twice) and 2
+    halo_spmm = 5 / SPMM + passes(3)  # the peer's block, as in the blocking test
+    extra_spmm = halo_spmm * (3 / 5) * 2  # 3 of its 5 edges read in place, at 3x
+    extra_unpack = 2 / SCATTER * 2  # rank 1 read 2 rows of rank 0 in place
+    extra = slow.per_rank[0]["busy_s"] - base.per_rank[0]["busy_s"]
+    assert extra == pytest.approx(extra_spmm + extra_unpack, rel=1e-9)
+    assert slow.per_rank[1]["busy_s"] == pytest.approx(base.per_rank[1]["busy_s"], rel=1e-12)
+    # Nothing read in place (no reach): the measurement changes nothing.
+    plain = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0 / 3), "leo", [1])
+    assert plain.per_rank == predict(accesses, l3, SHAPE, hardware(), "leo", [1]).per_rank
+
+
 @pytest.mark.parametrize("mode", ["blocking", "leo-no-cache"])
 def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
     """Rank 1 measured at half rank 0's compute rates: its own work takes twice as long, and

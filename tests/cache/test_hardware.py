@@ -50,6 +50,17 @@ COMPUTE: dict[str, Any] = {
 }
 
 
+def in_place_dict(world: int) -> dict[str, Any]:
+    """Reads in place measured at widths 8 and 32: rank r's mapped rows at 1 / (r + 1) of
+    its local rate at width 8, as fast as local ones at width 32."""
+    return {
+        "widths": [8, 32],
+        "working_bytes": 1 << 20,
+        "local_edges_per_s": [[100.0, 100.0]] * world,
+        "mapped_edges_per_s": [[100.0 / (r + 1), 100.0] for r in range(world)],
+    }
+
+
 def profile_dict() -> dict[str, Any]:
     """Three workers; every rate chosen so that lookups give round numbers."""
     return {
@@ -73,6 +84,7 @@ def profile_dict() -> dict[str, Any]:
             "barrier_s": 3e-4,
             "alltoall": {"bandwidth_bytes_per_s": 1e6, "latency_s": 1e-3},
             "overlap": 0.25,
+            "in_place": in_place_dict(3),
         },
     }
 
@@ -171,6 +183,22 @@ def test_link_lookups(profile: HardwareProfile) -> None:
     assert hw.overlap_share() == 0.25
     with pytest.raises(CacheError, match="no pair"):
         hw.transfer_seconds(1, 1, pair=(0, 5))
+
+
+def test_in_place_lookups(profile: HardwareProfile) -> None:
+    """Each rank's slowdown of reading in place: the median over widths of local over
+    mapped rates; the machine's (no rank) the largest; never below 1; 1 where the profile has
+    no such measurement."""
+    assert Rates(profile, 2).in_place_slowdown() == pytest.approx(2.0, rel=1e-12)  # (3 + 1) / 2
+    assert Rates(profile, 1).in_place_slowdown() == pytest.approx(1.5, rel=1e-12)
+    assert Rates(profile).in_place_slowdown() == pytest.approx(2.0, rel=1e-12)
+    data = profile_dict()
+    data["links"]["in_place"]["mapped_edges_per_s"][0] = [200.0, 200.0]  # noise: mapped faster
+    assert Rates(HardwareProfile.model_validate(data), 0).in_place_slowdown() == 1.0
+    without = profile.model_copy(
+        update={"links": profile.links.model_copy(update={"in_place": None})}
+    )
+    assert Rates(without, 2).in_place_slowdown() == 1.0
 
 
 def test_single_worker_profile_has_no_links() -> None:
@@ -296,6 +324,16 @@ BAD_CONTENTS: dict[str, tuple[bytes, str]] = {
         "world_size: must be a number, not true/false",
     ),
     "unknown dtype": (json.dumps(setitem(profile_dict(), "int7", "dtype")).encode(), "dtype"),
+    "in-place rates of two ranks": (
+        json.dumps(setitem(profile_dict(), in_place_dict(2), "links", "in_place")).encode(),
+        "rates of each of the 3 workers",
+    ),
+    "in-place rate per width missing": (
+        json.dumps(
+            setitem(profile_dict(), [[1.0]] * 3, "links", "in_place", "mapped_edges_per_s")
+        ).encode(),
+        "one rate per rank and width",
+    ),
 }
 
 
