@@ -186,17 +186,24 @@ class Reach:
     """Which owners' rows each rank may read in place (comm/inplace.py), and which rows.
 
     `published[r, q]`: rank q publishes rows rank r maps (same host, CPU, `pipeline.transport`
-    not process-group). `every_row`: all rows of such an owner are read in place
-    (`pipeline.transport=shared-memory`), not only the L3 rows (`auto`). Replicated rows are
-    never read in place (they are exchanged at the layers past 0).
+    not process-group). `every_row` (one value for every pair, or `[r, q]` per pair): rank r
+    reads every row of such an owner q in place (`pipeline.transport=shared-memory`, or where
+    `auto` chose it for the pair), not only the L3 rows (the rest of q's rows then travel
+    through the process group). Replicated rows are never read in place (they are exchanged
+    at the layers past 0).
     """
 
     published: np.ndarray
-    every_row: bool = False
+    every_row: np.ndarray | bool = False
 
     @classmethod
     def none(cls, num: int) -> Reach:
         return cls(np.zeros((num, num), dtype=bool))
+
+    def every(self) -> np.ndarray:
+        """`[r, q]`: r reads every row of q in place (a pair q publishes to r)."""
+        every = np.broadcast_to(np.asarray(self.every_row, dtype=bool), self.published.shape)
+        return np.asarray(self.published & every)
 
 
 class _Counts:
@@ -241,28 +248,26 @@ class _Counts:
                 per_edge_edges = float(p.reuse_H[l3].sum())
             mine = reach.published[r]
             if mine.any():
-                # Rows of a publishing owner read in place: every row (per-edge modes, or
-                # `every_row`) or the L3 rows, replicas excepted; the rest still travel.
-                replicas = np.bincount(p.owner_H[c.replica_rows], minlength=num)
-                if per_edge or reach.every_row:
-                    read = rows_q - replicas
-                    stay = replicas * (layer > 0 and not per_edge)  # exchanged past layer 0
-                    travel_q = np.where(mine, stay, recv)
-                    reps = c.replica_rows
-                    edges_q = p.reuse_per_owner - np.bincount(
-                        p.owner_H[reps], weights=p.reuse_H[reps], minlength=num
-                    )
-                else:
-                    l3 = np.setdiff1d(c.l3_rows, c.replica_rows)
-                    read = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
-                    edges_q = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
-                    travel_q = np.where(mine, recv - edges_q, recv)
-                    per_edge_edges -= float(edges_q[mine].sum())
+                # Rows of a publishing owner read in place: every row (per-edge modes, or the
+                # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
+                every = mine if per_edge else reach.every()[r]
+                reps = c.replica_rows
+                replicas = np.bincount(p.owner_H[reps], minlength=num)
+                rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
+                l3 = np.setdiff1d(c.l3_rows, reps)
+                l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
+                l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
+                read = np.where(every, rows_q - replicas, l3_rows)
+                edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
+                stay = replicas * (layer > 0 and not per_edge)  # exchanged past layer 0
+                travel_q = np.where(every, stay, recv - l3_edges)
                 self.in_place[r] = np.where(mine, read, 0.0)
                 self.in_place_edges[r] = float(np.where(mine, edges_q, 0.0).sum())
-                recv = travel_q
+                recv = np.where(mine, travel_q, recv)
                 if per_edge:
                     per_edge_edges = float(np.where(mine, 0.0, p.reuse_per_owner).sum())
+                else:  # L3 rows of a publishing owner are read in place, either way
+                    per_edge_edges -= float(l3_edges[mine].sum())
             self.recv[r] = recv
             self.halo_edges[r] = p.halo_edges - l1_edges
             self.replica_edges[r] = l1_edges
@@ -387,9 +392,10 @@ def _comm(
     if mode.transport == "none" or num == 1:
         return 0.0
     incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
-    if mode.transport == "point-to-point":
+    if mode.transport == "point-to-point":  # no message where no row moves (comm/exchange.py)
         link: Link = "gloo"
-        return max(hw.transfer_seconds(rows * row, k, link) for rows in incoming)
+        return max(hw.transfer_seconds(rows * row, k, link) if rows > 0 else 0.0
+                   for rows in incoming)  # fmt: skip
     if mode.transport == "segment":
         return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
     busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it

@@ -28,7 +28,7 @@ from leo_cli.cache import plan_check
 from leo_cli.cache.access import PartAccess
 from leo_cli.cache.cost import ModelShape, Prediction, RankCache, Reach, predict
 from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.cache.policy import Budgets, Decision, decide
+from leo_cli.cache.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
@@ -36,8 +36,10 @@ from leo_cli.registry import MODES, Mode, auto_candidates, conv_of, mode_of
 from leo_cli.util import files
 
 PLAN = "cache-plan.json"
-FORMAT_VERSION = 3  # 2: the sweep's points say their share and budget fit; plan_s; 3: predicted_run
-OLDER_VERSIONS = (1, 2)
+# 2: the sweep's points say their share and budget fit; plan_s; 3: predicted_run; 4: rows read
+# in place chosen per pair (`ranks[r].every_row_from`)
+FORMAT_VERSION = 4
+OLDER_VERSIONS = (1, 2, 3)
 
 
 def model_shape(
@@ -94,7 +96,7 @@ def graph_inputs(
             "model": model.model_dump(mode="json"),
             "dtype": dtype,
             "num_chunks": num_chunks,
-            "reach": None if reach is None else [reach.published.tolist(), reach.every_row],
+            "reach": None if reach is None else [reach.published.tolist(), reach.every().tolist()],
         }
     )
 
@@ -140,9 +142,9 @@ class CachePlan:
     # Per rank: rows per level (L1 replicas, L2, L3) and how rows of each peer travel.
     levels: list[dict[str, int]] | None = None
     transport: list[list[str | None]] | None = None
-    # `pipeline.transport=auto` chose to read every row of same-host owners in place (the
-    # planned mode predicted faster so), not only the L3 rows.
-    every_row: bool = False
+    # Per rank, the same-host owners every row of which it reads in place, not only their L3
+    # rows (`pipeline.transport=auto` chose it for the pair: the planned mode predicted faster).
+    every_row: list[list[int]] = field(default_factory=list)
     ranks_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     """Per mode, each rank's predicted `step_s` and `busy_s` (cost.Prediction.per_rank)."""
     predicted_run: dict[str, float | None] = field(default_factory=dict)
@@ -179,13 +181,13 @@ class CachePlan:
                     "bytes_per_level": self.bytes_per_level[r],
                     "levels": None if self.levels is None else self.levels[r],
                     "transport": None if self.transport is None else self.transport[r],
+                    "every_row_from": self.every_row[r] if self.every_row else [],
                 }
                 for r, c in enumerate(self.caches)
             ],
             "replica_budget_sweep": self.sweep,
             "replica_budget_mb": self.replica_budget_mb,
             "plan_s": self.plan_s,
-            "every_row_in_place": self.every_row,
             "predicted_ranks_s": self.ranks_s,
             "predicted_rank_spread": self.spread(),
             "predicted_run_s": self.predicted_run,
@@ -221,7 +223,7 @@ class CachePlan:
             else [r.levels.model_dump() for r in f.ranks if r.levels is not None],
             None if any(r.transport is None for r in f.ranks)
             else [list(r.transport or []) for r in f.ranks],
-            f.every_row_in_place,
+            [list(r.every_row_from) for r in f.ranks],
             {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
             {k: None if v is None else float(v) for k, v in f.predicted_run_s.items()},
         )  # fmt: skip
@@ -266,15 +268,14 @@ def _seconds(value: Any) -> float | None:
 
 def read_in_place(p: PartAccess, c: RankCache, reach: Reach) -> np.ndarray:
     """Halo rows this rank reads in place (comm/levels.py build_levels): rows of owners that
-    publish to it, L3 ones or every one (`reach.every_row`), replicas never."""
-    mask = (
-        reach.published[p.rank][p.owner_H] if reach.published.size else np.zeros(p.num_halo, bool)
-    )
-    if not reach.every_row:
-        l3 = np.zeros(p.num_halo, dtype=bool)
-        l3[c.l3_rows] = True
-        mask = mask & l3
-    mask[c.replica_rows] = False  # fancy indexing above made `mask` a copy
+    publish to it, L3 ones or every one (the pairs of `reach.every_row`), replicas never."""
+    if not reach.published.size:
+        return np.zeros(p.num_halo, dtype=bool)
+    l3 = np.zeros(p.num_halo, dtype=bool)
+    l3[c.l3_rows] = True
+    every_H = reach.every()[p.rank][p.owner_H]
+    mask: np.ndarray = reach.published[p.rank][p.owner_H] & (l3 | every_H)
+    mask[c.replica_rows] = False
     return mask
 
 
@@ -334,11 +335,17 @@ def make_plan(
     reach = reach or Reach.none(len(accesses))
     asked = reach  # what modes run without the plan read in place
     decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, reach)
-    if reach.published.any() and not reach.every_row:  # auto: L3 rows only, or every row?
+    if reach.published.any() and not reach.every().any():
+        # auto: per pair, L3 rows only or every row in place; the policy decides the levels
+        # for each of the two uniform choices, each is refined pair by pair, the faster kept
         every = Reach(reach.published, every_row=True)
         alt = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, every)
-        if faster(alt.prediction, decision.prediction):
-            decision, reach = alt, every
+        first = per_pair(accesses, decision, shape, hw, reach)
+        second = per_pair(accesses, alt, shape, hw, every)
+        if better(second[1], first[1]):
+            decision, reach = alt, second[0]
+        else:
+            reach = first[0]
     if num_chunks != "auto":  # a set count serves every layer (and the plan says so)
         decision.num_chunks = [int(num_chunks)] * shape.num_layers
     none = [RankCache() for _ in accesses]
@@ -366,8 +373,46 @@ def make_plan(
         ],
         decision.sweep, max(b.replica_bytes) / 2**20, None,
         [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
-        transports(accesses, decision.caches, reach), reach.every_row, ranks_s, run,
+        transports(accesses, decision.caches, reach),
+        [np.flatnonzero(row).tolist() for row in reach.every()], ranks_s, run,
     )  # fmt: skip
+
+
+def per_pair(
+    accesses: list[PartAccess],
+    decision: Decision,
+    shape: ModelShape,
+    hw: HardwareProfile,
+    reach: Reach,
+) -> tuple[Reach, Prediction]:
+    """`pipeline.transport=auto` per pair: from `reach` (L3 rows only, or every row of every
+    same-host owner, whichever the policy's decisions predicted faster), each pair in turn
+    switches between reading every row of the owner in place and its L3 rows only (the rest
+    through the process group), and keeps the switch where the planned mode's predicted step
+    gets faster, or stays as fast with less work over all ranks. One pass over the pairs, with
+    the decided levels and chunk counts (a prediction each, not a policy run). Returns the
+    pairs' reach and its prediction."""
+    every = reach.every().copy()
+    best = predict(accesses, decision.caches, shape, hw, PLANNED, decision.num_chunks, reach)
+    for r, q in zip(*np.nonzero(reach.published), strict=True):
+        trial = every.copy()
+        trial[r, q] = not trial[r, q]
+        candidate = Reach(reach.published, trial)
+        pred = predict(
+            accesses, decision.caches, shape, hw, PLANNED, decision.num_chunks, candidate
+        )
+        if better(pred, best):
+            every, best = trial, pred
+    return Reach(reach.published, every), best
+
+
+def better(a: Prediction, b: Prediction) -> bool:
+    """Prediction a is a faster step than b, or as fast (to 1e-9) with less busy time over
+    all ranks (a switch for a rank that does not set the pace still saves it work)."""
+    if a.epoch_time_s < b.epoch_time_s * (1 - 1e-9):
+        return True
+    busy = [sum(r["busy_s"] for r in p.per_rank) for p in (a, b)]
+    return a.epoch_time_s <= b.epoch_time_s * (1 + 1e-9) and busy[0] < busy[1] * (1 - 1e-9)
 
 
 def predicted_run(
@@ -401,11 +446,6 @@ def predicted_run(
         except CacheError:
             out[name] = None
     return out
-
-
-def faster(a: Prediction | None, b: Prediction | None) -> bool:
-    """Whether prediction a is a faster step than b (False when either is missing)."""
-    return a is not None and b is not None and a.epoch_time_s < b.epoch_time_s
 
 
 def rows_per_level(p: PartAccess, c: RankCache, reach: Reach) -> dict[str, int]:

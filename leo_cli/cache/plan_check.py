@@ -88,6 +88,9 @@ class RankEntry(_Strict):
     bytes_per_level: LevelBytes
     levels: LevelRows | None = None
     transport: list[PairTransport | None] | None = None
+    every_row_from: list[Count] = []
+    """Owners every row of which this rank reads in place (`pipeline.transport=auto` chose it
+    for the pair), not only their L3 rows."""
 
 
 class SweepPoint(_Strict):
@@ -100,9 +103,9 @@ class SweepPoint(_Strict):
 
 
 class PlanFile(_Strict):
-    """The layout of cache-plan.json (format version 3)."""
+    """The layout of cache-plan.json (format version 4)."""
 
-    format_version: Literal[3]
+    format_version: Literal[4]
     key: Digest
     inputs: Digest
     graph_inputs: Digest
@@ -114,7 +117,6 @@ class PlanFile(_Strict):
     replica_budget_sweep: list[SweepPoint]
     replica_budget_mb: NonNegative
     plan_s: NonNegative | None = None
-    every_row_in_place: StrictBool = False
     predicted_ranks_s: dict[str, list[dict[str, Finite]]] = {}
     """Per mode, each rank's predicted `step_s` and `busy_s` (shown, not used)."""
     predicted_rank_spread: dict[str, Finite] = {}
@@ -128,10 +130,15 @@ class PlanFile(_Strict):
         for i, entry in enumerate(self.ranks):
             if entry.rank != i:
                 raise ValueError(f"ranks.{i}.rank is {entry.rank}; entries must be in rank order")
-            for name in ("replica_rows", "l3_rows"):
+            for name in ("replica_rows", "l3_rows", "every_row_from"):
                 repeated = first_repeat(getattr(entry, name))
                 if repeated is not None:
-                    raise ValueError(f"ranks.{i}.{name} lists row {repeated} twice")
+                    raise ValueError(f"ranks.{i}.{name} lists {repeated} twice")
+            strangers = [q for q in entry.every_row_from if q == i or q >= len(self.ranks)]
+            if strangers:
+                raise ValueError(
+                    f"ranks.{i}.every_row_from lists {strangers[0]}, not a peer of rank {i}"
+                )
         static = {e.static_aggregate for e in self.ranks}
         if len(static) > 1:
             on = [e.rank for e in self.ranks if e.static_aggregate]

@@ -85,8 +85,8 @@ def sweep_panel(ax: Any, plan: CachePlan) -> None:
 def level_rows(levels: dict[str, int]) -> dict[str, int]:
     """A rank's halo rows split so they stack to its halo: L1 replicas, L2 and L3 rows through
     the process group, rows read in place. The plan counts in-place rows among L2 and L3
-    without saying which; they are taken off L3 first (without `every_row` they are L3 rows
-    only, and with it every same-host row, L3 ones included, is read in place)."""
+    without saying which; they are taken off L3 first (every L3 row of a same-host owner is
+    read in place, and the L2 rows too of the owners a pair reads every row of)."""
     from_l3 = min(levels["in_place"], levels["L3"])
     return {
         "L1": levels["L1"],

@@ -26,7 +26,15 @@ def plan_table(plan: CachePlan) -> Table:
     moves = {t for peers in plan.transport or [] for t in peers}
     in_place = "none"
     if moves & {"published-rows", "mixed"}:
-        in_place = "every same-host row" if plan.every_row else "L3 rows of same-host owners"
+        pairs = sum(len(owners) for owners in plan.every_row)
+        reading = sum(
+            t in ("published-rows", "mixed") for peers in plan.transport or [] for t in peers
+        )
+        in_place = "L3 rows of same-host owners"
+        if pairs >= reading:
+            in_place = "every same-host row"
+        elif pairs:
+            in_place = f"every row for {pairs} of {reading} same-host pairs, L3 rows for the rest"
     table = Table(
         title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
         f"read in place: {in_place})"

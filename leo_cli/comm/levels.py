@@ -104,7 +104,9 @@ class InPlaceSetting:
     timeout_s: float
     halo_local_H: Tensor  # owner-local row of every halo position
     stats: CommStats  # the worker's communication statistics
-    every_row: bool = False  # every row of a same-host owner, not only L3 (shared-memory)
+    # Same-host owners every row of which is read in place, not only the L3 ones (all of them
+    # under pipeline.transport=shared-memory; the plan's pairs under auto).
+    every_row_from: frozenset[int] = frozenset()
 
 
 @torch.no_grad()
@@ -133,10 +135,12 @@ def build_levels(
         # L3 rows of same-host owners, unless replicated at layer 0 (those travel per edge at
         # the other layers: one set of rows read in place serves every layer).
         hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=adj.device)
-        in_place_H = hosts[halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))]
+        owner_H = halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))
+        in_place_H = hosts[owner_H]
         in_place_H[torch.tensor(levels.replica_rows, dtype=torch.int64, device=adj.device)] = False
-        if in_place.every_row:  # every row of a same-host owner is read in place
-            more = torch.nonzero(in_place_H).squeeze(1).tolist()
+        if in_place.every_row_from:  # every row of these same-host owners is read in place
+            owners = torch.tensor(sorted(in_place.every_row_from), device=adj.device)
+            more = torch.nonzero(in_place_H & torch.isin(owner_H, owners)).squeeze(1).tolist()
             levels = RankLevels(
                 levels.static_aggregate, levels.replica_rows, sorted({*levels.l3_rows, *more})
             )

@@ -99,14 +99,15 @@ def assemble(
     cache: RankLevels | None = None,
     chunks_planned: list[int] | None = None,
     laps: Laps | None = None,
-    every_row: bool = False,
+    every_row_from: list[int] | None = None,
 ) -> Job:
     """Build a job from an in-memory part (used by workers and by the single-process oracle).
 
     `cache` is this rank's share of the cache plan; None means no cache (every halo row is
     exchanged each layer). Every rank must pass one, or none (set-up runs collectives).
     `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`;
-    `every_row`: the plan reads every row of a same-host owner in place (`auto` chose it).
+    `every_row_from`: the same-host owners every row of which the plan reads in place (`auto`
+    chose it for those pairs), not only their L3 rows.
     `laps` gets the seconds of each step (train/timing.py).
     """
     laps = laps or Laps()
@@ -122,8 +123,8 @@ def assemble(
         cache = every_row_l3(cache, halo.num_halo)
     setting = None
     if world_size > 1:
-        setting = in_place_setting(cfg, part, dataset, device, stats, every_row)
-    if cache is None and setting is not None and setting.every_row:
+        setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from or [])
+    if cache is None and setting is not None and setting.every_row_from:
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     levels = None
     if cache is not None:
@@ -230,7 +231,7 @@ def in_place_setting(
     dataset: DatasetInfo,
     device: torch.device,
     stats: CommStats,
-    planned_every_row: bool = False,
+    planned_every_row: list[int] | None = None,
 ) -> InPlaceSetting | None:
     """What reading rows in place needs, or None where every row travels through the mode's
     transport: a mode that does not read in place, `pipeline.transport=process-group`, or
@@ -240,11 +241,13 @@ def in_place_setting(
         return None
     local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))
     width = exchange_width(cfg.model, dataset)
-    every_row = cfg.pipeline.transport == "shared-memory" or (
-        planned_every_row and cfg.pipeline.transport == "auto"
-    )
+    every: set[int] = set()
+    if cfg.pipeline.transport == "shared-memory":
+        every = set(range(part.num_parts)) - {part.rank}  # (those on this host only)
+    elif cfg.pipeline.transport == "auto":
+        every = set(planned_every_row or [])
     timeout = cfg.launch.timeout_s
-    return InPlaceSetting(width, timeout, local_H, stats, every_row)
+    return InPlaceSetting(width, timeout, local_H, stats, frozenset(every))
 
 
 def build_job(
@@ -280,5 +283,5 @@ def build_job(
     levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
     return assemble(
         cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps,
-        every_row=cache_plan.every_row,
+        every_row_from=cache_plan.every_row[part.rank] if cache_plan.every_row else None,
     )  # fmt: skip

@@ -239,6 +239,15 @@ def test_rows_read_in_place_travel_nowhere() -> None:
         assert shm.recv[0, 1] == travels and shm.in_place[0, 1] == 3
 
 
+def test_no_message_where_every_row_is_read_in_place() -> None:
+    """The pipeline posts no message to a peer it receives no rows from (comm/exchange.py):
+    with every row read in place, no latency is priced either."""
+    every = Reach(PUBLISHED.published, every_row=True)
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "leo", [1], every)
+    assert pred.stages["comm_s"] == 0.0
+    assert predict([part(0), part(1)], NONE, SHAPE, hardware(), "leo", [1]).stages["comm_s"] > 0
+
+
 def test_reading_in_place_is_priced_below_the_transfer() -> None:
     hw = hardware()
     exchanged = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])

@@ -47,7 +47,8 @@ def edited(tmp_path: Path, edit: str) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("version", [1, 2])  # 2: before predicted_run_s (pipeline.mode=auto)
+# 2: before predicted_run_s (pipeline.mode=auto); 3: before every_row_from (transport per pair)
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_earlier_format_is_made_again(tmp_path: Path, version: int) -> None:
     (tmp_path / PLAN).write_text(json.dumps({"format_version": version, "ranks": "whatever"}))
     assert read_plan(tmp_path) is None
@@ -56,8 +57,10 @@ def test_an_earlier_format_is_made_again(tmp_path: Path, version: int) -> None:
 def test_valid_plan_round_trips(tmp_path: Path) -> None:
     made = plan()
     made.predicted_run = {"leo": 0.5, "blocking": 0.4, "shared-memory": None}
+    made.every_row = [[1], []]  # rank 0 reads every row of rank 1 in place, rank 1 L3 rows
     write_plan(tmp_path, made)
     back = read_plan(tmp_path)
+    assert back is not None and back.every_row == [[1], []]
     assert back is not None and back.num_chunks == [2, 1] and back.plan_s == 2.5
     assert back.predicted_run == made.predicted_run  # what pipeline.mode=auto chooses from
     assert back.caches[0].replica_rows.tolist() == [0, 5]
@@ -75,7 +78,10 @@ BAD: dict[str, tuple[str, str]] = {
     "negative row": ("d['ranks'][0]['replica_rows'][0] = -1", "ranks.0.replica_rows.0"),
     "fractional row": ("d['ranks'][0]['replica_rows'][1] = 1.5", "ranks.0.replica_rows.1"),
     "row 2**63": ("d['ranks'][1]['l3_rows'][0] = 2**63", "ranks.1.l3_rows.0"),
-    "row twice": ("d['ranks'][0]['replica_rows'] = [5, 5]", "lists row 5 twice"),
+    "row twice": ("d['ranks'][0]['replica_rows'] = [5, 5]", "lists 5 twice"),
+    "owner twice": ("d['ranks'][0]['every_row_from'] = [1, 1]", "every_row_from lists 1 twice"),
+    "itself as owner": ("d['ranks'][1]['every_row_from'] = [1]", "not a peer of rank 1"),
+    "no such owner": ("d['ranks'][0]['every_row_from'] = [7]", "not a peer of rank 0"),
     "'no' as a boolean": ("d['ranks'][0]['static_aggregate'] = 'no'", "static_aggregate"),
     "1 as a boolean": ("d['ranks'][0]['static_aggregate'] = 1", "static_aggregate"),
     "static on one rank": ("d['ranks'][1]['static_aggregate'] = True", "true for ranks [1] only"),
@@ -85,7 +91,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NaN prediction": ("d['predicted_epoch_time_s']['leo'] = math.nan", "predicted_epoch_time_s"),
     "no stages": ("d['predicted_stages_s'] = {}", "predicted_stages_s.leo"),
     "short digest": ("d['key'] = 'abc'", "key"),
-    "other version": ("d['format_version'] = 4", "format_version"),
+    "other version": ("d['format_version'] = 5", "format_version"),
     "text as a run prediction": ("d['predicted_run_s'] = {'leo': 'fast'}", "predicted_run_s"),
     "negative plan_s": ("d['plan_s'] = -1", "plan_s"),
     "'yes' within budget": (

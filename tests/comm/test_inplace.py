@@ -1,6 +1,7 @@
 """L3 rows read in place, through a three-layer forward and backward (every layer's rows share
 one pair of published copies): the same numbers as the dense reference, with every halo row
-read in place and with every other one (the rest exchanged through the process group)."""
+read in place, with every other one (the rest exchanged through the process group), and with
+the pairs choosing apart (one rank reads every row of its peer, the other its L3 rows)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from leo_cli.train.assemble import halo_plan
 pytestmark = pytest.mark.dist
 
 
-def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int) -> Any:
+def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int, whole: bool) -> Any:
     """Three iterations of a three-layer forward and backward on the leo aggregators with
-    every `every`-th halo row read in place."""
+    every `every`-th halo row read in place; `whole`: rank 0 reads every row of rank 1 in
+    place (a pair `pipeline.transport=auto` chose so), rank 1 its L3 rows of rank 0 only."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = parts[rank]
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
@@ -38,9 +40,12 @@ def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int) -> An
     lv = RankLevels(False, [], rows)
     x = g_in["x"][ids]
     halo_ids = torch.from_numpy(np.array(part.halo_nodes))
-    setting = InPlaceSetting(WIDTH, 30.0, local_H, stats)
+    owners = frozenset({1}) if whole and rank == 0 else frozenset()
+    setting = InPlaceSetting(WIDTH, 30.0, local_H, stats, owners)
     levels = build_levels(adj, plan, x, halo_ids, lv, True, setting)
-    assert levels.in_place is not None and levels.in_place.reads
+    assert levels.in_place is not None
+    read = plan.num_halo if owners else len(rows)  # the hand-made graph's halo is one owner's
+    assert sum(o.num_rows for o in levels.in_place.reads) == read
     wiring = Wiring(stats, local_H, WIDTH, torch.float64)
     agg = make_layer_aggregators(
         mode_of("leo"), levels.layer0, levels.others, wiring, [2], in_place=levels.in_place
@@ -66,12 +71,12 @@ def reference(A: torch.Tensor, g_in: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return y2.detach(), x.grad
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_rows_read_in_place_through_three_layers(every: int) -> None:
+@pytest.mark.parametrize(("every", "whole"), [(1, False), (2, False), (2, True)])
+def test_rows_read_in_place_through_three_layers(every: int, whole: bool) -> None:
     g = hand_made()
     parts, g_in = build_parts(g, OWNER, 2), inputs(g.num_nodes)
     ref, ref_grad = reference(dense_adjacency(g), g_in)
-    for res in spawn_ranks(three_layers, 2, parts, g_in, every):
+    for res in spawn_ranks(three_layers, 2, parts, g_in, every, whole):
         assert not isinstance(res, Exception), res
         ids, outs = res
         for y, grad_x in outs:
