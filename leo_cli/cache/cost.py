@@ -22,18 +22,22 @@ lookups are cache/rates.py's):
   each block's rows of the gradient, and for the all-to-all modes one buffer of them.
 - `spmm` (spmm_seconds + pass_seconds): aggregation at the exchanged width w, the same in
   every mode: the inner block (N x w read, N x w written) and one block per peer and chunk
-  (its rows only), their edges priced by the bytes of the rows they read; backward, the
-  blocks' transposes.
+  (its rows only), their edges priced by the bytes of the rows they read; the share of those
+  edges that read rows in place costs the probe's in-place slowdown times as much
+  (Rates.in_place_slowdown, measured on a forward SpMM); backward, the blocks' transposes.
 - `unpack` (scatter_add_seconds, gather_seconds, pass_seconds): each block's partial sums
   added into the rows that read it; backward, the gradients of the sent rows added into their
-  owners' rows. Shared memory reads its halo rows (and returned gradients) out of the
-  segment; compute-only writes zeros in their place.
+  owners' rows (those published back by in-place readers at the in-place slowdown too, an
+  approximation: it was measured on a gather, this is a scatter-add). Shared memory reads
+  its halo rows (and returned gradients) out of the segment; compute-only writes zeros in
+  their place.
 - `epilogue` (pass_seconds): the self-loop term (two passes at the aggregated width), bias and
   ReLU (two passes at b; the last layer has no ReLU), forward and backward alike.
 - `comm`: blocking and fine-grained, one gloo all-to-all sized by the busiest rank's bytes
   (alltoall_seconds); leo, isend/irecv of k chunks per peer, waiting for the slowest peer
-  (transfer_seconds); both land in a fresh buffer (fresh_seconds: page faults of new memory,
-  0 where the allocator reuses it); shared-memory, the rows written to the segment and a
+  (transfer_seconds; no message, so no latency, from a peer that sends no rows); both land
+  in a fresh buffer (fresh_seconds: page faults of new memory, 0 where the allocator reuses
+  it); shared-memory, the rows written to the segment and a
   barrier.
 - `round` (pass_seconds, mask_seconds): rows rounded to `pipeline.halo_dtype` (rows with
   `halo_bytes`): every inner row encoded (int8 also draws its random bytes, priced as a mask)

@@ -12,7 +12,9 @@ rows the edges gather: an SpMM over rows that stay in the caches is several time
 one that misses them); elementwise passes per output size (past the allocator's threshold for
 fresh memory, every new tensor pays its page faults). Links: the process group (gloo
 `isend`/`irecv` per pair and with all pairs at once, and gloo `all_to_all_single` with every
-worker), a /dev/shm segment, a barrier, and how much of a transfer hides behind computation.
+worker), a /dev/shm segment, a barrier, how much of a transfer hides behind computation, and
+(workers of one host) how much slower an SpMM reads rows a peer has just published than rows
+of its own (`InPlaceRead`; a multi-host probe does not measure it: slowdown 1 there).
 
 Lookups between measured points are log-log (a power law between neighbours), clamped at both
 ends; above the widest width, per-row and per-edge rates fall as 1 / width (the throughput in

@@ -4,8 +4,10 @@
 working-set sizes, GEMM, dropout forward and backward, row gather, row scatter-add,
 elementwise passes) at several row widths; `measure_links` times the transports between the
 workers of a process group (gloo `isend`/`irecv`, gloo `all_to_all_single`, a /dev/shm
-segment), the barrier, and how much of a transfer hides behind computation. Every measurement
-keeps the median of `repeats` timed calls after one warm-up. Under the probe worker, a `Pace`
+segment), the barrier, how much of a transfer hides behind computation, and (one host) an
+SpMM over rows a peer has just published, read in place (`in_place_read`, which keeps the
+median of 3 x `repeats` single calls). Every other measurement keeps the median of `repeats`
+timed calls after one warm-up. Under the probe worker, a `Pace`
 starts every call on every rank at once (a barrier), so workers contend for the cores as in
 training; `EACH` keeps each rank's own times (the probe's compute rates, per rank), `GROUP`
 per call the slowest rank's (a layer waits for the last one).
@@ -520,9 +522,9 @@ def in_place_read(sizes: ProbeSizes) -> InPlaceRead:
             start = time.perf_counter()
             kernels.spmm(csr, read_CF if mapped else local_CF)
             times[mapped].append(time.perf_counter() - start)
+            dist.barrier()  # no peer writes the next sample while this rank still reads
         local_F.append(num_edges / max(statistics.median(times[False][1:]), 1e-9))
         mapped_F.append(num_edges / max(statistics.median(times[True][1:]), 1e-9))
-    dist.barrier()  # every reader is done before the segment goes
     everyone = all_gather_(torch.tensor([local_F, mapped_F], dtype=torch.float64))
     return InPlaceRead(
         widths=list(sizes.widths),

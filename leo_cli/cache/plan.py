@@ -386,33 +386,56 @@ def per_pair(
     reach: Reach,
 ) -> tuple[Reach, Prediction]:
     """`pipeline.transport=auto` per pair: from `reach` (L3 rows only, or every row of every
-    same-host owner, whichever the policy's decisions predicted faster), each pair in turn
-    switches between reading every row of the owner in place and its L3 rows only (the rest
-    through the process group), and keeps the switch where the planned mode's predicted step
-    gets faster, or stays as fast with less work over all ranks. One pass over the pairs, with
-    the decided levels and chunk counts (a prediction each, not a policy run). Returns the
-    pairs' reach and its prediction."""
-    every = reach.every().copy()
-    best = predict(accesses, decision.caches, shape, hw, PLANNED, decision.num_chunks, reach)
-    for r, q in zip(*np.nonzero(reach.published), strict=True):
-        trial = every.copy()
-        trial[r, q] = not trial[r, q]
-        candidate = Reach(reach.published, trial)
-        pred = predict(
-            accesses, decision.caches, shape, hw, PLANNED, decision.num_chunks, candidate
-        )
-        if better(pred, best):
-            every, best = trial, pred
+    same-host owner), pairs switch between reading every row of the owner in place and its L3
+    rows only (the rest through the process group), and a switch is kept where the planned
+    mode's predicted step gets faster, or stays as fast with less work over all ranks. The
+    switches tried: each pair alone, each reader's pairs together and each owner's pairs
+    together (a reader's transfer waits for its slowest peer, so switching one of its pairs
+    alone may save nothing); passes repeat while one changes something, at most
+    `PAIR_PASSES`. A pair whose reader reads no rows of the owner is left out. Each switch
+    costs a prediction with the decided levels and chunk counts, not a policy run. Returns
+    the pairs' reach and its prediction."""
+    num = len(accesses)
+    pairs = reach.published & np.array([[c > 0 for c in p.recv_counts] for p in accesses])
+    every = reach.every() & pairs
+    moves = [np.eye(num, dtype=bool)[r][:, None] & np.eye(num, dtype=bool)[q] for r, q in
+             zip(*np.nonzero(pairs), strict=True)]  # fmt: skip
+    moves += [np.eye(num, dtype=bool)[r][:, None] & pairs for r in range(num)]  # a reader
+    moves += [pairs & np.eye(num, dtype=bool)[q] for q in range(num)]  # an owner
+    moves = [m for m in moves if m.any()]
+
+    def priced(every_rq: np.ndarray) -> Prediction:
+        candidate = Reach(reach.published, every_rq)
+        return predict(accesses, decision.caches, shape, hw, PLANNED, decision.num_chunks,
+                       candidate)  # fmt: skip
+
+    best = priced(every)
+    for _ in range(PAIR_PASSES):
+        changed = False
+        for move in moves:
+            for value in (True, False):  # the pairs of the move all on, or all off
+                trial = np.where(move, value, every)
+                if (trial == every).all():
+                    continue
+                pred = priced(trial)
+                if better(pred, best):
+                    every, best, changed = trial, pred, True
+        if not changed:
+            break
     return Reach(reach.published, every), best
 
 
+PAIR_PASSES = 3
+TIE = 1e-6  # relative: steps this close are as fast (float noise of the sums, ~100 ns)
+
+
 def better(a: Prediction, b: Prediction) -> bool:
-    """Prediction a is a faster step than b, or as fast (to 1e-9) with less busy time over
+    """Prediction a is a faster step than b, or as fast (to `TIE`) with less busy time over
     all ranks (a switch for a rank that does not set the pace still saves it work)."""
-    if a.epoch_time_s < b.epoch_time_s * (1 - 1e-9):
+    if a.epoch_time_s < b.epoch_time_s * (1 - TIE):
         return True
     busy = [sum(r["busy_s"] for r in p.per_rank) for p in (a, b)]
-    return a.epoch_time_s <= b.epoch_time_s * (1 + 1e-9) and busy[0] < busy[1] * (1 - 1e-9)
+    return a.epoch_time_s <= b.epoch_time_s * (1 + TIE) and busy[0] < busy[1] * (1 - TIE)
 
 
 def predicted_run(

@@ -133,7 +133,8 @@ class PlanFile(_Strict):
             for name in ("replica_rows", "l3_rows", "every_row_from"):
                 repeated = first_repeat(getattr(entry, name))
                 if repeated is not None:
-                    raise ValueError(f"ranks.{i}.{name} lists {repeated} twice")
+                    noun = "owner" if name == "every_row_from" else "row"
+                    raise ValueError(f"ranks.{i}.{name} lists {noun} {repeated} twice")
             strangers = [q for q in entry.every_row_from if q == i or q >= len(self.ranks)]
             if strangers:
                 raise ValueError(

@@ -26,15 +26,18 @@ def plan_table(plan: CachePlan) -> Table:
     moves = {t for peers in plan.transport or [] for t in peers}
     in_place = "none"
     if moves & {"published-rows", "mixed"}:
-        pairs = sum(len(owners) for owners in plan.every_row)
-        reading = sum(
-            t in ("published-rows", "mixed") for peers in plan.transport or [] for t in peers
+        reads = [
+            [t in ("published-rows", "mixed") for t in peers] for peers in plan.transport or []
+        ]
+        reading = sum(map(sum, reads))  # pairs reading some rows in place
+        pairs = sum(  # of which every row of the owner
+            reads[r][q] for r, owners in enumerate(plan.every_row) for q in owners
         )
         in_place = "L3 rows of same-host owners"
         if pairs >= reading:
-            in_place = "every same-host row"
+            in_place = f"every row of the owner, for the {reading} pairs that read in place"
         elif pairs:
-            in_place = f"every row for {pairs} of {reading} same-host pairs, L3 rows for the rest"
+            in_place = f"every row for {pairs} of {reading} pairs, L3 rows for the rest"
     table = Table(
         title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
         f"read in place: {in_place})"

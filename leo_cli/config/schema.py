@@ -353,8 +353,10 @@ class PipelineConfig(Section):
 
     transport: Literal["auto", "process-group", "shared-memory"] = "auto"
     """How halo rows of same-host owners move in the modes that can read rows in place (leo,
-    fine-grained): `auto` (L3 rows read in place from the owner's published rows, L2 rows in
-    bulk through the process group; fine-grained reads every row in place), `process-group`
+    fine-grained): `auto` (the cache plan's choice per pair of reader and owner: the owner's
+    L3 rows read in place from its published rows and its L2 rows in bulk through the process
+    group, or every row of the owner read in place; fine-grained reads every row in place),
+    `process-group`
     (every row through the process group: L2 in bulk, L3 once per reading edge),
     `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
     on other hosts always use the process group; CUDA workers read nothing in place yet.

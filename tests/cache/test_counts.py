@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from leo_cli.cache.access import PartAccess
-from leo_cli.cache.cost import RankCache, _Counts
+from leo_cli.cache.cost import RankCache, Reach, _Counts
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import Graph, symmetrize
@@ -75,3 +75,53 @@ def test_profile_counts_distinct_rows() -> None:
         assert prof.rows_reading_halo == np.unique(rows[remote]).shape[0]
         for q in range(3):
             assert prof.rows_reading_peer[q] == np.unique(rows[remote][owner == q]).shape[0]
+
+
+def reference_reach(
+    accesses: list[PartAccess], caches: list[RankCache], layer: int, reach: Reach
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row by row: a replica serves layer 0 and travels once past it (never read in place);
+    another row of an owner publishing to its reader is read in place when the pair reads
+    every row or the row is L3; the rest travel, L3 rows once per reading edge."""
+    num = len(accesses)
+    recv, in_place, edges, per = (np.zeros((num, num)), np.zeros((num, num)), np.zeros(num),
+                                  np.zeros(num))  # fmt: skip
+    every = reach.every()
+    for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
+        reps, l3 = set(c.replica_rows.tolist()), set(c.l3_rows.tolist())
+        for h in range(p.num_halo):
+            q, reuse = int(p.owner_H[h]), int(p.reuse_H[h])
+            if h in reps:
+                recv[r, q] += layer > 0
+            elif reach.published[r, q] and (every[r, q] or h in l3):
+                in_place[r, q] += 1
+                edges[r] += reuse
+            else:
+                recv[r, q] += reuse if h in l3 else 1
+                per[r] += reuse if h in l3 else 0
+    return recv, in_place, edges, per
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_counts_with_rows_read_in_place_match_a_pass_over_every_halo_row(seed: int) -> None:
+    """Random caches (replicas apart from L3 rows, as the policies make them), random pairs
+    that publish, and random pairs among them reading every row (`pipeline.transport=auto`
+    per pair)."""
+    g = graph(seed)
+    parts = build_parts(g, assign_parts(g, 4, "random", seed=seed), 4)
+    accesses = [PartAccess.from_part(p) for p in parts]
+    rng = np.random.default_rng(seed)
+    caches = []
+    for p in accesses:
+        rows = rng.permutation(p.num_halo)
+        caches.append(RankCache(False, np.sort(rows[:6]), np.sort(rows[6 : 6 + p.num_halo // 3])))
+    published = rng.random((4, 4)) < 0.7
+    np.fill_diagonal(published, False)
+    reach = Reach(published, rng.random((4, 4)) < 0.5)
+    for layer in (0, 1):
+        got = _Counts(accesses, caches, layer, per_edge=False, reach=reach)
+        recv, in_place, edges, per = reference_reach(accesses, caches, layer, reach)
+        np.testing.assert_allclose(got.recv, recv)
+        np.testing.assert_allclose(got.in_place, in_place)
+        np.testing.assert_allclose(got.in_place_edges, edges)
+        np.testing.assert_allclose(got.per_edge_edges, per)

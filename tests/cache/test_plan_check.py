@@ -78,8 +78,11 @@ BAD: dict[str, tuple[str, str]] = {
     "negative row": ("d['ranks'][0]['replica_rows'][0] = -1", "ranks.0.replica_rows.0"),
     "fractional row": ("d['ranks'][0]['replica_rows'][1] = 1.5", "ranks.0.replica_rows.1"),
     "row 2**63": ("d['ranks'][1]['l3_rows'][0] = 2**63", "ranks.1.l3_rows.0"),
-    "row twice": ("d['ranks'][0]['replica_rows'] = [5, 5]", "lists 5 twice"),
-    "owner twice": ("d['ranks'][0]['every_row_from'] = [1, 1]", "every_row_from lists 1 twice"),
+    "row twice": ("d['ranks'][0]['replica_rows'] = [5, 5]", "lists row 5 twice"),
+    "owner twice": (
+        "d['ranks'][0]['every_row_from'] = [1, 1]",
+        "every_row_from lists owner 1 twice",
+    ),
     "itself as owner": ("d['ranks'][1]['every_row_from'] = [1]", "not a peer of rank 1"),
     "no such owner": ("d['ranks'][0]['every_row_from'] = [7]", "not a peer of rank 0"),
     "'no' as a boolean": ("d['ranks'][0]['static_aggregate'] = 'no'", "static_aggregate"),

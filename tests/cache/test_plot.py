@@ -40,7 +40,7 @@ def test_plot_of_one_worker_without_halo(tmp_path: Path) -> None:
 
 
 def test_level_rows_stack_to_the_halo() -> None:
-    # Rows read in place are L3 rows first (every_row off), then L2 rows (every_row on).
+    # Rows read in place are L3 rows first, then L2 rows (of the pairs reading every row).
     l3_only = plot.level_rows({"L1": 2, "L2": 5, "L3": 3, "in_place": 3})
     assert l3_only == {"L1": 2, "L2": 5, "L3": 0, "in place": 3}
     every = plot.level_rows({"L1": 2, "L2": 5, "L3": 3, "in_place": 7})

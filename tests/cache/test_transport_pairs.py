@@ -92,13 +92,27 @@ def test_pairs_switch_one_by_one_where_the_step_gets_faster() -> None:
     assert pred == predict(accesses, decision.caches, SHAPE, hw, "leo", [1, 1], reach)
 
 
-def test_the_plan_records_the_pairs_it_chose() -> None:
-    """The plan's `every_row`, `transport` and `levels` describe the same pairs."""
+def test_a_slow_reader_keeps_the_process_group() -> None:
+    """Rank 0 reads in place 50x slower than local rows (its probe said so; it also reads the
+    gradients its readers publish back): the plan keeps rank 0 out of reading in place both
+    ways, and the two fast readers read every row of each other in place; the plan's
+    `transport` and `levels` describe the same pairs."""
     accesses = [part3(r) for r in range(3)]
-    made = make_plan(NO_REPLICAS, accesses, SHAPE, three_workers(400.0), KEYS, reach=ONE_HOST)
+    made = make_plan(NO_REPLICAS, accesses, SHAPE, three_workers(40.0), KEYS, reach=ONE_HOST)
+    assert made.every_row == [[], [2], [1]]
     every = np.zeros((3, 3), dtype=bool)
     for r, owners in enumerate(made.every_row):
         every[r, owners] = True
     assert made.transport == transports(accesses, made.caches, Reach(ONE_HOST.published, every))
-    in_place = [4 if owners else 0 for owners in made.every_row]  # every halo row, or none
-    assert made.levels is not None and [lv["in_place"] for lv in made.levels] == in_place
+    assert made.transport == [[None, "process-group", "process-group"],
+                              ["process-group", None, "published-rows"],
+                              ["process-group", "published-rows", None]]  # fmt: skip
+    assert made.levels is not None and [lv["in_place"] for lv in made.levels] == [0, 2, 2]
+    # Every pair alike (all L3 rows only, or all every row) is predicted slower.
+    for uniform in (False, True):
+        alike = predict(accesses, made.caches, SHAPE, three_workers(40.0), "leo", made.num_chunks,
+                        Reach(ONE_HOST.published, uniform))  # fmt: skip
+        assert made.predicted["leo"] is not None
+        assert alike.epoch_time_s > made.predicted["leo"] or sum(
+            r["busy_s"] for r in alike.per_rank
+        ) > sum(r["busy_s"] for r in made.ranks_s["leo"])

@@ -38,7 +38,7 @@ def test_probe_on_two_workers(tmp_path: Path) -> None:
     in_place = profile.links.in_place  # both workers on this host read each other's rows
     assert in_place is not None and in_place.widths == list(profile.sizes.widths)
     assert len(in_place.local_edges_per_s) == len(in_place.mapped_edges_per_s) == 2
-    assert Rates(profile, 1).in_place_slowdown(64) > 0
+    assert Rates(profile, 1).in_place_slowdown() >= 1.0
 
 
 def test_failed_probe_names_the_log(tmp_path: Path) -> None:
