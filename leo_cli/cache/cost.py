@@ -242,10 +242,12 @@ class _Counts:
             rows_q = np.asarray(p.recv_counts, dtype=np.float64)
             recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
             per_edge_edges = 0.0
-            if per_edge:  # every row not replicated comes once per reading edge
+            if per_edge:  # every row not replicated comes once per reading edge; a replica
+                # serves layer 0 and is exchanged once past it (an L2 row: assemble.every_row_l3)
+                reps = c.replica_rows
                 recv += p.reuse_per_owner - rows_q
-                recv -= np.bincount(p.owner_H[l1], weights=p.reuse_H[l1] - 1, minlength=num)
-                per_edge_edges = p.halo_edges - l1_edges
+                recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
+                per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
             elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
                 l3 = np.setdiff1d(c.l3_rows, l1, assume_unique=True)
                 recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
@@ -263,13 +265,14 @@ class _Counts:
                 l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
                 read = np.where(every, rows_q - replicas, l3_rows)
                 edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
-                stay = replicas * (layer > 0 and not per_edge)  # exchanged past layer 0
+                stay = replicas * (layer > 0)  # exchanged past layer 0
                 travel_q = np.where(every, stay, recv - l3_edges)
                 self.in_place[r] = np.where(mine, read, 0.0)
                 self.in_place_edges[r] = float(np.where(mine, edges_q, 0.0).sum())
                 recv = np.where(mine, travel_q, recv)
                 if per_edge:
-                    per_edge_edges = float(np.where(mine, 0.0, p.reuse_per_owner).sum())
+                    others = p.reuse_per_owner - rep_edges  # replicas travel once (L2)
+                    per_edge_edges = float(np.where(mine, 0.0, others).sum())
                 else:  # L3 rows of a publishing owner are read in place, either way
                     per_edge_edges -= float(l3_edges[mine].sum())
             self.recv[r] = recv

@@ -3,6 +3,8 @@ against a pass over every halo row (what they replaced), for random caches."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,9 @@ def reference(accesses: list[PartAccess], caches: list[RankCache], layer: int, p
             l1[c.replica_rows] = True
         l3 = np.zeros(p.num_halo, dtype=bool)
         l3[c.l3_rows] = True
-        l3 |= per_edge
+        if per_edge:  # every row but the replicas (exchanged once past layer 0: L2 rows)
+            l3[:] = True
+            l3[c.replica_rows] = False
         recv[r] = np.bincount(p.owner_H, np.where(l3, p.reuse_H, 1) * ~l1, minlength=num)
         edges[r] = p.reuse_H[~l1].sum()
         per[r] = p.reuse_H[l3 & ~l1].sum()
@@ -78,22 +82,29 @@ def test_profile_counts_distinct_rows() -> None:
 
 
 def reference_reach(
-    accesses: list[PartAccess], caches: list[RankCache], layer: int, reach: Reach
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    layer: int,
+    reach: Reach,
+    per_edge: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row by row: a replica serves layer 0 and travels once past it (never read in place);
     another row of an owner publishing to its reader is read in place when the pair reads
-    every row or the row is L3; the rest travel, L3 rows once per reading edge."""
+    every row (always, in a per-edge mode) or the row is L3; the rest travel, L3 rows (every
+    row, in a per-edge mode) once per reading edge."""
     num = len(accesses)
     recv, in_place, edges, per = (np.zeros((num, num)), np.zeros((num, num)), np.zeros(num),
                                   np.zeros(num))  # fmt: skip
     every = reach.every()
     for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
         reps, l3 = set(c.replica_rows.tolist()), set(c.l3_rows.tolist())
+        if per_edge:
+            l3 = set(range(p.num_halo))
         for h in range(p.num_halo):
             q, reuse = int(p.owner_H[h]), int(p.reuse_H[h])
             if h in reps:
                 recv[r, q] += layer > 0
-            elif reach.published[r, q] and (every[r, q] or h in l3):
+            elif reach.published[r, q] and (every[r, q] or per_edge or h in l3):
                 in_place[r, q] += 1
                 edges[r] += reuse
             else:
@@ -118,9 +129,9 @@ def test_counts_with_rows_read_in_place_match_a_pass_over_every_halo_row(seed: i
     published = rng.random((4, 4)) < 0.7
     np.fill_diagonal(published, False)
     reach = Reach(published, rng.random((4, 4)) < 0.5)
-    for layer in (0, 1):
-        got = _Counts(accesses, caches, layer, per_edge=False, reach=reach)
-        recv, in_place, edges, per = reference_reach(accesses, caches, layer, reach)
+    for layer, per_edge in itertools.product((0, 1), (False, True)):
+        got = _Counts(accesses, caches, layer, per_edge=per_edge, reach=reach)
+        recv, in_place, edges, per = reference_reach(accesses, caches, layer, reach, per_edge)
         np.testing.assert_allclose(got.recv, recv)
         np.testing.assert_allclose(got.in_place, in_place)
         np.testing.assert_allclose(got.in_place_edges, edges)
