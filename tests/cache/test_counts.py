@@ -48,12 +48,16 @@ def graph(seed: int) -> Graph:
     )
 
 
+def random_parts(seed: int, num: int) -> tuple[list[PartAccess], np.random.Generator]:
+    """The accesses of `num` random parts of `graph(seed)`, and a generator for the caches."""
+    g = graph(seed)
+    parts = build_parts(g, assign_parts(g, num, "random", seed=seed), num)
+    return [PartAccess.from_part(p) for p in parts], np.random.default_rng(seed)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_counts_match_a_pass_over_every_halo_row(seed: int) -> None:
-    g = graph(seed)
-    parts = build_parts(g, assign_parts(g, 3, "random", seed=seed), 3)
-    accesses = [PartAccess.from_part(p) for p in parts]
-    rng = np.random.default_rng(seed)
+    accesses, rng = random_parts(seed, 3)
     caches = []
     for p in accesses:
         rows = rng.permutation(p.num_halo)
@@ -118,10 +122,7 @@ def test_counts_with_rows_read_in_place_match_a_pass_over_every_halo_row(seed: i
     """Random caches (replicas apart from L3 rows, as the policies make them), random pairs
     that publish, and random pairs among them reading every row (`pipeline.transport=auto`
     per pair)."""
-    g = graph(seed)
-    parts = build_parts(g, assign_parts(g, 4, "random", seed=seed), 4)
-    accesses = [PartAccess.from_part(p) for p in parts]
-    rng = np.random.default_rng(seed)
+    accesses, rng = random_parts(seed, 4)
     caches = []
     for p in accesses:
         rows = rng.permutation(p.num_halo)
