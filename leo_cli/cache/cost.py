@@ -260,7 +260,9 @@ class _Counts:
                 reps = c.replica_rows
                 replicas = np.bincount(p.owner_H[reps], minlength=num)
                 rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
-                l3 = np.setdiff1d(c.l3_rows, reps)
+                l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
+                if l3.size and reps.size:  # setdiff1d sorts: priced only where it can matter
+                    l3 = np.setdiff1d(l3, reps, assume_unique=True)
                 l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
                 l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
                 read = np.where(every, rows_q - replicas, l3_rows)
