@@ -27,6 +27,7 @@ from leo_cli.config.schema import CacheConfig
 from leo_cli.errors import TrainError
 from leo_cli.registry import conv_of, mode_of, planned_mode
 from leo_cli.train import metrics as run_files
+from leo_cli.train.allocator import allocator_of
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.plan_stage import static_layer0
 from leo_cli.train.timing import RunTimer
@@ -199,7 +200,10 @@ def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     threads = str(os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]
-    proc = subprocess.run([*cmd, "--threads", threads], capture_output=True, text=True, check=False)
+    env = {**os.environ, **allocator_of(cfg.launch.allocator).env}  # the workers' allocator
+    proc = subprocess.run(
+        [*cmd, "--threads", threads], capture_output=True, text=True, check=False, env=env
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise TrainError(

@@ -354,6 +354,9 @@ class HardwareProfile(_Record):
     """Machines the workers ran on (`launch.nnodes`)."""
     cpu_affinity: list[list[Annotated[Whole, Field(ge=0, le=1 << 20)]]] | None = None
     """`launch.cpu_affinity` of the probe's launch (null: workers not pinned)."""
+    allocator: Literal["system", "jemalloc", "user"] = "system"
+    """The workers' memory allocator (`launch.allocator`, train/allocator.py): rates of fresh
+    memory differ by several times between them, so a profile serves runs on the same one."""
     quick: StrictBool
     """Measured with the quick (test) sizes: rates are rough."""
     probe_s: Annotated[Finite, Field(ge=0, le=86400.0)]

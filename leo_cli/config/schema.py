@@ -435,6 +435,13 @@ class LaunchConfig(Section):
     0 alone on core 0, workers 1 and 2 sharing core 1. Applied when a worker (or hardware
     probe worker) starts, before its threads do; each gets as many threads as cores unless
     OMP_NUM_THREADS is set."""
+    allocator: Literal["auto", "jemalloc", "system"] = "auto"
+    """Memory allocator of the workers (and of the hardware probe and `leo bench`'s peers):
+    `jemalloc` (preloaded, keeping freed memory for reuse: a fresh tensor then costs no page
+    faults; with glibc's malloc a CPU step spent up to half its time faulting pages in),
+    `system` (the C library's malloc), or `auto`: jemalloc where the machine has it
+    (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says which. A
+    user's own LD_PRELOAD or MALLOC_CONF is left as it is."""
 
     @field_validator("cpu_affinity")
     @classmethod

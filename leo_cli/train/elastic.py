@@ -24,6 +24,7 @@ from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig
 from leo_cli.config.schema import LaunchConfig as LaunchSection
 from leo_cli.errors import ConfigError, TrainError
+from leo_cli.train.allocator import allocator_env, allocator_of
 from leo_cli.train.heartbeat import HeartbeatWatch, stalled_ranks
 from leo_cli.train.placement import AFFINITY_ENV, check_affinity, placement_env
 from leo_cli.util.interrupt import Interrupted
@@ -112,7 +113,12 @@ def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
-    with HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch, own_signal_handlers():
+    allocator = allocator_of(cfg.launch.allocator)
+    with (
+        allocator_env(allocator),
+        HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch,
+        own_signal_handlers(),
+    ):
         try:
             elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(
                 "-m", module, *args

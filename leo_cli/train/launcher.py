@@ -20,6 +20,7 @@ from leo_cli.graph.stage import ensure_partitions, partition_dir
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.registry import is_auto
+from leo_cli.train.allocator import allocator_of
 from leo_cli.train.auto_mode import CHOICE, choose, resumed, with_mode, write_choice
 from leo_cli.train.checkpoint import checkpoint_dir, read_latest
 from leo_cli.train.checks import check_backend, check_config, check_transport
@@ -200,6 +201,7 @@ def run_workers(
     if timer is not None and cfg.launch.node_rank == 0 and summary_path.is_file():
         summary = read_json(summary_path)
         summary["wall_s"] = round(time.time() - timer.started_at, 4)
+        summary["allocator"] = allocator_of(cfg.launch.allocator).described
         files.write_json(summary_path, summary)
 
 

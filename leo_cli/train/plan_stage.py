@@ -59,6 +59,7 @@ from leo_cli.graph.stage import (
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import Graph
 from leo_cli.registry import mode_of, prediction_key
+from leo_cli.train.allocator import allocator_of
 from leo_cli.train.auto_mode import planning_config
 from leo_cli.train.elastic import uses_cuda, worker_threads, workers_per_node
 from leo_cli.train.in_place import reads_in_place
@@ -108,16 +109,22 @@ def machine_cache(num_workers: int, threads: str) -> Path:
 
 
 def placement(cfg: LeoConfig) -> str:
-    """Rank 0's threads and, when pinned, a tag of every worker's cores (`launch.cpu_affinity`):
-    what a profile must have been measured with to be reused."""
+    """Rank 0's threads, when pinned a tag of every worker's cores (`launch.cpu_affinity`), and
+    the allocator unless the system's: what a profile must have been measured with to be
+    reused."""
     affinity = cfg.launch.cpu_affinity
     threads = worker_threads(workers_per_node(cfg), affinity[0] if affinity else None)
-    return threads + affinity_tag(affinity)
+    return threads + affinity_tag(affinity) + allocator_tag(allocator_of(cfg.launch.allocator).name)
 
 
 def placement_of(hw: HardwareProfile) -> str:
     """`placement` of the launch that measured a profile."""
-    return f"{hw.threads_per_worker}{affinity_tag(hw.cpu_affinity)}"
+    return f"{hw.threads_per_worker}{affinity_tag(hw.cpu_affinity)}{allocator_tag(hw.allocator)}"
+
+
+def allocator_tag(name: str) -> str:
+    """The allocator's part of a placement tag (none for the system's: older names stand)."""
+    return "" if name == "system" else f"-{name}"
 
 
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:

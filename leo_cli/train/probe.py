@@ -51,6 +51,7 @@ from leo_cli.comm.dist import DistEnv, init_process_group
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError, TrainError
 from leo_cli.models.dropout import counter_dropout
+from leo_cli.train.allocator import NAME_ENV
 from leo_cli.train.elastic import launch_module
 from leo_cli.train.machine_load import LoadMeter
 from leo_cli.train.placement import AFFINITY_ENV
@@ -113,6 +114,7 @@ def probe(env: DistEnv, sizes: ProbeSizes, quick: bool) -> HardwareProfile:
         threads_per_worker=torch.get_num_threads(),
         nnodes=max(1, env.world_size // max(env.local_world_size, 1)),
         cpu_affinity=json.loads(placement)["cores"] if placement else None,
+        allocator=os.environ.get(NAME_ENV, "system"),
         quick=quick,
         probe_s=time.perf_counter() - start,
         sizes=sizes,

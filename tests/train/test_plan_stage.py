@@ -16,6 +16,7 @@ from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.graph.stage import ensure_partitions
 from leo_cli.train import plan_stage
+from leo_cli.train.allocator import allocator_of
 from leo_cli.train.elastic import worker_threads
 
 SMALL = ["data.synthetic.num_nodes=600", "data.synthetic.num_features=16"]
@@ -28,6 +29,7 @@ def here(hw: HardwareProfile, load: ProbeLoad | None) -> HardwareProfile:
             "hostname": socket.gethostname(),
             "torch_version": torch.__version__,
             "threads_per_worker": int(worker_threads(2)),
+            "allocator": allocator_of("auto").name,
             "load": load,
         }
     )
