@@ -413,10 +413,13 @@ class HardwareProfile(_Record):
     # -- file ---------------------------------------------------------------------------------
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON content; a plan made from another profile is stale."""
-        canonical = json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
+        """sha256 of the canonical JSON content; a plan made from another profile is stale.
+        The system allocator is left out: profiles of before it was recorded keep their key
+        (and so do the plans and the partitions weighed with them)."""
+        content = self.model_dump(mode="json")
+        if content.get("allocator") == "system":
+            del content["allocator"]
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def write(self, path: Path) -> None:

@@ -89,7 +89,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("communication", f"{summary['total_comm_bytes'] / 2**20:.2f} MiB"),
         ("set-up (start to first step)", seconds(summary.get("setup_s"))),
         ("wall time", seconds(summary.get("wall_s"))),
-        ("allocator", str(summary.get("allocator") or "-")),
+        ("allocator", escape(str(summary.get("allocator") or "-"))),
     ]
     for row in rows:
         table.add_row(*row)

@@ -26,10 +26,9 @@ LIBRARY_DIRS = (
     "/usr/lib64",
     "/usr/lib",
     "/usr/local/lib",
-    "/opt/homebrew/lib",
 )
 RETAIN = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # keep freed pages: no faults on reuse
-USER_KEYS = ("LD_PRELOAD", "MALLOC_CONF")
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")  # names of preloaded allocators
 NAME_ENV = "LEO_ALLOCATOR"  # the allocator's name, for the probe workers to record
 
 
@@ -37,16 +36,25 @@ NAME_ENV = "LEO_ALLOCATOR"  # the allocator's name, for the probe workers to rec
 class Allocator:
     """What the workers get: extra environment, and a phrase for the run's summary."""
 
-    name: str  # `jemalloc`, `system` or `user` (the user's own LD_PRELOAD / MALLOC_CONF)
+    name: str  # `jemalloc`, `system` or `user` (an allocator the user preloaded)
     described: str
     env: dict[str, str] = field(default_factory=dict)
 
 
 def find_jemalloc(dirs: tuple[str, ...] = LIBRARY_DIRS) -> Path | None:
-    """The jemalloc shared library of this machine (LEO_JEMALLOC names one), or None."""
+    """The jemalloc shared library of this machine, or None.
+
+    Raises:
+        TrainError: LEO_JEMALLOC names a file that is not there.
+    """
     named = os.environ.get("LEO_JEMALLOC")
     if named:
-        return Path(named) if Path(named).is_file() else None
+        if not Path(named).is_file():
+            raise TrainError(
+                f"LEO_JEMALLOC={named} is not a file; name the jemalloc library "
+                "(e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2) or unset it."
+            )
+        return Path(named)
     for folder in dirs:
         for name in JEMALLOC_NAMES:
             path = Path(folder) / name
@@ -55,39 +63,44 @@ def find_jemalloc(dirs: tuple[str, ...] = LIBRARY_DIRS) -> Path | None:
     return None
 
 
+def users_allocator(environ: Mapping[str, str]) -> str | None:
+    """The allocator the user preloads (LD_PRELOAD naming one), or None."""
+    preload = environ.get("LD_PRELOAD", "")
+    return next((name for name in ALLOCATORS if name in preload), None)
+
+
 def choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allocator:
-    """`_choose`, with the allocator's name in the environment it gives."""
-    allocator = _choose(setting, environ, found)
-    return Allocator(
-        allocator.name, allocator.described, {**allocator.env, NAME_ENV: allocator.name}
-    )
+    """The allocator for `launch.allocator=setting`, given the environment and the library;
+    its environment also carries its name (NAME_ENV).
 
-
-def _choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allocator:
-    """The allocator for `launch.allocator=setting`, given the environment and the library.
+    An allocator the user preloads is theirs, whatever the setting. Otherwise jemalloc
+    (`auto` where found, or `jemalloc`) goes first in LD_PRELOAD before the user's own
+    libraries, with the user's MALLOC_CONF if set, else one that keeps freed memory.
 
     Raises:
         TrainError: `jemalloc` asked for on a machine without it.
     """
+    own = users_allocator(environ)
+    if own is not None:
+        return Allocator("user", f"{own}, preloaded by the user (LD_PRELOAD)", {NAME_ENV: "user"})
     if setting == "jemalloc" and found is None:
         raise TrainError(
             "launch.allocator=jemalloc but no jemalloc library was found (looked in "
             f"{', '.join(LIBRARY_DIRS)}); install it (apt install libjemalloc2), name it with "
             "LEO_JEMALLOC=/path/libjemalloc.so.2, or set launch.allocator to auto or system."
         )
-    if setting == "system":
-        return Allocator("system", "system malloc (launch.allocator=system)")
-    own = [key for key in USER_KEYS if environ.get(key)]
-    if own:
-        return Allocator("user", f"as set by the user ({', '.join(own)})")
-    if found is None:
-        return Allocator(
-            "system", "system malloc (no jemalloc found: apt install libjemalloc2 for speed)"
+    if setting == "system" or found is None:
+        why = (
+            "launch.allocator=system"
+            if setting == "system"
+            else ("no jemalloc found: apt install libjemalloc2 for speed")
         )
-    return Allocator(
-        "jemalloc", f"jemalloc ({found}), freed memory kept",
-        {"LD_PRELOAD": str(found), "MALLOC_CONF": RETAIN},
-    )  # fmt: skip
+        return Allocator("system", f"system malloc ({why})", {NAME_ENV: "system"})
+    preload = ":".join(filter(None, [str(found), environ.get("LD_PRELOAD", "")]))
+    conf = environ.get("MALLOC_CONF") or RETAIN
+    kept = "" if environ.get("MALLOC_CONF") else ", freed memory kept"
+    env = {"LD_PRELOAD": preload, "MALLOC_CONF": conf, NAME_ENV: "jemalloc"}
+    return Allocator("jemalloc", f"jemalloc ({found}){kept}", env)
 
 
 def allocator_of(setting: str) -> Allocator:

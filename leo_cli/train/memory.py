@@ -9,7 +9,10 @@ worker then keeps the peak of its set-up resident for the whole run. Fixing the 
 turns the dynamic adjustment off, so every block of 4 MiB or more stays its own mapping. 4 MiB,
 not lower: at 1 MiB the many 1-4 MiB tensors of a training step were mapped and faulted in
 afresh each step (warm epochs 3-6% slower on the 2.4M-node graph) for 0.1 GB less memory.
-(`malloc_trim` after set-up was measured to give nothing beyond this.)
+(`malloc_trim` after set-up was measured to give nothing beyond this.) The price is a page
+fault per 4 KiB of every such block at every allocation; `launch.allocator` (train/
+allocator.py) preloads jemalloc instead where the machine has it, and this glibc setting then
+does nothing.
 """
 
 from __future__ import annotations

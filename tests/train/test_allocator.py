@@ -4,15 +4,21 @@ launcher's."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import hardware_dict
 
+from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.config import load_config
 from leo_cli.errors import ConfigError, TrainError
+from leo_cli.train import allocator as allocator_module
+from leo_cli.train import plan_stage
 from leo_cli.train.allocator import (
     NAME_ENV,
     RETAIN,
@@ -20,6 +26,7 @@ from leo_cli.train.allocator import (
     choose,
     find_jemalloc,
 )
+from leo_cli.train.elastic import worker_threads
 
 LIB = Path("/somewhere/libjemalloc.so.2")
 
@@ -38,10 +45,18 @@ def test_auto_says_so_where_it_falls_back_to_the_system_malloc() -> None:
     assert choose("system", {}, LIB).env == {NAME_ENV: "system"}  # asked for: not preloaded
 
 
-@pytest.mark.parametrize("key", ["LD_PRELOAD", "MALLOC_CONF"])
-def test_a_users_own_setting_is_left_alone(key: str) -> None:
-    got = choose("auto", {key: "/opt/libtcmalloc.so"}, LIB)
-    assert got.name == "user" and key in got.described and got.env == {NAME_ENV: "user"}
+@pytest.mark.parametrize("setting", ["auto", "jemalloc", "system"])
+def test_an_allocator_the_user_preloads_is_theirs(setting: str) -> None:
+    got = choose(setting, {"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, LIB)
+    assert got.name == "user" and "tcmalloc" in got.described and got.env == {NAME_ENV: "user"}
+
+
+def test_other_preloads_and_settings_of_the_user_are_kept() -> None:
+    """A profiler the user preloads stays, after jemalloc; the user's MALLOC_CONF stands."""
+    got = choose("auto", {"LD_PRELOAD": "/opt/libprof.so", "MALLOC_CONF": "narenas:2"}, LIB)
+    assert got.name == "jemalloc" and "freed memory kept" not in got.described
+    assert got.env["LD_PRELOAD"] == f"{LIB}:/opt/libprof.so"
+    assert got.env["MALLOC_CONF"] == "narenas:2"
 
 
 def test_jemalloc_asked_for_and_missing_is_refused_in_one_sentence() -> None:
@@ -57,8 +72,11 @@ def test_the_library_is_found_in_the_folders_searched(
     assert find_jemalloc((str(tmp_path),)) is None
     (tmp_path / "libjemalloc.so.2").write_bytes(b"")
     assert find_jemalloc((str(tmp_path),)) == tmp_path / "libjemalloc.so.2"
+    monkeypatch.setenv("LEO_JEMALLOC", str(tmp_path / "libjemalloc.so.2"))
+    assert find_jemalloc(()) == tmp_path / "libjemalloc.so.2"  # named: that one
     monkeypatch.setenv("LEO_JEMALLOC", str(tmp_path / "missing.so"))
-    assert find_jemalloc((str(tmp_path),)) is None  # named, not there: none, not another
+    with pytest.raises(TrainError, match="LEO_JEMALLOC"):  # named, not there: refused
+        find_jemalloc((str(tmp_path),))
 
 
 def test_the_environment_is_the_childrens_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,3 +101,24 @@ def test_the_setting_is_checked() -> None:
     assert load_config(None, ["launch.allocator=system"]).launch.allocator == "system"
     with pytest.raises(ConfigError, match="launch.allocator"):
         load_config(None, ["launch.allocator=tcmalloc"])
+
+
+def test_profiles_are_kept_per_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile measured under one allocator is not reused for a run on another (the
+    machine-wide cache name and the match both carry it); the system's leaves the tag and
+    the profile's fingerprint as they were before the allocator was recorded."""
+    monkeypatch.delenv("LEO_JEMALLOC", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setattr(allocator_module, "find_jemalloc", lambda: LIB)
+    jemalloc = plan_stage.placement(load_config(None, []))
+    system = plan_stage.placement(load_config(None, ["launch.allocator=system"]))
+    assert jemalloc == system + "-jemalloc" and system == worker_threads(2)
+    hw = HardwareProfile.model_validate(hardware_dict())
+    assert plan_stage.placement_of(hw) == system
+    on_jemalloc = hw.model_copy(update={"allocator": "jemalloc"})
+    assert plan_stage.placement_of(on_jemalloc) == jemalloc
+    assert on_jemalloc.fingerprint() != hw.fingerprint()
+    before = hw.model_dump(mode="json")
+    del before["allocator"]  # the content as LEO hashed it before the field existed
+    canonical = json.dumps(before, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    assert hw.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()

@@ -12,6 +12,7 @@ from leo_cli.cache.rates import Rates
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.train import plan_stage
+from leo_cli.train.allocator import allocator_of
 from leo_cli.train.elastic import worker_threads
 from leo_cli.train.probe import PROBE_FOLDER, run_probe
 
@@ -39,6 +40,7 @@ def test_probe_on_two_workers(tmp_path: Path) -> None:
     assert in_place is not None and in_place.widths == list(profile.sizes.widths)
     assert len(in_place.local_edges_per_s) == len(in_place.mapped_edges_per_s) == 2
     assert Rates(profile, 1).in_place_slowdown() >= 1.0
+    assert profile.allocator == allocator_of("auto").name  # the workers' own, recorded
 
 
 def test_failed_probe_names_the_log(tmp_path: Path) -> None:
