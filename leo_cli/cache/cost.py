@@ -236,6 +236,7 @@ class _Counts:
         self.replica_rows = np.zeros(num)
         self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
         self.in_place_edges = np.zeros(num)  # edges reading a row in place
+        every_rq = reach.every()
         for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
             l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
             l1_edges = float(p.reuse_H[l1].sum())
@@ -256,7 +257,7 @@ class _Counts:
             if mine.any():
                 # Rows of a publishing owner read in place: every row (per-edge modes, or the
                 # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
-                every = mine if per_edge else reach.every()[r]
+                every = mine if per_edge else every_rq[r]
                 reps = c.replica_rows
                 replicas = np.bincount(p.owner_H[reps], minlength=num)
                 rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)

@@ -400,9 +400,10 @@ def link_profile(fit: FitFn, sizes: ProbeSizes, everyone_fits: bool) -> LinkProf
     )
 
 
-def bounded(bandwidth: float) -> float:
-    """A rank's bandwidth within what a profile may hold (one rank's copies can time ~0 s)."""
-    return min(max(bandwidth, 1.0), 1e14)
+def bounded(rate: float, top: float = 1e14) -> float:
+    """A rate within what a profile may hold (1 to `top` per second: 1e14 bytes, 1e13 rows or
+    edges; one rank's copies can time ~0 s)."""
+    return min(max(rate, 1.0), top)
 
 
 def barrier_seconds(iters: int) -> float:
@@ -529,14 +530,9 @@ def in_place_read(sizes: ProbeSizes) -> InPlaceRead:
     return InPlaceRead(
         widths=list(sizes.widths),
         working_bytes=num_bytes,
-        local_edges_per_s=[[bounded_rate(v) for v in r[0]] for r in everyone.tolist()],
-        mapped_edges_per_s=[[bounded_rate(v) for v in r[1]] for r in everyone.tolist()],
+        local_edges_per_s=[[bounded(v, 1e13) for v in r[0]] for r in everyone.tolist()],
+        mapped_edges_per_s=[[bounded(v, 1e13) for v in r[1]] for r in everyone.tolist()],
     )
-
-
-def bounded_rate(rate: float) -> float:
-    """An edges-per-second rate within what a profile may hold."""
-    return min(max(rate, 1.0), 1e13)
 
 
 def measure_links(sizes: ProbeSizes, same_host: bool) -> Links:

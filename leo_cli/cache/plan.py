@@ -395,13 +395,12 @@ def per_pair(
     `PAIR_PASSES`. A pair whose reader reads no rows of the owner is left out. Each switch
     costs a prediction with the decided levels and chunk counts, not a policy run. Returns
     the pairs' reach and its prediction."""
-    num = len(accesses)
+    eye = np.eye(len(accesses), dtype=bool)
     pairs = reach.published & np.array([[c > 0 for c in p.recv_counts] for p in accesses])
     every = reach.every() & pairs
-    moves = [np.eye(num, dtype=bool)[r][:, None] & np.eye(num, dtype=bool)[q] for r, q in
-             zip(*np.nonzero(pairs), strict=True)]  # fmt: skip
-    moves += [np.eye(num, dtype=bool)[r][:, None] & pairs for r in range(num)]  # a reader
-    moves += [pairs & np.eye(num, dtype=bool)[q] for q in range(num)]  # an owner
+    moves = [eye[r][:, None] & eye[q] for r, q in zip(*np.nonzero(pairs), strict=True)]
+    moves += [eye[r][:, None] & pairs for r in range(len(eye))]  # a reader's pairs
+    moves += [pairs & eye[q] for q in range(len(eye))]  # an owner's pairs
     moves = [m for m in moves if m.any()]
 
     def priced(every_rq: np.ndarray) -> Prediction:

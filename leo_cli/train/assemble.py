@@ -123,7 +123,7 @@ def assemble(
         cache = every_row_l3(cache, halo.num_halo)
     setting = None
     if world_size > 1:
-        setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from or [])
+        setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from)
     if cache is None and setting is not None and setting.every_row_from:
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     levels = None
