@@ -49,6 +49,9 @@ def max_relative_difference(a: list[float], b: list[float]) -> float:
 
 def compare_run(ref: list[float], run: Path) -> dict[str, Any]:
     """How one run's losses and summary compare with the reference curve."""
+    if not (run / "summary.json").is_file() or not (run / "metrics.jsonl").is_file():
+        return {"run": str(run), "mode": None, "world_size": None,
+                "problems": ["the run did not finish (see train.log)"]}  # fmt: skip
     got = losses(run)
     summary = json.loads((run / "summary.json").read_text())
     result: dict[str, Any] = {
@@ -70,6 +73,11 @@ def compare_run(ref: list[float], run: Path) -> dict[str, Any]:
         problems.append("summary.json does not say exact")
     if summary.get("kernels") != "cuda":
         problems.append(f"kernels {summary.get('kernels')!r}, not cuda")
+    config = run / "resolved_config.yaml"
+    asked = config.is_file() and "transport: shared-memory" in config.read_text()
+    result["published_bytes"] = summary.get("mean_step_published_bytes")
+    if asked and not (result["published_bytes"] or 0) > 0:
+        problems.append("pipeline.transport=shared-memory, yet no row was read in place")
     result["problems"] = problems
     return result
 

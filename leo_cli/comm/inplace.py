@@ -165,6 +165,8 @@ def build_in_place(
     """
     width, dtype, timeout_s = setting
     world, rank = dist.get_world_size(), dist.get_rank()
+    device = adj.indptr.device  # index tensors follow the part's CSR (CPU or its GPU)
+    rows_H, halo_local_H = rows_H.to(device), halo_local_H.to(device)
     boundary_B = torch.unique(plan.send_idx_S)
     boundaries: list[Any] = [None] * world
     dist.all_gather_object(boundaries, boundary_B.tolist())
@@ -182,12 +184,23 @@ def build_in_place(
         ) if hosts[q] else None
         for q in range(world)
     ]  # fmt: skip
-    published = PublishedRows(layouts, rank, dtype, timeout_s)
+    published = PublishedRows(layouts, rank, dtype, timeout_s, device=device)
     reads = [
-        owner_rows(adj, plan, rows_H[owner_R == q], q, torch.tensor(boundaries[q]), halo_local_H)
+        owner_rows(
+            adj,
+            plan,
+            rows_H[owner_R == q],
+            q,
+            torch.tensor(boundaries[q], dtype=torch.int64, device=device),
+            halo_local_H,
+        )  # fmt: skip
         for q in sorted(wanted)
     ]
-    read_by = {r: torch.tensor(asked[r][rank]) for r in range(world) if asked[r].get(rank)}
+    read_by = {
+        r: torch.tensor(asked[r][rank], dtype=torch.int64, device=device)
+        for r in range(world)
+        if asked[r].get(rank)
+    }
     return InPlace(published, rank, boundary_B, reads, read_by, stats)
 
 

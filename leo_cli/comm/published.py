@@ -18,6 +18,10 @@ reads from. On x86 a store is never seen before an
 earlier one, so rows written before `seq` are there when `seq` is; waits poll with a short
 sleep and give up after `launch.timeout_s` with a sentence.
 
+The counters are host memory on every device; on CUDA workers the row copies are GPU memory
+that peers map (comm/row_areas.py), and a fence before each `seq` and `ack` waits for the
+stream's copies and kernels.
+
 Legend: B rows this worker publishes, R_q rows it reads from owner q, W the widest width.
 """
 
@@ -27,13 +31,14 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas, RowAreas
 from leo_cli.comm.segments import create_segment
 from leo_cli.errors import TrainError
 
@@ -52,6 +57,7 @@ class Layout:
     width: int  # W
     elem_size: int
     copies: int = NUM_COPIES  # 1 only in tests (to show the race it lets through)
+    host_rows: bool = True  # row copies in the host segment (CPU); else in device memory
 
     @property
     def header(self) -> int:
@@ -63,8 +69,14 @@ class Layout:
         return self.copies * rows * self.width * self.elem_size
 
     @property
+    def area_bytes(self) -> int:
+        """Bytes of the row copies."""
+        return self.rows_bytes(self.published_rows + sum(self.read_rows))
+
+    @property
     def num_bytes(self) -> int:
-        return self.header * 8 + self.rows_bytes(self.published_rows + sum(self.read_rows))
+        """Bytes of the host segment: the counters, and the row copies when on the host."""
+        return self.header * 8 + (self.area_bytes if self.host_rows else 0)
 
 
 class PublishedRows:
@@ -77,6 +89,7 @@ class PublishedRows:
         dtype: torch.dtype,
         timeout_s: float,
         wait_hook: Callable[[], None] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         """Create this worker's segment, map every peer's (collective: every worker calls it).
 
@@ -86,16 +99,23 @@ class PublishedRows:
             dtype: of the rows.
             timeout_s: how long a wait may take before the job stops with a sentence.
             wait_hook: called at every poll of a wait (tests slow a reader down with it).
+            device: where the rows are computed (CPU by default): row copies in the
+                segments for CPU workers, in device memory that peers map otherwise
+                (`rows_on_host`, `device_areas`).
         """
+        device = device or torch.device("cpu")
+        on_host = rows_on_host(device)
+        layouts = [None if lay is None else replace(lay, host_rows=on_host) for lay in layouts]
         self.rank, self.dtype, self.timeout_s = rank, dtype, timeout_s
         self.layouts, self.wait_hook = layouts, wait_hook
         mine = layouts[rank]
         assert mine is not None, "a worker publishing rows is on its own host"
         self.segments = _map_host_segments(layouts, rank)
-        self.counters = {
-            q: seg[: _header_of(layouts[q]) * 8].view(torch.int64)
-            for q, seg in self.segments.items()
-        }
+        headers = {q: _header_of(layouts[q]) * 8 for q in self.segments}
+        self.counters = {q: seg[: headers[q]].view(torch.int64) for q, seg in self.segments.items()}
+        self.areas = (
+            HostAreas(self.segments, headers) if on_host else device_areas(layouts, rank, device)
+        )
         self.exchanges: dict[tuple[int, int], int] = {}  # (stream, writer) -> count so far
 
     # -- offsets ----------------------------------------------------------------------------
@@ -115,10 +135,9 @@ class PublishedRows:
         assert lay is not None
         assert width <= lay.width, f"rows of width {width} exceed the segment's {lay.width}"
         total = lay.published_rows + sum(lay.read_rows)
-        start = lay.header * 8 + copy * total * lay.width * lay.elem_size
-        start += first * width * lay.elem_size
+        start = copy * total * lay.width * lay.elem_size + first * width * lay.elem_size
         end = start + count * width * lay.elem_size
-        return self.segments[q][start:end].view(self.dtype).view(count, width)
+        return self.areas.area(q)[start:end].view(self.dtype).view(count, width)
 
     def forward_rows(self, q: int, copy: int, width: int) -> Tensor:
         """Owner q's published forward rows (B_q x width) in copy `copy`."""
@@ -151,6 +170,7 @@ class PublishedRows:
 
     def end_write(self, stream: int, k: int) -> None:
         """Exchange k of this worker's stream is written: readers may read it."""
+        self.areas.fence()  # the rows are in memory before a reader is told so
         self._seq(self.rank, stream).fill_(k)
 
     def published(self, stream: int, writer: int) -> bool:
@@ -173,6 +193,7 @@ class PublishedRows:
 
     def end_read(self, stream: int, writer: int, k: int) -> None:
         """This worker is done with exchange k of `writer`'s stream."""
+        self.areas.fence()  # whatever reads the copy has finished before the writer may reuse it
         self._ack(self.rank, stream, writer).fill_(k)
 
     def _wait_count(self, counter: Tensor, at_least: int, what: str, stream: int) -> None:
@@ -189,6 +210,21 @@ class PublishedRows:
                 )
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
+
+
+def rows_on_host(device: torch.device) -> bool:
+    """Whether the row copies live in the host segments (CPU workers) or in device memory."""
+    return device.type == "cpu"
+
+
+def device_areas(layouts: list[Layout | None], rank: int, device: torch.device) -> RowAreas:
+    """Row copies outside the host segments: GPU memory the host's peers map (collective;
+    `rank`: this worker, as the CPU emulation of the tests needs it)."""
+    del rank
+    if device.type != "cuda":
+        raise TrainError(f"published rows in device memory need a CUDA device, not {device}.")
+    sizes = {q: lay.area_bytes for q, lay in enumerate(layouts) if lay is not None}
+    return PeerDeviceAreas(sizes, device)
 
 
 def _header_of(layout: Layout | None) -> int:

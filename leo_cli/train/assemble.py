@@ -235,8 +235,7 @@ def in_place_setting(
 ) -> InPlaceSetting | None:
     """What reading rows in place needs, or None where every row travels through the mode's
     transport: a mode that does not read in place, `pipeline.transport=process-group`, or
-    CUDA (published rows are host memory here; peer-GPU reads are not wired, and
-    `pipeline.transport=shared-memory` is refused there: train/checks.py)."""
+    CUDA workers unless `pipeline.transport=shared-memory` (train/in_place.py)."""
     if not reads_in_place(cfg, device):
         return None
     local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))

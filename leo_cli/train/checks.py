@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 
+from leo_cli.comm.row_areas import peer_memory_available
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError
 from leo_cli.registry import is_auto, mode_of, pipeline_modes, planned_mode
@@ -19,9 +20,9 @@ from leo_cli.train.in_place import reads_in_place
 
 def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
     """Refuse `pipeline.transport=shared-memory` where no row can be read in place (it would
-    otherwise move every row through the process group without a word): CUDA workers
-    (published rows are host memory; peer-GPU reads are not wired in this version), attention
-    models, modes that read nothing in place, and machines without x86's store order."""
+    otherwise move every row through the process group without a word): CUDA workers whose
+    torch cannot map a peer GPU's memory (symmetric memory), attention models, modes that read
+    nothing in place, and machines without x86's store order."""
     if cfg.pipeline.transport != "shared-memory":
         return
     key = "pipeline.transport=shared-memory"
@@ -29,10 +30,11 @@ def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
     if is_auto(mode):  # auto then chooses among the modes that read in place (auto_mode.py)
         cfg = planning_config(cfg)
         mode = cfg.pipeline.mode
-    if on_cuda:
+    if on_cuda and not peer_memory_available():
         raise ConfigError(
-            f"{key} reads rows from host memory, which CUDA workers do not read in place in "
-            "this version; use pipeline.transport=auto or process-group."
+            f"{key} on CUDA workers maps peer GPUs' memory through PyTorch's symmetric memory "
+            "(torch.distributed._symmetric_memory), which this torch build lacks; use "
+            "pipeline.transport=auto or process-group."
         )
     if cfg.model.attention:
         raise ConfigError(
@@ -45,7 +47,7 @@ def check_transport(cfg: LeoConfig, on_cuda: bool) -> None:
             f"{key} does not apply to pipeline.mode={mode} (that mode reads no rows from "
             f"published rows); use it with pipeline.mode {readers}, or drop the key."
         )
-    if not reads_in_place(cfg, "cpu"):
+    if not reads_in_place(cfg, "cuda" if on_cuda else "cpu"):
         raise ConfigError(
             f"{key} needs x86's store order to read published rows safely, which this "
             f"{platform.machine()} machine lacks; use pipeline.transport=process-group."

@@ -110,3 +110,19 @@ def test_summary_gathers_steps_tests_and_bench(tmp_path: Path) -> None:
     assert summary["failed_steps"] == ["tests"] and summary["wall_s"] == 48.0
     assert summary["gpu_tests"] == {"failed": 1, "passed": 300, "skipped": 2}
     assert summary["bench"]["copy_bandwidth"] == 4.1e12
+
+
+def test_compare_wants_rows_read_in_place_where_asked_and_a_finished_run(tmp_path: Path) -> None:
+    """The two-GPU run with pipeline.transport=shared-memory must have read rows in place (a
+    run that quietly moved every row through NCCL would otherwise pass), and a run that
+    stopped is a problem, not a crash."""
+    ref = write_run(tmp_path / "p1", [2.0, 1.5], world_size=1)
+    peer = write_run(tmp_path / "peer", [2.0, 1.5], mode="fine-grained")
+    (peer / "resolved_config.yaml").write_text("pipeline:\n  transport: shared-memory\n")
+    assert gpu_check_report.compare(tmp_path, ref, [peer]) == 1
+    summary = json.loads((peer / "summary.json").read_text())
+    (peer / "summary.json").write_text(json.dumps({**summary, "mean_step_published_bytes": 8.0}))
+    assert gpu_check_report.compare(tmp_path, ref, [peer]) == 0
+    assert gpu_check_report.compare(tmp_path, ref, [tmp_path / "stopped"]) == 1
+    report = json.loads((tmp_path / "exactness.json").read_text())
+    assert report["runs"][0]["problems"] == ["the run did not finish (see train.log)"]

@@ -132,8 +132,34 @@ def test_shared_memory_transport_is_refused_where_nothing_is_read_in_place() -> 
     blocking = cfg("pipeline.transport=shared-memory", "pipeline.mode=blocking")
     with pytest.raises(ConfigError, match="does not apply to pipeline.mode=blocking"):
         check_transport(blocking, on_cuda=False)
-    with pytest.raises(ConfigError, match="CUDA workers"):
+    with pytest.raises(ConfigError, match="symmetric memory"):  # no CUDA torch here
         check_transport(cfg("pipeline.transport=shared-memory"), on_cuda=True)
     gat = cfg("pipeline.transport=shared-memory", "model.name=gat")
     with pytest.raises(ConfigError, match="does not apply to model.name=gat"):
         check_transport(gat, on_cuda=False)
+
+
+def test_cuda_workers_read_peer_gpus_in_place_only_when_asked_and_able(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPUs read a peer's rows in place under pipeline.transport=shared-memory alone (auto
+    keeps them on the process group until the path has run on GPUs), where torch can map
+    peer memory; CPU workers as before."""
+    from leo_cli.train import checks, in_place
+
+    def cfg(*overrides: str) -> LeoConfig:
+        return load_config(None, ["pipeline.mode=leo", *overrides])
+
+    shm, auto = cfg("pipeline.transport=shared-memory"), cfg("pipeline.transport=auto")
+    x86 = in_place.platform.machine().lower() in in_place.ORDERED_STORES
+    for able in (False, True):
+        monkeypatch.setattr(in_place, "peer_memory_available", lambda able=able: able)
+        monkeypatch.setattr(checks, "peer_memory_available", lambda able=able: able)
+        assert in_place.reads_in_place(shm, "cuda") is (able and x86)
+        assert in_place.reads_in_place(auto, "cuda") is False
+        assert in_place.reads_in_place(auto, "cpu") is x86
+        if able and x86:
+            check_transport(shm, on_cuda=True)
+        else:
+            with pytest.raises(ConfigError, match="symmetric memory|store order"):
+                check_transport(shm, on_cuda=True)

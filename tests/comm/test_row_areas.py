@@ -1,0 +1,133 @@
+"""Published rows in device memory (CUDA workers, comm/row_areas.py), emulated on the CPU.
+
+A GPU's copy into a worker's rows, and a kernel reading a peer's, are only enqueued when the
+call returns. `StagedAreas` behaves so: a worker's writes land in its row area, where peers
+read them, only at a fence. With it the protocol must still deliver every exchange whole (the
+fences of `end_write`), the fences must come before each sequence number and acknowledgement
+is written, and the three-layer in-place aggregation must equal the dense reference. Areas whose
+fence does nothing show that the emulation has teeth. The symmetric-memory calls themselves
+need two GPUs (scripts/gpu-check-train.sh).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import spawn_ranks
+from test_inplace import reference, three_layers
+from test_modes import OWNER, dense_adjacency, hand_made, inputs
+from test_published import EXCHANGES, ROWS, WIDTH, layout, torn
+
+from leo_cli.comm import published
+from leo_cli.comm.published import FORWARD, Layout, PublishedRows, _map_host_segments
+from leo_cli.comm.row_areas import HostAreas
+from leo_cli.graph.layout import build_parts
+
+pytestmark = pytest.mark.dist
+
+
+class StagedAreas:
+    """Row copies in their own segments, as device buffers are apart from the counters; this
+    worker's writes are staged and reach its area (and its readers) only at `fence()`."""
+
+    def __init__(self, layouts: list[Layout | None], rank: int, lands: bool = True) -> None:
+        rows = [None if lay is None else published.replace(lay, host_rows=True) for lay in layouts]
+        segments = _map_host_segments(rows, rank)
+        headers = {q: lay.header * 8 for q, lay in enumerate(rows) if lay is not None}
+        self.host = HostAreas(segments, headers)
+        self.rank, self.lands = rank, lands
+        self.staged = self.host.area(rank).clone()
+        self.on_fence: list[Any] = []  # called at every fence (what the tests record)
+
+    def area(self, q: int) -> torch.Tensor:
+        return self.staged if q == self.rank else self.host.area(q)
+
+    def fence(self) -> None:
+        for hook in self.on_fence:
+            hook()
+        if self.lands:
+            self.host.area(self.rank).copy_(self.staged)
+
+
+def emulate_device(lands: bool = True) -> None:
+    """Make PublishedRows keep its rows in `StagedAreas`, as on CUDA workers (in a rank)."""
+    published.rows_on_host = lambda device: False
+    published.device_areas = lambda layouts, rank, device: StagedAreas(layouts, rank, lands)
+
+
+def writer_and_slow_reader(rank: int, world: int, lands: bool) -> list[Any]:
+    """Rank 0 publishes exchange k as rows full of k; rank 1 reads each in two halves with a
+    pause between them. Every fence records the worker's counters as they were then."""
+    emulate_device(lands)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = PublishedRows([layout(2), layout(2)], rank, torch.float64, timeout_s=30)
+    assert isinstance(rows.areas, StagedAreas)
+    assert rows.layouts[rank] is not None and not rows.layouts[rank].host_rows  # type: ignore[union-attr]
+    assert rows.segments[rank].numel() == rows.layouts[rank].header * 8  # type: ignore[union-attr]
+    at_fence: list[list[int]] = []
+    rows.areas.on_fence.append(lambda: at_fence.append(rows.counters[rank].tolist()))
+    seen: list[Any] = []
+    for _ in range(EXCHANGES):
+        if rank == 0:
+            k, copy = rows.begin_write(FORWARD, readers=[1])
+            rows.forward_rows(0, copy, WIDTH).fill_(float(k))
+            rows.end_write(FORWARD, k)
+            seq = at_fence[-1][FORWARD]  # this worker's seq[FORWARD] when end_write fenced
+            seen.append(("fenced before seq", k, seq == k - 1))
+            continue
+        k, copy = rows.begin_read(FORWARD, writer=0)
+        buf = rows.forward_rows(0, copy, WIDTH)
+        first = buf[: ROWS // 2].clone()
+        time.sleep(0.01)
+        second = buf[ROWS // 2 :].clone()
+        rows.end_read(FORWARD, 0, k)
+        ack = at_fence[-1][rows.layouts[1].num_streams + FORWARD * 2 + 0]  # type: ignore[union-attr]
+        seen.append(("fenced before ack", k, ack == k - 1))
+        seen.append((k, sorted({*first.flatten().tolist(), *second.flatten().tolist()})))
+    dist.barrier()
+    return seen
+
+
+def test_staged_rows_are_read_whole_and_fenced_before_seq_and_ack() -> None:
+    writer, reader = spawn_ranks(writer_and_slow_reader, 2, True)
+    assert not isinstance(writer, Exception), writer
+    assert not isinstance(reader, Exception), reader
+    order = [s for s in writer + reader if isinstance(s[0], str)]
+    assert len(order) == 2 * EXCHANGES and all(ok for _, _, ok in order), order
+    reads = [s for s in reader if not isinstance(s[0], str)]
+    assert len(reads) == EXCHANGES and torn(reads) == []
+
+
+def test_writes_that_never_land_are_seen_stale() -> None:
+    """The emulation's teeth: a fence that does nothing (rows that stay in the stream) leaves
+    readers the old rows."""
+    reader = spawn_ranks(writer_and_slow_reader, 2, False)[1]
+    assert not isinstance(reader, Exception), reader
+    assert torn([s for s in reader if not isinstance(s[0], str)])
+
+
+def three_layers_on_device(rank: int, world: int, *args: Any) -> Any:
+    emulate_device()
+    return three_layers(rank, world, *args)
+
+
+@pytest.mark.parametrize(("every", "whole"), [(1, False), (2, True)])
+def test_in_place_aggregation_with_device_rows_equals_the_reference(
+    every: int, whole: bool
+) -> None:
+    """The three-layer forward and backward of tests/comm/test_inplace.py with the row copies
+    apart from the counters and staged until the fence, as on CUDA workers."""
+    g = hand_made()
+    parts, g_in = build_parts(g, OWNER, 2), inputs(g.num_nodes)
+    ref, ref_grad = reference(dense_adjacency(g), g_in)
+    for res in spawn_ranks(three_layers_on_device, 2, parts, g_in, every, whole):
+        assert not isinstance(res, Exception), res
+        ids, outs = res
+        for y, grad_x in outs:
+            np.testing.assert_allclose(y, ref[ids].numpy(), atol=1e-12)
+            np.testing.assert_allclose(grad_x, ref_grad[ids].numpy(), atol=1e-12)
