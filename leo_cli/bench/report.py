@@ -66,6 +66,7 @@ COLUMNS = (
     "vs_variant_ci_high",
     "final_loss",
     "halo_dtype",
+    "allocator",
     "rank_spread",
     "rank_prediction_error",
 )
@@ -154,6 +155,7 @@ def make_rows(
                 "final_loss": _median(m.runs, "final_loss"),
                 "final_losses": [r.get("final_loss") for r in m.runs],
                 "halo_dtype": next((r["halo_dtype"] for r in m.runs if r.get("halo_dtype")), None),
+                "allocator": next((r["allocator"] for r in m.runs if r.get("allocator")), None),
                 **rank_columns(m.runs),
             }
         )
@@ -227,6 +229,12 @@ def share_warning(share: dict[str, Any]) -> str | None:
             "the modes compute alike; the comparison is not like for like."
         )
     return None
+
+
+def allocators(rows: list[dict[str, Any]]) -> str:
+    """The LEO workers' allocators (`launch.allocator` as run), for the machine line."""
+    names = sorted({r["allocator"] for r in rows if r.get("allocator")})
+    return f"; workers' allocator: {', '.join(names)}" if names else ""
 
 
 def environment(command: str) -> dict[str, Any]:
@@ -422,7 +430,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     lines += [
         "",
         f"Machine: {env['cpu']}, {env['cores']} cores, GPU: {env['gpu'] or 'none'}; "
-        f"torch {env['versions']['torch']}. Command: `{env['command']}`",
+        f"torch {env['versions']['torch']}{allocators(rows)}. Command: `{env['command']}`",
     ]
     return "\n".join(lines) + "\n"
 

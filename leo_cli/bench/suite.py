@@ -174,6 +174,7 @@ def run_leo(
         "predicted_epoch_time_s": summary.get("predicted_epoch_time_s"),
         "final_loss": summary.get("final_loss"),
         "halo_dtype": summary.get("halo_dtype"),
+        "allocator": summary.get("allocator"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
     }
