@@ -85,8 +85,9 @@ class InPlace:
 
         Where the first owner has not published yet, the inner block is summed first, so that
         local work hides the wait; else the op sums both at once. The sums are the same either
-        way: the op's reference (CPU; only CPU workers read in place) is the local SpMM plus
-        the remote one, in the training dtype (float32 or float64)."""
+        way: the op's reference (CPU workers) is the local SpMM plus the remote one, in the
+        training dtype (float32 or float64); on CUDA workers its kernel reads the peer GPU's
+        rows through their symmetric-memory mapping (comm/row_areas.py)."""
         if not self.reads:
             return inner.forward(h_NF)
         s, width = self.stream(layer, FORWARD), h_NF.shape[1]

@@ -89,31 +89,61 @@ class PeerDeviceAreas:
 
     def __init__(self, sizes: dict[int, int], device: torch.device) -> None:
         """Collective over every rank. `sizes`: bytes of the row area of every worker on this
-        host (this worker's included), by global rank."""
+        host (this worker's included), by global rank. A failure on any rank stops every rank
+        with its sentence (none is left waiting in a collective)."""
         from torch.distributed import _symmetric_memory as symm_mem
 
         self.device = device
         members = sorted(sizes)
         group = host_group(members)
         size = max(1, *sizes.values())  # the same on every member; never an empty one
-        self.buffer = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        problem = ""
+        try:
+            self.buffer = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        except Exception as exc:  # any failure: every rank must hear of it
+            problem = first_line(exc)
+        stop_together(problem)
+        self.areas: dict[int, Tensor] = {}
         try:
             with warnings.catch_warnings():  # needed before torch 2.8, deprecated after
                 warnings.simplefilter("ignore", FutureWarning)
                 symm_mem.enable_symm_mem_for_group(group.group_name)
-            handle = symm_mem.rendezvous(self.buffer, group)
-        except RuntimeError as exc:
-            raise TrainError(
-                f"the GPUs of this host cannot map each other's published rows "
-                f"({str(exc).splitlines()[0]}); use pipeline.transport=process-group."
-            ) from exc
-        self.handle = handle  # keeps every peer's mapping alive
-        self.areas = {
-            q: handle.get_buffer(i, (sizes[q],), torch.uint8, 0) for i, q in enumerate(members)
-        }
+            self.handle = symm_mem.rendezvous(self.buffer, group)  # keeps the mappings alive
+            self.areas = {q: self._peer(i, sizes[q]) for i, q in enumerate(members)}
+        except Exception as exc:  # as above
+            problem = first_line(exc)
+        stop_together(problem)
+
+    def _peer(self, group_rank: int, size: int) -> Tensor:
+        """The buffer of a member, from its start (`get_remote_tensor` where this torch has
+        it; else `get_buffer`, whose offset counts from the allocation: checked to be ours)."""
+        remote = getattr(self.handle, "get_remote_tensor", None)
+        if remote is not None:
+            return remote(group_rank, (size,), torch.uint8)  # type: ignore[no-any-return]
+        view = self.handle.get_buffer(group_rank, (size,), torch.uint8, 0)
+        if group_rank == self.handle.rank and view.data_ptr() != self.buffer.data_ptr():
+            raise RuntimeError("symmetric memory placed this worker's rows at an offset")
+        return view
 
     def area(self, q: int) -> Tensor:
         return self.areas[q]
 
     def fence(self) -> None:
         torch.cuda.current_stream(self.device).synchronize()
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def stop_together(problem: str) -> None:
+    """Every rank learns whether any failed to set up the peer mapping, and all stop alike."""
+    problems: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    bad = [q for q, p in enumerate(problems) if p]
+    if bad:
+        raise TrainError(
+            f"workers {bad} cannot map their host's GPUs' published rows ({problems[bad[0]]}); "
+            "use pipeline.transport=process-group."
+        )

@@ -412,7 +412,8 @@ def plan_digests(cfg: LeoConfig, meta: dict[str, Any], num_parts: int) -> tuple[
 
 def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
     """Which ranks' rows each rank can read in place (comm/inplace.py): those on its host,
-    on CPU, in a mode that reads in place, unless `pipeline.transport=process-group` (or
+    in a mode that reads in place, on CPU (on GPUs only under
+    `pipeline.transport=shared-memory`), unless `pipeline.transport=process-group` (or
     attention: its rows are not read in place); every row of them under
     `pipeline.transport=shared-memory` (train/assemble.py reads_in_place decides alike).
     Under `pipeline.mode=auto`, the planned mode's (the plan is made for it: auto_mode.py)."""

@@ -5,8 +5,10 @@ call returns. `StagedAreas` behaves so: a worker's writes land in its row area, 
 read them, only at a fence. With it the protocol must still deliver every exchange whole (the
 fences of `end_write`), the fences must come before each sequence number and acknowledgement
 is written, and the three-layer in-place aggregation must equal the dense reference. Areas whose
-fence does nothing show that the emulation has teeth. The symmetric-memory calls themselves
-need two GPUs (scripts/gpu-check-train.sh).
+fence does nothing show that the emulation has teeth. Around symmetric memory (a stand-in for
+its module here): each host's group, one allocation size for its members, group ranks mapped
+to global ones, and a failure on one rank stopping every rank. The symmetric-memory calls
+themselves need two GPUs (scripts/gpu-check-train.sh).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from test_published import EXCHANGES, ROWS, WIDTH, layout, torn
 
 from leo_cli.comm import published
 from leo_cli.comm.published import FORWARD, Layout, PublishedRows, _map_host_segments
-from leo_cli.comm.row_areas import HostAreas
+from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas
+from leo_cli.errors import TrainError
 from leo_cli.graph.layout import build_parts
 
 pytestmark = pytest.mark.dist
@@ -131,3 +134,69 @@ def test_in_place_aggregation_with_device_rows_equals_the_reference(
         for y, grad_x in outs:
             np.testing.assert_allclose(y, ref[ids].numpy(), atol=1e-12)
             np.testing.assert_allclose(grad_x, ref_grad[ids].numpy(), atol=1e-12)
+
+
+class FakeSymmetricMemory:
+    """`torch.distributed._symmetric_memory` as far as PeerDeviceAreas uses it, on the CPU:
+    a member's buffer is full of its group rank; `fail` makes one call raise."""
+
+    def __init__(self, group_rank: int, fail: str = "") -> None:
+        self.group_rank, self.fail = group_rank, fail
+        self.sizes: list[int] = []  # what every call of `empty` asked for
+
+    def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        self.sizes.append(size)
+        if self.fail == "empty":
+            raise RuntimeError("out of memory\nmore")
+        return torch.full((size,), self.group_rank, dtype=dtype)
+
+    def enable_symm_mem_for_group(self, name: str) -> None:
+        pass
+
+    def rendezvous(self, buffer: torch.Tensor, group: Any) -> Any:
+        if self.fail == "rendezvous":
+            raise RuntimeError("peer access is not supported between these GPUs")
+        members = dist.get_process_group_ranks(group)
+
+        class Handle:
+            rank = members.index(dist.get_rank())
+
+            def get_remote_tensor(self, peer: int, sizes: Any, dtype: Any) -> torch.Tensor:
+                return torch.full(tuple(sizes), peer, dtype=dtype)
+
+        return Handle()
+
+
+def map_two_hosts(rank: int, world: int, failing: int, fail: str) -> Any:
+    """Ranks 0, 2 on one host and 1, 3 on another (not contiguous, so group ranks differ
+    from global ones); rank `failing` fails at `fail`."""
+    import sys
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    members = [0, 2] if rank % 2 == 0 else [1, 3]
+    fake = FakeSymmetricMemory(members.index(rank), fail if rank == failing else "")
+    sys.modules["torch.distributed._symmetric_memory"] = fake  # type: ignore[assignment]
+    torch.distributed._symmetric_memory = fake  # type: ignore[attr-defined]
+    sizes = {q: 100 * (q + 1) for q in members}  # unequal areas: the largest is allocated
+    try:
+        areas = PeerDeviceAreas(sizes, torch.device("cpu"))
+    except TrainError as exc:
+        return str(exc)
+    return fake.sizes, {q: (areas.area(q).numel(), int(areas.area(q)[0])) for q in members}
+
+
+def test_each_host_maps_its_members_by_group_rank_at_one_size() -> None:
+    outs = spawn_ranks(map_two_hosts, 4, -1, "")
+    assert outs[0] == ([300], {0: (100, 0), 2: (300, 1)})
+    assert outs[2] == ([300], {0: (100, 0), 2: (300, 1)})
+    assert outs[1] == ([400], {1: (200, 0), 3: (400, 1)})
+    assert outs[3] == ([400], {1: (200, 0), 3: (400, 1)})
+
+
+@pytest.mark.parametrize("fail", ["empty", "rendezvous"])
+def test_a_rank_that_cannot_map_stops_every_rank_with_its_reason(fail: str) -> None:
+    outs = spawn_ranks(map_two_hosts, 4, 3, fail)
+    reason = "out of memory" if fail == "empty" else "peer access is not supported"
+    for out in outs:
+        assert isinstance(out, str) and out.startswith("workers [3] cannot map"), out
+        assert reason in out and "pipeline.transport=process-group" in out

@@ -132,8 +132,12 @@ def test_shared_memory_transport_is_refused_where_nothing_is_read_in_place() -> 
     blocking = cfg("pipeline.transport=shared-memory", "pipeline.mode=blocking")
     with pytest.raises(ConfigError, match="does not apply to pipeline.mode=blocking"):
         check_transport(blocking, on_cuda=False)
-    with pytest.raises(ConfigError, match="symmetric memory"):  # no CUDA torch here
-        check_transport(cfg("pipeline.transport=shared-memory"), on_cuda=True)
+    from leo_cli.train import checks
+
+    with pytest.MonkeyPatch.context() as patch:  # a torch that cannot map peer GPUs
+        patch.setattr(checks, "peer_memory_available", lambda: False)
+        with pytest.raises(ConfigError, match="symmetric memory"):
+            check_transport(cfg("pipeline.transport=shared-memory"), on_cuda=True)
     gat = cfg("pipeline.transport=shared-memory", "model.name=gat")
     with pytest.raises(ConfigError, match="does not apply to model.name=gat"):
         check_transport(gat, on_cuda=False)
