@@ -71,14 +71,19 @@ def reference(A: torch.Tensor, g_in: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return y2.detach(), x.grad
 
 
-@pytest.mark.parametrize(("every", "whole"), [(1, False), (2, False), (2, True)])
-def test_rows_read_in_place_through_three_layers(every: int, whole: bool) -> None:
+def check_three_layers(run: Any, every: int, whole: bool) -> None:
+    """`run` (three_layers or a variant of it) at two ranks equals the dense reference."""
     g = hand_made()
     parts, g_in = build_parts(g, OWNER, 2), inputs(g.num_nodes)
     ref, ref_grad = reference(dense_adjacency(g), g_in)
-    for res in spawn_ranks(three_layers, 2, parts, g_in, every, whole):
+    for res in spawn_ranks(run, 2, parts, g_in, every, whole):
         assert not isinstance(res, Exception), res
         ids, outs = res
         for y, grad_x in outs:
             np.testing.assert_allclose(y, ref[ids].numpy(), atol=1e-12)
             np.testing.assert_allclose(grad_x, ref_grad[ids].numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize(("every", "whole"), [(1, False), (2, False), (2, True)])
+def test_rows_read_in_place_through_three_layers(every: int, whole: bool) -> None:
+    check_three_layers(three_layers, every, whole)

@@ -16,20 +16,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from ranks import spawn_ranks
-from test_inplace import reference, three_layers
-from test_modes import OWNER, dense_adjacency, hand_made, inputs
+from test_inplace import check_three_layers, three_layers
 from test_published import EXCHANGES, ROWS, WIDTH, layout, torn
 
 from leo_cli.comm import published
 from leo_cli.comm.published import FORWARD, Layout, PublishedRows, _map_host_segments
 from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas
 from leo_cli.errors import TrainError
-from leo_cli.graph.layout import build_parts
 
 pytestmark = pytest.mark.dist
 
@@ -125,15 +122,7 @@ def test_in_place_aggregation_with_device_rows_equals_the_reference(
 ) -> None:
     """The three-layer forward and backward of tests/comm/test_inplace.py with the row copies
     apart from the counters and staged until the fence, as on CUDA workers."""
-    g = hand_made()
-    parts, g_in = build_parts(g, OWNER, 2), inputs(g.num_nodes)
-    ref, ref_grad = reference(dense_adjacency(g), g_in)
-    for res in spawn_ranks(three_layers_on_device, 2, parts, g_in, every, whole):
-        assert not isinstance(res, Exception), res
-        ids, outs = res
-        for y, grad_x in outs:
-            np.testing.assert_allclose(y, ref[ids].numpy(), atol=1e-12)
-            np.testing.assert_allclose(grad_x, ref_grad[ids].numpy(), atol=1e-12)
+    check_three_layers(three_layers_on_device, every, whole)
 
 
 class FakeSymmetricMemory:
