@@ -22,6 +22,7 @@ from leo_cli.cli.common import (
 from leo_cli.cli.render import stage_progress
 from leo_cli.graph.stage import metis_note, partition_dir
 from leo_cli.graph.storage import read_meta
+from leo_cli.train.allocator import allocator_of, fallback_note
 from leo_cli.train.auto_mode import from_json
 from leo_cli.train.launcher import prepare, run_workers
 from leo_cli.train.metrics import read_json, read_metrics
@@ -132,9 +133,12 @@ def train_cmd(
     try:
         with stage_progress() as progress:
             prepare(cfg, resume, progress, allow_inexact, timer)
-        note = metis_note(read_meta(partition_dir(run_dir)))
-        if note is not None and cfg.launch.node_rank == 0:
-            console.print(f"[yellow]Note:[/] {note}")
+        notes = [metis_note(read_meta(partition_dir(run_dir)))]
+        if cfg.launch.allocator == "auto":  # (`jemalloc` missing is refused at the launch)
+            notes.append(fallback_note("auto", allocator_of("auto")))
+        for note in notes:
+            if note is not None and cfg.launch.node_rank == 0:
+                console.print(f"[yellow]Note:[/] {note}")
         follower.start()
         run_workers(cfg, run_dir, resume, allow_inexact, timer)
     except Interrupted as exc:

@@ -24,6 +24,7 @@ from leo_cli.train.allocator import (
     RETAIN,
     allocator_env,
     choose,
+    fallback_note,
     find_jemalloc,
 )
 from leo_cli.train.elastic import worker_threads
@@ -43,6 +44,12 @@ def test_auto_says_so_where_it_falls_back_to_the_system_malloc() -> None:
     assert got.name == "system" and "no jemalloc found" in got.described
     assert got.env == {NAME_ENV: "system"}  # nothing preloaded
     assert choose("system", {}, LIB).env == {NAME_ENV: "system"}  # asked for: not preloaded
+    # leo train says it before the workers start, only where auto fell back.
+    note = fallback_note("auto", got)
+    assert note is not None and "apt install libjemalloc2" in note
+    assert fallback_note("system", choose("system", {}, LIB)) is None
+    assert fallback_note("auto", choose("auto", {}, LIB)) is None
+    assert fallback_note("auto", choose("auto", {"LD_PRELOAD": "/x/libtcmalloc.so"}, None)) is None
 
 
 @pytest.mark.parametrize("setting", ["auto", "jemalloc", "system"])
