@@ -15,7 +15,7 @@ import pytest
 from conftest import hardware_dict
 
 from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.config import load_config
+from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.train import allocator as allocator_module
 from leo_cli.train import plan_stage
@@ -129,3 +129,19 @@ def test_profiles_are_kept_per_allocator(monkeypatch: pytest.MonkeyPatch) -> Non
     del before["allocator"]  # the content as LEO hashed it before the field existed
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"), allow_nan=False)
     assert hw.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_a_multi_node_profile_is_reused_only_under_the_allocator_named() -> None:
+    """Every node decides alike from the config: an allocator named by `launch.allocator`
+    must be the profile's; under `auto` each node resolves its own, so any is kept."""
+    hw = HardwareProfile.model_validate(hardware_dict())
+    hw = hw.model_copy(update={"nnodes": 2, "allocator": "jemalloc"})
+    num = hw.world_size
+
+    def cfg(setting: str) -> LeoConfig:
+        return load_config(None, ["launch.nnodes=2", f"launch.allocator={setting}"])
+
+    assert plan_stage.fits_nodes(hw, cfg("auto"), num)
+    assert plan_stage.fits_nodes(hw, cfg("jemalloc"), num)
+    assert not plan_stage.fits_nodes(hw, cfg("system"), num)
+    assert not plan_stage.fits_nodes(hw, cfg("auto"), num + 1)
