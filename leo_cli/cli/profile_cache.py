@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
@@ -112,6 +114,19 @@ def auto_line(cfg: LeoConfig, plan: CachePlan) -> str:
     return choose(auto, used, len(plan.caches)).describe()
 
 
+def profile_line(hw: HardwareProfile, now: datetime) -> str:
+    """When and where the plan's rates were measured: a profile is kept per machine and
+    worker count, and on a shared machine its rates age with the load."""
+    measured = datetime.fromisoformat(hw.created_utc)
+    hours = max(0.0, (now - measured).total_seconds() / 3600)
+    age = f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+    return (
+        f"Hardware profile: measured {measured:%Y-%m-%d %H:%M} UTC ({age} ago) on "
+        f"{hw.hostname}, {hw.world_size} workers, allocator {hw.allocator}; --force measures "
+        "it again (rates move with the machine's load)."
+    )
+
+
 @handle_errors
 def profile_cache_cmd(
     config: ConfigOpt = None,
@@ -155,4 +170,7 @@ def profile_cache_cmd(
     console.print(plan_table(plan))
     console.print(prediction_table(plan))
     console.print(f"pipeline.mode=auto would run: {escape(auto_line(cfg, plan))}")
+    if (run_dir / HARDWARE_FILE).is_file():
+        hw = HardwareProfile.read(run_dir / HARDWARE_FILE)
+        console.print(escape(profile_line(hw, datetime.now(UTC))))
     console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import leo_here
+from conftest import hardware_dict, leo_here
+
+from leo_cli.cache.hardware import HardwareProfile
+from leo_cli.cli.profile_cache import profile_line
 
 pytestmark = pytest.mark.dist
 
@@ -58,6 +62,8 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert len(leo_ranks) == 3 and all(r["busy_s"] > 0 for r in leo_ranks)
     assert plan["predicted_rank_spread"]["leo"] >= 1.0
     assert "busy s" in res.stdout and "slowest busy / fastest busy" in " ".join(res.stdout.split())
+    # When the rates were measured: a kept profile ages with the machine's load.
+    assert "Hardware profile: measured" in res.stdout and "ago) on" in res.stdout
     # A saved profile is read, not measured again; other budgets make the plan stale.
     other = tmp_path / "other"
     res = leo(
@@ -141,3 +147,12 @@ def test_bad_hardware_file_is_one_sentence(tmp_path: Path) -> None:
     )
     assert res.returncode == 2
     assert str(bad) in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
+
+
+def test_the_profile_line_says_how_old_the_rates_are() -> None:
+    hw = HardwareProfile.model_validate(hardware_dict())
+    hw = hw.model_copy(update={"created_utc": "2026-12-03T14:39:24+00:00", "hostname": "box"})
+    line = profile_line(hw, datetime(2026, 12, 3, 16, 45, tzinfo=UTC))
+    assert "measured 2026-12-03 14:39 UTC (2.1 h ago) on box" in line and "--force" in line
+    soon = profile_line(hw, datetime(2026, 12, 3, 14, 49, 30, tzinfo=UTC))
+    assert "(10 min ago)" in soon
