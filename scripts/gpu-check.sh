@@ -8,8 +8,10 @@
 #   tests    the GPU tests: tests/kernels -m "gpu or cuda_ext" with LEO_KERNELS=cuda (a library
 #            that does not load fails here instead of skipping them).
 #   train    with two GPUs or more: `leo train` on 2 GPUs (NCCL), pipeline.mode leo (cache
-#            plan) and blocking (no cache), against one process; float64 loss curves must agree
-#            to 1e-9 relative and both runs must say exact and name the cuda kernels.
+#            plan), blocking (no cache) and fine-grained reading the peer GPU's rows in place
+#            (pipeline.transport=shared-memory), against one process; float64 loss curves must
+#            agree to 1e-9 relative, every run must say exact and name the cuda kernels, and
+#            the in-place run must have read rows in place.
 #   bench    the kernel bandwidth benchmark (python -m leo_cli.kernel_tools.bench_gpu).
 #
 # Logs, env.json, exactness.json, bench_gpu.json and summary.json (every step's status and
@@ -87,9 +89,9 @@ export LEO_KERNELS=cuda
 run_step tests 200 pytest-gpu.log \
   .venv/bin/pytest -q -p no:cacheprovider -m "gpu or cuda_ext" -rs tests/kernels
 
-# --- two GPUs: leo and blocking against one process -------------------------------------------
+# --- two GPUs: leo, blocking and rows read in place against one process ----------------------
 if ((gpus >= 2)); then
-  run_step train 180 train.log scripts/gpu-check-train.sh "$out"
+  run_step train 240 train.log scripts/gpu-check-train.sh "$out"
 else
   "${report[@]}" record "$out" train skip 0 "one GPU visible: no 2-GPU run"
 fi

@@ -92,7 +92,8 @@ def compare(out: Path, ref_run: Path, runs: list[Path]) -> int:
         verdict = "ok" if not r["problems"] else "; ".join(r["problems"])
         diff = r.get("max_rel_loss_diff")
         shown = "n/a" if diff is None else f"{diff:.1e}"
-        print(f"{r['mode']} x{r['world_size']}: max relative loss difference {shown}: {verdict}")
+        name = f"{Path(r['run']).name} ({r['mode']} x{r['world_size']})"
+        print(f"{name}: max relative loss difference {shown}: {verdict}")
     return 0 if all(not r["problems"] for r in results) else 1
 
 

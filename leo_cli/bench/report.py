@@ -232,9 +232,10 @@ def share_warning(share: dict[str, Any]) -> str | None:
 
 
 def allocators(rows: list[dict[str, Any]]) -> str:
-    """The LEO workers' allocators (`launch.allocator` as run), for the machine line."""
+    """The LEO workers' allocators as their summaries describe them (`launch.allocator` as
+    run: the library and its settings), for the machine line."""
     names = sorted({r["allocator"] for r in rows if r.get("allocator")})
-    return f"; workers' allocator: {', '.join(names)}" if names else ""
+    return f"; workers' allocator: {'; '.join(names)}" if names else ""
 
 
 def environment(command: str) -> dict[str, Any]:

@@ -114,17 +114,23 @@ def auto_line(cfg: LeoConfig, plan: CachePlan) -> str:
     return choose(auto, used, len(plan.caches)).describe()
 
 
-def profile_line(hw: HardwareProfile, now: datetime) -> str:
+def profile_line(hw: HardwareProfile, now: datetime, given: bool = False) -> str:
     """When and where the plan's rates were measured: a profile is kept per machine and
-    worker count, and on a shared machine its rates age with the load."""
-    measured = datetime.fromisoformat(hw.created_utc)
-    hours = max(0.0, (now - measured).total_seconds() / 3600)
-    age = f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
-    return (
-        f"Hardware profile: measured {measured:%Y-%m-%d %H:%M} UTC ({age} ago) on "
-        f"{hw.hostname}, {hw.world_size} workers, allocator {hw.allocator}; --force measures "
-        "it again (rates move with the machine's load)."
-    )
+    worker count, and on a shared machine its rates age with the load. `given`: the profile
+    was named (--hardware, cache.hardware), so --force does not measure it again."""
+    try:
+        measured = datetime.fromisoformat(hw.created_utc)
+    except ValueError:
+        when = f"measured at {hw.created_utc!r}"
+    else:
+        utc = measured.replace(tzinfo=UTC) if measured.tzinfo is None else measured
+        utc = utc.astimezone(UTC)
+        hours = max(0.0, (now - utc).total_seconds() / 3600)
+        age = f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+        when = f"measured {utc:%Y-%m-%d %H:%M} UTC ({age} ago)"
+    again = "" if given else "; --force measures it again (rates move with the machine's load)"
+    where = f"{hw.hostname}, {hw.world_size} workers, allocator {hw.allocator}"
+    return f"Hardware profile: {when} on {where}{again}."
 
 
 @handle_errors
@@ -172,5 +178,6 @@ def profile_cache_cmd(
     console.print(f"pipeline.mode=auto would run: {escape(auto_line(cfg, plan))}")
     if (run_dir / HARDWARE_FILE).is_file():
         hw = HardwareProfile.read(run_dir / HARDWARE_FILE)
-        console.print(escape(profile_line(hw, datetime.now(UTC))))
+        given = hardware is not None or cfg.cache.hardware is not None
+        console.print(escape(profile_line(hw, datetime.now(UTC), given)))
     console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")

@@ -135,7 +135,7 @@ def train_cmd(
             prepare(cfg, resume, progress, allow_inexact, timer)
         notes = [metis_note(read_meta(partition_dir(run_dir)))]
         if cfg.launch.allocator == "auto":  # (`jemalloc` missing is refused at the launch)
-            notes.append(fallback_note("auto", allocator_of("auto")))
+            notes.append(fallback_note(allocator_of("auto")))
         for note in notes:
             if note is not None and cfg.launch.node_rank == 0:
                 console.print(f"[yellow]Note:[/] {note}")

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas, RowAreas
+from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas, RowAreas, first_line
 from leo_cli.comm.segments import create_segment
 from leo_cli.errors import TrainError
 
@@ -113,9 +113,7 @@ class PublishedRows:
         self.segments = _map_host_segments(layouts, rank)
         headers = {q: _header_of(layouts[q]) * 8 for q in self.segments}
         self.counters = {q: seg[: headers[q]].view(torch.int64) for q, seg in self.segments.items()}
-        self.areas = (
-            HostAreas(self.segments, headers) if on_host else device_areas(layouts, rank, device)
-        )
+        self.areas = HostAreas(self.segments, headers) if on_host else device_areas(layouts, device)
         self.exchanges: dict[tuple[int, int], int] = {}  # (stream, writer) -> count so far
 
     # -- offsets ----------------------------------------------------------------------------
@@ -217,10 +215,8 @@ def rows_on_host(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def device_areas(layouts: list[Layout | None], rank: int, device: torch.device) -> RowAreas:
-    """Row copies outside the host segments: GPU memory the host's peers map (collective;
-    `rank`: this worker, as the CPU emulation of the tests needs it)."""
-    del rank
+def device_areas(layouts: list[Layout | None], device: torch.device) -> RowAreas:
+    """Row copies outside the host segments: GPU memory the host's peers map (collective)."""
     if device.type != "cuda":
         raise TrainError(f"published rows in device memory need a CUDA device, not {device}.")
     sizes = {q: lay.area_bytes for q, lay in enumerate(layouts) if lay is not None}
@@ -258,7 +254,7 @@ def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Ten
                         str(names[q]), shared=True, size=size, dtype=torch.uint8
                     )
                 except RuntimeError as exc:  # e.g. a peer of the same host name elsewhere
-                    problem = problem or f"{names[q]}: {str(exc).splitlines()[0]}"
+                    problem = problem or f"{names[q]}: {first_line(exc)}"
         problems: list[Any] = [None] * len(layouts)
         dist.all_gather_object(problems, problem)  # every worker fails alike, none waits
         bad = [q for q, p in enumerate(problems) if p]

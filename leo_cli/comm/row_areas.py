@@ -5,7 +5,7 @@ workers compute.
 - CPU workers (`HostAreas`): in the same segment, after the counters.
 - CUDA workers (`PeerDeviceAreas`): in GPU memory, one buffer per worker, which every
   same-host peer maps into its own address space through PyTorch's symmetric memory
-  (`torch.distributed._symmetric_memory`: `empty`, `rendezvous`, `get_buffer`), so the
+  (`torch.distributed._symmetric_memory`: `empty`, `rendezvous`, `get_remote_tensor`), so the
   aggregation's kernels read a peer GPU's rows in place, over NVLink or PCIe peer access.
 
 A GPU writes and reads asynchronously, on its stream: a worker's `copy_` into its rows, or a
@@ -16,7 +16,7 @@ its owner may overwrite it). On the CPU a fence has nothing to wait for.
 
 This path has been compiled and emulated on the CPU only (tests/comm/test_row_areas.py
 stages every write until the fence, as a stream would, and checks where the fences fall);
-`scripts/gpu-check-train.sh` runs it on two GPUs, against one process.
+`scripts/gpu-check-train.sh` would run it on a machine with two GPUs, against one process.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ class PeerDeviceAreas:
 
 
 def first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
+    """The first non-blank line of an exception's message (its type where it has none)."""
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def stop_together(problem: str) -> None:

@@ -103,10 +103,11 @@ def choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allo
     return Allocator("jemalloc", f"jemalloc ({found}){kept}", env)
 
 
-def fallback_note(setting: str, allocator: Allocator) -> str | None:
-    """The sentence `leo train` prints before workers start when `auto` found no jemalloc
-    (the summary says which allocator ran; this says it while there is time to act)."""
-    if setting != "auto" or allocator.name != "system":
+def fallback_note(auto: Allocator) -> str | None:
+    """The sentence `leo train` prints before workers start when `launch.allocator=auto`
+    (`auto`: what it resolved to) found no jemalloc (the summary says which allocator ran;
+    this says it while there is time to act)."""
+    if auto.name != "system":
         return None
     return (
         "no jemalloc library on this machine, so the workers run on the system's malloc, whose "

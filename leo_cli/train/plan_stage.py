@@ -153,13 +153,14 @@ def quick_probe(nnodes: int = 1) -> bool:
 def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
     """A profile of a multi-node run that every node agrees to reuse: as many machines and
     workers, the same placement, and the allocator `launch.allocator` names (each node's
-    threads may differ, and under `auto` so may its allocator; the config may not)."""
+    threads may differ, and under `auto` so may its allocator, as may one the user preloads
+    (train/allocator.py); the config may not)."""
     setting = cfg.launch.allocator
     return (
         hw.world_size == num_workers
         and hw.nnodes == cfg.launch.nnodes
         and hw.cpu_affinity == cfg.launch.cpu_affinity
-        and (setting == "auto" or hw.allocator == setting)
+        and (setting == "auto" or hw.allocator in (setting, "user"))
     )
 
 

@@ -80,7 +80,8 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
 
     def measured(name: str, rounds: list[float], busy: list[float]) -> Measured:
         run = {"final_loss": 0.5, "rank_busy_s": busy, "predicted_rank_busy_s": [0.2, 0.2]}
-        run["allocator"] = "jemalloc" if name == "uniform" else "system"
+        jemalloc = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept"
+        run["allocator"] = jemalloc if name == "uniform" else "system malloc (no jemalloc found)"
         m = Measured(Variant("leo", "leo", 2, variant=name), round_medians=rounds)
         m.epochs, m.runs = list(rounds), [run] * len(rounds)
         return m
@@ -102,8 +103,9 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
     assert "| leo | measured | 2 |" in md and "0.200 / 0.250 (0.200 / 0.200)" in md
     assert "vs first variant (range)" in md and "0.500000" in md
     # The workers' allocator as each run had it (launch.allocator): in the rows and the table.
-    assert [r["allocator"] for r in rows] == ["jemalloc", "system"]
-    assert "workers' allocator: jemalloc, system." in md
+    assert [r["allocator"][:8] for r in rows] == ["jemalloc", "system m"]
+    both = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept; system malloc (no jemalloc"
+    assert f"workers' allocator: {both} found)." in md
 
 
 def test_a_variant_lists_one_part_weight_per_worker_of_its_row(tmp_path: Path) -> None:

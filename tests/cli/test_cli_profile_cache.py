@@ -156,3 +156,12 @@ def test_the_profile_line_says_how_old_the_rates_are() -> None:
     assert "measured 2026-12-03 14:39 UTC (2.1 h ago) on box" in line and "--force" in line
     soon = profile_line(hw, datetime(2026, 12, 3, 14, 49, 30, tzinfo=UTC))
     assert "(10 min ago)" in soon
+    # Written elsewhere: no zone is taken as UTC, another zone converted, anything else shown.
+    naive = hw.model_copy(update={"created_utc": "2026-12-03T14:39:24"})
+    assert "14:39 UTC (2.1 h ago)" in profile_line(naive, datetime(2026, 12, 3, 16, 45, tzinfo=UTC))
+    paris = hw.model_copy(update={"created_utc": "2026-12-03T15:39:24+01:00"})
+    assert "14:39 UTC" in profile_line(paris, datetime(2026, 12, 3, 16, 45, tzinfo=UTC))
+    odd = hw.model_copy(update={"created_utc": "yesterday"})
+    assert "measured at 'yesterday' on box" in profile_line(odd, datetime.now(UTC))
+    # A profile named by the user is not measured again by --force.
+    assert "--force" not in profile_line(hw, datetime.now(UTC), given=True)

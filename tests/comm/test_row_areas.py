@@ -57,7 +57,7 @@ class StagedAreas:
 def emulate_device(lands: bool = True) -> None:
     """Make PublishedRows keep its rows in `StagedAreas`, as on CUDA workers (in a rank)."""
     published.rows_on_host = lambda device: False
-    published.device_areas = lambda layouts, rank, device: StagedAreas(layouts, rank, lands)
+    published.device_areas = lambda layouts, device: StagedAreas(layouts, dist.get_rank(), lands)
 
 
 def writer_and_slow_reader(rank: int, world: int, lands: bool) -> list[Any]:
@@ -69,15 +69,20 @@ def writer_and_slow_reader(rank: int, world: int, lands: bool) -> list[Any]:
     assert isinstance(rows.areas, StagedAreas)
     assert rows.layouts[rank] is not None and not rows.layouts[rank].host_rows  # type: ignore[union-attr]
     assert rows.segments[rank].numel() == rows.layouts[rank].header * 8  # type: ignore[union-attr]
-    at_fence: list[list[int]] = []
-    rows.areas.on_fence.append(lambda: at_fence.append(rows.counters[rank].tolist()))
+    at_fence: list[tuple[int, int]] = []  # (seq of the writer's stream, the reader's ack)
+
+    def record() -> None:
+        counters = (rows._seq(0, FORWARD), rows._ack(1, FORWARD, 0))
+        at_fence.append((int(counters[0]), int(counters[1])))
+
+    rows.areas.on_fence.append(record)
     seen: list[Any] = []
     for _ in range(EXCHANGES):
         if rank == 0:
             k, copy = rows.begin_write(FORWARD, readers=[1])
             rows.forward_rows(0, copy, WIDTH).fill_(float(k))
             rows.end_write(FORWARD, k)
-            seq = at_fence[-1][FORWARD]  # this worker's seq[FORWARD] when end_write fenced
+            seq = at_fence[-1][0]  # this worker's seq when end_write fenced
             seen.append(("fenced before seq", k, seq == k - 1))
             continue
         k, copy = rows.begin_read(FORWARD, writer=0)
@@ -86,7 +91,7 @@ def writer_and_slow_reader(rank: int, world: int, lands: bool) -> list[Any]:
         time.sleep(0.01)
         second = buf[ROWS // 2 :].clone()
         rows.end_read(FORWARD, 0, k)
-        ack = at_fence[-1][rows.layouts[1].num_streams + FORWARD * 2 + 0]  # type: ignore[union-attr]
+        ack = at_fence[-1][1]  # this worker's ack of rank 0's stream when end_read fenced
         seen.append(("fenced before ack", k, ack == k - 1))
         seen.append((k, sorted({*first.flatten().tolist(), *second.flatten().tolist()})))
     dist.barrier()
@@ -129,8 +134,8 @@ class FakeSymmetricMemory:
     """`torch.distributed._symmetric_memory` as far as PeerDeviceAreas uses it, on the CPU:
     a member's buffer is full of its group rank; `fail` makes one call raise."""
 
-    def __init__(self, group_rank: int, fail: str = "") -> None:
-        self.group_rank, self.fail = group_rank, fail
+    def __init__(self, group_rank: int, fail: str = "", remote: bool = True) -> None:
+        self.group_rank, self.fail, self.remote = group_rank, fail, remote
         self.sizes: list[int] = []  # what every call of `empty` asked for
 
     def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -146,24 +151,38 @@ class FakeSymmetricMemory:
         if self.fail == "rendezvous":
             raise RuntimeError("peer access is not supported between these GPUs")
         members = dist.get_process_group_ranks(group)
+        me = members.index(dist.get_rank())
 
-        class Handle:
-            rank = members.index(dist.get_rank())
+        class Handle:  # torch 2.13's calls
+            rank = me
 
             def get_remote_tensor(self, peer: int, sizes: Any, dtype: Any) -> torch.Tensor:
+                return (
+                    buffer[: sizes[0]]
+                    if peer == me
+                    else torch.full(tuple(sizes), peer, dtype=dtype)
+                )
+
+        class OlderHandle:  # get_buffer only; `offset` misplaces this worker's own view
+            rank, offset = me, 1 if self.fail == "offset" else 0
+
+            def get_buffer(self, peer: int, sizes: Any, dtype: Any, at: int) -> torch.Tensor:
+                if peer == me:
+                    return buffer[self.offset : self.offset + sizes[0]]
                 return torch.full(tuple(sizes), peer, dtype=dtype)
 
-        return Handle()
+        return Handle() if self.remote else OlderHandle()
 
 
-def map_two_hosts(rank: int, world: int, failing: int, fail: str) -> Any:
+def map_two_hosts(rank: int, world: int, failing: int, fail: str, remote: bool = True) -> Any:
     """Ranks 0, 2 on one host and 1, 3 on another (not contiguous, so group ranks differ
-    from global ones); rank `failing` fails at `fail`."""
+    from global ones); rank `failing` fails at `fail`; `remote`: torch 2.13's handle, else
+    one with get_buffer alone."""
     import sys
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     members = [0, 2] if rank % 2 == 0 else [1, 3]
-    fake = FakeSymmetricMemory(members.index(rank), fail if rank == failing else "")
+    fake = FakeSymmetricMemory(members.index(rank), fail if rank == failing else "", remote)
     sys.modules["torch.distributed._symmetric_memory"] = fake  # type: ignore[assignment]
     torch.distributed._symmetric_memory = fake  # type: ignore[attr-defined]
     sizes = {q: 100 * (q + 1) for q in members}  # unequal areas: the largest is allocated
@@ -174,18 +193,23 @@ def map_two_hosts(rank: int, world: int, failing: int, fail: str) -> Any:
     return fake.sizes, {q: (areas.area(q).numel(), int(areas.area(q)[0])) for q in members}
 
 
-def test_each_host_maps_its_members_by_group_rank_at_one_size() -> None:
-    outs = spawn_ranks(map_two_hosts, 4, -1, "")
+@pytest.mark.parametrize("remote", [True, False])
+def test_each_host_maps_its_members_by_group_rank_at_one_size(remote: bool) -> None:
+    outs = spawn_ranks(map_two_hosts, 4, -1, "", remote)
     assert outs[0] == ([300], {0: (100, 0), 2: (300, 1)})
     assert outs[2] == ([300], {0: (100, 0), 2: (300, 1)})
     assert outs[1] == ([400], {1: (200, 0), 3: (400, 1)})
     assert outs[3] == ([400], {1: (200, 0), 3: (400, 1)})
 
 
-@pytest.mark.parametrize("fail", ["empty", "rendezvous"])
+@pytest.mark.parametrize("fail", ["empty", "rendezvous", "offset"])
 def test_a_rank_that_cannot_map_stops_every_rank_with_its_reason(fail: str) -> None:
-    outs = spawn_ranks(map_two_hosts, 4, 3, fail)
-    reason = "out of memory" if fail == "empty" else "peer access is not supported"
+    outs = spawn_ranks(map_two_hosts, 4, 3, fail, fail != "offset")
+    reason = {
+        "empty": "out of memory",
+        "rendezvous": "peer access is not supported",
+        "offset": "placed this worker's rows at an offset",
+    }[fail]
     for out in outs:
         assert isinstance(out, str) and out.startswith("workers [3] cannot map"), out
         assert reason in out and "pipeline.transport=process-group" in out
