@@ -38,7 +38,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leo_cli.comm.row_areas import HostAreas, PeerDeviceAreas, RowAreas, first_line
+from leo_cli.comm.row_areas import (
+    HostAreas,
+    PeerDeviceAreas,
+    RowAreas,
+    first_line,
+    stop_together,
+)
 from leo_cli.comm.segments import create_segment
 from leo_cli.errors import TrainError
 
@@ -255,14 +261,7 @@ def _map_host_segments(layouts: list[Layout | None], rank: int) -> dict[int, Ten
                     )
                 except RuntimeError as exc:  # e.g. a peer of the same host name elsewhere
                     problem = problem or f"{names[q]}: {first_line(exc)}"
-        problems: list[Any] = [None] * len(layouts)
-        dist.all_gather_object(problems, problem)  # every worker fails alike, none waits
-        bad = [q for q, p in enumerate(problems) if p]
-        if bad:
-            raise TrainError(
-                f"workers {bad} cannot map their peers' published rows ({problems[bad[0]]}); "
-                "use pipeline.transport=process-group."
-            )
+        stop_together(problem, "their peers' published rows")
     finally:
         with contextlib.suppress(OSError):
             os.unlink(name)

@@ -358,9 +358,10 @@ class PipelineConfig(Section):
     group, or every row of the owner read in place; fine-grained reads every row in place),
     `process-group`
     (every row through the process group: L2 in bulk, L3 once per reading edge),
-    `shared-memory` (every row of a same-host owner read in place; CPU workers only). Owners
-    on other hosts always use the process group; CUDA workers read nothing in place yet.
-    `shared-memory` with pipeline.mode=auto limits auto to the modes that read in place."""
+    `shared-memory` (every row of a same-host owner read in place; on CUDA workers through
+    PyTorch's symmetric memory, a path not yet run on a GPU, which `auto` leaves to the process
+    group). Owners on other hosts always use the process group. `shared-memory` with
+    pipeline.mode=auto limits auto to the modes that read in place."""
     halo_dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
     """Type of the neighbour rows aggregations read: `float32` (as computed, in train.dtype),
     `bfloat16` (rounded to nearest: 2 bytes an element), `float16` (each row scaled by a power
