@@ -1,4 +1,5 @@
-# LEO: `make run` installs into ./.venv and runs the main job; `make test` installs and runs every check.
+# LEO: `make run` installs into ./.venv and runs the main job; `make test` installs and runs every check;
+# `make test-fast` the unit tests only (ruff, then pytest without integration, dist and slow tests).
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
@@ -7,7 +8,7 @@ STAMP   := $(VENV)/.installed
 CUDA_VENV  ?= .venv-cuda
 CUDA_STAMP := $(CUDA_VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest cuda-check check-cuda-build test-gpu clean
+.PHONY: install run test test-fast lint typecheck pytest cuda-check check-cuda-build test-gpu clean
 
 install: $(STAMP)
 
@@ -41,6 +42,11 @@ pytest: install
 # few lines land among pytest's progress. Any failing check fails `make test`.
 test: install
 	$(MAKE) --no-print-directory -j4 lint typecheck cuda-check pytest
+
+# The unit tests: none that starts a subprocess (integration), torch.distributed ranks (dist)
+# or a long run (slow); under 3 minutes on 2 cores. CI runs `make test`.
+test-fast: install lint
+	$(VENV)/bin/pytest -q -m "not integration and not dist and not slow"
 
 # A CUDA build of torch (the registry's default Linux x86_64 wheel: CUDA 13 for torch 2.13.0,
 # ~5 GB with its nvidia-* packages) in a virtual environment of its own, never the one

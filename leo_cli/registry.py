@@ -1,4 +1,4 @@
-"""The two tables LEO grows along: pipeline modes and convolutions, one record each.
+"""The tables LEO grows along: pipeline modes, cache policies and convolutions, one record each.
 
 In the spirit of torch.distributed.pipelining's schedule table and torchtitan's `TrainSpec`:
 a record says what the rest of the code needs to know about a mode or a convolution, as
@@ -8,7 +8,7 @@ transports in comm/modes.py, the layers in models/layers.py and models/gat.py) u
 names given here, and tests/test_registry.py checks that every record has one.
 
 Pure data (no torch), so the config schema, at the bottom of the imports, validates against it.
-Adding a mode: its transport module, one `Mode` line here and its cost terms (cache/cost.py).
+Adding a mode: its transport module, one `Mode` line here and its cost terms (planner/cost.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,53 @@ from dataclasses import dataclass
 from typing import Literal
 
 Transport = Literal["point-to-point", "all-to-all", "segment", "none"]
+# What `leo bench` measures against: the exact reference of every ratio (`baseline`), the
+# computation with no transfer (`floor`) and the pipeline without a cache (`overlap`); the
+# hidden share is (baseline - overlap) / (baseline - floor).
+BenchRole = Literal["baseline", "floor", "overlap"]
 EdgeWeights = Literal["symmetric", "mean", "sum", "attention"]
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How a transport (`Mode.transport`) moves halo rows: what its run-time class
+    (comm/modes.py `TRANSPORTS`) does, in the terms the cost model prices (planner/cost.py).
+
+    Attributes:
+        name: the transport's key.
+        transfer: how a transfer is timed: each peer's message on its own, none where no row
+            moves (`per-peer`); one collective everyone waits out for the busiest rank
+            (`collective`); rows written to a host segment, a barrier, rows read out
+            (`segment`); nothing moves (`none`).
+        packs: rows to send are gathered into a fresh send buffer.
+        receives_fresh: arriving rows (and gradients) land in a fresh buffer.
+        reads_out: the halo buffer is read out of the shared segment.
+        fills_zeros: the halo buffer is written with zeros (nothing arrives).
+        gradient_buffer: halo gradients are copied into one buffer for the collective.
+    """
+
+    name: Transport
+    transfer: Literal["per-peer", "collective", "segment", "none"]
+    packs: bool = False
+    receives_fresh: bool = False
+    reads_out: bool = False
+    fills_zeros: bool = False
+    gradient_buffer: bool = False
+
+    @property
+    def moves_rows(self) -> bool:
+        return self.transfer != "none"
+
+
+WIRES: dict[str, Wire] = {
+    w.name: w
+    for w in (
+        Wire("point-to-point", "per-peer", packs=True, receives_fresh=True),
+        Wire("all-to-all", "collective", packs=True, receives_fresh=True, gradient_buffer=True),
+        Wire("segment", "segment", reads_out=True),
+        Wire("none", "none", fills_zeros=True),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +91,7 @@ class Mode:
         planned: the cache plan's levels are priced for it (the others without a cache).
         runs_as: for a benchmark variant, the pipeline mode it runs.
         cache_policy: for a benchmark variant, the `cache.policy` it forces.
+        bench_role: the part it plays in `leo bench` (`BenchRole`), one mode per role.
     """
 
     name: str
@@ -61,6 +108,12 @@ class Mode:
     planned: bool = False
     runs_as: str | None = None
     cache_policy: str | None = None
+    bench_role: BenchRole | None = None
+
+    @property
+    def wire(self) -> Wire:
+        """How its transport moves rows (`WIRES`)."""
+        return WIRES[self.transport]
 
     @property
     def pipeline_mode(self) -> str:
@@ -71,7 +124,12 @@ class Mode:
     def bench_policy(self) -> str | None:
         """The `cache.policy` `leo bench` runs it with: its own, none for the baselines (what
         the paper compares against has no cache), or None: the config's (the planned mode)."""
-        return self.cache_policy or (None if self.planned else "none")
+        return self.cache_policy or (None if self.planned else NO_CACHE)
+
+    @property
+    def cache_free(self) -> bool:
+        """A benchmark variant that forces a policy without cache levels."""
+        return self.cache_policy is not None and not POLICIES[self.cache_policy].caches
 
 
 AUTO_MODE = "auto"  # what `pipeline.mode` may also say: a mode chosen per run, not a Mode
@@ -100,6 +158,7 @@ MODES: dict[str, Mode] = {
             exact=True,
             transport="all-to-all",
             cache_levels=True,
+            bench_role="baseline",
         ),
         Mode(
             "fine-grained",
@@ -124,6 +183,7 @@ MODES: dict[str, Mode] = {
             "floor perfect overlap would reach",
             exact=False,
             transport="none",
+            bench_role="floor",
         ),
         Mode(
             "leo-no-cache",
@@ -136,6 +196,7 @@ MODES: dict[str, Mode] = {
             bucketed_grads=True,
             runs_as="leo",
             cache_policy="none",
+            bench_role="overlap",
         ),
     )
 }
@@ -152,7 +213,7 @@ def pipeline_modes() -> list[str]:
 
 
 def mode_settings() -> list[str]:
-    """What `pipeline.mode` accepts: `auto` (train/auto_mode.py resolves it to a mode before
+    """What `pipeline.mode` accepts: `auto` (planner/auto_mode.py resolves it to a mode before
     workers start) and the modes a run can use."""
     return [AUTO_MODE, *pipeline_modes()]
 
@@ -174,25 +235,26 @@ def planned_mode() -> str:
     return next(m.name for m in MODES.values() if m.planned)
 
 
+def bench_role(role: BenchRole) -> str:
+    """The mode that plays `role` in `leo bench` (exactly one does: tests/test_registry.py)."""
+    return next(m.name for m in MODES.values() if m.bench_role == role)
+
+
 def baseline_mode() -> str:
     """The exact reference every ratio of `leo bench` is against: one all-to-all of the
     deduplicated halo, no overlap."""
-    return next(
-        m.name
-        for m in MODES.values()
-        if m.exact and m.transport == "all-to-all" and not m.per_edge_rows
-    )
+    return bench_role("baseline")
 
 
 def floor_mode() -> str:
     """The computation without any transfer: the floor of the hidden share."""
-    return next(m.name for m in MODES.values() if m.transport == "none")
+    return bench_role("floor")
 
 
 def overlap_mode() -> str:
     """The pipeline without a cache: what the hidden share measures (same computation as the
     floor, plus the transfers)."""
-    return next(m.name for m in MODES.values() if m.overlap and m.cache_policy == "none")
+    return bench_role("overlap")
 
 
 def prediction_key(pipeline_mode: str, cached: bool) -> str:
@@ -201,9 +263,84 @@ def prediction_key(pipeline_mode: str, cached: bool) -> str:
     if cached:
         return pipeline_mode
     for m in MODES.values():
-        if m.runs_as == pipeline_mode and m.cache_policy == "none":
+        if m.runs_as == pipeline_mode and m.cache_free:
             return m.name
     return pipeline_mode
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One cache policy (`cache.policy`).
+
+    Attributes:
+        name: the key in configs.
+        help: one line for `--help`.
+        caches: it places halo rows in cache levels (a plan is made and read); without it
+            every halo row is exchanged each layer and no plan is needed to train.
+        replicas: how it chooses the L1 replicas: the most-read rows first within the
+            budget, or the cost model's pick (planner/policy.py).
+    """
+
+    name: str
+    help: str
+    caches: bool = True
+    replicas: Literal["most-read", "cost-model"] = "cost-model"
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("none", "exchange every halo row each layer", caches=False),
+        Policy("degree", "replicate the most-read rows first", replicas="most-read"),
+        Policy("leo", "the cost model decides"),
+    )
+}
+NO_CACHE = next(p.name for p in POLICIES.values() if not p.caches)
+
+
+def policy_of(name: str) -> Policy:
+    """The record of a cache policy (names are validated by the config schema)."""
+    return POLICIES[name]
+
+
+@dataclass(frozen=True)
+class RowTransport:
+    """One `pipeline.transport` setting: how the rows of same-host owners reach a worker.
+
+    Attributes:
+        name: the key in configs.
+        help: one line for `--help`.
+        in_place: which same-host rows are read in place from their owners' published rows
+            (comm/inplace.py): none (every row through the process group), the L3 rows and
+            the pairs where the plan chose every row (`planned`), or every row (`every`).
+        gpu: CUDA workers read in place too (peer GPU memory; asked for by name only).
+    """
+
+    name: str
+    help: str
+    in_place: Literal["none", "planned", "every"]
+    gpu: bool = False
+
+    @property
+    def every_row(self) -> bool:
+        """Every row of a same-host owner is read in place, not only the planned ones."""
+        return self.in_place == "every"
+
+
+ROW_TRANSPORTS: dict[str, RowTransport] = {
+    t.name: t
+    for t in (
+        RowTransport("auto", "L3 rows in place, every row where the plan predicts it faster",
+                     "planned"),
+        RowTransport("process-group", "every row through the process group", "none"),
+        RowTransport("shared-memory", "every same-host row read in place", "every", gpu=True),
+    )
+}  # fmt: skip
+
+
+def row_transport(name: str) -> RowTransport:
+    """The record of a `pipeline.transport` setting (validated by the config schema)."""
+    return ROW_TRANSPORTS[name]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from leo_cli.config import load_config
-from leo_cli.graph.stage import ensure_partitions
+from leo_cli.graph.partition_cache import ensure_partitions
 
 
 def high_water_gb() -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leo_cli.cache.hardware import FORMAT_VERSION, HardwareProfile
 from leo_cli.graph.types import Graph, symmetrize
+from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 
 
 def shared_datasets() -> Path:
@@ -178,26 +177,3 @@ def ended_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
-
-
-def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
-    """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it:
-    for a command refused before any worker starts, without a fresh interpreter's ~4 s of
-    imports. An exception other than the command's exit propagates (with its traceback); the
-    environment and the signal handlers the command sets are put back."""
-    from unittest import mock
-
-    from typer.testing import CliRunner
-
-    from leo_cli.cli.app import app
-
-    signals = (signal.SIGINT, signal.SIGTERM)
-    saved = {sig: signal.getsignal(sig) for sig in signals}
-    try:
-        with mock.patch.dict(os.environ):
-            res = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-    return subprocess.CompletedProcess(["leo", *args], res.exit_code, res.stdout, res.stderr)

@@ -28,7 +28,7 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
 from leo_cli.registry import conv_of
-from leo_cli.train.timing import process_start_time
+from leo_cli.util.timing import process_start_time
 
 PEERS = ("pyg", "pyg-csr")
 

@@ -30,8 +30,10 @@ from leo_cli.bench import stats
 from leo_cli.bench.suite import LEO, Measured, Variant, run_folder
 from leo_cli.config import LeoConfig
 from leo_cli.registry import baseline_mode, floor_mode, overlap_mode, planned_mode
-from leo_cli.train.metrics import git_sha, write_json
+from leo_cli.run_dir import RunDir
 from leo_cli.util import files
+from leo_cli.util.files import write_json
+from leo_cli.worker.report import git_sha
 
 COLUMNS = (
     "system",
@@ -82,7 +84,7 @@ def planned_time(out_dir: Path | None, v: Variant) -> float | None:
     """What the cache plan of the row's run folder predicts for its mode (every LEO row)."""
     if out_dir is None:
         return None
-    path = run_folder(out_dir, v) / "cache-plan.json"
+    path = RunDir(run_folder(out_dir, v)).plan
     try:
         value = json.loads(path.read_text())["predicted_epoch_time_s"].get(v.mode)
     except (OSError, ValueError, KeyError, AttributeError):

@@ -25,12 +25,12 @@ from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.config.load import with_overrides
 from leo_cli.config.schema import CacheConfig
 from leo_cli.errors import TrainError
+from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.launcher import prepare, run_workers
+from leo_cli.planner.plan import static_layer0
 from leo_cli.registry import conv_of, mode_of, planned_mode
-from leo_cli.train import metrics as run_files
-from leo_cli.train.allocator import allocator_of
-from leo_cli.train.launcher import prepare, run_workers
-from leo_cli.train.plan_stage import static_layer0
-from leo_cli.train.timing import RunTimer
+from leo_cli.run_dir import RunDir
+from leo_cli.util.timing import RunTimer
 
 LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr)
 NEVER = 10**9  # an epoch interval that never comes (no evaluation, no checkpoint mid-run)
@@ -155,8 +155,8 @@ def run_leo(
     timer = RunTimer()
     run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact, timer=timer)
     run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
-    rows = run_files.read_metrics(run_dir)[cfg.bench.warmup_epochs :]
-    summary = run_files.read_json(run_dir / "summary.json")
+    rows = RunDir(run_dir).read_metrics()[cfg.bench.warmup_epochs :]
+    summary = RunDir(run_dir).read_summary()
     reused = summary.get("setup_reused_s", {})
     return {
         # What a fresh run pays: the partitions and plan this run reused cost that much to
@@ -197,7 +197,7 @@ def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
     """One peer run in its own process, with all the cores LEO's single worker gets."""
     config_path = out_dir / "peer_config.yaml"
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": out_dir})}))
-    os.replace(out_dir / "resolved_config.yaml", config_path)
+    os.replace(RunDir(out_dir).config, config_path)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     threads = str(os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]

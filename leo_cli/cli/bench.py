@@ -24,7 +24,7 @@ from leo_cli.cli.render import STAGE_LABELS
 from leo_cli.config import LeoConfig
 from leo_cli.config.load import validate
 from leo_cli.errors import ConfigError
-from leo_cli.train.launcher import check_supported
+from leo_cli.launch.launcher import check_supported
 from leo_cli.util.interrupt import Interrupted
 
 DEFAULT_BENCH_CONFIG = Path(__file__).resolve().parent.parent / "bench" / "default.yaml"

@@ -10,8 +10,8 @@ import typer
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import partition_table, stage_progress, stats_table
 from leo_cli.config import write_resolved
-from leo_cli.graph.stage import metis_note
-from leo_cli.train.plan_stage import run_partitions
+from leo_cli.graph.partition_cache import metis_note
+from leo_cli.launch.stages import run_partitions
 
 
 @handle_errors

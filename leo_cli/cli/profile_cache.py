@@ -10,15 +10,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from leo_cli.cache.hardware import HARDWARE_FILE, HardwareProfile
-from leo_cli.cache.plan import CachePlan
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
 from leo_cli.config import LeoConfig
+from leo_cli.launch.stages import ensure_plan, run_partitions
+from leo_cli.planner.auto_mode import choose, with_mode
+from leo_cli.planner.checks import check_config
+from leo_cli.planner.plan import CachePlan
+from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.registry import AUTO_MODE, planned_mode
-from leo_cli.train.auto_mode import choose, with_mode
-from leo_cli.train.checks import check_config
-from leo_cli.train.plan_stage import ensure_plan, run_partitions
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -110,7 +110,7 @@ def auto_line(cfg: LeoConfig, plan: CachePlan) -> str:
     """What `leo train` would run under `pipeline.mode=auto` with this plan (none with
     cache.policy=none: training makes no plan then)."""
     auto = with_mode(cfg, AUTO_MODE)
-    used = None if cfg.cache.policy == "none" else plan
+    used = None if not cfg.cache.enabled else plan
     return choose(auto, used, len(plan.caches)).describe()
 
 

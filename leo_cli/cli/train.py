@@ -20,14 +20,14 @@ from leo_cli.cli.common import (
     sweep_segments,
 )
 from leo_cli.cli.render import stage_progress
-from leo_cli.graph.stage import metis_note, partition_dir
+from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
-from leo_cli.train.allocator import allocator_of, fallback_note
-from leo_cli.train.auto_mode import from_json
-from leo_cli.train.launcher import prepare, run_workers
-from leo_cli.train.metrics import read_json, read_metrics
-from leo_cli.train.timing import RunTimer, process_start_time
+from leo_cli.launch.allocator import allocator_of, fallback_note
+from leo_cli.launch.launcher import prepare, run_workers
+from leo_cli.planner.auto_mode import from_json
+from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
+from leo_cli.util.timing import RunTimer, process_start_time
 
 
 def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
@@ -42,7 +42,7 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=num_epochs, info="starting workers...")
         while True:
-            rows = read_metrics(run_dir)
+            rows = RunDir(run_dir).read_metrics()
             if rows:
                 last = rows[-1]
                 info = f"loss {last['loss']:.4f}"
@@ -133,7 +133,7 @@ def train_cmd(
     try:
         with stage_progress() as progress:
             prepare(cfg, resume, progress, allow_inexact, timer)
-        notes = [metis_note(read_meta(partition_dir(run_dir)))]
+        notes = [metis_note(read_meta(RunDir(run_dir).partitions))]
         if cfg.launch.allocator == "auto":  # (`jemalloc` missing is refused at the launch)
             notes.append(fallback_note(allocator_of("auto")))
         for note in notes:
@@ -154,5 +154,5 @@ def train_cmd(
         if follower.is_alive():
             follower.join()
     if cfg.launch.node_rank == 0:
-        console.print(summary_table(read_json(run_dir / "summary.json")))
+        console.print(summary_table(RunDir(run_dir).read_summary()))
         console.print(f"Run folder: {run_dir}")

@@ -1,34 +1,12 @@
 """One computation for a layer's aggregation; the pipeline mode only chooses how rows move.
 
-An aggregator owns both the communication and the SpMM of a layer (DESIGN.md §2.2). Every mode
-computes `A·[h | halo(h)]` the same way: the inner column block of the CSR, then one block per
-peer and chunk (comm/blocks.py), each with its precomputed transpose for the backward pass;
-halo gradients are added into their owners' rows in place. No `[h | halo]` is assembled. What
-differs between modes is the transport (comm/transport.py) and whether the update is split so
-rows leave early (`overlap`, the LEO pipeline):
+An aggregator owns both the communication and the SpMM of a layer: the inner column block of
+the CSR, then one block per peer and chunk (comm/blocks.py), halo gradients added into their
+owners' rows. The transport (comm/transport.py) moves the rows, and `overlap` splits the update
+so rows leave early. Attention layers get the rows `[h | halo(h)]` instead; with rows rounded to
+`pipeline.halo_dtype` (comm/rounding.py) the backward reads its gradient as rows too.
 
-Forward, per layer:
-1. with `overlap`, boundary-first update: the GEMM of the rows peers need runs first and their
-   chunks are posted before the interior GEMM; otherwise the whole GEMM, then the rows move;
-2. the inner block is aggregated (while chunks are in flight, where the transport lets them);
-3. each chunk is aggregated as soon as it has landed (its own column block).
-Backward mirrors it: the halo-gradient chunks are computed and sent first, the inner block's
-backward runs, and each gradient chunk that arrives is added to its owner's rows.
-
-`compute-only` is this computation with a transport that moves nothing (zeros arrive): the
-time perfect overlap would reach. Attention layers (GAT) weight edges by scores computed from
-the rows, so for them a mode only brings the rows, `[h | halo(h)]` in the column order of its
-CSR (`columns`), with halo gradients flowing back.
-
-With `rounding` (`pipeline.halo_dtype`, comm/rounding.py), every row an aggregation reads is
-rounded, its own rows included, and halo rows travel rounded: a row is the same number
-whichever worker reads it, so 1, 2 or 4 workers still agree. Backward, rounding passes
-gradients straight through, and the gradient of h is read as rows too, not sent back as
-partial sums (a partial sum over the edges one worker holds, rounded, would depend on the
-partition): every graph here is symmetric, so `Aᵀ = diag(r)·A·diag(c)` (r = c = 1 but for
-the mean, where c = 1/degree of the row sent and r = degree of the row receiving) and
-`Aᵀ·g` is the forward's aggregation of the rounded rows `c ⊙ g`, moved the same way.
-Attention layers return their halo gradients as partial sums, in the training dtype.
+Specification: docs/design/aggregation.md, docs/design/rounding.md.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
 """
 

@@ -1,17 +1,11 @@
 """Column blocks of a worker's CSR, so that each source of rows is aggregated on its own.
 
-The local CSR has inner rows and `[inner | halo]` columns, and the halo columns of one owner
-are contiguous. Cutting the columns into blocks (the inner block, then one block per peer and
-chunk) lets an aggregation sum the inner rows while halo rows are still in flight, and add
-each chunk of halo rows as soon as it lands: `A·h = Σ_b A[:, b]·h[b]`. Every pipeline mode
-aggregates through these blocks (comm/aggregate.py); a `Schedule` says which chunks there are.
+The columns are cut into the inner block and one block per peer and chunk (a `Schedule`), so an
+aggregation (comm/aggregate.py) sums the inner rows while halo rows are in flight and adds each
+chunk as it lands: `A·h = Σ_b A[:, b]·h[b]`. A halo block keeps one row per reading row; a
+block runs its CSR and its transpose forward only, so neither keeps the edge permutation.
 
-A halo block only touches the rows that read it, so it is stored compactly: its CSR has one
-row per reading row (`rows_R`) and its result is added into those rows of the output.
-
-A block only ever runs its two CSRs forward (its backward is its transpose's forward), so
-neither keeps the edge permutation between them (`t_perm`, and the transpose's inverse of it):
-8 bytes an edge at int32 that would never be read. The op's own backward refuses such a CSR.
+Specification: docs/design/aggregation.md.
 Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
 """
 

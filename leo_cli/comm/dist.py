@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from leo_cli.config.schema import LaunchConfig
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -91,3 +93,8 @@ def all_gather_(t: torch.Tensor) -> torch.Tensor:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t.contiguous())
     return torch.stack(out)
+
+
+def uses_cuda(launch: LaunchConfig) -> bool:
+    """Whether the workers will train on CUDA devices (as this process sees them)."""
+    return launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())

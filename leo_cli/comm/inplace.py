@@ -3,16 +3,10 @@ inside its aggregation, and whose gradients it publishes for the owner to add up
 
 Only same-host pairs can map each other's segments (comm/published.py); an L3 row owned on
 another host is fetched per reading edge through the process group instead (comm/views.py).
+A reader's rows of one owner are a column block of its CSR that reads them by position, with
+no copy; waiting for a late owner comes after the inner block's SpMM.
 
-Each worker publishes, per layer, its boundary rows (sorted; the rows some peer reads): the
-pipelined update computes them first anyway. A reader's L3 rows of owner q are a column block
-of its CSR whose forward reads q's published rows by position (no copy) and whose backward
-gives the gradient of each row read once (the block's transpose); it publishes those for q,
-which adds them into its own rows' gradients. On CPU the inner block and the first owner's
-rows are summed by one `fused_aggregate` (the op whose CUDA kernel splits a tile's warps
-between local and remote edges); the other owners' rows add one SpMM each. An owner that has
-not published yet when the aggregation starts is waited for after the inner block's SpMM,
-so local work hides the wait (the same sums).
+Specification: docs/design/published-rows.md.
 Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
 """
 

@@ -1,15 +1,11 @@
 """The cache levels of one worker at run time, built once from its part of the cache plan.
 
-- L1s static aggregate: when layer 0's input never changes (no input dropout, or evaluation),
-  `Â·X` is computed once here: layer 0 then needs no exchange and no SpMM.
-- L1 replicas: layer-0 input rows of chosen halo nodes are fetched once and kept; layer 0
-  aggregates them locally at input width, `(Â_R·X'_R)·W`, with their dropout masks drawn
-  here (keyed by global id, so exactly the masks their owners draw); the exchange of layer 0
-  leaves them out, forward and backward.
-- L2 / L3: the exchanged rows, deduplicated or fetched per edge (a view of the halo); L3 rows
-  of an owner on this worker's host are read in place from its published rows instead
-  (comm/inplace.py), their edges left out of the view.
+L1s, the static aggregate `Â·X` computed once when layer 0's input never changes; L1, replicated
+layer-0 input rows aggregated locally with the masks their owners draw; L2 / L3, the exchanged
+rows, deduplicated or fetched per edge, or read in place from a same-host owner's published
+rows (comm/inplace.py).
 
+Specification: docs/design/cache-levels.md.
 Legend: N inner rows, H halo rows, R replicated rows, F input width.
 """
 

@@ -1,27 +1,12 @@
 """Published rows: the rows a worker's same-host peers read in place, with no global barrier.
 
-Every worker of a host owns one segment (a /dev/shm file that the host's workers map):
+Every worker of a host owns one segment: int64 counters per stream (`seq`, the last exchange
+it published; `ack`, the last exchange of each peer it finished reading) and `NUM_COPIES`
+copies of its forward and backward rows. Writers wait for their readers' acks, readers for the
+writer's `seq`, so no worker waits for any but the peers it reads from. Where the row copies
+live: comm/row_areas.py.
 
-- a header of int64 counters: for every stream s (its forward rows, or its backward
-  gradients: every layer's in turn, in the same order on every worker) `seq[s]`, the last
-  exchange of s this worker has published, and `ack[s][q]`, the last exchange of peer q's
-  stream s this worker has finished reading;
-- `NUM_COPIES` copies of its forward rows (the rows peers read in place, at the widest width)
-  and of its backward rows (the gradients of the rows it read, one region per owner).
-
-Exchange k of a stream goes to copy k % 2. A writer waits, before writing that copy, until
-every reader has acknowledged exchange k - 2 (the last use of the copy); a reader waits, before
-reading exchange k, until the writer's `seq[s]` says k. So a fast worker runs at most one
-exchange ahead and never overwrites rows a slow reader is still reading (with one copy it
-would: tests/comm/test_published.py shows it); no worker waits for anyone but the peers it
-reads from. On x86 a store is never seen before an
-earlier one, so rows written before `seq` are there when `seq` is; waits poll with a short
-sleep and give up after `launch.timeout_s` with a sentence.
-
-The counters are host memory on every device; on CUDA workers the row copies are GPU memory
-that peers map (comm/row_areas.py), and a fence before each `seq` and `ack` waits for the
-stream's copies and kernels.
-
+Specification: docs/design/published-rows.md.
 Legend: B rows this worker publishes, R_q rows it reads from owner q, W the widest width.
 """
 

@@ -1,27 +1,11 @@
 """Neighbour rows in a narrower type (`pipeline.halo_dtype`), the same on every worker count.
 
-Quantizing only the rows that cross a cut (AdaQP and its successors) makes the numbers depend
-on the partition. Here every row an aggregation reads is rounded, the worker's own rows
-included and on one worker too, by a rule that depends on the row alone: its values, and for
-`int8` its global id and a key. A row is then the same number wherever it is read, so 1, 2
-or 4 workers train the same model for a given type (up to summation order: in float32, a
-last-bit difference of a row's value near a rounding boundary becomes one step, rarely).
+Every row an aggregation reads is rounded, the worker's own rows included, by a rule that
+depends on the row alone (its values, and for `int8` its global id and a key), so 1, 2 or 4
+workers train the same model for a given type. `bfloat16` rounds to nearest; `float16` and
+`int8` scale each row by a power of two whose exponent travels with it as one byte.
 
-- `bfloat16`: round to nearest; rows travel in it (2 bytes an element, float32's range).
-- `float16`: each row scaled by a power of two (its exponent travels: one byte) so that its
-  largest magnitude lies in [0.5, 1], then rounded to nearest: no overflow past 65504 and no
-  underflow of small rows (the gradient rows of a large graph are ~1e-6).
-- `int8`: a scale per row, the smallest power of two at or above its largest magnitude / 127
-  (one byte, its exponent), and stochastic rounding, `floor(x / scale + u)`, whose `u` comes
-  from the counter-based generator of the dropout masks keyed by (seed, epoch, layer,
-  direction, global row id, column): unbiased up to the 1/256 grid of its draws (1/512 of a
-  step at most), and drawn alike by every worker. Without a key (evaluation) it rounds to
-  nearest.
-
-Scaled rows travel as bytes: the values, then the exponent. A row with a value that is not
-finite, or whose scale would pass 2**126, gets the exponent -128 and decodes to NaN, so the
-trainer's NaN check still stops the run. Scales are built from their bits, so multiplying by them is
-exact on every device.
+Specification: docs/design/rounding.md.
 Legend: X rows, F width, W wire width (bytes for scaled rows).
 """
 

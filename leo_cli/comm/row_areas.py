@@ -2,21 +2,12 @@
 memory (a /dev/shm segment per worker, polled by the CPU); the row copies live where the
 workers compute.
 
-- CPU workers (`HostAreas`): in the same segment, after the counters.
-- CUDA workers (`PeerDeviceAreas`): in GPU memory, one buffer per worker, which every
-  same-host peer maps into its own address space through PyTorch's symmetric memory
-  (`torch.distributed._symmetric_memory`: `empty`, `rendezvous`, `get_remote_tensor`), so the
-  aggregation's kernels read a peer GPU's rows in place, over NVLink or PCIe peer access.
+CPU workers (`HostAreas`) keep the rows in the segment, after the counters; CUDA workers
+(`PeerDeviceAreas`) keep them in GPU memory that every same-host peer maps through PyTorch's
+symmetric memory. `fence()` waits for the stream's copies and kernels before a sequence number
+is published and before a read is acknowledged.
 
-A GPU writes and reads asynchronously, on its stream: a worker's `copy_` into its rows, or a
-kernel reading a peer's, has only been enqueued when the call returns. So the protocol calls
-`fence()` before it publishes a sequence number (the rows must be in memory before a reader
-is told so) and before it acknowledges a read (the kernel must be done with the copy before
-its owner may overwrite it). On the CPU a fence has nothing to wait for.
-
-This path has been compiled and emulated on the CPU only (tests/comm/test_row_areas.py
-stages every write until the fence, as a stream would, and checks where the fences fall);
-`scripts/gpu-check-train.sh` would run it on a machine with two GPUs, against one process.
+Specification: docs/design/published-rows.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Names of the shared-memory segments in /dev/shm, and removing the ones no job uses.
 
-A segment lives as a file in /dev/shm from its creation until every worker has mapped it
-(`shm.open_segment` then unlinks it). A worker killed in between (kill -9, Ctrl-C during
-set-up) leaves the file behind, and a file in /dev/shm holds its RAM until reboot: at
-ogbn-products size, gigabytes. So every name says whose it is:
+A segment a killed worker leaves behind holds its RAM until reboot, so every name says whose it
+is (`leo-<creator pid>-<creator start time>-<job>-<random>`): the launcher removes its job's
+segments when the job ends, and `sweep_stale` (at every `leo train` start) those whose creator
+is gone. Only regular files owned by this user are ever removed.
 
-    leo-<creator pid>-<creator start time>-<job>-<random>
-
-- the creator's pid and start time (clock ticks after boot, /proc/<pid>/stat field 22): a
-  later run can tell whether the creator is still alive, even once its pid is reused;
-- the job: a token the launcher (`train/elastic.py`) hands its workers in `LEO_JOB`; when the
-  job ends, however it ends, the launcher removes every segment of its job;
-- `sweep_stale` (run at every `leo train` start) removes segments whose creator is gone.
-
-Names of older versions (`leo-<pid>-<random>`) are swept when their pid no longer exists.
-Only regular files owned by this user are ever removed.
+Specification: docs/design/published-rows.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The unified-memory baseline (`pipeline.mode=shared-memory`; LEO-UVM / MGG-UVM in the paper).
 
-All embeddings of one host live in one shared segment (a file in /dev/shm that every worker
-maps). Per layer each worker writes its rows, all pass a barrier, then each reads its halo
-rows out of their owners' regions (on a GPU through host memory, as unified memory would page
-them) and aggregates them through the same column blocks as every mode (comm/aggregate.py).
-Backward mirrors it: each reader writes the gradients of its halo rows into its own region,
-a barrier, then every owner adds what its readers wrote for its rows. (Rows rounded to
-`pipeline.halo_dtype` move the output gradient as rows instead, through the rows' segment:
-comm/aggregate.py backward_rows; the gradients' segment then serves attention layers only.)
+All embeddings of one host live in one shared /dev/shm segment. Per layer each worker writes
+its rows, all pass a barrier, then each reads its halo rows out of their owners' regions and
+aggregates them through the same column blocks as every mode (comm/aggregate.py); backward
+mirrors it. Buffers alternate between two copies, so one barrier per exchange suffices.
 
-Buffers alternate between two copies, so one barrier per exchange suffices: a worker writes
-exchange k only after passing barrier k-1, which every peer reaches after finishing its reads
-of exchange k-2 (the same copy).
+Specification: docs/design/aggregation.md.
 Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S rows sent.
 """
 

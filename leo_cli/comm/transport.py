@@ -1,24 +1,12 @@
 """How halo rows and their gradients move between workers: one transport per pipeline mode.
 
-The aggregation is the same in every mode (comm/aggregate.py: an inner column block, then one
-block per peer and chunk of a `Schedule`). A transport only moves what those blocks read:
-forward, each chunk's rows to its peer and the peer's rows into this worker's halo; backward,
-the gradient of every received chunk back to its owner. Modes differ in how and when:
+The aggregation is the same in every mode (comm/aggregate.py); a transport only moves what its
+column blocks read: `PointToPoint` (leo), `AllToAll` (blocking, fine-grained), `NoTransfer`
+(compute-only, one worker) and `SharedMemory` (comm/shm.py). Every `send_*` returns a `Pending`
+whose `wait(r)` gives round r's buffers; each transport counts what it moved and how long it
+waited in its `CommStats`.
 
-- `PointToPoint` (leo): rounds posted asynchronously as one batch of isend/irecv each, waited
-  for round by round, so aggregation runs while later rounds travel.
-- `AllToAll` (blocking, fine-grained): the whole halo in one collective, waited for at once.
-- `NoTransfer` (compute-only, and the single worker, which has no halo): nothing moves; the
-  halo rows and the returned gradients are zeros, so compute-only runs exactly the exact
-  modes' computation with the transfers removed.
-- `SharedMemory` (shared-memory, comm/shm.py): rows written to a segment, a barrier, read back.
-
-Rows may arrive rounded and packed (`pipeline.halo_dtype`, comm/rounding.py: a narrower type
-or bytes); the aggregation decodes them, and with rounded rows it moves the backward's
-output-gradient rows with `send_rows` too (comm/aggregate.py backward_rows).
-Every `send_*` returns a `Pending` whose `wait(r)` gives round r's buffers, one per chunk.
-Each transport counts what it moved and how long it waited in its `CommStats` (shared by
-the aggregators of one worker, so a step's statistics cover every layer's views).
+Specification: docs/design/aggregation.md.
 Legend: N inner rows, H halo rows, S rows sent (sum over peers), F width.
 """
 

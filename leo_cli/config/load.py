@@ -5,6 +5,8 @@ Every failure becomes a `ConfigError` naming the file or key and what to do.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from leo_cli.config.schema import LeoConfig
 from leo_cli.errors import ConfigError
+from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 
 
@@ -138,7 +141,7 @@ def dump_config(cfg: LeoConfig) -> str:
 def write_resolved(cfg: LeoConfig) -> Path:
     """Write `<out_dir>/resolved_config.yaml` atomically and return its path."""
     out = Path(cfg.run.out_dir)
-    path = out / "resolved_config.yaml"
+    path = RunDir(out).config
     try:
         out.mkdir(parents=True, exist_ok=True)
         files.write_text(path, dump_config(cfg))  # a fresh temporary file, then a rename
@@ -147,3 +150,17 @@ def write_resolved(cfg: LeoConfig) -> Path:
             f"run.out_dir={out} cannot be written ({exc.strerror}); choose a writable folder."
         ) from None
     return path
+
+
+# Where each node is and where it sees the shared files; every other key must match.
+PER_NODE_KEYS = ("launch.node_rank", "launch.master_addr", "run.out_dir", "data.root")
+
+
+def config_fingerprint(cfg: LeoConfig) -> str:
+    """sha256 of the resolved config, less the keys that may differ between nodes: what the
+    launcher and every worker compare."""
+    tree = cfg.model_dump(mode="json")
+    for key in PER_NODE_KEYS:
+        section, name = key.split(".")
+        del tree[section][name]
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()

@@ -1,4 +1,4 @@
-"""The config schema: one pydantic model per section of DESIGN.md §1 (names are a contract).
+"""The config schema: one pydantic model per section of the config (names are a contract).
 
 Every field is documented by the docstring under it; `leo <cmd> --help` and error messages use
 those texts. Unknown keys are rejected (`extra="forbid"`).
@@ -320,7 +320,7 @@ class CacheConfig(Section):
     def _levels_need_a_policy(self) -> CacheConfig:
         # With policy none no cache level is used: a changed value would be accepted and
         # ignored. (A changed value, not a set one: a resolved config lists every default.)
-        if self.policy == "none":
+        if not self.enabled:
             for key in ("static_aggregate", "replica_budget_mb"):
                 if getattr(self, key) != type(self).model_fields[key].default:
                     raise ValueError(
@@ -328,6 +328,11 @@ class CacheConfig(Section):
                         "cache.policy=leo or degree"
                     )
         return self
+
+    @property
+    def enabled(self) -> bool:
+        """The policy places rows in cache levels (registry: `Policy.caches`)."""
+        return registry.policy_of(self.policy).caches
 
     @field_validator("replica_budget_mb", "halo_budget_mb")
     @classmethod
@@ -392,7 +397,7 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _narrow_rows_move_through_the_process_group(self) -> PipelineConfig:
-        if self.rounds_rows and self.transport == "shared-memory":
+        if self.rounds_rows and registry.row_transport(self.transport).every_row:
             raise ValueError(
                 f"pipeline.transport=shared-memory reads rows in place in the training dtype, "
                 f"not pipeline.halo_dtype={self.halo_dtype}; use auto or process-group"

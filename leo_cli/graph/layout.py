@@ -1,4 +1,4 @@
-"""From a graph and an owner per node to each worker's local view (DESIGN.md §2).
+"""From a graph and an owner per node to each worker's local view (inner, halo, boundary).
 
 Legend: N inner nodes of a part, H halo nodes, E local edges (in-edges of inner nodes),
 P parts, F features. Global ids are dataset ids; local ids are `0..N-1` for inner nodes

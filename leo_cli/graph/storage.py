@@ -1,4 +1,4 @@
-"""The on-disk partition format (DESIGN.md §3): META.json + `part_<r>/<array>.npy`.
+"""The on-disk partition format: META.json + `part_<r>/<array>.npy`.
 
 Writes go to a temporary folder renamed into place, so an interrupted run never leaves a
 partition that looks complete. Readers check the format version and every file's sha256.

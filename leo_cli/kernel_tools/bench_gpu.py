@@ -2,16 +2,12 @@
 
     python -m leo_cli.kernel_tools.bench_gpu [--nodes N] [--edges E] [--width F] [--json PATH]
 
-First measures the device's copy bandwidth (a device-to-device copy of a large buffer; bytes
-read + written per second). Then, on a uniform random graph and on a power-law graph (hub rows
-and hub columns of tens of thousands of edges), times each kernel (CUDA events, median of
-repeats): SpMM forward, SpMM over the transpose (the backward), fused local + remote
-aggregation, row gather and row scatter-add. Each reports its achieved bandwidth: the bytes it
-must move at least (indices, values, one feature row per edge, the output) per second, as a
-fraction of the copy bandwidth. Row reuse through the caches can push that fraction above 1.
-The reference (torch's cuSPARSE path) is timed beside LEO's SpMM. `--json` also writes the rows
-to a file. Runs in about 2 minutes on a current GPU.
+Times each kernel (CUDA events, median of repeats) on a uniform random and a power-law graph and
+reports the bytes it must move at least, per second, as a fraction of the device's
+device-to-device copy bandwidth; torch's cuSPARSE SpMM is timed beside LEO's. `--json` also
+writes the rows to a file.
 
+Specification: docs/design/kernels.md.
 Shape suffixes: R rows, C columns, E edges, F features.
 """
 

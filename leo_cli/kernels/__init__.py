@@ -1,18 +1,11 @@
 """Sparse kernels of LEO as torch custom ops, and the small API the models and comm code use.
 
-The ops (`ops.py`) are `leo::spmm_csr`, `leo::sddmm_csr`, `leo::gather_rows`,
-`leo::scatter_add_rows` and `leo::fused_aggregate`; graph attention adds `leo::gat_scores`,
-`leo::edge_softmax` and `leo::gat_spmm` (`gat_ops.py`). Their default implementation is a pure
-PyTorch reference; when `leo_cli._C` (built by `leo compile` from cuda/) imports, CUDA kernels
-serve CUDA tensors (`backend.py`; `LEO_KERNELS=ref` forces the reference). Everything here is
-differentiable and traceable by `torch.compile(fullgraph=True)`.
+The ops (`ops.py`, `gat_ops.py`) have a pure-PyTorch reference; CUDA kernels from `leo_cli._C`
+serve CUDA tensors when built (`backend.py`). Everything here is differentiable and traceable
+by `torch.compile(fullgraph=True)`, and indices are checked before they reach a kernel, so a
+bad one raises the same `KernelError` on every device.
 
-Indices are checked before they reach a kernel, so a bad one raises the same `KernelError` on
-every device (the CUDA kernels would otherwise read or write out of bounds): a CSR's indices
-when it is built (`CSR.from_arrays`), a row index tensor of `gather_rows` / `scatter_add_rows`
-the first time it is used (its range is remembered per tensor and version, so the index
-tensors of a plan built once cost one check each).
-
+Specification: docs/design/kernels.md.
 Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
 F features, N gathered or scattered rows.
 """

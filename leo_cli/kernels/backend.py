@@ -1,27 +1,12 @@
 """Which kernels serve the leo:: ops: the reference everywhere, plus CUDA kernels when built.
 
-`leo_cli._C` is the extension `leo compile` builds from cuda/. Importing it registers its
-kernels for the CUDA dispatch key of the ops in `ops.py`; CPU tensors always use the reference.
-The environment variable `LEO_KERNELS` chooses:
+`LEO_KERNELS` (`auto`, the default; `ref`; `cuda`) chooses, once per process at the first
+import of `leo_cli.kernels`, whether to load `leo_cli._C` (built by `leo compile`); CPU tensors
+always use the reference. Loading checks the build stamp, imports the library, registers its
+kernels and calls every op once on a visible GPU; a stale or failing library leaves the
+reference in place with one warning, and under `cuda` `active_backend()` raises the reason.
 
-- `auto` (default): load `leo_cli._C` when it imports, else stay on the reference;
-- `ref` (or `reference`): never load it (the CUDA dispatch key then runs the reference too);
-- `cuda`: load it or fail with the reason.
-
-The choice is made once per process, the first time `leo_cli.kernels` is imported (a loaded
-extension cannot be unloaded), so set the variable before that. A `cuda` choice that cannot be
-honoured does not fail the import itself (`leo compile`, which builds the extension, imports
-this package too): `active_backend()` and every kernel asked to serve a CUDA tensor raise the
-reason instead, and `leo train` asks before it starts anything.
-
-Loading is four steps, each of which can fail without taking the process down: compare the
-library with the stamp `leo compile` wrote (in a checkout, a library built from other sources
-or for another torch is stale and is not even imported), import the library (it registers
-nothing by itself), `_C.register_kernels()` (all four kernels or none; a kernel whose signature
-drifted from the schemas in `ops.py` raises instead of aborting the process as a static
-registration would), and, where a GPU is visible, one tiny call of every op (a library built
-without this GPU's architecture fails there). A stale library or a failure of the last two
-steps falls back to the reference with one warning (the last two also undo the registration).
+Specification: docs/design/kernels.md.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Aggregation runs over in-edges: row i of the CSR is a destination node, its columns are the
 source nodes whose features it sums. The backward pass of `out = A @ x` is `grad_x = A^T @
 grad_out`, another SpMM over the transpose. Building that transpose means sorting every edge by
-column; doing it once here, instead of in every backward pass, is what makes the reference SpMM
-about 3x faster than autograd's own CSR backward on the CPU (see ENVIRONMENT.md).
+column; doing it once here, instead of in every backward pass, makes the reference SpMM faster
+than autograd's own CSR backward on the CPU (docs/results.md).
 
 Shape suffixes: R rows, C columns, E edges; (R+1) and (C+1) are pointer arrays.
 """

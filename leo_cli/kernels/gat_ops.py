@@ -1,15 +1,11 @@
 """The leo:: ops of graph attention (GAT): edge scores, edge softmax, per-head weighted SpMM.
 
-Velickovic et al. 2018, per head h and edge j -> i of a CSR whose rows are destinations:
+After Velickovic et al. 2018: `leo::gat_scores` (each edge's score from its two endpoints'
+halves), `leo::edge_softmax` (over each row's edges) and `leo::gat_spmm` (the weighted sum per
+head). As in `ops.py`, each body is the pure-PyTorch reference, with fake and autograd
+registrations beside it.
 
-- `leo::gat_scores`: e_ih,j = LeakyReLU(a_src[j, h] + a_dst[i, h]) (an SDDMM whose product is
-  a sum: each endpoint contributes its half of the score);
-- `leo::edge_softmax`: alpha[e, h] = softmax of e[., h] over the edges of e's row;
-- `leo::gat_spmm`: out[i, h] = sum over edges e of row i of alpha[e, h] * x[col(e), h].
-
-As in `ops.py`, each body is the pure-PyTorch reference (the CPU path and the test oracle),
-with fake and autograd registrations beside it; backward passes call the leo:: ops where one
-exists, so CUDA kernels registered for them serve the backward too.
+Specification: docs/design/kernels.md.
 Shape suffixes: R rows (destinations), C columns (sources), E edges, H heads, F features per
 head.
 """

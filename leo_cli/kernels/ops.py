@@ -1,17 +1,11 @@
 """The leo:: custom ops: declarations, pure-PyTorch reference kernels, fake and autograd.
 
-Each op is declared once with `torch.library.custom_op`. Its body is the reference
-implementation: the CPU path, the path under `LEO_KERNELS=ref`, and the oracle the CUDA kernels
-are tested against. `leo_cli._C` (built from cuda/) registers kernels for the CUDA dispatch key
-of the same ops; the fake (shape) and autograd registrations below serve both backends. Under an
-unhonoured `LEO_KERNELS=cuda` the four ops with CUDA kernels refuse CUDA tensors (backend.py).
+Each op is declared once with `torch.library.custom_op`; its body is the reference (the CPU
+path, the path under `LEO_KERNELS=ref`, the CUDA kernels' test oracle), and the fake and
+autograd registrations below serve both backends. Backward passes call the ops themselves, so
+CUDA kernels serve the backward too.
 
-Low-precision features (float16, bfloat16) are accumulated in float32 and rounded once, as the
-CUDA kernels do. Outputs are always fresh tensors: custom ops may not alias their inputs.
-
-Backward passes call the ops themselves (never torch.sparse autograd), so the CUDA kernels serve
-the backward too and gradients are differentiable again (double backward works for features).
-
+Specification: docs/design/kernels.md.
 Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
 F features, N gathered or scattered rows; (R+1) and (C+1) are pointer arrays.
 """

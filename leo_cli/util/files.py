@@ -1,20 +1,12 @@
 """Writing run files safely: a fresh temporary file in the destination folder, then a rename.
 
-Every file LEO writes into a run folder (or the shared hardware cache) goes through here:
+Every file LEO writes into a run folder (or the shared hardware cache) goes through here: the
+temporary file is never a planted file or symlink, the rename replaces the destination itself,
+an error or interruption leaves nothing half-written under the real name, and JSON never holds
+NaN or infinities. `private_dir` makes folders the same way; `sweep_temporaries` removes the
+temporary files a killed process left behind.
 
-- the temporary file gets a unique name (`.<name>.<pid>-<random>.tmp`) and is created with
-  `O_CREAT | O_EXCL | O_NOFOLLOW` (`tempfile.mkstemp`), so a file or symlink planted under a
-  predictable name is never opened, let alone written through;
-- the rename replaces the destination itself: a symlink standing there is replaced, its target
-  is left alone;
-- an error or an interruption (Ctrl-C, SIGTERM) removes the temporary file, and the
-  destination keeps its old content: nothing half-written is ever left under the real name;
-- JSON is written with `allow_nan=False`: NaN and infinities are not JSON, and a reader must
-  never meet them.
-
-Folders written in place then renamed (partitions) start in `private_dir`, made the same way.
-The creating pid is part of every temporary name, so `sweep_temporaries` can remove the ones
-a killed process (SIGKILL: nothing runs) left behind, and only those.
+Specification: docs/design/run-files.md.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import leo_here
+from helpers.cli import leo, leo_here
 
 from leo_cli.bench.report import COLUMNS
 
@@ -26,11 +24,7 @@ TINY = [
 ]  # fmt: skip
 
 
-def leo(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "leo_cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-
-
+@pytest.mark.integration
 def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     res = leo(
@@ -90,6 +84,7 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     ("model", "sizes", "modes"),
     [("gcn", "[1]", "[leo]"), ("gat", "[2]", "[leo,blocking]")],
 )
+@pytest.mark.integration
 def test_rows_beside_the_pyg_peer(tmp_path: Path, model: str, sizes: str, modes: str) -> None:
     """GCN at one worker, where every mode is one process: one row, and a second without the
     static aggregate of layer 0; GAT at two workers (attention: no static aggregate), its
@@ -125,6 +120,7 @@ def test_rows_beside_the_pyg_peer(tmp_path: Path, model: str, sizes: str, modes:
         assert rows[-1]["system"] == "pyg" and rows[-1]["vs_pyg"] == pytest.approx(1.0)
 
 
+@pytest.mark.integration
 def test_variants_of_part_weights_run_interleaved_with_equal_losses(tmp_path: Path) -> None:
     """Two bench variants (uniform and measured part weights, three workers placed on two
     cores): a row each, its own run folders, ratios to the first, the same losses."""

@@ -12,7 +12,7 @@ from leo_cli.bench.peers import PygGAT, PygGCN, adjacency
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.types import DatasetInfo
-from leo_cli.train.assemble import assemble
+from leo_cli.worker.assemble import assemble
 
 pytest.importorskip("torch_geometric")
 

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers.cli import leo_here
 
-from leo_cli.cli.app import app
-
-runner = CliRunner()
 SMALL = ["--set", "data.synthetic.num_nodes=400", "--set", "data.synthetic.num_features=8"]
 
 
-def leo(*args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def assert_clean_error(code: int, out: str, err: str, *needles: str) -> None:
+def assert_clean_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    code, out, err = res.returncode, res.stdout, res.stderr
     assert code == 2, (code, out, err)
     assert "Traceback" not in out + err
     text = " ".join(err.split())
@@ -29,23 +23,23 @@ def assert_clean_error(code: int, out: str, err: str, *needles: str) -> None:
 
 def test_partition_writes_and_reuses(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    code, stdout, err = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
-    assert code == 0, err
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
+    assert res.returncode == 0, res.stderr
     meta = json.loads((out / "partitions" / "META.json").read_text())
     assert meta["num_parts"] == 4 and len(meta["stats"]["halo_nodes"]) == 4
     for key in ("edge_cut", "edge_cut_fraction", "balance", "replication_factor"):
         assert key in meta["stats"]
     assert (out / "resolved_config.yaml").is_file()
-    assert "edge cut" in stdout
-    code, stdout, _ = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
-    assert code == 0 and "Up to date" in stdout
-    code, stdout, _ = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4", "--force")
-    assert code == 0 and "Wrote" in stdout
+    assert "edge cut" in res.stdout
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4")
+    assert res.returncode == 0 and "Up to date" in res.stdout
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", "-p", "4", "--force")
+    assert res.returncode == 0 and "Wrote" in res.stdout
 
 
 def test_memory_limit_note_and_row(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    code, stdout, err = leo(
+    res = leo_here(
         "partition",
         *SMALL,
         "--set",
@@ -53,14 +47,14 @@ def test_memory_limit_note_and_row(tmp_path: Path) -> None:
         "--set",
         "partition.metis_memory_gb=0.0002",
     )
-    assert code == 0, err
-    text = " ".join(stdout.split())
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
     assert "METIS edges seen" in text and "limit 0.0002 GB" in text
     assert "Note: METIS saw" in text and "partition.metis_memory_gb=null" in text
-    code, stdout, err = leo("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")
-    assert code == 0, err
-    assert "100% (projected" in " ".join(stdout.split()) and "Note:" not in stdout
-    code, out_text, err = leo(
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")
+    assert res.returncode == 0, res.stderr
+    assert "100% (projected" in " ".join(res.stdout.split()) and "Note:" not in res.stdout
+    res = leo_here(
         "partition",
         *SMALL,
         "--set",
@@ -68,17 +62,17 @@ def test_memory_limit_note_and_row(tmp_path: Path) -> None:
         "--set",
         "partition.metis_memory_gb=1e-6",
     )
-    assert_clean_error(code, out_text, err, "partition.metis_memory_gb=1e-06 is too small")
+    assert_clean_error(res, "partition.metis_memory_gb=1e-06 is too small")
 
 
 def test_checksum_mismatch_names_file(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert leo("partition", *SMALL, "--set", f"run.out_dir={out}")[0] == 0
+    assert leo_here("partition", *SMALL, "--set", f"run.out_dir={out}").returncode == 0
     victim = out / "partitions" / "part_0" / "x.npy"
     victim.write_bytes(victim.read_bytes()[:-4] + b"\0\0\0\1")
-    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={out}")
-    assert_clean_error(code, o, e, "part_0/x.npy", "checksum", "leo partition --force")
-    assert leo("partition", *SMALL, "--set", f"run.out_dir={out}", "--force")[0] == 0
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}")
+    assert_clean_error(res, "part_0/x.npy", "checksum", "leo partition --force")
+    assert leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", "--force").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -100,8 +94,8 @@ def test_bad_input_is_one_clear_sentence(
     tmp_path: Path, args: list[str], needles: list[str]
 ) -> None:
     out = tmp_path / "run"
-    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={out}", *args)
-    assert_clean_error(code, o, e, *needles)
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={out}", *args)
+    assert_clean_error(res, *needles)
     assert not (out / "partitions").exists()
     assert not list(tmp_path.rglob("*.tmp-*"))
 
@@ -117,29 +111,28 @@ def test_seed_out_of_range_is_one_sentence(
     tmp_path: Path, args: list[str], needles: list[str]
 ) -> None:
     # Before the bound, METIS and numpy's SeedSequence raised tracebacks mid-partitioning.
-    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={tmp_path / 'run'}", *args)
-    assert_clean_error(code, o, e, *needles)
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={tmp_path / 'run'}", *args)
+    assert_clean_error(res, *needles)
 
 
 def test_unparsable_config(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("run: {name: x\n")
-    code, o, e = leo("partition", "--config", str(bad))
-    assert_clean_error(code, o, e, str(bad), "YAML")
+    assert_clean_error(leo_here("partition", "--config", str(bad)), str(bad), "YAML")
 
 
 def test_help_explains_options() -> None:
-    code, out, _ = leo("partition", "--help")
-    assert code == 0
+    res = leo_here("partition", "--help")
+    assert res.returncode == 0
     for opt in ("--config", "--set", "--num-parts", "--force"):
-        assert opt in out
+        assert opt in res.stdout
 
 
 def test_unwritable_out_dir(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    code, o, e = leo("partition", *SMALL, "--set", f"run.out_dir={blocker / 'run'}")
-    assert_clean_error(code, o, e, str(blocker), "writable")
+    res = leo_here("partition", *SMALL, "--set", f"run.out_dir={blocker / 'run'}")
+    assert_clean_error(res, str(blocker), "writable")
 
 
 def test_graph_without_training_nodes(tmp_path: Path) -> None:
@@ -156,10 +149,10 @@ def test_graph_without_training_nodes(tmp_path: Path) -> None:
         val_mask=np.ones(n, bool),
         test_mask=np.zeros(n, bool),
     )
-    code, o, e = leo(
+    res = leo_here(
         "partition", "--set", f"data.name={path}", "--set", f"run.out_dir={tmp_path / 'run'}"
     )
-    assert_clean_error(code, o, e, "no training nodes")
+    assert_clean_error(res, "no training nodes")
 
 
 def test_ogb_cache_pickles_never_run(tmp_path: Path) -> None:
@@ -173,12 +166,12 @@ def test_ogb_cache_pickles_never_run(tmp_path: Path) -> None:
     (folder / "processed").mkdir()
     torch.save({"graph": Payload(tmp_path / "ran-1")}, folder / "processed" / "data_processed")
     torch.save(Payload(tmp_path / "ran-2"), folder / "split" / "time" / "split_dict.pt")
-    code, o, e = leo(
+    res = leo_here(
         "partition",
         *("--set", "data.name=ogbn-arxiv", "--set", f"data.root={tmp_path / 'data'}"),
         *("--set", f"run.out_dir={tmp_path / 'run'}"),
     )
     assert not list(tmp_path.glob("ran-*")), "a pickled cache file ran its payload"
-    assert code == 0, o + e
+    assert res.returncode == 0, res.stdout + res.stderr
     meta = json.loads((tmp_path / "run" / "partitions" / "META.json").read_text())
     assert meta["dataset"]["num_nodes"] == 30

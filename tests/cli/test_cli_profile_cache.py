@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import hardware_dict, leo_here
+from conftest import hardware_dict
+from helpers.cli import leo, leo_here
 
-from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.cli.profile_cache import profile_line
+from leo_cli.planner.profile.hardware import HardwareProfile
 
 pytestmark = pytest.mark.dist
 
@@ -31,15 +30,11 @@ LEVELS = [
 ]  # fmt: skip
 
 
-def leo(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "leo_cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-
-
 def read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.integration
 def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = leo("profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={run}")
@@ -80,6 +75,7 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
     cached, spilled, plain = tmp_path / "cached", tmp_path / "spilled", tmp_path / "plain"
     # leo named (not auto's choice): the levels' bytes below are leo's.
@@ -111,6 +107,7 @@ def test_train_with_every_level_equals_no_cache(tmp_path: Path) -> None:
         assert moved == row["step_comm_bytes"] and row["step_published_bytes"] == published > 0
 
 
+@pytest.mark.integration
 def test_rounded_rows_move_the_bytes_the_plan_says(tmp_path: Path) -> None:
     """`pipeline.halo_dtype=int8` through `leo train`: the plan replicates nothing (a
     replica would read the unrounded row), prices rows and gradient rows at a byte an
@@ -127,6 +124,7 @@ def test_rounded_rows_move_the_bytes_the_plan_says(tmp_path: Path) -> None:
     assert read(run / "summary.json")["halo_dtype"] == "int8"
 
 
+@pytest.mark.integration
 def test_halo_budget_below_the_halo_is_one_sentence(tmp_path: Path) -> None:
     """Refused where no row can be read in place instead (every row through the process
     group: a row fetched per edge takes more buffer, not less)."""

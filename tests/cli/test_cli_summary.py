@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from leo_cli.cli.train import summary_table
-from leo_cli.train.auto_mode import ModeChoice
-from leo_cli.train.metrics import summarize
+from leo_cli.planner.auto_mode import ModeChoice
+from leo_cli.worker.report import summarize
 
 ROWS = [
     {"epoch": 1, "loss": 2.0, "epoch_time_s": 0.5, "comm_bytes": 10, "cold": True},

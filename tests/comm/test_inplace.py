@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from helpers.ranks import spawn_ranks
 from test_modes import OWNER, WIDTH, dense_adjacency, hand_made, inputs
 
 from leo_cli.comm.exchange import CommStats
@@ -20,7 +20,7 @@ from leo_cli.comm.modes import Wiring, make_layer_aggregators
 from leo_cli.graph.layout import build_parts
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.registry import mode_of
-from leo_cli.train.assemble import halo_plan
+from leo_cli.worker.assemble import halo_plan
 
 pytestmark = pytest.mark.dist
 

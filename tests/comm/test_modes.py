@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from helpers.ranks import spawn_ranks
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock
@@ -26,7 +26,7 @@ from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.registry import MODES, mode_of, pipeline_modes
-from leo_cli.train.assemble import halo_plan
+from leo_cli.worker.assemble import halo_plan
 
 pytestmark = pytest.mark.dist
 
@@ -172,7 +172,7 @@ def products_of_every_mode(rank: int, world: int, parts: list[LocalPart]) -> dic
         wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
         plan = halo_plan(part, torch.device("cpu"))
         view = (adj, plan)
-        if MODES[name].per_edge_rows:  # every row L3 (train/assemble.py every_row_l3), per edge
+        if MODES[name].per_edge_rows:  # every row L3 (worker/assemble.py every_row_l3), per edge
             view = level_view(adj, plan, torch.full((plan.num_halo,), L3, dtype=torch.int64))
         agg = make_aggregator(mode_of(name), *view, wiring, [1])
         h = x.clone().requires_grad_(True)

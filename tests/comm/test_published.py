@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from helpers.ranks import spawn_ranks
 
 from leo_cli.comm.published import FORWARD, Layout, PublishedRows
 

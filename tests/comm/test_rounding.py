@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from helpers.ranks import spawn_ranks
 from test_modes import OUT, OWNER, WIDTH, hand_made, inputs
 
 from leo_cli.comm.aggregate import Rounding
@@ -22,7 +22,7 @@ from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.types import Graph
 from leo_cli.models.local_graph import part_adjacency, transpose_scales
 from leo_cli.registry import MODES, mode_of, pipeline_modes
-from leo_cli.train.assemble import halo_plan
+from leo_cli.worker.assemble import halo_plan
 
 INT8 = Int8Codec()
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from helpers.ranks import spawn_ranks
 from test_inplace import check_three_layers, three_layers
 from test_published import EXCHANGES, ROWS, WIDTH, layout, torn
 

@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from leo_cli.comm import segments
 from leo_cli.config import load_config
-from leo_cli.train import elastic
+from leo_cli.launch import elastic
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -85,7 +85,7 @@ def test_launcher_removes_its_jobs_segments_when_interrupted(
     saved = signal.signal(signal.SIGTERM, mine)
     try:
         with pytest.raises(Interrupted) as info:
-            elastic.launch_module(cfg, tmp_path, "leo_cli.train.worker", [])
+            elastic.launch_module(cfg, tmp_path, "leo_cli.worker.entry", [])
         assert signal.getsignal(signal.SIGTERM) is mine  # ours again after the launch
     finally:
         signal.signal(signal.SIGTERM, saved)

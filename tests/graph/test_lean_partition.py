@@ -17,8 +17,13 @@ from leo_cli.errors import ConfigError
 from leo_cli.graph import layout, partitioners, types
 from leo_cli.graph.datasets import synthetic
 from leo_cli.graph.layout import LocalPart, build_parts, local_index
+from leo_cli.graph.partition_cache import (
+    defaulted_options,
+    ensure_partitions,
+    metis_note,
+    source_key,
+)
 from leo_cli.graph.partitioners import GraphSize, assign_parts, metis_input
-from leo_cli.graph.stage import defaulted_options, ensure_partitions, metis_note, source_key
 from leo_cli.graph.storage import read_part, spill_graph, write_partitions
 from leo_cli.graph.types import Graph, IntArray, id_dtype, symmetrize
 

@@ -11,7 +11,7 @@ import pytest
 
 from leo_cli.config.schema import DataConfig, PartitionConfig, SyntheticConfig
 from leo_cli.errors import PartitionError
-from leo_cli.graph.stage import ensure_partitions
+from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta, read_part
 
 

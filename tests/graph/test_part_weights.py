@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from conftest import hardware_dict, random_graph
 
-from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.config import load_config
 from leo_cli.config.schema import DataConfig, PartitionConfig
 from leo_cli.errors import ConfigError
 from leo_cli.graph import partitioners
+from leo_cli.graph.partition_cache import Weigher, ensure_partitions
 from leo_cli.graph.partitioners import assign_parts, owners_from_file
-from leo_cli.graph.stage import Weigher, ensure_partitions
-from leo_cli.train.plan_stage import run_partitions
+from leo_cli.launch.stages import run_partitions
+from leo_cli.planner.profile.hardware import HardwareProfile
 
 DATA = DataConfig.model_validate({"synthetic": {"num_nodes": 600, "num_features": 8}})
 

@@ -16,8 +16,8 @@ from leo_cli.config.schema import DataConfig, PartitionConfig
 from leo_cli.errors import PartitionError
 from leo_cli.graph.datasets import source_files
 from leo_cli.graph.layout import LocalPart, build_parts
+from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.partitioners import assign_parts
-from leo_cli.graph.stage import ensure_partitions
 from leo_cli.graph.storage import read_meta, read_part, write_partitions
 from leo_cli.graph.types import Graph
 from leo_cli.models.local_graph import edge_values
@@ -108,7 +108,7 @@ def test_halo_send_recv_consistent(num_parts: int) -> None:
 def test_metis_cuts_at_most_half_of_random(tmp_path: Path) -> None:
     """On the built-in synthetic graph with 4 parts, as recorded in META.json."""
     from leo_cli.config.schema import DataConfig, PartitionConfig
-    from leo_cli.graph.stage import ensure_partitions
+    from leo_cli.graph.partition_cache import ensure_partitions
 
     cut = {}
     for method in ("metis", "random"):

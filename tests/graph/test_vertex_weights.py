@@ -13,13 +13,11 @@ import pytest
 from conftest import hardware_dict, random_graph
 from test_part_weights import slower
 
-from leo_cli.cache.hardware import HardwareProfile
-from leo_cli.cache.plan import model_shape
-from leo_cli.cache.speed import halo_less_busy, measured_weights, work_costs
 from leo_cli.config import load_config
 from leo_cli.config.schema import DataConfig, ModelConfig, PartitionConfig
-from leo_cli.graph import stage
+from leo_cli.graph import partition_cache as stage
 from leo_cli.graph.datasets import load_dataset
+from leo_cli.graph.partition_cache import Weigher, ensure_partitions, source_key
 from leo_cli.graph.partitioners import (
     WEIGHT_TOTAL_LIMIT,
     WorkMeasure,
@@ -27,10 +25,13 @@ from leo_cli.graph.partitioners import (
     metis_input,
     metis_parts,
 )
-from leo_cli.graph.stage import Weigher, ensure_partitions, source_key
 from leo_cli.graph.storage import read_part
 from leo_cli.graph.types import Graph, symmetrize
-from leo_cli.train.plan_stage import needs_profile, run_partitions, static_layer0
+from leo_cli.launch.stages import needs_profile, run_partitions
+from leo_cli.planner.make import model_shape
+from leo_cli.planner.plan import static_layer0
+from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.weights import halo_less_busy, measured_weights, work_costs
 
 DATA = DataConfig.model_validate({"synthetic": {"num_nodes": 600, "num_features": 8}})
 

@@ -308,6 +308,7 @@ def test_x_remote_on_a_peer_gpu_non_contiguous() -> None:
         assert_parity(out, kernels.spmm(csr, x), exact_spmm(csr, x))
 
 
+@pytest.mark.integration
 def test_leo_kernels_ref_keeps_the_extension_unloaded() -> None:
     code = "from leo_cli import kernels; print(kernels.backend_name())"
     env = {**os.environ, "LEO_KERNELS": "ref"}

@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from test_kernel_compile import CUDA_DIR, nvcc_or_skip
 
 from leo_cli.kernel_tools.check import TORCH_NVCC_FLAGS
+
+pytestmark = pytest.mark.integration  # an nvcc build, then the emulation it builds
 
 
 def test_gat_kernel_bodies_match_the_reference(tmp_path: Path) -> None:

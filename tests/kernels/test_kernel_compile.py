@@ -49,6 +49,7 @@ def copy_cuda_tree(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.integration
 def test_check_compiles_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> None:
     """One real kernel beside a broken one (every kernel is compiled by `make test`'s
     `leo compile --check` step already; compiling them all again here took minutes)."""
@@ -74,6 +75,7 @@ def test_check_compiles_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> 
     assert not list(cuda_dir.rglob("*.o")), "check must not write objects into the tree"
 
 
+@pytest.mark.integration
 def test_check_passes_on_a_clean_tree(tmp_path: Path) -> None:
     nvcc_or_skip()
     cuda_dir = tmp_path / "cuda"
@@ -157,6 +159,7 @@ def run_emulation(exe: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 def test_host_emulation_of_kernels_matches_reference(emulations: dict[str, Path]) -> None:
     """Runs the per-thread kernel bodies on the CPU against a float64 reference."""
     result = run_emulation(emulations["reference"])
@@ -165,6 +168,7 @@ def test_host_emulation_of_kernels_matches_reference(emulations: dict[str, Path]
 
 
 @pytest.mark.parametrize("mutant", sorted(ATOMIC_MUTANTS))
+@pytest.mark.integration
 def test_host_emulation_catches_a_missing_atomic(mutant: str, emulations: dict[str, Path]) -> None:
     """The race mode must fail a kernel whose needed atomic became a plain add.
 
@@ -335,6 +339,7 @@ def test_make_test_runs_the_cuda_compile_check() -> None:
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="torch here has CUDA")
+@pytest.mark.integration
 def test_leo_compile_runs_under_leo_kernels_cuda_on_an_unbuilt_tree() -> None:
     # The import of leo_cli.kernels used to raise before `leo compile` could build anything.
     env = {**os.environ, "LEO_KERNELS": "cuda"}

@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from leo_cli import kernels
-from leo_cli.cache.measure import regular_csr
 from leo_cli.kernel_tools.synthetic import random_csr, split_local_remote
+from leo_cli.planner.profile.measure import regular_csr
 
 # Positions of the degree arguments in each op's schema.
 DEGREE_ARGS = {"spmm_csr": (8, 9), "fused_aggregate": (15, 16, 17, 18)}

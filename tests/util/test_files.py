@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.cache.hardware import HardwareProfile
 from leo_cli.config import LeoConfig, write_resolved
-from leo_cli.train import metrics
-from leo_cli.train.checkpoint import save_checkpoint
+from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 
 
@@ -56,14 +55,14 @@ def test_failed_write_leaves_old_content_and_no_temporary(tmp_path: Path) -> Non
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_json_never_holds_nan(tmp_path: Path, value: float) -> None:
     with pytest.raises(ValueError, match="JSON"):
-        metrics.write_json(tmp_path / "summary.json", {"predicted_epoch_time_s": value})
+        files.write_json(tmp_path / "summary.json", {"predicted_epoch_time_s": value})
     assert os.listdir(tmp_path) == []
 
 
 def test_append_never_follows_a_symlink(tmp_path: Path) -> None:
     plant(tmp_path / "metrics.jsonl", tmp_path / "victim")
     with pytest.raises(OSError):
-        metrics.append_metrics(tmp_path, {"epoch": 1, "loss": 1.0})
+        RunDir(tmp_path).append_metrics({"epoch": 1, "loss": 1.0})
     assert (tmp_path / "victim").read_text() == "precious"
 
 
@@ -106,6 +105,6 @@ def test_checkpoint_is_not_written_through_a_planted_symlink(tmp_path: Path) -> 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     plant(folder / f".epoch_000002.pt.tmp-{os.getpid()}", tmp_path / "victim")
-    save_checkpoint(tmp_path, 2, {"model": {}, "optimizer": {"param_groups": []}})
+    RunDir(tmp_path).save_checkpoint(2, {"model": {}, "optimizer": {"param_groups": []}})
     assert (tmp_path / "victim").read_text() == "precious"
     assert [p.name for p in folder.iterdir() if not p.is_symlink()] == ["epoch_000002.pt"]

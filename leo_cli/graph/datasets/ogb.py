@@ -1,17 +1,11 @@
 """OGB node-property datasets (`ogbn-arxiv`, `ogbn-products`, `ogbn-papers100M`), offline.
 
-LEO reads the raw files itself instead of going through the `ogb` package: ogb caches its
-parsed graph and split as torch pickles (`processed/data_processed`, `split/*/split_dict.pt`),
-and unpickling a file found in `data.root` can run whatever code it holds. Here nothing is ever
-unpickled: the header-less gzip CSV files are parsed as numbers (papers100M's `.npz` archives are
-opened with `allow_pickle=False`), any cache in the folder is ignored, nothing is written to
-`data.root` and nothing is downloaded. `source_files` lists exactly the files read, for the
-partition stage's staleness key.
+The raw files are parsed as numbers and never unpickled (ogb's own caches are torch pickles,
+which can run code); nothing is written to `data.root` and nothing is downloaded, and
+`source_files` lists exactly the files read. The result is what ogb's loader gives; a bad file
+is named in a one-sentence `DataError`.
 
-The result is what ogb's loader gave: the edge list of the single graph (products' reverse
-edges come from `symmetrize`), features as float32, the standard split. Nodes without a label
-(NaN, as in papers100M) get label 0 and are left out of every split mask. Every file is checked
-(columns, numbers, counts, ids in range) and a bad one is named in a one-sentence `DataError`.
+Specification: docs/design/datasets.md; dataset card: datasets/ogbn.md.
 """
 
 from __future__ import annotations

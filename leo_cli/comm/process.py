@@ -1,0 +1,82 @@
+"""What every rank process does around its work, training and probe workers alike.
+
+A rank dies with its launcher (no orphans), pins itself to its cores (`launch.cpu_affinity`),
+beats a heartbeat the launcher watches, turns a user error into one sentence the launcher
+shows (and a non-zero exit that makes the elastic agent stop the other ranks, which may wait
+for this one in a collective), and leaves without tearing gloo down (`rank_entry`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from leo_cli.comm.dist import DistEnv
+from leo_cli.comm.placement import pin_rank
+from leo_cli.errors import LeoError
+from leo_cli.run_dir import RunDir
+from leo_cli.util import files
+
+USER_ERROR_EXIT = 3
+ALLOCATOR_ENV = "LEO_ALLOCATOR"  # the allocator the launcher preloaded, for probe ranks to record
+BEAT_S = 1.0  # how often a rank touches its heartbeat file (launch/heartbeat.py watches)
+HEARTBEATS = RunDir.HEARTBEATS  # in the folder the launcher watches (launch/heartbeat.py)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its launcher dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start_heartbeat(run_dir: Path, rank: int) -> None:
+    """Touch `.heartbeat/rank_<r>` every second from a daemon thread."""
+    path = run_dir / HEARTBEATS / f"rank_{rank}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_text(path, f"{os.getpid()}\n")  # lets the launcher, tests and operators find it
+
+    def beat() -> None:
+        while True:
+            path.touch()
+            time.sleep(BEAT_S)
+
+    threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
+
+
+def run_rank(
+    body: Callable[[DistEnv], int], heartbeat_dir: Path | None, errors_dir: Path | None
+) -> int:
+    """Run `body` as this rank: dying with the launcher, beating into `heartbeat_dir`, a user
+    error written to `errors_dir/rank_<r>` (read by the launcher) and exit code 3."""
+    die_with_parent()
+    env = DistEnv.from_env()
+    pin_rank(env.local_rank)  # before any thread of ours starts (launch.cpu_affinity)
+    if heartbeat_dir is not None:
+        start_heartbeat(heartbeat_dir, env.rank)
+    try:
+        return body(env)
+    except LeoError as exc:
+        if errors_dir is not None:
+            errors_dir.mkdir(parents=True, exist_ok=True)
+            files.write_text(errors_dir / f"rank_{env.rank}", str(exc))
+        print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT
+
+
+def rank_entry(main: Callable[[], int]) -> NoReturn:
+    """Run `main` and leave with its code, skipping destroy_process_group and interpreter
+    teardown: gloo's threads sometimes abort a process there ("terminate called without an
+    active exception") after a clean finish. The kernel closes the sockets; every rank has
+    passed its final barrier."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

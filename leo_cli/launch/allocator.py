@@ -1,0 +1,139 @@
+"""The workers' memory allocator (`launch.allocator`).
+
+With glibc's malloc a worker gives large freed blocks back to the system and pages them in
+again at its next allocation; jemalloc told to keep freed memory (`MALLOC_CONF` with both
+decays off) reuses it. It is preloaded into the workers (and the probe workers, and `leo
+bench`'s PyG peers, so every system compared runs on the same allocator) through LD_PRELOAD;
+the launching process itself keeps its own.
+
+Design: docs/design/memory.md; measurements: docs/results.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from leo_cli.comm.process import ALLOCATOR_ENV
+from leo_cli.errors import TrainError
+
+JEMALLOC_NAMES = ("libjemalloc.so.2", "libjemalloc.so")
+LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
+RETAIN = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # keep freed pages: no faults on reuse
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")  # names of preloaded allocators
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """What the workers get: extra environment, and a phrase for the run's summary."""
+
+    name: str  # `jemalloc`, `system` or `user` (an allocator the user preloaded)
+    described: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def find_jemalloc(dirs: tuple[str, ...] = LIBRARY_DIRS) -> Path | None:
+    """The jemalloc shared library of this machine, or None.
+
+    Raises:
+        TrainError: LEO_JEMALLOC names a file that is not there.
+    """
+    named = os.environ.get("LEO_JEMALLOC")
+    if named:
+        if not Path(named).is_file():
+            raise TrainError(
+                f"LEO_JEMALLOC={named} is not a file; name the jemalloc library "
+                "(e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2) or unset it."
+            )
+        return Path(named)
+    for folder in dirs:
+        for name in JEMALLOC_NAMES:
+            path = Path(folder) / name
+            if path.is_file():
+                return path
+    return None
+
+
+def users_allocator(environ: Mapping[str, str]) -> str | None:
+    """The allocator the user preloads (LD_PRELOAD naming one), or None."""
+    preload = environ.get("LD_PRELOAD", "")
+    return next((name for name in ALLOCATORS if name in preload), None)
+
+
+def choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allocator:
+    """The allocator for `launch.allocator=setting`, given the environment and the library;
+    its environment also carries its name (ALLOCATOR_ENV).
+
+    An allocator the user preloads is theirs, whatever the setting. Otherwise jemalloc
+    (`auto` where found, or `jemalloc`) goes first in LD_PRELOAD before the user's own
+    libraries, with the user's MALLOC_CONF if set, else one that keeps freed memory.
+
+    Raises:
+        TrainError: `jemalloc` asked for on a machine without it.
+    """
+    own = users_allocator(environ)
+    if own is not None:
+        return Allocator(
+            "user", f"{own}, preloaded by the user (LD_PRELOAD)", {ALLOCATOR_ENV: "user"}
+        )
+    if setting == "jemalloc" and found is None:
+        raise TrainError(
+            "launch.allocator=jemalloc but no jemalloc library was found (looked in "
+            f"{', '.join(LIBRARY_DIRS)}); install it (apt install libjemalloc2), name it with "
+            "LEO_JEMALLOC=/path/libjemalloc.so.2, or set launch.allocator to auto or system."
+        )
+    if setting == "system" or found is None:
+        why = (
+            "launch.allocator=system"
+            if setting == "system"
+            else ("no jemalloc found: apt install libjemalloc2 for speed")
+        )
+        return Allocator("system", f"system malloc ({why})", {ALLOCATOR_ENV: "system"})
+    preload = ":".join(filter(None, [str(found), environ.get("LD_PRELOAD", "")]))
+    conf = environ.get("MALLOC_CONF") or RETAIN
+    kept = "" if environ.get("MALLOC_CONF") else ", freed memory kept"
+    env = {"LD_PRELOAD": preload, "MALLOC_CONF": conf, ALLOCATOR_ENV: "jemalloc"}
+    return Allocator("jemalloc", f"jemalloc ({found}){kept}", env)
+
+
+def fallback_note(auto: Allocator) -> str | None:
+    """The sentence `leo train` prints before workers start when `launch.allocator=auto`
+    (`auto`: what it resolved to) found no jemalloc (the summary says which allocator ran;
+    this says it while there is time to act)."""
+    if auto.name != "system":
+        return None
+    return (
+        "no jemalloc library on this machine, so the workers run on the system's malloc, whose "
+        "page faults took about half of every CPU step in this repository's measurements; "
+        "apt install libjemalloc2 (or LEO_JEMALLOC=/path/libjemalloc.so.2) to use it."
+    )
+
+
+def allocator_of(setting: str) -> Allocator:
+    """`choose` on this process's environment and machine."""
+    return choose(setting, os.environ, find_jemalloc())
+
+
+@contextmanager
+def allocator_env(allocator: Allocator) -> Iterator[None]:
+    """Processes started inside get the allocator's environment; this one keeps its own
+    (the variables are restored on the way out)."""
+    saved = {key: os.environ.get(key) for key in allocator.env}
+    os.environ.update(allocator.env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

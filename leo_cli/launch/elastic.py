@@ -1,0 +1,167 @@
+"""Starting worker processes with torch's elastic launcher (what torchrun uses), for training
+and for the hardware probe: one launch config, threads per worker, stall watch, and failures
+turned into one sentence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from leo_cli.comm.placement import AFFINITY_ENV, check_affinity, placement_env
+from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
+from leo_cli.config import LeoConfig
+from leo_cli.errors import ConfigError, TrainError
+from leo_cli.launch.allocator import allocator_env, allocator_of
+from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.run_dir import RunDir
+from leo_cli.util.interrupt import Interrupted
+
+# The signals the elastic agent takes over while it runs (TORCHELASTIC_SIGNALS_TO_HANDLE).
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def workers_per_node(cfg: LeoConfig) -> int:
+    """launch.nproc, defaulting to num_parts / nnodes; every part needs exactly one worker."""
+    lc, parts = cfg.launch, cfg.partition.num_parts
+    nproc = lc.nproc if lc.nproc is not None else parts // lc.nnodes
+    if nproc * lc.nnodes != parts:
+        raise ConfigError(
+            f"launch.nproc={nproc} x launch.nnodes={lc.nnodes} workers do not match "
+            f"partition.num_parts={parts}; each worker trains one part."
+        )
+    if lc.node_rank >= lc.nnodes:
+        raise ConfigError(
+            f"launch.node_rank={lc.node_rank} must be below launch.nnodes={lc.nnodes}."
+        )
+    if lc.nnodes > 1 and lc.master_port == 0:
+        raise ConfigError("launch.master_port must be set (non-zero) when launch.nnodes > 1.")
+    check_affinity(lc.cpu_affinity, nproc)
+    return nproc
+
+
+def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
+    lc = cfg.launch
+    single = lc.nnodes == 1
+    return LaunchConfig(
+        min_nodes=lc.nnodes,
+        max_nodes=lc.nnodes,
+        nproc_per_node=workers_per_node(cfg),
+        run_id=f"leo-{uuid.uuid4().hex[:8]}" if single else f"leo-{lc.master_port}",
+        rdzv_endpoint=f"{lc.master_addr}:{lc.master_port}",
+        # c10d may swap node ranks on restart; static keeps node_rank, so node 0 hosts rank 0.
+        rdzv_backend="c10d" if single else "static",
+        rdzv_configs={"rank": lc.node_rank} if not single else {},
+        rdzv_timeout=int(lc.timeout_s),
+        max_restarts=lc.max_restarts,
+        monitor_interval=0.2,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"), redirects=Std.ALL),
+        shutdown_timeout=5,
+    )
+
+
+# The user's own OMP_NUM_THREADS, read before any launch sets it (leo bench launches many).
+_USER_THREADS = os.environ.get("OMP_NUM_THREADS")
+
+
+def worker_threads(nproc: int, cores: list[int] | None = None) -> str:
+    """Threads per worker: the user's OMP_NUM_THREADS, else those of its `cores` when pinned,
+    else the cores shared among workers."""
+    if cores is not None:
+        return _USER_THREADS or str(len(cores))
+    return _USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
+
+
+def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -> None:
+    """Run `python -m <module> <args>` in this node's workers, as `leo train` runs its own.
+
+    Same elastic launch config (worker count, rendezvous, restarts), threads per worker and
+    stall watch; logs land in `<run_dir>/logs`, a worker's user error is read from
+    `<run_dir>/.errors`, heartbeats from `<run_dir>/.heartbeat`. Blocks until the workers
+    finish; failures become TrainError, SIGINT / SIGTERM `Interrupted` (once the agent has
+    stopped the workers). Shared-memory segments of the job are removed however it ends.
+    """
+    # Like torchrun: workers share the cores instead of each spawning one thread per core.
+    nproc = workers_per_node(cfg)
+    os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
+    placement = placement_env(cfg.launch.cpu_affinity, _USER_THREADS)
+    if placement is None:  # this process launches many jobs: no earlier job's placement
+        os.environ.pop(AFFINITY_ENV, None)
+    else:  # each worker pins itself and sets its threads (comm/placement.py)
+        os.environ[AFFINITY_ENV] = placement
+    # The agent logs each failed worker (and a signal it got) with its own formatting; our
+    # message replaces that. Its modules set their own levels, so each logger is quietened.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
+    allocator = allocator_of(cfg.launch.allocator)
+    with (
+        allocator_env(allocator),
+        HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch,
+        own_signal_handlers(),
+    ):
+        try:
+            elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(
+                "-m", module, *args
+            )
+        except SignalException as exc:  # the agent stopped the workers first
+            raise Interrupted(int(exc.sigval)) from None
+        except ChildFailedError as exc:
+            stalled = watch.killed or stalled_ranks(run_dir, cfg.launch.timeout_s)
+            message = worker_error(run_dir) or describe_failure(
+                exc, run_dir, cfg.launch.timeout_s, stalled
+            )
+            raise TrainError(message) from None
+        finally:
+            remove_job(job)  # the segments a killed worker had not unlinked yet
+
+
+@contextlib.contextmanager
+def own_signal_handlers() -> Iterator[None]:
+    """Restore this process's signal handlers after a launch: the elastic agent installs its
+    own (SIGINT, SIGTERM, SIGHUP, SIGQUIT raise its SignalException) and leaves them."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def describe_failure(
+    exc: ChildFailedError, run_dir: Path, timeout_s: float, stalled: list[int]
+) -> str:
+    if stalled:
+        return (
+            f"worker rank {stalled[0]} stopped responding (no heartbeat for "
+            f"launch.timeout_s={timeout_s:g} s) and was killed; worker logs are in "
+            f"{run_dir / 'logs'}."
+        )
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):  # the error file written by @record
+        message = str(message.get("message", ""))
+    lines = str(message).strip().splitlines()
+    first = lines[-1] if lines else f"exit code {failure.exitcode}"
+    return f"worker rank {rank} failed ({first}); its log is under {run_dir / 'logs'}."
+
+
+def worker_error(run_dir: Path) -> str | None:
+    """The sentence of the lowest rank that stopped on a user error, if any did."""
+    files = sorted(RunDir(run_dir).errors.glob("rank_*"), key=lambda p: int(p.name[5:]))
+    return files[0].read_text() if files else None

@@ -1,0 +1,221 @@
+"""The parent side of `leo train`: prepare the run folder, start workers with torch's elastic
+launcher (what torchrun uses), follow rank 0's metrics, and turn failures into clear errors.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leo_cli.comm.dist import uses_cuda
+from leo_cli.config import LeoConfig, config_fingerprint, load_config, write_resolved
+from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
+from leo_cli.errors import ConfigError, TrainError
+from leo_cli.graph.layout import ProgressFn
+from leo_cli.graph.partition_cache import ensure_partitions
+from leo_cli.graph.storage import META, read_meta
+from leo_cli.kernels import active_backend
+from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.elastic import launch_module, workers_per_node
+from leo_cli.launch.stages import ensure_plan, join_probe, part_weigher
+from leo_cli.planner.auto_mode import choose, resumed, with_mode, write_choice
+from leo_cli.planner.checks import check_backend, check_config, check_transport
+from leo_cli.planner.plan import plan_digests
+from leo_cli.registry import is_auto
+from leo_cli.run_dir import RunDir
+from leo_cli.util import files
+from leo_cli.util.interrupt import Interrupted
+from leo_cli.util.timing import RunTimer
+
+# Keys that may change when resuming; anything else must match the run folder.
+RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
+
+
+def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
+    """Devices as the parent sees them, the kernels `LEO_KERNELS` asks for (an unbuilt
+    extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
+    that every worker repeats."""
+    check_device(cfg.launch, workers_per_node(cfg))
+    active_backend()
+    check_config(cfg, allow_inexact)
+    check_transport(cfg, uses_cuda(cfg.launch))
+
+
+def check_device(launch: LaunchConfigSection, nproc: int) -> None:
+    cuda = uses_cuda(launch)
+    if launch.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "launch.device=cuda but no CUDA device is visible; use launch.device=cpu."
+        )
+    if cuda and launch.nnodes == 1 and nproc > torch.cuda.device_count():
+        raise ConfigError(
+            f"{nproc} workers need {nproc} CUDA devices but {torch.cuda.device_count()} are "
+            "visible; lower partition.num_parts or use launch.device=cpu."
+        )
+    if launch.backend == "nccl" and not cuda:
+        raise ConfigError("launch.backend=nccl needs CUDA devices; use launch.backend=gloo on CPU.")
+    check_backend(launch.backend, cuda)
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+def check_resumable(cfg: LeoConfig, run_dir: Path) -> None:
+    """A resumed run must use the settings its checkpoints were trained with."""
+    saved_path = RunDir(run_dir).config
+    if not saved_path.is_file():
+        raise ConfigError(f"Cannot resume: {saved_path} does not exist; start without --resume.")
+    saved = flat(load_config(saved_path).model_dump(mode="json"))
+    new = flat(cfg.model_dump(mode="json"))
+    for key in sorted(saved):
+        if key.startswith(("launch.", "run.name", "run.out_dir", "bench.")) or key in RESUMABLE:
+            continue
+        if saved[key] != new.get(key):
+            raise ConfigError(
+                f"Cannot resume {run_dir}: {key} was {saved[key]!r} there but is {new.get(key)!r} "
+                f"now; use the run's settings or a new run.out_dir."
+            )
+
+
+def clear_run_files(run_dir: Path) -> None:
+    """A fresh run starts without the metrics and checkpoints of an earlier one."""
+    run = RunDir(run_dir)
+    for name in run.ATTEMPT_FILES:
+        (run / name).unlink(missing_ok=True)
+    for folder in run.ATTEMPT_FOLDERS:
+        shutil.rmtree(run / folder, ignore_errors=True)
+
+
+def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None:
+    """Nodes other than 0 wait until node 0 has written matching partitions."""
+    run = RunDir(run_dir)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready = (run.partitions / META).is_file() and run.config.is_file()
+        ready = ready and (not cfg.cache.enabled or run.plan.is_file())
+        if ready and read_meta(run.partitions)["num_parts"] == cfg.partition.num_parts:
+            return
+        time.sleep(0.5)
+    raise TrainError(
+        f"Node {cfg.launch.node_rank} waited {timeout_s:.0f} s for node 0 to write "
+        f"{run.partitions} (and {run.PLAN}); is the run folder shared between nodes?"
+    )
+
+
+def prepare(
+    cfg: LeoConfig,
+    resume: bool,
+    progress: ProgressFn | None,
+    allow_inexact: bool = False,
+    timer: RunTimer | None = None,
+) -> Path:
+    """Partition if needed, check resume consistency, make the cache plan if needed, choose
+    the mode under `pipeline.mode=auto` (planner/auto_mode.py), write the resolved config (with
+    the mode that runs) and mode-choice.json; `timer` receives the time of each stage (or of
+    a reused output's making)."""
+    timer = timer or RunTimer()
+    check_supported(cfg, allow_inexact)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    if cfg.launch.node_rank > 0:
+        join_probe(cfg, run_dir)  # node 0 probes every node at once when it needs a profile
+        wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
+        return run_dir
+    if resume:
+        check_resumable(cfg, run_dir)
+        # Says here, not only in worker logs, when the newest checkpoint is corrupt.
+        RunDir(run_dir).read_latest()
+    # Workers verify the checksums of their own part, in parallel; no need to hash twice.
+    weigher = part_weigher(cfg, run_dir, timer)  # unequal part weights: the probe first
+    t0 = time.perf_counter()
+    parts = ensure_partitions(
+        cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
+        weigher=weigher,
+    )  # fmt: skip
+    made = sum(parts.meta.get("timings_s", {}).values())
+    timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)
+    if not parts.reused:  # a plan made from the parts before a rebuild is made again
+        RunDir(run_dir).plan.unlink(missing_ok=True)
+    if not resume:
+        clear_run_files(run_dir)
+    shutil.rmtree(RunDir(run_dir).errors, ignore_errors=True)
+    # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
+    started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
+    plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
+    plan = ensure_plan(plan_cfg, run_dir, timer=timer, verify_parts=False)  # workers verify
+    choice = started or choose(cfg, plan, cfg.partition.num_parts)
+    run_cfg = with_mode(cfg, choice.mode)
+    num_parts = int(parts.meta["num_parts"])
+    if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
+        # auto chose a mode that reads rows in place otherwise: the plan of its own levels
+        ensure_plan(run_cfg, run_dir, timer=timer, verify_parts=False)
+    write_choice(run_dir, choice)
+    # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
+    write_resolved(
+        run_cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})})
+    )
+    return run_dir
+
+
+def run_workers(
+    cfg: LeoConfig,
+    run_dir: Path,
+    resume: bool,
+    allow_inexact: bool = False,
+    timer: RunTimer | None = None,
+) -> None:
+    """Start the training workers and block until they finish; failures become TrainError.
+
+    With the parent's `timer`, workers report the set-up since the run started and the
+    summary gets the run's `wall_s` (util/timing.py). status.json never stays "running" once
+    they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
+    "failed" with the reason after any other failure.
+    """
+    # The fingerprint of the config as given (`auto` unresolved): every node's is the same when
+    # their configs are, whenever each reads the run folder; the workers read the mode node 0
+    # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
+    args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
+    args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
+    if timer is not None:
+        RunDir(run_dir).write_setup(timer.stamp())
+        args += ["--launched-at", repr(timer.launched_at)]
+    try:
+        launch_module(cfg, run_dir, "leo_cli.worker.entry", args)
+    except Interrupted as exc:
+        mark_status(cfg, run_dir, "interrupted", exc.name)
+        raise
+    except BaseException as exc:
+        mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
+        raise
+    finally:
+        sweep_run_files(cfg, run_dir)
+    if timer is not None and cfg.launch.node_rank == 0:
+        RunDir(run_dir).update_summary({
+            "wall_s": round(time.time() - timer.started_at, 4),
+            "allocator": allocator_of(cfg.launch.allocator).described,
+        })  # fmt: skip
+
+
+def sweep_run_files(cfg: LeoConfig, run_dir: Path) -> None:
+    """Remove the temporary files of writers that are gone (a worker killed by a signal in
+    the middle of a checkpoint or a run file runs no clean-up of its own). One machine only:
+    whether a writer lives is known for this host's processes alone, and a run folder shared
+    by several machines holds the others' (checkpoint saves sweep their own folder)."""
+    if cfg.launch.nnodes == 1:
+        for folder in (run_dir, RunDir(run_dir).checkpoints):
+            files.sweep_temporaries(folder)
+
+
+def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:
+    """status.json after the workers ended without finishing (node 0 writes it: the folder
+    may be shared between nodes)."""
+    if cfg.launch.node_rank == 0:
+        RunDir(run_dir).write_status(state, reason)

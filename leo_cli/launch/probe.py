@@ -1,0 +1,49 @@
+"""The hardware probe, launched: the same launcher as `leo train` (one worker per part) runs
+`python -m leo_cli.planner.profile.probe`, whose rank 0 writes `<run_dir>/hardware.json`; the
+probe's own logs and heartbeats go to `<run_dir>/probe/`, apart from training's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError, TrainError
+from leo_cli.launch.elastic import launch_module
+from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
+from leo_cli.planner.profile.machine_load import LoadMeter
+
+PROBE_FOLDER = "probe"
+
+
+def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwareProfile:
+    """Measure this machine (every node, on several) with `partition.num_parts` workers;
+    returns the written profile.
+
+    Args:
+        cfg: the run's config (its `launch` and `partition` sections shape the launch).
+        run_dir: the run folder; receives `hardware.json` and `probe/logs`.
+        quick: tiny sizes (a few seconds; rough rates, for tests).
+
+    Raises:
+        CacheError: a probe worker failed (the message says where its log is).
+    """
+    run_dir = run_dir.resolve()
+    work_dir = run_dir / PROBE_FOLDER
+    if cfg.launch.node_rank == 0:  # before any node's probe workers start (they rendezvous)
+        shutil.rmtree(work_dir, ignore_errors=True)  # logs and heartbeats of an earlier probe
+    out = run_dir / HARDWARE_FILE
+    args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
+    try:
+        with LoadMeter() as load:
+            launch_module(
+                cfg, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick
+            )
+    except TrainError as exc:
+        raise CacheError(f"The hardware probe failed: {exc}") from None
+    if cfg.launch.node_rank > 0:  # rank 0, on node 0, wrote it; node 0 records the load
+        return HardwareProfile.read(out)
+    hw = HardwareProfile.read(out).model_copy(update={"load": load.result()})
+    hw.write(out)  # what else ran is part of what was measured
+    return hw

@@ -1,0 +1,278 @@
+"""The cache-plan stage of a run: part accesses + hardware profile + policy -> cache-plan.json.
+
+`leo profile-cache` runs it on its own; `leo train` runs it before starting workers when the
+plan is missing or stale. The hardware profile comes from `--hardware` or `cache.hardware`, a
+saved profile measured under the same conditions, or a short probe through the training
+launcher (every node joins it on several machines: `join_probe`); it also weighs the parts
+when their weights are unequal (`part_weigher`).
+
+Specification: docs/design/planning.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from leo_cli.comm.placement import affinity_tag
+from leo_cli.config import LeoConfig
+from leo_cli.graph.layout import ProgressFn
+from leo_cli.graph.partition_cache import (
+    PartitionResult,
+    Weigher,
+    ensure_partitions,
+    weighted,
+)
+from leo_cli.graph.partitioners import WorkMeasure
+from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.graph.types import Graph
+from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.elastic import worker_threads, workers_per_node
+from leo_cli.launch.probe import run_probe
+from leo_cli.planner.access import PartAccess
+from leo_cli.planner.cost import ModelShape
+from leo_cli.planner.make import make_plan, model_shape, plan_key
+from leo_cli.planner.plan import (
+    DTYPE_BYTES,
+    CachePlan,
+    dtype_key,
+    halo_bytes,
+    halo_sizes,
+    plan_digests,
+    read_plan,
+    static_layer0,
+    write_plan,
+)
+from leo_cli.planner.plot import plot_plan
+from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.profile.store import (
+    allocator_tag,
+    busy_note,
+    fits_nodes,
+    load_limit,
+    machine_cache,
+    matches,
+    placement_of,
+    quick_probe,
+    saved_profile,
+)
+from leo_cli.planner.reach import reach_of
+from leo_cli.planner.weights import measured_weights, work_costs
+from leo_cli.run_dir import RunDir
+from leo_cli.util.timing import RunTimer
+
+
+def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartAccess]:
+    """The profile of every part (memory-mapped: features stay on disk). `verify` checks the
+    parts' checksums first; `leo train` skips it, since every worker verifies its own part
+    before training (a plan made from a corrupt part is never used: training stops)."""
+    root = RunDir(run_dir).partitions
+    return [
+        PartAccess.from_part(read_part(root, r, verify=verify, mmap=True)) for r in range(num_parts)
+    ]
+
+
+def placement(cfg: LeoConfig) -> str:
+    """Rank 0's threads, when pinned a tag of every worker's cores (`launch.cpu_affinity`), and
+    the allocator unless the system's: what a profile must have been measured with to be
+    reused."""
+    affinity = cfg.launch.cpu_affinity
+    threads = worker_threads(workers_per_node(cfg), affinity[0] if affinity else None)
+    return threads + affinity_tag(affinity) + allocator_tag(allocator_of(cfg.launch.allocator).name)
+
+
+def needs_profile(cfg: LeoConfig) -> bool:
+    """Whether this run uses a hardware profile: for its cache plan, or to size its parts."""
+    return cfg.cache.enabled or weighted(cfg.partition)
+
+
+def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
+    """On a node other than 0: take part in the probe node 0 is about to run, if it will.
+
+    Node 0 probes when the run needs a profile, none was given and the run folder's does not
+    fit (`fits_nodes`); every node sees the same folder and config, so they all decide alike
+    and meet in the probe's rendezvous. Node 0 writes the profile.
+    """
+    if not needs_profile(cfg) or cfg.cache.hardware is not None:
+        return
+    own = saved_profile(RunDir(run_dir).hardware)
+    if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
+        run_probe(cfg, run_dir)  # several machines: full sizes (quick_probe)
+
+
+def hardware_profile(
+    cfg: LeoConfig,
+    run_dir: Path,
+    given: Path | None,
+    num_workers: int,
+    reprobe: bool = False,
+    timer: RunTimer | None = None,
+) -> HardwareProfile:
+    """The given profile (kept as the run folder's); else the run folder's profile when it was
+    measured with as many workers; else this machine's saved one for as many workers and
+    threads; else a probe (saved in both places). `--force` probes again. `timer` gets the
+    probe's seconds (spent now, or when a reused profile was measured)."""
+    timer = timer or RunTimer()
+    hw = _find_profile(cfg, run_dir, given, num_workers, reprobe)
+    if hw is not None:
+        timer.add("probe_s", hw.probe_s, ran=False)
+        return hw
+    t0 = time.perf_counter()
+    hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
+    timer.add("probe_s", time.perf_counter() - t0, ran=True)
+    if hw.load is not None and hw.load.high(load_limit()):
+        print(busy_note(hw.load, run_dir), file=sys.stderr)
+        return hw  # kept in the run folder only
+    if cfg.launch.nnodes > 1:
+        return hw  # several machines: the run folder's alone
+    with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
+        hw.write(machine_cache(num_workers, placement(cfg)))
+    return hw
+
+
+def _find_profile(
+    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool
+) -> HardwareProfile | None:
+    """A profile that needs no probe (see `hardware_profile`), or None."""
+    path = given or cfg.cache.hardware
+    if path is not None:  # kept in the run folder too, so later stages use the same one
+        hw = HardwareProfile.read(Path(path))
+        if Path(path).resolve() != (RunDir(run_dir).hardware).resolve():
+            hw.write(RunDir(run_dir).hardware)
+        return hw
+    own = None if reprobe else saved_profile(RunDir(run_dir).hardware)
+    if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
+        return own if own is not None and fits_nodes(own, cfg, num_workers) else None
+    threads = placement(cfg)
+    if (
+        own is not None
+        and own.world_size == num_workers
+        and placement_of(own) == threads
+        and own.quick == quick_probe()
+    ):
+        return own
+    machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
+    if machine is not None and matches(machine, num_workers, threads):
+        machine.write(RunDir(run_dir).hardware)
+        return machine
+    if cfg.launch.device == "cuda" or (cfg.launch.device == "auto" and torch.cuda.is_available()):
+        print(
+            "warning: the hardware probe measures CPU kernels and the process group on the "
+            "host, so the plan's predicted times do not describe GPU training; pass a profile "
+            "with --hardware (or cache.hardware) or use cache.policy=degree or none.",
+            file=sys.stderr,
+        )
+    return None
+
+
+def part_weigher(
+    cfg: LeoConfig, run_dir: Path, timer: RunTimer | None = None, hardware: Path | None = None
+) -> Weigher | None:
+    """For unequal part weights (`measured` or a list): the weigher of the partition stage,
+    from the run's hardware profile (`hardware`, or found, or probed now, before
+    partitioning): the shares (`measured` only) and what each node weighs; None otherwise.
+
+    Its key covers the profile and what the work is priced for (model, dtype, layer 0's
+    level), so new rates or another model rebuild the parts.
+    """
+    if not weighted(cfg.partition):
+        return None
+    num = cfg.partition.num_parts
+    hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer)
+    static = static_layer0(cfg)
+    dtype = cfg.train.dtype
+    material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype_key(cfg), static]
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    def shape_of(graph: Graph) -> ModelShape:
+        return model_shape(
+            cfg.model, graph.num_features, graph.num_classes, DTYPE_BYTES[dtype],
+            halo_bytes(cfg),
+        )  # fmt: skip
+
+    def weigh(graph: Graph) -> list[float]:
+        return measured_weights(hw, shape_of(graph), graph.num_nodes, graph.num_edges, static)
+
+    def work(graph: Graph) -> WorkMeasure:
+        costs = work_costs(hw, shape_of(graph), graph.num_nodes, graph.num_edges, static)
+        return WorkMeasure("cost", *costs)
+
+    measured = cfg.partition.part_weights == "measured"
+    return Weigher(key, weigh if measured else None, work)
+
+
+def run_partitions(
+    cfg: LeoConfig,
+    run_dir: Path,
+    progress: ProgressFn | None = None,
+    verify: bool = True,
+    force: bool = False,
+    hardware: Path | None = None,
+) -> PartitionResult:
+    """The run's partitions (`graph.stage.ensure_partitions`), sized by measured speeds when
+    `partition.part_weights=measured` and by the cost model's work when the weights are
+    unequal (the probe then runs first, unless `hardware` names a profile)."""
+    weigher = part_weigher(cfg, run_dir, hardware=hardware)
+    part = cfg.partition
+    return ensure_partitions(
+        cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher
+    )
+
+
+def ensure_plan(
+    cfg: LeoConfig,
+    run_dir: Path,
+    hardware: Path | None = None,
+    force: bool = False,
+    always: bool = False,
+    timer: RunTimer | None = None,
+    verify_parts: bool = True,
+) -> CachePlan | None:
+    """The run's cache plan, made when missing or stale.
+
+    Training needs none with `cache.policy=none` (None is returned); `always` makes one
+    anyway (`leo profile-cache` shows the predictions of every mode). Under
+    `pipeline.mode=auto` it is the planned mode's plan (planner/auto_mode.py). `timer` gets the
+    probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
+    `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`).
+    """
+    timer = timer or RunTimer()
+    if not cfg.cache.enabled and not always:
+        return None
+    meta = read_meta(RunDir(run_dir).partitions)
+    dataset = meta["dataset"]
+    num_parts = int(meta["num_parts"])
+    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
+    t0 = time.perf_counter()
+    reach = reach_of(cfg, num_parts)
+    inputs, graph_key = plan_digests(cfg, meta, num_parts)
+    key = plan_key(inputs, hw)
+    existing = None if force else read_plan(run_dir)
+    if existing is not None and existing.key == key:
+        attention, layers = cfg.model.attention, cfg.model.num_layers
+        existing.check_fits(
+            RunDir(run_dir).plan, halo_sizes(meta), layers, attention, cfg.pipeline.rounds_rows
+        )
+        timer.add("plan_s", existing.plan_s or 0.0, ran=False)
+        return existing
+    accesses = part_accesses(run_dir, num_parts, verify_parts)
+    shape = model_shape(
+        cfg.model,
+        int(dataset["num_features"]),
+        int(dataset["num_classes"]),
+        DTYPE_BYTES[cfg.train.dtype],
+        halo_bytes(cfg),
+    )
+    chunks = cfg.pipeline.num_chunks
+    plan = make_plan(cfg.cache, accesses, shape, hw, (key, inputs, graph_key), chunks, reach)
+    plot_plan(plan, RunDir(run_dir).plan_plot)
+    plan.plan_s = round(time.perf_counter() - t0, 4)
+    write_plan(run_dir, plan)
+    timer.add("plan_s", plan.plan_s, ran=True)
+    return plan

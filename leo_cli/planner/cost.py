@@ -1,0 +1,566 @@
+"""The LEO cost model: predicted seconds of every stage of a training step, per rank and mode.
+
+Per layer and direction, a rank's work splits into phases (`pre`, `window`, `comm`, `post`),
+each a sum of named terms (dropout, gemm, pack, spmm, unpack, epilogue, comm, round, loss,
+allreduce) priced with that rank's own rates from the hardware profile
+(planner/profile/rates.py); each pipeline mode combines the phases into a layer's time.
+
+Specification: docs/design/cost-model.md.
+Legend: N inner rows, H halo rows exchanged, B boundary rows, S rows sent, R replicated rows,
+E edges, a/b a layer's input/output width, w the width it exchanges, k chunks per peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from leo_cli.planner.access import PartAccess
+from leo_cli.planner.plan import RankCache
+from leo_cli.planner.profile.hardware import HardwareProfile, Link
+from leo_cli.planner.profile.rates import Rates
+from leo_cli.planner.reach import Reach
+from leo_cli.registry import Mode, mode_of
+
+SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
+BIAS_RELU_PASSES = 2  # bias and ReLU (the last layer: bias only), forward and backward
+LOSS_PASSES = 2  # the logits' gradient: zero-filled, then the training rows' written
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the model does per layer, as the cost model needs it."""
+
+    widths: tuple[int, ...]
+    dropout: float
+    input_dropout: float
+    dtype_bytes: int
+    extra_gemm: bool  # sage's root linear map, gin's second linear map
+    attention: bool = False
+    """Edge weights computed per step (gat): no aggregate-first of raw inputs, so neither
+    replicas nor a static aggregate apply (see planner/policy.py)."""
+    rows: tuple[int, ...] = ()
+    """Width of the row each layer computes (default: its output width; gat adds a score
+    per head)."""
+    halo_bytes: int = 0
+    """Bytes of one element of a row as it travels, where rows are rounded to a narrower
+    type (`pipeline.halo_dtype`); 0: not rounded."""
+    halo_row_bytes: int = 0
+    """Bytes a rounded row carries besides its elements (a power-of-two scale's exponent)."""
+    halo_stochastic: bool = False
+    """Rounded rows draw random bytes (int8's stochastic rounding)."""
+
+    @property
+    def admits_replicas(self) -> bool:
+        """Replicas apply (planner/policy.py): neither attention nor rounded rows (the static
+        aggregate needs no attention only: layer 0 then reads no row per step)."""
+        return not self.attention and not self.halo_bytes
+
+    def wire_row(self, width: int, gradient: bool = False) -> int:
+        """Bytes of one row of `width` as it travels: rounded rows (and, but for attention,
+        the output-gradient rows of the backward pass) in the narrow type; gradients
+        otherwise in the training dtype."""
+        if not self.halo_bytes or (gradient and self.attention):
+            return width * self.dtype_bytes
+        return width * self.halo_bytes + self.halo_row_bytes
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths) - 1
+
+    def exchanged_width(self, layer: int) -> int:
+        a = self.widths[layer]
+        b = self.rows[layer] if self.rows else self.widths[layer + 1]
+        return b if b < a else a
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Seconds of one rank in one layer and direction (see module docstring)."""
+
+    pre: float
+    window: float
+    comm: float
+    post: float
+
+
+@dataclass
+class Prediction:
+    """Predicted step time of a mode and where it goes.
+
+    `stages`: forward_s, backward_s (layers, waits included), comm_wait_s (exposed transfer
+    and waiting, mean over ranks), loss_s, allreduce_s, and per term (`<term>_s`, the slowest
+    rank's seconds of that term summed over layers and directions).
+    `per_rank`: each rank's forward_s and backward_s (when it finishes each layer, summed),
+    `step_s` (those, its loss gradient and the all-reduce) and `busy_s` (its own work: every
+    term but transfers and waiting, what a faster rank finishes early).
+    """
+
+    epoch_time_s: float
+    stages: dict[str, float]
+    per_rank: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class ShapeLayer:
+    """One layer of the model: index, widths in/out/exchanged, dropout on its input."""
+
+    layer: int
+    a: int
+    b: int
+    w: int
+    p: float
+    upd: bool  # update-first: the GEMM runs before the exchange
+    extra: bool
+    last: bool
+    row_bytes: int = 0  # bytes of an exchanged row as it travels forward
+    grad_bytes: int = 0  # ... and of a gradient row backward
+    rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide, and gradients
+    # read as rows (comm/aggregate.py backward_rows) but for attention
+    grad_rows: bool = False
+    keyed: bool = False  # stochastic rounding: random bytes drawn per element (int8)
+    scaled: bool = False  # a power-of-two scale per row (int8, float16)
+
+
+class _Counts:
+    """Rows and edges a rank moves and aggregates at one layer, given every rank's cache.
+
+    Computed from each part's totals and the rows its cache lists (replicas, rows fetched per
+    edge), never from a pass over every halo row: the policy prices dozens of caches.
+    `in_place[r, q]`: rows r reads in place from q's published rows (no transfer: their edges
+    read the owner's memory; their gradients go back through it).
+    """
+
+    def __init__(
+        self,
+        accesses: list[PartAccess],
+        caches: list[RankCache],
+        layer: int,
+        per_edge: bool,
+        reach: Reach | None = None,
+    ) -> None:
+        num = len(accesses)
+        reach = reach or Reach.none(num)
+        self.recv = np.zeros((num, num))  # recv[r, q]: rows r receives from q
+        self.in_place = np.zeros((num, num))
+        self.halo_edges = np.zeros(num)
+        self.replica_edges = np.zeros(num)
+        self.replica_rows = np.zeros(num)
+        self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
+        self.in_place_edges = np.zeros(num)  # edges reading a row in place
+        every_rq = reach.every()
+        for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
+            l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
+            l1_edges = float(p.reuse_H[l1].sum())
+            rows_q = np.asarray(p.recv_counts, dtype=np.float64)
+            recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
+            per_edge_edges = 0.0
+            if per_edge:  # every row not replicated comes once per reading edge; a replica
+                # serves layer 0 and is exchanged once past it (an L2 row: assemble.every_row_l3)
+                reps = c.replica_rows
+                recv += p.reuse_per_owner - rows_q
+                recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
+                per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
+            elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
+                l3 = np.setdiff1d(c.l3_rows, l1, assume_unique=True)
+                recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
+                per_edge_edges = float(p.reuse_H[l3].sum())
+            mine = reach.published[r]
+            if mine.any():
+                # Rows of a publishing owner read in place: every row (per-edge modes, or the
+                # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
+                every = mine if per_edge else every_rq[r]
+                reps = c.replica_rows
+                replicas = np.bincount(p.owner_H[reps], minlength=num)
+                rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
+                l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
+                if l3.size and reps.size:  # setdiff1d sorts: priced only where it can matter
+                    l3 = np.setdiff1d(l3, reps, assume_unique=True)
+                l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
+                l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
+                read = np.where(every, rows_q - replicas, l3_rows)
+                edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
+                stay = replicas * (layer > 0)  # exchanged past layer 0
+                travel_q = np.where(every, stay, recv - l3_edges)
+                self.in_place[r] = np.where(mine, read, 0.0)
+                self.in_place_edges[r] = float(np.where(mine, edges_q, 0.0).sum())
+                recv = np.where(mine, travel_q, recv)
+                if per_edge:
+                    others = p.reuse_per_owner - rep_edges  # replicas travel once (L2)
+                    per_edge_edges = float(np.where(mine, 0.0, others).sum())
+                else:  # L3 rows of a publishing owner are read in place, either way
+                    per_edge_edges -= float(l3_edges[mine].sum())
+            self.recv[r] = recv
+            self.halo_edges[r] = p.halo_edges - l1_edges
+            self.replica_edges[r] = l1_edges
+            self.replica_rows[r] = l1.shape[0]
+            self.per_edge_edges[r] = per_edge_edges
+        self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
+        self.read_in_place = self.in_place.sum(axis=1)  # rows each rank reads in place
+        self.read_from = self.in_place.T.sum(axis=1)  # rows of each rank read in place
+        self.publishes: np.ndarray = np.asarray((self.in_place > 0).any(axis=0))
+        self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
+
+
+Terms = dict[str, float]
+
+
+def _spmm(hw: Rates, edges: float, w: int, rows_read: float, out_rows: float,
+          backward: bool = False) -> float:  # fmt: skip
+    """An SpMM over `edges` reading rows of a (rows_read x w) matrix, writing (out_rows x w)."""
+    if edges <= 0:
+        return 0.0
+    read_bytes = rows_read * w * hw.dtype_bytes
+    return hw.spmm_seconds(edges, w, backward, read_bytes) + hw.pass_seconds(out_rows, w)
+
+
+def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -> Terms:
+    """Dropout, GEMMs and the epilogue of one rank's layer (no aggregation, no exchange);
+    `self_width`: width of the self-loop term (0: none)."""
+    a, b = sl.a, sl.b
+    gemms = 2 if sl.extra else 1
+    epilogue = hw.pass_seconds(n, b) * (BIAS_RELU_PASSES - sl.last)
+    epilogue += hw.pass_seconds(n, self_width) * SELF_TERM_PASSES if self_width else 0.0
+    if not backward:
+        drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
+        return {"dropout": drop, "gemm": gemms * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
+    drop = hw.mask_seconds(n, a, backward=True) if sl.p > 0 and sl.layer > 0 else 0.0
+    grads = 2 if sl.layer > 0 else 1  # weight gradient; input gradient past layer 0
+    return {"dropout": drop, "gemm": gemms * grads * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
+
+
+def _self_width(sl: ShapeLayer, backward: bool) -> int:
+    """Width of the self-loop term's passes; none backward where no gradient needs it."""
+    if backward and sl.layer == 0 and not sl.upd:
+        return 0  # aggregate-first layer 0: the input needs no gradient
+    return sl.w
+
+
+def _blocks(hw: Rates, count: float, edges: float, w: int, rows_read: float,
+            out_rows: float, backward: bool = False) -> float:  # fmt: skip
+    """`count` SpMMs over column blocks sharing `edges`, `rows_read` and `out_rows` evenly."""
+    if count <= 0 or edges <= 0:
+        return 0.0
+    return count * _spmm(hw, edges / count, w, rows_read / count, out_rows / count, backward)
+
+
+def _in_place_factor(hw: Rates, cnt: _Counts, r: int) -> float:
+    """What reading rows in place multiplies the halo blocks' SpMM by: the share of their
+    edges that read in place, at the measured slowdown of such reads."""
+    if cnt.in_place_edges[r] <= 0 or cnt.halo_edges[r] <= 0:
+        return 1.0
+    share = min(1.0, float(cnt.in_place_edges[r] / cnt.halo_edges[r]))
+    return 1.0 + share * (hw.in_place_slowdown() - 1.0)
+
+
+def _replica_terms(
+    hw: Rates, r: int, cnt: _Counts, sl: ShapeLayer, n: int, backward: bool
+) -> Terms:
+    """Layer 0's replicated columns: forward, their masks, aggregation at input width, GEMM
+    and the out-of-place add into the layer's rows; backward, the weight gradient of that
+    GEMM and its rows' gradients gathered."""
+    rows = min(cnt.replica_edges[r], n)  # rows reading a replica (at most every row)
+    if cnt.replica_rows[r] == 0:
+        return {}
+    if backward:
+        return {"gemm": hw.gemm_seconds(rows, sl.a, sl.b), "pack": hw.gather_seconds(rows, sl.b)}
+    return {
+        "dropout": hw.mask_seconds(cnt.replica_rows[r], sl.a) if sl.p > 0 else 0.0,
+        "spmm": _spmm(hw, cnt.replica_edges[r], sl.a, cnt.replica_rows[r], rows),
+        "gemm": hw.gemm_seconds(rows, sl.a, sl.b),
+        "unpack": hw.scatter_add_seconds(rows, sl.b) + hw.pass_seconds(n, sl.b),
+    }
+
+
+def _add(*parts: Terms) -> Terms:
+    out: Terms = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Named terms of each phase of one rank's layer and direction."""
+
+    pre: Terms
+    window: Terms
+    comm: float
+    post: Terms
+
+    def phases(self) -> Phases:
+        return Phases(
+            sum(self.pre.values()), sum(self.window.values()), self.comm, sum(self.post.values())
+        )
+
+    def terms(self) -> Terms:
+        return _add(self.pre, self.window, self.post, {"comm": self.comm})
+
+
+def _comm(
+    hw: Rates,
+    r: int,
+    cnt: _Counts,
+    row: int,
+    mode: Mode,
+    k: int,
+    written: float,
+    backward: bool = False,
+) -> float:
+    """Transfer seconds of rank r at one layer and direction, by the mode's transport (see
+    the module docstring); `written`: rows a shared segment receives."""
+    num = cnt.recv.shape[0]
+    wire = mode.wire
+    if not wire.moves_rows or num == 1:
+        return 0.0
+    incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
+    if wire.transfer == "per-peer":  # no message where no row moves (comm/exchange.py)
+        link: Link = "gloo"
+        return max(hw.transfer_seconds(rows * row, k, link) if rows > 0 else 0.0
+                   for rows in incoming)  # fmt: skip
+    if wire.transfer == "segment":
+        return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
+    busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it
+    return hw.alltoall_seconds(busiest * row)
+
+
+def _halo_buffer_terms(hw: Rates, mode: Mode, rows: float, w: int) -> float:
+    """What a mode pays to turn `rows` arriving rows into a buffer the blocks read: a shared
+    segment is read out, no transport writes zeros; the others receive them in place (their
+    fresh buffer is priced with the transfer)."""
+    if mode.wire.reads_out:
+        return hw.gather_seconds(rows, w)
+    if mode.wire.fills_zeros:
+        return hw.pass_seconds(rows, w)
+    return 0.0
+
+
+def _forward(
+    hw: Rates, p: PartAccess, r: int, cnt: _Counts, sl: ShapeLayer, mode: Mode, k: int
+) -> _Split:
+    """Forward terms of rank r at one layer: every mode aggregates the inner block and one
+    block per peer and chunk; modes differ in packing, transfer and overlap."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    bnd = min(p.num_boundary, n)
+    dense = _dense(hw, n, sl, backward=False, self_width=_self_width(sl, backward=False))
+    gemm = dense.pop("gemm")
+    update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
+    update_window = gemm - update_pre if sl.upd else 0.0
+    pack = 0.0
+    if mode.wire.packs:
+        pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
+    if mode.overlap and sl.upd:  # boundary-first: x rows gathered, h rows placed
+        pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
+    if cnt.publishes[r]:  # its boundary rows copied where same-host readers map them
+        pack += hw.pass_seconds(bnd, w)
+    rows = p.rows_reading_blocks(k)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    read = halo + cnt.read_in_place[r]  # rows the halo edges read, here or in place
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, read, rows)
+    halo_spmm *= _in_place_factor(hw, cnt, r)
+    unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
+    pre = {"dropout": dense.pop("dropout"), "gemm": update_pre, "pack": pack}
+    replicas = _replica_terms(hw, r, cnt, sl, n, backward=False)
+    overlap = mode.overlap
+    window = _add({"gemm": update_window, "spmm": inner_spmm * overlap}, replicas)
+    post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
+    post["gemm"] = gemm * (not sl.upd)
+    if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
+        split = overlap and sl.upd  # boundary rows first (comm/aggregate.py update_and_send)
+        pre["round"] = _encode_seconds(hw, sl, bnd if split else n)
+        window["round"] = (  # split: the interior rows, the boundary ones were sent
+            _encode_seconds(hw, sl, n - bnd) * split + _decode_seconds(hw, sl, n)
+        ) * overlap
+        post["round"] = _decode_seconds(hw, sl, n) * (not overlap) + _decode_seconds(hw, sl, halo)
+    comm = _comm(hw, r, cnt, sl.row_bytes, mode, k, written=n)
+    if comm > 0 and mode.wire.receives_fresh:  # the rows land in a fresh buffer
+        comm += hw.fresh_seconds(halo, w)
+    return _Split(pre, window, comm, _add(post, dense))
+
+
+def _backward(
+    hw: Rates, p: PartAccess, r: int, cnt: _Counts, sl: ShapeLayer, mode: Mode, k: int
+) -> _Split:
+    """Backward terms of rank r at one layer (the forward's mirror)."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
+    if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
+        return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
+    if sl.grad_rows:
+        return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
+    rows = p.rows_reading_blocks(k)
+    pre: Terms = {"epilogue": dense.pop("epilogue")}
+    read = halo + cnt.read_in_place[r]
+    pre["spmm"] = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, rows, read, backward=True)
+    pre["pack"] = hw.gather_seconds(rows, w)  # each block's rows of the gradient
+    pre["pack"] += hw.pass_seconds(cnt.read_in_place[r], w)  # published for their owners
+    if mode.wire.gradient_buffer:  # one buffer for the collective
+        pre["pack"] += hw.pass_seconds(halo, w)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n, backward=True)
+    overlap = mode.overlap
+    window: Terms = {"spmm": inner_spmm} if overlap else {}
+    unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
+    unpack += (  # what in-place readers published, read from their segments
+        hw.scatter_add_seconds(cnt.read_from[r], w) * hw.in_place_slowdown()
+    )
+    unpack += _halo_buffer_terms(hw, mode, cnt.send[r], w)
+    comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=halo, backward=True)
+    if comm > 0 and mode.wire.receives_fresh:  # the gradients land in a fresh buffer
+        comm += hw.fresh_seconds(cnt.send[r], w)
+    replicas = _replica_terms(hw, r, cnt, sl, n, backward=True)
+    post = {"unpack": unpack, "spmm": inner_spmm * (not overlap)}
+    return _Split(pre, window, comm, _add(post, dense, replicas))
+
+
+SCALED_PASSES = 6  # |x|, its row maximum, the scaling, adding the draws or rounding, packing
+
+
+def _encode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
+    """Seconds to round `rows` rows for the wire (`pipeline.halo_dtype`): one conversion; a
+    scale per row takes a few passes more, and int8 draws a random byte per element (priced
+    as a dropout mask)."""
+    seconds = hw.pass_seconds(rows, sl.w) * (SCALED_PASSES if sl.scaled else 1)
+    return seconds + (hw.mask_seconds(rows, sl.w) if sl.keyed else 0.0)
+
+
+def _decode_seconds(hw: Rates, sl: ShapeLayer, rows: float) -> float:
+    """Seconds to read `rows` rounded rows back in the training dtype (and times a scale)."""
+    return hw.pass_seconds(rows, sl.w) * (2 if sl.scaled else 1)
+
+
+def _backward_rows(
+    hw: Rates,
+    p: PartAccess,
+    r: int,
+    cnt: _Counts,
+    sl: ShapeLayer,
+    mode: Mode,
+    k: int,
+    dense: Terms,
+) -> _Split:
+    """Backward terms where rounded rows read the gradient as rows (comm/aggregate.py
+    backward_rows): the forward's exchange and aggregation, over the output gradient."""
+    n, w, halo = p.num_inner, sl.w, cnt.halo[r]
+    rows = p.rows_reading_blocks(k)
+    pre: Terms = {"epilogue": dense.pop("epilogue"), "round": _encode_seconds(hw, sl, n)}
+    if mode.wire.packs:
+        pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
+    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    inner_round = _decode_seconds(hw, sl, n)
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
+    unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
+    overlap = mode.overlap
+    window: Terms = {"spmm": inner_spmm * overlap, "round": inner_round * overlap}
+    post = {
+        "spmm": halo_spmm + inner_spmm * (not overlap),
+        "unpack": unpack,
+        "round": inner_round * (not overlap) + _decode_seconds(hw, sl, halo),
+    }
+    comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=n)
+    if comm > 0 and mode.wire.receives_fresh:  # the rows land in a fresh buffer
+        comm += hw.fresh_seconds(halo, w)
+    return _Split(pre, window, comm, _add(post, dense))
+
+
+def _static_layer(hw: Rates, p: PartAccess, sl: ShapeLayer) -> tuple[Terms, Terms]:
+    """Layer 0 over the precomputed `Â·X` (L1s): no exchange, no SpMM, no dropout; the
+    self-loop term is added at input width, and no gradient flows back through it."""
+    n = p.num_inner
+    return (
+        _dense(hw, n, sl, backward=False, self_width=sl.a),
+        _dense(hw, n, sl, backward=True, self_width=0),
+    )
+
+
+def _combine(phases: list[Phases], mode: Mode, k: int, overlap: float) -> tuple[float, list[float]]:
+    """Seconds of one layer and direction over all ranks, and each rank's finish time."""
+    if mode.overlap:
+        start = max(ph.pre for ph in phases)
+        times = []
+        for ph in phases:
+            local_end = ph.pre + ph.window + ph.post * (k - 1) / k
+            comm_end = start + ph.comm
+            shared = max(0.0, min(local_end, comm_end) - start)
+            times.append(max(local_end, comm_end) + (1 - overlap) * shared + ph.post / k)
+        return max(times), times
+    compute = max(ph.pre + ph.window for ph in phases)
+    total = compute + max(ph.comm for ph in phases) + max(ph.post for ph in phases)
+    return total, [total] * len(phases)
+
+
+def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
+    a, b = shape.widths[layer], shape.widths[layer + 1]
+    p = shape.input_dropout if layer == 0 else shape.dropout
+    last = layer == shape.num_layers - 1
+    w = shape.exchanged_width(layer)
+    rounded = shape.halo_bytes > 0
+    return ShapeLayer(
+        layer, a, b, w, p, w < a, shape.extra_gemm, last,
+        shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
+        rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
+    )  # fmt: skip
+
+
+def predict(
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    shape: ModelShape,
+    profile: HardwareProfile,
+    mode_name: str,
+    num_chunks: list[int],
+    reach: Reach | None = None,
+) -> Prediction:
+    """Predicted training-step time of a mode (evaluation excluded, as epoch_time_s is);
+    `reach`: the rows read in place (default: none, every row through the mode's transport)."""
+    mode = mode_of(mode_name)
+    hw = Rates(profile)  # the machine as a whole: overlap, the weight all-reduce
+    own = [Rates(profile, r) for r in range(len(accesses))]  # each rank's own rates
+    num = len(accesses)
+    per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in accesses]
+    stages = {"forward_s": 0.0, "backward_s": 0.0, "comm_wait_s": 0.0}
+    rank_terms: list[Terms] = [{} for _ in accesses]
+    static = bool(caches) and all(c.static_aggregate for c in caches)
+    for layer in range(shape.num_layers):
+        sl = _shape_layer(shape, layer)
+        if layer == 0 and sl.p == 0 and static:
+            pairs = [_static_layer(own[r], pr, sl) for r, pr in enumerate(accesses)]
+            for direction, idx in (("forward_s", 0), ("backward_s", 1)):
+                times = [sum(terms[idx].values()) for terms in pairs]
+                stages[direction] += max(times)
+                for r, t in enumerate(times):
+                    per_rank[r][direction] += t
+                    rank_terms[r] = _add(rank_terms[r], pairs[r][idx])
+            continue
+        k = num_chunks[min(layer, len(num_chunks) - 1)] if mode.chunks else 1
+        cnt = _Counts(
+            accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
+        )
+        for direction, build in (("forward_s", _forward), ("backward_s", _backward)):
+            splits = [build(own[r], pr, r, cnt, sl, mode, k) for r, pr in enumerate(accesses)]
+            phases = [s.phases() for s in splits]
+            total, times = _combine(phases, mode, k, hw.overlap_share())
+            stages[direction] += total
+            for r, (t, s, ph) in enumerate(zip(times, splits, phases, strict=True)):
+                per_rank[r][direction] += t
+                rank_terms[r] = _add(rank_terms[r], s.terms())
+                stages["comm_wait_s"] += (t - ph.pre - ph.window - ph.post) / num
+    classes = shape.widths[-1]
+    losses = [
+        own[r].pass_seconds(pr.num_inner, classes) * LOSS_PASSES for r, pr in enumerate(accesses)
+    ]
+    stages["loss_s"] = max(losses)
+    if num > 1:
+        params = sum(a * b for a, b in zip(shape.widths, shape.widths[1:], strict=False))
+        stages["allreduce_s"] = hw.transfer_seconds(params * hw.dtype_bytes, num - 1, "gloo")
+    for r, mine in enumerate(per_rank):
+        mine["busy_s"] = sum(v for k, v in rank_terms[r].items() if k != "comm") + losses[r]
+        mine["step_s"] = mine["forward_s"] + mine["backward_s"] + losses[r]
+        mine["step_s"] += stages.get("allreduce_s", 0.0)
+    total = sum(v for key, v in stages.items() if key != "comm_wait_s")
+    for name in sorted({t for terms in rank_terms for t in terms}):
+        stages[f"{name}_s"] = max(terms.get(name, 0.0) for terms in rank_terms)
+    stages = {key: float(v) for key, v in stages.items()}
+    per_rank = [{key: float(v) for key, v in times.items()} for times in per_rank]
+    return Prediction(float(total), stages, per_rank)

@@ -1,0 +1,373 @@
+"""The cache plan as the run reads it: `cache-plan.json`, its digests and one `load_plan`.
+
+The plan holds, per rank, the cache levels (static aggregate, replicated halo positions, halo
+positions read per edge), the chunk count of every layer, the predicted stage times, every
+mode's predicted step and each rank's predicted step and busy time; planner/make.py makes it.
+Its content is read as untrusted input (`read_plan` validates every field, `check_fits` the
+rows and counts against the run); `load_plan` returns it only when it was made for this run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leo_cli.comm.rounding import CODECS
+from leo_cli.config import LeoConfig
+from leo_cli.config.schema import CacheConfig, ModelConfig
+from leo_cli.errors import CacheError, LeoError
+from leo_cli.graph.storage import read_meta
+from leo_cli.graph.types import IntArray
+from leo_cli.planner import plan_schema
+from leo_cli.planner.reach import Reach, reach_of
+from leo_cli.registry import mode_of, prediction_key
+from leo_cli.run_dir import RunDir
+from leo_cli.util import files
+
+PLAN = RunDir.PLAN
+# 2: the sweep's points say their share and budget fit; plan_s; 3: predicted_run; 4: rows read
+# in place chosen per pair (`ranks[r].every_row_from`)
+FORMAT_VERSION = 4
+OLDER_VERSIONS = (1, 2, 3)
+
+
+def _digest(material: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def graph_inputs(
+    partition_meta: dict[str, Any],
+    model: ModelConfig,
+    dtype: str,
+    num_chunks: str | int,
+    reach: Reach | None = None,
+) -> str:
+    """Digest of what every mode's prediction depends on: partitions, model, dtype,
+    `pipeline.num_chunks` and which rows can be read in place (`reach`)."""
+    return _digest(
+        {
+            "format": FORMAT_VERSION,
+            "partitions": partition_meta.get("files", partition_meta),
+            "model": model.model_dump(mode="json"),
+            "dtype": dtype,
+            "num_chunks": num_chunks,
+            "reach": None if reach is None else [reach.published.tolist(), reach.every().tolist()],
+        }
+    )
+
+
+def plan_inputs(
+    partition_meta: dict[str, Any],
+    model: ModelConfig,
+    cache: CacheConfig,
+    dtype: str,
+    num_chunks: str | int,
+    reach: Reach | None = None,
+) -> str:
+    """Digest of what the cache levels depend on: the graph inputs and the cache settings.
+
+    Workers check it, so a plan made for other partitions or settings is never used.
+    """
+    settings = cache.model_dump(mode="json", exclude={"hardware"})
+    graph = graph_inputs(partition_meta, model, dtype, num_chunks, reach)
+    return _digest({"graph": graph, "cache": settings})
+
+
+@dataclass(frozen=True)
+class RankCache:
+    """One rank's cache levels: halo positions replicated (L1) and fetched per edge (L3)."""
+
+    static_aggregate: bool = False
+    replica_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    l3_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass
+class CachePlan:
+    """What `cache-plan.json` holds (see the module docstring)."""
+
+    key: str
+    inputs: str
+    graph_inputs: str
+    policy: str
+    caches: list[RankCache]
+    num_chunks: list[int]
+    predicted: dict[str, float | None]
+    stages: dict[str, dict[str, float]]
+    bytes_per_level: list[dict[str, int]]
+    sweep: list[dict[str, float | bool]]
+    replica_budget_mb: float
+    plan_s: float | None = None  # seconds it took to make (accesses, policy, plot)
+    # Per rank: rows per level (L1 replicas, L2, L3) and how rows of each peer travel.
+    levels: list[dict[str, int]] | None = None
+    transport: list[list[str | None]] | None = None
+    # Per rank, the same-host owners every row of which it reads in place, not only their L3
+    # rows (`pipeline.transport=auto` chose it for the pair: the planned mode predicted faster).
+    every_row: list[list[int]] = field(default_factory=list)
+    ranks_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """Per mode, each rank's predicted `step_s` and `busy_s` (cost.Prediction.per_rank)."""
+    predicted_run: dict[str, float | None] = field(default_factory=dict)
+    """Per exact pipeline mode, its predicted step when run with this plan's levels (what it
+    can use of them, comm/levels.py levels_for_mode): what `pipeline.mode=auto` chooses from.
+    `predicted` prices the modes other than the planned one without a cache, as `leo bench`
+    runs them."""
+
+    file_sha: str | None = None
+    """sha256 of the file it was read from (None: made, not read): ranks compare it."""
+
+    def spread(self) -> dict[str, float]:
+        """Per mode, the slowest rank's predicted busy time over the fastest's."""
+        out = {}
+        for mode, ranks in self.ranks_s.items():
+            busy = [r["busy_s"] for r in ranks if "busy_s" in r]
+            if busy and min(busy) > 0:
+                out[mode] = max(busy) / min(busy)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "key": self.key,
+            "inputs": self.inputs,
+            "graph_inputs": self.graph_inputs,
+            "policy": self.policy,
+            "num_chunks": self.num_chunks,
+            "predicted_epoch_time_s": self.predicted,
+            "predicted_stages_s": self.stages,
+            "ranks": [
+                {
+                    "rank": r,
+                    "static_aggregate": c.static_aggregate,
+                    "replica_rows": c.replica_rows.tolist(),
+                    "l3_rows": c.l3_rows.tolist(),
+                    "bytes_per_level": self.bytes_per_level[r],
+                    "levels": None if self.levels is None else self.levels[r],
+                    "transport": None if self.transport is None else self.transport[r],
+                    "every_row_from": self.every_row[r] if self.every_row else [],
+                }
+                for r, c in enumerate(self.caches)
+            ],
+            "replica_budget_sweep": self.sweep,
+            "replica_budget_mb": self.replica_budget_mb,
+            "plan_s": self.plan_s,
+            "predicted_ranks_s": self.ranks_s,
+            "predicted_rank_spread": self.spread(),
+            "predicted_run_s": self.predicted_run,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> CachePlan:
+        """The plan in `data`, validated as untrusted input (planner/plan_schema.py).
+
+        Raises:
+            CacheError: naming the file and the first field that is wrong.
+        """
+        try:
+            f = plan_schema.parse(data)
+        except ValueError as exc:
+            raise invalid(path, str(exc)) from None
+        caches = [
+            RankCache(
+                r.static_aggregate,
+                np.asarray(r.replica_rows, dtype=np.int64),
+                np.asarray(r.l3_rows, dtype=np.int64),
+            )
+            for r in f.ranks
+        ]
+        return cls(
+            f.key, f.inputs, f.graph_inputs, f.policy, caches, list(f.num_chunks),
+            {k: None if v is None else float(v) for k, v in f.predicted_epoch_time_s.items()},
+            {m: {k: float(v) for k, v in st.items()} for m, st in f.predicted_stages_s.items()},
+            [r.bytes_per_level.model_dump() for r in f.ranks],
+            [p.model_dump() for p in f.replica_budget_sweep],
+            float(f.replica_budget_mb), f.plan_s,
+            None if any(r.levels is None for r in f.ranks)
+            else [r.levels.model_dump() for r in f.ranks if r.levels is not None],
+            None if any(r.transport is None for r in f.ranks)
+            else [list(r.transport or []) for r in f.ranks],
+            [list(r.every_row_from) for r in f.ranks],
+            {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
+            {k: None if v is None else float(v) for k, v in f.predicted_run_s.items()},
+        )  # fmt: skip
+
+    def check_fits(
+        self,
+        path: Path,
+        halo_sizes: list[int],
+        num_layers: int,
+        attention: bool,
+        rounded: bool = False,
+    ) -> None:
+        """Refuse a plan that does not fit the run (see `plan_schema.fit_problem`).
+
+        Raises:
+            CacheError: naming the file and the field.
+        """
+        ranks = [(c.static_aggregate, c.replica_rows, c.l3_rows) for c in self.caches]
+        problem = plan_schema.fit_problem(
+            ranks, self.num_chunks, halo_sizes, num_layers, attention, rounded
+        )
+        if problem is not None:
+            raise invalid(path, problem)
+
+
+def invalid(path: Path, problem: str) -> CacheError:
+    """The one sentence for a plan that cannot be used."""
+    return CacheError(
+        f"{path} is not a cache plan LEO can use ({problem}); delete it and run leo "
+        "profile-cache (leo train makes a new one itself)."
+    )
+
+
+def _seconds(value: Any) -> float | None:
+    """A recorded duration: a finite number >= 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise ValueError(f"plan_s must be seconds, not {value!r}")
+    return float(value)
+
+
+def write_plan(run_dir: Path, plan: CachePlan) -> Path:
+    """Write cache-plan.json atomically (a fresh temporary file, then a rename).
+
+    Raises:
+        CacheError: the run folder cannot hold it (no space, or the name is a folder).
+    """
+    path = run_dir / PLAN
+    try:
+        files.write_text(path, files.json_text(plan.to_json()))
+    except OSError as exc:
+        raise CacheError(
+            f"cannot write {path} ({exc.strerror or exc}); remove what is there or choose "
+            "another run.out_dir."
+        ) from None
+    return path
+
+
+def read_plan(run_dir: Path) -> CachePlan | None:
+    """The run folder's plan, validated, or None when there is none (or an earlier LEO's).
+
+    Raises:
+        CacheError: it is not a regular file, not UTF-8 JSON, or not a valid plan.
+    """
+    path = run_dir / PLAN
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise CacheError(f"{path} is not a file; remove it and run leo profile-cache.")
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 JSON"
+        raise CacheError(
+            f"cannot read {path} ({reason}); delete it and run leo profile-cache."
+        ) from None
+    if isinstance(data, dict) and data.get("format_version") in OLDER_VERSIONS:
+        return None  # made by an earlier LEO: made again, like a missing one
+    plan = CachePlan.from_json(data, path)
+    plan.file_sha = hashlib.sha256(raw).hexdigest()
+    return plan
+
+
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+
+
+def halo_bytes(cfg: LeoConfig) -> tuple[int, int, bool]:
+    """Bytes per element and per row of a rounded row (`pipeline.halo_dtype`; (0, 0): rows
+    are not rounded), and whether its rounding draws random bytes, for the cost model."""
+    codec = CODECS[cfg.pipeline.halo_dtype]
+    if codec is None:
+        return 0, 0, False
+    return codec.element_bytes, codec.row_bytes, codec.stochastic
+
+
+def dtype_key(cfg: LeoConfig) -> str:
+    """The numeric types a plan depends on: the training dtype, and the rows' where
+    `pipeline.halo_dtype` rounds them (`float32+rows:bfloat16`)."""
+    halo = cfg.pipeline.halo_dtype
+    return cfg.train.dtype + (f"+rows:{halo}" if cfg.pipeline.rounds_rows else "")
+
+
+def static_layer0(cfg: LeoConfig) -> bool:
+    """Whether a plan would run layer 0 on the static aggregate (cache level L1s)."""
+    c = cfg.cache
+    no_input_dropout = cfg.model.effective_input_dropout == 0
+    return c.enabled and c.static_aggregate and no_input_dropout and cfg.model.admits_replicas
+
+
+def plan_digests(cfg: LeoConfig, meta: dict[str, Any], num_parts: int) -> tuple[str, str]:
+    """The digests a plan is made for and checked against, (inputs, graph inputs): one place,
+    so the plan stage, the workers and the summary agree."""
+    reach, chunks = reach_of(cfg, num_parts), cfg.pipeline.num_chunks
+    return (
+        plan_inputs(meta, cfg.model, cfg.cache, dtype_key(cfg), chunks, reach),
+        graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, reach),
+    )
+
+
+def halo_sizes(meta: dict[str, Any]) -> list[int]:
+    """Every part's halo rows, as META.json records them (checked by graph/storage.py)."""
+    return [int(n) for n in meta["stats"]["halo_nodes"]]
+
+
+def predicted_time(plan: CachePlan | None, cfg: LeoConfig) -> float | None:
+    """The predicted step time of this run's mode from the plan `load_plan` found for it.
+    With a cache, the planned mode's is the plan's own prediction and another exact mode's
+    the one priced with what it can use of the plan's levels (`predicted_run`); without a
+    cache, every mode's (the planned mode under its cache-free benchmark name,
+    registry.prediction_key)."""
+    if plan is None:
+        return None
+    if _runs_levels_unplanned(cfg):
+        return plan.predicted_run.get(cfg.pipeline.mode)
+    return plan.predicted.get(prediction_key(cfg.pipeline.mode, cfg.cache.enabled))
+
+
+def predicted_busy(plan: CachePlan | None, cfg: LeoConfig) -> list[float] | None:
+    """Each rank's predicted busy time (its own work, no waiting) in this run's mode, as
+    `predicted_time`; None for a mode other than the planned one run with a cache (the plan
+    keeps only its step, not its ranks)."""
+    if plan is None or _runs_levels_unplanned(cfg):
+        return None
+    ranks = plan.ranks_s.get(prediction_key(cfg.pipeline.mode, cfg.cache.enabled))
+    return None if not ranks else [r["busy_s"] for r in ranks]
+
+
+def _runs_levels_unplanned(cfg: LeoConfig) -> bool:
+    """Whether this run uses a cache plan's levels in a mode the plan was not made for."""
+    return cfg.cache.enabled and not mode_of(cfg.pipeline.mode).planned
+
+
+def load_plan(
+    cfg: LeoConfig, run_dir: Path, meta: dict[str, Any] | None = None
+) -> CachePlan | None:
+    """The run folder's plan when it was made for this run, else None (missing, stale, an
+    earlier LEO's). With a cache, made for these partitions, levels and prices (`inputs`)
+    and as many ranks; without, for the graph and partitions alone (`graph_inputs`: its
+    predictions still price every mode). `meta`: the partitions' META.json (read if None).
+
+    Raises:
+        CacheError: the file is there but is not a valid plan.
+    """
+    plan = read_plan(run_dir)
+    if plan is None:
+        return None
+    if meta is None:
+        try:
+            meta = read_meta(RunDir(run_dir).partitions)
+        except LeoError:
+            return None
+    num_parts = int(meta["num_parts"])
+    inputs, graph_key = plan_digests(cfg, meta, num_parts)
+    if cfg.cache.enabled:
+        fresh = plan.inputs == inputs and len(plan.caches) == num_parts
+    else:
+        fresh = plan.graph_inputs == graph_key
+    return plan if fresh else None

@@ -1,0 +1,70 @@
+"""How busy other processes kept the machine while a launch of ours ran (the hardware probe).
+
+A probe taken while other jobs share the cores measures the machine under their load (rates
+several times lower: docs/results.md); saved machine-wide, it
+would price every later plan as if that load were always there. So the parent measures, over
+the launch, the CPU time the whole machine spent busy (/proc/stat) less the CPU time of this
+process and its reaped children (its workers): what remains is other processes' work.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+from types import TracebackType
+
+from leo_cli.planner.profile.hardware import ProbeLoad
+
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (not idle, iowait)
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds all cores have spent busy since boot, or None without /proc/stat."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if first[0] != "cpu":
+        return None
+    ticks = [int(v) for v in first[1:]]
+    return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+class LoadMeter:
+    """`with LoadMeter() as m: <launch>`; then `m.result()` describes the other load."""
+
+    def __init__(self) -> None:
+        self._start = (time.monotonic(), machine_busy_s(), own_cpu_s())
+        self._end = self._start
+
+    def __enter__(self) -> LoadMeter:
+        self._start = (time.monotonic(), machine_busy_s(), own_cpu_s())
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._end = (time.monotonic(), machine_busy_s(), own_cpu_s())
+
+    def result(self) -> ProbeLoad:
+        """Cores other processes kept busy on average, and the 1-minute load average."""
+        (t0, busy0, own0), (t1, busy1, own1) = self._start, self._end
+        other = None
+        if busy0 is not None and busy1 is not None and t1 > t0:
+            other = round(max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0), 3)
+        return ProbeLoad(
+            load_avg_1m=round(os.getloadavg()[0], 3),
+            other_cpu=other,
+            num_cpus=os.cpu_count() or 1,
+        )

@@ -1,0 +1,117 @@
+"""The hardware profile store: where a profile is kept between runs and when one may be
+reused (measured here, with this torch, as many workers, threads, placement and allocator),
+and the load rule that keeps a profile measured on a busy machine out of the store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from leo_cli.comm.placement import affinity_tag
+from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError
+from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
+from leo_cli.run_dir import RunDir
+
+
+def machine_cache(num_workers: int, threads: str) -> Path:
+    """Where this machine's profile for a worker count and placement is kept between runs.
+
+    `threads` is `placement(cfg)`. `LEO_HARDWARE_CACHE` names the folder (default
+    ~/.cache/leo/hardware).
+    """
+    root = os.environ.get("LEO_HARDWARE_CACHE") or Path.home() / ".cache" / "leo" / "hardware"
+    quick = "-quick" if quick_probe() else ""  # never in place of a full profile
+    name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{quick}.json"
+    return Path(root) / name
+
+
+def placement_of(hw: HardwareProfile) -> str:
+    """`placement` of the launch that measured a profile."""
+    return f"{hw.threads_per_worker}{affinity_tag(hw.cpu_affinity)}{allocator_tag(hw.allocator)}"
+
+
+def allocator_tag(name: str) -> str:
+    """The allocator's part of a placement tag (none for the system's: older names stand)."""
+    return "" if name == "system" else f"-{name}"
+
+
+def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
+    """Measured here, with this torch, as many workers, threads and the same placement, at
+    the probe sizes asked for (`LEO_PROBE_QUICK`)."""
+    return (
+        hw.world_size == num_workers
+        and placement_of(hw) == threads
+        and hw.hostname == socket.gethostname()
+        and hw.torch_version == torch.__version__
+        and hw.quick == quick_probe()
+    )
+
+
+def quick_probe(nnodes: int = 1) -> bool:
+    """`LEO_PROBE_QUICK=1`: probe with the tiny sizes (a few seconds, rough rates; the test
+    suite's setting: its plans need rates, not good ones). Profiles say `quick`. One machine
+    only: nodes reading their own environments could disagree on the sizes and wait for
+    each other's probe collectives."""
+    raw = os.environ.get("LEO_PROBE_QUICK", "0")
+    if raw not in ("0", "1"):
+        raise CacheError(f"LEO_PROBE_QUICK={raw!r} must be 1 (tiny probe sizes) or 0.")
+    return raw == "1" and nnodes == 1
+
+
+def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
+    """A profile of a multi-node run that every node agrees to reuse: as many machines and
+    workers, the same placement, and the allocator `launch.allocator` names (each node's
+    threads may differ, and under `auto` so may its allocator, as may one the user preloads
+    (launch/allocator.py); the config may not)."""
+    setting = cfg.launch.allocator
+    return (
+        hw.world_size == num_workers
+        and hw.nnodes == cfg.launch.nnodes
+        and hw.cpu_affinity == cfg.launch.cpu_affinity
+        and (setting == "auto" or hw.allocator in (setting, "user"))
+    )
+
+
+def saved_profile(path: Path) -> HardwareProfile | None:
+    """A saved copy, or None when it is missing or unreadable (a cache: probe again)."""
+    if not path.is_file():
+        return None
+    try:
+        return HardwareProfile.read(path)
+    except CacheError:
+        return None
+
+
+def load_limit() -> float:
+    """Share of the cores other processes may keep busy during a probe that is saved for the
+    whole machine (`LEO_PROBE_LOAD_LIMIT`, default 0.25; a machine that is always shared may
+    raise it)."""
+    raw = os.environ.get("LEO_PROBE_LOAD_LIMIT")
+    try:
+        limit = float(raw) if raw else HIGH_LOAD_SHARE
+    except ValueError:
+        raise CacheError(
+            f"LEO_PROBE_LOAD_LIMIT={raw!r} is not a number; give a share of the cores such as 0.5."
+        ) from None
+    if not limit >= 0:  # also NaN
+        raise CacheError(f"LEO_PROBE_LOAD_LIMIT={raw!r} must be a share of the cores >= 0.")
+    return limit
+
+
+def busy_note(load: ProbeLoad, run_dir: Path) -> str:
+    """The sentence for a probe measured while other processes kept the machine busy."""
+    what = (
+        f"other processes kept {load.other_cpu:.1f} of {load.num_cpus} cores busy"
+        if load.other_cpu is not None
+        else f"the load average was {load.load_avg_1m:.1f} on {load.num_cpus} cores"
+    )
+    return (
+        f"note: {what} while the hardware probe ran, so its rates are this machine's under "
+        f"load: kept in {RunDir(run_dir).hardware} only, not saved for later runs; probe again "
+        "on a quiet machine with `leo profile-cache --force`."
+    )

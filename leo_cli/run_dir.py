@@ -1,0 +1,318 @@
+"""A run folder: the one owner of its paths, readers and writers (docs/design/run-files.md).
+
+Every file of a run goes through `RunDir`: the resolved config, metrics.jsonl, summary.json,
+status.json, the checkpoints, the set-up stamps the parent leaves for rank 0, and the names
+of the files other stages write there (partitions, hardware profile, cache plan, mode choice).
+What is read back is untrusted input (an edit, a copy cut short, another version's file): a
+metrics row or a checkpoint that is not what LEO wrote stops the run with one sentence naming
+the file. Writes are atomic (util/files.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from leo_cli.errors import TrainError
+from leo_cli.util import files
+from leo_cli.util.strict import Finite
+
+KEEP_CHECKPOINTS = 2  # newest checkpoints kept; older ones are deleted after a good write
+Count = Annotated[StrictInt, Field(ge=0)]
+
+
+class RunDir:
+    """The files of one run folder, by name, with their readers and writers."""
+
+    CONFIG = "resolved_config.yaml"
+    METRICS = "metrics.jsonl"
+    SUMMARY = "summary.json"
+    STATUS = "status.json"
+    CURVES = "curves.png"
+    PLAN = "cache-plan.json"
+    PLAN_PLOT = "cache-plan.png"
+    HARDWARE = "hardware.json"
+    MODE_CHOICE = "mode-choice.json"
+    PARTITIONS = "partitions"
+    CHECKPOINTS = "checkpoints"
+    SETUP = ".setup.json"
+    ERRORS = ".errors"
+    HEARTBEATS = ".heartbeat"
+    LOGS = "logs"
+    PROBE = "probe"
+    # What one attempt writes and a fresh start clears (partitions, plan and profile stay).
+    ATTEMPT_FILES = (METRICS, SUMMARY, STATUS, CURVES, MODE_CHOICE)
+    ATTEMPT_FOLDERS = (CHECKPOINTS, HEARTBEATS, ERRORS, LOGS)
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @property
+    def config(self) -> Path:
+        return self.root / self.CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / self.METRICS
+
+    @property
+    def summary(self) -> Path:
+        return self.root / self.SUMMARY
+
+    @property
+    def status(self) -> Path:
+        return self.root / self.STATUS
+
+    @property
+    def curves(self) -> Path:
+        return self.root / self.CURVES
+
+    @property
+    def plan(self) -> Path:
+        return self.root / self.PLAN
+
+    @property
+    def plan_plot(self) -> Path:
+        return self.root / self.PLAN_PLOT
+
+    @property
+    def hardware(self) -> Path:
+        return self.root / self.HARDWARE
+
+    @property
+    def mode_choice(self) -> Path:
+        return self.root / self.MODE_CHOICE
+
+    @property
+    def partitions(self) -> Path:
+        return self.root / self.PARTITIONS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    @property
+    def errors(self) -> Path:
+        return self.root / self.ERRORS
+
+    @property
+    def setup_file(self) -> Path:
+        return self.root / self.SETUP
+
+    # metrics.jsonl
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """All complete lines of metrics.jsonl (a torn last line is ignored)."""
+        rows = []
+        if self.metrics.is_file():
+            for line in self.metrics.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+        return rows
+
+    def truncate_metrics(self, last_epoch: int) -> None:
+        """Keep only epochs <= last_epoch, so a resumed run appends without duplicates."""
+        rows = self.read_metrics()
+        check_rows(rows, self.metrics)  # read back on resume: kept rows go into summary.json
+        rows = [r for r in rows if r["epoch"] <= last_epoch]
+        files.write_text(self.metrics, "".join(files.json_text(r) + "\n" for r in rows))
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """One line per epoch (strict JSON; never appended through a symlink)."""
+        files.append_line(self.metrics, files.json_text(row))
+
+    # summary.json, status.json
+
+    def read_summary(self) -> dict[str, Any]:
+        """summary.json, or {} when it is missing or unreadable."""
+        return read_json(self.summary)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        files.write_json(self.summary, summary)
+
+    def update_summary(self, fields: dict[str, Any]) -> None:
+        """Add fields to an existing summary.json (the parent's `wall_s`); none: nothing."""
+        summary = self.read_summary()
+        if summary:
+            self.write_summary({**summary, **fields})
+
+    def write_status(self, state: str, reason: str | None = None) -> None:
+        status = {"state": state} if reason is None else {"state": state, "reason": reason}
+        files.write_json(self.status, status)
+
+    # the parent's set-up stamps
+
+    def write_setup(self, payload: dict[str, Any]) -> None:
+        files.write_json(self.setup_file, payload)
+
+    def read_setup(self, launched_at: float | None) -> dict[str, Any]:
+        """What the parent of this launch wrote (empty under plain torchrun or when stale)."""
+        if launched_at is None:
+            return {}
+        data = read_json(self.setup_file)
+        return data if data.get("launched_at") == launched_at else {}
+
+    # checkpoints
+
+    def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """(epoch, path) of every complete checkpoint, oldest first."""
+        found = []
+        for path in self.checkpoints.glob("epoch_*.pt"):
+            m = re.fullmatch(r"epoch_(\d+)\.pt", path.name)
+            if m:
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def save_checkpoint(self, epoch: int, state: dict[str, Any]) -> Path:
+        """Write `checkpoints/epoch_<e>.pt` via a temporary file and an atomic rename; keep
+        the newest `KEEP_CHECKPOINTS`. Torch's global generator goes in too (dropout masks
+        are keyed by epoch, so the epoch is the rest of training's random state)."""
+        folder = self.checkpoints
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"epoch_{epoch:06d}.pt"
+        files.sweep_temporaries(folder)  # left by a save that was killed
+        with files.atomic_file(path, fsync=True) as f:
+            torch.save({"epoch": epoch, "rng": torch.get_rng_state(), **state}, f)
+        for _, old in self.list_checkpoints()[:-KEEP_CHECKPOINTS]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def read_latest(self) -> dict[str, Any] | None:
+        """The newest checkpoint that loads (weights_only=True) and checks, or None.
+
+        A file that cannot be read is reported on stderr and the one before it is tried, so
+        one bad file costs `train.checkpoint_every` epochs, not the run.
+
+        Raises:
+            TrainError: checkpoints exist but none of them can be read.
+        """
+        newest_first = [path for _, path in reversed(self.list_checkpoints())]
+        for i, path in enumerate(newest_first):
+            try:
+                state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+                check_checkpoint(state, epoch_of(path))  # untrusted: loads, but is it ours?
+            except Exception as exc:  # a corrupt file must name itself, not crash
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                if i + 1 == len(newest_first):
+                    raise TrainError(
+                        f"No checkpoint in {self.checkpoints} can be read ({path.name}: "
+                        f"{reason}); start again without --resume."
+                    ) from None
+                print(
+                    f"warning: checkpoint {path} cannot be read ({reason}); trying "
+                    f"{newest_first[i + 1].name} instead.",
+                    file=sys.stderr,
+                )
+                continue
+            return state
+        return None
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """`read_latest`, with torch's global generator restored from it."""
+        state = self.read_latest()
+        if state is not None:
+            torch.set_rng_state(state["rng"])
+        return state
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def epoch_of(path: Path) -> int:
+    """The epoch in a checkpoint's file name."""
+    return int(path.name.removeprefix("epoch_").removesuffix(".pt"))
+
+
+class MetricsRow(BaseModel):
+    """The fields of a metrics.jsonl row that summary.json is computed from (others pass)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    epoch: Annotated[StrictInt, Field(ge=1)]
+    loss: Finite
+    epoch_time_s: Annotated[Finite, Field(ge=0)]
+    comm_bytes: Count
+    train_acc: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    val_acc: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    test_acc: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    comm_wait_s: Annotated[Finite, Field(ge=0)] | None = None
+    comm_transfer_s: Annotated[Finite, Field(ge=0)] | None = None
+    step_comm_bytes: Count | None = None
+    step_published_bytes: Count | None = None
+    rank_step_s: list[Annotated[Finite, Field(ge=0)]] | None = None
+    rank_busy_s: list[Annotated[Finite, Field(ge=0)]] | None = None
+    cold: StrictBool = False
+    exact: StrictBool = True
+
+
+def check_rows(rows: list[Any], path: Path) -> None:
+    """Every row a metrics row, epochs increasing.
+
+    Raises:
+        TrainError: naming the line and the field.
+    """
+    last = 0
+    for line, row in enumerate(rows, start=1):
+        try:
+            epoch = MetricsRow.model_validate(row).epoch
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "the row"
+            problem = f"{where}: {err['msg']}"
+        else:
+            if epoch > last:
+                last = epoch
+                continue
+            problem = f"epoch {epoch} does not follow epoch {last}"
+        raise TrainError(
+            f"{path} line {line} is not a metrics row LEO wrote ({problem}); delete that line "
+            "and the ones after it to resume, or start again without --resume."
+        )
+
+
+def check_checkpoint(state: Any, epoch: int) -> None:
+    """What `RunDir.save_checkpoint` writes: the epoch of its file name, torch's RNG state,
+    and the model's and optimizer's state dicts.
+
+    Raises:
+        ValueError: what is wrong (the caller names the file).
+    """
+    if not isinstance(state, dict):
+        raise ValueError("not a checkpoint dictionary")
+    saved = state.get("epoch")
+    if type(saved) is not int or saved != epoch:
+        raise ValueError(f"its epoch is {saved!r}, its name says {epoch}")
+    rng = state.get("rng")
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or rng.dim() != 1:
+        raise ValueError("its rng entry is not torch's generator state")
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()
+    ):
+        raise ValueError("its model entry is not a state dict of tensors")
+    opt = state.get("optimizer")
+    if not isinstance(opt, dict) or not isinstance(opt.get("param_groups"), list):
+        raise ValueError("its optimizer entry is not an optimizer state dict")
+    for name, value in model.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"its weight {name} is not finite")

@@ -1,0 +1,2 @@
+"""One training rank: its entry point and lifecycle, the job assembled from its part, the
+training loop, and rank 0's report."""

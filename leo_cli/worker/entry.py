@@ -1,0 +1,280 @@
+"""The rank side of `leo train`: `python -m leo_cli.worker.entry <run folder> [--resume]`.
+
+Runs under the elastic agent that `leo train` starts, or under plain `torchrun`. Reads the
+run folder's resolved config and this rank's partition, checks across ranks that everyone
+starts alike, assembles the job and hands it to the training loop (worker/trainer.py); global
+rank 0 writes the summary and curves at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from leo_cli.comm.dist import (
+    DistEnv,
+    all_gather_,
+    all_reduce_,
+    init_process_group,
+    pick_backend,
+)
+from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.placement import pin_from_config
+from leo_cli.comm.process import rank_entry, run_rank
+from leo_cli.config import LeoConfig, config_fingerprint, load_config
+from leo_cli.config.load import PER_NODE_KEYS
+from leo_cli.config.schema import LaunchConfig
+from leo_cli.errors import TrainError
+from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.kernels import active_backend
+from leo_cli.planner.auto_mode import refuse_unresolved, summary_fields
+from leo_cli.planner.checks import check_backend, check_config, check_transport
+from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
+from leo_cli.registry import mode_of, planned_mode
+from leo_cli.run_dir import RunDir
+from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
+from leo_cli.worker.assemble import build_job, halo_plan
+from leo_cli.worker.memory import fix_mmap_threshold
+from leo_cli.worker.report import plot_curves, summarize
+from leo_cli.worker.trainer import RunLog, fit, restore
+
+USER_ERROR_EXIT = 3
+
+
+def pick_device(launch: LaunchConfig, env: DistEnv) -> torch.device:
+    """One CUDA device per local rank, or the CPU (checked by the launcher beforehand)."""
+    if launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available()):
+        if env.local_rank >= torch.cuda.device_count():
+            raise TrainError(
+                f"local rank {env.local_rank} has no CUDA device of its own "
+                f"({torch.cuda.device_count()} visible); lower launch.nproc."
+            )
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
+    """A one-host mode reaches only the workers of one host (what torchrun says, not the
+    config)."""
+    if mode_of(cfg.pipeline.mode).one_host and env.local_world_size != env.world_size:
+        raise TrainError(
+            f"pipeline.mode={cfg.pipeline.mode} needs every worker on one host, but "
+            f"{env.world_size - env.local_world_size} run elsewhere; use pipeline.mode="
+            f"{planned_mode()}."
+        )
+
+
+def with_plan(fingerprint: str, plan: CachePlan | None) -> str:
+    """The config fingerprint combined with the cache plan's bytes: every rank must train
+    with the same plan (both ends of a transfer cut it the same way)."""
+    if plan is None or plan.file_sha is None:
+        return fingerprint
+    return hashlib.sha256(bytes.fromhex(fingerprint) + bytes.fromhex(plan.file_sha)).hexdigest()
+
+
+def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> list[int]:
+    """Cross-check every rank's config, halo counts and resume epoch in one all-gather;
+    returns every rank's halo size (what the cache plan's rows are checked against).
+
+    A node started with another config would silently train node 0's; ranks that read
+    different partitions (a stale folder on one host) would run an inconsistent all-to-all;
+    ranks resuming from different checkpoints would train different models.
+    """
+    p = len(plan.send_counts)
+    digest = torch.frombuffer(bytearray(bytes.fromhex(fingerprint)), dtype=torch.int64)
+    mine = torch.tensor([*plan.send_counts, *plan.recv_counts, start], dtype=torch.int64)
+    rows = all_gather_(torch.cat([mine, digest]))
+    check_fingerprints(rows[:, 2 * p + 1 :])
+    check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
+    check_same_start(rows[:, 2 * p])
+    return [int(n) for n in rows[:, p : 2 * p].sum(dim=1)]
+
+
+def check_fingerprints(digests: torch.Tensor) -> None:
+    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    if other:
+        raise TrainError(
+            f"worker ranks {other} were started with another config than rank 0 (only "
+            f"{', '.join(PER_NODE_KEYS)} may differ between nodes); start every node with the "
+            "same config."
+        )
+
+
+def check_halo_counts(send: torch.Tensor, recv: torch.Tensor) -> None:
+    """`send[r][q]` rows that rank r sends to q must be the `recv[q][r]` that q expects."""
+    bad = (send != recv.T).nonzero()
+    if len(bad):
+        r, q = bad[0].tolist()
+        raise TrainError(
+            f"rank {r} sends {int(send[r, q])} halo rows to rank {q} but rank {q} expects "
+            f"{int(recv[q, r])} from rank {r}: the ranks read different partitions; make sure "
+            "every node sees the same run.out_dir/partitions."
+        )
+
+
+def check_same_start(starts: torch.Tensor) -> None:
+    """Every rank must resume from the same checkpoint (a shared folder seen inconsistently
+    across machines would otherwise train different models)."""
+    lo, hi = int(starts.min()), int(starts.max())
+    if lo != hi:
+        raise TrainError(
+            f"workers found different latest checkpoints (epochs {lo} to {hi}); make sure "
+            "every node sees the same run.out_dir/checkpoints."
+        )
+
+
+def row_extras(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> dict[str, Any]:
+    """What every metrics row of the run carries besides the epoch's own numbers: the bytes
+    per cache level of one step, all workers (from the plan; modes that hold its levels and
+    move one row per halo node move exactly these, a test checks them against the measured
+    bytes), and whether the numbers are exact."""
+    mode = mode_of(cfg.pipeline.mode)
+    extras: dict[str, Any] = {"exact": mode.exact or world_size == 1}
+    if plan is not None and cfg.cache.enabled and mode.cache_levels and not mode.per_edge_rows:
+        for level in ("L2", "L3"):
+            rows = plan.bytes_per_level
+            extras[f"step_{level}_bytes"] = sum(r[f"{level}_bytes_per_step"] for r in rows)
+    return extras
+
+
+def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> dict[str, float]:
+    """This worker's set-up parts, each the slowest rank's, and when the slowest rank starts
+    its first step (`first_step_at`, wall clock)."""
+    now = time.time()
+    mine = {k: laps.seconds.get(k, 0.0) for k in WORKER_PARTS}
+    mine["worker_setup_s"] = now - entered_at
+    mine["launch_s"] = entered_at - launched_at if launched_at is not None else 0.0
+    mine["first_step_at"] = now
+    values = torch.tensor(list(mine.values()), dtype=torch.float64)
+    return dict(zip(mine, all_reduce_(values, op="max").tolist(), strict=True))
+
+
+def finish(
+    cfg: LeoConfig, run: RunDir, plan: CachePlan | None, world_size: int, setup: dict[str, Any]
+) -> None:
+    """Rank 0 at the end: summary.json, curves.png and the final status."""
+    rows = run.read_metrics()
+    summary = summarize(
+        rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(plan, cfg)
+    )
+    summary["predicted_rank_busy_s"] = predicted_busy(plan, cfg)
+    summary["halo_dtype"] = cfg.pipeline.halo_dtype
+    summary.update(summary_fields(run.root, cfg.pipeline.mode))  # mode_requested and why
+    run.write_summary({**summary, **setup})
+    plot_curves(rows, run.curves)
+    run.write_status("done")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m leo_cli.worker.entry")
+    parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument(
+        "--allow-inexact",
+        action="store_true",
+        help="allow an inexact pipeline.mode such as compute-only (for leo bench)",
+    )
+    parser.add_argument(
+        "--config-sha", help="fingerprint of the launcher's config (default: the run folder's)"
+    )
+    parser.add_argument(
+        "--launched-at",
+        type=float,
+        help="wall-clock time the launcher started the workers (set-up accounting)",
+    )
+    args = parser.parse_args(argv)
+    entered_at = time.time()
+    fix_mmap_threshold()  # before set-up's large temporaries come and go (worker/memory.py)
+    run_dir: Path = args.run_dir
+
+    def body(env: DistEnv) -> int:
+        resume = args.resume or env.restart > 0
+        started = (entered_at, args.launched_at)
+        return run_worker(run_dir, env, resume, args.config_sha, args.allow_inexact, started)
+
+    return run_rank(body, heartbeat_dir=run_dir, errors_dir=RunDir(run_dir).errors)
+
+
+def run_worker(
+    run_dir: Path,
+    env: DistEnv,
+    resume: bool,
+    config_sha: str | None = None,
+    allow_inexact: bool = False,
+    started: tuple[float, float | None] | None = None,
+) -> int:
+    """Train this rank's part. `started`: when this process entered main and when the
+    launcher started the workers (None under plain torchrun), for the set-up accounting."""
+    entered_at, launched_at = started or (time.time(), None)
+    laps = Laps()
+    run = RunDir(run_dir)
+    cfg = load_config(run.config)
+    refuse_unresolved(cfg)  # every rank runs the mode leo train resolved, never `auto`
+    check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher
+    pin_from_config(cfg.launch.cpu_affinity, env.local_rank)  # plain torchrun: not pinned yet
+    active_backend()  # LEO_KERNELS=cuda without a loadable extension: one sentence, now
+    check_same_host(cfg, env)
+    meta = read_meta(run.partitions)
+    if meta["num_parts"] != env.world_size:
+        raise TrainError(
+            f"{run.partitions} holds {meta['num_parts']} parts but "
+            f"{env.world_size} workers started; set launch.nproc to match."
+        )
+    device = pick_device(cfg.launch, env)
+    check_backend(cfg.launch.backend, device.type == "cuda")
+    check_transport(cfg, device.type == "cuda")
+    if env.world_size > 1:
+        backend = pick_backend(device, cfg.launch.backend)
+        init_process_group(env, backend, cfg.launch.timeout_s, device)
+    laps.lap("process_group_s")
+    # Cross-check before any set-up collective: mismatched ranks must fail with a sentence,
+    # not hang in the first exchange.
+    # Mapped, not read: the part's files serve as page cache while set-up copies what it needs.
+    part = read_part(run.partitions, env.rank, mmap=True)
+    laps.lap("read_part_s")
+    state = run.load_latest() if resume else None
+    start = 0 if state is None else int(state["epoch"])
+    plan = load_plan(cfg, run_dir, meta)  # read once: the job, the rows' extras, the summary
+    cached_plan = plan if cfg.cache.enabled else None
+    fingerprint = with_plan(config_sha or config_fingerprint(cfg), cached_plan)
+    halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
+    job = build_job(
+        run.plan, cfg, cached_plan, meta, part, env.world_size, device, halo_sizes, laps
+    )
+    # The job copied what it needs of the part (the features stay mapped through x_NF):
+    # dropping it unmaps the edge arrays that set-up read, which would stay resident.
+    del part
+    if state is not None:
+        restore(state, job.model, job.optimizer, run.checkpoints)
+    if env.rank == 0:
+        # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
+        run.truncate_metrics(start)
+        run.write_status("running")
+    worker = reduce_setup(laps, entered_at, launched_at)
+    log = RunLog(run, env.rank, row_extras(cfg, plan, env.world_size))
+    fit(job, cfg.train, cfg.run.seed, start, log)
+    if env.rank == 0:
+        first_step_at = worker.pop("first_step_at")
+        setup = setup_summary(run.read_setup(launched_at), worker, first_step_at)
+        setup["static_aggregate"] = job.static_layer0
+        finish(cfg, run, plan, env.world_size, setup)
+    if env.world_size > 1:
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
+    return 0
+
+
+@record
+def entry() -> None:
+    rank_entry(main)
+
+
+if __name__ == "__main__":
+    entry()

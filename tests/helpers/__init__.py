@@ -1,0 +1,2 @@
+"""Helpers the tests share: the rank harness (`helpers.ranks`) and the `leo` command
+(`helpers.cli`). Fixtures stay in tests/conftest.py."""

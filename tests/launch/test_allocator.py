@@ -1,0 +1,150 @@
+"""`launch.allocator`: which allocator the workers get, what the run says, and a refusal
+where jemalloc is asked for and missing; the environment is the workers', not the
+launcher's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import hardware_dict
+
+from leo_cli.comm.process import ALLOCATOR_ENV
+from leo_cli.config import LeoConfig, load_config
+from leo_cli.errors import ConfigError, TrainError
+from leo_cli.launch import allocator as allocator_module
+from leo_cli.launch import stages as plan_stage
+from leo_cli.launch.allocator import (
+    RETAIN,
+    allocator_env,
+    choose,
+    fallback_note,
+    find_jemalloc,
+)
+from leo_cli.launch.elastic import worker_threads
+from leo_cli.planner.profile import store
+from leo_cli.planner.profile.hardware import HardwareProfile
+
+LIB = Path("/somewhere/libjemalloc.so.2")
+
+
+def test_auto_takes_jemalloc_where_the_machine_has_it() -> None:
+    got = choose("auto", {}, LIB)
+    assert got.name == "jemalloc" and str(LIB) in got.described
+    assert got.env == {"LD_PRELOAD": str(LIB), "MALLOC_CONF": RETAIN, ALLOCATOR_ENV: "jemalloc"}
+    assert choose("jemalloc", {}, LIB) == got
+
+
+def test_auto_says_so_where_it_falls_back_to_the_system_malloc() -> None:
+    got = choose("auto", {}, None)
+    assert got.name == "system" and "no jemalloc found" in got.described
+    assert got.env == {ALLOCATOR_ENV: "system"}  # nothing preloaded
+    assert choose("system", {}, LIB).env == {ALLOCATOR_ENV: "system"}  # asked for: not preloaded
+    # leo train says it before the workers start, only where auto fell back.
+    note = fallback_note(got)
+    assert note is not None and "apt install libjemalloc2" in note
+    assert fallback_note(choose("auto", {}, LIB)) is None
+    assert fallback_note(choose("auto", {"LD_PRELOAD": "/x/libtcmalloc.so"}, None)) is None
+
+
+@pytest.mark.parametrize("setting", ["auto", "jemalloc", "system"])
+def test_an_allocator_the_user_preloads_is_theirs(setting: str) -> None:
+    got = choose(setting, {"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, LIB)
+    assert got.name == "user" and "tcmalloc" in got.described and got.env == {ALLOCATOR_ENV: "user"}
+
+
+def test_other_preloads_and_settings_of_the_user_are_kept() -> None:
+    """A profiler the user preloads stays, after jemalloc; the user's MALLOC_CONF stands."""
+    got = choose("auto", {"LD_PRELOAD": "/opt/libprof.so", "MALLOC_CONF": "narenas:2"}, LIB)
+    assert got.name == "jemalloc" and "freed memory kept" not in got.described
+    assert got.env["LD_PRELOAD"] == f"{LIB}:/opt/libprof.so"
+    assert got.env["MALLOC_CONF"] == "narenas:2"
+
+
+def test_jemalloc_asked_for_and_missing_is_refused_in_one_sentence() -> None:
+    with pytest.raises(TrainError, match="launch.allocator=jemalloc") as info:
+        choose("jemalloc", {}, None)
+    assert "apt install libjemalloc2" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_library_is_found_in_the_folders_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEO_JEMALLOC", raising=False)
+    assert find_jemalloc((str(tmp_path),)) is None
+    (tmp_path / "libjemalloc.so.2").write_bytes(b"")
+    assert find_jemalloc((str(tmp_path),)) == tmp_path / "libjemalloc.so.2"
+    monkeypatch.setenv("LEO_JEMALLOC", str(tmp_path / "libjemalloc.so.2"))
+    assert find_jemalloc(()) == tmp_path / "libjemalloc.so.2"  # named: that one
+    monkeypatch.setenv("LEO_JEMALLOC", str(tmp_path / "missing.so"))
+    with pytest.raises(TrainError, match="LEO_JEMALLOC"):  # named, not there: refused
+        find_jemalloc((str(tmp_path),))
+
+
+def test_the_environment_is_the_childrens_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_CONF", "before")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    with allocator_env(choose("auto", {}, LIB)):
+        assert os.environ["LD_PRELOAD"] == str(LIB) and os.environ["MALLOC_CONF"] == RETAIN
+    assert os.environ["MALLOC_CONF"] == "before" and "LD_PRELOAD" not in os.environ
+
+
+@pytest.mark.integration
+def test_a_child_process_runs_on_jemalloc() -> None:
+    found = find_jemalloc()
+    if found is None:
+        pytest.skip("no jemalloc on this machine (apt install libjemalloc2)")
+    code = "print('libjemalloc' in open('/proc/self/maps').read())"
+    with allocator_env(choose("auto", {}, found)):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_the_setting_is_checked() -> None:
+    assert load_config(None, ["launch.allocator=system"]).launch.allocator == "system"
+    with pytest.raises(ConfigError, match="launch.allocator"):
+        load_config(None, ["launch.allocator=tcmalloc"])
+
+
+def test_profiles_are_kept_per_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile measured under one allocator is not reused for a run on another (the
+    machine-wide cache name and the match both carry it); the system's leaves the tag and
+    the profile's fingerprint as they were before the allocator was recorded."""
+    monkeypatch.delenv("LEO_JEMALLOC", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setattr(allocator_module, "find_jemalloc", lambda: LIB)
+    jemalloc = plan_stage.placement(load_config(None, []))
+    system = plan_stage.placement(load_config(None, ["launch.allocator=system"]))
+    assert jemalloc == system + "-jemalloc" and system == worker_threads(2)
+    hw = HardwareProfile.model_validate(hardware_dict())
+    assert store.placement_of(hw) == system
+    on_jemalloc = hw.model_copy(update={"allocator": "jemalloc"})
+    assert store.placement_of(on_jemalloc) == jemalloc
+    assert on_jemalloc.fingerprint() != hw.fingerprint()
+    before = hw.model_dump(mode="json")
+    del before["allocator"]  # the content as LEO hashed it before the field existed
+    canonical = json.dumps(before, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    assert hw.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_a_multi_node_profile_is_reused_only_under_the_allocator_named() -> None:
+    """Every node decides alike from the config: an allocator named by `launch.allocator`
+    must be the profile's; under `auto` each node resolves its own, so any is kept."""
+    hw = HardwareProfile.model_validate(hardware_dict())
+    hw = hw.model_copy(update={"nnodes": 2, "allocator": "jemalloc"})
+    num = hw.world_size
+
+    def cfg(setting: str) -> LeoConfig:
+        return load_config(None, ["launch.nnodes=2", f"launch.allocator={setting}"])
+
+    assert store.fits_nodes(hw, cfg("auto"), num)
+    assert store.fits_nodes(hw, cfg("jemalloc"), num)
+    assert not store.fits_nodes(hw, cfg("system"), num)
+    users = hw.model_copy(update={"allocator": "user"})  # preloaded by the user: theirs
+    assert store.fits_nodes(users, cfg("system"), num)
+    assert not store.fits_nodes(hw, cfg("auto"), num + 1)

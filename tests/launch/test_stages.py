@@ -1,0 +1,172 @@
+"""The plan stage: a probe taken under load stays in the run folder, --force probes and plans
+again whatever is on disk, and a plan edited past its run's bounds is refused."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from leo_cli.config import load_config
+from leo_cli.errors import CacheError
+from leo_cli.graph.partition_cache import ensure_partitions
+from leo_cli.launch import stages as plan_stage
+from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.elastic import worker_threads
+from leo_cli.planner.plan import PLAN
+from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile, ProbeLoad
+
+SMALL = ["data.synthetic.num_nodes=600", "data.synthetic.num_features=16"]
+
+
+def here(hw: HardwareProfile, load: ProbeLoad | None) -> HardwareProfile:
+    """The profile as if probed on this machine now, with what else ran."""
+    return hw.model_copy(
+        update={
+            "hostname": socket.gethostname(),
+            "torch_version": torch.__version__,
+            "threads_per_worker": int(worker_threads(2)),
+            "allocator": allocator_of("auto").name,
+            "load": load,
+        }
+    )
+
+
+@pytest.fixture
+def probes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hw_profile: HardwareProfile
+) -> list[Path]:
+    """Replace the probe by a busy-machine profile; lists the run folders probed."""
+    done: list[Path] = []
+
+    def fake(cfg: object, run_dir: Path, quick: bool = False) -> HardwareProfile:
+        done.append(run_dir)
+        measured = hw_profile.model_copy(update={"quick": quick})
+        hw = here(measured, ProbeLoad(load_avg_1m=5.0, other_cpu=1.4, num_cpus=2))
+        hw.write(run_dir / HARDWARE_FILE)
+        return hw
+
+    monkeypatch.setattr(plan_stage, "run_probe", fake)
+    monkeypatch.setenv("LEO_HARDWARE_CACHE", str(tmp_path / "machine"))
+    return done
+
+
+def test_probe_under_load_is_kept_in_the_run_folder_only(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    probes: list[Path],
+) -> None:
+    monkeypatch.delenv("LEO_PROBE_LOAD_LIMIT")  # the rule itself: other load > 1/4 of cores
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}"])
+    hw = plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert hw.load is not None and (run / HARDWARE_FILE).is_file()
+    assert not (tmp_path / "machine").exists()  # not saved for later runs
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1.4 of 2 cores busy" in err and str(run / HARDWARE_FILE) in err and "--force" in err
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")  # a machine always shared accepts it
+    plan_stage.hardware_profile(cfg, tmp_path / "other", None, num_workers=2)
+    assert len(list((tmp_path / "machine").iterdir())) == 1
+
+
+def test_force_probes_again_despite_saved_profiles(
+    tmp_path: Path, probes: list[Path], hw_profile: HardwareProfile
+) -> None:
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}"])
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == [run]  # the second run reused the run folder's profile
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2, reprobe=True)
+    assert probes == [run, run]
+
+
+def test_a_quick_profile_serves_only_quick_runs(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LEO_PROBE_QUICK=1` (the suite's setting) probes with the tiny sizes; a run without it
+    never reuses such a profile (machine-wide or in its run folder), and another value is
+    one sentence."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    cfg = load_config(None, [f"run.out_dir={tmp_path / 'a'}"])
+    runs = [tmp_path / name for name in "abcd"]
+    for run in runs[:2]:
+        plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == runs[:1]  # the second reused the machine's quick profile
+    monkeypatch.setenv("LEO_PROBE_QUICK", "0")
+    assert not plan_stage.hardware_profile(cfg, runs[2], None, num_workers=2).quick
+    # Nor is a run folder's quick profile: the machine's full one replaces it.
+    assert not plan_stage.hardware_profile(cfg, runs[0], None, num_workers=2).quick
+    assert probes == [runs[0], runs[2]]
+    assert len(list((tmp_path / "machine").iterdir())) == 2  # the full one beside, not over
+    monkeypatch.setenv("LEO_PROBE_QUICK", "yes")
+    with pytest.raises(CacheError, match="LEO_PROBE_QUICK='yes' must be 1"):
+        plan_stage.hardware_profile(cfg, runs[3], None, num_workers=2)
+
+
+def test_older_profiles_and_other_placements_are_probed_again(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A format-2 profile (one rate per machine) is measured again, never misread; so is a
+    profile measured under another `launch.cpu_affinity`."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}"])
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    old = json.loads((run / HARDWARE_FILE).read_text())
+    old["format_version"] = 2
+    (run / HARDWARE_FILE).write_text(json.dumps(old))
+    for path in (tmp_path / "machine").iterdir():
+        path.write_text(json.dumps(old))
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == [run, run]
+    pinned = load_config(None, [f"run.out_dir={run}", "launch.cpu_affinity=[[0],[0]]"])
+    plan_stage.hardware_profile(pinned, run, None, num_workers=2)
+    assert probes == [run, run, run]
+
+
+@pytest.fixture
+def run_with_plan(tmp_path: Path, hw_profile: HardwareProfile) -> tuple[Path, list[str]]:
+    """Partitions, a given hardware profile and a fresh plan (no probe)."""
+    run = tmp_path / "run"
+    given = tmp_path / "given.json"
+    hw_profile.write(given)
+    overrides = [*SMALL, f"run.out_dir={run}", f"cache.hardware={given}"]
+    cfg = load_config(None, overrides)
+    ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run)
+    assert plan_stage.ensure_plan(cfg, run) is not None
+    return run, overrides
+
+
+def test_plan_edited_past_its_run_is_refused(run_with_plan: tuple[Path, list[str]]) -> None:
+    run, overrides = run_with_plan
+    data = json.loads((run / PLAN).read_text())
+    halo = json.loads((run / "partitions" / "META.json").read_text())["stats"]["halo_nodes"]
+    data["ranks"][1]["l3_rows"] = [halo[1]]  # one past rank 1's last halo row
+    (run / PLAN).write_text(json.dumps(data))
+    with pytest.raises(CacheError, match=rf"ranks\.1\.l3_rows\.0: row {halo[1]} is not among"):
+        plan_stage.ensure_plan(load_config(None, overrides), run)
+
+
+def test_force_replaces_an_unreadable_plan(run_with_plan: tuple[Path, list[str]]) -> None:
+    run, overrides = run_with_plan
+    (run / PLAN).write_bytes(b"\xff\xfe not a plan")
+    plan = plan_stage.ensure_plan(load_config(None, overrides), run, force=True)
+    assert plan is not None and json.loads((run / PLAN).read_text())["key"] == plan.key
+
+
+def test_reach_is_computed_inside_a_pinned_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers compute the plan's digests after pinning themselves: the reach must not check
+    the placement against the cores the worker now sees (it did, and every placed run
+    failed in its workers)."""
+    from leo_cli.comm import placement
+    from leo_cli.planner.reach import reach_of
+
+    monkeypatch.setattr(placement, "machine_cores", lambda: {0})
+    cfg = load_config(None, ["partition.num_parts=3", "launch.cpu_affinity=[[0],[1],[1]]"])
+    published = reach_of(cfg, 3).published
+    assert published.tolist() == [[False, True, True], [True, False, True], [True, True, False]]

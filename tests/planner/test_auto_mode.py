@@ -1,0 +1,190 @@
+"""`pipeline.mode=auto`: the fastest exact runnable mode of the plan's predictions, chosen
+once by the parent, recorded in the run folder, kept on resume (planner/auto_mode.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import hardware_dict
+
+from leo_cli.config import LeoConfig, load_config, write_resolved
+from leo_cli.errors import ConfigError
+from leo_cli.planner import auto_mode
+from leo_cli.planner.auto_mode import ModeChoice, candidates, choose, fastest
+from leo_cli.planner.plan import CachePlan
+from leo_cli.registry import auto_candidates, mode_of, pipeline_modes
+
+# Hand-made predictions: blocking fastest of the exact modes, the inexact floor and the
+# benchmark variant faster still (never chosen).
+PREDICTED = {
+    "leo": 0.062,
+    "blocking": 0.053,
+    "fine-grained": 0.100,
+    "shared-memory": 0.070,
+    "compute-only": 0.001,
+    "leo-no-cache": 0.002,
+}
+
+
+def plan_with(predicted_run: dict[str, float | None]) -> CachePlan:
+    """A plan holding only what `choose` reads."""
+    return CachePlan(
+        "k", "i", "g", "leo", [], [1], {}, {}, [], [], 0.0, predicted_run=predicted_run
+    )
+
+
+def cfg(*overrides: str) -> LeoConfig:
+    return load_config(None, list(overrides))
+
+
+def test_auto_is_the_default_and_not_a_mode_that_runs() -> None:
+    assert cfg().pipeline.mode == "auto"
+    assert "auto" not in pipeline_modes()
+    assert all(mode_of(m).exact and mode_of(m).runs_as is None for m in auto_candidates())
+    assert auto_candidates()[0] == "leo"  # the planned mode wins ties
+
+
+def test_fastest_ignores_unpredicted_modes_and_breaks_ties_by_order() -> None:
+    assert fastest({"a": 2.0, "b": None, "c": 1.0}, ["a", "b", "c"]) == "c"
+    assert fastest({"a": 1.0, "c": 1.0}, ["c", "a"]) == "c"
+    assert fastest({"a": None}, ["a"]) is None
+    assert fastest({"z": 0.1, "a": 1.0}, ["a"]) == "a"  # only the names given
+
+
+def test_auto_picks_the_fastest_exact_runnable_mode() -> None:
+    choice = choose(cfg(), plan_with(PREDICTED), world_size=2)
+    assert (choice.requested, choice.mode, choice.rule) == ("auto", "blocking", "predicted fastest")
+    assert set(choice.predicted_s) == set(auto_candidates())  # what it chose from
+    assert choice.describe() == "blocking (auto: predicted fastest, 0.053 s vs leo 0.062 s)"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "allowed", "expected"),
+    [
+        # one-host modes are not candidates across machines
+        (["launch.nnodes=2"], {"leo", "blocking", "fine-grained"}, "blocking"),
+        # a chunk count: the modes that chunk
+        (["pipeline.num_chunks=4"], {"leo"}, "leo"),
+        # every row read in place: the modes that read in place
+        (["pipeline.transport=shared-memory"], {"leo", "fine-grained"}, "leo"),
+    ],
+)
+def test_auto_chooses_among_what_the_config_can_run(
+    overrides: list[str], allowed: set[str], expected: str
+) -> None:
+    fast_shm = plan_with({**PREDICTED, "shared-memory": 0.01})
+    assert choose(cfg(), fast_shm, world_size=2).mode == "shared-memory"
+    config = cfg(*overrides)
+    assert set(candidates(config)) == allowed
+    assert choose(config, fast_shm, world_size=2).mode == expected
+
+
+def test_without_predictions_auto_runs_the_planned_mode_and_says_why() -> None:
+    one = choose(cfg(), plan_with(PREDICTED), world_size=1)
+    assert (one.mode, one.rule) == ("leo", "one worker: no rows move, every mode runs alike")
+    none = choose(cfg("cache.policy=none"), None, world_size=2)
+    assert (none.mode, none.rule) == ("leo", "no cache plan with cache.policy=none")
+    assert none.describe() == "leo (auto: no cache plan with cache.policy=none)"
+    empty = choose(cfg(), plan_with({}), world_size=2)  # e.g. a profile lacking every link
+    assert (empty.mode, empty.rule) == ("leo", "the plan predicts none of them")
+
+
+def test_a_mode_set_by_name_is_run_as_it_is() -> None:
+    choice = choose(cfg("pipeline.mode=shared-memory"), plan_with(PREDICTED), world_size=2)
+    assert (choice.mode, choice.rule, choice.describe()) == ("shared-memory", None, "shared-memory")
+
+
+def test_with_mode_keeps_validation() -> None:
+    chunked = cfg("pipeline.num_chunks=4")
+    assert auto_mode.with_mode(chunked, "leo").pipeline.mode == "leo"
+    with pytest.raises(ValueError, match="pipeline.num_chunks"):
+        auto_mode.with_mode(chunked, "blocking")
+
+
+def test_resumed_auto_run_keeps_the_mode_it_started_with(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_resolved(cfg(f"run.out_dir={run}", "pipeline.mode=blocking"))
+    started = ModeChoice("auto", "blocking", "predicted fastest", {"leo": 0.2, "blocking": 0.1})
+    auto_mode.write_choice(run, started)
+    assert auto_mode.resumed(cfg(), run) == started  # a new plan is not asked on resume
+    leo_faster = plan_with({"leo": 0.01, "blocking": 0.1})
+    assert auto_mode.choose(cfg(), leo_faster, 2).mode == "leo"  # a fresh start asks it
+    (run / auto_mode.CHOICE).unlink()  # an interrupted first start, or a mode set by name
+    again = auto_mode.resumed(cfg(), run)
+    assert again is not None
+    assert (again.mode, again.rule) == ("blocking", "resumed: the mode the run started with")
+    write_resolved(cfg(f"run.out_dir={run}", "pipeline.mode=shared-memory"))
+    two_nodes = cfg("launch.nnodes=2", "launch.master_port=29511")  # shared-memory: one host
+    with pytest.raises(ConfigError, match="the run started in shared-memory"):
+        auto_mode.resumed(two_nodes, run)
+    write_resolved(cfg(f"run.out_dir={run}"))  # as leo partition writes it: no mode chosen yet
+    assert auto_mode.resumed(cfg(), run) is None
+
+
+def test_summary_fields_name_the_request_only_for_the_mode_that_ran(tmp_path: Path) -> None:
+    auto_mode.write_choice(tmp_path, ModeChoice("auto", "leo", "predicted fastest", {"leo": 0.1}))
+    fields = auto_mode.summary_fields(tmp_path, "leo")
+    assert fields["mode_requested"] == "auto" and fields["mode_predicted_s"] == {"leo": 0.1}
+    other = auto_mode.summary_fields(tmp_path, "blocking")  # a stale record: not this run's
+    assert other["mode_requested"] == "blocking" and other["mode_rule"] is None
+    (tmp_path / auto_mode.CHOICE).write_text("{not json")
+    assert auto_mode.summary_fields(tmp_path, "leo")["mode_requested"] == "leo"
+
+
+def test_workers_refuse_an_unresolved_config() -> None:
+    with pytest.raises(ConfigError, match="pipeline.mode=auto is resolved by leo train"):
+        auto_mode.refuse_unresolved(cfg())
+    auto_mode.refuse_unresolved(cfg("pipeline.mode=leo"))
+
+
+def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
+    from leo_cli.launch.launcher import prepare
+
+    run = tmp_path / "run"
+    config = cfg(
+        "data.synthetic.num_nodes=300",
+        "data.synthetic.num_features=8",
+        "cache.policy=none",
+        f"run.out_dir={run}",
+    )
+    prepare(config, resume=False, progress=None)
+    recorded = json.loads((run / auto_mode.CHOICE).read_text())
+    assert recorded["mode_requested"] == "auto" and recorded["mode"] == "leo"
+    assert recorded["mode_rule"] == "no cache plan with cache.policy=none"
+    resolved = load_config(run / "resolved_config.yaml")
+    assert resolved.pipeline.mode == "leo"  # every rank, on every node, reads this one
+
+
+def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
+    """summary.json's predicted step of a cached run is the one auto chose from, for every
+    mode it can choose (the plan made for the planned mode prices the others with its levels;
+    through the process group every mode reads nothing in place, so it serves them all)."""
+    from leo_cli.launch.launcher import prepare
+    from leo_cli.planner.plan import load_plan, predicted_busy, predicted_time, read_plan
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(hardware_dict(2)))
+    run = tmp_path / "run"
+    config = cfg(
+        "data.synthetic.num_nodes=300",
+        "data.synthetic.num_features=8",
+        "partition.num_parts=2",
+        "cache.policy=degree",
+        "cache.replica_budget_mb=30%",
+        "pipeline.transport=process-group",
+        f"cache.hardware={hw}",
+        f"run.out_dir={run}",
+    )
+    prepare(config, resume=False, progress=None)
+    plan = read_plan(run)
+    assert plan is not None
+    others = [m for m in candidates(config) if not mode_of(m).planned]
+    assert any(plan.predicted_run.get(m) is not None for m in others)
+    for mode in candidates(config):
+        ran = auto_mode.with_mode(config, mode)
+        found = load_plan(ran, run)  # the plan each mode's workers find for it
+        assert predicted_time(found, ran) == plan.predicted_run[mode]
+        busy = predicted_busy(found, ran)  # kept per rank for the planned mode only
+        assert (busy is not None) == mode_of(mode).planned

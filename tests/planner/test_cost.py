@@ -1,0 +1,315 @@
+"""The cost model's arithmetic on a hand-made hardware profile and two hand-built parts.
+
+Every rate of the profile is the same at every width and size, so each term below is a
+count divided by one round rate, and the expected seconds are written out term by term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import rank_rates
+
+from leo_cli.planner.access import PartAccess
+from leo_cli.planner.cost import ModelShape, Phases, _combine, _Counts, predict
+from leo_cli.planner.plan import RankCache
+from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
+from leo_cli.planner.reach import Reach
+from leo_cli.registry import mode_of
+
+# Rates: SpMM 1000 edges/s forward, 500 backward; GEMM 1e6 FLOP/s (never memory bound);
+# gather 1000 rows/s, scatter-add 500; a pass writes 1e4 B/s; masks 100 / 200 rows/s.
+# Links: gloo 1 MB/s + 1 ms per message, all-to-all 1 MB/s + 2 ms, shm 2 MB/s, barrier 1 ms.
+SPMM, SPMM_T, FLOPS, GATHER, SCATTER, PASS = 1000.0, 500.0, 1e6, 1000.0, 500.0, 1e4
+
+
+def hardware(overlap: float = 0.5) -> HardwareProfile:
+    fit = {"bandwidth_bytes_per_s": 1e6, "latency_s": 1e-3}
+    pair = {"ranks": [0, 1], **fit}
+    data: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "created_utc": "2026-12-01T00:00:00+00:00",
+        "hostname": "test",
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "kernels_backend": "reference",
+        "dtype": "float32",
+        "world_size": 2,
+        "threads_per_worker": 1,
+        "quick": False,
+        "probe_s": 1.0,
+        "sizes": {},
+        "compute": {
+            "widths": [4, 16],
+            "spmm_bytes": [100, 10000],
+            "spmm_edges_per_s": [[SPMM, SPMM], [SPMM, SPMM]],
+            "spmm_t_edges_per_s": [[SPMM_T, SPMM_T], [SPMM_T, SPMM_T]],
+            "gemm_flop_per_s": [FLOPS, FLOPS],
+            "gemm_narrow_bytes_per_s": [1e12, 1e12],
+            "mask_rows_per_s": [100.0, 100.0],
+            "mask_backward_rows_per_s": [200.0, 200.0],
+            "gather_rows_per_s": [GATHER, GATHER],
+            "scatter_add_rows_per_s": [SCATTER, SCATTER],
+            "pass_bytes": [1, 1 << 30],
+            "pass_bytes_per_s": [PASS, PASS],
+        },
+        "links": {
+            "gloo": {"concurrent": fit, "pairs": [pair]},
+            "shm": {
+                "concurrent": {"bandwidth_bytes_per_s": 2e6, "latency_s": 0.0},
+                "pairs": [{"ranks": [0, 1], "bandwidth_bytes_per_s": 2e6, "latency_s": 0.0}],
+            },
+            "barrier_s": 1e-3,
+            "alltoall": {"bandwidth_bytes_per_s": 1e6, "latency_s": 2e-3},
+            "overlap": overlap,
+        },
+    }
+    data["ranks"] = rank_rates(data["compute"], 2)
+    return HardwareProfile.model_validate(data)
+
+
+def part(rank: int) -> PartAccess:
+    """10 inner rows (4 boundary), 20 inner edges, 4 halo rows of the other rank read by
+    5 edges (one row twice) from 3 rows."""
+    peer = 1 - rank
+    counts = [0, 0]
+    counts[peer] = 4
+    readers = [0, 0]
+    readers[peer] = 3
+    return PartAccess(
+        rank=rank,
+        num_inner=10,
+        num_boundary=4,
+        inner_edges=20,
+        reuse_H=np.array([2, 1, 1, 1]),
+        owner_H=np.full(4, peer),
+        send_counts=counts,
+        recv_counts=counts,
+        rows_reading_halo=3,
+        rows_reading_peer=readers,
+    )
+
+
+# One GCN layer, 16 -> 4 (update-first: 4 columns cross the wire), no dropout.
+SHAPE = ModelShape(widths=(16, 4), dropout=0.0, input_dropout=0.0, dtype_bytes=4, extra_gemm=False)
+NONE = [RankCache(), RankCache()]
+
+
+def passes(rows: int, width: int = 4) -> float:
+    return rows * width * 4 / PASS
+
+
+def test_blocking_step_term_by_term() -> None:
+    gemm = 2 * 10 * 16 * 4 / FLOPS  # one update; backward: the weight gradient only
+    epilogue = passes(10) * 2 + passes(10)  # self-loop term (2) + bias (last layer: no ReLU)
+    comm = 2e-3 + 4 * 16 / 1e6  # the busiest rank receives 4 rows of 16 B
+    fwd_pre = gemm * 4 / 10 + 4 / GATHER  # boundary share of the update, pack 4 rows
+    fwd_window = gemm * 6 / 10
+    inner = 20 / SPMM + passes(10)  # the inner block (+ its output)
+    halo = 5 / SPMM + passes(3)  # the peer's block: 5 edges into the 3 rows reading it
+    fwd_post = inner + halo + 3 / SCATTER + epilogue  # its rows added into the output
+    bwd_pre = epilogue + 5 / SPMM_T + passes(4) + 3 / GATHER + passes(4)  # block, its rows, buffer
+    bwd_post = 20 / SPMM_T + passes(10) + 4 / SCATTER + gemm  # inner block, unpack, weights
+    loss = 2 * passes(10)
+    allreduce = 16 * 4 * 4 / 1e6 + 1e-3  # 64 weights, one message
+    expected = fwd_pre + fwd_window + comm + fwd_post + bwd_pre + comm + bwd_post
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "blocking", [1])
+    assert pred.epoch_time_s == pytest.approx(expected + loss + allreduce, rel=1e-12)
+    assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
+    assert pred.stages["comm_wait_s"] == pytest.approx(2 * comm, rel=1e-12)
+
+
+def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> None:
+    """bfloat16 rows (`pipeline.halo_dtype`): 2 bytes an element forward and backward (the
+    gradient read as rows: the same 4 rows each way), every inner row encoded and decoded,
+    arrivals decoded; int8 rows also draw their random bytes (a mask's price)."""
+    hw, parts = hardware(), [part(0), part(1)]
+    narrow = replace(SHAPE, halo_bytes=2)
+    pred = predict(parts, NONE, narrow, hw, "blocking", [1])
+    comm = 2e-3 + 4 * 8 / 1e6  # 4 rows of 4 elements, 2 bytes each
+    assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
+    per_direction = passes(10) + passes(10) + passes(4)  # encode, decode, arrivals
+    assert pred.stages["round_s"] == pytest.approx(2 * per_direction, rel=1e-12)
+    assert "round_s" not in predict(parts, NONE, SHAPE, hw, "blocking", [1]).stages
+    # leo sends its boundary rows first, and reads those very rows back: every row is still
+    # encoded once (comm/aggregate.py update_and_send), as in blocking.
+    leo = predict(parts, NONE, narrow, hw, "leo", [1])
+    assert leo.stages["round_s"] == pytest.approx(pred.stages["round_s"], rel=1e-12)
+    # float16: 2 bytes an element and its scale's byte; six passes to scale and pack, two to
+    # read back; int8 draws its random bytes too (the mask's rate, 100 rows/s).
+    f16 = replace(SHAPE, halo_bytes=2, halo_row_bytes=1)
+    int8 = replace(SHAPE, halo_bytes=1, halo_row_bytes=1, halo_stochastic=True)
+    for shape, row, draws in ((f16, 9, 0.0), (int8, 5, 10 / 100)):
+        got = predict(parts, NONE, shape, hw, "blocking", [1])
+        assert got.stages["comm_s"] == pytest.approx(2 * (2e-3 + 4 * row / 1e6), rel=1e-12)
+        encode = draws + 6 * passes(10)
+        assert got.stages["round_s"] == pytest.approx(
+            2 * (encode + 2 * passes(10) + 2 * passes(4)), rel=1e-12
+        )
+
+
+def test_compute_only_is_blocking_without_the_transfers() -> None:
+    hw = hardware()
+    blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    floor = predict([part(0), part(1)], NONE, SHAPE, hw, "compute-only", [1])
+    comm = 2e-3 + 4 * 16 / 1e6
+    packing = 4 / GATHER + passes(4)  # rows gathered to send; the gradients' buffer
+    zeros = passes(4) + passes(4)  # zeros arrive in place of 4 halo rows and 4 gradients
+    assert floor.epoch_time_s == pytest.approx(
+        blocking.epoch_time_s - 2 * comm - packing + zeros, rel=1e-12
+    )
+    assert floor.stages["spmm_s"] == pytest.approx(blocking.stages["spmm_s"], rel=1e-12)
+
+
+def test_static_aggregate_layer_has_no_exchange() -> None:
+    static = [RankCache(static_aggregate=True), RankCache(static_aggregate=True)]
+    pred = predict([part(0), part(1)], static, SHAPE, hardware(), "leo", [1])
+    gemm = 2 * 10 * 16 * 4 / FLOPS
+    fwd = gemm + passes(10, 16) * 2 + passes(10)  # self-loop term at input width, bias
+    bwd = gemm + passes(10)  # weight gradient, bias
+    loss, allreduce = 2 * passes(10), 16 * 4 * 4 / 1e6 + 1e-3
+    assert pred.epoch_time_s == pytest.approx(fwd + bwd + loss + allreduce, rel=1e-12)
+    assert pred.stages["comm_wait_s"] == 0.0
+
+
+def test_fine_grained_moves_a_row_per_edge() -> None:
+    hw = hardware()
+    blocking = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    fine = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])
+    # 5 rows instead of 4 each way: one more row to pack, send, write in the block's
+    # backward output, put in the gradients' buffer and unpack.
+    more = 1 / GATHER + 2 * (16 / 1e6) + 2 * passes(1) + 1 / SCATTER
+    assert fine.epoch_time_s == pytest.approx(blocking.epoch_time_s + more, rel=1e-12)
+
+
+def test_pipelined_combine_hides_the_overlap_share() -> None:
+    # Rank 0 posts after 1 s, rank 1 after 2 s: transfers start at 2 s.
+    phases = [Phases(pre=1.0, window=4.0, comm=2.0, post=2.0), Phases(2.0, 1.0, 3.0, 1.0)]
+    total, times = _combine(phases, mode_of("leo"), k=2, overlap=0.5)
+    # Rank 0: local work ends at 1 + 4 + 1 = 6, its transfer at 2 + 2 = 4; they shared the
+    # cores from 2 to 4, half of it lost; then the last chunk's post (1).
+    assert times[0] == pytest.approx(6 + 0.5 * 2 + 1)
+    # Rank 1: local ends at 2 + 1 + 0.5 = 3.5, transfer at 5; shared 1.5 s.
+    assert times[1] == pytest.approx(5 + 0.5 * 1.5 + 0.5)
+    assert total == max(times)
+    serial, _ = _combine(phases, mode_of("leo"), k=1, overlap=0.0)
+    assert serial == pytest.approx(max(1 + 4 + 2 + 2, 2 + 1 + 3 + 1))
+
+
+def test_blocking_combine_waits_for_every_rank() -> None:
+    phases = [Phases(1.0, 4.0, 2.0, 2.0), Phases(2.0, 1.0, 3.0, 1.0)]
+    total, times = _combine(phases, mode_of("blocking"), k=1, overlap=1.0)
+    assert total == pytest.approx(5 + 3 + 2) and times == [total, total]
+
+
+def test_pipelined_step_uses_point_to_point_chunks() -> None:
+    hw = hardware(overlap=1.0)
+    pred = predict([part(0), part(1)], NONE, SHAPE, hw, "leo-no-cache", [2])
+    # Two chunks of 4 rows of 16 B: 64 B at 1 MB/s + 2 messages of 1 ms, per direction.
+    assert pred.stages["comm_s"] == pytest.approx(2 * (64 / 1e6 + 2e-3), rel=1e-12)
+
+
+def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "shared-memory", [1])
+    forward = 10 * 16 / 2e6 + 1e-3  # every inner row written, then the barrier
+    backward = 4 * 16 / 2e6 + 1e-3  # the halo rows' gradients
+    assert pred.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
+
+
+PUBLISHED = Reach(np.array([[False, True], [True, False]]))  # two ranks on one host
+
+
+def test_rows_read_in_place_travel_nowhere() -> None:
+    """Rows a rank reads from its owner's published rows leave the transfer: L3 rows under
+    `auto`, every row for a per-edge mode or under `shared-memory`; replicas never."""
+    accesses = [part(0), part(1)]
+    l3 = [RankCache(l3_rows=np.array([0, 2])), RankCache(l3_rows=np.array([0, 2]))]
+    plain = _Counts(accesses, l3, 0, per_edge=False)
+    auto = _Counts(accesses, l3, 0, per_edge=False, reach=PUBLISHED)
+    assert plain.recv[0, 1] == 4 + 1  # row 0 read twice comes twice
+    assert auto.recv[0, 1] == 2 and auto.in_place[0, 1] == 2  # rows 1, 3 travel
+    assert auto.per_edge_edges[0] == 0 and bool(auto.publishes[1])
+    fine = _Counts(accesses, NONE, 0, per_edge=True, reach=PUBLISHED)
+    assert fine.recv[0, 1] == 0 and fine.in_place[0, 1] == 4
+    replicas = [RankCache(False, np.array([1])), RankCache(False, np.array([1]))]
+    every = Reach(PUBLISHED.published, every_row=True)
+    for layer, travels in ((0, 0), (1, 1)):  # the replica is exchanged past layer 0
+        shm = _Counts(accesses, replicas, layer, per_edge=False, reach=every)
+        assert shm.recv[0, 1] == travels and shm.in_place[0, 1] == 3
+
+
+def test_no_message_where_every_row_is_read_in_place() -> None:
+    """The pipeline posts no message to a peer it receives no rows from (comm/exchange.py):
+    with every row read in place, no latency is priced either."""
+    every = Reach(PUBLISHED.published, every_row=True)
+    pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "leo", [1], every)
+    assert pred.stages["comm_s"] == 0.0
+    assert predict([part(0), part(1)], NONE, SHAPE, hardware(), "leo", [1]).stages["comm_s"] > 0
+
+
+def test_reading_in_place_is_priced_below_the_transfer() -> None:
+    hw = hardware()
+    exchanged = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1])
+    in_place = predict([part(0), part(1)], NONE, SHAPE, hw, "fine-grained", [1], PUBLISHED)
+    assert in_place.epoch_time_s < exchanged.epoch_time_s
+    # blocking reads nothing in place: the reach changes nothing
+    a = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1])
+    b = predict([part(0), part(1)], NONE, SHAPE, hw, "blocking", [1], PUBLISHED)
+    assert a.epoch_time_s == b.epoch_time_s
+
+
+def with_in_place(local: float, mapped: float) -> HardwareProfile:
+    """`hardware()` with reads in place measured at `mapped` edges/s against `local` on rank 0
+    (rank 1 reads in place as fast as locally)."""
+    data = hardware().model_dump(mode="json")
+    data["links"]["in_place"] = {
+        "widths": [4, 16],
+        "working_bytes": 1 << 20,
+        "local_edges_per_s": [[local, local], [SPMM, SPMM]],
+        "mapped_edges_per_s": [[mapped, mapped], [SPMM, SPMM]],
+    }
+    return HardwareProfile.model_validate(data)
+
+
+def test_reads_in_place_cost_what_the_probe_measured() -> None:
+    """Rank 0 reads its peer's published rows 3x slower than local rows: the SpMM share of
+    its halo edges that read in place costs 3x, and the gradients its readers published cost
+    its owner 3x to add; a measured slowdown of 1 prices as a profile without the measurement."""
+    accesses = [part(0), part(1)]
+    l3 = [RankCache(l3_rows=np.array([0, 2])), RankCache(l3_rows=np.array([0, 2]))]
+    base = predict(accesses, l3, SHAPE, hardware(), "leo", [1], PUBLISHED)
+    same = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0), "leo", [1], PUBLISHED)
+    assert same.per_rank == base.per_rank
+    slow = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0 / 3), "leo", [1], PUBLISHED)
+    cnt = _Counts(accesses, l3, 0, per_edge=False, reach=PUBLISHED)
+    assert cnt.in_place_edges.tolist() == [3.0, 3.0]  # rows 0 (read twice) and 2
+    halo_spmm = 5 / SPMM + passes(3)  # the peer's block, as in the blocking test
+    extra_spmm = halo_spmm * (3 / 5) * 2  # 3 of its 5 edges read in place, at 3x
+    extra_unpack = 2 / SCATTER * 2  # rank 1 read 2 rows of rank 0 in place
+    extra = slow.per_rank[0]["busy_s"] - base.per_rank[0]["busy_s"]
+    assert extra == pytest.approx(extra_spmm + extra_unpack, rel=1e-9)
+    assert slow.per_rank[1]["busy_s"] == pytest.approx(base.per_rank[1]["busy_s"], rel=1e-12)
+    # Nothing read in place (no reach): the measurement changes nothing.
+    plain = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0 / 3), "leo", [1])
+    assert plain.per_rank == predict(accesses, l3, SHAPE, hardware(), "leo", [1]).per_rank
+
+
+@pytest.mark.parametrize("mode", ["blocking", "leo-no-cache"])
+def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
+    """Rank 1 measured at half rank 0's compute rates: its own work takes twice as long, and
+    the step, which waits for the slowest rank, grows with it."""
+    data = hardware().model_dump(mode="json")
+    slow = data["ranks"][1]["compute"]
+    for key in [k for k in slow if k.endswith("_per_s")]:
+        slow[key] = (np.asarray(slow[key], dtype=float) / 2).tolist()
+    unequal = HardwareProfile.model_validate(data)
+    chunks = [2] if mode_of(mode).chunks else [1]
+    equal = predict([part(0), part(1)], NONE, SHAPE, hardware(), mode, chunks)
+    pred = predict([part(0), part(1)], NONE, SHAPE, unequal, mode, chunks)
+    assert [r["busy_s"] for r in equal.per_rank] == pytest.approx([equal.per_rank[0]["busy_s"]] * 2)
+    assert pred.per_rank[0]["busy_s"] == pytest.approx(equal.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.per_rank[1]["busy_s"] == pytest.approx(2 * pred.per_rank[0]["busy_s"], rel=1e-12)
+    assert pred.epoch_time_s > equal.epoch_time_s

@@ -1,0 +1,100 @@
+"""Run files a resumed run reads back (metrics.jsonl, checkpoints) are checked: a row or a
+checkpoint LEO did not write stops the run in one sentence instead of a worker traceback or
+wrong numbers in summary.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from leo_cli.errors import TrainError
+from leo_cli.run_dir import RunDir
+from leo_cli.worker.trainer import restore
+
+
+def row(epoch: int, **extra: Any) -> dict[str, Any]:
+    return {"epoch": epoch, "loss": 1.0, "epoch_time_s": 0.1, "comm_bytes": 10, **extra}
+
+
+BAD_ROWS: dict[str, tuple[str, str]] = {
+    "not an object": ("[1, 2]", "line 2"),
+    "no loss": (json.dumps({"epoch": 2, "epoch_time_s": 0.1, "comm_bytes": 1}), "loss"),
+    "NaN loss": ('{"epoch": 2, "loss": NaN, "epoch_time_s": 0.1, "comm_bytes": 1}', "loss"),
+    "epoch as text": (json.dumps(row(2) | {"epoch": "2"}), "epoch"),
+    "true as bytes": (json.dumps(row(2) | {"comm_bytes": True}), "comm_bytes"),
+    "accuracy above one": (json.dumps(row(2, val_acc=3.0)), "val_acc"),
+    "'no' as exact": (json.dumps(row(2, exact="no")), "exact"),
+    "epoch repeated": (json.dumps(row(1)), "epoch 1 does not follow epoch 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_bad_metrics_row_stops_resume(tmp_path: Path, case: str) -> None:
+    line, needle = BAD_ROWS[case]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(row(1)) + "\n" + line + "\n" + json.dumps(row(3)) + "\n")
+    with pytest.raises(TrainError) as info:
+        RunDir(tmp_path).truncate_metrics(3)
+    message = str(info.value)
+    assert f"{path} line 2" in message and needle in message and "--resume" in message
+
+
+def test_a_row_being_appended_is_not_read_yet(tmp_path: Path) -> None:
+    """A reader of a live run (the progress bar, a test polling it) can see the first part of
+    a line the writer is still appending (a line that crosses a page boundary): it reads the
+    complete rows before it."""
+    RunDir(tmp_path).append_metrics(row(1))
+    text = json.dumps(row(2))
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(text[: len(text) // 2])
+    assert [r["epoch"] for r in RunDir(tmp_path).read_metrics()] == [1]
+
+
+def test_good_rows_are_kept_up_to_the_checkpoint(tmp_path: Path) -> None:
+    for epoch in (1, 2, 3):
+        RunDir(tmp_path).append_metrics(row(epoch, val_acc=0.5, cold=epoch == 1))
+    RunDir(tmp_path).truncate_metrics(2)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
+
+
+def state(model: torch.nn.Module) -> dict[str, Any]:
+    return {
+        "model": model.state_dict(),
+        "optimizer": torch.optim.Adam(model.parameters()).state_dict(),
+    }
+
+
+def test_checkpoint_not_written_by_leo_is_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint that loads but is not ours (wrong epoch, no optimizer, NaN weights) is
+    treated as unreadable: the one before it is used, with a warning."""
+    model = torch.nn.Linear(3, 2)
+    RunDir(tmp_path).save_checkpoint(2, state(model))
+    newest = RunDir(tmp_path).save_checkpoint(4, state(model))
+    for bad in (
+        {"epoch": 7, "rng": torch.get_rng_state(), **state(model)},
+        {"epoch": 4, "rng": torch.get_rng_state(), "model": {}},
+        {"epoch": True, "rng": torch.get_rng_state(), **state(model)},
+        {"epoch": 4, "rng": torch.get_rng_state(), **state(model)}
+        | {"model": {"weight": torch.full((2, 3), float("nan"))}},
+    ):
+        torch.save(bad, newest)
+        loaded = RunDir(tmp_path).load_latest()
+        assert loaded is not None and loaded["epoch"] == 2
+        assert "cannot be read" in capsys.readouterr().err
+
+
+def test_checkpoint_of_another_model_is_one_sentence(tmp_path: Path) -> None:
+    RunDir(tmp_path).save_checkpoint(2, state(torch.nn.Linear(3, 2)))
+    loaded = RunDir(tmp_path).load_latest()
+    assert loaded is not None
+    other = torch.nn.Linear(5, 2)
+    with pytest.raises(TrainError, match=r"epoch 2 .* does not fit this model") as info:
+        restore(loaded, other, torch.optim.Adam(other.parameters()), tmp_path / "checkpoints")
+    assert "\n" not in str(info.value)

@@ -1,0 +1,83 @@
+"""The worker's allocator setting: applied on glibc (large blocks stay mappings after bigger
+ones were freed), a harmless no-op elsewhere, and called by the worker before set-up."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leo_cli.comm import process as rank
+from leo_cli.worker import entry as worker
+from leo_cli.worker import memory
+
+# Free a 16 MiB block (glibc would raise its mmap threshold to 16 MiB), then allocate 8 MiB
+# and print how many MiB malloc holds in mappings (mallinfo2().hblkhd).
+PROBE = """
+import ctypes, sys
+import numpy as np
+from leo_cli.worker.memory import fix_mmap_threshold
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+applied = fix_mmap_threshold() if sys.argv[1] == "fix" else None
+big = np.ones(16 << 20, dtype=np.uint8)
+del big
+kept = np.ones(8 << 20, dtype=np.uint8)
+print(applied, libc.mallinfo2().hblkhd >> 20)
+"""
+
+
+def run_probe(arg: str) -> tuple[str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, arg], check=True, capture_output=True, text=True, env=env
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+def has_mallinfo2() -> bool:
+    if not sys.platform.startswith("linux") or memory.platform.libc_ver()[0] != "glibc":
+        return False
+    return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+
+
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc 2.33 or later (mallinfo2) only")
+@pytest.mark.integration
+def test_fixed_threshold_keeps_large_blocks_mapped_after_a_bigger_free() -> None:
+    applied, mapped_mib = run_probe("fix")
+    assert applied == "True" and mapped_mib >= 8
+    # Without it glibc's dynamic threshold puts the 8 MiB block on the heap: the probe can
+    # tell the two apart.
+    _, default_mib = run_probe("none")
+    assert default_mib < 8
+
+
+def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda *a: pytest.fail("libc was loaded"))
+    assert memory.fix_mmap_threshold() is False
+
+
+def test_worker_fixes_the_threshold_before_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def stop() -> None:
+        calls.append("env")
+        raise RuntimeError("stop before set-up")
+
+    monkeypatch.setattr(rank, "die_with_parent", lambda: None)
+    monkeypatch.setattr(worker, "fix_mmap_threshold", lambda: calls.append("mallopt"))
+    monkeypatch.setattr(worker.DistEnv, "from_env", staticmethod(stop))
+    with pytest.raises(RuntimeError, match="stop before set-up"):
+        worker.main([str(tmp_path)])
+    assert calls == ["mallopt", "env"]

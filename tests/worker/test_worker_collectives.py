@@ -1,0 +1,97 @@
+"""The worker's collectives on the process group LEO builds, and its start-up cross-checks.
+
+No GPU here: a gloo group with the device map LEO builds for CUDA, gloo standing in for NCCL,
+refuses tensors of a device that map does not serve exactly as NCCL would.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers.ranks import spawn_ranks
+from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+from leo_cli.comm.dist import DistEnv, pick_backend
+from leo_cli.comm.exchange import HaloPlan
+from leo_cli.config import load_config
+from leo_cli.errors import TrainError
+from leo_cli.launch.launcher import prepare
+from leo_cli.run_dir import RunDir
+from leo_cli.worker import entry as worker
+
+pytestmark = pytest.mark.dist
+
+CUDA = torch.device("cuda", 0)
+
+
+def served_as_on_cuda(backend: str) -> str:
+    """The device map `pick_backend` gives on CUDA, with gloo in place of NCCL."""
+    return str(BackendConfig(Backend(pick_backend(CUDA, backend)))).replace("nccl", "gloo")
+
+
+@pytest.mark.parametrize("backend", ["auto", "nccl", "gloo"])
+def test_cuda_group_serves_cpu_tensors(backend: str) -> None:
+    assert served_as_on_cuda(backend) == "cpu:gloo,cuda:gloo"
+    assert pick_backend(torch.device("cpu"), "auto") == "gloo"
+
+
+def _worker_as_on_cuda(rank: int, world: int, run_dir: Path) -> int:
+    worker.pick_backend = lambda device, backend: served_as_on_cuda(backend)  # type: ignore[assignment]
+    env = DistEnv(rank, world, rank, 0, local_world_size=world)
+    return worker.run_worker(run_dir, env, resume=False)
+
+
+@pytest.mark.parametrize("mode", ["blocking", "leo", "fine-grained", "shared-memory"])
+def test_whole_worker_runs_on_the_cuda_device_map(tmp_path: Path, mode: str) -> None:
+    """Every collective of a run (start-up checks, loss, gradients, halo exchange and the
+    mode's set-up, evaluation, epoch statistics, final barrier) on the group a CUDA run gets."""
+    cfg = load_config(
+        None,
+        [
+            f"pipeline.mode={mode}",
+            f"run.out_dir={tmp_path / 'run'}",
+            "data.synthetic.num_nodes=300",
+            "data.synthetic.num_features=8",
+            "model.hidden_channels=8",
+            "train.num_epochs=2",
+            "launch.timeout_s=30",
+        ],
+    )
+    run_dir = prepare(cfg, resume=False, progress=None)
+    assert spawn_ranks(_worker_as_on_cuda, 2, run_dir) == [0, 0]
+    assert [r["epoch"] for r in RunDir(run_dir).read_metrics()] == [1, 2]
+
+
+SEND = [[0, 3], [5, 0]]  # rank r sends SEND[r][q] rows to q
+RECV = [[0, 5], [3, 0]]  # ... and expects RECV[r][q] from q
+CASES = {
+    "consistent": (SEND, RECV, ["a" * 64, "a" * 64]),
+    "counts": (SEND, [[0, 5], [4, 0]], ["a" * 64, "a" * 64]),
+    "config": (SEND, RECV, ["a" * 64, "b" * 64]),
+}
+
+
+def _cross_check(rank: int, world: int) -> dict[str, str]:
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    out = {}
+    for name, (send, recv, digests) in CASES.items():
+        plan = HaloPlan(0, torch.zeros(0, dtype=torch.int64), send[rank], recv[rank])
+        try:
+            worker.check_consistent(plan, digests[rank], start=0)
+            out[name] = "ok"
+        except TrainError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def test_ranks_cross_check_halo_counts_and_configs() -> None:
+    for got in spawn_ranks(_cross_check, 2):
+        assert not isinstance(got, Exception), got
+        assert got["consistent"] == "ok"
+        sentence = "rank 0 sends 3 halo rows to rank 1 but rank 1 expects 4 from rank 0"
+        assert sentence in got["counts"]
+        assert "ranks [1] were started with another config than rank 0" in got["config"]

@@ -1,0 +1,163 @@
+"""What a worker holds stays single: features on the part's file map, one copy of each CSR
+and of the pipelined inner block, no whole CSR beside the column blocks unless attention
+needs it (structure checks on small graphs, no memory thresholds)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import random_graph
+from helpers.ranks import spawn_ranks
+
+from leo_cli.comm.exchange import CommStats
+from leo_cli.comm.levels import RankLevels, build_levels, view_of_layer
+from leo_cli.comm.modes import Wiring, make_layer_aggregators
+from leo_cli.config import load_config
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.storage import read_part, write_partitions
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.models.local_graph import part_adjacency
+from leo_cli.registry import mode_of
+from leo_cli.worker.assemble import assemble, halo_plan
+from leo_cli.worker.trainer import WorkerData
+
+
+def layered(first, rest, chunks, **kwargs):  # type: ignore[no-untyped-def]
+    """The pipelined (leo) aggregators of two views, as a worker builds them."""
+    wiring = Wiring(CommStats(), torch.zeros(0), 4, torch.float32)
+    return make_layer_aggregators(mode_of("leo"), first, rest, wiring, chunks, **kwargs)
+
+
+def mapped_part(tmp_path: Path, rank: int = 0):  # type: ignore[no-untyped-def]
+    g = random_graph(num_nodes=80, num_edges=400, seed=3)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    return read_part(tmp_path / "partitions", rank, mmap=True)
+
+
+def test_features_stay_on_the_parts_file_map(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    data = WorkerData.from_part(part, 10, torch.float32, torch.device("cpu"))
+    assert np.shares_memory(data.x_NF.numpy(), part.x)
+    assert torch.equal(data.x_NF, torch.from_numpy(np.array(part.x)))
+    # A dtype change still converts (the map is never written through).
+    wide = WorkerData.from_part(part, 10, torch.float64, torch.device("cpu"))
+    assert not np.shares_memory(wide.x_NF.numpy(), part.x)
+
+
+def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    no_levels = RankLevels(static_aggregate=False, replica_rows=[], l3_rows=[])
+    for layer0 in (True, False):
+        view_adj, view_plan = view_of_layer(adj, plan, no_levels, layer0)
+        assert view_adj is adj and view_plan is plan
+
+
+def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]  # another view
+    chunks = [2]
+    agg = layered((layer0, plan), (adj, plan), chunks)
+    assert agg.first.inner is agg.rest.inner  # type: ignore[attr-defined]
+    # The same CSR for both: one aggregator.
+    single = layered((adj, plan), (adj, plan), chunks)
+    assert not hasattr(single, "first")
+
+
+def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]
+    chunks = [2, 3, 4]
+    agg = layered((layer0, plan), (adj, plan), chunks)
+    assert set(agg.first._schedules) == {2} and set(agg.rest._schedules) == {3, 4}  # type: ignore[attr-defined]
+    one = layered((adj, plan), (adj, plan), chunks)
+    assert set(one._schedules) == {2, 3, 4}  # type: ignore[attr-defined]
+    static = layered((adj, plan), (adj, plan), chunks, static_layer0=True)
+    assert set(static._schedules) == {3, 4}  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="layer 0 is not one"):
+        static.schedule(0)  # type: ignore[attr-defined]
+    # One chunk count for every layer: the deeper layers' aggregator builds it.
+    chunks = [2]
+    agg = layered((layer0, plan), (adj, plan), chunks)
+    assert set(agg.first._schedules) == set(agg.rest._schedules) == {2}  # type: ignore[attr-defined]
+
+
+def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -> None:
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    chunks = [2, 3]
+    agg = layered((adj, plan), (adj, plan), chunks)
+    assert agg.adj is None  # type: ignore[attr-defined]
+    assert [agg.schedule(layer).num_chunks for layer in range(3)] == [2, 3, 3]  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="attention"):
+        agg.columns(0)
+    gat = layered((adj, plan), (adj, plan), chunks, attention=True)
+    assert gat.columns(1)[0] is adj
+
+
+def test_single_worker_keeps_one_copy_of_the_csr() -> None:
+    g = random_graph(num_nodes=60, num_edges=300, seed=4)
+    part = build_parts(g, assign_parts(g, 1, "range", 0), 1)[0]
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    chunks = [1]
+    agg = layered((adj, None), (adj, None), chunks)
+    gat = layered((adj, None), (adj, None), chunks, attention=True)
+    for name in ("indptr", "indices", "values"):
+        assert getattr(gat.columns(0)[0], name) is getattr(adj, name)
+        assert getattr(agg.inner.fwd, name) is getattr(adj, name)  # type: ignore[attr-defined]
+
+
+def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
+    """The worker drops its part after set-up; only the features' map may outlive it."""
+    g = random_graph(num_nodes=80, num_edges=400, seed=5)
+    parts = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 1})
+    part = read_part(tmp_path / "partitions", 0, mmap=True)
+    info = DatasetInfo.of(g)
+    edges = [weakref.ref(getattr(part, name)) for name in ("indptr", "indices", "degree")]
+    features = weakref.ref(part.x)
+    job = assemble(load_config(None, ["pipeline.mode=leo"]), part, info, 1, torch.device("cpu"))
+    del part
+    gc.collect()
+    assert all(ref() is None for ref in edges)
+    assert features() is not None and np.shares_memory(job.data.x_NF.numpy(), features())
+
+
+def _replicas_of(rank: int, world: int, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = read_part(root, rank, mmap=True)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    x = torch.from_numpy(np.array(part.x))
+    halo = list(range(part.num_halo))
+    levels = RankLevels(False, halo[::2], [])
+    ids = torch.from_numpy(np.array(part.halo_nodes))
+    replicas = build_levels(adj, plan, x, ids, levels, distributed=True).replicas
+    assert replicas is not None
+    x_RF = replicas.x_RF
+    held = x_RF.untyped_storage().nbytes() // x_RF.element_size()
+    return x_RF.numpy().copy(), replicas.ids_R.numpy(), held
+
+
+@pytest.mark.dist
+def test_replica_rows_hold_no_copy_of_the_inner_rows(tmp_path: Path) -> None:
+    g = random_graph(num_nodes=80, num_edges=400, seed=6)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    for x_RF, ids_R, held in spawn_ranks(_replicas_of, 2, tmp_path / "partitions"):
+        assert len(ids_R) > 0 and held == x_RF.size  # its own buffer, not a slice of [x | x_R]
+        np.testing.assert_array_equal(x_RF, g.x_NF[ids_R])
