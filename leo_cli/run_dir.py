@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from leo_cli.errors import TrainError
@@ -46,6 +45,7 @@ class RunDir:
     HEARTBEATS = ".heartbeat"
     LOGS = "logs"
     PROBE = "probe"
+    EMULATE = "emulate"  # the emulated nodes' configs and logs (launch.emulate)
     # What one attempt writes and a fresh start clears (partitions, plan and profile stay).
     ATTEMPT_FILES = (METRICS, SUMMARY, STATUS, CURVES, MODE_CHOICE)
     ATTEMPT_FOLDERS = (CHECKPOINTS, HEARTBEATS, ERRORS, LOGS)
@@ -106,6 +106,14 @@ class RunDir:
     @property
     def errors(self) -> Path:
         return self.root / self.ERRORS
+
+    @property
+    def logs(self) -> Path:
+        return self.root / self.LOGS
+
+    @property
+    def emulate(self) -> Path:
+        return self.root / self.EMULATE
 
     @property
     def setup_file(self) -> Path:
@@ -181,6 +189,8 @@ class RunDir:
         """Write `checkpoints/epoch_<e>.pt` via a temporary file and an atomic rename; keep
         the newest `KEEP_CHECKPOINTS`. Torch's global generator goes in too (dropout masks
         are keyed by epoch, so the epoch is the rest of training's random state)."""
+        import torch  # here: the config layer reads run folders without loading torch
+
         folder = self.checkpoints
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"epoch_{epoch:06d}.pt"
@@ -200,6 +210,8 @@ class RunDir:
         Raises:
             TrainError: checkpoints exist but none of them can be read.
         """
+        import torch
+
         newest_first = [path for _, path in reversed(self.list_checkpoints())]
         for i, path in enumerate(newest_first):
             try:
@@ -223,6 +235,8 @@ class RunDir:
 
     def load_latest(self) -> dict[str, Any] | None:
         """`read_latest`, with torch's global generator restored from it."""
+        import torch
+
         state = self.read_latest()
         if state is not None:
             torch.set_rng_state(state["rng"])
@@ -233,7 +247,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`, or {} when it is missing or unreadable."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -297,6 +311,8 @@ def check_checkpoint(state: Any, epoch: int) -> None:
     Raises:
         ValueError: what is wrong (the caller names the file).
     """
+    import torch
+
     if not isinstance(state, dict):
         raise ValueError("not a checkpoint dictionary")
     saved = state.get("epoch")

@@ -27,7 +27,7 @@ import torch
 
 import leo_cli
 from leo_cli.bench import stats
-from leo_cli.bench.suite import LEO, Measured, Variant, run_folder
+from leo_cli.bench.suite import LEO, Measured, Variant, bench_variants, run_folder
 from leo_cli.config import LeoConfig
 from leo_cli.registry import baseline_mode, floor_mode, overlap_mode, planned_mode
 from leo_cli.run_dir import RunDir
@@ -71,6 +71,8 @@ COLUMNS = (
     "allocator",
     "rank_spread",
     "rank_prediction_error",
+    "nodes",
+    "link",
 )
 STANDARD_EPOCHS = 200  # cost_200_epochs_s: what a standard run costs, set-up included
 
@@ -104,7 +106,8 @@ def make_rows(
     pyg and to the first bench variant."""
     by_key = {variant_key(m.variant): m for m in measured}
     pyg = by_key.get(("pyg", 1, None, None))
-    first = cfg.bench.variants[0].name if cfg.bench.variants else None
+    named = bench_variants(cfg)
+    first = named[0].name if named else None
     rows = []
     for m in measured:
         v, s = m.variant, stats.spread(m.epochs)
@@ -158,6 +161,12 @@ def make_rows(
                 "final_losses": [r.get("final_loss") for r in m.runs],
                 "halo_dtype": next((r["halo_dtype"] for r in m.runs if r.get("halo_dtype")), None),
                 "allocator": next((r["allocator"] for r in m.runs if r.get("allocator")), None),
+                "nodes": next((r["nodes"] for r in m.runs if r.get("nodes")), 1),
+                "link": next((r["link"] for r in m.runs if r.get("link")), None),
+                "link_bits_per_s": next(
+                    (r["link_bits_per_s"] for r in m.runs if r.get("link_bits_per_s") is not None),
+                    None,
+                ),
                 **rank_columns(m.runs),
             }
         )
@@ -455,7 +464,11 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], env: dict[str, Any]
     _atomic_text(out_dir / "bench.csv", buf.getvalue())
     _atomic_text(out_dir / "bench.md", markdown(rows, env))
     plot(rows, out_dir / "bench.png")
-    return [out_dir / f"bench.{ext}" for ext in ("json", "csv", "md", "png")]
+    written = [out_dir / f"bench.{ext}" for ext in ("json", "csv", "md", "png")]
+    if any(r.get("link_bits_per_s") is not None for r in rows):
+        plot_links(rows, out_dir / "bench-links.png")
+        written.append(out_dir / "bench-links.png")
+    return written
 
 
 def _atomic_text(path: Path, text: str) -> None:
@@ -500,6 +513,42 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(worlds))], [f"P={w}" for w in worlds])
         ax.set(title=title, ylabel=unit)
     ax_t.legend(fontsize=8)
+    fig.tight_layout()
+    with files.atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+
+
+def plot_links(rows: list[dict[str, Any]], path: Path) -> None:
+    """Epoch time against the emulated link rate, one line per mode and world size: measured
+    (solid) beside predicted (dashed); an unlimited link stands right of the fastest rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    linked = [r for r in rows if r.get("link_bits_per_s") is not None]
+    rates = sorted({r["link_bits_per_s"] for r in linked if r["link_bits_per_s"] > 0})
+    top = (rates[-1] if rates else 1e9) * 10  # where the unlimited link is drawn
+
+    def x(r: dict[str, Any]) -> float:
+        return float(r["link_bits_per_s"] or top) / 1e9
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in dict.fromkeys(r["mode"] + f" P={r['world_size']}" for r in linked):
+        line = sorted((r for r in linked if r["mode"] + f" P={r['world_size']}" == label), key=x)
+        (drawn,) = ax.plot([x(r) for r in line], [r["epoch_time_s"] for r in line], "o-",
+                           label=label)  # fmt: skip
+        predicted = [(x(r), r["predicted_epoch_time_s"]) for r in line
+                     if r.get("predicted_epoch_time_s") is not None]  # fmt: skip
+        if predicted:
+            ax.plot(*zip(*predicted, strict=True), "x--", color=drawn.get_color())
+    ticks = [*(r / 1e9 for r in rates), top / 1e9]
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, [*(f"{r / 1e9:g}" for r in rates), "unlimited"])
+    ax.set(xlabel="link rate per node (Gbit/s)", ylabel="epoch time, s (median)",
+           title="epoch time against the link (dashed: predicted)")  # fmt: skip
+    ax.legend(fontsize=8)
     fig.tight_layout()
     with files.atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)

@@ -23,10 +23,12 @@ from leo_cli.bench import stats
 from leo_cli.bench.peers import PEER_MODELS, pyg_available
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.config.load import with_overrides
-from leo_cli.config.schema import CacheConfig
+from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
 from leo_cli.errors import TrainError
 from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.emulate import bits_per_second, check_split
 from leo_cli.launch.launcher import prepare, run_workers
+from leo_cli.launch.nodes import run_nodes
 from leo_cli.planner.plan import static_layer0
 from leo_cli.registry import conv_of, mode_of, planned_mode
 from leo_cli.run_dir import RunDir
@@ -73,7 +75,11 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     row of its own)."""
     out = []
     planned = planned_mode()
-    names: list[str | None] = [v.name for v in cfg.bench.variants] or [None]
+    names: list[str | None] = [v.name for v in bench_variants(cfg)] or [None]
+    if cfg.launch.emulate is not None:  # every world size spreads over the nodes (but one)
+        for w in cfg.bench.world_sizes:
+            if w > 1:
+                check_split(w, cfg.launch.emulate.nodes)
     for w in cfg.bench.world_sizes:
         for name in names:
             if w == 1:
@@ -94,6 +100,24 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     return out
 
 
+def bench_variants(cfg: LeoConfig) -> list[BenchVariant]:
+    """`bench.variants`, each at every rate of `bench.links` (`link-<rate>`, or
+    `<variant>+link-<rate>`); the variants alone without links."""
+    if not cfg.bench.links:
+        return cfg.bench.variants
+    out = []
+    for link in cfg.bench.links:
+        tag = f"link-{link or 'unlimited'}"
+        base: list[BenchVariant | None] = [*cfg.bench.variants] or [None]
+        for v in base:
+            sets = [f"launch.emulate.link={link or 'null'}"]
+            if v is None:
+                out.append(BenchVariant(name=tag, set=sets))
+            else:
+                out.append(BenchVariant(name=f"{v.name}+{tag}", set=[*v.set, *sets]))
+    return out
+
+
 def variant_config(cfg: LeoConfig, name: str | None) -> LeoConfig:
     """The bench config with a bench variant's overrides applied (None: as it is).
 
@@ -102,7 +126,7 @@ def variant_config(cfg: LeoConfig, name: str | None) -> LeoConfig:
     """
     if name is None:
         return cfg
-    variant = next(v for v in cfg.bench.variants if v.name == name)
+    variant = next(v for v in bench_variants(cfg) if v.name == name)
     return with_overrides(cfg, variant.set, f"bench.variants {name}")
 
 
@@ -132,11 +156,14 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     pipeline = {"mode": mode.pipeline_mode}
     if not mode_of(mode.pipeline_mode).chunks:
         pipeline["num_chunks"] = "auto"
+    launch: dict[str, Any] = {"nproc": None}
+    if v.world_size == 1:  # one process: no node to emulate, no link to cross
+        launch["emulate"] = None
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"out_dir": run_folder(out_dir, v)}),
             "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
-            "launch": cfg.launch.model_copy(update={"nproc": None}),
+            "launch": cfg.launch.model_copy(update=launch),
             "pipeline": cfg.pipeline.model_copy(update=pipeline),
             "cache": cfg.cache.model_copy(update=cache),
             "train": cfg.train.model_copy(
@@ -152,9 +179,14 @@ def run_leo(
     """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
     run_cfg = leo_config(cfg, v, out_dir)
     inexact = not mode_of(v.mode).exact
-    timer = RunTimer()
-    run_dir = prepare(run_cfg, resume=False, progress=progress, allow_inexact=inexact, timer=timer)
-    run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
+    emulated = run_cfg.launch.emulate
+    if emulated is not None:  # every node runs `leo train`, as on a cluster
+        run_nodes(run_cfg, "train", ["--allow-inexact"] * inexact)
+        run_dir = Path(run_cfg.run.out_dir).resolve()
+    else:
+        timer = RunTimer()
+        run_dir = prepare(run_cfg, False, progress, allow_inexact=inexact, timer=timer)
+        run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
     rows = RunDir(run_dir).read_metrics()[cfg.bench.warmup_epochs :]
     summary = RunDir(run_dir).read_summary()
     reused = summary.get("setup_reused_s", {})
@@ -177,7 +209,18 @@ def run_leo(
         "allocator": summary.get("allocator"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
+        **link_fields(emulated),
     }
+
+
+def link_fields(emulated: EmulateConfig | None) -> dict[str, Any]:
+    """A row's `nodes`, `link` (node 0's uplink, `unlimited`) and its bits per second (0:
+    unlimited; None: not emulated)."""
+    if emulated is None:
+        return {"nodes": 1, "link": None, "link_bits_per_s": None}
+    rate = emulated.rates()[0]
+    bits = 0.0 if rate is None else bits_per_second(rate)
+    return {"nodes": emulated.nodes, "link": rate or "unlimited", "link_bits_per_s": bits}
 
 
 def rank_medians(rows: list[dict[str, Any]], key: str) -> list[float] | None:

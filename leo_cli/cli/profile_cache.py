@@ -13,7 +13,8 @@ from rich.table import Table
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
 from leo_cli.config import LeoConfig
-from leo_cli.launch.stages import ensure_plan, run_partitions
+from leo_cli.launch.nodes import run_nodes
+from leo_cli.launch.stages import ensure_plan, join_probe, run_partitions
 from leo_cli.planner.auto_mode import choose, with_mode
 from leo_cli.planner.checks import check_config
 from leo_cli.planner.plan import CachePlan
@@ -163,7 +164,14 @@ def profile_cache_cmd(
     """
     cfg = resolve_config(config, overrides)
     check_config(cfg)
+    if cfg.launch.emulate is not None:  # every emulated node runs this command itself
+        flags = ["--force"] * force + ([] if hardware is None else ["--hardware", str(hardware)])
+        run_nodes(cfg, "profile-cache", flags)
+        return
     run_dir = Path(cfg.run.out_dir).resolve()
+    if cfg.launch.node_rank > 0:  # node 0 partitions, plans and reports; the others probe
+        join_probe(cfg, run_dir, always=True, force=force, given=hardware)
+        return
     with stage_progress() as progress:
         run_partitions(cfg, run_dir, progress, hardware=hardware)
     try:

@@ -6,6 +6,7 @@ those texts. Unknown keys are rejected (`extra="forbid"`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -417,6 +418,42 @@ class PipelineConfig(Section):
         return value
 
 
+# A `tc` rate: a number and a unit of bits per second (`100mbit`, `1gbit`, `2.5gbit`).
+LINK_RATE = r"[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)"
+
+
+class EmulateConfig(Section):
+    """Emulated nodes on this machine: network, hostname and /dev/shm namespaces per node, a
+    rate-limited link from each node to a switch (launch/emulate.py)."""
+
+    nodes: int = Field(ge=2, le=64)
+    """How many nodes to emulate; `partition.num_parts` workers are spread evenly over them."""
+    link: str | list[str | None] | None = None
+    """Each node's uplink rate (`tc` units: `100mbit`, `1gbit`, `10gbit`), in both directions;
+    one value for every node, a list of one per node, or null for an unlimited link."""
+
+    @field_validator("link")
+    @classmethod
+    def _rates(cls, value: str | list[str | None] | None) -> str | list[str | None] | None:
+        for rate in value if isinstance(value, list) else [value]:
+            if rate is not None and not re.fullmatch(LINK_RATE, rate):
+                raise ValueError("must be a rate such as 100mbit, 1gbit or 10gbit, or null")
+        return value
+
+    @model_validator(mode="after")
+    def _one_rate_per_node(self) -> EmulateConfig:
+        if isinstance(self.link, list) and len(self.link) != self.nodes:
+            raise ValueError(
+                f"launch.emulate.link lists {len(self.link)} rates for {self.nodes} nodes; give "
+                "one rate per node or one for all"
+            )
+        return self
+
+    def rates(self) -> list[str | None]:
+        """The uplink rate of every node (None: unlimited)."""
+        return list(self.link) if isinstance(self.link, list) else [self.link] * self.nodes
+
+
 class LaunchConfig(Section):
     nproc: int | None = Field(None, ge=1)
     """Workers on this node; default `partition.num_parts` divided by `nnodes`."""
@@ -448,6 +485,21 @@ class LaunchConfig(Section):
     `system` (the C library's malloc), or `auto`: jemalloc where the machine has it
     (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says which. A
     user's own LD_PRELOAD or MALLOC_CONF is left as it is."""
+    emulate: EmulateConfig | None = None
+    """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
+    each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE
+    per node (`1gbit`; null: unlimited). Each node runs `leo train` as a real node would
+    (launch.nnodes=N, its node_rank, rendezvous at node 0), so multi-node runs and slow
+    links can be measured on one machine (README: emulated clusters)."""
+
+    @model_validator(mode="after")
+    def _emulation_owns_the_nodes(self) -> LaunchConfig:
+        if self.emulate is not None and (self.nnodes > 1 or self.nproc is not None):
+            raise ValueError(
+                "launch.emulate sets launch.nnodes, node_rank and nproc for each emulated node; "
+                "remove launch.nnodes and launch.nproc, or launch.emulate"
+            )
+        return self
 
     @field_validator("cpu_affinity")
     @classmethod
@@ -508,6 +560,20 @@ class BenchConfig(Section):
     others (A B A B ...), e.g. [{name: uniform, set: [partition.part_weights=uniform]},
     {name: measured, set: [partition.part_weights=measured]}]; ratios `vs_variant` are to the
     first. Empty: the config as it is."""
+    links: list[str | None] = []
+    """With launch.emulate: link rates to run every LEO row at (e.g. [null, 10gbit, 1gbit];
+    null: unlimited), interleaved like variants (each rate a variant `link-<rate>`, crossed
+    with bench.variants); rows say their `link` and `nodes`. Empty: launch.emulate's own."""
+
+    @field_validator("links")
+    @classmethod
+    def _link_rates(cls, value: list[str | None]) -> list[str | None]:
+        if len(set(value)) != len(value):
+            raise ValueError("must not list a rate twice")
+        for rate in value:
+            if rate is not None and not re.fullmatch(LINK_RATE, rate):
+                raise ValueError("must list rates such as 100mbit, 1gbit or 10gbit, or null")
+        return value
 
     @field_validator("variants")
     @classmethod
@@ -541,6 +607,15 @@ class LeoConfig(Section):
     pipeline: PipelineConfig = PipelineConfig()
     launch: LaunchConfig = LaunchConfig()
     bench: BenchConfig = BenchConfig()
+
+    @model_validator(mode="after")
+    def _links_need_nodes(self) -> LeoConfig:
+        if self.bench.links and self.launch.emulate is None:
+            raise ValueError(
+                "bench.links needs emulated nodes to put links between: set launch.emulate "
+                "(e.g. {nodes: 2}), or remove bench.links"
+            )
+        return self
 
     @property
     def admits_replicas(self) -> bool:

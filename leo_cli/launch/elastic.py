@@ -67,7 +67,7 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
         max_restarts=lc.max_restarts,
         monitor_interval=0.2,
         start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"), redirects=Std.ALL),
+        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs), redirects=Std.ALL),
         shutdown_timeout=5,
     )
 
@@ -150,7 +150,7 @@ def describe_failure(
         return (
             f"worker rank {stalled[0]} stopped responding (no heartbeat for "
             f"launch.timeout_s={timeout_s:g} s) and was killed; worker logs are in "
-            f"{run_dir / 'logs'}."
+            f"{RunDir(run_dir).logs}."
         )
     rank, failure = exc.get_first_failure()
     message = failure.message
@@ -158,7 +158,7 @@ def describe_failure(
         message = str(message.get("message", ""))
     lines = str(message).strip().splitlines()
     first = lines[-1] if lines else f"exit code {failure.exitcode}"
-    return f"worker rank {rank} failed ({first}); its log is under {run_dir / 'logs'}."
+    return f"worker rank {rank} failed ({first}); its log is under {RunDir(run_dir).logs}."
 
 
 def worker_error(run_dir: Path) -> str | None:

@@ -184,9 +184,10 @@ def run_workers(
     # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
-    if timer is not None:
-        RunDir(run_dir).write_setup(timer.stamp())
-        args += ["--launched-at", repr(timer.launched_at)]
+    if timer is not None and cfg.launch.node_rank == 0:  # rank 0 runs on node 0 and reads it
+        stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
+        RunDir(run_dir).write_setup(stamp)
+        args += ["--launched-at", repr(stamp["launched_at"])]
     try:
         launch_module(cfg, run_dir, "leo_cli.worker.entry", args)
     except Interrupted as exc:

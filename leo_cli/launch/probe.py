@@ -13,8 +13,9 @@ from leo_cli.errors import CacheError, TrainError
 from leo_cli.launch.elastic import launch_module
 from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.planner.profile.machine_load import LoadMeter
+from leo_cli.run_dir import RunDir
 
-PROBE_FOLDER = "probe"
+PROBE_FOLDER = RunDir.PROBE
 
 
 def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwareProfile:

@@ -92,16 +92,25 @@ def needs_profile(cfg: LeoConfig) -> bool:
     return cfg.cache.enabled or weighted(cfg.partition)
 
 
-def join_probe(cfg: LeoConfig, run_dir: Path) -> None:
+def join_probe(
+    cfg: LeoConfig,
+    run_dir: Path,
+    always: bool = False,
+    force: bool = False,
+    given: Path | None = None,
+) -> None:
     """On a node other than 0: take part in the probe node 0 is about to run, if it will.
 
-    Node 0 probes when the run needs a profile, none was given and the run folder's does not
-    fit (`fits_nodes`); every node sees the same folder and config, so they all decide alike
-    and meet in the probe's rendezvous. Node 0 writes the profile.
+    Node 0 probes when the run needs a profile (`always`: `leo profile-cache`, which plans
+    whatever the policy), none was given (`given`, `cache.hardware`) and the run folder's does
+    not fit (`fits_nodes`) or `force` asks again; every node sees the same folder and config,
+    so they all decide alike and meet in the probe's rendezvous. Node 0 writes the profile.
     """
-    if not needs_profile(cfg) or cfg.cache.hardware is not None:
+    if given is not None or cfg.cache.hardware is not None:
         return
-    own = saved_profile(RunDir(run_dir).hardware)
+    if not (always or needs_profile(cfg)):
+        return
+    own = None if force else saved_profile(RunDir(run_dir).hardware)
     if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
         run_probe(cfg, run_dir)  # several machines: full sizes (quick_probe)
 

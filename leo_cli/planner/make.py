@@ -12,7 +12,7 @@ from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import ModelShape, Prediction, predict
-from leo_cli.planner.plan import CachePlan, RankCache, _digest
+from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.reach import Reach
@@ -55,7 +55,7 @@ def budgets(cache: CacheConfig, accesses: list[PartAccess], shape: ModelShape) -
 
 def plan_key(inputs: str, hw: HardwareProfile) -> str:
     """Staleness key: the plan's inputs and the hardware profile it was predicted with."""
-    return _digest({"inputs": inputs, "hardware": hw.fingerprint()})
+    return digest({"inputs": inputs, "hardware": hw.fingerprint()})
 
 
 def read_in_place(p: PartAccess, c: RankCache, reach: Reach) -> np.ndarray:

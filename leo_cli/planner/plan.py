@@ -36,7 +36,7 @@ FORMAT_VERSION = 4
 OLDER_VERSIONS = (1, 2, 3)
 
 
-def _digest(material: dict[str, Any]) -> str:
+def digest(material: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -49,7 +49,7 @@ def graph_inputs(
 ) -> str:
     """Digest of what every mode's prediction depends on: partitions, model, dtype,
     `pipeline.num_chunks` and which rows can be read in place (`reach`)."""
-    return _digest(
+    return digest(
         {
             "format": FORMAT_VERSION,
             "partitions": partition_meta.get("files", partition_meta),
@@ -75,7 +75,7 @@ def plan_inputs(
     """
     settings = cache.model_dump(mode="json", exclude={"hardware"})
     graph = graph_inputs(partition_meta, model, dtype, num_chunks, reach)
-    return _digest({"graph": graph, "cache": settings})
+    return digest({"graph": graph, "cache": settings})
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,6 @@ class CachePlan:
     can use of them, comm/levels.py levels_for_mode): what `pipeline.mode=auto` chooses from.
     `predicted` prices the modes other than the planned one without a cache, as `leo bench`
     runs them."""
-
-    file_sha: str | None = None
-    """sha256 of the file it was read from (None: made, not read): ranks compare it."""
 
     def spread(self) -> dict[str, float]:
         """Per mode, the slowest rank's predicted busy time over the fastest's."""
@@ -224,15 +221,6 @@ def invalid(path: Path, problem: str) -> CacheError:
     )
 
 
-def _seconds(value: Any) -> float | None:
-    """A recorded duration: a finite number >= 0, or None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
-        raise ValueError(f"plan_s must be seconds, not {value!r}")
-    return float(value)
-
-
 def write_plan(run_dir: Path, plan: CachePlan) -> Path:
     """Write cache-plan.json atomically (a fresh temporary file, then a rename).
 
@@ -262,8 +250,7 @@ def read_plan(run_dir: Path) -> CachePlan | None:
     if not path.is_file():
         raise CacheError(f"{path} is not a file; remove it and run leo profile-cache.")
     try:
-        raw = path.read_bytes()
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 JSON"
         raise CacheError(
@@ -271,9 +258,7 @@ def read_plan(run_dir: Path) -> CachePlan | None:
         ) from None
     if isinstance(data, dict) and data.get("format_version") in OLDER_VERSIONS:
         return None  # made by an earlier LEO: made again, like a missing one
-    plan = CachePlan.from_json(data, path)
-    plan.file_sha = hashlib.sha256(raw).hexdigest()
-    return plan
+    return CachePlan.from_json(data, path)
 
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}
@@ -354,9 +339,15 @@ def load_plan(
     predictions still price every mode). `meta`: the partitions' META.json (read if None).
 
     Raises:
-        CacheError: the file is there but is not a valid plan.
+        CacheError: with a cache, the file is there but is not a valid plan (without one, a
+            bad file only means no prediction).
     """
-    plan = read_plan(run_dir)
+    try:
+        plan = read_plan(run_dir)
+    except CacheError:
+        if cfg.cache.enabled:
+            raise
+        return None
     if plan is None:
         return None
     if meta is None:

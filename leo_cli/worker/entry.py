@@ -72,12 +72,13 @@ def check_same_host(cfg: LeoConfig, env: DistEnv) -> None:
         )
 
 
-def with_plan(fingerprint: str, plan: CachePlan | None) -> str:
-    """The config fingerprint combined with the cache plan's bytes: every rank must train
-    with the same plan (both ends of a transfer cut it the same way)."""
-    if plan is None or plan.file_sha is None:
+def with_plan(fingerprint: str, cfg: LeoConfig, run: RunDir) -> str:
+    """The config fingerprint combined with the cache plan's bytes, read raw (not parsed: a
+    rank whose copy is bad must fail with the others, in the cross-check): every rank must
+    train with the same plan (both ends of a transfer cut it the same way)."""
+    if not cfg.cache.enabled or not run.plan.is_file():
         return fingerprint
-    return hashlib.sha256(bytes.fromhex(fingerprint) + bytes.fromhex(plan.file_sha)).hexdigest()
+    return hashlib.sha256(bytes.fromhex(fingerprint) + run.plan.read_bytes()).hexdigest()
 
 
 def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> list[int]:
@@ -131,16 +132,21 @@ def check_same_start(starts: torch.Tensor) -> None:
         )
 
 
-def row_extras(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> dict[str, Any]:
+def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) -> dict[str, Any]:
     """What every metrics row of the run carries besides the epoch's own numbers: the bytes
     per cache level of one step, all workers (from the plan; modes that hold its levels and
     move one row per halo node move exactly these, a test checks them against the measured
     bytes), and whether the numbers are exact."""
     mode = mode_of(cfg.pipeline.mode)
     extras: dict[str, Any] = {"exact": mode.exact or world_size == 1}
-    if plan is not None and cfg.cache.enabled and mode.cache_levels and not mode.per_edge_rows:
+    if (
+        cache_plan is not None
+        and cfg.cache.enabled
+        and mode.cache_levels
+        and not mode.per_edge_rows
+    ):
         for level in ("L2", "L3"):
-            rows = plan.bytes_per_level
+            rows = cache_plan.bytes_per_level
             extras[f"step_{level}_bytes"] = sum(r[f"{level}_bytes_per_step"] for r in rows)
     return extras
 
@@ -158,14 +164,17 @@ def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> di
 
 
 def finish(
-    cfg: LeoConfig, run: RunDir, plan: CachePlan | None, world_size: int, setup: dict[str, Any]
+    cfg: LeoConfig,
+    run: RunDir,
+    cache_plan: CachePlan | None,
+    world_size: int,
+    setup: dict[str, Any],
 ) -> None:
     """Rank 0 at the end: summary.json, curves.png and the final status."""
     rows = run.read_metrics()
-    summary = summarize(
-        rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted_time(plan, cfg)
-    )
-    summary["predicted_rank_busy_s"] = predicted_busy(plan, cfg)
+    predicted = predicted_time(cache_plan, cfg)
+    summary = summarize(rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted)
+    summary["predicted_rank_busy_s"] = predicted_busy(cache_plan, cfg)
     summary["halo_dtype"] = cfg.pipeline.halo_dtype
     summary.update(summary_fields(run.root, cfg.pipeline.mode))  # mode_requested and why
     run.write_summary({**summary, **setup})
@@ -242,13 +251,12 @@ def run_worker(
     laps.lap("read_part_s")
     state = run.load_latest() if resume else None
     start = 0 if state is None else int(state["epoch"])
-    plan = load_plan(cfg, run_dir, meta)  # read once: the job, the rows' extras, the summary
-    cached_plan = plan if cfg.cache.enabled else None
-    fingerprint = with_plan(config_sha or config_fingerprint(cfg), cached_plan)
+    fingerprint = with_plan(config_sha or config_fingerprint(cfg), cfg, run)
     halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
-    job = build_job(
-        run.plan, cfg, cached_plan, meta, part, env.world_size, device, halo_sizes, laps
-    )
+    # Read once, after every rank saw the same bytes: the job, the rows' extras, the summary.
+    cache_plan = load_plan(cfg, run_dir, meta)
+    used = cache_plan if cfg.cache.enabled else None
+    job = build_job(run.plan, cfg, used, meta, part, env.world_size, device, halo_sizes, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
     del part
@@ -259,13 +267,13 @@ def run_worker(
         run.truncate_metrics(start)
         run.write_status("running")
     worker = reduce_setup(laps, entered_at, launched_at)
-    log = RunLog(run, env.rank, row_extras(cfg, plan, env.world_size))
+    log = RunLog(run, env.rank, row_extras(cfg, cache_plan, env.world_size))
     fit(job, cfg.train, cfg.run.seed, start, log)
     if env.rank == 0:
         first_step_at = worker.pop("first_step_at")
         setup = setup_summary(run.read_setup(launched_at), worker, first_step_at)
         setup["static_aggregate"] = job.static_layer0
-        finish(cfg, run, plan, env.world_size, setup)
+        finish(cfg, run, cache_plan, env.world_size, setup)
     if env.world_size > 1:
         dist.barrier()  # nobody tears the group down while a peer still talks to it
     return 0

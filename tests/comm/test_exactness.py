@@ -57,7 +57,7 @@ def test_float32_loss_curves_agree_with_dropout() -> None:
     g = random_graph(num_nodes=300, num_edges=1500, num_features=16, num_classes=5, seed=5)
     cfg = load_config(None, ["model.dropout=0.5", "model.hidden_channels=16"])
     runs = {w: run_distributed(cfg, g, w, num_steps=15)[0] for w in (1, 2, 4)}
-    for w in (2, 4):  # DESIGN.md: float32 loss curves to ~1e-5 (measured ~1e-7)
+    for w in (2, 4):  # float32 loss curves to ~1e-5 (measured ~1e-7)
         np.testing.assert_allclose(runs[w]["losses"], runs[1]["losses"], rtol=1e-5)
         assert runs[w]["acc"] == runs[1]["acc"]
     assert runs[1]["losses"][-1] < runs[1]["losses"][0]

@@ -1,4 +1,4 @@
-"""GAT on P workers equals GAT on one, in every pipeline mode (DESIGN.md §2: exactness first).
+"""GAT on P workers equals GAT on one, in every pipeline mode (exactness first).
 
 A halo row carries the transformed features and the source half of the attention score; the
 softmax of a row is local; attention dropout is keyed by global ids, so masks do not depend

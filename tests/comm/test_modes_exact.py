@@ -1,4 +1,4 @@
-"""Every pipeline mode equals single-process training (DESIGN.md §2: exactness first)."""
+"""Every pipeline mode equals single-process training (exactness first)."""
 
 from __future__ import annotations
 

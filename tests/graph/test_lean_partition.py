@@ -40,7 +40,7 @@ def reference_symmetrize(edge_index: np.ndarray, num_nodes: int) -> IntArray:
 
 
 def reference_part(g: Graph, parts_N: IntArray, rank: int) -> dict[str, np.ndarray]:
-    """One part built edge by edge from its definition (DESIGN.md §2), int64 throughout."""
+    """One part built edge by edge from its definition (inner, halo, boundary), int64."""
     src, dst = g.edge_index_2E.astype(np.int64)
     owner_local = local_index(parts_N, int(parts_N.max()) + 1)
     inner = np.flatnonzero(parts_N == rank)

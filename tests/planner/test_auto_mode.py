@@ -10,11 +10,12 @@ import pytest
 from conftest import hardware_dict
 
 from leo_cli.config import LeoConfig, load_config, write_resolved
-from leo_cli.errors import ConfigError
+from leo_cli.errors import CacheError, ConfigError
 from leo_cli.planner import auto_mode
 from leo_cli.planner.auto_mode import ModeChoice, candidates, choose, fastest
 from leo_cli.planner.plan import CachePlan
 from leo_cli.registry import auto_candidates, mode_of, pipeline_modes
+from leo_cli.run_dir import RunDir
 
 # Hand-made predictions: blocking fastest of the exact modes, the inexact floor and the
 # benchmark variant faster still (never chosen).
@@ -188,3 +189,40 @@ def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
         assert predicted_time(found, ran) == plan.predicted_run[mode]
         busy = predicted_busy(found, ran)  # kept per rank for the planned mode only
         assert (busy is not None) == mode_of(mode).planned
+
+
+def test_load_plan_finds_only_a_plan_made_for_this_run(tmp_path: Path) -> None:
+    """One `load_plan`: the plan made for these settings; None for other settings or with no
+    plan; a bad file refused with a cache, and only a missing prediction without one."""
+    from leo_cli.launch.launcher import prepare
+    from leo_cli.planner.plan import load_plan
+
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps(hardware_dict(2)))
+    run = tmp_path / "run"
+    config = cfg(
+        "data.synthetic.num_nodes=300", "data.synthetic.num_features=8",
+        "partition.num_parts=2", "cache.policy=degree", "pipeline.mode=leo",
+        "pipeline.transport=process-group", f"cache.hardware={hw}", f"run.out_dir={run}",
+    )  # fmt: skip
+    prepare(config, resume=False, progress=None)
+    found = load_plan(config, run)
+    assert found is not None and len(found.caches) == 2
+    other = auto_mode.with_mode(config, "blocking")  # priced from the graph alone: kept
+    bigger = config.model_copy(
+        update={"cache": config.cache.model_copy(update={"replica_budget_mb": 1.0})}
+    )
+    assert load_plan(bigger, run) is None  # made for other cache settings: stale
+    assert load_plan(other, run) is not None  # the same levels serve another exact mode
+    no_cache = cfg(
+        "data.synthetic.num_nodes=300", "data.synthetic.num_features=8",
+        "partition.num_parts=2", "cache.policy=none", "pipeline.transport=process-group",
+        f"run.out_dir={run}",
+    )  # fmt: skip
+    assert load_plan(no_cache, run) is not None  # its predictions price the graph alone
+    RunDir(run).plan.write_text('{"format_version": 99}')
+    with pytest.raises(CacheError, match="not a cache plan LEO can use"):
+        load_plan(config, run)
+    assert load_plan(no_cache, run) is None  # no cache: a bad file is only no prediction
+    RunDir(run).plan.unlink()
+    assert load_plan(config, run) is None

@@ -98,3 +98,18 @@ def test_checkpoint_of_another_model_is_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match=r"epoch 2 .* does not fit this model") as info:
         restore(loaded, other, torch.optim.Adam(other.parameters()), tmp_path / "checkpoints")
     assert "\n" not in str(info.value)
+
+
+def test_unreadable_run_files_read_as_nothing(tmp_path: Path) -> None:
+    """summary.json and the set-up stamps are read as {} when they are not a JSON object
+    (a list, bytes that are not UTF-8, a torn write): the parent then adds nothing."""
+    run = RunDir(tmp_path)
+    run.summary.write_text("[1, 2]")
+    assert run.read_summary() == {}
+    run.update_summary({"wall_s": 1.0})
+    assert run.summary.read_text() == "[1, 2]"  # left as it was
+    run.setup_file.write_bytes(b"\xff\xfe{")
+    assert run.read_setup(1.0) == {}
+    run.write_summary({"setup_s": 2.0})
+    run.update_summary({"wall_s": 3.0})
+    assert run.read_summary() == {"setup_s": 2.0, "wall_s": 3.0}

@@ -295,6 +295,9 @@ class RankRates(_Record):
     """Its intra-op threads (`torch.get_num_threads()`)."""
     compute: ComputeRates
     """Its kernel rates, every rank measuring at once."""
+    link: str | None = None
+    """Its node's uplink rate where the node was emulated (`launch.emulate`: `1gbit`,
+    `unlimited`); null on a real machine."""
 
 
 def slowest_rates(ranks: list[ComputeRates]) -> ComputeRates:

@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from leo_cli import kernels
 from leo_cli.comm.dist import DistEnv, init_process_group
 from leo_cli.comm.placement import AFFINITY_ENV
-from leo_cli.comm.process import ALLOCATOR_ENV, rank_entry, run_rank
+from leo_cli.comm.process import ALLOCATOR_ENV, LINK_ENV, rank_entry, run_rank
 from leo_cli.models.dropout import counter_dropout
 from leo_cli.planner.profile.hardware import (
     FORMAT_VERSION,
@@ -90,6 +90,7 @@ def gather_ranks(env: DistEnv, compute: ComputeRates) -> list[RankRates]:
         cores=sorted(os.sched_getaffinity(0)) if pinned else None,
         threads=torch.get_num_threads(),
         compute=compute,
+        link=os.environ.get(LINK_ENV),
     ).model_dump(mode="json")
     everyone: list[object] = [mine]
     if env.world_size > 1:
