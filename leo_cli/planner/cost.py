@@ -317,6 +317,9 @@ def _comm(
         return 0.0
     incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
     if wire.transfer == "per-peer":  # no message where no row moves (comm/exchange.py)
+        hosts = hw.hosts()
+        if hosts is not None:
+            return _across_hosts(hw, r, cnt.recv.T if backward else cnt.recv, row, k, hosts)
         link: Link = "gloo"
         return max(hw.transfer_seconds(rows * row, k, link) if rows > 0 else 0.0
                    for rows in incoming)  # fmt: skip
@@ -324,6 +327,24 @@ def _comm(
         return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
     busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it
     return hw.alltoall_seconds(busiest * row)
+
+
+def _across_hosts(hw: Rates, r: int, recv: np.ndarray, row: int, k: int, hosts: list[str]) -> float:
+    """Per-peer transfers of rank r when the workers span several hosts (`recv[a, b]`: rows a
+    receives from b in this direction): its same-host peers' rows at their pair's rate; the rows
+    crossing its node's link, in and out for every rank of the node at once, at the link's
+    rate (a pair measured alone): the node's last byte is what its ranks wait for."""
+    mine = [q for q in range(len(hosts)) if hosts[q] == hosts[r]]
+    local = max([hw.transfer_seconds(recv[r, q] * row, k, pair=(r, q)) for q in mine
+                 if q != r and recv[r, q] > 0], default=0.0)  # fmt: skip
+    others = [q for q in range(len(hosts)) if hosts[q] != hosts[r]]
+    into = sum(float(recv[a, q]) for a in mine for q in others) * row
+    out_of = sum(float(recv[q, a]) for a in mine for q in others) * row
+    if into + out_of == 0:
+        return local
+    link = hw.cross_host_fit()
+    remote = max(into, out_of) / link.bandwidth_bytes_per_s + k * link.latency_s
+    return max(local, remote)
 
 
 def _halo_buffer_terms(hw: Rates, mode: Mode, rows: float, w: int) -> float:

@@ -122,8 +122,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
 @pytest.mark.integration
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("mode", "parts"),
-    [("leo", 2), ("blocking", 2), ("fine-grained", 2), ("leo", 4), ("blocking", 4)],
+    ("mode", "parts"), [("leo", 2), ("blocking", 2), ("fine-grained", 2), ("leo", 4)]
 )
 def test_emulated_nodes_train_the_numbers_of_one_process(
     tmp_path: Path, one_process: list[float], mode: str, parts: int
@@ -186,6 +185,27 @@ def test_a_killed_launcher_leaves_nothing_after_the_next_start(tmp_path: Path) -
     assert [n for n in namespaces() if n.startswith(mine)]  # left for the sweep
     emulate.sweep()
     assert not [n for n in namespaces() if n.startswith(mine)]
+
+
+@needs_root
+@pytest.mark.integration
+def test_ctrl_c_stops_every_node_and_removes_the_cluster(tmp_path: Path) -> None:
+    args = [*TINY, "--set", "train.num_epochs=400", "--set", "cache.policy=none"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leo_cli", "train", *args, "--set", f"run.out_dir={tmp_path}",
+         "--set", "launch.emulate={nodes: 2}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    mine = f"{PREFIX}-{proc.pid}-"
+    deadline = time.monotonic() + 120
+    while not RunDir(tmp_path).metrics.is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not [n for n in namespaces() if n.startswith(mine)]
+    assert not node_processes(tmp_path)
 
 
 def node_processes(run: Path) -> list[int]:

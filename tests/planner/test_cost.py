@@ -313,3 +313,35 @@ def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
     assert pred.per_rank[0]["busy_s"] == pytest.approx(equal.per_rank[0]["busy_s"], rel=1e-12)
     assert pred.per_rank[1]["busy_s"] == pytest.approx(2 * pred.per_rank[0]["busy_s"], rel=1e-12)
     assert pred.epoch_time_s > equal.epoch_time_s
+
+
+def test_across_hosts_a_node_link_carries_every_row_crossing_it() -> None:
+    """Workers on two hosts (ranks 0, 1 and 2, 3): same-host rows at their pair's rate, rows
+    crossing the node's link, in or out for every rank of the node, at the cross-host pairs'
+    rate; the slower of the two is what rank 0 waits for."""
+    from leo_cli.planner.cost import _across_hosts
+    from leo_cli.planner.profile.rates import Rates
+
+    data = hardware().model_dump(mode="json")
+    data["world_size"] = 4
+    data["ranks"] = rank_rates(data["compute"], 4)
+    for r, host in enumerate("aabb"):
+        data["ranks"][r]["hostname"] = host
+    data["links"]["shm"] = None  # no shared segment across hosts
+    fast, slow = 1e8, 1e6
+    data["links"]["gloo"]["pairs"] = [
+        {"ranks": [a, b], "bandwidth_bytes_per_s": fast if "aabb"[a] == "aabb"[b] else slow,
+         "latency_s": 0.0}
+        for a in range(4) for b in range(a + 1, 4)
+    ]  # fmt: skip
+    hw = Rates(HardwareProfile.model_validate(data), 0)
+    assert hw.hosts() == list("aabb") and hw.cross_host_fit().bandwidth_bytes_per_s == slow
+    recv = np.zeros((4, 4))
+    recv[0, 1], recv[0, 2], recv[0, 3], recv[1, 2] = 10, 20, 30, 5  # into node a: 55 rows
+    recv[2, 0], recv[3, 1] = 40, 30  # out of node a: 70 rows
+    row = 100
+    assert _across_hosts(hw, 0, recv, row, 1, list("aabb")) == pytest.approx(70 * row / slow)
+    recv[2:, :2] = recv[:2, 2:] = 0  # nothing crosses: the same-host pair alone
+    assert _across_hosts(hw, 0, recv, row, 1, list("aabb")) == pytest.approx(10 * row / fast)
+    one_host = Rates(hardware(), 0)
+    assert one_host.hosts() is None  # every rank on one host: priced as before

@@ -186,6 +186,26 @@ class Rates:
             latency_s=statistics.median(p.latency_s for p in profile.pairs),
         )
 
+    def hosts(self) -> list[str] | None:
+        """Each rank's host where the profile spans several (None: one host, or ranks that
+        did not say): what decides which pairs share a node's link."""
+        names = [r.hostname for r in self.hw.ranks]
+        if len(names) != self.hw.world_size or len(set(names)) < 2:
+            return None
+        return names
+
+    def cross_host_fit(self) -> LinkFit:
+        """The process group between hosts: the median of the pairs on different hosts, each
+        measured alone (a node's link carrying one pair's exchange)."""
+        hosts = self.hosts()
+        gloo = self.hw.links.gloo
+        assert hosts is not None and gloo is not None, "a profile of several hosts"
+        fits = [p for p in gloo.pairs if hosts[p.ranks[0]] != hosts[p.ranks[1]]]
+        return LinkFit(
+            bandwidth_bytes_per_s=statistics.median(p.bandwidth_bytes_per_s for p in fits),
+            latency_s=statistics.median(p.latency_s for p in fits),
+        )
+
     def barrier_seconds(self) -> float:
         """Seconds of one barrier of all workers (0 for a single worker)."""
         return self.hw.links.barrier_s or 0.0
