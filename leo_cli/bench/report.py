@@ -535,17 +535,23 @@ def plot_links(rows: list[dict[str, Any]], path: Path) -> None:
         return float(r["link_bits_per_s"] or top) / 1e9
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label in dict.fromkeys(r["mode"] + f" P={r['world_size']}" for r in linked):
-        line = sorted((r for r in linked if r["mode"] + f" P={r['world_size']}" == label), key=x)
+
+    def label(r: dict[str, Any]) -> str:  # one line per mode, workers and bench variant
+        base = str(r.get("variant") or "").rpartition("+link-")[0]
+        return f"{r['mode']} P={r['world_size']}" + (f" [{base}]" if base else "")
+
+    for name in dict.fromkeys(label(r) for r in linked):
+        line = sorted((r for r in linked if label(r) == name), key=x)
         (drawn,) = ax.plot([x(r) for r in line], [r["epoch_time_s"] for r in line], "o-",
-                           label=label)  # fmt: skip
+                           label=name)  # fmt: skip
         predicted = [(x(r), r["predicted_epoch_time_s"]) for r in line
                      if r.get("predicted_epoch_time_s") is not None]  # fmt: skip
         if predicted:
             ax.plot(*zip(*predicted, strict=True), "x--", color=drawn.get_color())
-    ticks = [*(r / 1e9 for r in rates), top / 1e9]
+    unlimited = ["unlimited"] if any(not r["link_bits_per_s"] for r in linked) else []
+    ticks = [*(r / 1e9 for r in rates), *(top / 1e9 for _ in unlimited)]
     ax.set_xscale("log")
-    ax.set_xticks(ticks, [*(f"{r / 1e9:g}" for r in rates), "unlimited"])
+    ax.set_xticks(ticks, [*(f"{r / 1e9:g}" for r in rates), *unlimited])
     ax.set(xlabel="link rate per node (Gbit/s)", ylabel="epoch time, s (median)",
            title="epoch time against the link (dashed: predicted)")  # fmt: skip
     ax.legend(fontsize=8)

@@ -76,6 +76,8 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     out = []
     planned = planned_mode()
     names: list[str | None] = [v.name for v in bench_variants(cfg)] or [None]
+    # One process crosses no link: its rows once per bench variant (at the first rate).
+    alone = names[: max(len(cfg.bench.variants), 1)] if cfg.bench.links else names
     if cfg.launch.emulate is not None:  # every world size spreads over the nodes (but one)
         for w in cfg.bench.world_sizes:
             if w > 1:
@@ -83,6 +85,8 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
     for w in cfg.bench.world_sizes:
         for name in names:
             if w == 1:
+                if name not in alone:
+                    continue
                 out.append(Variant(LEO, planned, 1, variant=name))
                 if static_layer0(variant_config(cfg, name)):
                     out.append(Variant(LEO, planned, 1, static_aggregate=False, variant=name))
@@ -157,13 +161,16 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     if not mode_of(mode.pipeline_mode).chunks:
         pipeline["num_chunks"] = "auto"
     launch: dict[str, Any] = {"nproc": None}
+    bench = cfg.bench
     if v.world_size == 1:  # one process: no node to emulate, no link to cross
         launch["emulate"] = None
+        bench = bench.model_copy(update={"links": []})
     return cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"out_dir": run_folder(out_dir, v)}),
             "partition": cfg.partition.model_copy(update={"num_parts": v.world_size}),
             "launch": cfg.launch.model_copy(update=launch),
+            "bench": bench,
             "pipeline": cfg.pipeline.model_copy(update=pipeline),
             "cache": cfg.cache.model_copy(update=cache),
             "train": cfg.train.model_copy(
@@ -181,7 +188,7 @@ def run_leo(
     inexact = not mode_of(v.mode).exact
     emulated = run_cfg.launch.emulate
     if emulated is not None:  # every node runs `leo train`, as on a cluster
-        run_nodes(run_cfg, "train", ["--allow-inexact"] * inexact)
+        run_nodes(run_cfg, "train", ["--allow-inexact"] * inexact, quiet=True)
         run_dir = Path(run_cfg.run.out_dir).resolve()
     else:
         timer = RunTimer()

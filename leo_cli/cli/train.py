@@ -23,7 +23,7 @@ from leo_cli.cli.render import stage_progress
 from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.allocator import allocator_of, fallback_note
-from leo_cli.launch.launcher import prepare, run_workers
+from leo_cli.launch.launcher import check_supported, prepare, run_workers
 from leo_cli.launch.nodes import run_nodes
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.run_dir import RunDir
@@ -126,6 +126,7 @@ def train_cmd(
     timer = RunTimer(started_at=process_start_time())
     cfg = resolve_config(config, overrides)
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
+        check_supported(cfg, allow_inexact)  # before any namespace: the nodes check again
         flags = ["--resume"] * resume + ["--allow-inexact"] * allow_inexact
         run_nodes(cfg, "train", flags)
         return

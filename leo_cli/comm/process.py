@@ -26,6 +26,7 @@ from leo_cli.util import files
 
 USER_ERROR_EXIT = 3
 LINK_ENV = "LEO_EMULATED_LINK"  # an emulated node's uplink rate, for probe ranks to record
+LINKS_ENV = "LEO_EMULATED_LINKS"  # every emulated node's uplink, comma-separated
 ALLOCATOR_ENV = "LEO_ALLOCATOR"  # the allocator the launcher preloaded, for probe ranks to record
 BEAT_S = 1.0  # how often a rank touches its heartbeat file (launch/heartbeat.py watches)
 HEARTBEATS = RunDir.HEARTBEATS  # in the folder the launcher watches (launch/heartbeat.py)

@@ -422,6 +422,11 @@ class PipelineConfig(Section):
 LINK_RATE = r"[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)"
 
 
+def positive_rate(rate: str) -> bool:
+    """A `tc` rate above zero (`LINK_RATE`)."""
+    return re.fullmatch(LINK_RATE, rate) is not None and float(rate.rstrip("kmgbit")) > 0
+
+
 class EmulateConfig(Section):
     """Emulated nodes on this machine: network, hostname and /dev/shm namespaces per node, a
     rate-limited link from each node to a switch (launch/emulate.py)."""
@@ -436,7 +441,7 @@ class EmulateConfig(Section):
     @classmethod
     def _rates(cls, value: str | list[str | None] | None) -> str | list[str | None] | None:
         for rate in value if isinstance(value, list) else [value]:
-            if rate is not None and not re.fullmatch(LINK_RATE, rate):
+            if rate is not None and not positive_rate(rate):
                 raise ValueError("must be a rate such as 100mbit, 1gbit or 10gbit, or null")
         return value
 
@@ -571,7 +576,7 @@ class BenchConfig(Section):
         if len(set(value)) != len(value):
             raise ValueError("must not list a rate twice")
         for rate in value:
-            if rate is not None and not re.fullmatch(LINK_RATE, rate):
+            if rate is not None and not positive_rate(rate):
                 raise ValueError("must list rates such as 100mbit, 1gbit or 10gbit, or null")
         return value
 

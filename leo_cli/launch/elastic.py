@@ -73,15 +73,15 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
 
 
 # The user's own OMP_NUM_THREADS, read before any launch sets it (leo bench launches many).
-_USER_THREADS = os.environ.get("OMP_NUM_THREADS")
+USER_THREADS = os.environ.get("OMP_NUM_THREADS")
 
 
 def worker_threads(nproc: int, cores: list[int] | None = None) -> str:
     """Threads per worker: the user's OMP_NUM_THREADS, else those of its `cores` when pinned,
     else the cores shared among workers."""
     if cores is not None:
-        return _USER_THREADS or str(len(cores))
-    return _USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
+        return USER_THREADS or str(len(cores))
+    return USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
 
 
 def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -> None:
@@ -96,7 +96,7 @@ def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
     nproc = workers_per_node(cfg)
     os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
-    placement = placement_env(cfg.launch.cpu_affinity, _USER_THREADS)
+    placement = placement_env(cfg.launch.cpu_affinity, USER_THREADS)
     if placement is None:  # this process launches many jobs: no earlier job's placement
         os.environ.pop(AFFINITY_ENV, None)
     else:  # each worker pins itself and sets its threads (comm/placement.py)

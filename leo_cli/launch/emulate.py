@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -99,11 +100,24 @@ def sweep() -> int:
     """Remove the namespaces of emulated clusters whose launcher is gone; how many."""
     removed = 0
     for name in namespaces():
-        m = _NAME.match(name)
-        if m and start_time(int(m["pid"])) != int(m["start"]):
+        if _gone(name):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
             removed += 1
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*-sw"):
+        if _gone(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
     return removed
+
+
+def _gone(name: str) -> bool:
+    """Whether `name` belongs to an emulated cluster whose launcher no longer runs."""
+    m = _NAME.match(name)
+    return m is not None and start_time(int(m["pid"])) != int(m["start"])
+
+
+def hosts_folder(switch: str) -> Path:
+    """Where a cluster keeps its nodes' /etc/hosts (named after its switch namespace)."""
+    return Path(tempfile.gettempdir()) / switch
 
 
 @dataclass(frozen=True)
@@ -134,7 +148,8 @@ class Cluster:
     def up(self) -> None:
         """Make the switch, the nodes and their links (partial set-up is removed on failure)."""
         try:
-            self._folder = Path(tempfile.mkdtemp(prefix=f"{self.switch}-"))
+            self._folder = hosts_folder(self.switch)
+            self._folder.mkdir(mode=0o700)
             names = "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
             (self._folder / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
             run("ip", "netns", "add", self.switch)
@@ -151,9 +166,9 @@ class Cluster:
         """A node's namespace and its cable to the switch, rate-limited at both ends."""
         a, b = f"{self._veth}n{node.rank}a", f"{self._veth}n{node.rank}b"
         run("ip", "netns", "add", node.netns)
-        run("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-        run("ip", "link", "set", a, "netns", node.netns)
-        run("ip", "link", "set", b, "netns", self.switch)
+        # Both ends made inside their namespaces: nothing is left in the root namespace.
+        run("ip", "link", "add", a, "netns", node.netns, "type", "veth",
+            "peer", "name", b, "netns", self.switch)  # fmt: skip
         ns, sw = ("ip", "-n", node.netns), ("ip", "-n", self.switch)
         run(*ns, "link", "set", a, "name", IFNAME)
         run(*ns, "addr", "add", f"{node.address}/24", "dev", IFNAME)
@@ -178,7 +193,7 @@ class Cluster:
         assert self._folder is not None, "the cluster is not up"
         script = (
             f"hostname {node.hostname} && mount -t tmpfs -o mode=1777 leo-shm /dev/shm && "
-            f'mount --bind {self._folder / "hosts"} /etc/hosts && exec "$@"'
+            f'mount --bind {shlex.quote(str(self._folder / "hosts"))} /etc/hosts && exec "$@"'
         )
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount",
                 "sh", "-c", script, "sh", *argv]  # fmt: skip

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import IO
 
-from leo_cli.comm.process import LINK_ENV
+from leo_cli.comm.process import LINK_ENV, LINKS_ENV
 from leo_cli.config import LeoConfig, dump_config
-from leo_cli.errors import TrainError
+from leo_cli.errors import ConfigError, TrainError
+from leo_cli.launch.elastic import USER_THREADS
 from leo_cli.launch.emulate import IFNAME, MASTER_PORT, Cluster, check_split, cluster
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -30,6 +31,14 @@ def node_config(cfg: LeoConfig, c: Cluster, rank: int, run_dir: Path) -> LeoConf
     """The config node `rank` of the cluster runs with: a node of a real cluster's."""
     assert cfg.launch.emulate is not None
     nproc = check_split(cfg.partition.num_parts, cfg.launch.emulate.nodes)
+    affinity = cfg.launch.cpu_affinity
+    if affinity is not None:  # one core list per worker of the cluster: each node its own
+        if len(affinity) != cfg.partition.num_parts:
+            raise ConfigError(
+                f"launch.cpu_affinity lists {len(affinity)} core sets; with launch.emulate give "
+                f"one per worker of the cluster ({cfg.partition.num_parts}), node 0's first."
+            )
+        affinity = affinity[rank * nproc : (rank + 1) * nproc]
     launch = cfg.launch.model_copy(
         update={
             "emulate": None,
@@ -38,6 +47,7 @@ def node_config(cfg: LeoConfig, c: Cluster, rank: int, run_dir: Path) -> LeoConf
             "nproc": nproc,
             "master_addr": c.master_addr,
             "master_port": MASTER_PORT,
+            "cpu_affinity": affinity,
         }
     )
     run = cfg.run.model_copy(update={"out_dir": run_dir})
@@ -45,24 +55,33 @@ def node_config(cfg: LeoConfig, c: Cluster, rank: int, run_dir: Path) -> LeoConf
     return cfg.model_copy(update={"launch": launch, "run": run, "bench": bench})
 
 
-def node_env(c: Cluster, rank: int) -> dict[str, str]:
-    """A node's environment: its interface for the process group, its uplink rate."""
+def node_env(c: Cluster, rank: int, num_parts: int) -> dict[str, str]:
+    """A node's environment: its interface for the process group, every node's uplink rate
+    (its own for the probe to record, all of them to tell a profile of other links), and the
+    user's threads (or this machine's cores shared by every worker of the cluster, not only
+    the node's)."""
     env = dict(os.environ)
     env.update(GLOO_SOCKET_IFNAME=IFNAME, NCCL_SOCKET_IFNAME=IFNAME, TP_SOCKET_IFNAME=IFNAME)
     env[LINK_ENV] = c.rates[rank] or "unlimited"
+    env[LINKS_ENV] = ",".join(r or "unlimited" for r in c.rates)
+    env["OMP_NUM_THREADS"] = USER_THREADS or str(max(1, (os.cpu_count() or 1) // num_parts))
     return env
 
 
 def stop_with_parent() -> None:
     """In a node's process: SIGTERM when the emulating launcher dies (its launcher then stops
     its workers), so a killed launcher leaves no node running."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if LIBC is not None:
+        LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_nodes(cfg: LeoConfig, command: str, flags: list[str]) -> None:
+# Loaded once, here: a forked child must not load a library (another thread may hold a lock).
+LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = False) -> None:
     """`leo <command> <flags>` on every node of the emulated cluster; returns when all have
-    finished.
+    finished. `quiet`: node 0 logs to a file too (`leo bench` runs many).
 
     Raises:
         TrainError: a node failed (its log named).
@@ -71,7 +90,8 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str]) -> None:
     assert cfg.launch.emulate is not None
     run_dir = Path(cfg.run.out_dir).resolve()
     folder = RunDir(run_dir).emulate
-    check_split(cfg.partition.num_parts, cfg.launch.emulate.nodes)
+    parts = cfg.partition.num_parts
+    check_split(parts, cfg.launch.emulate.nodes)
     with cluster(cfg.launch.emulate) as c:
         folder.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen[bytes]] = []
@@ -82,23 +102,24 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str]) -> None:
                 files.write_text(path, dump_config(node_config(cfg, c, node.rank, run_dir)))
                 argv = [sys.executable, "-m", "leo_cli", command, "--config", str(path), *flags]
                 log: IO[str] | None = None
-                if node.rank > 0:
+                if node.rank > 0 or quiet:
                     log = open(folder / f"node_{node.rank}.log", "w")  # noqa: SIM115
                     logs.append(log)
                 procs.append(
                     subprocess.Popen(
-                        c.command(node, argv), env=node_env(c, node.rank), stdout=log,
+                        c.command(node, argv), env=node_env(c, node.rank, parts), stdout=log,
                         stderr=subprocess.STDOUT if log else None, preexec_fn=stop_with_parent,
+                        start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only
                     )
                 )  # fmt: skip
-            wait_all(procs, folder)
+            wait_all(procs, folder, quiet)
         finally:
             stop_all(procs)
             for log in logs:
                 log.close()
 
 
-def wait_all(procs: list[subprocess.Popen[bytes]], folder: Path) -> None:
+def wait_all(procs: list[subprocess.Popen[bytes]], folder: Path, quiet: bool = False) -> None:
     """Wait for every node; the first to fail stops the others."""
     try:
         while any(p.poll() is None for p in procs):
@@ -106,12 +127,15 @@ def wait_all(procs: list[subprocess.Popen[bytes]], folder: Path) -> None:
             if failed:
                 break
             time.sleep(0.2)
-    except KeyboardInterrupt:
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # no handler of ours installed (the Python API)
         raise Interrupted(signal.SIGINT) from None
     failed = [k for k, p in enumerate(procs) if p.returncode not in (None, 0)]
     if failed:
         k = failed[0]
-        where = "its messages are above" if k == 0 else f"its log is {folder / f'node_{k}.log'}"
+        shown = k == 0 and not quiet
+        where = "its messages are above" if shown else f"its log is {folder / f'node_{k}.log'}"
         raise TrainError(f"emulated node {k} failed (exit code {procs[k].returncode}); {where}.")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.profile.hardware import HardwareProfile, Link
@@ -318,6 +319,11 @@ def _comm(
     incoming = cnt.recv[:, r] if backward else cnt.recv[r]  # rows arriving from each peer
     if wire.transfer == "per-peer":  # no message where no row moves (comm/exchange.py)
         hosts = hw.hosts()
+        if hosts is not None and len(hosts) != num:
+            raise CacheError(
+                f"The hardware profile was measured with {len(hosts)} workers on several hosts "
+                f"but the run has {num}; probe again with the run's workers."
+            )
         if hosts is not None:
             return _across_hosts(hw, r, cnt.recv.T if backward else cnt.recv, row, k, hosts)
         link: Link = "gloo"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,21 @@ from helpers.cli import leo, leo_here
 from leo_cli.config import load_config
 from leo_cli.errors import ConfigError
 from leo_cli.launch import emulate
-from leo_cli.launch.emulate import PREFIX, Cluster, check_host, check_split, namespaces
+from leo_cli.launch.emulate import PREFIX, Cluster, check_split, namespaces
 from leo_cli.run_dir import RunDir
 
 
 def can_emulate() -> bool:
+    """Whether a small cluster can really be made here (privileges, tools, and a kernel with
+    veth, bridges and tbf)."""
+    from leo_cli.config.schema import EmulateConfig
+    from leo_cli.errors import TrainError
+
     try:
-        check_host()
-    except ConfigError:
+        with emulate.cluster(EmulateConfig(nodes=2, link="100mbit")):
+            return True
+    except (ConfigError, TrainError):
         return False
-    return True
 
 
 needs_root = pytest.mark.skipif(
@@ -128,6 +134,7 @@ def test_emulated_nodes_train_the_numbers_of_one_process(
     tmp_path: Path, one_process: list[float], mode: str, parts: int
 ) -> None:
     """2 nodes x 1 and x 2 workers, through 1 Gbit/s links: one process's losses."""
+    before = set(ours())
     res = leo(
         "train", *TINY, "--set", f"partition.num_parts={parts}", "--set", f"pipeline.mode={mode}",
         "--set", "cache.policy=none", "--set", "launch.emulate={nodes: 2, link: 1gbit}",
@@ -138,7 +145,7 @@ def test_emulated_nodes_train_the_numbers_of_one_process(
     assert got["world_size"] == parts and got["exact"]
     assert losses(tmp_path) == pytest.approx(one_process, rel=1e-5)
     assert (RunDir(tmp_path).emulate / "node_1.log").is_file()
-    assert not [n for n in ours() if f"-{os.getpid()}-" in n]
+    assert set(ours()) <= before  # its cluster is gone
 
 
 @needs_root
@@ -182,9 +189,13 @@ def test_a_killed_launcher_leaves_nothing_after_the_next_start(tmp_path: Path) -
     while node_processes(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not node_processes(tmp_path)
-    assert [n for n in namespaces() if n.startswith(mine)]  # left for the sweep
+    left = [n for n in namespaces() if n.startswith(mine)]
+    assert left  # left for the sweep
     emulate.sweep()
     assert not [n for n in namespaces() if n.startswith(mine)]
+    assert not list(Path(tempfile.gettempdir()).glob(f"{mine}*"))  # nor its /etc/hosts
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"le{proc.pid % 10**7}n" not in links  # no cable end in the root namespace
 
 
 @needs_root
@@ -253,3 +264,44 @@ def test_the_probe_measures_the_link_and_records_the_topology(tmp_path: Path) ->
     rate = pair["bandwidth_bytes_per_s"] * 8
     assert 100e6 / 2.5 < rate < 100e6 * 1.2, rate
     assert RunDir(tmp_path).plan.is_file()
+
+
+def test_a_profile_of_other_links_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hardware.json records each rank's link; a node reuses it only for the same links."""
+    from conftest import hardware_dict
+
+    from leo_cli.comm.process import LINKS_ENV
+    from leo_cli.planner.profile.hardware import HardwareProfile
+    from leo_cli.planner.profile.store import fits_nodes, rank_links
+
+    data = hardware_dict(2)
+    data["nnodes"] = 2
+    for r in data["ranks"]:
+        r["link"] = "1gbit"
+    hw = HardwareProfile.model_validate(data)
+    cfg = load_config(None, ["partition.num_parts=2", "launch.nnodes=2", "launch.master_port=1"])
+    monkeypatch.setenv(LINKS_ENV, "1gbit,1gbit")
+    assert rank_links(2, 2) == ["1gbit", "1gbit"] and fits_nodes(hw, cfg, 2)
+    monkeypatch.setenv(LINKS_ENV, "100mbit,100mbit")
+    assert not fits_nodes(hw, cfg, 2)
+    monkeypatch.delenv(LINKS_ENV)
+    assert not fits_nodes(hw, cfg, 2)  # real machines: a profile of emulated links is not theirs
+
+
+def test_bench_links_run_one_process_rows_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leo_cli.bench.suite import leo_config, variants
+
+    cfg = load_config(None, [
+        "launch.emulate={nodes: 2}", "bench.links=[null, 1gbit]", "bench.world_sizes=[1, 2]",
+        "bench.peers=[]", "bench.modes=[leo, blocking]",
+    ])  # fmt: skip
+    rows = variants(cfg, lambda _: None)
+    one = [v for v in rows if v.world_size == 1]
+    assert {v.variant for v in one} == {"link-unlimited"}
+    assert {(v.mode, v.variant) for v in rows if v.world_size == 2} == {
+        (m, f"link-{r}") for m in ("leo", "blocking") for r in ("unlimited", "1gbit")
+    }
+    single = leo_config(cfg, one[0], Path("/tmp/out"))
+    assert single.launch.emulate is None and not single.bench.links
+    two = leo_config(cfg, next(v for v in rows if v.variant == "link-1gbit"), Path("/tmp/out"))
+    assert two.launch.emulate is not None and two.launch.emulate.rates() == ["1gbit", "1gbit"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from leo_cli.comm.placement import affinity_tag
+from leo_cli.comm.process import LINKS_ENV
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
@@ -74,7 +75,19 @@ def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
         and hw.nnodes == cfg.launch.nnodes
         and hw.cpu_affinity == cfg.launch.cpu_affinity
         and (setting == "auto" or hw.allocator in (setting, "user"))
+        and [r.link for r in hw.ranks] == rank_links(num_workers, cfg.launch.nnodes)
     )
+
+
+def rank_links(num_workers: int, nnodes: int) -> list[str | None]:
+    """Each rank's node uplink as the probe would record it now: emulated nodes' rates
+    (`launch.emulate`, from the environment every node gets alike), None on real machines."""
+    rates = os.environ.get(LINKS_ENV)
+    if not rates:
+        return [None] * num_workers
+    per_node = rates.split(",")
+    per = max(num_workers // max(nnodes, 1), 1)
+    return [per_node[min(r // per, len(per_node) - 1)] for r in range(num_workers)]
 
 
 def saved_profile(path: Path) -> HardwareProfile | None:
