@@ -29,6 +29,7 @@ from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
 from leo_cli.registry import conv_of
 from leo_cli.util.timing import process_start_time
+from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory, peak_rss_bytes
 
 PEERS = ("pyg", "pyg-csr")
 
@@ -136,6 +137,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
         with torch.no_grad():
             model(x, adj)
     setup_s = time.time() - started
+    keep_freed_memory()  # as LEO's workers do after set-up (worker/memory.py)
     times = []
     for _ in range(num_epochs):
         t0 = time.perf_counter()
@@ -156,6 +158,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
         "final_loss": float(loss),
         "setup_s": setup_s,
         "wall_s": time.time() - started,
+        "peak_rss_bytes": [peak_rss_bytes()],
     }
 
 
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("epochs", type=int, help="epochs to train (warm-up included)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args(argv)
+    fix_mmap_threshold()  # the workers' allocator settings (worker/memory.py)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     result = train_peer(load_config(args.config), args.system, args.epochs)

@@ -214,6 +214,7 @@ def run_leo(
         "final_loss": summary.get("final_loss"),
         "halo_dtype": summary.get("halo_dtype"),
         "allocator": summary.get("allocator"),
+        "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
         **link_fields(emulated),

@@ -486,10 +486,12 @@ class LaunchConfig(Section):
     allocator: Literal["auto", "jemalloc", "system"] = "auto"
     """Memory allocator of the workers (and of the hardware probe and `leo bench`'s peers):
     `jemalloc` (preloaded, keeping freed memory for reuse: a fresh tensor then costs no page
-    faults; with glibc's malloc a CPU step spent up to half its time faulting pages in),
-    `system` (the C library's malloc), or `auto`: jemalloc where the machine has it
-    (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says which. A
-    user's own LD_PRELOAD or MALLOC_CONF is left as it is."""
+    faults), `system` (the C library's malloc; under glibc a worker returns set-up's
+    temporaries to the system, then keeps what its steps free, which costs resident memory
+    and saves the page faults: docs/design/memory.md), or `auto`: jemalloc where the machine
+    has it (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says
+    which. A user's own LD_PRELOAD or MALLOC_CONF is left as it is. summary.json records each
+    worker's peak resident memory (peak_rss_bytes)."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

@@ -1,8 +1,8 @@
 """The workers' memory allocator (`launch.allocator`).
 
-With glibc's malloc a worker gives large freed blocks back to the system and pages them in
-again at its next allocation; jemalloc told to keep freed memory (`MALLOC_CONF` with both
-decays off) reuses it. It is preloaded into the workers (and the probe workers, and `leo
+jemalloc told to keep freed memory (`MALLOC_CONF` with both decays off) reuses it without
+page faults; under the system's glibc malloc the worker sets the same up itself after set-up
+(worker/memory.py). It is preloaded into the workers (and the probe workers, and `leo
 bench`'s PyG peers, so every system compared runs on the same allocator) through LD_PRELOAD;
 the launching process itself keeps its own.
 
@@ -112,9 +112,9 @@ def fallback_note(auto: Allocator) -> str | None:
     if auto.name != "system":
         return None
     return (
-        "no jemalloc library on this machine, so the workers run on the system's malloc, whose "
-        "page faults took about half of every CPU step in this repository's measurements; "
-        "apt install libjemalloc2 (or LEO_JEMALLOC=/path/libjemalloc.so.2) to use it."
+        "no jemalloc library on this machine, so the workers run on the system's malloc "
+        "(keeping freed memory between steps under glibc); apt install libjemalloc2 (or "
+        "LEO_JEMALLOC=/path/libjemalloc.so.2) to use it."
     )
 
 

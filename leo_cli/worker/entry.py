@@ -41,7 +41,7 @@ from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import build_job, halo_plan
-from leo_cli.worker.memory import fix_mmap_threshold
+from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory, peak_rss_bytes
 from leo_cli.worker.report import plot_curves, summarize
 from leo_cli.worker.trainer import RunLog, fit, restore
 
@@ -266,13 +266,16 @@ def run_worker(
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run.truncate_metrics(start)
         run.write_status("running")
+    keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)
     log = RunLog(run, env.rank, row_extras(cfg, cache_plan, env.world_size))
     fit(job, cfg.train, cfg.run.seed, start, log)
+    peaks = all_gather_(torch.tensor(peak_rss_bytes(), dtype=torch.int64)).tolist()
     if env.rank == 0:
         first_step_at = worker.pop("first_step_at")
         setup = setup_summary(run.read_setup(launched_at), worker, first_step_at)
         setup["static_aggregate"] = job.static_layer0
+        setup["peak_rss_bytes"] = peaks
         finish(cfg, run, cache_plan, env.world_size, setup)
     if env.world_size > 1:
         dist.barrier()  # nobody tears the group down while a peer still talks to it

@@ -1,9 +1,12 @@
-"""How a worker process asks the C allocator to hand large blocks back to the system.
+"""How a worker process uses glibc's malloc: set-up hands its large temporaries back to the
+system, the training loop keeps freed memory for its next step.
 
-Under glibc's malloc, a fixed mmap threshold of 4 MiB keeps every large block its own mapping,
-so the large temporaries freed after set-up go back to the system instead of the set-up's peak
-staying resident for the whole run. Where `launch.allocator` (launch/allocator.py) preloads
-jemalloc, this setting does nothing.
+During set-up a fixed mmap threshold of 4 MiB keeps every large block its own mapping, so the
+temporaries freed after set-up go back to the system. At the end of set-up the worker trims
+the heap once and then keeps what it frees: no new block gets its own mapping and the heap's
+top is not trimmed, so a step's tensors reuse the previous step's pages instead of faulting in
+fresh ones. Where `launch.allocator` (launch/allocator.py) preloads jemalloc, these settings do
+nothing. `leo bench`'s PyG peers make the same calls, so every system compared runs alike.
 
 Specification: docs/design/memory.md; measurements: docs/results.md.
 """
@@ -12,23 +15,55 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import resource
+from typing import Any
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
+M_TRIM_THRESHOLD = -1  # mallopt parameters (glibc malloc.h)
+M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 MMAP_THRESHOLD_BYTES = 4 << 20
+NEVER_TRIM = 2**31 - 1  # the largest trim threshold mallopt's int takes (2 GiB)
+
+
+def _glibc() -> Any | None:
+    """glibc, or None on other C libraries (macOS, musl, Windows)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname (find_library forks)
+    except OSError:
+        return None
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    return libc
 
 
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Serve every allocation of `threshold` bytes or more with its own mapping, for good.
+    """Serve every allocation of `threshold` bytes or more with its own mapping.
 
     Call it early in a worker process. Returns True when glibc accepted the setting; on other
-    C libraries (macOS, musl, Windows) it does nothing and returns False.
+    C libraries it does nothing and returns False.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def keep_freed_memory() -> bool:
+    """From now on keep what is freed for the next allocation (call it once set-up is done).
+
+    Set-up's free pages are handed back first (`malloc_trim`); then no block gets its own
+    mapping any more and the heap's top is never trimmed. Returns True when glibc accepted
+    both settings; on other C libraries it does nothing and returns False.
+    """
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt  # glibc's soname (find_library forks)
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+    libc.malloc_trim(0)
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB

@@ -138,6 +138,8 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
         assert parts[key] >= 0, key
     top = ("partition_s", "probe_s", "plan_s", "launch_s", "worker_setup_s", "other_s")
     assert sum(parts.get(k, 0.0) for k in top) == pytest.approx(s["setup_s"], abs=0.01)
+    # Each worker's peak resident memory, by rank (a Python process with torch: > 50 MB).
+    assert len(s["peak_rss_bytes"]) == 2 and all(b > 50e6 for b in s["peak_rss_bytes"])
 
 
 @pytest.mark.integration
