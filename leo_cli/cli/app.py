@@ -6,6 +6,7 @@ import typer
 
 from leo_cli.cli import bench, partition, profile_cache, train
 from leo_cli.cli import compile as compile_cli
+from leo_cli.cli.config import config_app
 
 app = typer.Typer(
     name="leo",
@@ -14,12 +15,14 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts print every character they hold ([...] included)
 )
 app.command("partition")(partition.partition_cmd)
 app.command("profile-cache")(profile_cache.profile_cache_cmd)
 app.command("train")(train.train_cmd)
 app.command("bench")(bench.bench_cmd)
 app.command("compile")(compile_cli.compile_cmd)
+app.add_typer(config_app, name="config")
 
 
 def main() -> None:

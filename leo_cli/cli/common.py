@@ -27,8 +27,10 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="YAML config file (sections run, data, partition, model, train, cache, pipeline, "
-        "launch, bench). Without it the built-in default trains on the synthetic graph.",
+        "launch, bench; `leo config keys` lists every key). Without it the built-in default "
+        "trains on the synthetic graph.",
         show_default=False,
     ),
 ]
@@ -37,6 +39,7 @@ SetOpt = Annotated[
     typer.Option(
         "--set",
         "-s",
+        metavar="KEY=VALUE",
         help="Override one config key, e.g. --set partition.num_parts=4 or "
         "--set model.dropout=0; the value is parsed as YAML. Repeatable; wins over the YAML "
         f"file. pipeline.mode takes {', '.join(mode_settings())} (default {DEFAULT_MODE}: the "

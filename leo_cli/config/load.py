@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from leo_cli.config.keys import allowed_values, closest, closest_key, sections
 from leo_cli.config.schema import LeoConfig
 from leo_cli.errors import ConfigError
 from leo_cli.run_dir import RunDir
@@ -106,15 +107,26 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
         # A section-wide check (key `model`) names the --set flags inside that section.
         inside = [flag for k, flag in given.items() if k.startswith(key + ".")]
         source = given.get(key) or (", ".join(inside) if inside else source)
+        section = key.split(".")[0]
+        listed = f"`leo config keys {section}`" if section in sections() else "`leo config keys`"
         if err["type"] == "extra_forbidden":
+            near = closest_key(key)
+            guess = f"did you mean {near}? " if near else "check the spelling; "
             raise ConfigError(
-                f"Unknown config key {key!r} in {source}; check the spelling "
-                "(`leo <command> --help` lists the sections)."
+                f"Unknown config key {key!r} in {source}; {guess}{listed} lists the valid keys."
             ) from None
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         msg = err["msg"].removeprefix("Value error, ")  # our validators' own sentences
-        raise ConfigError(f"Config key {key!r} in {source}: {msg}{shown}.") from None
+        allowed = allowed_values(key)
+        items = value if isinstance(value, list) else [value]
+        wrong = [v for v in items if isinstance(v, str) and v not in allowed]
+        near = closest(wrong[0], allowed) if wrong and allowed else None
+        guess = f"; did you mean {near}?" if near else ""
+        raise ConfigError(
+            f"Config key {key!r} in {source}: {msg}{shown}{guess} ({listed} lists every key "
+            "with its values)."
+        ) from None
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

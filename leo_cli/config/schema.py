@@ -1,12 +1,13 @@
 """The config schema: one pydantic model per section of the config (names are a contract).
 
-Every field is documented by the docstring under it; `leo <cmd> --help` and error messages use
-those texts. Unknown keys are rejected (`extra="forbid"`).
+Every field is documented by the docstring under it; `leo config keys` (config/keys.py) and
+docs/config.md list those texts. Unknown keys are rejected (`extra="forbid"`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -191,6 +192,12 @@ class PartitionConfig(Section):
         return self
 
 
+def named(values: Iterable[str]) -> dict[str, Any]:
+    """The names a text field takes from a registry table, for `leo config keys` and the
+    suggestions of config errors (config/keys.py)."""
+    return {"names": list(values)}
+
+
 def one_of(names: list[str], value: str) -> str:
     """A name from a registry table, or a sentence listing them."""
     if value not in names:
@@ -199,7 +206,7 @@ def one_of(names: list[str], value: str) -> str:
 
 
 class ModelConfig(Section):
-    name: str = registry.DEFAULT_CONV
+    name: str = Field(registry.DEFAULT_CONV, json_schema_extra=named(registry.CONVS))
     """GNN architecture (leo_cli/registry.py): `gcn`, `sage` (mean aggregator), `gin` (sum +
     MLP) or `gat` (multi-head attention)."""
     hidden_channels: int = Field(64, ge=1)
@@ -346,7 +353,7 @@ class CacheConfig(Section):
 
 
 class PipelineConfig(Section):
-    mode: str = registry.DEFAULT_MODE
+    mode: str = Field(registry.DEFAULT_MODE, json_schema_extra=named(registry.mode_settings()))
     """Halo exchange (leo_cli/registry.py): `auto` (the exact mode the cache plan predicts
     fastest, chosen before workers start; `leo` without a plan or with one worker), `leo`
     (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM); `compute-only` skips
@@ -546,7 +553,9 @@ class BenchVariant(Section):
 
 
 class BenchConfig(Section):
-    modes: list[str] = Field(list(registry.MODES), min_length=1)
+    modes: list[str] = Field(
+        list(registry.MODES), min_length=1, json_schema_extra=named(registry.MODES)
+    )
     """Modes to compare (leo_cli/registry.py): `leo`, `leo-no-cache` (pipeline, cache.policy
     none), `blocking`, `fine-grained`, `shared-memory`, `compute-only` (no exchange: the
     overlap floor)."""
