@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from leo_cli.cli import bench, partition, profile_cache, train
+from leo_cli.cli import bench, convert, partition, profile_cache, train
 from leo_cli.cli import compile as compile_cli
 from leo_cli.cli.config import config_app
 
@@ -22,6 +22,7 @@ app.command("profile-cache")(profile_cache.profile_cache_cmd)
 app.command("train")(train.train_cmd)
 app.command("bench")(bench.bench_cmd)
 app.command("compile")(compile_cli.compile_cmd)
+app.command("convert")(convert.convert_cmd)
 app.add_typer(config_app, name="config")
 
 

@@ -98,6 +98,10 @@ class DataConfig(Section):
     """Folder holding the raw dataset files (see datasets/<name>.md for the layout)."""
     synthetic: SyntheticConfig = SyntheticConfig()
     """Parameters of the built-in synthetic graph."""
+    normalize_features: Literal["auto", True, False] = "auto"
+    """Divide each node's features by their sum, as PyG's `NormalizeFeatures` does (rows that
+    sum to zero stay zero): `auto` does it for cora, citeseer and pubmed (as their usual
+    recipes) and not otherwise; true or false for every dataset."""
 
     @field_validator("root", mode="after")
     @classmethod

@@ -111,7 +111,11 @@ def source_key(
     cost model, the rule and what its prices come from; for an owners file its content.
     """
     payload = {
-        "data": data.model_dump(mode="json"),
+        # normalize_features at `auto` keeps the key partitions had before it existed.
+        "data": data.model_dump(
+            mode="json",
+            exclude={"normalize_features"} if data.normalize_features == "auto" else None,
+        ),
         # Options at their defaults keep the key partitions had before the options existed
         # (on every graph whose METIS fits the memory limit, their parts are the same).
         "partition": part.model_dump(mode="json", exclude=defaulted_options(part)),

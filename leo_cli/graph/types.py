@@ -186,3 +186,11 @@ def check_graph(g: Graph) -> None:
         assert m.shape == (n,) and m.dtype == np.bool_
     if g.num_edges:
         assert g.edge_index_2E.min() >= 0 and g.edge_index_2E.max() < n
+
+
+def row_normalise(x: np.ndarray) -> FloatArray:
+    """Divide each row by its sum (zero rows stay zero), as float32: PyG's
+    `NormalizeFeatures`."""
+    row_sum = np.asarray(x.sum(axis=1, keepdims=True), dtype=np.float64)
+    scale = np.divide(1.0, row_sum, out=np.zeros_like(row_sum), where=row_sum != 0)
+    return np.asarray(x * scale, dtype=np.float32)

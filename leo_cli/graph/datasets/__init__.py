@@ -18,7 +18,7 @@ from pathlib import Path
 
 from leo_cli.config.schema import DataConfig
 from leo_cli.errors import DataError
-from leo_cli.graph.types import Graph, ProgressFn
+from leo_cli.graph.types import Graph, ProgressFn, row_normalise
 
 from .npz import load_npz
 from .ogb import OGB_DATASETS, load_ogb
@@ -49,11 +49,26 @@ def load_dataset(cfg: DataConfig, seed: int, progress: ProgressFn | None = None)
     Raises:
         DataError: the name is unknown or the dataset's files are missing or invalid.
     """
+    if cfg.name.lower() in PLANETOID_NAMES:  # normalised from the raw values it reads
+        return load_planetoid(cfg.name.lower(), cfg.root, normalizes(cfg))
+    graph = _load(cfg, seed, progress)
+    if normalizes(cfg):
+        graph.x_NF = row_normalise(graph.x_NF)
+    return graph
+
+
+def normalizes(cfg: DataConfig) -> bool:
+    """Whether the features are row-normalised (`data.normalize_features`)."""
+    if cfg.normalize_features == "auto":
+        return cfg.name.lower() in PLANETOID_NAMES
+    return bool(cfg.normalize_features)
+
+
+def _load(cfg: DataConfig, seed: int, progress: ProgressFn | None) -> Graph:
+    """The graph as its files hold it (features as given)."""
     name = cfg.name
     if name == "synthetic":
         return generate(cfg.synthetic, seed, progress)
-    if name.lower() in PLANETOID_NAMES:
-        return load_planetoid(name.lower(), cfg.root)
     if name.lower().startswith("ogbn-"):
         return load_ogb(name, cfg.root)
     if name.lower().endswith(".npz"):

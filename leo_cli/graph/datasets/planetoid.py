@@ -24,7 +24,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from leo_cli.errors import DataError
-from leo_cli.graph.types import BoolArray, FloatArray, Graph, IntArray, check_graph, symmetrize
+from leo_cli.graph.types import (
+    BoolArray,
+    Graph,
+    IntArray,
+    check_graph,
+    row_normalise,
+    symmetrize,
+)
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 _MATRIX_PARTS = ("x", "y", "tx", "ty", "allx", "ally")
@@ -198,13 +205,6 @@ def _stack_with_test(
     return stacked
 
 
-def _row_normalise(x: np.ndarray) -> FloatArray:
-    """Divide each row by its sum (zero rows stay zero), as float32."""
-    row_sum = np.asarray(x.sum(axis=1, keepdims=True), dtype=np.float64)
-    scale = np.divide(1.0, row_sum, out=np.zeros_like(row_sum), where=row_sum != 0)
-    return np.asarray(x * scale, dtype=np.float32)
-
-
 def _adjacency_to_edges(adjacency: Any, path: Path, num_nodes: int) -> IntArray:
     """Directed edge list of a dict {node: [neighbours]}, before symmetrisation.
 
@@ -240,12 +240,13 @@ def _masks(num_nodes: int, num_train: int, test_index: IntArray) -> tuple[BoolAr
     return train, val, test
 
 
-def load_planetoid(name: str, root: Path) -> Graph:
+def load_planetoid(name: str, root: Path, normalize: bool = True) -> Graph:
     """Load Planetoid dataset `name` (`cora`, `citeseer` or `pubmed`) from `root`.
 
     Args:
         name: lower-case dataset name.
         root: folder holding `ind.<name>.*` (`data.root`).
+        normalize: divide each node's features by their sum (`data.normalize_features`).
 
     Returns:
         The preprocessed graph.
@@ -267,7 +268,7 @@ def load_planetoid(name: str, root: Path) -> Graph:
     graph = Graph(
         name=name,
         edge_index_2E=symmetrize(edges, num_nodes),
-        x_NF=_row_normalise(x),
+        x_NF=row_normalise(x) if normalize else np.asarray(x, dtype=np.float32),
         y_N=onehot.argmax(axis=1).astype(np.int64),
         train_mask_N=train,
         val_mask_N=val,

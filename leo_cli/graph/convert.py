@@ -1,0 +1,379 @@
+"""Bring your own graph: an edge list, a file networkx reads or a PyG dict of tensors, with
+features, labels and a split, written in LEO's `.npz` format (datasets/npz.md).
+
+Every problem is one `DataError` naming the file and what to do; the output is written to a
+temporary file, loaded back with LEO's own loader, and only then renamed into place.
+Legend: N nodes, E edges, F features.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from leo_cli.errors import DataError
+from leo_cli.graph.datasets.npz import MASK_KEYS, load_npz
+from leo_cli.graph.types import Graph
+
+NETWORKX_READERS = {  # suffix -> networkx reader name
+    ".graphml": "read_graphml",
+    ".gml": "read_gml",
+    ".gexf": "read_gexf",
+    ".net": "read_pajek",
+    ".pajek": "read_pajek",
+    ".adjlist": "read_adjlist",
+}
+LABEL_ATTRIBUTES = ("y", "label")  # node attributes read as labels (the first present)
+FEATURE_ATTRIBUTE = "x"  # a node attribute holding the whole feature vector
+
+
+@dataclass
+class Arrays:
+    """What a source gives before the split: edges, and features, labels, masks where known
+    (`labelled_N`: which nodes have a label)."""
+
+    edge_index_2E: npt.NDArray[np.int64]
+    num_nodes: int
+    x_NF: npt.NDArray[np.float32] | None = None
+    y_N: npt.NDArray[np.int64] | None = None
+    labelled_N: npt.NDArray[np.bool_] | None = None
+    masks: dict[str, npt.NDArray[np.bool_]] | None = None
+    notes: list[str] | None = None
+
+
+def _missing(path: Path, what: str) -> DataError:
+    return DataError(f"{what} file {path} does not exist; pass an existing file.")
+
+
+def _delimiter(line: str) -> str | None:
+    """`,` or tab where the line holds one, else None (any whitespace)."""
+    return "," if "," in line else ("\t" if "\t" in line else None)
+
+
+def _first_line(path: Path) -> str:
+    """The first line that is neither blank nor a `#` comment ('' for none)."""
+    with path.open(errors="replace") as f:
+        for line in f:
+            if line.strip() and not line.lstrip().startswith("#"):
+                return line.rstrip("\n")
+    return ""
+
+
+def _is_number(text: str, kind: type) -> bool:
+    try:
+        kind(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
+def read_table(
+    path: Path, what: str, kind: type = float, columns: int | None = None
+) -> npt.NDArray[Any]:
+    """A CSV / TSV / whitespace table of numbers (`#` comments, an optional header row), 2-D;
+    `columns`: read only the first ones (the others may hold anything)."""
+    if not path.is_file():
+        raise _missing(path, what)
+    first = _first_line(path)
+    if not first:
+        raise DataError(f"{what} file {path} is empty; it needs one row per line.")
+    sep = _delimiter(first)
+    cells = [c for c in first.split(sep) if c.strip()][:columns]
+    header = not all(_is_number(c, kind) for c in cells)
+    if columns is not None and len(cells) < columns:
+        raise DataError(f"{what} file {path} has fewer than {columns} columns; give {columns}.")
+    try:
+        table = np.loadtxt(
+            path, delimiter=sep, comments="#", skiprows=int(header), ndmin=2,
+            dtype=np.int64 if kind is int else np.float64,
+            usecols=None if columns is None else range(columns),
+        )  # fmt: skip
+    except ValueError as err:
+        raise DataError(
+            f"{what} file {path} holds something other than {kind.__name__} values "
+            f"({str(err).splitlines()[0]}); give one row of numbers per line."
+        ) from None
+    return table
+
+
+def read_edge_list(path: Path) -> Arrays:
+    """Two columns of integer node ids (more columns, e.g. weights, are ignored)."""
+    table = read_table(path, "edge list", int, columns=2)
+    edges = np.ascontiguousarray(table.T)
+    if edges.size and edges.min() < 0:
+        raise DataError(f"edge list {path} holds negative node ids; ids must be 0..N-1.")
+    return Arrays(edges, int(edges.max()) + 1 if edges.size else 0)
+
+
+def read_networkx(path: Path) -> Arrays:
+    """A graph file networkx reads: nodes numbered in file order; labels from the `y` or
+    `label` attribute; features from an `x` list or the numeric attributes (by name)."""
+    import networkx as nx
+
+    if not path.is_file():
+        raise _missing(path, "graph")
+    reader = getattr(nx, NETWORKX_READERS[path.suffix.lower()])
+    try:
+        graph = reader(path)
+    except Exception as err:  # networkx raises many kinds for a malformed file
+        raise DataError(f"networkx cannot read {path} ({err}); check the file's format.") from None
+    nodes = list(graph.nodes)
+    ids = {node: i for i, node in enumerate(nodes)}
+    pairs = [(ids[u], ids[v]) for u, v in graph.edges()]
+    edges = np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy()
+    found = Arrays(edges, len(nodes), notes=[])
+    attrs = [graph.nodes[n] for n in nodes]
+    label = next((a for a in LABEL_ATTRIBUTES if any(a in d for d in attrs)), None)
+    if label is not None:
+        found.y_N, found.labelled_N, named = _labels_of([d.get(label) for d in attrs])
+        if named:
+            found.notes = [f"labels {named} numbered 0..{len(named.split(', ')) - 1}"]
+    found.x_NF = _features_of(path, attrs, label)
+    if any(not isinstance(n, int) for n in nodes) or nodes != list(range(len(nodes))):
+        (found.notes or []).append("nodes numbered 0..N-1 in the order the file lists them")
+    return found
+
+
+def _labels_of(
+    values: list[Any],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], str | None]:
+    """Labels as ints (names numbered in sorted order), which nodes have one, and the names."""
+    has = np.array([v is not None for v in values], dtype=bool)
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, int) or (isinstance(v, str) and v.lstrip("-").isdigit()) for v in present):
+        y = np.array([int(v) if v is not None else 0 for v in values], dtype=np.int64)
+        return y, has, None
+    names = sorted({str(v) for v in present})
+    index = {n: i for i, n in enumerate(names)}
+    y = np.array([index[str(v)] if v is not None else 0 for v in values], dtype=np.int64)
+    return y, has, ", ".join(names)
+
+
+def _features_of(
+    path: Path, attrs: list[dict[str, Any]], label: str | None
+) -> npt.NDArray[np.float32] | None:
+    """The `x` attribute, else every numeric attribute (not the label), else None."""
+    if attrs and all(isinstance(d.get(FEATURE_ATTRIBUTE), list | tuple) for d in attrs):
+        rows = [d[FEATURE_ATTRIBUTE] for d in attrs]
+        if len({len(r) for r in rows}) != 1:
+            raise DataError(f"{path}: node attribute `x` has rows of different lengths.")
+        return np.array(rows, dtype=np.float32)
+    names = sorted({k for d in attrs for k, v in d.items() if k != label and _numeric(v)})
+    if not names:
+        return None
+    for name in names:
+        if any(name not in d for d in attrs):
+            raise DataError(
+                f"{path}: node attribute {name!r} is missing on some nodes; give every node "
+                "every feature attribute."
+            )
+    return np.array([[float(d[k]) for k in names] for d in attrs], dtype=np.float32)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def read_pyg(path: Path) -> Arrays:
+    """A dict of tensors saved with `torch.save` (`edge_index`, `x`, `y`, masks), loaded with
+    `weights_only=True`."""
+    import torch
+
+    if not path.is_file():
+        raise _missing(path, "PyG")
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # pickle and torch raise many kinds for a foreign file
+        raise DataError(
+            f"{path} is not a dict of tensors torch.load reads with weights_only=True ({err}); "
+            "save one with torch.save({'edge_index': ..., 'x': ..., 'y': ...}, path)."
+        ) from None
+    if not isinstance(data, dict) or "edge_index" not in data:
+        raise DataError(
+            f"{path} holds no dict with an `edge_index` tensor; save "
+            "{'edge_index': ..., 'x': ..., 'y': ..., 'train_mask': ...} with torch.save."
+        )
+    arrays = {k: v.numpy() for k, v in data.items() if isinstance(v, torch.Tensor)}
+    edges = arrays["edge_index"]
+    if edges.ndim != 2 or edges.shape[0] != 2 or edges.dtype.kind not in "iu":
+        raise DataError(f"{path}: `edge_index` must be an integer tensor of shape [2, E].")
+    n = max(int(edges.max()) + 1 if edges.size else 0, len(arrays.get("x", [])))
+    found = Arrays(edges.astype(np.int64), n)
+    if "x" in arrays:
+        found.x_NF = arrays["x"].astype(np.float32)
+    if "y" in arrays:
+        found.y_N = arrays["y"].reshape(-1).astype(np.int64)
+        found.labelled_N = found.y_N >= 0
+    if all(k in arrays for k in MASK_KEYS):
+        found.masks = {k: arrays[k].astype(bool) for k in MASK_KEYS}
+    return found
+
+
+def read_features(path: Path) -> npt.NDArray[np.float32]:
+    """N x F features from an `.npy` array or a CSV table."""
+    if path.suffix.lower() == ".npy":
+        array = _load_npy(path, "features")
+        if array.ndim != 2 or array.dtype.kind not in "fiub":
+            raise DataError(f"features file {path} must hold a numeric array of shape [N, F].")
+        return array.astype(np.float32)
+    return read_table(path, "features").astype(np.float32)
+
+
+def read_labels(path: Path, num_nodes: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Labels from an `.npy` array or a CSV: one label per node in order, or two columns
+    `node,label` (nodes not listed get no label and stay out of every mask)."""
+    if path.suffix.lower() == ".npy":
+        y = _load_npy(path, "labels")
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise DataError(f"labels file {path} must hold an integer array of shape [N].")
+        return y.astype(np.int64), y >= 0
+    table = read_table(path, "labels", int)
+    if table.shape[1] == 1:
+        y = table[:, 0]
+        return y, y >= 0
+    if table.shape[1] != 2:
+        raise DataError(
+            f"labels file {path} has {table.shape[1]} columns; give 1 or 2 (node,label)."
+        )
+    ids, values = table[:, 0], table[:, 1]
+    if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
+        raise DataError(f"labels file {path} names nodes outside 0..{num_nodes - 1}.")
+    y = np.zeros(num_nodes, dtype=np.int64)
+    labelled = np.zeros(num_nodes, dtype=bool)
+    y[ids], labelled[ids] = values, values >= 0
+    return y, labelled
+
+
+def read_masks(path: Path) -> dict[str, npt.NDArray[np.bool_]]:
+    """`train_mask`, `val_mask`, `test_mask` from an `.npz` file."""
+    if not path.is_file():
+        raise _missing(path, "masks")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [k for k in MASK_KEYS if k not in archive.files]
+            if missing:
+                raise DataError(f"masks file {path} lacks {', '.join(missing)}; save all three.")
+            return {k: archive[k].astype(bool) for k in MASK_KEYS}
+    except (OSError, ValueError) as err:
+        raise DataError(f"masks file {path} is not a readable .npz file ({err}).") from None
+
+
+def _load_npy(path: Path, what: str) -> npt.NDArray[Any]:
+    if not path.is_file():
+        raise _missing(path, what)
+    try:
+        array: npt.NDArray[Any] = np.asarray(np.load(path, allow_pickle=False))
+    except (OSError, ValueError) as err:
+        raise DataError(f"{what} file {path} is not a readable .npy array ({err}).") from None
+    return array
+
+
+def split_masks(
+    labelled_N: npt.NDArray[np.bool_], fractions: tuple[float, float, float], seed: int
+) -> dict[str, npt.NDArray[np.bool_]]:
+    """Random train / val / test masks over the labelled nodes, by fractions (sum <= 1)."""
+    nodes = np.flatnonzero(labelled_N)
+    order = np.random.default_rng(seed).permutation(nodes)
+    counts = [int(round(f * len(nodes))) for f in fractions]
+    bounds = np.cumsum([0, *counts])
+    masks = {}
+    for key, lo, hi in zip(MASK_KEYS, bounds[:-1], bounds[1:], strict=True):
+        mask = np.zeros(labelled_N.shape[0], dtype=bool)
+        mask[order[lo : min(hi, len(order))]] = True
+        masks[key] = mask
+    return masks
+
+
+def parse_split(text: str) -> tuple[float, float, float]:
+    """`0.6,0.2,0.2` as three fractions, each in [0, 1], summing to at most 1."""
+    try:
+        parts = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or any(not 0 <= p <= 1 for p in parts) or sum(parts) > 1 + 1e-9:
+        raise DataError(
+            f"--split {text} is not three fractions summing to at most 1 (e.g. 0.6,0.2,0.2)."
+        )
+    return parts[0], parts[1], parts[2]
+
+
+def read_source(edges: Path | None, from_pyg: Path | None) -> Arrays:
+    """The graph of an edge list, a networkx file or a PyG dict."""
+    if (edges is None) == (from_pyg is None):
+        raise DataError("give either an edge list / graph file, or --from-pyg FILE, not both.")
+    if from_pyg is not None:
+        return read_pyg(from_pyg)
+    assert edges is not None
+    if edges.suffix.lower() in NETWORKX_READERS:
+        return read_networkx(edges)
+    return read_edge_list(edges)
+
+
+def convert(
+    found: Arrays,
+    out: Path,
+    features: Path | None = None,
+    labels: Path | None = None,
+    masks: Path | None = None,
+    split: tuple[float, float, float] = (0.6, 0.2, 0.2),
+    seed: int = 0,
+) -> tuple[Graph, list[str]]:
+    """Complete what the source lacks from the given files, write `out` and load it back with
+    LEO's loader; returns the graph and notes for the user."""
+    notes = list(found.notes or [])
+    x = read_features(features) if features is not None else found.x_NF
+    n = max(found.num_nodes, 0 if x is None else x.shape[0])
+    if x is None:
+        x = np.ones((n, 1), dtype=np.float32)
+        notes.append("no features given: every node gets the constant feature 1 (--features)")
+    elif x.shape[0] != n:
+        raise DataError(
+            f"the features have {x.shape[0]} rows but the edges name {n} nodes; give one "
+            "feature row per node 0..N-1."
+        )
+    y, labelled = found.y_N, found.labelled_N
+    if labels is not None:
+        y, labelled = read_labels(labels, n)
+    if y is None or labelled is None:
+        raise DataError(
+            "no labels: pass --labels FILE (.npy or CSV), or a graph file whose nodes carry a "
+            "`label` attribute."
+        )
+    if y.shape[0] != n:
+        raise DataError(f"the labels cover {y.shape[0]} nodes but the graph has {n}.")
+    y = np.where(labelled, y, 0)
+    chosen = read_masks(masks) if masks is not None else found.masks
+    if chosen is None:
+        chosen = split_masks(labelled, split, seed)
+        share = "/".join(f"{f:g}" for f in split)
+        notes.append(f"random {share} split of the {int(labelled.sum())} labelled nodes")
+    for key, mask in chosen.items():
+        if mask.shape != (n,):
+            raise DataError(f"{key} has {mask.shape[0]} entries but the graph has {n} nodes.")
+    write_npz(out, {"edge_index": found.edge_index_2E, "x": x, "y": y, **chosen})
+    return load_npz(out), notes
+
+
+def write_npz(out: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
+    """Write `out` atomically, then check it loads; nothing is left behind on failure."""
+    if out.suffix != ".npz":
+        raise DataError(f"--out {out} must end in .npz (data.name recognises the suffix).")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        try:
+            load_npz(tmp)  # what a run will read, checked before it takes the name
+        except DataError as err:
+            raise DataError(str(err).replace(tmp, str(out))) from None
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

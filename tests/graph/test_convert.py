@@ -1,0 +1,190 @@
+"""`leo convert`: edge lists, networkx files and PyG dicts become LEO's .npz with the same graph,
+features, labels and split; bad input is one sentence and leaves no file behind; features are
+row-normalised by `data.normalize_features`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from helpers.cli import leo
+
+from leo_cli.config.schema import DataConfig
+from leo_cli.errors import DataError
+from leo_cli.graph.convert import convert, parse_split, read_edge_list, read_source, split_masks
+from leo_cli.graph.datasets import load_dataset
+from leo_cli.graph.datasets.npz import load_npz
+
+EDGES = np.array([[0, 1], [1, 2], [2, 3], [3, 0], [4, 0], [5, 4]])  # 6 nodes
+N = 6
+
+
+def labels() -> np.ndarray:
+    return np.array([0, 1, 0, 1, 2, 2])
+
+
+def masks_file(tmp_path: Path) -> Path:
+    path = tmp_path / "masks.npz"
+    train = np.array([1, 1, 0, 0, 0, 0], dtype=bool)
+    val = np.array([0, 0, 1, 0, 0, 0], dtype=bool)
+    np.savez(path, train_mask=train, val_mask=val, test_mask=~(train | val))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("src,dst\n" + "\n".join(f"{a},{b}" for a, b in EDGES), "e.csv"),
+        ("# comment\n" + "\n".join(f"{a}\t{b}\t0.5" for a, b in EDGES), "e.tsv"),
+        ("\n".join(f"{a}  {b}" for a, b in EDGES) + "\n\n", "e.txt"),
+    ],
+)
+def test_edge_lists_in_every_layout_give_the_same_edges(
+    tmp_path: Path, text: str, name: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    found = read_edge_list(path)
+    assert found.num_nodes == N
+    assert np.array_equal(found.edge_index_2E, EDGES.T)
+
+
+def test_convert_writes_what_the_loader_reads(tmp_path: Path) -> None:
+    edges = tmp_path / "e.csv"
+    edges.write_text("\n".join(f"{a},{b}" for a, b in EDGES))
+    x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+    np.save(tmp_path / "x.npy", x)
+    np.savetxt(tmp_path / "y.csv", labels(), fmt="%d", header="label", comments="")
+    out = tmp_path / "g.npz"
+    graph, _ = convert(
+        read_source(edges, None), out, tmp_path / "x.npy", tmp_path / "y.csv",
+        masks_file(tmp_path),
+    )  # fmt: skip
+    loaded = load_npz(out)
+    assert np.array_equal(loaded.x_NF, x) and np.array_equal(loaded.y_N, labels())
+    assert loaded.edge_index_2E.shape[1] == 2 * len(EDGES)  # symmetric
+    assert loaded.train_mask_N.tolist() == [True, True, False, False, False, False]
+    assert graph.num_classes == 3
+
+
+def test_labels_as_node_label_pairs_leave_unlabelled_nodes_out_of_the_split(
+    tmp_path: Path,
+) -> None:
+    edges = tmp_path / "e.txt"
+    edges.write_text("\n".join(f"{a} {b}" for a, b in EDGES))
+    (tmp_path / "y.csv").write_text("node,label\n0,1\n2,0\n5,1\n")
+    graph, notes = convert(
+        read_source(edges, None), tmp_path / "g.npz", labels=tmp_path / "y.csv",
+        split=(0.34, 0.33, 0.33), seed=3,
+    )  # fmt: skip
+    covered = graph.train_mask_N | graph.val_mask_N | graph.test_mask_N
+    assert covered.tolist() == [True, False, True, False, False, True]
+    assert graph.x_NF.shape == (N, 1)
+    assert any("constant feature" in n for n in notes) and any("split" in n for n in notes)
+
+
+def test_a_networkx_file_gives_labels_and_features_from_node_attributes(
+    tmp_path: Path,
+) -> None:
+    g = nx.Graph()
+    for i in range(N):
+        g.add_node(f"n{i}", label=["cat", "dog", "eel"][labels()[i]], a=float(i), b=2.0 * i)
+    g.add_edges_from((f"n{a}", f"n{b}") for a, b in EDGES)
+    path = tmp_path / "g.graphml"
+    nx.write_graphml(g, path)
+    graph, notes = convert(read_source(path, None), tmp_path / "g.npz", seed=1)
+    assert np.array_equal(graph.y_N, labels())
+    assert np.array_equal(graph.x_NF, np.array([[i, 2.0 * i] for i in range(N)], np.float32))
+    assert any("cat, dog, eel" in n for n in notes)
+
+
+def test_a_pyg_dict_of_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "data.pt"
+    x = torch.randn(N, 4)
+    train = torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    torch.save(
+        {"edge_index": torch.from_numpy(EDGES.T.copy()), "x": x, "y": torch.from_numpy(labels()),
+         "train_mask": train, "val_mask": ~train, "test_mask": ~train},
+        path,
+    )  # fmt: skip
+    graph, _ = convert(read_source(None, path), tmp_path / "g.npz")
+    assert np.array_equal(graph.x_NF, x.numpy()) and graph.train_mask_N.sum() == 2
+
+
+def test_split_is_seeded_and_disjoint() -> None:
+    labelled = np.ones(100, dtype=bool)
+    a, b = split_masks(labelled, (0.6, 0.2, 0.2), 7), split_masks(labelled, (0.6, 0.2, 0.2), 7)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert [int(m.sum()) for m in a.values()] == [60, 20, 20]
+    assert not (a["train_mask"] & a["val_mask"]).any()
+    with pytest.raises(DataError, match="--split"):
+        parse_split("0.7,0.3,0.2")
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "needle"),
+    [
+        ({"e.csv": "0,1\n1,x\n"}, ["e.csv", "--labels", "y.csv"], "e.csv holds something other"),
+        ({"e.csv": "0,1\n1,2\n"}, ["e.csv"], "no labels"),
+        ({"e.csv": "0,1\n1,2\n", "y.csv": "0\n1\n"}, ["e.csv", "--labels", "y.csv"], "cover 2"),
+        ({"e.csv": "0,-1\n"}, ["e.csv", "--labels", "y.csv"], "negative node ids"),
+        ({"e.csv": "0,1\n", "y.csv": "0\n1\n"}, ["e.csv", "--labels", "y.csv", "--out", "g.txt"],
+         "must end in .npz"),
+        ({"y.csv": "0\n"}, ["missing.csv", "--labels", "y.csv"], "does not exist"),
+        ({"e.csv": "0,1\n2,3\n", "y.csv": "0\n1\n", "x.npy": None}, ["e.csv", "--labels",
+         "y.csv", "--features", "x.npy"], "features have 3 rows"),
+        ({"e.csv": "0\n1\n"}, ["e.csv", "--labels", "e.csv"], "fewer than 2 columns"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_sentence_and_leaves_nothing(
+    tmp_path: Path, files: dict[str, str | None], args: list[str], needle: str
+) -> None:
+    for name, text in files.items():
+        if text is None:
+            np.save(tmp_path / name, np.zeros((3, 2), dtype=np.float32))
+        else:
+            (tmp_path / name).write_text(text)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = [] if "--out" in args else ["--out", "g.npz"]
+    res = leo("convert", *args, *out, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_normalize_features_divides_rows_by_their_sum(tmp_path: Path) -> None:
+    x = np.array([[1, 3], [0, 0], [2, 2]], dtype=np.float32)
+    y, train = np.array([0, 1, 0]), np.array([True, False, False])
+    path = tmp_path / "g.npz"
+    np.savez(path, edge_index=np.array([[0, 1], [1, 2]]), x=x, y=y, train_mask=train,
+             val_mask=~train, test_mask=train)  # fmt: skip
+    raw = load_dataset(DataConfig(name=str(path)), 0).x_NF
+    assert np.array_equal(raw, x)  # auto: off outside Planetoid
+    normed = load_dataset(DataConfig(name=str(path), normalize_features=True), 0).x_NF
+    assert np.allclose(normed, [[0.25, 0.75], [0, 0], [0.5, 0.5]])
+
+
+def test_cora_through_convert_is_the_planetoid_graph(tmp_path: Path, planetoid_root: Path) -> None:
+    """Cora written as an edge list, a feature array, a label CSV and masks converts back to
+    what the Planetoid loader gives (its raw features, normalised on load as there)."""
+    raw = load_dataset(DataConfig(name="cora", root=planetoid_root, normalize_features=False), 0)
+    src, dst = raw.edge_index_2E
+    keep = src < dst
+    (tmp_path / "e.csv").write_text(
+        "source,target\n" + "\n".join(f"{a},{b}" for a, b in zip(src[keep], dst[keep], strict=True))
+    )
+    np.save(tmp_path / "x.npy", raw.x_NF)
+    np.savetxt(tmp_path / "y.csv", raw.y_N, fmt="%d")
+    np.savez(tmp_path / "m.npz", train_mask=raw.train_mask_N, val_mask=raw.val_mask_N,
+             test_mask=raw.test_mask_N)  # fmt: skip
+    res = leo("convert", "e.csv", "--features", "x.npy", "--labels", "y.csv", "--masks",
+              "m.npz", "--out", "cora.npz", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "leo train --set data.name=cora.npz" in res.stdout
+    ours = load_dataset(DataConfig(name=str(tmp_path / "cora.npz"), normalize_features=True), 0)
+    theirs = load_dataset(DataConfig(name="cora", root=planetoid_root), 0)
+    for key in ("edge_index_2E", "x_NF", "y_N", "train_mask_N", "val_mask_N", "test_mask_N"):
+        assert np.array_equal(getattr(ours, key), getattr(theirs, key)), key
