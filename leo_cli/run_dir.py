@@ -108,6 +108,11 @@ class RunDir:
         return self.root / self.ERRORS
 
     @property
+    def best(self) -> Path:
+        """The best-validation model (`checkpoints/best.pt`)."""
+        return self.checkpoints / "best.pt"
+
+    @property
     def logs(self) -> Path:
         return self.root / self.LOGS
 
@@ -200,6 +205,42 @@ class RunDir:
         for _, old in self.list_checkpoints()[:-KEEP_CHECKPOINTS]:
             old.unlink(missing_ok=True)
         return path
+
+    def save_best(self, epoch: int, accuracies: dict[str, Any], model: dict[str, Any]) -> Path:
+        """Write `checkpoints/best.pt` atomically: the epoch, its accuracies and the model's
+        state dict (what `leo export` takes out)."""
+        import torch
+
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        with files.atomic_file(self.best, fsync=True) as f:
+            torch.save({"epoch": epoch, **accuracies, "model": model}, f)
+        return self.best
+
+    def read_best(self) -> dict[str, Any]:
+        """`checkpoints/best.pt`, loaded with weights_only=True and checked.
+
+        Raises:
+            TrainError: it is missing or not what `save_best` writes.
+        """
+        import torch
+
+        if not self.best.is_file():
+            raise TrainError(
+                f"{self.root} has no best-validation model ({self.best} is missing); train "
+                "with validation nodes, or with a LEO that keeps one."
+            )
+        try:
+            state = torch.load(self.best, map_location="cpu", weights_only=True)
+            model = state["model"]
+            if not isinstance(state["epoch"], int) or not all(
+                isinstance(v, torch.Tensor) for v in model.values()
+            ):
+                raise ValueError("not a model state dict")
+        except Exception as exc:  # an unreadable file names itself
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TrainError(f"{self.best} cannot be read ({reason}).") from None
+        result: dict[str, Any] = state
+        return result
 
     def read_latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads (weights_only=True) and checks, or None.

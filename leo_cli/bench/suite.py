@@ -22,12 +22,12 @@ from typing import Any
 from leo_cli.bench import stats
 from leo_cli.bench.peers import PEER_MODELS, pyg_available
 from leo_cli.config import LeoConfig, write_resolved
-from leo_cli.config.load import with_overrides
+from leo_cli.config.load import validate, with_overrides
 from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
-from leo_cli.errors import TrainError
+from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.emulate import bits_per_second, check_split
-from leo_cli.launch.launcher import prepare, run_workers
+from leo_cli.launch.launcher import check_supported, prepare, run_workers
 from leo_cli.launch.nodes import run_nodes
 from leo_cli.planner.plan import static_layer0
 from leo_cli.registry import conv_of, mode_of, planned_mode
@@ -188,8 +188,9 @@ def run_leo(
     inexact = not mode_of(v.mode).exact
     emulated = run_cfg.launch.emulate
     if emulated is not None:  # every node runs `leo train`, as on a cluster
-        run_nodes(run_cfg, "train", ["--allow-inexact"] * inexact, quiet=True)
-        run_dir = Path(run_cfg.run.out_dir).resolve()
+        flags = ["--overwrite"] + ["--allow-inexact"] * inexact  # rounds reuse the folder
+        run_nodes(run_cfg, "train", flags, quiet=True)
+        run_dir = run_cfg.run.folder.resolve()
     else:
         timer = RunTimer()
         run_dir = prepare(run_cfg, False, progress, allow_inexact=inexact, timer=timer)
@@ -302,3 +303,31 @@ def record(m: Measured, run: dict[str, Any]) -> None:
     m.epochs += kept
     m.round_medians.append(stats.spread(kept)["median"])
     m.runs.append(run)
+
+
+def check_bench(cfg: LeoConfig) -> None:
+    """Settings a benchmark cannot run with, as one sentence each."""
+    if cfg.launch.nnodes > 1:
+        raise ConfigError(
+            "leo bench runs on one machine (launch.nnodes=1); benchmark multi-node jobs with "
+            "leo train on each node."
+        )
+    if cfg.launch.nproc is not None:
+        raise ConfigError(
+            "launch.nproc is set by leo bench from bench.world_sizes; remove launch.nproc."
+        )
+    check_runs(cfg)
+
+
+def check_runs(cfg: LeoConfig) -> None:
+    """Every `leo train` the suite will run, checked before the first (a bench variant's
+    override, or a placement for another worker count, would otherwise stop it midway)."""
+    for v in variants(cfg, lambda _: None):
+        if v.system == LEO:
+            try:  # validated again: the suite sets num_parts, which part_weights must fit
+                run_cfg = leo_config(cfg, v, cfg.run.folder)
+                validate(run_cfg.model_dump(mode="json"), "leo bench")
+                check_supported(run_cfg, allow_inexact=True)
+            except ConfigError as exc:
+                where = f"bench variant {v.variant} at " if v.variant else "at "
+                raise ConfigError(f"{where}{v.world_size} workers: {exc}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from leo_cli.cli import bench, convert, partition, profile_cache, train
+from leo_cli.cli import bench, convert, export, partition, profile_cache, train
 from leo_cli.cli import compile as compile_cli
 from leo_cli.cli.config import config_app
 
@@ -23,6 +23,7 @@ app.command("train")(train.train_cmd)
 app.command("bench")(bench.bench_cmd)
 app.command("compile")(compile_cli.compile_cmd)
 app.command("convert")(convert.convert_cmd)
+app.command("export")(export.export_cmd)
 app.add_typer(config_app, name="config")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,6 +10,7 @@ from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolv
 from leo_cli.cli.render import partition_table, stage_progress, stats_table
 from leo_cli.config import write_resolved
 from leo_cli.graph.partition_cache import metis_note
+from leo_cli.launch.run_folder import for_command
 from leo_cli.launch.stages import run_partitions
 
 
@@ -42,7 +42,8 @@ def partition_cmd(
         config,
         (overrides or []) + ([f"partition.num_parts={num_parts}"] if num_parts is not None else []),
     )
-    run_dir = Path(cfg.run.out_dir).resolve()
+    cfg = for_command(cfg)
+    run_dir = cfg.run.folder.resolve()
     with stage_progress() as progress:  # unequal part_weights probe the machine first
         result = run_partitions(cfg, run_dir, progress, force=force)
     write_resolved(cfg)

@@ -14,6 +14,7 @@ from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolv
 from leo_cli.cli.render import stage_progress
 from leo_cli.config import LeoConfig
 from leo_cli.launch.nodes import run_nodes
+from leo_cli.launch.run_folder import for_command
 from leo_cli.launch.stages import ensure_plan, join_probe, run_partitions
 from leo_cli.planner.auto_mode import choose, with_mode
 from leo_cli.planner.checks import check_config
@@ -162,13 +163,13 @@ def profile_cache_cmd(
     with a short probe (or reads --hardware), then writes cache-plan.json and
     cache-plan.png into run.out_dir, and says which mode pipeline.mode=auto would run.
     """
-    cfg = resolve_config(config, overrides)
+    cfg = for_command(resolve_config(config, overrides))
     check_config(cfg)
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
         flags = ["--force"] * force + ([] if hardware is None else ["--hardware", str(hardware)])
         run_nodes(cfg, "profile-cache", flags)
         return
-    run_dir = Path(cfg.run.out_dir).resolve()
+    run_dir = cfg.run.folder.resolve()
     if cfg.launch.node_rank > 0:  # node 0 partitions, plans and reports; the others probe
         join_probe(cfg, run_dir, always=True, force=force, given=hardware)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from leo_cli.api import train
 from leo_cli.cli.common import (
     ConfigOpt,
     SetOpt,
@@ -20,15 +22,14 @@ from leo_cli.cli.common import (
     sweep_segments,
 )
 from leo_cli.cli.render import stage_progress
+from leo_cli.config import LeoConfig
 from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.allocator import allocator_of, fallback_note
-from leo_cli.launch.launcher import check_supported, prepare, run_workers
-from leo_cli.launch.nodes import run_nodes
+from leo_cli.launch.run_folder import for_train
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
-from leo_cli.util.timing import RunTimer, process_start_time
 
 
 def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
@@ -106,8 +107,16 @@ def train_cmd(
         bool,
         typer.Option(
             "--resume",
-            help="Continue the run in run.out_dir from its latest "
-            "checkpoint, appending to metrics.jsonl.",
+            help="Continue the run in run.out_dir (unset: the newest run of run.name) from "
+            "its latest checkpoint, appending to metrics.jsonl.",
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Train afresh in a run.out_dir that already holds a run, replacing its "
+            "metrics, checkpoints and summary (without it such a folder is refused).",
         ),
     ] = False,
     allow_inexact: Annotated[
@@ -121,24 +130,23 @@ def train_cmd(
 ) -> None:
     """Train on the partitions with one torchrun worker per part (partitions first if needed).
 
-    Writes metrics.jsonl, summary.json, curves.png and checkpoints/ into run.out_dir.
+    Writes metrics.jsonl, summary.json, curves.png and checkpoints/ into run.out_dir (unset:
+    a new folder runs/<run.name>/<date>-<time> per run; partitions are shared through
+    run.cache_dir).
     """
-    timer = RunTimer(started_at=process_start_time())
-    cfg = resolve_config(config, overrides)
+    cfg = for_train(resolve_config(config, overrides), resume, overwrite)
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
-        check_supported(cfg, allow_inexact)  # before any namespace: the nodes check again
-        flags = ["--resume"] * resume + ["--allow-inexact"] * allow_inexact
-        run_nodes(cfg, "train", flags)
+        train(cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact)
         return
-    run_dir = Path(cfg.run.out_dir).resolve()
     sweep_segments()
+    run_dir = cfg.run.folder.resolve()
     stop = threading.Event()
     follower = threading.Thread(
         target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop), daemon=True
     )
-    try:
-        with stage_progress() as progress:
-            prepare(cfg, resume, progress, allow_inexact, timer)
+
+    def on_start(cfg: LeoConfig, run_dir: Path) -> None:
+        """Set-up is done: the notes, then the epochs' progress bar."""
         notes = [metis_note(read_meta(RunDir(run_dir).partitions))]
         if cfg.launch.allocator == "auto":  # (`jemalloc` missing is refused at the launch)
             notes.append(fallback_note(allocator_of("auto")))
@@ -146,7 +154,19 @@ def train_cmd(
             if note is not None and cfg.launch.node_rank == 0:
                 console.print(f"[yellow]Note:[/] {note}")
         follower.start()
-        run_workers(cfg, run_dir, resume, allow_inexact, timer)
+
+    try:
+        with contextlib.ExitStack() as bars:
+            update = bars.enter_context(stage_progress())
+
+            def started(cfg: LeoConfig, run_dir: Path) -> None:
+                bars.close()  # the set-up bars end; the epochs' bar follows
+                on_start(cfg, run_dir)
+
+            summary = train(
+                cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact,
+                progress=update, on_start=started,
+            )  # fmt: skip
     except Interrupted as exc:
         exc.note = (
             f"workers stopped; {run_dir} keeps the checkpoints written so far: continue with "
@@ -160,5 +180,5 @@ def train_cmd(
         if follower.is_alive():
             follower.join()
     if cfg.launch.node_rank == 0:
-        console.print(summary_table(RunDir(run_dir).read_summary()))
+        console.print(summary_table(summary.raw))
         console.print(f"Run folder: {run_dir}")

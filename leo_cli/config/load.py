@@ -152,7 +152,7 @@ def dump_config(cfg: LeoConfig) -> str:
 
 def write_resolved(cfg: LeoConfig) -> Path:
     """Write `<out_dir>/resolved_config.yaml` atomically and return its path."""
-    out = Path(cfg.run.out_dir)
+    out = cfg.run.folder
     path = RunDir(out).config
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -68,8 +68,23 @@ class Section(BaseModel):
 class RunConfig(Section):
     name: str = "default"
     """Run name, shown in tables and summaries."""
-    out_dir: Path = Path("runs/default")
-    """Folder that receives everything the run produces (partitions, plan, metrics, checkpoints)."""
+    out_dir: Path | None = None
+    """Folder that receives everything the run produces (plan, metrics, checkpoints, a link to
+    its partitions). null: `leo train` makes a new folder `runs/<name>/<date>-<time>` for every
+    run (`--resume` continues the newest of that name); `leo partition`, `leo profile-cache`
+    and `leo bench` use `runs/<name>`. `leo train` refuses a folder that already holds a
+    run's results unless given --resume or --overwrite."""
+    cache_dir: Path = Path("runs/cache")
+    """Where partitions are kept, one folder per fingerprint of what they depend on (dataset,
+    partition settings, seed), shared by every run: a run folder's `partitions` links there.
+    Delete it to reclaim the space; runs rebuild what they miss."""
+
+    @property
+    def folder(self) -> Path:
+        """`out_dir`, once the command has chosen it (launch/run_folder.py)."""
+        assert self.out_dir is not None, "run.out_dir is chosen before anything uses it"
+        return self.out_dir
+
     seed: int = Field(0, ge=0, lt=2**63)
     """Seed of the synthetic graph, METIS, initial weights and dropout masks (0 <= seed < 2**63)."""
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import resource
 import shutil
 import time
@@ -189,24 +191,61 @@ def ensure_partitions(
     progress: ProgressFn | None = None,
     verify: bool = True,
     weigher: Weigher | None = None,
+    cache_dir: Path | None = None,
 ) -> PartitionResult:
-    """Reuse `<out_dir>/partitions` when its source key matches, else build.
+    """The partitions `<out_dir>/partitions` names, reused when their source key matches,
+    else built.
 
-    `verify=False` skips hashing reused files here, for callers whose readers verify each
-    part themselves (training workers do). `weigher`: how `partition.part_weights=measured`
-    becomes numbers (needed then, unused otherwise).
+    With `cache_dir` they are kept there, one folder per source key shared by every run, and
+    `<out_dir>/partitions` is a link to it (a run folder that already holds partitions of its
+    own keeps them there). `verify=False` skips hashing reused files here, for callers whose
+    readers verify each part themselves (training workers do). `weigher`: how
+    `partition.part_weights=measured` becomes numbers (needed then, unused otherwise).
     """
-    target = partition_dir(out_dir)
+    link = partition_dir(out_dir)
     sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
     key = source_key(data, part, seed, weigher)
+    own = link.is_dir() and not link.is_symlink()
+    target = link if cache_dir is None or own else cache_entry(cache_dir, data, part, key)
+    sweep_temporaries(target.parent)
     if not force and (target / META).is_file():
         meta = read_meta(target)
         if meta.get("source_key") == key and metis_plan_holds(meta, part):
             if verify:
                 verify_files(target, meta)
-            return PartitionResult(target, meta, reused=True)
+            point(link, target)
+            return PartitionResult(link, meta, reused=True)
     meta = build_partitions(data, part, seed, target, key, progress, weigher)
-    return PartitionResult(target, meta, reused=False)
+    point(link, target)
+    return PartitionResult(link, meta, reused=False)
+
+
+def cache_entry(cache_dir: Path, data: DataConfig, part: PartitionConfig, key: str) -> Path:
+    """The shared folder of the partitions with source key `key`:
+    `<cache_dir>/partitions/<dataset>-p<parts>-<key>`."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", Path(data.name).stem).strip("-.") or "graph"
+    return Path(cache_dir) / "partitions" / f"{name}-p{part.num_parts}-{key[:16]}"
+
+
+def point(link: Path, target: Path) -> None:
+    """Make `link` a relative symlink to `target` (replaced atomically); nothing where they
+    are the same folder."""
+    if link == target:
+        return
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        relative = os.path.relpath(Path(target).resolve(), link.parent.resolve())
+        if link.is_symlink() and os.readlink(link) == relative:
+            return
+        temporary = link.with_name(f".{link.name}.{os.getpid()}.link")
+        temporary.unlink(missing_ok=True)
+        os.symlink(relative, temporary)
+        os.replace(temporary, link)
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot link {link} to the partitions in {target} ({exc.strerror}); set "
+            "run.out_dir to a writable folder."
+        ) from None
 
 
 def build_partitions(

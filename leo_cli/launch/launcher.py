@@ -124,7 +124,7 @@ def prepare(
     a reused output's making)."""
     timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
-    run_dir = Path(cfg.run.out_dir).resolve()
+    run_dir = cfg.run.folder.resolve()
     if cfg.launch.node_rank > 0:
         join_probe(cfg, run_dir)  # node 0 probes every node at once when it needs a profile
         wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
@@ -138,7 +138,7 @@ def prepare(
     t0 = time.perf_counter()
     parts = ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
-        weigher=weigher,
+        weigher=weigher, cache_dir=cfg.run.cache_dir,
     )  # fmt: skip
     made = sum(parts.meta.get("timings_s", {}).values())
     timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)

@@ -88,7 +88,7 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = Fals
         Interrupted: SIGINT / SIGTERM (every node is stopped first).
     """
     assert cfg.launch.emulate is not None
-    run_dir = Path(cfg.run.out_dir).resolve()
+    run_dir = cfg.run.folder.resolve()
     folder = RunDir(run_dir).emulate
     parts = cfg.partition.num_parts
     check_split(parts, cfg.launch.emulate.nodes)

@@ -230,8 +230,9 @@ def run_partitions(
     weigher = part_weigher(cfg, run_dir, hardware=hardware)
     part = cfg.partition
     return ensure_partitions(
-        cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher
-    )
+        cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher,
+        cache_dir=cfg.run.cache_dir,
+    )  # fmt: skip
 
 
 def ensure_plan(

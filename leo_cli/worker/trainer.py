@@ -183,8 +183,11 @@ class RunLog:
 
 
 def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> None:
-    """Train epochs `start + 1 .. train.num_epochs`."""
+    """Train epochs `start + 1 .. train.num_epochs`; rank 0 keeps the model of the first
+    epoch with the best validation accuracy (`checkpoints/best.pt`)."""
     stats = job.graph.aggregator.stats
+    rows = log.run.read_metrics() if log.rank == 0 else []  # (a resumed run's earlier epochs)
+    best = max((r["val_acc"] for r in rows if r.get("val_acc") is not None), default=None)
     for epoch in range(start + 1, train.num_epochs + 1):
         stats.reset()
         loss, times = job.step(seed, epoch)
@@ -206,6 +209,11 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         if log.rank != 0:
             continue
         log.run.append_metrics(row)
+        val = row.get("val_acc")
+        if val is not None and (best is None or val > best):
+            best = val
+            accuracies = {k: row[k] for k in ("train_acc", "val_acc", "test_acc")}
+            log.run.save_best(epoch, accuracies, job.model.state_dict())
         if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
             state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
             log.run.save_checkpoint(epoch, state)

@@ -1,0 +1,88 @@
+"""Which folder a command writes (`run.out_dir`): a new one per `leo train` unless named, so
+a second run never deletes the first one's results."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from leo_cli.config import LeoConfig
+from leo_cli.errors import ConfigError
+from leo_cli.run_dir import RunDir
+
+RUNS = Path("runs")  # where unnamed run folders go: runs/<name>/<date>-<time>
+STAMP = "%Y%m%d-%H%M%S"
+
+
+def named(cfg: LeoConfig) -> Path:
+    """`runs/<name>` (the name made safe for a folder)."""
+    return RUNS / (re.sub(r"[^A-Za-z0-9_.+-]+", "-", cfg.run.name).strip("-.") or "run")
+
+
+def with_folder(cfg: LeoConfig, folder: Path) -> LeoConfig:
+    """`cfg` with `run.out_dir = folder`."""
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": folder})})
+
+
+def for_command(cfg: LeoConfig) -> LeoConfig:
+    """`leo partition`, `leo profile-cache`, `leo bench`: `runs/<name>` unless named."""
+    return cfg if cfg.run.out_dir is not None else with_folder(cfg, named(cfg))
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether a folder holds a training run's results (metrics, summary or checkpoints);
+    partitions, a profile or a plan alone do not count."""
+    run = RunDir(folder)
+    saved = run.checkpoints.is_dir() and any(run.checkpoints.iterdir())
+    return run.metrics.is_file() or run.summary.is_file() or saved
+
+
+def for_train(cfg: LeoConfig, resume: bool, overwrite: bool, now: float | None = None) -> LeoConfig:
+    """`leo train`'s folder: the one named, else a new `runs/<name>/<date>-<time>`, or with
+    --resume the newest of that name.
+
+    Raises:
+        ConfigError: --resume with nothing to resume, a named folder that holds a run without
+            --resume or --overwrite, or several nodes without a folder they share.
+    """
+    if cfg.run.out_dir is None:
+        if cfg.launch.nnodes > 1:
+            raise ConfigError(
+                "launch.nnodes > 1 needs run.out_dir: every node must name the same folder "
+                "(on a file system they share)."
+            )
+        folder = newest(named(cfg)) if resume else fresh(named(cfg), now)
+        return with_folder(cfg, folder)
+    joining = cfg.launch.node_rank > 0  # node 0 decides; the others join its run
+    if not (resume or overwrite or joining) and holds_results(cfg.run.out_dir):
+        raise ConfigError(
+            f"run.out_dir={cfg.run.out_dir} already holds a run; continue it with --resume, "
+            "replace it with --overwrite, or leave run.out_dir unset for a new folder per run."
+        )
+    return cfg
+
+
+def fresh(parent: Path, now: float | None = None) -> Path:
+    """A folder name under `parent` not taken yet: the time, then `-2`, `-3`, ... ."""
+    stamp = time.strftime(STAMP, time.localtime(now))
+    folder, k = parent / stamp, 1
+    while folder.exists():
+        k += 1
+        folder = parent / f"{stamp}-{k}"
+    return folder
+
+
+def newest(parent: Path) -> Path:
+    """The newest run folder under `parent` (the names sort by time).
+
+    Raises:
+        ConfigError: there is none.
+    """
+    runs = sorted(p for p in parent.glob("*") if p.is_dir() and RunDir(p).config.is_file())
+    if not runs:
+        raise ConfigError(
+            f"--resume found no run under {parent}; name the run's folder with "
+            "--set run.out_dir=FOLDER."
+        )
+    return runs[-1]

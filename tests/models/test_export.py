@@ -1,0 +1,90 @@
+"""`leo export`: the best-validation model of a run loads into PyG's GCN, GraphSAGE, GIN and
+GAT with strict=True and reproduces the test accuracy LEO reported for it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers.cli import leo
+
+from leo_cli.config import load_config
+from leo_cli.graph.datasets import load_dataset
+from leo_cli.run_dir import RunDir
+
+pyg_models = pytest.importorskip("torch_geometric.nn.models")
+
+SMALL = ["--set", "data.synthetic.num_nodes=800", "--set", "data.synthetic.num_features=16",
+         "--set", "model.hidden_channels=16", "--set", "train.num_epochs=8",
+         "--set", "partition.num_parts=2"]  # fmt: skip
+
+
+def pyg_test_acc(run: Path, model_file: Path, call: str) -> float:
+    """The exported model in PyG, evaluated on the run's graph as LEO loads it."""
+    cfg = load_config(RunDir(run).config)
+    graph = load_dataset(cfg.data, cfg.run.seed)
+    m = re.fullmatch(r"torch_geometric\.nn\.models\.(\w+)\((.*)\)", call)
+    assert m is not None, call
+    kwargs: dict[str, Any] = eval(f"dict({m.group(2)})")  # the printed call, as a user pastes it
+    model = getattr(pyg_models, m.group(1))(**kwargs)
+    model.load_state_dict(torch.load(model_file), strict=True)
+    model.eval()
+    x = torch.from_numpy(graph.x_NF)
+    edges = torch.from_numpy(graph.edge_index_2E).long()
+    with torch.no_grad():
+        pred = model(x, edges).argmax(1)
+    test = torch.from_numpy(graph.test_mask_N)
+    y = torch.from_numpy(graph.y_N)
+    return float((pred[test] == y[test]).float().mean())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [("gcn", []), ("sage", []), ("gin", []), ("gat", ["model.heads=2", "model.output_heads=2"])],
+)
+def test_exported_model_gives_leos_test_accuracy_in_pyg(
+    tmp_path: Path, model: str, extra: list[str]
+) -> None:
+    run = tmp_path / "run"
+    sets = [a for item in [f"model.name={model}", *extra] for a in ("--set", item)]
+    res = leo("train", *SMALL, *sets, "--set", f"run.out_dir={run}", timeout=300)
+    assert res.returncode == 0, res.stderr
+    best = RunDir(run).read_best()
+    summary = RunDir(run).read_summary()
+    assert best["epoch"] == summary["best_epoch"] and best["test_acc"] == summary["test_acc"]
+    res = leo("export", str(run), "--out", str(tmp_path / "m.pt"), env={"COLUMNS": "400"})
+    assert res.returncode == 0, res.stderr
+    call = next(line.split("= ", 1)[1] for line in res.stdout.splitlines() if "model = " in line)
+    acc = pyg_test_acc(run, tmp_path / "m.pt", call.strip())
+    assert acc == pytest.approx(summary["test_acc"], abs=1.5 / 160)  # a node's tie at most
+
+
+def test_export_refuses_a_folder_without_a_best_model(tmp_path: Path) -> None:
+    res = leo("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
+    assert res.returncode == 2 and "not a run folder" in res.stderr
+    RunDir(tmp_path).config.write_text("run: {name: x}\n")
+    res = leo("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
+    assert res.returncode == 2 and "no best-validation model" in res.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.integration
+def test_cora_gcn_exported_to_pyg_reproduces_leos_test_accuracy(
+    tmp_path: Path, planetoid_root: Path
+) -> None:
+    run = tmp_path / "run"
+    config = Path(__file__).resolve().parents[2] / "configs" / "cora_gcn.yaml"
+    sets = [f"data.root={planetoid_root}", "train.num_epochs=60", f"run.out_dir={run}"]
+    res = leo("train", "--config", str(config), *[a for s in sets for a in ("--set", s)])
+    assert res.returncode == 0, res.stderr
+    res = leo("export", str(run), "--out", str(tmp_path / "m.pt"), env={"COLUMNS": "400"})
+    assert res.returncode == 0, res.stderr
+    call = next(line.split("= ", 1)[1] for line in res.stdout.splitlines() if "model = " in line)
+    summary = RunDir(run).read_summary()
+    assert summary["test_acc"] > 0.7
+    acc = pyg_test_acc(run, tmp_path / "m.pt", call.strip())
+    assert acc == pytest.approx(summary["test_acc"], abs=1.5 / 1000)  # 1000 test nodes
