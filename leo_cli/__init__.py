@@ -12,12 +12,16 @@ __version__ = "0.1.0"
 __all__ = ["RunSummary", "__version__", "bench", "train"]
 
 if TYPE_CHECKING:
-    from leo_cli.api import RunSummary, bench, train
+    from leo_cli.api import RunSummary, train
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("train", "bench", "RunSummary"):
+    if name in ("train", "RunSummary"):
         from leo_cli import api
 
         return getattr(api, name)
+    if name == "bench":  # the subpackage, callable (leo_cli/bench/__init__.py)
+        import importlib
+
+        return importlib.import_module("leo_cli.bench")
     raise AttributeError(f"module 'leo_cli' has no attribute {name!r}")

@@ -11,6 +11,7 @@ run.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from leo_cli.config import LeoConfig
 from leo_cli.config.load import read_yaml, set_dotted, validate
+from leo_cli.errors import TrainError
 from leo_cli.run_dir import RunDir
 
 ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | LeoConfig | None
@@ -47,7 +49,14 @@ class RunSummary:
 
     @classmethod
     def read(cls, run_dir: Path) -> RunSummary:
+        """The summary of a finished run.
+
+        Raises:
+            TrainError: the run folder holds no summary.
+        """
         s = RunDir(run_dir).read_summary()
+        if not s:
+            raise TrainError(f"{RunDir(run_dir).summary} is missing or unreadable.")
         return cls(
             run_dir=run_dir, name=s["name"], mode=s["mode"], world_size=s["world_size"],
             num_epochs=s["num_epochs"], best_val_acc=s.get("best_val_acc"),
@@ -67,7 +76,7 @@ def resolve(config: ConfigLike = None, overrides: Mapping[str, Any] | None = Non
     if isinstance(config, LeoConfig):
         tree, source = config.model_dump(mode="json"), "the given LeoConfig"
     elif isinstance(config, Mapping):
-        tree, source = dict(config), "the config dict"
+        tree, source = copy.deepcopy(dict(config)), "the config dict"  # the caller's stays
     elif config is not None:
         tree, source = read_yaml(Path(config)), str(config)
     else:
@@ -92,8 +101,9 @@ def train(
     allow_inexact: bool = False,
     progress: StageFn | None = None,
     on_start: Callable[[LeoConfig, Path], None] | None = None,
-) -> RunSummary:
-    """Train as `leo train` does: partitions and plan when needed, one worker per part.
+) -> RunSummary | None:
+    """Train as `leo train` does: partitions and plan when needed, one worker per part; the
+    run's summary (None on a machine other than node 0 of several, which writes none).
 
     `progress` receives the set-up stages; `on_start(cfg, run_dir)` runs once set-up is done,
     just before the workers start (the CLI shows its notes and progress bar there).
@@ -118,7 +128,7 @@ def train(
     if on_start is not None:
         on_start(cfg, run_dir)
     run_workers(cfg, run_dir, resume, allow_inexact, timer)
-    return RunSummary.read(run_dir)
+    return RunSummary.read(run_dir) if cfg.launch.node_rank == 0 else None
 
 
 @dataclass(frozen=True)

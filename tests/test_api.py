@@ -37,3 +37,24 @@ def test_train_returns_the_runs_summary(tmp_path: Path) -> None:
     assert run.run_dir == (tmp_path / "run").resolve() and run.num_epochs == 3
     assert run.final_loss == run.raw["final_loss"] and run.exact
     assert run.test_acc is not None and 0 <= run.test_acc <= 1
+
+
+def test_bench_is_callable_after_its_modules_were_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import leo_cli.bench.report  # noqa: F401  (sets leo_cli.bench to the subpackage)
+    from leo_cli import api, bench
+
+    calls: list[tuple[object, object]] = []
+    monkeypatch.setattr(
+        api, "bench", lambda config=None, overrides=None: calls.append((config, overrides))
+    )
+    bench("c.yaml", {"bench.repeats": 1})
+    assert calls == [("c.yaml", {"bench.repeats": 1})]
+    assert bench.report is leo_cli.bench.report  # still the package
+
+
+def test_a_config_dict_is_not_changed(tmp_path: Path) -> None:
+    given = {"train": {"lr": 0.05}}
+    resolve(given, {"train.lr": 0.5})
+    assert given == {"train": {"lr": 0.05}}

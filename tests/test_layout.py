@@ -78,13 +78,18 @@ def package_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+# The one import up the layers: calling the `bench` package runs `leo_cli.api.bench` (the
+# Python API's `bench` is that package, leo_cli/bench/__init__.py).
+UPWARD = {("leo_cli.bench", "leo_cli.api")}
+
+
 def test_imports_flow_one_way() -> None:
     wrong = []
     for module, imported in graph().items():
         mine = package_of(module)
         for other in imported:
             theirs = package_of(other)
-            if not mine or not theirs or mine == theirs:
+            if not mine or not theirs or mine == theirs or (module, other) in UPWARD:
                 continue
             if LAYERS[theirs] >= LAYERS[mine]:
                 wrong.append(f"{module} imports {other}")

@@ -1,6 +1,6 @@
 """Statistics of a benchmark on a shared, noisy machine: robust medians and paired ratios.
 
-Rule for disturbed epochs (documented in the README): within one run, an epoch slower than
+Rule for disturbed epochs (documented in docs/guide.md): within one run, an epoch slower than
 the run's median by more than 3 scaled median absolute deviations (and by more than 5%) is
 dropped as disturbed by other load. Only epochs above the median go, so at most half of a
 run's epochs are ever dropped.

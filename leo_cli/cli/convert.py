@@ -20,7 +20,8 @@ def convert_cmd(
         typer.Argument(
             help="Edge list (two integer columns 0..N-1: CSV, TSV or whitespace, header "
             "optional, `#` comments) or a graph file networkx reads (.graphml, .gml, .gexf, "
-            ".net, .adjlist: labels from the `label` or `y` node attribute, features from "
+            ".net, .adjlist: labels from the `y`, `label` or `class` node attribute (GML, "
+            "GEXF: `y` or `class`, their `label` names the node), features from "
             "`x` or the numeric attributes).",
             show_default=False,
         ),

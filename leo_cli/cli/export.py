@@ -48,8 +48,13 @@ def export_cmd(
             f"{folder.best} does not hold a {cfg.model.name} model of {cfg.model.num_layers} "
             f"layers (no {exc}); export the run it was trained in."
         ) from None
-    with files.atomic_file(out) as f:
-        torch.save(exported.state, f)
+    try:
+        with files.atomic_file(out) as f:
+            torch.save(exported.state, f)
+    except OSError as exc:
+        raise TrainError(
+            f"--out {out} cannot be written ({exc.strerror}); choose another path."
+        ) from None
     test = best.get("test_acc")
     shown = "-" if test is None else f"{100 * test:.2f}%"
     console.print(

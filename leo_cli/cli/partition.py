@@ -28,11 +28,16 @@ def partition_cmd(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Rebuild even if up-to-date partitions exist.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Rebuild even if up-to-date partitions exist (in run.cache_dir, where other "
+            "runs with the same settings share them).",
+        ),
     ] = False,
 ) -> None:
-    """Partition the dataset (METIS, random, range or an owners file) into
-    <run.out_dir>/partitions.
+    """Partition the dataset (METIS, random, range or an owners file) into run.cache_dir,
+    linked from <run.out_dir>/partitions.
 
     Partitions are reused while the dataset, partition settings and seed are unchanged (and,
     with unequal partition.part_weights, the hardware profile and model the shares and vertex

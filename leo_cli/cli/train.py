@@ -179,6 +179,6 @@ def train_cmd(
         stop.set()
         if follower.is_alive():
             follower.join()
-    if cfg.launch.node_rank == 0:
+    if summary is not None:
         console.print(summary_table(summary.raw))
         console.print(f"Run folder: {run_dir}")

@@ -69,8 +69,9 @@ def closest(name: str, candidates: list[str]) -> str | None:
 
 
 def closest_key(key: str) -> str | None:
-    """The valid dotted key (or section) spelled most like `key`, at the same depth first."""
-    names = sections() + [k.name for k in config_keys()]
+    """The valid dotted key (or section) spelled most like `key`, at the same depth first
+    (never `key` itself)."""
+    names = [n for n in sections() + [k.name for k in config_keys()] if n != key]
     depth = key.count(".")
     same = [n for n in names if n.count(".") == depth]
     return closest(key, same) or closest(key, names)
@@ -80,13 +81,13 @@ def _walk(model: type[BaseModel], prefix: str) -> list[Key]:
     out: list[Key] = []
     for name, field in model.model_fields.items():
         dotted = prefix + name
-        sub = _section_of(field.annotation)
+        sub = section_of(field.annotation)
         if sub is not None and _optional(field.annotation):
             out.append(_key(dotted, field, f"null or a mapping of {dotted}.*"))
         if sub is not None:
             out += _walk(sub, dotted + ".")
             continue
-        items = _list_of_sections(field.annotation)
+        items = list_of_sections(field.annotation)
         if items is not None:
             inner = ", ".join(items.model_fields)
             out.append(_key(dotted, field, f"list of mappings {{{inner}}}"))
@@ -112,11 +113,11 @@ def _field(key: str) -> FieldInfo | None:
         if model is None or part not in model.model_fields:
             return None
         field = model.model_fields[part]
-        model = _section_of(field.annotation) or _list_of_sections(field.annotation)
+        model = section_of(field.annotation) or list_of_sections(field.annotation)
     return field
 
 
-def _section_of(ann: Any) -> type[BaseModel] | None:
+def section_of(ann: Any) -> type[BaseModel] | None:
     """The section class of a field that holds one (or null), else None."""
     for arg in [ann, *_union_args(ann)]:
         if isinstance(arg, type) and issubclass(arg, BaseModel):
@@ -124,7 +125,7 @@ def _section_of(ann: Any) -> type[BaseModel] | None:
     return None
 
 
-def _list_of_sections(ann: Any) -> type[BaseModel] | None:
+def list_of_sections(ann: Any) -> type[BaseModel] | None:
     if get_origin(ann) is list:
         (item,) = get_args(ann)
         if isinstance(item, type) and issubclass(item, BaseModel):

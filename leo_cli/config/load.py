@@ -13,7 +13,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from leo_cli.config.keys import allowed_values, closest, closest_key, sections
+from leo_cli.config.keys import (
+    allowed_values,
+    closest,
+    closest_key,
+    list_of_sections,
+    section_of,
+    sections,
+)
 from leo_cli.config.schema import LeoConfig
 from leo_cli.errors import ConfigError
 from leo_cli.run_dir import RunDir
@@ -106,7 +113,9 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
         given = sources or {}
         # A section-wide check (key `model`) names the --set flags inside that section.
         inside = [flag for k, flag in given.items() if k.startswith(key + ".")]
-        source = given.get(key) or (", ".join(inside) if inside else source)
+        # A key below a --set value (`launch.emulate={...}`) names that flag.
+        above = [f for k, f in given.items() if key.startswith((k + ".", k + "[]"))]
+        source = given.get(key) or next(iter(above), None) or (", ".join(inside) or source)
         section = key.split(".")[0]
         listed = f"`leo config keys {section}`" if section in sections() else "`leo config keys`"
         if err["type"] == "extra_forbidden":
@@ -132,16 +141,18 @@ def validate(tree: dict[str, Any], source: str, sources: dict[str, str] | None =
 def field_path(loc: tuple[int | str, ...]) -> str:
     """The dotted config key of an error location, without pydantic's union-branch suffixes."""
     model: type[BaseModel] | None = LeoConfig
-    parts = []
+    parts: list[str] = []
     for part in loc:
         if model is None:  # below a leaf field: pydantic's own branch names
             break
+        if isinstance(part, int) and parts:  # an item of a list of sections
+            parts[-1] += "[]"
+            continue
         parts.append(str(part))
         field = model.model_fields.get(str(part))
         if field is None:  # an unknown key
             break
-        ann = field.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        model = section_of(field.annotation) or list_of_sections(field.annotation)
     return ".".join(parts)
 
 

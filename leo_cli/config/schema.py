@@ -74,10 +74,13 @@ class RunConfig(Section):
     run (`--resume` continues the newest of that name); `leo partition`, `leo profile-cache`
     and `leo bench` use `runs/<name>`. `leo train` refuses a folder that already holds a
     run's results unless given --resume or --overwrite."""
-    cache_dir: Path = Path("runs/cache")
+    cache_dir: Path | None = None
     """Where partitions are kept, one folder per fingerprint of what they depend on (dataset,
-    partition settings, seed), shared by every run: a run folder's `partitions` links there.
-    Delete it to reclaim the space; runs rebuild what they miss."""
+    partition settings, seed), shared by the runs that use it: a run folder's `partitions`
+    links there. null: `leo-cache` beside the run folder (`runs/<name>/leo-cache` for unnamed
+    runs, shared by every run of that name). Delete it to reclaim the space; runs rebuild
+    what they miss. Runs on several machines (launch.nnodes > 1) keep their partitions in
+    the run folder, which the nodes share."""
 
     @property
     def folder(self) -> Path:
@@ -114,9 +117,10 @@ class DataConfig(Section):
     synthetic: SyntheticConfig = SyntheticConfig()
     """Parameters of the built-in synthetic graph."""
     normalize_features: Literal["auto", True, False] = "auto"
-    """Divide each node's features by their sum, as PyG's `NormalizeFeatures` does (rows that
-    sum to zero stay zero): `auto` does it for cora, citeseer and pubmed (as their usual
-    recipes) and not otherwise; true or false for every dataset."""
+    """Divide each node's features by their sum (rows that sum to zero stay zero), the usual
+    preprocessing of Planetoid's bag-of-words features (PyG's `NormalizeFeatures` gives the
+    same on non-negative features whose rows sum to at least 1): `auto` does it for cora,
+    citeseer and pubmed and not otherwise; true or false for every dataset."""
 
     @field_validator("root", mode="after")
     @classmethod
@@ -154,7 +158,7 @@ class PartitionConfig(Section):
     sample of those between hubs, weighted up by 1 / sqrt(keep probability); vertex weights
     still count every edge. 1 is exact METIS on the whole graph. METIS needs about 100-140
     bytes per directed edge, so 0.5 halves the partition stage's peak on large graphs at a
-    slightly higher edge cut (+0.66% at 0.42 on a 2.4M-node synthetic graph, README)."""
+    slightly higher edge cut (+0.66% at 0.42 on a 2.4M-node synthetic graph: docs/results.md)."""
     metis_memory_gb: float | None = Field(8.0, gt=0.0)
     """Memory (GB = 1e9 bytes) the METIS step may plan for, projected from the graph's size
     (about 100-140 bytes per directed edge METIS sees, plus the node arrays); when METIS on
@@ -523,7 +527,7 @@ class LaunchConfig(Section):
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE
     per node (`1gbit`; null: unlimited). Each node runs `leo train` as a real node would
     (launch.nnodes=N, its node_rank, rendezvous at node 0), so multi-node runs and slow
-    links can be measured on one machine (README: emulated clusters)."""
+    links can be measured on one machine (docs/multi-node.md)."""
 
     @model_validator(mode="after")
     def _emulation_owns_the_nodes(self) -> LaunchConfig:

@@ -29,7 +29,7 @@ NETWORKX_READERS = {  # suffix -> networkx reader name
     ".pajek": "read_pajek",
     ".adjlist": "read_adjlist",
 }
-LABEL_ATTRIBUTES = ("y", "label")  # node attributes read as labels (the first present)
+LABEL_ATTRIBUTES = ("y", "label", "class")  # node attributes read as labels (the first present)
 FEATURE_ATTRIBUTE = "x"  # a node attribute holding the whole feature vector
 
 
@@ -112,43 +112,60 @@ def read_edge_list(path: Path) -> Arrays:
 
 
 def read_networkx(path: Path) -> Arrays:
-    """A graph file networkx reads: nodes numbered in file order; labels from the `y` or
-    `label` attribute; features from an `x` list or the numeric attributes (by name)."""
+    """A graph file networkx reads: nodes numbered by their integer names, else in file order;
+    labels from the `y`, `label` or `class` attribute (GML and GEXF: `y` or `class`, their
+    `label` is the node's name); features from an `x` list or the numeric attributes (by
+    name)."""
     import networkx as nx
 
     if not path.is_file():
         raise _missing(path, "graph")
-    reader = getattr(nx, NETWORKX_READERS[path.suffix.lower()])
-    try:
-        graph = reader(path)
+    suffix = path.suffix.lower()
+    reader = getattr(nx, NETWORKX_READERS[suffix])
+    try:  # GML: nodes named by their `id` (its `label` may be a class)
+        graph = reader(path, label="id") if suffix == ".gml" else reader(path)
     except Exception as err:  # networkx raises many kinds for a malformed file
         raise DataError(f"networkx cannot read {path} ({err}); check the file's format.") from None
     nodes = list(graph.nodes)
+    numbered = all(_int_like(n) for n in nodes)
+    if numbered:  # integer names keep their order (0..N-1 stay themselves)
+        nodes.sort(key=lambda n: int(n))
     ids = {node: i for i, node in enumerate(nodes)}
     pairs = [(ids[u], ids[v]) for u, v in graph.edges()]
     edges = np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy()
     found = Arrays(edges, len(nodes), notes=[])
     attrs = [graph.nodes[n] for n in nodes]
-    label = next((a for a in LABEL_ATTRIBUTES if any(a in d for d in attrs)), None)
+    # GML and GEXF files keep the node's name in `label` (networkx writes them so)
+    names = LABEL_ATTRIBUTES if suffix not in (".gml", ".gexf") else ("y", "class")
+    label = next((a for a in names if any(a in d for d in attrs)), None)
     if label is not None:
         found.y_N, found.labelled_N, named = _labels_of([d.get(label) for d in attrs])
         if named:
             found.notes = [f"labels {named} numbered 0..{len(named.split(', ')) - 1}"]
     found.x_NF = _features_of(path, attrs, label)
-    if any(not isinstance(n, int) for n in nodes) or nodes != list(range(len(nodes))):
-        (found.notes or []).append("nodes numbered 0..N-1 in the order the file lists them")
+    if not numbered:
+        found.notes = [*(found.notes or []), "nodes numbered 0..N-1 in the order the file lists"]
+    elif [int(n) for n in nodes] != list(range(len(nodes))):
+        found.notes = [*(found.notes or []), "nodes numbered 0..N-1 in the order of their ids"]
     return found
+
+
+def _int_like(name: Any) -> bool:
+    """An integer node name, or a string of one."""
+    if isinstance(name, bool):
+        return False
+    return isinstance(name, int) or (isinstance(name, str) and name.lstrip("-").isdigit())
 
 
 def _labels_of(
     values: list[Any],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], str | None]:
     """Labels as ints (names numbered in sorted order), which nodes have one, and the names."""
-    has = np.array([v is not None for v in values], dtype=bool)
     present = [v for v in values if v is not None]
-    if all(isinstance(v, int) or (isinstance(v, str) and v.lstrip("-").isdigit()) for v in present):
-        y = np.array([int(v) if v is not None else 0 for v in values], dtype=np.int64)
-        return y, has, None
+    if all(_int_like(v) for v in present):  # negative numbers: no label, as in a CSV
+        y = np.array([int(v) if v is not None else -1 for v in values], dtype=np.int64)
+        return np.maximum(y, 0), y >= 0, None
+    has = np.array([v is not None for v in values], dtype=bool)
     names = sorted({str(v) for v in present})
     index = {n: i for i, n in enumerate(names)}
     y = np.array([index[str(v)] if v is not None else 0 for v in values], dtype=np.int64)
@@ -343,7 +360,7 @@ def convert(
     if y is None or labelled is None:
         raise DataError(
             "no labels: pass --labels FILE (.npy or CSV), or a graph file whose nodes carry a "
-            "`label` attribute."
+            "`y` (or `label`, `class`) attribute."
         )
     if y.shape[0] != n:
         raise DataError(f"the labels cover {y.shape[0]} nodes but the graph has {n}.")
@@ -356,24 +373,45 @@ def convert(
     for key, mask in chosen.items():
         if mask.shape != (n,):
             raise DataError(f"{key} has {mask.shape[0]} entries but the graph has {n} nodes.")
-    write_npz(out, {"edge_index": found.edge_index_2E, "x": x, "y": y, **chosen})
-    return load_npz(out), notes
+    dropped = sum(int((m & ~labelled).sum()) for m in chosen.values())
+    if dropped:
+        chosen = {k: m & labelled for k, m in chosen.items()}
+        notes.append(f"{dropped} mask entries of nodes without a label left out")
+    graph = write_npz(out, {"edge_index": found.edge_index_2E, "x": x, "y": y, **chosen})
+    return graph, notes
 
 
-def write_npz(out: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
-    """Write `out` atomically, then check it loads; nothing is left behind on failure."""
+def _unwritable(out: Path, exc: OSError) -> DataError:
+    return DataError(f"--out {out} cannot be written ({exc.strerror}); choose another path.")
+
+
+def write_npz(out: Path, arrays: dict[str, npt.NDArray[Any]]) -> Graph:
+    """Write `out` atomically, checked by LEO's loader first (the graph it loads is returned);
+    nothing is left behind on failure."""
     if out.suffix != ".npz":
         raise DataError(f"--out {out} must end in .npz (data.name recognises the suffix).")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".npz")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".npz")
+    except OSError as exc:
+        raise DataError(
+            f"--out {out} cannot be written ({exc.strerror}); choose another."
+        ) from None
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]
         try:
-            load_npz(tmp)  # what a run will read, checked before it takes the name
+            graph = load_npz(tmp)  # what a run will read, checked before it takes the name
         except DataError as err:
             raise DataError(str(err).replace(tmp, str(out))) from None
+        graph.name = out.stem
         os.replace(tmp, out)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise DataError(
+            f"--out {out} cannot be written ({exc.strerror}); choose another."
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return graph

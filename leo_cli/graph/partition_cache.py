@@ -11,6 +11,8 @@ Specification: docs/design/planning.md.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -18,7 +20,7 @@ import re
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,17 +209,36 @@ def ensure_partitions(
     key = source_key(data, part, seed, weigher)
     own = link.is_dir() and not link.is_symlink()
     target = link if cache_dir is None or own else cache_entry(cache_dir, data, part, key)
-    sweep_temporaries(target.parent)
-    if not force and (target / META).is_file():
-        meta = read_meta(target)
-        if meta.get("source_key") == key and metis_plan_holds(meta, part):
-            if verify:
-                verify_files(target, meta)
-            point(link, target)
-            return PartitionResult(link, meta, reused=True)
-    meta = build_partitions(data, part, seed, target, key, progress, weigher)
-    point(link, target)
-    return PartitionResult(link, meta, reused=False)
+    shared = target != link  # a second run wanting the same entry waits, then reuses it
+    with entry_lock(target) if shared else contextlib.nullcontext():
+        sweep_temporaries(target.parent)
+        if not force and (target / META).is_file():
+            meta = read_meta(target)
+            if meta.get("source_key") == key and metis_plan_holds(meta, part):
+                if verify:
+                    verify_files(target, meta)
+                point(link, target)
+                return PartitionResult(link, meta, reused=True)
+        meta = build_partitions(data, part, seed, target, key, progress, weigher)
+        point(link, target)
+        return PartitionResult(link, meta, reused=False)
+
+
+@contextlib.contextmanager
+def entry_lock(target: Path) -> Iterator[None]:
+    """Hold `<target>.lock` (an advisory lock beside the partitions' folder) while checking and
+    building them, so two runs do not build the same folder at once."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(target.with_name(target.name + ".lock"), "a")  # noqa: SIM115
+    except OSError as exc:
+        raise PartitionError(
+            f"Cannot create {target.parent} ({exc.strerror}); set run.cache_dir (or "
+            "run.out_dir) to a writable folder."
+        ) from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def cache_entry(cache_dir: Path, data: DataConfig, part: PartitionConfig, key: str) -> Path:
@@ -327,7 +348,8 @@ def scratch_dir(target: Path) -> Path:
         return private_dir(target.with_name(f"{target.name}.graph"))
     except OSError as exc:
         raise PartitionError(
-            f"Cannot create {target.parent} ({exc.strerror}); set run.out_dir to a writable folder."
+            f"Cannot create {target.parent} ({exc.strerror}); set run.cache_dir (or "
+            "run.out_dir) to a writable folder."
         ) from None
 
 

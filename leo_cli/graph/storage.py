@@ -42,7 +42,7 @@ class PartitionWriter:
         except OSError as exc:
             raise PartitionError(
                 f"Cannot create {self.tmp.parent} ({exc.strerror}); "
-                "set run.out_dir to a writable folder."
+                "set run.cache_dir (or run.out_dir) to a writable folder."
             ) from None
         return self
 
@@ -92,9 +92,9 @@ def save_array(path: Path, arr: np.ndarray) -> None:
         np.save(path, arr, allow_pickle=False)
     except OSError as exc:
         raise PartitionError(
-            f"Cannot write {path} ({exc.strerror or exc}); free space there or set run.out_dir "
-            "to another folder (while it runs, the partition stage keeps a copy of the graph "
-            "beside the partitions)."
+            f"Cannot write {path} ({exc.strerror or exc}); free space there or set "
+            "run.cache_dir (or run.out_dir) to another folder (while it runs, the partition "
+            "stage keeps a copy of the graph beside the partitions)."
         ) from None
 
 
@@ -117,7 +117,8 @@ def spill_graph(graph: Graph, folder: Path) -> Graph:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PartitionError(
-            f"Cannot create {folder.parent} ({exc.strerror}); set run.out_dir to a writable folder."
+            f"Cannot create {folder.parent} ({exc.strerror}); set run.cache_dir (or run.out_dir) "
+            "to a writable folder."
         ) from None
     arrays = {}
     for f in dataclasses.fields(graph):

@@ -21,7 +21,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import launch_module, workers_per_node
-from leo_cli.launch.stages import ensure_plan, join_probe, part_weigher
+from leo_cli.launch.stages import ensure_plan, join_probe, part_weigher, partition_cache_dir
 from leo_cli.planner.auto_mode import choose, resumed, with_mode, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import plan_digests
@@ -77,7 +77,8 @@ def check_resumable(cfg: LeoConfig, run_dir: Path) -> None:
     saved = flat(load_config(saved_path).model_dump(mode="json"))
     new = flat(cfg.model_dump(mode="json"))
     for key in sorted(saved):
-        if key.startswith(("launch.", "run.name", "run.out_dir", "bench.")) or key in RESUMABLE:
+        skipped = ("launch.", "run.name", "run.out_dir", "run.cache_dir", "bench.")
+        if key.startswith(skipped) or key in RESUMABLE:
             continue
         if saved[key] != new.get(key):
             raise ConfigError(
@@ -138,7 +139,7 @@ def prepare(
     t0 = time.perf_counter()
     parts = ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
-        weigher=weigher, cache_dir=cfg.run.cache_dir,
+        weigher=weigher, cache_dir=partition_cache_dir(cfg, run_dir),
     )  # fmt: skip
     made = sum(parts.meta.get("timings_s", {}).values())
     timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)

@@ -13,6 +13,7 @@ from leo_cli.run_dir import RunDir
 
 RUNS = Path("runs")  # where unnamed run folders go: runs/<name>/<date>-<time>
 STAMP = "%Y%m%d-%H%M%S"
+STAMPED = re.compile(r"(?P<stamp>\d{8}-\d{6})(?:-(?P<k>\d+))?")
 
 
 def named(cfg: LeoConfig) -> Path:
@@ -54,8 +55,7 @@ def for_train(cfg: LeoConfig, resume: bool, overwrite: bool, now: float | None =
             )
         folder = newest(named(cfg)) if resume else fresh(named(cfg), now)
         return with_folder(cfg, folder)
-    joining = cfg.launch.node_rank > 0  # node 0 decides; the others join its run
-    if not (resume or overwrite or joining) and holds_results(cfg.run.out_dir):
+    if not (resume or overwrite) and holds_results(cfg.run.out_dir):
         raise ConfigError(
             f"run.out_dir={cfg.run.out_dir} already holds a run; continue it with --resume, "
             "replace it with --overwrite, or leave run.out_dir unset for a new folder per run."
@@ -64,22 +64,42 @@ def for_train(cfg: LeoConfig, resume: bool, overwrite: bool, now: float | None =
 
 
 def fresh(parent: Path, now: float | None = None) -> Path:
-    """A folder name under `parent` not taken yet: the time, then `-2`, `-3`, ... ."""
+    """A new folder under `parent`, made here (two runs started in the same second get one
+    each): the time, then `-2`, `-3`, ... .
+
+    Raises:
+        ConfigError: `parent` cannot be written.
+    """
     stamp = time.strftime(STAMP, time.localtime(now))
-    folder, k = parent / stamp, 1
-    while folder.exists():
-        k += 1
-        folder = parent / f"{stamp}-{k}"
-    return folder
+    k = 1
+    while True:
+        folder = parent / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            k += 1
+        except OSError as exc:
+            raise ConfigError(
+                f"Cannot create {folder} ({exc.strerror}); set run.out_dir to a writable folder."
+            ) from None
+
+
+def _order(folder: Path) -> tuple[str, int] | None:
+    """The sort key of a run folder's name (`<date>-<time>[-k]`), None for other names."""
+    m = STAMPED.fullmatch(folder.name)
+    return None if m is None else (m["stamp"], int(m["k"] or 1))
 
 
 def newest(parent: Path) -> Path:
-    """The newest run folder under `parent` (the names sort by time).
+    """The newest run folder under `parent`, by the time in its name (other folders, such as
+    a benchmark's, are not runs of this name).
 
     Raises:
         ConfigError: there is none.
     """
-    runs = sorted(p for p in parent.glob("*") if p.is_dir() and RunDir(p).config.is_file())
+    runs = [p for p in parent.glob("*") if _order(p) and RunDir(p).config.is_file()]
+    runs.sort(key=lambda p: _order(p) or ("", 0))
     if not runs:
         raise ConfigError(
             f"--resume found no run under {parent}; name the run's folder with "

@@ -216,6 +216,18 @@ def part_weigher(
     return Weigher(key, weigh if measured else None, work)
 
 
+CACHE_FOLDER = "leo-cache"  # beside the run folder, where `run.cache_dir` is null
+
+
+def partition_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path | None:
+    """Where the partitions of the run in `run_dir` are kept: `run.cache_dir` (null:
+    `leo-cache` beside the run folder); None (inside the run folder) for several machines,
+    which share the run folder only."""
+    if cfg.launch.nnodes > 1:
+        return None
+    return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
+
+
 def run_partitions(
     cfg: LeoConfig,
     run_dir: Path,
@@ -231,7 +243,7 @@ def run_partitions(
     part = cfg.partition
     return ensure_partitions(
         cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher,
-        cache_dir=cfg.run.cache_dir,
+        cache_dir=partition_cache_dir(cfg, run_dir),
     )  # fmt: skip
 
 

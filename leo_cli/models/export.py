@@ -82,8 +82,9 @@ def to_pyg(cfg: ModelConfig, state: dict[str, Tensor]) -> Exported:
             raise ConfigError(f"model.name={cfg.name} has no PyG model to export to.")
     assert last is not None
     hidden = cfg.hidden_channels
+    heads = cfg.heads if layers > 1 else cfg.output_heads  # one layer: the output layer alone
     if cfg.name == "gat":
-        if cfg.output_heads != cfg.heads:
+        if cfg.output_heads != heads:
             raise ConfigError(
                 f"PyG's GAT averages model.heads={cfg.heads} heads in its output layer, this "
                 f"model model.output_heads={cfg.output_heads}: load its state dict into your "
@@ -94,5 +95,5 @@ def to_pyg(cfg: ModelConfig, state: dict[str, Tensor]) -> Exported:
     kwargs: dict[str, object] = {"in_channels": int(first.shape[1]), "hidden_channels": hidden}
     kwargs |= {"num_layers": layers, "out_channels": int(last.shape[0])}
     if cfg.name == "gat":
-        kwargs |= {"heads": cfg.heads, "act": "elu"}
+        kwargs |= {"heads": heads, "act": "elu"}
     return Exported(out, PYG_CLASSES[cfg.name], kwargs)

@@ -186,8 +186,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
     """Train epochs `start + 1 .. train.num_epochs`; rank 0 keeps the model of the first
     epoch with the best validation accuracy (`checkpoints/best.pt`)."""
     stats = job.graph.aggregator.stats
-    rows = log.run.read_metrics() if log.rank == 0 else []  # (a resumed run's earlier epochs)
-    best = max((r["val_acc"] for r in rows if r.get("val_acc") is not None), default=None)
+    best = keep_best_of(log.run, start) if log.rank == 0 else None
     for epoch in range(start + 1, train.num_epochs + 1):
         stats.reset()
         loss, times = job.step(seed, epoch)
@@ -212,11 +211,32 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         val = row.get("val_acc")
         if val is not None and (best is None or val > best):
             best = val
-            accuracies = {k: row[k] for k in ("train_acc", "val_acc", "test_acc")}
+            accuracies = {k: row.get(k) for k in ("train_acc", "val_acc", "test_acc")}
             log.run.save_best(epoch, accuracies, job.model.state_dict())
         if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
             state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
             log.run.save_checkpoint(epoch, state)
+
+
+def keep_best_of(run: RunDir, start: int) -> float | None:
+    """The best validation accuracy of epochs 1 .. `start` (a resumed run's), and
+    `checkpoints/best.pt` made to hold its model: a best model of a later epoch belongs to the
+    attempt that died and goes, replaced by the checkpoint of the best epoch where one is kept
+    (else none is left until a resumed epoch does better)."""
+    rows = [r for r in run.read_metrics() if r.get("val_acc") is not None]
+    top = max(rows, key=lambda r: r["val_acc"], default=None)
+    if not run.best.is_file():
+        return None if top is None else float(top["val_acc"])
+    if run.read_best()["epoch"] > start:
+        run.best.unlink()
+        kept = dict(run.list_checkpoints())
+        if top is not None and top["epoch"] in kept:
+            import torch
+
+            state = torch.load(kept[top["epoch"]], map_location="cpu", weights_only=True)
+            accuracies = {k: top.get(k) for k in ("train_acc", "val_acc", "test_acc")}
+            run.save_best(top["epoch"], accuracies, state["model"])
+    return None if top is None else float(top["val_acc"])
 
 
 def rank_times(times: dict[str, float], wait_s: float) -> dict[str, list[float]]:

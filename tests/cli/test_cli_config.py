@@ -74,6 +74,7 @@ def test_show_prints_the_resolved_config_loadable_again(tmp_path: Path) -> None:
         ("pipeline.mode=blockng", "did you mean blocking?"),
         ("bench.modes=[leo, blokcing]", "did you mean blocking?"),
         ("model.name=gcm", "did you mean gcn?"),
+        ("launch.emulate={nodes: 2, nodez: 2}", "did you mean launch.emulate.nodes?"),
     ],
 )
 def test_errors_suggest_the_closest_key_or_value(override: str, needle: str) -> None:

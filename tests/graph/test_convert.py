@@ -188,3 +188,23 @@ def test_cora_through_convert_is_the_planetoid_graph(tmp_path: Path, planetoid_r
     theirs = load_dataset(DataConfig(name="cora", root=planetoid_root), 0)
     for key in ("edge_index_2E", "x_NF", "y_N", "train_mask_N", "val_mask_N", "test_mask_N"):
         assert np.array_equal(getattr(ours, key), getattr(theirs, key)), key
+
+
+def test_gml_classes_and_unlabelled_nodes_leave_the_masks(tmp_path: Path) -> None:
+    g = nx.Graph()
+    for i in range(N):
+        g.add_node(i, y=int(labels()[i]) if i != 5 else -1, w=float(i))
+    g.add_edges_from((int(a), int(b)) for a, b in EDGES)
+    path = tmp_path / "g.gml"
+    nx.write_gml(g, path)
+    graph, notes = convert(read_source(path, None), tmp_path / "g.npz", masks=masks_file(tmp_path))
+    assert graph.y_N[:5].tolist() == labels()[:5].tolist()
+    assert not graph.test_mask_N[5]  # node 5 has no label: out of every mask
+    assert any("without a label" in n for n in notes)
+
+
+def test_string_node_names_are_renumbered_and_said_so(tmp_path: Path) -> None:
+    path = tmp_path / "g.adjlist"
+    path.write_text("b a\nc b\n")
+    found = read_source(path, None)
+    assert found.num_nodes == 3 and any("order the file lists" in n for n in found.notes or [])

@@ -20,7 +20,7 @@ TINY = ["--set", "data.synthetic.num_nodes=600", "--set", "data.synthetic.num_fe
 
 
 def a_run(folder: Path, results: bool = True) -> Path:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     RunDir(folder).config.write_text("run: {}\n")
     if results:
         RunDir(folder).metrics.write_text("{}\n")
@@ -51,8 +51,11 @@ def test_resume_continues_the_newest_run_of_the_name(
     a_run(Path("runs/default/20260101-000000"))
     a_run(Path("runs/default/20260102-000000"))
     (Path("runs/default/20260103-000000")).mkdir()  # no run in it
+    a_run(Path("runs/default/p4"))  # a benchmark's folder, not a run of this name
     assert newest(Path("runs/default")).name == "20260102-000000"
-    assert for_train(cfg, resume=True, overwrite=False).run.folder.name == "20260102-000000"
+    a_run(Path("runs/default/20260102-000000-2"))
+    a_run(Path("runs/default/20260102-000000-10"))
+    assert for_train(cfg, resume=True, overwrite=False).run.folder.name == "20260102-000000-10"
 
 
 def test_a_named_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
@@ -63,7 +66,8 @@ def test_a_named_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
     assert for_train(cfg, resume=True, overwrite=False) == cfg
     assert for_train(cfg, resume=False, overwrite=True) == cfg
     joining = load_config(None, [f"run.out_dir={folder}", "launch.nnodes=2", "launch.node_rank=1"])
-    assert for_train(joining, resume=False, overwrite=False) == joining  # node 0 decides
+    with pytest.raises(ConfigError, match="already holds a run"):  # every node checks alike
+        for_train(joining, resume=False, overwrite=False)
     prepared = a_run(tmp_path / "prepared", results=False)  # partitions or a plan only
     assert not holds_results(prepared)
     with pytest.raises(ConfigError, match="launch.nnodes > 1 needs run.out_dir"):
@@ -75,12 +79,13 @@ def test_two_runs_keep_their_results_and_share_partitions(tmp_path: Path) -> Non
     for _ in range(2):
         res = leo("train", *TINY, cwd=tmp_path, timeout=300)
         assert res.returncode == 0, res.stderr
-    runs = sorted((tmp_path / "runs" / "default").iterdir())
+    runs = sorted(p for p in (tmp_path / "runs" / "default").iterdir() if p.name != "leo-cache")
     assert len(runs) == 2
     for run in runs:
         assert len(RunDir(run).read_metrics()) == 2 and RunDir(run).summary.is_file()
         assert RunDir(run).partitions.is_symlink()
-    entries = list((tmp_path / "runs" / "cache" / "partitions").iterdir())
+    cache = tmp_path / "runs" / "default" / "leo-cache" / "partitions"
+    entries = [p for p in cache.iterdir() if p.is_dir()]
     assert len(entries) == 1
     assert all(RunDir(r).partitions.resolve() == entries[0].resolve() for r in runs)
     second = json.loads(RunDir(runs[1]).summary.read_text())
@@ -90,3 +95,14 @@ def test_two_runs_keep_their_results_and_share_partitions(tmp_path: Path) -> Non
     assert len(RunDir(runs[0]).read_metrics()) == 2  # untouched
     res = leo("train", *TINY, "--set", f"run.out_dir={runs[0]}", "--overwrite", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
+
+
+def test_several_machines_keep_partitions_in_the_shared_run_folder() -> None:
+    from leo_cli.launch.stages import partition_cache_dir
+
+    one = load_config(None, [])
+    assert partition_cache_dir(one, Path("/r/runs/x/1")) == Path("/r/runs/x/leo-cache")
+    mine = load_config(None, ["run.cache_dir=/c"])
+    assert partition_cache_dir(mine, Path("/r/runs/x/1")) == Path("/c")
+    two = load_config(None, ["launch.nnodes=2", "run.out_dir=/shared/run"])
+    assert partition_cache_dir(two, Path("/shared/run")) is None  # nodes share the run folder

@@ -126,6 +126,7 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     )
     assert (run / "curves.png").stat().st_size > 0
     assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
+        "best.pt",
         "epoch_000003.pt",
         "epoch_000006.pt",
     ]
@@ -414,7 +415,7 @@ def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
     assert leo("train", *two).returncode == 0
     victim = run / "partitions" / "part_1" / "indices.npy"
     victim.write_bytes(victim.read_bytes()[:-8])
-    res = leo("train", *two)
+    res = leo("train", *two, "--overwrite")
     assert res.returncode == 2
     err = " ".join(res.stderr.split())
     assert "part_1/indices.npy" in err and "leo partition --force" in err

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from leo_cli.cli import bench, profile_cache
+from leo_cli.cli import profile_cache
 from leo_cli.cli.app import app
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted, raise_on_signals
@@ -64,7 +64,7 @@ def test_profile_cache_interrupted_is_one_line(
 def test_bench_interrupted_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_handlers: None
 ) -> None:
-    monkeypatch.setattr(bench, "run_suite", fake_interrupt(signal.SIGTERM))
+    monkeypatch.setattr("leo_cli.bench.suite.run_suite", fake_interrupt(signal.SIGTERM))
     res = CliRunner().invoke(app, ["bench", "--set", f"run.out_dir={tmp_path}"])
     assert res.exit_code == 143
     lines = res.stderr.strip().splitlines()
