@@ -7,11 +7,11 @@
 #   compile  `leo compile` for the visible GPUs' architectures (cached when unchanged).
 #   tests    the GPU tests: tests/kernels -m "gpu or cuda_ext" with LEO_KERNELS=cuda (a library
 #            that does not load fails here instead of skipping them).
-#   train    with two GPUs or more: `leo train` on 2 GPUs (NCCL), pipeline.mode leo (cache
-#            plan), blocking (no cache) and fine-grained reading the peer GPU's rows in place
-#            (pipeline.transport=shared-memory), against one process; float64 loss curves must
-#            agree to 1e-9 relative, every run must say exact and name the cuda kernels, and
-#            the in-place run must have read rows in place.
+#   train    `leo train` on one GPU and, with two GPUs or more, on 2 GPUs (NCCL) in
+#            pipeline.mode leo (cache plan), blocking (no cache) and fine-grained reading the
+#            peer GPU's rows in place (pipeline.transport=shared-memory), against one CPU
+#            process; float64 loss curves must agree to 1e-9 relative, every GPU run must say
+#            exact and name the cuda kernels, and the in-place run must have read rows in place.
 #   bench    the kernel bandwidth benchmark (python -m leo_cli.kernel_tools.bench_gpu).
 #
 # Logs, env.json, exactness.json, bench_gpu.json and summary.json (every step's status and
@@ -89,12 +89,8 @@ export LEO_KERNELS=cuda
 run_step tests 200 pytest-gpu.log \
   .venv/bin/pytest -q -p no:cacheprovider -m "gpu or cuda_ext" -rs tests/kernels
 
-# --- two GPUs: leo, blocking and rows read in place against one process ----------------------
-if ((gpus >= 2)); then
-  run_step train 240 train.log scripts/gpu-check-train.sh "$out"
-else
-  "${report[@]}" record "$out" train skip 0 "one GPU visible: no 2-GPU run"
-fi
+# --- one GPU, and with two leo, blocking and rows read in place, against one CPU process ------
+run_step train 240 train.log scripts/gpu-check-train.sh "$out" "$gpus"
 
 # --- kernel bandwidth --------------------------------------------------------------------------
 run_step bench 170 bench_gpu.log "$py" -m leo_cli.kernel_tools.bench_gpu --json "$out/bench_gpu.json"

@@ -6,7 +6,9 @@ the same model on a sparse CSR adjacency. Each runs in its own process
 (`python -m leo_cli.bench.peers CONFIG SYSTEM EPOCHS`), with the thread count LEO's single
 worker gets, and prints one JSON line: per-epoch step times, the final test accuracy, its
 set-up (process start to the first step: imports, the graph, the adjacency, the model and
-GCNConv's cached normalisation, made by one forward pass) and its wall time.
+GCNConv's cached normalisation, made by one forward pass) and its wall time. They train on the
+device LEO's workers use (`launch.device`: on a GPU when LEO trains on one), timed after a
+device synchronisation each epoch.
 Legend: N nodes, F features, C classes.
 """
 
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
@@ -118,24 +121,32 @@ def adjacency(
     return to_torch_csr_tensor(edge_index, ones, size=(num_nodes, num_nodes))
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
     """Train `num_epochs` full-graph epochs; per-epoch step seconds, final test accuracy,
     set-up and wall seconds."""
     started = process_start_time()
+    device = torch.device("cuda" if uses_cuda(cfg.launch) else "cpu")
     torch.manual_seed(cfg.run.seed)
     g = load_dataset(cfg.data, cfg.run.seed)
-    x = torch.from_numpy(g.x_NF)
-    y = torch.from_numpy(g.y_N)
-    train = torch.from_numpy(g.train_mask_N)
-    adj = adjacency(g.edge_index_2E, g.num_nodes, system)
+    x = torch.from_numpy(g.x_NF).to(device)
+    y = torch.from_numpy(g.y_N).to(device)
+    train = torch.from_numpy(g.train_mask_N).to(device)
+    adj = adjacency(g.edge_index_2E, g.num_nodes, system).to(device)
     peer = conv_of(cfg.model.name).pyg_peer
     assert peer is not None, "leo bench runs peers only for models that have one"
-    model = PEER_MODELS[peer](cfg.model, g.num_features, g.num_classes)
+    model = PEER_MODELS[peer](cfg.model, g.num_features, g.num_classes).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     if peer == "GCNConv":  # cached=True normalises on its first call
         model.eval()
         with torch.no_grad():
             model(x, adj)
+    sync(device)
     setup_s = time.time() - started
     keep_freed_memory()  # as LEO's workers do after set-up (worker/memory.py)
     times = []
@@ -146,11 +157,12 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
         loss = F.cross_entropy(model(x, adj)[train], y[train])
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
+        sync(device)
         times.append(time.perf_counter() - t0)
     model.eval()
     with torch.no_grad():
         pred = model(x, adj).argmax(dim=1)
-    test = torch.from_numpy(g.test_mask_N)
+    test = torch.from_numpy(g.test_mask_N).to(device)
     acc = float((pred[test] == y[test]).float().mean()) if bool(test.any()) else None
     return {
         "epoch_times": times,

@@ -6,6 +6,7 @@ turned into one sentence.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -51,6 +53,15 @@ def workers_per_node(cfg: LeoConfig) -> int:
     return nproc
 
 
+# Seconds the agent waits for workers to exit after a signal: a field of recent torch releases
+# only (2.11 lacks it and waits its own fixed time).
+_SHUTDOWN: dict[str, Any] = (
+    {"shutdown_timeout": 5}
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+    else {}
+)
+
+
 def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
     lc = cfg.launch
     single = lc.nnodes == 1
@@ -68,7 +79,7 @@ def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
         monitor_interval=0.2,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs), redirects=Std.ALL),
-        shutdown_timeout=5,
+        **_SHUTDOWN,
     )
 
 
