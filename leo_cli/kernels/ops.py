@@ -21,6 +21,7 @@ from torch import Tensor
 
 from leo_cli.kernels.backend import require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
+from leo_cli.kernels.slabs import slab_width
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SDDMM_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 per temporary
@@ -52,7 +53,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def _csr_matmul(
     indptr: Tensor, indices: Tensor, values_E: Tensor, x_CF: Tensor, num_rows: int
 ) -> Tensor:
-    """A @ x in the compute dtype, with torch's CSR kernel (MKL on the CPU, cuSPARSE on GPUs)."""
+    """A @ x in the compute dtype, with torch's CSR kernel (MKL on the CPU, cuSPARSE on GPUs);
+    on the CPU in column slabs when x is larger than the cache (`slab_width`)."""
     dtype = _compute_dtype(x_CF.dtype)
     adj = torch.sparse_csr_tensor(
         indptr,
@@ -63,10 +65,30 @@ def _csr_matmul(
         device=x_CF.device,
         check_invariants=False,
     )
+    x_CF = x_CF.to(dtype)
+    num_cols, width = x_CF.shape
+    slab = width if x_CF.is_cuda else slab_width(num_cols, width, x_CF.element_size())
+    if slab >= width:
+        return _addmm(adj, x_CF)
+    # One slab of x copied out at a time (its rows contiguous, so gathering them reads the
+    # cache, not DRAM) and its product copied into the output's columns: two slab-sized
+    # buffers. Each output element sums the same edges in the same order as one call would.
+    x_CW = torch.empty((num_cols, slab), dtype=dtype, device=x_CF.device)
+    part_RW = torch.empty((num_rows, slab), dtype=dtype, device=x_CF.device)
+    out = torch.empty((num_rows, width), dtype=dtype, device=x_CF.device)
+    for c0 in range(0, width, slab):
+        x_CW.copy_(x_CF[:, c0 : c0 + slab])
+        torch.addmm(part_RW, adj, x_CW, beta=0.0, out=part_RW)
+        out[:, c0 : c0 + slab].copy_(part_RW)
+    return out
+
+
+def _addmm(adj: Tensor, x_CF: Tensor) -> Tensor:
+    """adj @ x into a fresh output."""
     # addmm with beta=0 into an uninitialised output (beta=0 ignores its contents, NaN
     # included): torch.mm would zero a fresh output and copy it through addmm, ~25% slower.
-    out = torch.empty((num_rows, x_CF.shape[1]), dtype=dtype, device=x_CF.device)
-    torch.addmm(out, adj, x_CF.to(dtype), beta=0.0, out=out)
+    out = torch.empty((adj.shape[0], x_CF.shape[1]), dtype=x_CF.dtype, device=x_CF.device)
+    torch.addmm(out, adj, x_CF, beta=0.0, out=out)
     return out
 
 

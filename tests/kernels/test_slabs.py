@@ -1,0 +1,80 @@
+"""Column slabs of the CPU SpMM: how wide they are, and that they change no number."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from leo_cli import kernels
+from leo_cli.kernel_tools.synthetic import random_csr
+from leo_cli.kernels import slabs
+
+
+@pytest.fixture
+def cache_bytes(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A 1 MiB cache to one process: a slab may take 0.2 MiB."""
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(slabs, "sharing_processes", lambda: 1)
+    return 1 << 20
+
+
+def test_x_that_fits_is_one_slab(cache_bytes: int) -> None:
+    assert slabs.slab_width(800, 64, 4) == 64  # 204.8 kB of a 209.7 kB budget
+    assert slabs.slab_width(1000, 64, 4) == 32  # 256 kB: two slabs
+
+
+def test_wide_x_gets_the_widest_fitting_divisor(cache_bytes: int) -> None:
+    budget = 0.2 * cache_bytes
+    width = slabs.slab_width(4000, 64, 4)
+    assert 64 % width == 0 and 4000 * width * 4 <= budget < 4000 * 2 * width * 4
+    assert width == 8
+    assert slabs.slab_width(2000, 96, 4) == 24  # 96 = 4 x 24; 2000 x 24 x 4 B = 192 kB
+
+
+def test_no_fitting_slab_leaves_x_whole(cache_bytes: int) -> None:
+    assert slabs.slab_width(100_000, 64, 4) == 64  # even 8 columns exceed the budget
+    assert slabs.slab_width(4000, 47, 4) == 47  # a prime width has no divisor >= MIN_SLAB
+
+
+def test_workers_of_a_host_share_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    slabs.sharing_processes.cache_clear()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    try:
+        assert slabs.sharing_processes() == min(64, os.cpu_count() or 1)
+    finally:
+        slabs.sharing_processes.cache_clear()
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(slabs, "sharing_processes", lambda: 2)
+    assert slabs.slab_width(4000, 64, 4) == 64  # slabs only for a cache of one's own
+
+
+def test_cache_size_is_read_from_sysfs() -> None:
+    assert slabs._parse_size("32768K\n") == 32 << 20
+    assert slabs._parse_size("1M") == 1 << 20
+    assert slabs._parse_size("junk") == 0
+    assert slabs.last_level_cache_bytes() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_slabs_change_no_number(
+    monkeypatch: pytest.MonkeyPatch, cache_bytes: int, dtype: torch.dtype
+) -> None:
+    csr = random_csr(3000, 2000, 40_000, seed=3, dtype=dtype, huge_row_degree=500)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2000, 64, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+    grad = torch.randn(3000, 64, generator=gen, dtype=torch.float64).to(dtype)
+    assert slabs.slab_width(2000, 64, max(4, x.element_size())) < 64  # the test's premise
+
+    def forward_backward() -> tuple[torch.Tensor, torch.Tensor]:
+        x.grad = None
+        out = kernels.spmm(csr, x)
+        out.backward(grad)
+        assert x.grad is not None
+        return out.detach().clone(), x.grad.clone()
+
+    sliced = forward_backward()
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 40)
+    whole = forward_backward()
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
