@@ -46,9 +46,10 @@ class RunDir:
     LOGS = "logs"
     PROBE = "probe"
     EMULATE = "emulate"  # the emulated nodes' configs and logs (launch.emulate)
+    TENSORBOARD = "tensorboard"  # rank 0's event files (run.tensorboard)
     # What one attempt writes and a fresh start clears (partitions, plan and profile stay).
     ATTEMPT_FILES = (METRICS, SUMMARY, STATUS, CURVES, MODE_CHOICE)
-    ATTEMPT_FOLDERS = (CHECKPOINTS, HEARTBEATS, ERRORS, LOGS)
+    ATTEMPT_FOLDERS = (CHECKPOINTS, HEARTBEATS, ERRORS, LOGS, TENSORBOARD)
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)

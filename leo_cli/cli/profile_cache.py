@@ -173,11 +173,10 @@ def profile_cache_cmd(
     if cfg.launch.node_rank > 0:  # node 0 partitions, plans and reports; the others probe
         join_probe(cfg, run_dir, always=True, force=force, given=hardware)
         return
-    with stage_progress() as progress:
-        run_partitions(cfg, run_dir, progress, hardware=hardware)
     try:
-        with console.status("measuring the machine and planning the cache..."):
-            plan = ensure_plan(cfg, run_dir, hardware, force, always=True)
+        with stage_progress() as progress:
+            run_partitions(cfg, run_dir, progress, hardware=hardware)
+            plan = ensure_plan(cfg, run_dir, hardware, force, always=True, progress=progress)
     except Interrupted as exc:
         exc.note = "probe workers stopped; no plan was written: run the command again."
         raise

@@ -17,6 +17,8 @@ STAGE_LABELS = {
     "partition": "assign parts",
     "layout": "build + write parts",
     "write": "write parts",
+    "probe": "hardware probe",
+    "plan": "cache plan",
 }
 
 

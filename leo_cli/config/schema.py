@@ -90,6 +90,10 @@ class RunConfig(Section):
 
     seed: int = Field(0, ge=0, lt=2**63)
     """Seed of the synthetic graph, METIS, initial weights and dropout masks (0 <= seed < 2**63)."""
+    tensorboard: bool = False
+    """Also write rank 0's per-epoch scalars (those of metrics.jsonl) as TensorBoard event files
+    in the run folder's `tensorboard/` (`tensorboard --logdir runs`); needs the tensorboard
+    package (`pip install 'leo[tensorboard]'`)."""
 
 
 class SyntheticConfig(Section):

@@ -4,6 +4,7 @@ launcher (what torchrun uses), follow rank 0's metrics, and turn failures into c
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import time
 from pathlib import Path
@@ -40,9 +41,18 @@ def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
     that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
+    check_tensorboard(cfg.run.tensorboard)
     active_backend()
     check_config(cfg, allow_inexact)
     check_transport(cfg, uses_cuda(cfg.launch))
+
+
+def check_tensorboard(wanted: bool) -> None:
+    if wanted and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "run.tensorboard=true needs the tensorboard package: pip install 'leo[tensorboard]' "
+            "(or tensorboard), or set run.tensorboard=false."
+        )
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:
@@ -135,7 +145,7 @@ def prepare(
         # Says here, not only in worker logs, when the newest checkpoint is corrupt.
         RunDir(run_dir).read_latest()
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
-    weigher = part_weigher(cfg, run_dir, timer)  # unequal part weights: the probe first
+    weigher = part_weigher(cfg, run_dir, timer, progress=progress)  # unequal weights: probe first
     t0 = time.perf_counter()
     parts = ensure_partitions(
         cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
@@ -151,13 +161,13 @@ def prepare(
     # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
     started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
     plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
-    plan = ensure_plan(plan_cfg, run_dir, timer=timer, verify_parts=False)  # workers verify
+    plan = ensure_plan(plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress)
     choice = started or choose(cfg, plan, cfg.partition.num_parts)
     run_cfg = with_mode(cfg, choice.mode)
     num_parts = int(parts.meta["num_parts"])
     if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
         # auto chose a mode that reads rows in place otherwise: the plan of its own levels
-        ensure_plan(run_cfg, run_dir, timer=timer, verify_parts=False)
+        ensure_plan(run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress)
     write_choice(run_dir, choice)
     # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
     write_resolved(

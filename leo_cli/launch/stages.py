@@ -16,7 +16,9 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,7 +64,7 @@ from leo_cli.planner.profile.store import (
     quick_probe,
     saved_profile,
 )
-from leo_cli.planner.reach import reach_of
+from leo_cli.planner.reach import Reach, reach_of
 from leo_cli.planner.weights import measured_weights, work_costs
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import RunTimer
@@ -115,6 +117,17 @@ def join_probe(
         run_probe(cfg, run_dir)  # several machines: full sizes (quick_probe)
 
 
+@contextlib.contextmanager
+def stage(progress: ProgressFn | None, name: str) -> Iterator[None]:
+    """One stage of unknown length for the progress display (a spinner and its elapsed time
+    until it ends)."""
+    if progress is not None:
+        progress(name, 0, 1)
+    yield
+    if progress is not None:
+        progress(name, 1, 1)
+
+
 def hardware_profile(
     cfg: LeoConfig,
     run_dir: Path,
@@ -122,18 +135,20 @@ def hardware_profile(
     num_workers: int,
     reprobe: bool = False,
     timer: RunTimer | None = None,
+    progress: ProgressFn | None = None,
 ) -> HardwareProfile:
     """The given profile (kept as the run folder's); else the run folder's profile when it was
     measured with as many workers; else this machine's saved one for as many workers and
     threads; else a probe (saved in both places). `--force` probes again. `timer` gets the
-    probe's seconds (spent now, or when a reused profile was measured)."""
+    probe's seconds (spent now, or when a reused profile was measured); `progress` shows it."""
     timer = timer or RunTimer()
     hw = _find_profile(cfg, run_dir, given, num_workers, reprobe)
     if hw is not None:
         timer.add("probe_s", hw.probe_s, ran=False)
         return hw
     t0 = time.perf_counter()
-    hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
+    with stage(progress, "probe"):
+        hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
@@ -181,7 +196,11 @@ def _find_profile(
 
 
 def part_weigher(
-    cfg: LeoConfig, run_dir: Path, timer: RunTimer | None = None, hardware: Path | None = None
+    cfg: LeoConfig,
+    run_dir: Path,
+    timer: RunTimer | None = None,
+    hardware: Path | None = None,
+    progress: ProgressFn | None = None,
 ) -> Weigher | None:
     """For unequal part weights (`measured` or a list): the weigher of the partition stage,
     from the run's hardware profile (`hardware`, or found, or probed now, before
@@ -193,7 +212,7 @@ def part_weigher(
     if not weighted(cfg.partition):
         return None
     num = cfg.partition.num_parts
-    hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer)
+    hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer, progress=progress)
     static = static_layer0(cfg)
     dtype = cfg.train.dtype
     material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype_key(cfg), static]
@@ -239,7 +258,7 @@ def run_partitions(
     """The run's partitions (`graph.stage.ensure_partitions`), sized by measured speeds when
     `partition.part_weights=measured` and by the cost model's work when the weights are
     unequal (the probe then runs first, unless `hardware` names a profile)."""
-    weigher = part_weigher(cfg, run_dir, hardware=hardware)
+    weigher = part_weigher(cfg, run_dir, hardware=hardware, progress=progress)
     part = cfg.partition
     return ensure_partitions(
         cfg.data, part, cfg.run.seed, run_dir, force, progress, verify, weigher=weigher,
@@ -255,6 +274,7 @@ def ensure_plan(
     always: bool = False,
     timer: RunTimer | None = None,
     verify_parts: bool = True,
+    progress: ProgressFn | None = None,
 ) -> CachePlan | None:
     """The run's cache plan, made when missing or stale.
 
@@ -262,15 +282,17 @@ def ensure_plan(
     anyway (`leo profile-cache` shows the predictions of every mode). Under
     `pipeline.mode=auto` it is the planned mode's plan (planner/auto_mode.py). `timer` gets the
     probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
-    `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`).
+    `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`);
+    `progress` shows the probe and the plan while they run.
     """
     timer = timer or RunTimer()
     if not cfg.cache.enabled and not always:
         return None
     meta = read_meta(RunDir(run_dir).partitions)
-    dataset = meta["dataset"]
     num_parts = int(meta["num_parts"])
-    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer)
+    hw = hardware_profile(
+        cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer, progress=progress
+    )
     t0 = time.perf_counter()
     reach = reach_of(cfg, num_parts)
     inputs, graph_key = plan_digests(cfg, meta, num_parts)
@@ -283,7 +305,26 @@ def ensure_plan(
         )
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
-    accesses = part_accesses(run_dir, num_parts, verify_parts)
+    with stage(progress, "plan"):
+        plan = _make(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
+    plan.plan_s = round(time.perf_counter() - t0, 4)
+    write_plan(run_dir, plan)
+    timer.add("plan_s", plan.plan_s, ran=True)
+    return plan
+
+
+def _make(
+    cfg: LeoConfig,
+    run_dir: Path,
+    meta: dict[str, Any],
+    hw: HardwareProfile,
+    verify_parts: bool,
+    keys: tuple[str, str, str],
+    reach: Reach,
+) -> CachePlan:
+    """A new plan for the run's parts (accesses, policy, predictions) and its plot."""
+    dataset = meta["dataset"]
+    accesses = part_accesses(run_dir, int(meta["num_parts"]), verify_parts)
     shape = model_shape(
         cfg.model,
         int(dataset["num_features"]),
@@ -291,10 +332,6 @@ def ensure_plan(
         DTYPE_BYTES[cfg.train.dtype],
         halo_bytes(cfg),
     )
-    chunks = cfg.pipeline.num_chunks
-    plan = make_plan(cfg.cache, accesses, shape, hw, (key, inputs, graph_key), chunks, reach)
+    plan = make_plan(cfg.cache, accesses, shape, hw, keys, cfg.pipeline.num_chunks, reach)
     plot_plan(plan, RunDir(run_dir).plan_plot)
-    plan.plan_s = round(time.perf_counter() - t0, 4)
-    write_plan(run_dir, plan)
-    timer.add("plan_s", plan.plan_s, ran=True)
     return plan

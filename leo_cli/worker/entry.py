@@ -41,6 +41,7 @@ from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import build_job, halo_plan
+from leo_cli.worker.board import Board
 from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory, peak_rss_bytes
 from leo_cli.worker.report import plot_curves, summarize
 from leo_cli.worker.trainer import RunLog, fit, restore
@@ -268,8 +269,15 @@ def run_worker(
         run.write_status("running")
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)
-    log = RunLog(run, env.rank, row_extras(cfg, cache_plan, env.world_size))
-    fit(job, cfg.train, cfg.run.seed, start, log)
+    board = (
+        Board(run / RunDir.TENSORBOARD, start) if cfg.run.tensorboard and env.rank == 0 else None
+    )
+    log = RunLog(run, env.rank, row_extras(cfg, cache_plan, env.world_size), board)
+    try:
+        fit(job, cfg.train, cfg.run.seed, start, log)
+    finally:
+        if board is not None:
+            board.close()
     peaks = all_gather_(torch.tensor(peak_rss_bytes(), dtype=torch.int64)).tolist()
     if env.rank == 0:
         first_step_at = worker.pop("first_step_at")

@@ -30,6 +30,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
 from leo_cli.models.local_graph import LocalGraph
 from leo_cli.run_dir import RunDir
+from leo_cli.worker.board import Board
 
 
 @dataclass
@@ -180,6 +181,7 @@ class RunLog:
     run: RunDir
     rank: int
     row_extras: dict[str, Any]  # the same in every row (bytes per cache level, exactness)
+    board: Board | None = None  # TensorBoard events (run.tensorboard), rank 0 only
 
 
 def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> None:
@@ -208,6 +210,8 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         if log.rank != 0:
             continue
         log.run.append_metrics(row)
+        if log.board is not None:
+            log.board.add_row(row)
         val = row.get("val_acc")
         if val is not None and (best is None or val > best):
             best = val

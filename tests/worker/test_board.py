@@ -1,0 +1,75 @@
+"""TensorBoard event files (`run.tensorboard`): the numbers of metrics.jsonl, read back with
+TensorBoard's own reader; a resumed run replaces the dead attempt's later epochs; a missing
+package is refused before anything starts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from helpers.cli import leo
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from leo_cli.errors import ConfigError
+from leo_cli.launch.launcher import check_tensorboard
+from leo_cli.worker.board import Board
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in tags}
+
+
+def test_every_number_of_a_row_is_a_scalar_at_its_epoch(tmp_path: Path) -> None:
+    board = Board(tmp_path, start=0)
+    for epoch in (1, 2):
+        row = {"epoch": epoch, "loss": 1.0 / epoch, "test_acc": None, "cold": epoch == 1}
+        board.add_row({**row, "rank_step_s": [0.1, 0.2], "wait_s": float("nan"), "mode": "leo"})
+    board.close()
+    got = scalars(tmp_path)
+    assert set(got) == {"epoch", "loss"}  # no None, bool, list, NaN or text
+    assert got["loss"] == [(1, 1.0), (2, 0.5)]
+
+
+def test_a_resumed_run_replaces_the_epochs_after_its_checkpoint(tmp_path: Path) -> None:
+    board = Board(tmp_path, start=0)
+    for epoch in (1, 2, 3):
+        board.add_row({"epoch": epoch, "loss": float(epoch)})
+    board.close()
+    resumed = Board(tmp_path, start=1)  # the checkpoint of epoch 1
+    for epoch in (2, 3):
+        resumed.add_row({"epoch": epoch, "loss": 10.0 * epoch})
+    resumed.close()
+    assert scalars(tmp_path)["loss"] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+def test_without_the_package_it_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_tensorboard(False)
+    check_tensorboard(True)  # installed with the dev extra
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "tensorboard" else real(n, *a)
+    )
+    with pytest.raises(ConfigError, match=r"run.tensorboard=true needs the tensorboard package"):
+        check_tensorboard(True)
+
+
+@pytest.mark.integration
+def test_leo_train_writes_rank_0s_events(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = leo(
+        "train",
+        "--set", f"run.out_dir={out}",
+        "--set", "run.tensorboard=true",
+        "--set", "data.synthetic.num_nodes=400",
+        "--set", "train.num_epochs=3",
+        "--set", "train.eval_every=1",
+        "--set", "partition.num_parts=2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = scalars(out / "tensorboard")
+    assert [step for step, _ in got["loss"]] == [1, 2, 3]
+    assert [step for step, _ in got["val_acc"]] == [1, 2, 3]
