@@ -27,3 +27,12 @@ class KernelError(LeoError):
 
 class CacheError(LeoError):
     """A hardware profile or cache plan is missing, unreadable or does not fit the run."""
+
+
+def tensorboard_missing() -> str:
+    """The sentence for `run.tensorboard=true` without the tensorboard package (said by the
+    launcher before anything starts, and by rank 0 under a plain torchrun)."""
+    return (
+        "run.tensorboard=true needs the tensorboard package: pip install tensorboard, or set "
+        "run.tensorboard=false."
+    )

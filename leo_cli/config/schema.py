@@ -93,7 +93,7 @@ class RunConfig(Section):
     tensorboard: bool = False
     """Also write rank 0's per-epoch scalars (those of metrics.jsonl) as TensorBoard event files
     in the run folder's `tensorboard/` (`tensorboard --logdir runs`); needs the tensorboard
-    package (`pip install 'leo[tensorboard]'`)."""
+    package (`pip install tensorboard`, or the checkout's `tensorboard` extra)."""
 
 
 class SyntheticConfig(Section):

@@ -65,14 +65,15 @@ def _csr_matmul(
         device=x_CF.device,
         check_invariants=False,
     )
-    x_CF = x_CF.to(dtype)
     num_cols, width = x_CF.shape
-    slab = width if x_CF.is_cuda else slab_width(num_cols, width, x_CF.element_size())
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    slab = width if x_CF.is_cuda else slab_width(num_cols, width, itemsize)
     if slab >= width:
-        return _addmm(adj, x_CF)
-    # One slab of x copied out at a time (its rows contiguous, so gathering them reads the
-    # cache, not DRAM) and its product copied into the output's columns: two slab-sized
-    # buffers. Each output element sums the same edges in the same order as one call would.
+        return _addmm(adj, x_CF.to(dtype))
+    # One slab of x copied out at a time, converted to the compute dtype as it is copied (its
+    # rows contiguous, so gathering them reads the cache, not DRAM), and its product copied
+    # into the output's columns: two slab-sized buffers. Each output element sums the same
+    # edges in the same order as one call would.
     x_CW = torch.empty((num_cols, slab), dtype=dtype, device=x_CF.device)
     part_RW = torch.empty((num_rows, slab), dtype=dtype, device=x_CF.device)
     out = torch.empty((num_rows, width), dtype=dtype, device=x_CF.device)

@@ -32,10 +32,10 @@ def last_level_cache_bytes() -> int:
 
 @functools.cache
 def sharing_processes() -> int:
-    """Processes that run at once on this host's cache: its workers (torchrun's
-    LOCAL_WORLD_SIZE; 1 outside a launch), at most one per core."""
-    workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, min(workers, os.cpu_count() or 1))
+    """Processes that share this host's cache: its workers (torchrun's LOCAL_WORLD_SIZE; 1
+    outside a launch). Workers time-sliced on fewer cores still evict each other's lines.
+    Emulated nodes (`launch.emulate`) each count their own workers only."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 def _parse_size(text: str) -> int:

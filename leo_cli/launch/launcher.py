@@ -15,7 +15,7 @@ import torch
 from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, config_fingerprint, load_config, write_resolved
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
-from leo_cli.errors import ConfigError, TrainError
+from leo_cli.errors import ConfigError, TrainError, tensorboard_missing
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta
@@ -33,7 +33,13 @@ from leo_cli.util.interrupt import Interrupted
 from leo_cli.util.timing import RunTimer
 
 # Keys that may change when resuming; anything else must match the run folder.
-RESUMABLE = {"train.num_epochs", "train.eval_every", "train.checkpoint_every", "pipeline.mode"}
+RESUMABLE = {
+    "train.num_epochs",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "pipeline.mode",
+    "run.tensorboard",
+}
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
@@ -41,7 +47,7 @@ def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
     extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
     that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
-    check_tensorboard(cfg.run.tensorboard)
+    check_tensorboard(cfg.run.tensorboard and cfg.launch.node_rank == 0)  # node 0 holds rank 0
     active_backend()
     check_config(cfg, allow_inexact)
     check_transport(cfg, uses_cuda(cfg.launch))
@@ -49,10 +55,7 @@ def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
 
 def check_tensorboard(wanted: bool) -> None:
     if wanted and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "run.tensorboard=true needs the tensorboard package: pip install 'leo[tensorboard]' "
-            "(or tensorboard), or set run.tensorboard=false."
-        )
+        raise ConfigError(tensorboard_missing())
 
 
 def check_device(launch: LaunchConfigSection, nproc: int) -> None:

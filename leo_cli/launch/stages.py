@@ -306,14 +306,14 @@ def ensure_plan(
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
     with stage(progress, "plan"):
-        plan = _make(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
+        plan = _new_plan(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
     timer.add("plan_s", plan.plan_s, ran=True)
     return plan
 
 
-def _make(
+def _new_plan(
     cfg: LeoConfig,
     run_dir: Path,
     meta: dict[str, Any],

@@ -5,13 +5,14 @@ package is refused before anything starts."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 from helpers.cli import leo
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from leo_cli.errors import ConfigError
+from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.launcher import check_tensorboard
 from leo_cli.worker.board import Board
 
@@ -30,20 +31,24 @@ def test_every_number_of_a_row_is_a_scalar_at_its_epoch(tmp_path: Path) -> None:
         board.add_row({**row, "rank_step_s": [0.1, 0.2], "wait_s": float("nan"), "mode": "leo"})
     board.close()
     got = scalars(tmp_path)
-    assert set(got) == {"epoch", "loss"}  # no None, bool, list, NaN or text
+    assert set(got) == {"loss"}  # no None, bool, list, NaN or text; the epoch is the step
     assert got["loss"] == [(1, 1.0), (2, 0.5)]
 
 
-def test_a_resumed_run_replaces_the_epochs_after_its_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint", [0, 1])
+def test_a_resumed_run_replaces_the_epochs_after_its_checkpoint(
+    tmp_path: Path, checkpoint: int
+) -> None:
     board = Board(tmp_path, start=0)
     for epoch in (1, 2, 3):
         board.add_row({"epoch": epoch, "loss": float(epoch)})
     board.close()
-    resumed = Board(tmp_path, start=1)  # the checkpoint of epoch 1
-    for epoch in (2, 3):
+    resumed = Board(tmp_path, start=checkpoint)  # 0: died before its first checkpoint
+    for epoch in range(checkpoint + 1, 4):
         resumed.add_row({"epoch": epoch, "loss": 10.0 * epoch})
     resumed.close()
-    assert scalars(tmp_path)["loss"] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+    kept = [(e, float(e)) for e in range(1, checkpoint + 1)]
+    assert scalars(tmp_path)["loss"] == kept + [(e, 10.0 * e) for e in range(checkpoint + 1, 4)]
 
 
 def test_without_the_package_it_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,6 +60,14 @@ def test_without_the_package_it_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     )
     with pytest.raises(ConfigError, match=r"run.tensorboard=true needs the tensorboard package"):
         check_tensorboard(True)
+
+
+def test_rank_0_without_the_package_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    with pytest.raises(TrainError, match=r"needs the tensorboard package: pip install"):
+        Board(tmp_path, start=0)
 
 
 @pytest.mark.integration
