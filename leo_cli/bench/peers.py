@@ -171,6 +171,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
         "setup_s": setup_s,
         "wall_s": time.time() - started,
         "peak_rss_bytes": [peak_rss_bytes()],
+        "peak_rss_total_bytes": peak_rss_bytes(),  # the peer is one process
     }
 
 

@@ -216,6 +216,7 @@ def run_leo(
         "halo_dtype": summary.get("halo_dtype"),
         "allocator": summary.get("allocator"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
+        "peak_rss_total_bytes": summary.get("peak_rss_total_bytes"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
         **link_fields(emulated),

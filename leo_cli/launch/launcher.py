@@ -22,6 +22,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import launch_module, workers_per_node
+from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import ensure_plan, join_probe, part_weigher, partition_cache_dir
 from leo_cli.planner.auto_mode import choose, resumed, with_mode, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
@@ -202,8 +203,10 @@ def run_workers(
         stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
         RunDir(run_dir).write_setup(stamp)
         args += ["--launched-at", repr(stamp["launched_at"])]
+    watch = MemoryWatch()
     try:
-        launch_module(cfg, run_dir, "leo_cli.worker.entry", args)
+        with watch:
+            launch_module(cfg, run_dir, "leo_cli.worker.entry", args)
     except Interrupted as exc:
         mark_status(cfg, run_dir, "interrupted", exc.name)
         raise
@@ -216,6 +219,7 @@ def run_workers(
         RunDir(run_dir).update_summary({
             "wall_s": round(time.time() - timer.started_at, 4),
             "allocator": allocator_of(cfg.launch.allocator).described,
+            "peak_rss_total_bytes": watch.peak_bytes or None,  # this node's processes
         })  # fmt: skip
 
 

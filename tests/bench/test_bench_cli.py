@@ -75,6 +75,9 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
         assert len(list(csv.DictReader(f))) == len(rows)
     md = (out / "bench.md").read_text()
     assert "| compute-only | 2 |" in md
+    # Every LEO row's processes together: more than its largest process, set-up included.
+    for row in json.loads((out / "bench.json").read_text())["rows"]:
+        assert row["peak_rss_total_bytes"] > row["peak_rss_max_bytes"] > 0, row["mode"]
     assert "hidden at P=2" in md and "(blocking - leo-no-cache) / (blocking - compute-only)" in md
     assert (out / "bench.png").stat().st_size > 1000
     assert "leo bench" in res.stdout

@@ -141,6 +141,9 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert sum(parts.get(k, 0.0) for k in top) == pytest.approx(s["setup_s"], abs=0.01)
     # Each worker's peak resident memory, by rank (a Python process with torch: > 50 MB).
     assert len(s["peak_rss_bytes"]) == 2 and all(b > 50e6 for b in s["peak_rss_bytes"])
+    # The launcher and its workers together, sampled: at least one worker's worth, and less
+    # than three full copies (pages they share count once).
+    assert max(s["peak_rss_bytes"]) < s["peak_rss_total_bytes"] < 3 * sum(s["peak_rss_bytes"])
 
 
 @pytest.mark.integration
