@@ -363,6 +363,11 @@ def check_checkpoint(state: Any, epoch: int) -> None:
     rng = state.get("rng")
     if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or rng.dim() != 1:
         raise ValueError("its rng entry is not torch's generator state")
+    expected = torch.get_rng_state().numel()
+    if rng.numel() != expected:
+        raise ValueError(
+            f"its rng entry holds {rng.numel()} bytes, torch's generator state {expected}"
+        )
     model = state.get("model")
     if not isinstance(model, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()

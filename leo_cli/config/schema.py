@@ -139,6 +139,9 @@ PartWeight = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 PART_OPTIONS = ("part_weights", "owners_path")  # keys added after partitions had source keys
 
 
+MAX_SHARE_RATIO = 1e3  # the largest part's target share over the smallest's
+
+
 class PartitionConfig(Section):
     num_parts: int = Field(2, ge=1, le=4096)
     """Number of parts (one per worker)."""
@@ -197,6 +200,11 @@ class PartitionConfig(Section):
             raise ValueError(
                 f"partition.part_weights lists {len(weights)} weights for "
                 f"partition.num_parts={self.num_parts}; give one per part"
+            )
+        if isinstance(weights, list) and max(weights) > MAX_SHARE_RATIO * min(weights):
+            raise ValueError(
+                f"partition.part_weights spans {max(weights) / min(weights):,.1f}x from the "
+                f"smallest to the largest; keep it within {MAX_SHARE_RATIO:,.0f}x"
             )
         if weights != "uniform" and self.method == "file":
             raise ValueError(

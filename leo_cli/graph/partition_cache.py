@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from leo_cli.config.schema import METIS_OPTIONS, PART_OPTIONS, DataConfig, PartitionConfig
 from leo_cli.errors import ConfigError, DataError, PartitionError
 from leo_cli.graph.datasets import load_dataset, source_files
@@ -338,7 +340,15 @@ def owners(
         assert part.owners_path is not None, "checked by the config"
         return owners_from_file(part.owners_path, graph.num_nodes, part.num_parts)
     measure = None if work.rule == "degree" else work  # `range` keeps its node counts
-    return assign_parts(graph, part.num_parts, part.method, seed, prepared, shares, measure)
+    parts_N = assign_parts(graph, part.num_parts, part.method, seed, prepared, shares, measure)
+    empty = np.flatnonzero(np.bincount(parts_N, minlength=part.num_parts) == 0)
+    if empty.size:
+        raise PartitionError(
+            f"partition.method={part.method} left part {int(empty[0])} without a node "
+            f"({graph.num_nodes} nodes in partition.num_parts={part.num_parts} parts); lower "
+            "partition.num_parts."
+        )
+    return parts_N
 
 
 def scratch_dir(target: Path) -> Path:

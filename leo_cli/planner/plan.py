@@ -357,8 +357,25 @@ def load_plan(
             return None
     num_parts = int(meta["num_parts"])
     inputs, graph_key = plan_digests(cfg, meta, num_parts)
-    if cfg.cache.enabled:
-        fresh = plan.inputs == inputs and len(plan.caches) == num_parts
-    else:
-        fresh = plan.graph_inputs == graph_key
-    return plan if fresh else None
+    if not cfg.cache.enabled:
+        return plan if plan.graph_inputs == graph_key else None
+    if plan.inputs != inputs or len(plan.caches) != num_parts:
+        return None
+    check_static(plan, cfg, RunDir(run_dir).plan)
+    return plan
+
+
+def check_static(plan: CachePlan, cfg: LeoConfig, path: Path) -> None:
+    """A plan's static aggregate must be the config's (`static_layer0`): a plan edited either
+    way would round layer 0 differently or skip its dropout, while its digests still match.
+
+    Raises:
+        CacheError: naming the file and the keys that decide it.
+    """
+    wanted = static_layer0(cfg)
+    if any(c.static_aggregate != wanted for c in plan.caches):
+        raise CacheError(
+            f"{path}: ranks.*.static_aggregate is {not wanted}, but this config runs layer 0 "
+            f"{'on' if wanted else 'without'} the static aggregate (cache.static_aggregate, "
+            "model.input_dropout, model.name); delete the file to have the plan made again."
+        )

@@ -16,6 +16,7 @@ import statistics
 
 import numpy as np
 
+from leo_cli.config.schema import MAX_SHARE_RATIO
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import ModelShape, predict
@@ -45,8 +46,16 @@ def measured_weights(
     for _ in range(REFINEMENTS):
         busy = busy_seconds(hw, shape, num_nodes, num_edges, static, shares)
         speeds = [s / max(b, 1e-12) for s, b in zip(shares, busy, strict=True)]
-        shares = [v / sum(speeds) for v in speeds]
+        shares = bounded([v / sum(speeds) for v in speeds])
     return shares
+
+
+def bounded(shares: list[float]) -> list[float]:
+    """Shares with none below the largest / MAX_SHARE_RATIO (a rank measured near zero speed
+    still gets a part of that size), summing to 1."""
+    floor = max(shares) / MAX_SHARE_RATIO
+    raised = [max(s, floor) for s in shares]
+    return [s / sum(raised) for s in raised]
 
 
 def busy_seconds(

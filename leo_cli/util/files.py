@@ -49,8 +49,9 @@ def atomic_file(path: Path, mode: str = "wb", fsync: bool = False) -> Iterator[I
     Args:
         path: the destination; its folder must exist.
         mode: "wb" (bytes) or "w" (UTF-8 text).
-        fsync: flush to disk before the rename (checkpoints: a crash right after the rename
-            must not leave an empty file under the real name).
+        fsync: flush to disk before the rename, and the folder after it (checkpoints: a crash
+            right after the rename must leave neither an empty file under the real name nor
+            the folder without the new name).
 
     Raises:
         OSError: the folder cannot hold the file, or `path` is a folder; the temporary file
@@ -73,6 +74,19 @@ def atomic_file(path: Path, mode: str = "wb", fsync: bool = False) -> Iterator[I
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if fsync:
+        sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so the names renamed into it are on disk (where the file system allows
+    opening a folder for it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:

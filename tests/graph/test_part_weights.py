@@ -14,7 +14,7 @@ from conftest import hardware_dict, random_graph
 
 from leo_cli.config import load_config
 from leo_cli.config.schema import DataConfig, PartitionConfig
-from leo_cli.errors import ConfigError
+from leo_cli.errors import ConfigError, PartitionError
 from leo_cli.graph import partitioners
 from leo_cli.graph.partition_cache import Weigher, ensure_partitions
 from leo_cli.graph.partitioners import assign_parts, owners_from_file
@@ -179,6 +179,8 @@ def test_missing_or_unreadable_owners_files(tmp_path: Path) -> None:
         ),
         (["partition.part_weights=[1,2,3]"], "lists 3 weights for partition.num_parts=2"),
         (["partition.part_weights=[1,0]"], "partition.part_weights"),
+        (["partition.part_weights=[1000000,1e-40]"], "partition.part_weights"),
+        (["partition.part_weights=[2001,2]"], "spans 1,000.5x from the smallest to the largest; keep it within 1,000x"),
         (["partition.part_weights=fast"], "uniform, measured or a list of positive numbers"),
         (["launch.cpu_affinity=[[0],[]]"], "launch.cpu_affinity"),
         (["launch.cpu_affinity=[[0,0]]"], "distinct core ids"),
@@ -188,3 +190,31 @@ def test_bad_partition_and_placement_keys_are_named(overrides: list[str], needle
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("[", r"\[")) as info:
         load_config(None, overrides)
     assert "Value error" not in str(info.value)
+
+
+def test_measured_shares_are_bounded() -> None:
+    from leo_cli.planner.weights import bounded
+
+    shares = bounded([1 - 1e-13, 1e-13])
+    assert sum(shares) == pytest.approx(1.0)
+    assert max(shares) / min(shares) == pytest.approx(1e3)
+    assert bounded([0.5, 0.5]) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("method", ["metis", "random", "range"])
+def test_a_part_left_empty_is_refused_for_every_method(tmp_path: Path, method: str) -> None:
+    cfg = load_config(
+        None,
+        [
+            "data.synthetic.num_nodes=12",
+            "data.synthetic.avg_degree=2",
+            "partition.num_parts=4",
+            "partition.part_weights=[1000,1,1000,1000]",  # part 1 worth 0.004 nodes
+            f"partition.method={method}",
+        ],
+    )
+    with pytest.raises(
+        PartitionError, match=rf"partition.method={method} left part \d without a node"
+    ):
+        run_partitions(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "partitions").exists()

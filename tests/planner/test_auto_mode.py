@@ -220,6 +220,14 @@ def test_load_plan_finds_only_a_plan_made_for_this_run(tmp_path: Path) -> None:
         f"run.out_dir={run}",
     )  # fmt: skip
     assert load_plan(no_cache, run) is not None  # its predictions price the graph alone
+    # Edited to the other static aggregate, digests untouched: refused, naming the file.
+    data = json.loads(RunDir(run).plan.read_text())
+    assert {r["static_aggregate"] for r in data["ranks"]} == {False}  # input dropout 0.5
+    for r in data["ranks"]:
+        r["static_aggregate"] = True  # layer 0 would skip its input dropout
+    RunDir(run).plan.write_text(json.dumps(data))
+    with pytest.raises(CacheError, match=r"cache-plan.json: ranks.\*.static_aggregate is True"):
+        load_plan(config, run)
     RunDir(run).plan.write_text('{"format_version": 99}')
     with pytest.raises(CacheError, match="not a cache plan LEO can use"):
         load_plan(config, run)

@@ -83,6 +83,7 @@ def test_checkpoint_not_written_by_leo_is_skipped(
         {"epoch": True, "rng": torch.get_rng_state(), **state(model)},
         {"epoch": 4, "rng": torch.get_rng_state(), **state(model)}
         | {"model": {"weight": torch.full((2, 3), float("nan"))}},
+        {"epoch": 4, "rng": torch.get_rng_state()[:100], **state(model)},  # a cut generator
     ):
         torch.save(bad, newest)
         loaded = RunDir(tmp_path).load_latest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,22 @@ def test_checkpoint_is_not_written_through_a_planted_symlink(tmp_path: Path) -> 
     RunDir(tmp_path).save_checkpoint(2, {"model": {}, "optimizer": {"param_groups": []}})
     assert (tmp_path / "victim").read_text() == "precious"
     assert [p.name for p in folder.iterdir() if not p.is_symlink()] == ["epoch_000002.pt"]
+
+
+def test_a_synced_file_also_syncs_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with files.atomic_file(tmp_path / "a.pt", fsync=True) as f:
+        f.write(b"x")
+    assert synced == ["file", "folder"]  # the data, then the name renamed into the folder
+    with files.atomic_file(tmp_path / "b.json", "w") as f:
+        f.write("{}")
+    assert synced == ["file", "folder"]  # run files without fsync sync nothing
