@@ -180,7 +180,10 @@ def test_missing_or_unreadable_owners_files(tmp_path: Path) -> None:
         (["partition.part_weights=[1,2,3]"], "lists 3 weights for partition.num_parts=2"),
         (["partition.part_weights=[1,0]"], "partition.part_weights"),
         (["partition.part_weights=[1000000,1e-40]"], "partition.part_weights"),
-        (["partition.part_weights=[2001,2]"], "spans 1,000.5x from the smallest to the largest; keep it within 1,000x"),
+        (
+            ["partition.part_weights=[2001,2]"],
+            "spans 1,000.5x from the smallest to the largest; keep it within 1,000x",
+        ),
         (["partition.part_weights=fast"], "uniform, measured or a list of positive numbers"),
         (["launch.cpu_affinity=[[0],[]]"], "launch.cpu_affinity"),
         (["launch.cpu_affinity=[[0,0]]"], "distinct core ids"),
