@@ -67,3 +67,7 @@ def export_cmd(
         f"  model.load_state_dict(torch.load({str(out)!r}), strict=True)",
         highlight=False,
     )
+    console.print(
+        "LEO trained on the undirected graph without self-loops: give the model "
+        "torch_geometric.utils.remove_self_loops(to_undirected(edge_index))[0] for its numbers."
+    )
