@@ -31,8 +31,9 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
 from leo_cli.registry import conv_of
+from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import process_start_time
-from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory, peak_rss_bytes
+from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory
 
 PEERS = ("pyg", "pyg-csr")
 

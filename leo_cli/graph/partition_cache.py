@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -61,6 +60,7 @@ from leo_cli.graph.storage import (
 from leo_cli.graph.types import Graph, IntArray
 from leo_cli.run_dir import RunDir
 from leo_cli.util.files import private_dir, sha256_file, sweep_temporaries
+from leo_cli.util.rss import peak_rss_bytes
 
 
 @dataclass
@@ -488,8 +488,3 @@ class StageClock:
         self.seconds[stage] = round(now - self.last, 4)
         self.last = now
         self.peak_gb[stage] = round(peak_rss_bytes() / 1e9, 3)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

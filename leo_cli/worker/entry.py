@@ -39,10 +39,11 @@ from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir
+from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import build_job, halo_plan
 from leo_cli.worker.board import Board
-from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory, peak_rss_bytes
+from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory
 from leo_cli.worker.report import plot_curves, summarize
 from leo_cli.worker.trainer import RunLog, fit, restore
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import resource
 from typing import Any
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters (glibc malloc.h)
@@ -62,8 +61,3 @@ def keep_freed_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far, in bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
