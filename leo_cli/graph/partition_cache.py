@@ -53,6 +53,7 @@ from leo_cli.graph.storage import (
     FORMAT_VERSION,
     META,
     PartitionWriter,
+    cannot_create,
     read_meta,
     spill_graph,
     verify_files,
@@ -234,10 +235,7 @@ def entry_lock(target: Path) -> Iterator[None]:
         target.parent.mkdir(parents=True, exist_ok=True)
         handle = open(target.with_name(target.name + ".lock"), "a")  # noqa: SIM115
     except OSError as exc:
-        raise PartitionError(
-            f"Cannot create {target.parent} ({exc.strerror}); set run.cache_dir (or "
-            "run.out_dir) to a writable folder."
-        ) from None
+        raise cannot_create(target.parent, exc) from None
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
@@ -357,10 +355,7 @@ def scratch_dir(target: Path) -> Path:
     try:
         return private_dir(target.with_name(f"{target.name}.graph"))
     except OSError as exc:
-        raise PartitionError(
-            f"Cannot create {target.parent} ({exc.strerror}); set run.cache_dir (or "
-            "run.out_dir) to a writable folder."
-        ) from None
+        raise cannot_create(target.parent, exc) from None
 
 
 def layout_and_write(

@@ -40,10 +40,7 @@ class PartitionWriter:
         try:
             self.tmp = private_dir(self.target)
         except OSError as exc:
-            raise PartitionError(
-                f"Cannot create {self.tmp.parent} ({exc.strerror}); "
-                "set run.cache_dir (or run.out_dir) to a writable folder."
-            ) from None
+            raise cannot_create(self.tmp.parent, exc) from None
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -86,6 +83,14 @@ def write_partitions(
         writer.finish(meta)
 
 
+def cannot_create(folder: Path, exc: OSError) -> PartitionError:
+    """The error for a folder of the partition stage that cannot be made."""
+    return PartitionError(
+        f"Cannot create {folder} ({exc.strerror}); set run.cache_dir (or run.out_dir) to a "
+        "writable folder."
+    )
+
+
 def save_array(path: Path, arr: np.ndarray) -> None:
     """`np.save` whose failure (a full disk, no permission) is one sentence naming the file."""
     try:
@@ -116,10 +121,7 @@ def spill_graph(graph: Graph, folder: Path) -> Graph:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PartitionError(
-            f"Cannot create {folder.parent} ({exc.strerror}); set run.cache_dir (or run.out_dir) "
-            "to a writable folder."
-        ) from None
+        raise cannot_create(folder.parent, exc) from None
     arrays = {}
     for f in dataclasses.fields(graph):
         value = getattr(graph, f.name)
