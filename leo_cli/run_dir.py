@@ -252,13 +252,10 @@ class RunDir:
         Raises:
             TrainError: checkpoints exist but none of them can be read.
         """
-        import torch
-
         newest_first = [path for _, path in reversed(self.list_checkpoints())]
         for i, path in enumerate(newest_first):
             try:
-                state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-                check_checkpoint(state, epoch_of(path))  # untrusted: loads, but is it ours?
+                state = read_checkpoint(path)
             except Exception as exc:  # a corrupt file must name itself, not crash
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 if i + 1 == len(newest_first):
@@ -283,6 +280,19 @@ class RunDir:
         if state is not None:
             torch.set_rng_state(state["rng"])
         return state
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint file, loaded with weights_only=True and checked (`check_checkpoint`).
+
+    Raises:
+        Exception: whatever makes it unreadable or not ours (the caller names the file).
+    """
+    import torch
+
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    check_checkpoint(state, epoch_of(path))  # untrusted: loads, but is it ours?
+    return state
 
 
 def read_json(path: Path) -> dict[str, Any]:

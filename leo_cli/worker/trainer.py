@@ -29,7 +29,7 @@ from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
 from leo_cli.models.local_graph import LocalGraph
-from leo_cli.run_dir import RunDir
+from leo_cli.run_dir import RunDir, read_checkpoint
 from leo_cli.worker.board import Board
 
 
@@ -215,8 +215,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         val = row.get("val_acc")
         if val is not None and (best is None or val > best):
             best = val
-            accuracies = {k: row.get(k) for k in ("train_acc", "val_acc", "test_acc")}
-            log.run.save_best(epoch, accuracies, job.model.state_dict())
+            log.run.save_best(epoch, accuracies(row), job.model.state_dict())
         if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
             state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
             log.run.save_checkpoint(epoch, state)
@@ -235,12 +234,17 @@ def keep_best_of(run: RunDir, start: int) -> float | None:
         run.best.unlink()
         kept = dict(run.list_checkpoints())
         if top is not None and top["epoch"] in kept:
-            import torch
-
-            state = torch.load(kept[top["epoch"]], map_location="cpu", weights_only=True)
-            accuracies = {k: top.get(k) for k in ("train_acc", "val_acc", "test_acc")}
-            run.save_best(top["epoch"], accuracies, state["model"])
+            try:
+                state = read_checkpoint(kept[top["epoch"]])
+            except Exception:  # an unreadable checkpoint (read_latest names it) leaves no best
+                return float(top["val_acc"])
+            run.save_best(top["epoch"], accuracies(top), state["model"])
     return None if top is None else float(top["val_acc"])
+
+
+def accuracies(row: dict[str, Any]) -> dict[str, Any]:
+    """The accuracies of a metrics row that `checkpoints/best.pt` keeps."""
+    return {k: row.get(k) for k in ("train_acc", "val_acc", "test_acc")}
 
 
 def rank_times(times: dict[str, float], wait_s: float) -> dict[str, list[float]]:

@@ -40,3 +40,14 @@ def test_a_best_model_within_the_kept_epochs_stays(tmp_path: Path) -> None:
     assert keep_best_of(run, start=1) == 0.7
     assert run.read_best()["epoch"] == 1
     assert keep_best_of(RunDir(tmp_path / "fresh"), start=0) is None
+
+
+def test_an_unreadable_kept_checkpoint_leaves_no_best_model(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    for e, val in ((1, 0.2), (2, 0.6)):
+        run.append_metrics(row(e, val))
+    path = run.save_checkpoint(2, {"model": model(2), "optimizer": {"param_groups": []}})
+    path.write_bytes(b"not a checkpoint")
+    run.save_best(5, {"val_acc": 0.9}, model(5.0))  # the dead attempt's
+    assert keep_best_of(run, start=2) == 0.6
+    assert not run.best.is_file()
