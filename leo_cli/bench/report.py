@@ -386,6 +386,11 @@ def _rank_cell(busy: list[float] | None, predicted: list[float] | None) -> str:
     return text + (f" ({' / '.join(f'{p:.3f}' for p in predicted)})" if predicted else "")
 
 
+def _gigabytes(value: int | None) -> str:
+    """Bytes as GB (1e9 B) with two decimals, `-` when unknown."""
+    return _fmt(None if value is None else value / 1e9, 2)
+
+
 def _base_cells(r: dict[str, Any]) -> list[str]:
     """The cells of MD_HEAD."""
     mb = None if r["comm_bytes_per_epoch"] is None else r["comm_bytes_per_epoch"] / 1e6
@@ -405,8 +410,8 @@ def _base_cells(r: dict[str, Any]) -> list[str]:
         _fmt(r["predicted_epoch_time_s"]),
         _fmt(mb, 1),
         _fmt(r["comm_wait_s"]),
-        _fmt(None if r.get("peak_rss_max_bytes") is None else r["peak_rss_max_bytes"] / 1e9, 2),
-        _fmt(None if r.get("peak_rss_total_bytes") is None else r["peak_rss_total_bytes"] / 1e9, 2),
+        _gigabytes(r.get("peak_rss_max_bytes")),
+        _gigabytes(r.get("peak_rss_total_bytes")),
         _fmt(r["test_acc"], 4),
         "yes" if r["exact"] else "no",
     ]

@@ -66,8 +66,7 @@ def _csr_matmul(
         check_invariants=False,
     )
     num_cols, width = x_CF.shape
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    slab = width if x_CF.is_cuda else slab_width(num_cols, width, itemsize)
+    slab = width if x_CF.is_cuda else slab_width(num_cols, width, dtype.itemsize)
     if slab >= width:
         return _addmm(adj, x_CF.to(dtype))
     # One slab of x copied out at a time, converted to the compute dtype as it is copied (its
