@@ -329,6 +329,7 @@ class MetricsRow(BaseModel):
     rank_busy_s: list[Annotated[Finite, Field(ge=0)]] | None = None
     cold: StrictBool = False
     exact: StrictBool = True
+    workers: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
 def check_rows(rows: list[Any], path: Path) -> None:

@@ -26,7 +26,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.allocator import allocator_of, fallback_note
-from leo_cli.launch.run_folder import for_train
+from leo_cli.launch.run_folder import for_train, resume_note
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
@@ -148,6 +148,8 @@ def train_cmd(
     def on_start(cfg: LeoConfig, run_dir: Path) -> None:
         """Set-up is done: the notes, then the epochs' progress bar."""
         notes = [metis_note(read_meta(RunDir(run_dir).partitions))]
+        if resume:
+            notes.append(resume_note(run_dir, cfg.partition.num_parts))
         if cfg.launch.allocator == "auto":  # (`jemalloc` missing is refused at the launch)
             notes.append(fallback_note(allocator_of("auto")))
         for note in notes:

@@ -33,8 +33,12 @@ from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted
 from leo_cli.util.timing import RunTimer
 
-# Keys that may change when resuming; anything else must match the run folder.
+# Keys that may change when resuming; anything else must match the run folder. The worker
+# count may: every mode gives one process's numbers whatever the parts (dropout and rounding
+# are keyed by global node ids), so a run goes on with partitions and a plan made for it.
 RESUMABLE = {
+    "partition.num_parts",
+    "partition.part_weights",
     "train.num_epochs",
     "train.eval_every",
     "train.checkpoint_every",

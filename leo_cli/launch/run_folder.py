@@ -106,3 +106,17 @@ def newest(parent: Path) -> Path:
             "--set run.out_dir=FOLDER."
         )
     return runs[-1]
+
+
+def resume_note(folder: Path, workers: int) -> str | None:
+    """One sentence when a run resumes on another worker count than its last epochs had."""
+    run = RunDir(folder)
+    kept = run.list_checkpoints()
+    rows = {r.get("epoch"): r.get("workers") for r in run.read_metrics()}
+    before = rows.get(kept[-1][0]) if kept else None
+    if before is None or before == workers:
+        return None
+    return (
+        f"resuming from epoch {kept[-1][0]} on {workers} worker{'s' * (workers != 1)} (it "
+        f"trained on {before}): partitions and plan made for {workers}, the numbers of {before}."
+    )

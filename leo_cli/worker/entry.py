@@ -135,12 +135,13 @@ def check_same_start(starts: torch.Tensor) -> None:
 
 
 def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) -> dict[str, Any]:
-    """What every metrics row of the run carries besides the epoch's own numbers: the bytes
+    """What every metrics row of the run carries besides the epoch's own numbers: the worker
+    count (a run resumed on another one has segments, summary.json's `segments`), the bytes
     per cache level of one step, all workers (from the plan; modes that hold its levels and
     move one row per halo node move exactly these, a test checks them against the measured
     bytes), and whether the numbers are exact."""
     mode = mode_of(cfg.pipeline.mode)
-    extras: dict[str, Any] = {"exact": mode.exact or world_size == 1}
+    extras: dict[str, Any] = {"exact": mode.exact or world_size == 1, "workers": world_size}
     if (
         cache_plan is not None
         and cfg.cache.enabled

@@ -59,9 +59,10 @@ def summarize(
         "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),
         # of which read in place from published rows, or published for their owners
         "mean_step_published_bytes": _mean(warm_rows, "step_published_bytes"),
-        **rank_means(warm_rows),
+        **rank_means([r for r in warm_rows if r.get("workers", world_size) == world_size]),
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
+        "segments": segments(rows),
         "mode": mode,
         # An inexact mode's numbers are not the model's (compute-only skips the exchange on
         # purpose), and a run resumed in another mode is exact only if every epoch was.
@@ -74,6 +75,19 @@ def summarize(
         },
         "git_sha": git_sha(),
     }
+
+
+def segments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's stretches of epochs with one worker count (several when it was resumed on
+    another `partition.num_parts`): `workers`, `first_epoch`, `last_epoch`."""
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        workers = r.get("workers")
+        if out and out[-1]["workers"] == workers:
+            out[-1]["last_epoch"] = r["epoch"]
+        else:
+            out.append({"workers": workers, "first_epoch": r["epoch"], "last_epoch": r["epoch"]})
+    return out
 
 
 def rank_means(rows: list[dict[str, Any]]) -> dict[str, Any]:

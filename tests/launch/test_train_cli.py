@@ -19,6 +19,7 @@ from helpers.cli import leo, leo_here
 from helpers.ranks import free_port
 
 from leo_cli.config import load_config
+from leo_cli.graph.storage import read_meta
 from leo_cli.kernels import backend_name
 from leo_cli.planner.plan import read_plan
 from leo_cli.registry import auto_candidates
@@ -309,7 +310,7 @@ def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
+def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     two = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=2"]
     assert leo("train", *TINY, *two).returncode == 0
@@ -319,10 +320,37 @@ def test_resume_with_other_partitioning_is_refused(tmp_path: Path) -> None:
     res = leo("train", *TINY, *two, "--resume")
     assert res.returncode == 0, res.stderr
     assert [r["epoch"] for r in metrics(run)] == [1, 2]
-    res = leo(
-        "train", *TINY, "--set", f"run.out_dir={run}", "--set", "partition.num_parts=4", "--resume"
+    res = leo("train", *TINY, *two, "--set", "partition.method=random", "--resume")
+    assert res.returncode == 2 and "partition.method" in res.stderr
+
+
+@pytest.mark.integration
+def test_resume_on_other_worker_counts_keeps_the_numbers(tmp_path: Path) -> None:
+    """2 workers to epoch 4, then 3 to epoch 7, then 1 to epoch 9: the losses of 2 workers
+    throughout (relative 1e-5), each segment's worker count in the rows and the summary."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    args = [*TINY, "--set", "train.checkpoint_every=2"]
+    res = leo("train", *args, "--set", f"run.out_dir={ref}", "--set", "train.num_epochs=9")
+    assert res.returncode == 0, res.stderr
+    segments = [(2, 4), (3, 7), (1, 9)]
+    for i, (workers, last) in enumerate(segments):
+        flags = ["--set", f"partition.num_parts={workers}", "--set", f"train.num_epochs={last}"]
+        res = leo("train", *args, "--set", f"run.out_dir={run}", *flags, *["--resume"] * (i > 0))
+        assert res.returncode == 0, res.stderr
+        if i > 0:  # the note, on one line of the console's width or two
+            assert f"on {workers} worker" in " ".join(res.stdout.split()), res.stdout
+        assert read_meta(run / "partitions")["num_parts"] == workers
+    rows = metrics(run)
+    assert [r["workers"] for r in rows] == [2] * 4 + [3] * 3 + [1] * 2
+    np.testing.assert_allclose(
+        [r["loss"] for r in rows], [r["loss"] for r in metrics(ref)], rtol=1e-5
     )
-    assert res.returncode == 2 and "partition.num_parts" in res.stderr
+    assert summary(run)["segments"] == [
+        {"workers": 2, "first_epoch": 1, "last_epoch": 4},
+        {"workers": 3, "first_epoch": 5, "last_epoch": 7},
+        {"workers": 1, "first_epoch": 8, "last_epoch": 9},
+    ]
+    assert summary(run)["exact"] and summary(run)["world_size"] == 1
 
 
 @pytest.mark.integration
