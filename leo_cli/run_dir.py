@@ -295,6 +295,37 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def checkpoint_digest(state: dict[str, Any] | None) -> bytes:
+    """SHA-256 of what a checkpoint gives training (epoch, generator, model, optimizer),
+    tensors by name, dtype, shape and bytes; 32 zero bytes for no checkpoint. Ranks compare it:
+    per-node copies of a run folder can hold different files of one epoch."""
+    import hashlib
+
+    import torch
+
+    if state is None:
+        return bytes(32)
+    h = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{t.dtype}{list(value.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=repr):
+                h.update(repr(key).encode())
+                feed(value[key])
+        elif isinstance(value, list | tuple):
+            for item in value:
+                feed(item)
+        else:
+            h.update(repr(value).encode())
+
+    feed({k: state.get(k) for k in ("epoch", "rng", "model", "optimizer")})
+    return h.digest()
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`, or {} when it is missing or unreadable."""
     try:

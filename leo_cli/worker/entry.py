@@ -38,7 +38,7 @@ from leo_cli.planner.auto_mode import refuse_unresolved, summary_fields
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of, planned_mode
-from leo_cli.run_dir import RunDir
+from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import build_job, halo_plan
@@ -83,21 +83,26 @@ def with_plan(fingerprint: str, cfg: LeoConfig, run: RunDir) -> str:
     return hashlib.sha256(bytes.fromhex(fingerprint) + run.plan.read_bytes()).hexdigest()
 
 
-def check_consistent(plan: HaloPlan, fingerprint: str, start: int) -> list[int]:
-    """Cross-check every rank's config, halo counts and resume epoch in one all-gather;
-    returns every rank's halo size (what the cache plan's rows are checked against).
+def check_consistent(
+    plan: HaloPlan, fingerprint: str, start: int, loaded: bytes = bytes(32)
+) -> list[int]:
+    """Cross-check every rank's config, halo counts, resume epoch and the digest of the
+    checkpoint it loaded (`run_dir.checkpoint_digest`) in one all-gather; returns every rank's
+    halo size (what the cache plan's rows are checked against).
 
     A node started with another config would silently train node 0's; ranks that read
     different partitions (a stale folder on one host) would run an inconsistent all-to-all;
     ranks resuming from different checkpoints would train different models.
     """
     p = len(plan.send_counts)
-    digest = torch.frombuffer(bytearray(bytes.fromhex(fingerprint)), dtype=torch.int64)
+    digests = [bytearray(bytes.fromhex(fingerprint)), bytearray(loaded)]
+    digest = torch.cat([torch.frombuffer(d, dtype=torch.int64) for d in digests])
     mine = torch.tensor([*plan.send_counts, *plan.recv_counts, start], dtype=torch.int64)
     rows = all_gather_(torch.cat([mine, digest]))
-    check_fingerprints(rows[:, 2 * p + 1 :])
+    check_fingerprints(rows[:, 2 * p + 1 : 2 * p + 5])
     check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
     check_same_start(rows[:, 2 * p])
+    check_same_checkpoint(rows[:, 2 * p + 5 :], start)
     return [int(n) for n in rows[:, p : 2 * p].sum(dim=1)]
 
 
@@ -120,6 +125,17 @@ def check_halo_counts(send: torch.Tensor, recv: torch.Tensor) -> None:
             f"rank {r} sends {int(send[r, q])} halo rows to rank {q} but rank {q} expects "
             f"{int(recv[q, r])} from rank {r}: the ranks read different partitions; make sure "
             "every node sees the same run.out_dir/partitions."
+        )
+
+
+def check_same_checkpoint(digests: torch.Tensor, epoch: int) -> None:
+    """Every rank must have loaded the same checkpoint bytes, not only the same epoch."""
+    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    if other:
+        raise TrainError(
+            f"worker ranks {other} loaded another checkpoint of epoch {epoch} than rank 0 "
+            "(different weights or optimizer state); make sure every node sees the same "
+            "run.out_dir/checkpoints."
         )
 
 
@@ -255,7 +271,8 @@ def run_worker(
     state = run.load_latest() if resume else None
     start = 0 if state is None else int(state["epoch"])
     fingerprint = with_plan(config_sha or config_fingerprint(cfg), cfg, run)
-    halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start)
+    loaded = checkpoint_digest(state)
+    halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start, loaded)
     # Read once, after every rank saw the same bytes: the job, the rows' extras, the summary.
     cache_plan = load_plan(cfg, run_dir, meta)
     used = cache_plan if cfg.cache.enabled else None

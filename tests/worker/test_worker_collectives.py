@@ -68,20 +68,22 @@ def test_whole_worker_runs_on_the_cuda_device_map(tmp_path: Path, mode: str) -> 
 
 SEND = [[0, 3], [5, 0]]  # rank r sends SEND[r][q] rows to q
 RECV = [[0, 5], [3, 0]]  # ... and expects RECV[r][q] from q
+SAME = [bytes(range(32))] * 2  # the digests of the checkpoint each rank loaded
 CASES = {
-    "consistent": (SEND, RECV, ["a" * 64, "a" * 64]),
-    "counts": (SEND, [[0, 5], [4, 0]], ["a" * 64, "a" * 64]),
-    "config": (SEND, RECV, ["a" * 64, "b" * 64]),
+    "consistent": (SEND, RECV, ["a" * 64, "a" * 64], SAME),
+    "counts": (SEND, [[0, 5], [4, 0]], ["a" * 64, "a" * 64], SAME),
+    "config": (SEND, RECV, ["a" * 64, "b" * 64], SAME),
+    "checkpoint": (SEND, RECV, ["a" * 64, "a" * 64], [bytes(range(32)), bytes(32)]),
 }
 
 
 def _cross_check(rank: int, world: int) -> dict[str, str]:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     out = {}
-    for name, (send, recv, digests) in CASES.items():
+    for name, (send, recv, digests, loaded) in CASES.items():
         plan = HaloPlan(0, torch.zeros(0, dtype=torch.int64), send[rank], recv[rank])
         try:
-            worker.check_consistent(plan, digests[rank], start=0)
+            worker.check_consistent(plan, digests[rank], start=4, loaded=loaded[rank])
             out[name] = "ok"
         except TrainError as exc:
             out[name] = str(exc)
@@ -95,3 +97,4 @@ def test_ranks_cross_check_halo_counts_and_configs() -> None:
         sentence = "rank 0 sends 3 halo rows to rank 1 but rank 1 expects 4 from rank 0"
         assert sentence in got["counts"]
         assert "ranks [1] were started with another config than rank 0" in got["config"]
+        assert "ranks [1] loaded another checkpoint of epoch 4 than rank 0" in got["checkpoint"]
