@@ -119,12 +119,14 @@ class PublishedRows:
         return self.counters[reader][i : i + 1]
 
     def _rows(self, q: int, copy: int, first: int, count: int, width: int) -> Tensor:
-        """Rows [first, first + count) of copy `copy` of q's row area, at `width`."""
+        """Rows [first, first + count) of copy `copy` of q's row area, at `width`: contiguous
+        from the region's start, which is placed at the widest width (`lay.width`), so regions
+        stay disjoint whatever widths the layers give each of them."""
         lay = self.layouts[q]
         assert lay is not None
         assert width <= lay.width, f"rows of width {width} exceed the segment's {lay.width}"
         total = lay.published_rows + sum(lay.read_rows)
-        start = copy * total * lay.width * lay.elem_size + first * width * lay.elem_size
+        start = (copy * total + first) * lay.width * lay.elem_size
         end = start + count * width * lay.elem_size
         return self.areas.area(q)[start:end].view(self.dtype).view(count, width)
 

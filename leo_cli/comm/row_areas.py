@@ -129,14 +129,16 @@ def first_line(exc: BaseException) -> str:
     return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
-def stop_together(problem: str, what: str = "their host's GPUs' published rows") -> None:
+def stop_together(
+    problem: str,
+    what: str = "their host's GPUs' published rows",
+    fix: str = "use pipeline.transport=process-group",
+) -> None:
     """Every rank learns whether any failed to map `what` (its `problem`, empty where none),
-    and all stop alike: no rank is left waiting in a collective."""
+    and all stop alike with the sentence (ending in `fix`): no rank is left waiting in a
+    collective."""
     problems: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)
     bad = [q for q, p in enumerate(problems) if p]
     if bad:
-        raise TrainError(
-            f"workers {bad} cannot map {what} ({problems[bad[0]]}); "
-            "use pipeline.transport=process-group."
-        )
+        raise TrainError(f"workers {bad} cannot map {what} ({problems[bad[0]]}); {fix}.")

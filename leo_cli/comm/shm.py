@@ -23,6 +23,7 @@ from torch import Tensor
 from leo_cli.comm.blocks import Schedule
 from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.exchange import CommStats, HaloPlan, offsets
+from leo_cli.comm.row_areas import first_line, stop_together
 from leo_cli.comm.segments import create_segment
 from leo_cli.comm.transport import GradOf, Landed, halo_slices, sent_slices
 from leo_cli.errors import TrainError
@@ -35,8 +36,9 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
 
     The space is reserved up front (a full /dev/shm then fails here with a sentence, instead
     of killing a worker with SIGBUS on first write), and the file is unlinked once everyone
-    has mapped it. A worker killed before that leaves the file: its name says whose it is,
-    and the launcher and later runs remove it (comm/segments.py).
+    has mapped it; a worker that cannot map it stops every worker with its reason. A worker
+    killed before that leaves the file: its name says whose it is, and the launcher and later
+    runs remove it (comm/segments.py).
     """
     num_bytes = max(num_elements, 1) * torch.empty(0, dtype=dtype).element_size()
     names: list[Any] = [None]
@@ -49,8 +51,14 @@ def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
             "space there (or enlarge it) or use pipeline.mode=leo."
         )
     try:
-        segment = torch.from_file(names[0], shared=True, size=max(num_elements, 1), dtype=dtype)
-        dist.barrier()
+        problem = ""
+        try:
+            segment = torch.from_file(names[0], shared=True, size=max(num_elements, 1), dtype=dtype)
+        except RuntimeError as exc:
+            problem = f"{names[0]}: {first_line(exc)}"
+        # In place of a barrier: a rank that could not map it stops everyone, at once.
+        what, fix = f"the shared {SHM_DIR} segment", "check /dev/shm or use pipeline.mode=leo"
+        stop_together(problem, what, fix)
     finally:
         if dist.get_rank() == 0:
             with contextlib.suppress(OSError):

@@ -60,7 +60,6 @@ from leo_cli.planner.profile.store import (
     load_limit,
     machine_cache,
     matches,
-    placement_of,
     quick_probe,
     saved_profile,
 )
@@ -174,12 +173,7 @@ def _find_profile(
     if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
         return own if own is not None and fits_nodes(own, cfg, num_workers) else None
     threads = placement(cfg)
-    if (
-        own is not None
-        and own.world_size == num_workers
-        and placement_of(own) == threads
-        and own.quick == quick_probe()
-    ):
+    if own is not None and matches(own, num_workers, threads):  # this host and torch too
         return own
     machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
     if machine is not None and matches(machine, num_workers, threads):
@@ -193,6 +187,12 @@ def _find_profile(
             file=sys.stderr,
         )
     return None
+
+
+def unpinned_rates(cfg: LeoConfig) -> bool:
+    """Whether per-rank rates are measured without pinning, with several workers on a host
+    (which of them gets the faster cores is then the scheduler's choice, run by run)."""
+    return cfg.launch.cpu_affinity is None and workers_per_node(cfg) > 1
 
 
 def part_weigher(
@@ -213,6 +213,14 @@ def part_weigher(
         return None
     num = cfg.partition.num_parts
     hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer, progress=progress)
+    if cfg.partition.part_weights == "measured" and unpinned_rates(cfg):
+        print(
+            "warning: partition.part_weights=measured with launch.cpu_affinity=null: unpinned "
+            "workers share the cores as the scheduler decides, so a probe rank's rate need not "
+            "be the training rank's; pin each worker to its cores with launch.cpu_affinity "
+            "(e.g. [[0],[1]]) for shares that hold.",
+            file=sys.stderr,
+        )
     static = static_layer0(cfg)
     dtype = cfg.train.dtype
     material = [hw.fingerprint(), cfg.model.model_dump(mode="json"), dtype_key(cfg), static]

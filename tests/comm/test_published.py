@@ -104,3 +104,25 @@ def test_a_reader_can_ask_whether_the_next_exchange_is_published() -> None:
     seen = spawn_ranks(asks_before_reading, 2)[1]
     assert not isinstance(seen, Exception), seen
     assert seen == [(False, True), (False, True)]
+
+
+def regions_after_writes(rank: int, world: int, widths: tuple[int, int]) -> list[float]:
+    """Fill copy 0's forward rows, then its backward rows, at their widths; the values left."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = PublishedRows([Layout(2, 1, 5, [3], 8, 8)], rank, torch.float64, timeout_s=30)
+    forward, backward = widths
+    for copy in (0, 1):
+        rows.forward_rows(0, copy, forward).fill_(1.0 + copy)
+        rows.backward_rows(0, 0, copy, backward).fill_(3.0 + copy)
+    seen = [rows.forward_rows(0, c, forward).unique().tolist() for c in (0, 1)]
+    seen += [rows.backward_rows(0, 0, c, backward).unique().tolist() for c in (0, 1)]
+    return seen
+
+
+@pytest.mark.parametrize("widths", [(8, 2), (2, 8), (8, 8), (3, 5)])
+def test_forward_and_backward_regions_are_disjoint_for_any_widths(
+    widths: tuple[int, int],
+) -> None:
+    """A layer whose forward rows are wider than its gradients (or narrower) overwrites
+    nothing of the other region, in either copy."""
+    assert spawn_ranks(regions_after_writes, 1, widths) == [[[1.0], [2.0], [3.0], [4.0]]]

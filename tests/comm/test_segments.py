@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.ranks import spawn_ranks
 from torch.distributed.elastic.multiprocessing import SignalException
 
 from leo_cli.comm import segments
@@ -91,3 +92,35 @@ def test_launcher_removes_its_jobs_segments_when_interrupted(
         signal.signal(signal.SIGTERM, saved)
     assert info.value.exit_code == 143
     assert [p.name for p in shm.glob("leo-*")] == [other_job.name]
+
+
+def _map_with_rank_1_failing(rank: int, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    from leo_cli.comm import shm
+    from leo_cli.errors import TrainError
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if rank == 1:
+
+        def refused(*args: object, **kwargs: object) -> object:
+            raise RuntimeError("unable to mmap 64 bytes: Permission denied\ndetail")
+
+        torch.from_file = refused  # type: ignore[assignment]
+    try:
+        shm.open_segment(16, torch.float32)
+    except TrainError as exc:
+        return str(exc)
+    return "mapped"
+
+
+@pytest.mark.dist
+def test_a_segment_one_worker_cannot_map_stops_every_worker_with_its_reason() -> None:
+    """Not rank 0 waiting in a barrier until launch.timeout_s names the wrong cause."""
+    got = spawn_ranks(_map_with_rank_1_failing, 2, limit_s=60)
+    for sentence in got:
+        assert isinstance(sentence, str), sentence
+        assert sentence.startswith("workers [1] cannot map the shared /dev/shm segment"), sentence
+        assert "Permission denied" in sentence and "pipeline.mode=leo" in sentence
+        assert "\n" not in sentence

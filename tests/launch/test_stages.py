@@ -170,3 +170,43 @@ def test_reach_is_computed_inside_a_pinned_worker(monkeypatch: pytest.MonkeyPatc
     cfg = load_config(None, ["partition.num_parts=3", "launch.cpu_affinity=[[0],[1],[1]]"])
     published = reach_of(cfg, 3).published
     assert published.tolist() == [[False, True, True], [True, False, True], [True, True, False]]
+
+
+@pytest.mark.parametrize("field", ["hostname", "torch_version"])
+def test_a_run_folders_profile_of_another_host_or_torch_is_probed_again(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch, field: str
+) -> None:
+    """Keyed like the machine-wide store: a run folder copied from another machine (or kept
+    across a torch upgrade) does not lend its rates to this one."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}"])
+    plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    for path in [run / HARDWARE_FILE, *(tmp_path / "machine").iterdir()]:
+        elsewhere = json.loads(path.read_text())
+        elsewhere[field] = "elsewhere"
+        path.write_text(json.dumps(elsewhere))
+    hw = plan_stage.hardware_profile(cfg, run, None, num_workers=2)
+    assert probes == [run, run] and getattr(hw, field) != "elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["partition.part_weights=measured"], True),
+        (["partition.part_weights=measured", "launch.cpu_affinity=[[0],[1]]"], False),
+        (["partition.part_weights=[2,1]"], False),
+    ],
+)
+def test_measured_weights_without_pinning_warn(
+    tmp_path: Path,
+    probes: list[Path],
+    capsys: pytest.CaptureFixture[str],
+    overrides: list[str],
+    warned: bool,
+) -> None:
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"run.out_dir={run}", *overrides])
+    assert plan_stage.part_weigher(cfg, run) is not None
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("measured with launch.cpu_affinity=null" in err) == warned, err
