@@ -27,12 +27,9 @@ def linear_propagate(
     return out
 
 
-def column(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.unsqueeze(1)
-
-
 class GCNConv(nn.Module):
-    """Kipf & Welling: D^-1/2 (A+I) D^-1/2 X W + b."""
+    """Kipf & Welling: D^-1/2 (A+I) D^-1/2 X W + b (the self-loops are on the CSR's diagonal,
+    models/local_graph.py)."""
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -41,7 +38,7 @@ class GCNConv(nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)
 
     def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
-        return linear_propagate(x_NF, self.lin, g, at, column(g.self_weight_N)) + self.bias
+        return linear_propagate(x_NF, self.lin, g, at) + self.bias
 
 
 class SAGEConv(nn.Module):

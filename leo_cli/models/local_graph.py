@@ -86,25 +86,22 @@ class Linear:
 
 @dataclass
 class LocalGraph:
-    """What a layer needs: self-loop weights, global ids and the aggregator; the cache levels
-    (static aggregate, replicas) sit here, out of the layers' sight.
+    """What a layer needs: global ids and the aggregator (whose CSR holds GCN's self-loops on
+    its diagonal); the cache levels (static aggregate, replicas) sit here, out of the layers'
+    sight.
 
     Attributes:
-        self_weight_N: weight of each row's own term (GCN's self-loop), or None.
         global_ids_N: global node ids of inner rows (keys of the dropout masks).
         aggregator: sums in-neighbours over `[inner | halo]` columns, exchanging halo rows
             (and their gradients) as its pipeline mode does.
         replicas: layer-0 input rows of replicated halo nodes (cache level L1), or None.
         static_agg_NF: `Â·X` of layer 0 computed once (cache level L1s), or None.
-        static_has_self: the static aggregate already holds the fixed self-loop term.
     """
 
-    self_weight_N: Tensor | None
     global_ids_N: Tensor
     aggregator: Aggregator
     replicas: Replicas | None = None
     static_agg_NF: Tensor | None = None
-    static_has_self: bool = False
     edge_views: dict[int, EdgeView] = field(default_factory=dict)
 
     def propagate(
@@ -121,7 +118,7 @@ class LocalGraph:
         x_NF = h.x_NF if isinstance(h, Linear) else h
         if at.static and at.layer == 0 and self.static_agg_NF is not None:
             agg_NF = self.static_agg_NF
-            if self_scale is not None and not self.static_has_self:
+            if self_scale is not None:
                 agg_NF = agg_NF + self_scale * x_NF
             return agg_NF if weight is None else F.linear(agg_NF, weight)
         if weight is None:
@@ -154,12 +151,6 @@ class LocalGraph:
                 col_ids_K = ids_N if plan is None else halo_ids(plan, ids_N)
                 built[id(adj)] = attention_view(adj, col_ids_K, ids_N)
             self.edge_views[layer] = built[id(adj)]
-
-    def fold_self_loops(self, x_NF: Tensor) -> None:
-        """Add the fixed self-loop term (GCN's) to the static aggregate once, not per step."""
-        if self.static_agg_NF is not None and self.self_weight_N is not None:
-            self.static_agg_NF = self.static_agg_NF + self.self_weight_N.unsqueeze(1) * x_NF
-            self.static_has_self = True
 
     def add_replicas(
         self, out_NO: Tensor, xr_RF: Tensor | None, weight_OF: Tensor | None, layer: int
@@ -208,14 +199,36 @@ def transpose_scales(
 
 def part_adjacency(
     part: LocalPart, model: str, dtype: torch.dtype, device: torch.device
-) -> tuple[kernels.CSR, Tensor | None]:
-    """The part's CSR (inner rows, `[inner | halo]` columns) weighted for `model`, and the
-    self-loop weight of every inner row (None when the model has none)."""
+) -> kernels.CSR:
+    """The part's CSR (inner rows, `[inner | halo]` columns) weighted for `model`, with each
+    inner row's self-loop weight (GCN's) on its diagonal: the aggregation then sums a row's
+    own term with its neighbours' in one pass, forward and backward."""
     values, self_weight = edge_values(part, model, dtype)
+    indptr = torch.from_numpy(np.asarray(part.indptr))
+    indices = torch.from_numpy(np.asarray(part.indices))
+    if self_weight is not None:
+        indptr, indices, values = with_diagonal(indptr, indices, values, self_weight)
     adj = kernels.CSR.from_arrays(
-        torch.from_numpy(np.asarray(part.indptr)),
-        torch.from_numpy(np.asarray(part.indices)),
-        values,
-        num_cols=part.num_inner + part.num_halo,
-    ).to(device)
-    return adj, None if self_weight is None else self_weight.to(device)
+        indptr, indices, values, num_cols=part.num_inner + part.num_halo
+    )
+    return adj.to(device)
+
+
+def with_diagonal(
+    indptr: Tensor, indices: Tensor, values: Tensor, diag_N: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """CSR arrays with entry (i, i) of value `diag_N[i]` added to every row i < N, at its place
+    among the row's columns (kept in increasing order where they were)."""
+    n = diag_N.shape[0]
+    rows_E = row_of_edges(indptr)
+    first_N = torch.arange(n, dtype=torch.int64)
+    below_N = torch.bincount(rows_E[indices.long() < rows_E], minlength=n)
+    at_N = indptr[:n].long() + below_N + first_N  # where each diagonal entry lands
+    out_E = torch.ones(indices.shape[0] + n, dtype=torch.bool)
+    out_E[at_N] = False
+    new_indices = torch.empty(out_E.shape[0], dtype=indices.dtype)
+    new_indices[out_E], new_indices[at_N] = indices, first_N.to(indices.dtype)
+    new_values = torch.empty(out_E.shape[0], dtype=values.dtype)
+    new_values[out_E], new_values[at_N] = values, diag_N.to(values.dtype)
+    shift = torch.cat([first_N, torch.tensor([n])]).to(indptr.dtype)
+    return indptr + shift, new_indices, new_values

@@ -51,6 +51,9 @@ class ModelShape:
     """Bytes a rounded row carries besides its elements (a power-of-two scale's exponent)."""
     halo_stochastic: bool = False
     """Rounded rows draw random bytes (int8's stochastic rounding)."""
+    diagonal: bool = False
+    """The self-loops are entries of the CSR's diagonal (GCN): one more inner edge per row in
+    every aggregation, and no separate self-loop passes."""
 
     @property
     def admits_replicas(self) -> bool:
@@ -122,6 +125,7 @@ class ShapeLayer:
     grad_rows: bool = False
     keyed: bool = False  # stochastic rounding: random bytes drawn per element (int8)
     scaled: bool = False  # a power-of-two scale per row (int8, float16)
+    diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
 
 
 class _Counts:
@@ -232,8 +236,9 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
 
 
 def _self_width(sl: ShapeLayer, backward: bool) -> int:
-    """Width of the self-loop term's passes; none backward where no gradient needs it."""
-    if backward and sl.layer == 0 and not sl.upd:
+    """Width of the self-loop term's passes; none backward where no gradient needs it, and
+    none where the self-loops are CSR entries (priced with the inner SpMM)."""
+    if sl.diagonal or (backward and sl.layer == 0 and not sl.upd):
         return 0  # aggregate-first layer 0: the input needs no gradient
     return sl.w
 
@@ -383,7 +388,7 @@ def _forward(
     if cnt.publishes[r]:  # its boundary rows copied where same-host readers map them
         pack += hw.pass_seconds(bnd, w)
     rows = p.rows_reading_blocks(k)
-    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    inner_spmm = _spmm(hw, p.inner_edges + n * sl.diagonal, w, n, n)
     read = halo + cnt.read_in_place[r]  # rows the halo edges read, here or in place
     halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, read, rows)
     halo_spmm *= _in_place_factor(hw, cnt, r)
@@ -425,7 +430,7 @@ def _backward(
     pre["pack"] += hw.pass_seconds(cnt.read_in_place[r], w)  # published for their owners
     if mode.wire.gradient_buffer:  # one buffer for the collective
         pre["pack"] += hw.pass_seconds(halo, w)
-    inner_spmm = _spmm(hw, p.inner_edges, w, n, n, backward=True)
+    inner_spmm = _spmm(hw, p.inner_edges + n * sl.diagonal, w, n, n, backward=True)
     overlap = mode.overlap
     window: Terms = {"spmm": inner_spmm} if overlap else {}
     unpack = hw.scatter_add_seconds(cnt.send[r], w)  # added into their owners' rows
@@ -474,7 +479,7 @@ def _backward_rows(
     pre: Terms = {"epilogue": dense.pop("epilogue"), "round": _encode_seconds(hw, sl, n)}
     if mode.wire.packs:
         pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    inner_spmm = _spmm(hw, p.inner_edges, w, n, n)
+    inner_spmm = _spmm(hw, p.inner_edges + n * sl.diagonal, w, n, n)
     inner_round = _decode_seconds(hw, sl, n)
     halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
@@ -493,10 +498,11 @@ def _backward_rows(
 
 def _static_layer(hw: Rates, p: PartAccess, sl: ShapeLayer) -> tuple[Terms, Terms]:
     """Layer 0 over the precomputed `Â·X` (L1s): no exchange, no SpMM, no dropout; the
-    self-loop term is added at input width, and no gradient flows back through it."""
+    self-loop term is added at input width (but where the aggregate holds it: `diagonal`),
+    and no gradient flows back through it."""
     n = p.num_inner
     return (
-        _dense(hw, n, sl, backward=False, self_width=sl.a),
+        _dense(hw, n, sl, backward=False, self_width=0 if sl.diagonal else sl.a),
         _dense(hw, n, sl, backward=True, self_width=0),
     )
 
@@ -527,6 +533,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
         rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
+        shape.diagonal,
     )  # fmt: skip
 
 

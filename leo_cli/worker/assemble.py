@@ -114,7 +114,7 @@ def assemble(
     mode = mode_of(cfg.pipeline.mode)
     dtype = DTYPES[cfg.train.dtype]
     halo = halo_plan(part, device)
-    adj, self_weight = part_adjacency(part, cfg.model.name, dtype, device)
+    adj = part_adjacency(part, cfg.model.name, dtype, device)
     data = WorkerData.from_part(part, dataset.num_train, dtype, device)
     laps.lap("graph_s")
     stats = CommStats()  # every aggregator of this worker counts here
@@ -143,14 +143,12 @@ def assemble(
         cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats), rounding
     )
     graph = LocalGraph(
-        self_weight_N=self_weight,
         global_ids_N=ids_N,
         aggregator=aggregator,
         replicas=None if levels is None else levels.replicas,
         static_agg_NF=None if levels is None else levels.static_agg_NF,
     )
     laps.lap("aggregator_s")
-    graph.fold_self_loops(data.x_NF)
     if cfg.model.attention:
         graph.prepare_attention(cfg.model.num_layers)
     model = build_model(cfg.model, dataset.num_features, dataset.num_classes, cfg.run.seed)

@@ -32,7 +32,7 @@ def three_layers(rank: int, world: int, parts: Any, g_in: Any, every: int, whole
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = parts[rank]
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
-    adj, _ = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
     plan = halo_plan(part, torch.device("cpu"))
     local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))
     stats = CommStats()

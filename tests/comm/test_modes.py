@@ -55,7 +55,7 @@ def hand_made() -> Graph:
 def dense_adjacency(g: Graph) -> torch.Tensor:
     """The whole graph's GCN-normalised adjacency (no self loops), as one part sees it."""
     whole = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
-    adj, _ = part_adjacency(whole, "gcn", torch.float64, torch.device("cpu"))
+    adj = part_adjacency(whole, "gcn", torch.float64, torch.device("cpu"))
     order = torch.from_numpy(np.asarray(whole.inner_nodes, dtype=np.int64))
     dense = torch.zeros(g.num_nodes, g.num_nodes, dtype=torch.float64)
     dense[order.unsqueeze(1), order.unsqueeze(0)] = adj.to_dense()
@@ -75,7 +75,7 @@ def run_mode(name: str, part: LocalPart, world: int, global_in: dict[str, torch.
     """Aggregate, transform-aggregate and gather this rank's rows in one mode; outputs and
     input gradients (the ones the reference gives for these rows)."""
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
-    adj, _ = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
     local_H = torch.from_numpy(np.array(part.halo_owner_local))
     wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
     agg = make_aggregator(
@@ -160,7 +160,7 @@ def products_of_every_mode(rank: int, world: int, parts: list[LocalPart]) -> dic
     """Each mode's aggregation of the same rows, and the products it ran (one chunk)."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = parts[rank]
-    adj, _ = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(part.num_inner, WIDTH, dtype=torch.float64, generator=gen)
     grad = torch.randn(part.num_inner, WIDTH, dtype=torch.float64, generator=gen)

@@ -152,7 +152,7 @@ class Exact:
 
 def dense(g: Graph, model: str) -> torch.Tensor:
     whole = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
-    adj, _ = part_adjacency(whole, model, torch.float64, torch.device("cpu"))
+    adj = part_adjacency(whole, model, torch.float64, torch.device("cpu"))
     order = torch.from_numpy(np.asarray(whole.inner_nodes, dtype=np.int64))
     out = torch.zeros(g.num_nodes, g.num_nodes, dtype=torch.float64)
     out[order.unsqueeze(1), order.unsqueeze(0)] = adj.to_dense()
@@ -164,7 +164,7 @@ def aggregate_as_rows(part: LocalPart, model: str, mode: str, g_in: dict) -> dic
     backward reads the gradient as rows through `Aᵀ = diag(r)·A·diag(c)` and nothing else."""
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
     cpu = torch.device("cpu")
-    adj, _ = part_adjacency(part, model, torch.float64, cpu)
+    adj = part_adjacency(part, model, torch.float64, cpu)
     rounding = Rounding(Exact(), ids, transpose_scales(part, model, torch.float64, cpu))
     local_H = torch.from_numpy(np.array(part.halo_owner_local))
     wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64, rounding)

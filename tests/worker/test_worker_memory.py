@@ -55,7 +55,7 @@ def test_features_stay_on_the_parts_file_map(tmp_path: Path) -> None:
 def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     no_levels = RankLevels(static_aggregate=False, replica_rows=[], l3_rows=[])
     for layer0 in (True, False):
         view_adj, view_plan = view_of_layer(adj, plan, no_levels, layer0)
@@ -65,8 +65,8 @@ def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
 def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
-    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]  # another view
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))  # another view
     chunks = [2]
     agg = layered((layer0, plan), (adj, plan), chunks)
     assert agg.first.inner is agg.rest.inner  # type: ignore[attr-defined]
@@ -78,8 +78,8 @@ def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
 def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
-    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))[0]
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    layer0 = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     chunks = [2, 3, 4]
     agg = layered((layer0, plan), (adj, plan), chunks)
     assert set(agg.first._schedules) == {2} and set(agg.rest._schedules) == {3, 4}  # type: ignore[attr-defined]
@@ -98,7 +98,7 @@ def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path
 def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     chunks = [2, 3]
     agg = layered((adj, plan), (adj, plan), chunks)
     assert agg.adj is None  # type: ignore[attr-defined]
@@ -112,7 +112,7 @@ def test_pipelined_aggregator_keeps_the_csr_only_for_attention(tmp_path: Path) -
 def test_single_worker_keeps_one_copy_of_the_csr() -> None:
     g = random_graph(num_nodes=60, num_edges=300, seed=4)
     part = build_parts(g, assign_parts(g, 1, "range", 0), 1)[0]
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     chunks = [1]
     agg = layered((adj, None), (adj, None), chunks)
     gat = layered((adj, None), (adj, None), chunks, attention=True)
@@ -141,7 +141,7 @@ def _replicas_of(rank: int, world: int, root: Path) -> tuple[np.ndarray, np.ndar
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = read_part(root, rank, mmap=True)
     plan = halo_plan(part, torch.device("cpu"))
-    adj, _ = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     x = torch.from_numpy(np.array(part.x))
     halo = list(range(part.num_halo))
     levels = RankLevels(False, halo[::2], [])
