@@ -208,9 +208,7 @@ def part_adjacency(
     indices = torch.from_numpy(np.asarray(part.indices))
     if self_weight is not None:
         indptr, indices, values = with_diagonal(indptr, indices, values, self_weight)
-    adj = kernels.CSR.from_arrays(
-        indptr, indices, values, num_cols=part.num_inner + part.num_halo
-    )
+    adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=part.num_inner + part.num_halo)
     return adj.to(device)
 
 
