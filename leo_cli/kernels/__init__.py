@@ -23,6 +23,7 @@ from leo_cli.kernels.csr import CSR
 
 __all__ = [
     "CSR",
+    "bias_relu_dropout",
     "Backend",
     "active_backend",
     "backend_name",
@@ -123,6 +124,22 @@ def check_row_indices(idx: Tensor, num_rows: int, op: str) -> None:
         raise KernelError(
             f"{op}: indices must lie in [0, {num_rows}), got values in [{low}, {high}]"
         )
+
+
+def bias_relu_dropout(
+    h_NF: Tensor, bias_F: Tensor | None, ids_N: Tensor, key: int, threshold: int, scale: float
+) -> Tensor:
+    """relu(h + bias) with keyed inverted dropout in one pass (`ops.bias_relu_dropout`): entry
+    (i, j) kept (times `scale`) where the random byte of (ids_N[i], j) under `key` is at least
+    `threshold` (0: no dropout); backward from the output alone."""
+    if h_NF.dim() != 2 or ids_N.shape != (h_NF.shape[0],):
+        raise ValueError(
+            f"h (N x F) and ids (N) must match, got {tuple(h_NF.shape)} and {tuple(ids_N.shape)}"
+        )
+    if bias_F is not None and bias_F.shape != (h_NF.shape[1],):
+        raise ValueError(f"bias must have {h_NF.shape[1]} entries, got {tuple(bias_F.shape)}")
+    out: Tensor = ops.bias_relu_dropout(h_NF, bias_F, ids_N, key, threshold, scale)
+    return out
 
 
 def gather_rows(x: Tensor, idx: Tensor) -> Tensor:

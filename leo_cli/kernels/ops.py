@@ -22,6 +22,7 @@ from torch import Tensor
 from leo_cli.kernels.backend import require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 from leo_cli.kernels.slabs import slab_width
+from leo_cli.util.keyed import random_bytes
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SDDMM_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 per temporary
@@ -466,3 +467,75 @@ def _fused_backward(ctx: Any, grad_RF: Tensor) -> tuple[Tensor | None, ...]:
 
 
 fused_aggregate.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# leo::bias_relu_dropout — relu(h + b) ⊙ keyed dropout mask, one cache-sized chunk at a time
+
+_EPILOGUE_CHUNK_BYTES = 4 << 20  # rows per chunk: about 4 MB of h, in the last-level cache
+
+
+def _row_chunks(x: Tensor) -> list[tuple[int, int]]:
+    """[start, end) row ranges of about _EPILOGUE_CHUNK_BYTES each (one range on GPUs, where
+    every pass is one kernel over the whole tensor)."""
+    n = x.shape[0]
+    if x.is_cuda:
+        return [(0, n)]
+    rows = max(1, _EPILOGUE_CHUNK_BYTES // max(1, x.shape[1] * x.element_size()))
+    return [(s, min(s + rows, n)) for s in range(0, n, rows)]
+
+
+@torch.library.custom_op("leo::bias_relu_dropout", mutates_args=())
+def bias_relu_dropout(
+    h: Tensor, bias: Tensor | None, ids: Tensor, key: int, threshold: int, scale: float
+) -> Tensor:
+    """relu(h + bias), then entry (i, j) times `scale` where the random byte of (ids[i], j)
+    under `key` (util/keyed.py) is at least `threshold`, else 0 (inverted dropout;
+    threshold 0: none). The reference on every device (no CUDA kernel: torch's own serve the
+    GPU); on the CPU row chunks that stay in the cache, so each entry is read and written once.
+    """
+    out = torch.empty_like(h)
+    for s, e in _row_chunks(h):
+        o = out[s:e]
+        if bias is None:
+            o.copy_(h[s:e])
+        else:
+            torch.add(h[s:e], bias, out=o)
+        o.clamp_(min=0)
+        if threshold > 0:
+            o.mul_(random_bytes(ids[s:e], h.shape[1], key) >= threshold).mul_(scale)
+    return out
+
+
+@bias_relu_dropout.register_fake
+def _bias_relu_dropout_fake(
+    h: Tensor, bias: Tensor | None, ids: Tensor, key: int, threshold: int, scale: float
+) -> Tensor:
+    _require(h.dim() == 2 and ids.dim() == 1, lambda: "bias_relu_dropout: h 2-D, ids 1-D")
+    return torch.empty_like(h)
+
+
+def _bias_relu_dropout_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    _, bias, _, _, threshold, scale = inputs
+    ctx.save_for_backward(output)
+    ctx.scale = scale if threshold > 0 else None
+    ctx.has_bias = bias is not None
+
+
+def _bias_relu_dropout_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """grad ⊙ 1[out > 0] ⊙ scale: an entry passed both ReLU and the mask exactly where the
+    output is positive (scale >= 1, so no kept positive value rounds to 0)."""
+    (out,) = ctx.saved_tensors
+    grad_h = torch.empty_like(grad)
+    for s, e in _row_chunks(grad):
+        g = grad_h[s:e]  # ReLU's own backward kernel: grad where out > 0, else 0
+        torch.ops.aten.threshold_backward.grad_input(grad[s:e], out[s:e], 0, grad_input=g)
+        if ctx.scale is not None:
+            g.mul_(ctx.scale)
+    grad_bias = grad_h.sum(0) if ctx.has_bias else None
+    return grad_h, grad_bias, None, None, None, None
+
+
+bias_relu_dropout.register_autograd(
+    _bias_relu_dropout_backward, setup_context=_bias_relu_dropout_setup_context
+)

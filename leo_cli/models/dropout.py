@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leo_cli import kernels
 from leo_cli.util.keyed import random_bytes, salted, splitmix64
 
 _ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
@@ -43,16 +44,31 @@ def keep_mask(ids_N: Tensor, num_cols: int, key: int, p: float) -> Tensor:
     return random_bytes(ids_N, num_cols, key) >= threshold(p)
 
 
+def keep_scale(p: float, dtype: torch.dtype) -> float:
+    """1 / (keep probability), unbiased after `threshold`'s rounding, as `dtype` holds it (the
+    multiplier a kept entry gets)."""
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    return float(torch.tensor(256.0 / (256 - threshold(p)), dtype=wide).to(dtype))
+
+
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     """Inverted dropout with a mask that only depends on global row ids and the key."""
     if p == 0.0:
         return x_NF
-    scale = 256.0 / (256 - threshold(p))  # 1 / (keep probability): unbiased after rounding
+    scale = keep_scale(p, x_NF.dtype)
     mult_NF = torch.empty_like(x_NF)
     for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
         mult_NF[s : s + _CHUNK_ROWS] = keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
     out: Tensor = _Scale.apply(x_NF, mult_NF.mul_(scale))  # type: ignore[no-untyped-call]
     return out
+
+
+def relu_dropout(h_NF: Tensor, bias_F: Tensor | None, ids_N: Tensor, p: float, key: int) -> Tensor:
+    """`counter_dropout(relu(h + bias), ids_N, p, key)` in one pass over the rows (the leo::
+    op `bias_relu_dropout`): the same masks, the same numbers, forward and backward."""
+    t = threshold(p) if p > 0 else 0
+    scale = keep_scale(p, h_NF.dtype) if t > 0 else 1.0
+    return kernels.bias_relu_dropout(h_NF, bias_F, ids_N, key, t, scale)
 
 
 class _Scale(torch.autograd.Function):

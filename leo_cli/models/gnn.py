@@ -15,7 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leo_cli.config.schema import ModelConfig
-from leo_cli.models.dropout import attention_key, counter_dropout, rows_key, stream_key
+from leo_cli.models.dropout import (
+    attention_key,
+    counter_dropout,
+    relu_dropout,
+    rows_key,
+    stream_key,
+)
 from leo_cli.models.gat import gat_convs
 from leo_cli.models.layers import LAYERS
 from leo_cli.models.local_graph import LayerInput, LocalGraph
@@ -40,13 +46,15 @@ class GNN(nn.Module):
         self.input_dropout = cfg.effective_input_dropout
 
     def forward(self, x_NF: Tensor, g: LocalGraph, seed: int = 0, epoch: int = 0) -> Tensor:
-        """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id)."""
+        """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id). Between
+        layers, bias, ReLU and the next layer's dropout run as one op (`relu_dropout`)."""
         h = x_NF
+        last = len(self.convs) - 1
         for layer, conv in enumerate(self.convs):
             p = self.input_dropout if layer == 0 else self.dropout
             dropped = self.training and p > 0
             key = stream_key(seed, epoch, layer)
-            if dropped:
+            if dropped and (layer == 0 or self.elu):  # else drawn with the ReLU before it
                 h = counter_dropout(h, g.global_ids_N, p, key)
             at = LayerInput(layer, static=layer == 0 and not dropped)
             if layer == 0 and g.replicas is not None:
@@ -56,11 +64,18 @@ class GNN(nn.Module):
                 at = LayerInput(layer, static=not dropped, replica_RF=xr)
             if self.attention and self.training:
                 at = LayerInput(layer, attention_key=attention_key(seed, epoch, layer))
-            if self.training:  # rounded rows draw their random bits from a stream of their own
+            if self.training:  # rounded rows draw their random bytes from a stream of their own
                 at = replace(at, rows_key=rows_key(seed, epoch, layer))
-            h = conv(h, g, at)
-            if layer < len(self.convs) - 1:
-                h = F.elu(h) if self.elu else torch.relu(h)
+            if layer == last:
+                out: Tensor = conv(h, g, at)
+                return out
+            if self.elu:
+                h = F.elu(conv(h, g, at))
+                continue
+            p_next = self.dropout if self.training else 0.0
+            bias, next_key = conv.out_bias, stream_key(seed, epoch, layer + 1)
+            assert isinstance(bias, Tensor), "GCN, SAGE and GIN layers end in a bias"
+            h = relu_dropout(conv(h, g, at, add_bias=False), bias, g.global_ids_N, p_next, next_key)
         return h
 
 

@@ -9,6 +9,7 @@ Legend: N inner rows, F in-width, O out-width.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leo_cli.models.local_graph import LayerInput, Linear, LocalGraph
@@ -37,8 +38,14 @@ class GCNConv(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_channels))
         nn.init.xavier_uniform_(self.lin.weight)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
-        return linear_propagate(x_NF, self.lin, g, at) + self.bias
+    @property
+    def out_bias(self) -> Tensor:
+        """The bias `forward(add_bias=False)` leaves out (the stack adds it with the ReLU)."""
+        return self.bias
+
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput, add_bias: bool = True) -> Tensor:
+        out = linear_propagate(x_NF, self.lin, g, at)
+        return out + self.bias if add_bias else out
 
 
 class SAGEConv(nn.Module):
@@ -49,8 +56,13 @@ class SAGEConv(nn.Module):
         self.lin_l = nn.Linear(in_channels, out_channels, bias=False)
         self.lin_r = nn.Linear(in_channels, out_channels, bias=True)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
-        root: Tensor = self.lin_r(x_NF)
+    @property
+    def out_bias(self) -> Tensor:
+        """The bias `forward(add_bias=False)` leaves out (kept on `lin_r`, as PyG's keys go)."""
+        return self.lin_r.bias
+
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput, add_bias: bool = True) -> Tensor:
+        root = F.linear(x_NF, self.lin_r.weight, self.lin_r.bias if add_bias else None)
         return linear_propagate(x_NF, self.lin_l, g, at) + root
 
 
@@ -70,10 +82,15 @@ class GINConv(nn.Module):
         self.bias1 = nn.Parameter(torch.zeros(out_channels))
         self.lin2 = nn.Linear(out_channels, out_channels)
 
-    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput) -> Tensor:
+    @property
+    def out_bias(self) -> Tensor:
+        """The bias `forward(add_bias=False)` leaves out (the MLP's last)."""
+        return self.lin2.bias
+
+    def forward(self, x_NF: Tensor, g: LocalGraph, at: LayerInput, add_bias: bool = True) -> Tensor:
         z = linear_propagate(x_NF, self.lin1, g, at, 1 + self.eps)
-        out: Tensor = self.lin2(torch.relu(z + self.bias1))
-        return out
+        bias = self.lin2.bias if add_bias else None
+        return F.linear(torch.relu(z + self.bias1), self.lin2.weight, bias)
 
 
 # The layer class of each convolution of the registry that aggregates with fixed edge weights

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leo_cli.models.dropout import attention_key, counter_dropout, edge_ids, keep_mask, stream_key
+from leo_cli.models.dropout import (
+    attention_key,
+    counter_dropout,
+    edge_ids,
+    keep_mask,
+    relu_dropout,
+    stream_key,
+)
 
 
 def test_mask_of_any_row_subset_equals_the_full_mask() -> None:
@@ -92,3 +99,36 @@ def test_attention_masks_are_their_own_stream_and_keyed_by_both_ends() -> None:
         keep_mask(edge_ids(src, dst), 8, attention_key(0, 2, 0), 0.5),  # the next epoch
     ):
         assert abs((centred * (other.double() - 0.5)).mean().item() * 4) < 0.03
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fused_relu_dropout_gives_the_unfused_numbers_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, p: float, with_bias: bool
+) -> None:
+    """relu(h + b) then counter dropout, forward and backward (h and bias gradients), across
+    row chunks (a chunk of a few rows here) and rows ending at 0."""
+    from leo_cli.kernels import ops
+
+    monkeypatch.setattr(ops, "_EPILOGUE_CHUNK_BYTES", 64)
+    n, f = 301, 11
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(n, f, generator=gen).to(dtype)
+    h[:5] = 0.0  # relu's kink: no gradient at exactly 0
+    bias = torch.randn(f, generator=gen).to(dtype) if with_bias else None
+    ids, key, grad = torch.arange(n) * 7, stream_key(2, 3, 1), torch.randn(n, f).to(dtype)
+    outs = []
+    for fused in (False, True):
+        hh = h.clone().requires_grad_()
+        bb = None if bias is None else bias.clone().requires_grad_()
+        if fused:
+            y = relu_dropout(hh, bb, ids, p, key)
+        else:
+            y = counter_dropout(torch.relu(hh if bb is None else hh + bb), ids, p, key)
+        y.backward(grad)
+        outs.append((y.detach(), hh.grad, None if bb is None else bb.grad))
+    for a, b in zip(*outs, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
