@@ -375,6 +375,12 @@ class Conv:
         """L1 replicas and the L1s static aggregate (aggregate-first of raw inputs)."""
         return not self.attention
 
+    @property
+    def diagonal(self) -> bool:
+        """Its fixed self-loop weight sits on the CSR's diagonal (GCN): one more inner edge
+        per row, no separate self-loop term (models/local_graph.py)."""
+        return self.edge_weights == "symmetric"
+
 
 CONVS: dict[str, Conv] = {
     c.name: c

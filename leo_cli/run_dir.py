@@ -246,16 +246,19 @@ class RunDir:
     def read_latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads (weights_only=True) and checks, or None.
 
-        A file that cannot be read is reported on stderr and the one before it is tried, so
-        one bad file costs `train.checkpoint_every` epochs, not the run.
+        A file that cannot be read, or whose contents are not the digest its epoch's metrics
+        row recorded (edited, or copied from another run), is reported on stderr and the one
+        before it is tried, so one bad file costs `train.checkpoint_every` epochs, not the run.
 
         Raises:
             TrainError: checkpoints exist but none of them can be read.
         """
         newest_first = [path for _, path in reversed(self.list_checkpoints())]
+        recorded = self.recorded_digests()
         for i, path in enumerate(newest_first):
             try:
                 state = read_checkpoint(path)
+                check_recorded(state, recorded.get(state["epoch"]), self.metrics.name)
             except Exception as exc:  # a corrupt file must name itself, not crash
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 if i + 1 == len(newest_first):
@@ -271,6 +274,25 @@ class RunDir:
                 continue
             return state
         return None
+
+    def recorded_digests(self) -> dict[int, str]:
+        """The `checkpoint_sha256` of each epoch whose metrics row records one (rows that are
+        not what LEO writes are passed over here; `check_rows` names them)."""
+        out: dict[int, str] = {}
+        for row in self.read_metrics():
+            if isinstance(row, dict) and type(row.get("epoch")) is int:
+                digest = row.get("checkpoint_sha256")
+                if isinstance(digest, str):
+                    out[row["epoch"]] = digest
+        return out
+
+    def drop_checkpoints_after(self, epoch: int) -> None:
+        """Delete the checkpoints of epochs after `epoch`, the one a resume started from: it
+        skipped them (unreadable, or not what their epoch saved), and once their metrics rows
+        are truncated nothing would tell them apart at the next resume."""
+        for saved, path in self.list_checkpoints():
+            if saved > epoch:
+                path.unlink(missing_ok=True)
 
     def load_latest(self) -> dict[str, Any] | None:
         """`read_latest`, with torch's global generator restored from it."""
@@ -326,6 +348,20 @@ def checkpoint_digest(state: dict[str, Any] | None) -> bytes:
     return h.digest()
 
 
+def check_recorded(state: dict[str, Any], recorded: Any, metrics_name: str) -> None:
+    """A checkpoint's contents against the digest its epoch's metrics row recorded (None: no
+    row says one, as for checkpoints of older versions or a row lost with its attempt).
+
+    Raises:
+        ValueError: they differ.
+    """
+    if recorded is not None and recorded != checkpoint_digest(state).hex():
+        raise ValueError(
+            f"its contents are not what epoch {state['epoch']} saved (the digest in "
+            f"{metrics_name} differs)"
+        )
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`, or {} when it is missing or unreadable."""
     try:
@@ -361,6 +397,7 @@ class MetricsRow(BaseModel):
     cold: StrictBool = False
     exact: StrictBool = True
     workers: Annotated[StrictInt, Field(ge=1)] | None = None
+    checkpoint_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 def check_rows(rows: list[Any], path: Path) -> None:

@@ -45,14 +45,23 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
         task = progress.add_task("train", total=num_epochs, info="starting workers...")
         while True:
             rows = RunDir(run_dir).read_metrics()
-            if rows:
-                last = rows[-1]
-                info = f"loss {last['loss']:.4f}"
-                if "val_acc" in last:
-                    info += f"  val {last['val_acc']:.3f}"
-                progress.update(task, completed=last["epoch"], info=info)
+            shown = progress_of(rows[-1]) if rows else None
+            if shown is not None:
+                progress.update(task, completed=shown[0], info=shown[1])
             if stop.wait(0.5):
                 break
+
+
+def progress_of(row: Any) -> tuple[int, str] | None:
+    """(epoch, "loss ... val ...") of a metrics row, or None for a row that is not one (an
+    edited file: the workers name it; the bar waits for a row it can show)."""
+    try:
+        info = f"loss {row['loss']:.4f}"
+        if row.get("val_acc") is not None:
+            info += f"  val {row['val_acc']:.3f}"
+        return int(row["epoch"]), info
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def seconds(value: float | None) -> str:

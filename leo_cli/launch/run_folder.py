@@ -110,13 +110,13 @@ def newest(parent: Path) -> Path:
 
 def resume_note(folder: Path, workers: int) -> str | None:
     """One sentence when a run resumes on another worker count than its last epochs had."""
-    run = RunDir(folder)
-    kept = run.list_checkpoints()
-    rows = {r.get("epoch"): r.get("workers") for r in run.read_metrics()}
-    before = rows.get(kept[-1][0]) if kept else None
-    if before is None or before == workers:
+    rows = [r for r in RunDir(folder).read_metrics() if isinstance(r, dict)]
+    before = rows[-1].get("workers") if rows else None
+    if not isinstance(before, int) or before == workers:
         return None
+    exact = all(r.get("exact") is True for r in rows)  # inexact modes differ by count
     return (
-        f"resuming from epoch {kept[-1][0]} on {workers} worker{'s' * (workers != 1)} (it "
-        f"trained on {before}): partitions and plan made for {workers}, the numbers of {before}."
+        f"resuming from the last checkpoint on {workers} worker{'s' * (workers != 1)} (it "
+        f"trained on {before}) with partitions and a plan made for {workers}"
+        + (f"; the numbers are those of {before}." if exact else ".")
     )

@@ -206,7 +206,8 @@ def part_adjacency(
     values, self_weight = edge_values(part, model, dtype)
     indptr = torch.from_numpy(np.asarray(part.indptr))
     indices = torch.from_numpy(np.asarray(part.indices))
-    if self_weight is not None:
+    if conv_of(model).diagonal:
+        assert self_weight is not None, "a diagonal convolution has self-loop weights"
         indptr, indices, values = with_diagonal(indptr, indices, values, self_weight)
     adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=part.num_inner + part.num_halo)
     return adj.to(device)

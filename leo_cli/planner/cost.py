@@ -25,7 +25,9 @@ from leo_cli.planner.reach import Reach
 from leo_cli.registry import Mode, mode_of
 
 SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
-BIAS_RELU_PASSES = 2  # bias and ReLU (the last layer: bias only), forward and backward
+# Bias and ReLU with the next layer's dropout mask applied, one pass (leo::bias_relu_dropout;
+# the last layer: its bias alone), forward and backward; drawing the mask is `dropout`.
+EPILOGUE_PASSES = 1
 LOSS_PASSES = 2  # the logits' gradient: zero-filled, then the training rows' written
 
 
@@ -225,7 +227,7 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
     `self_width`: width of the self-loop term (0: none)."""
     a, b = sl.a, sl.b
     gemms = 2 if sl.extra else 1
-    epilogue = hw.pass_seconds(n, b) * (BIAS_RELU_PASSES - sl.last)
+    epilogue = hw.pass_seconds(n, b) * EPILOGUE_PASSES
     epilogue += hw.pass_seconds(n, self_width) * SELF_TERM_PASSES if self_width else 0.0
     if not backward:
         drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0

@@ -34,7 +34,7 @@ def model_shape(
         widths, model.dropout, model.effective_input_dropout, dtype_bytes,
         conv_of(model.name).extra_gemm, attention=model.attention,
         rows=tuple(model.row_widths(num_classes)), halo_bytes=halo[0], halo_row_bytes=halo[1],
-        halo_stochastic=halo[2], diagonal=conv_of(model.name).edge_weights == "symmetric",
+        halo_stochastic=halo[2], diagonal=conv_of(model.name).diagonal,
     )  # fmt: skip
 
 

@@ -99,15 +99,22 @@ def check_consistent(
     digest = torch.cat([torch.frombuffer(d, dtype=torch.int64) for d in digests])
     mine = torch.tensor([*plan.send_counts, *plan.recv_counts, start], dtype=torch.int64)
     rows = all_gather_(torch.cat([mine, digest]))
-    check_fingerprints(rows[:, 2 * p + 1 : 2 * p + 5])
+    config_at = 2 * p + 1  # then the config's digest, then the loaded checkpoint's
+    loaded_at = config_at + len(digests[0]) // 8
+    check_fingerprints(rows[:, config_at:loaded_at])
     check_halo_counts(rows[:, :p], rows[:, p : 2 * p])
     check_same_start(rows[:, 2 * p])
-    check_same_checkpoint(rows[:, 2 * p + 5 :], start)
+    check_same_checkpoint(rows[:, loaded_at:], start)
     return [int(n) for n in rows[:, p : 2 * p].sum(dim=1)]
 
 
+def unlike_rank_0(digests: torch.Tensor) -> list[int]:
+    """The ranks whose row differs from rank 0's."""
+    return [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+
+
 def check_fingerprints(digests: torch.Tensor) -> None:
-    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    other = unlike_rank_0(digests)
     if other:
         raise TrainError(
             f"worker ranks {other} were started with another config than rank 0 (only "
@@ -129,8 +136,8 @@ def check_halo_counts(send: torch.Tensor, recv: torch.Tensor) -> None:
 
 
 def check_same_checkpoint(digests: torch.Tensor, epoch: int) -> None:
-    """Every rank must have loaded the same checkpoint bytes, not only the same epoch."""
-    other = [r for r in range(len(digests)) if not torch.equal(digests[r], digests[0])]
+    """Every rank must have loaded the same checkpoint contents, not only the same epoch."""
+    other = unlike_rank_0(digests)
     if other:
         raise TrainError(
             f"worker ranks {other} loaded another checkpoint of epoch {epoch} than rank 0 "
@@ -285,6 +292,7 @@ def run_worker(
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         run.truncate_metrics(start)
+        run.drop_checkpoints_after(start)  # skipped by this resume: never loaded by the next
         run.write_status("running")
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)

@@ -59,7 +59,7 @@ def summarize(
         "mean_step_comm_bytes": _mean(warm_rows, "step_comm_bytes"),
         # of which read in place from published rows, or published for their owners
         "mean_step_published_bytes": _mean(warm_rows, "step_published_bytes"),
-        **rank_means([r for r in warm_rows if r.get("workers", world_size) == world_size]),
+        **rank_means([r for r in warm_rows if len(r.get("rank_step_s") or []) == world_size]),
         "total_comm_bytes": sum(r["comm_bytes"] for r in rows),
         "world_size": world_size,
         "segments": segments(rows),

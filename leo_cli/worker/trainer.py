@@ -29,7 +29,7 @@ from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
 from leo_cli.models.local_graph import LocalGraph
-from leo_cli.run_dir import RunDir, read_checkpoint
+from leo_cli.run_dir import RunDir, checkpoint_digest, read_checkpoint
 from leo_cli.worker.board import Board
 
 
@@ -209,6 +209,11 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         row.update(log.row_extras, cold=epoch == start + 1)
         if log.rank != 0:
             continue
+        saving = epoch % train.checkpoint_every == 0 or epoch == train.num_epochs
+        state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
+        if saving:  # what the checkpoint will hold, so a resume can tell an edited one
+            written = {"epoch": epoch, "rng": torch.get_rng_state(), **state}
+            row["checkpoint_sha256"] = checkpoint_digest(written).hex()
         log.run.append_metrics(row)
         if log.board is not None:
             log.board.add_row(row)
@@ -216,8 +221,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         if val is not None and (best is None or val > best):
             best = val
             log.run.save_best(epoch, accuracies(row), job.model.state_dict())
-        if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
-            state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
+        if saving:
             log.run.save_checkpoint(epoch, state)
 
 
@@ -333,6 +337,8 @@ def optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer, epoch: int) 
     for index, entry in state.items():
         if not isinstance(index, int) or not 0 <= index < len(params):
             return f"holds optimizer state for a parameter {index!r} the model does not have"
+        if not isinstance(entry, dict):
+            return f"holds optimizer state for parameter {index} that is not a dictionary"
         for key, value in entry.items():
             if not isinstance(value, Tensor):
                 return f"holds optimizer state {key!r} that is not a tensor"

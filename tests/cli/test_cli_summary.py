@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from leo_cli.cli.train import summary_table
+from leo_cli.cli.train import progress_of, summary_table
 from leo_cli.planner.auto_mode import ModeChoice
 from leo_cli.worker.report import summarize
 
@@ -52,3 +52,12 @@ def test_table_says_which_mode_auto_ran_and_why() -> None:
     older = summarize(ROWS, 2, "blocking", "r")  # a summary without the choice: the mode
     console.print(summary_table(older))
     assert "blocking" in console.export_text()
+
+
+def test_progress_bar_shows_rows_and_passes_over_what_is_not_one() -> None:
+    """The bar of `leo train` reads metrics.jsonl while workers write it: an edited row (the
+    workers refuse it in one sentence) or a row without validation nodes leaves no traceback."""
+    assert progress_of({"epoch": 3, "loss": 0.5, "val_acc": 0.25}) == (3, "loss 0.5000  val 0.250")
+    assert progress_of({"epoch": 3, "loss": 0.5, "val_acc": None}) == (3, "loss 0.5000")
+    for bad in ({"epoch": "x"}, {"epoch": 1, "loss": "?"}, [1], None):
+        assert progress_of(bad) is None

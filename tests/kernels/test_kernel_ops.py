@@ -318,6 +318,7 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
     values = csr.values.clone().requires_grad_()
     a = features(csr.num_rows, 3, torch.float32).requires_grad_()
     idx = torch.tensor([2, 0, 2, 7], dtype=index_dtype)
+    bias = x[0].detach().requires_grad_()
     spmm_args = (
         csr.indptr,
         csr.indices,
@@ -354,7 +355,10 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
         (ops.gather_rows, (x, idx)),
         (ops.scatter_add_rows, (a[:4], idx, 9)),
         (ops.fused_aggregate, (*local_args, *remote_args, csr.num_rows, 3, 4, 5, 6)),
-        (ops.bias_relu_dropout, (a, x[0].detach().requires_grad_(), idx[:0], 7, 0, 1.0)),
+        (
+            ops.bias_relu_dropout,
+            (a, bias, torch.zeros(a.shape[0], dtype=torch.int64), 7, 0, 1.0),
+        ),
         (ops.bias_relu_dropout, (a, None, torch.arange(a.shape[0]), -5, 128, 2.0)),
     ]
 

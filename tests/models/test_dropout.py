@@ -115,8 +115,8 @@ def test_fused_relu_dropout_gives_the_unfused_numbers_bit_for_bit(
     n, f = 301, 11
     gen = torch.Generator().manual_seed(1)
     h = torch.randn(n, f, generator=gen).to(dtype)
-    h[:5] = 0.0  # relu's kink: no gradient at exactly 0
     bias = torch.randn(f, generator=gen).to(dtype) if with_bias else None
+    h[:5] = 0.0 if bias is None else -bias  # relu's kink: h + b exactly 0, no gradient
     ids, key, grad = torch.arange(n) * 7, stream_key(2, 3, 1), torch.randn(n, f).to(dtype)
     outs = []
     for fused in (False, True):

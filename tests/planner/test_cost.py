@@ -93,7 +93,8 @@ def part(rank: int) -> PartAccess:
     )
 
 
-# One GCN layer, 16 -> 4 (update-first: 4 columns cross the wire), no dropout.
+# One layer, 16 -> 4 (update-first: 4 columns cross the wire), no dropout, with a separate
+# self-loop term (GIN's kind; GCN's self-loops are CSR entries: `diagonal`).
 SHAPE = ModelShape(widths=(16, 4), dropout=0.0, input_dropout=0.0, dtype_bytes=4, extra_gemm=False)
 NONE = [RankCache(), RankCache()]
 
@@ -120,6 +121,16 @@ def test_blocking_step_term_by_term() -> None:
     assert pred.epoch_time_s == pytest.approx(expected + loss + allreduce, rel=1e-12)
     assert pred.stages["comm_s"] == pytest.approx(2 * comm, rel=1e-12)
     assert pred.stages["comm_wait_s"] == pytest.approx(2 * comm, rel=1e-12)
+
+
+def test_self_loops_on_the_diagonal_are_priced_as_inner_edges() -> None:
+    """GCN (`diagonal`): one more inner edge per row in each direction's SpMM, in place of the
+    self-loop term's two passes each way."""
+    parts = [part(0), part(1)]
+    apart = predict(parts, NONE, SHAPE, hardware(), "blocking", [1]).epoch_time_s
+    diagonal = predict(parts, NONE, replace(SHAPE, diagonal=True), hardware(), "blocking", [1])
+    change = 10 / SPMM + 10 / SPMM_T - 4 * passes(10)
+    assert diagonal.epoch_time_s - apart == pytest.approx(change, rel=1e-9)
 
 
 def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> None:

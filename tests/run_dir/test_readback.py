@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from leo_cli.errors import TrainError
-from leo_cli.run_dir import RunDir
+from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.worker.trainer import restore
 
 
@@ -89,6 +89,35 @@ def test_checkpoint_not_written_by_leo_is_skipped(
         loaded = RunDir(tmp_path).load_latest()
         assert loaded is not None and loaded["epoch"] == 2
         assert "cannot be read" in capsys.readouterr().err
+
+
+def test_a_checkpoint_unlike_its_recorded_digest_is_skipped_then_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """metrics.jsonl records each checkpoint's digest: a checkpoint edited (or copied from
+    another run) is skipped with a warning, and the resume deletes it, so the next one cannot
+    take it once its row is gone; rows that are not objects do not stop the reading."""
+    run, model = RunDir(tmp_path), torch.nn.Linear(3, 2)
+    digests = {}
+    for epoch in (2, 4):
+        saved = {"epoch": epoch, "rng": torch.get_rng_state(), **state(model)}
+        digests[epoch] = checkpoint_digest(saved).hex()
+        run.save_checkpoint(epoch, state(model))
+    rows = [row(e, checkpoint_sha256=digests.get(e)) for e in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run.read_latest()["epoch"] == 4  # type: ignore[index]
+    with torch.no_grad():
+        model.weight.add_(1e-3)  # what an edit does: same shapes, other numbers
+    torch.save(
+        {"epoch": 4, "rng": torch.get_rng_state(), **state(model)}, run.list_checkpoints()[-1][1]
+    )
+    assert run.read_latest()["epoch"] == 2  # type: ignore[index]
+    assert "epoch_000004.pt cannot be read" in capsys.readouterr().err
+    run.drop_checkpoints_after(2)
+    assert [e for e, _ in run.list_checkpoints()] == [2]
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write("[1]\n")  # not a row: read past here (check_rows names it when it matters)
+    assert run.recorded_digests() == {2: digests[2], 4: digests[4]}
 
 
 def test_checkpoint_of_another_model_is_one_sentence(tmp_path: Path) -> None:
