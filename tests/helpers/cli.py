@@ -10,6 +10,16 @@ import subprocess
 import sys
 from typing import Any
 
+# A small synthetic graph and model for end-to-end runs of a few seconds (`--set` pairs).
+TINY = [
+    "--set",
+    "data.synthetic.num_nodes=600",
+    "--set",
+    "data.synthetic.num_features=16",
+    "--set",
+    "model.hidden_channels=16",
+]
+
 
 def leo(*args: str, timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """`leo args` in a subprocess (`python -m leo_cli`), its output captured as text; a failing

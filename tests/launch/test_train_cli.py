@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ended_pid
-from helpers.cli import leo, leo_here
+from helpers.cli import TINY, leo, leo_here
 from helpers.ranks import free_port
 
 from leo_cli.config import load_config
@@ -27,14 +27,6 @@ from leo_cli.run_dir import RunDir
 
 pytestmark = pytest.mark.dist
 
-TINY = [
-    "--set",
-    "data.synthetic.num_nodes=600",
-    "--set",
-    "data.synthetic.num_features=16",
-    "--set",
-    "model.hidden_channels=16",
-]
 # Big enough that an epoch takes a noticeable time, so kills land mid-run.
 MEDIUM = [
     "--set",

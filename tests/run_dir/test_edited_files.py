@@ -15,20 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers.cli import leo
+from helpers.cli import TINY, leo
 
 pytestmark = [pytest.mark.dist, pytest.mark.integration]
 
-ARGS = [
-    "--set",
-    "data.synthetic.num_nodes=600",
-    "--set",
-    "data.synthetic.num_features=16",
-    "--set",
-    "model.hidden_channels=16",
-    "--set",
-    "train.checkpoint_every=2",
-]
+ARGS = [*TINY, "--set", "train.checkpoint_every=2"]
 FIRST, LAST = 4, 6  # the edited run stopped after epoch 4; the resume trains to 6
 
 
