@@ -127,15 +127,20 @@ class RunDir:
 
     # metrics.jsonl
 
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """All complete lines of metrics.jsonl (a torn last line is ignored)."""
-        rows = []
+    def read_metrics(self) -> list[Any]:
+        """Every line of metrics.jsonl, parsed; a line that is not JSON comes back as its text
+        (`check_rows` names it), but for a last line still being appended (no newline yet),
+        which is left out."""
+        rows: list[Any] = []
         if self.metrics.is_file():
-            for line in self.metrics.read_text().splitlines():
+            text = self.metrics.read_text(errors="replace")
+            lines = text.splitlines()
+            for i, line in enumerate(lines):
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:
-                    break
+                    if i < len(lines) - 1 or text.endswith("\n"):
+                        rows.append(line)
         return rows
 
     def truncate_metrics(self, last_epoch: int) -> None:
@@ -254,11 +259,9 @@ class RunDir:
             TrainError: checkpoints exist but none of them can be read.
         """
         newest_first = [path for _, path in reversed(self.list_checkpoints())]
-        recorded = self.recorded_digests()
         for i, path in enumerate(newest_first):
             try:
-                state = read_checkpoint(path)
-                check_recorded(state, recorded.get(state["epoch"]), self.metrics.name)
+                state = self.read_recorded(path)
             except Exception as exc:  # a corrupt file must name itself, not crash
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 if i + 1 == len(newest_first):
@@ -274,6 +277,28 @@ class RunDir:
                 continue
             return state
         return None
+
+    def read_recorded(self, path: Path) -> dict[str, Any]:
+        """A checkpoint of this run, loaded and checked (`read_checkpoint`), and its contents
+        the digest its epoch's metrics row recorded: required once a row of its epoch or
+        before records one (LEO writes the row before the file, so only an edit, a copy from
+        another run or an older version's rows leave it out).
+
+        Raises:
+            Exception: whatever makes it unreadable, not ours or not what its epoch saved.
+        """
+        state = read_checkpoint(path)
+        recorded = self.recorded_digests()
+        epoch = int(state["epoch"])
+        digest = recorded.get(epoch)
+        if digest is None and any(e <= epoch for e in recorded):
+            raise ValueError(f"{self.metrics.name} records no digest for its epoch {epoch}")
+        if digest is not None and digest != checkpoint_digest(state).hex():
+            raise ValueError(
+                f"its contents are not what epoch {epoch} saved (the digest in "
+                f"{self.metrics.name} differs)"
+            )
+        return state
 
     def recorded_digests(self) -> dict[int, str]:
         """The `checkpoint_sha256` of each epoch whose metrics row records one (rows that are
@@ -346,20 +371,6 @@ def checkpoint_digest(state: dict[str, Any] | None) -> bytes:
 
     feed({k: state.get(k) for k in ("epoch", "rng", "model", "optimizer")})
     return h.digest()
-
-
-def check_recorded(state: dict[str, Any], recorded: Any, metrics_name: str) -> None:
-    """A checkpoint's contents against the digest its epoch's metrics row recorded (None: no
-    row says one, as for checkpoints of older versions or a row lost with its attempt).
-
-    Raises:
-        ValueError: they differ.
-    """
-    if recorded is not None and recorded != checkpoint_digest(state).hex():
-        raise ValueError(
-            f"its contents are not what epoch {state['epoch']} saved (the digest in "
-            f"{metrics_name} differs)"
-        )
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def progress_of(row: Any) -> tuple[int, str] | None:
         if row.get("val_acc") is not None:
             info += f"  val {row['val_acc']:.3f}"
         return int(row["epoch"]), info
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
 
 

@@ -26,8 +26,10 @@ from leo_cli.registry import Mode, mode_of
 
 SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
 # Bias and ReLU with the next layer's dropout mask applied, one pass (leo::bias_relu_dropout;
-# the last layer: its bias alone), forward and backward; drawing the mask is `dropout`.
+# the last layer: its bias alone), forward and backward; drawing the mask is `dropout`. GAT
+# adds its bias and applies ELU in a pass each (the last layer: the bias).
 EPILOGUE_PASSES = 1
+BIAS_ELU_PASSES = 2
 LOSS_PASSES = 2  # the logits' gradient: zero-filled, then the training rows' written
 
 
@@ -128,6 +130,7 @@ class ShapeLayer:
     keyed: bool = False  # stochastic rounding: random bytes drawn per element (int8)
     scaled: bool = False  # a power-of-two scale per row (int8, float16)
     diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
+    fused: bool = True  # bias, ReLU and the next mask in one pass (not GAT's bias and ELU)
 
 
 class _Counts:
@@ -227,7 +230,8 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
     `self_width`: width of the self-loop term (0: none)."""
     a, b = sl.a, sl.b
     gemms = 2 if sl.extra else 1
-    epilogue = hw.pass_seconds(n, b) * EPILOGUE_PASSES
+    passes = EPILOGUE_PASSES if sl.fused else BIAS_ELU_PASSES - sl.last
+    epilogue = hw.pass_seconds(n, b) * passes
     epilogue += hw.pass_seconds(n, self_width) * SELF_TERM_PASSES if self_width else 0.0
     if not backward:
         drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
@@ -535,7 +539,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
         rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
-        shape.diagonal,
+        shape.diagonal, not shape.attention,
     )  # fmt: skip
 
 

@@ -291,8 +291,10 @@ def run_worker(
         restore(state, job.model, job.optimizer, run.checkpoints)
     if env.rank == 0:
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
+        # First the checkpoints this resume skipped: once their rows are gone, nothing would
+        # tell the next resume not to take them.
+        run.drop_checkpoints_after(start)
         run.truncate_metrics(start)
-        run.drop_checkpoints_after(start)  # skipped by this resume: never loaded by the next
         run.write_status("running")
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)

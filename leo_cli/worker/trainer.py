@@ -29,7 +29,7 @@ from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.models.gnn import GNN
 from leo_cli.models.local_graph import LocalGraph
-from leo_cli.run_dir import RunDir, checkpoint_digest, read_checkpoint
+from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.worker.board import Board
 
 
@@ -211,8 +211,8 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
             continue
         saving = epoch % train.checkpoint_every == 0 or epoch == train.num_epochs
         state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
+        written = {"epoch": epoch, "rng": torch.get_rng_state(), **state}
         if saving:  # what the checkpoint will hold, so a resume can tell an edited one
-            written = {"epoch": epoch, "rng": torch.get_rng_state(), **state}
             row["checkpoint_sha256"] = checkpoint_digest(written).hex()
         log.run.append_metrics(row)
         if log.board is not None:
@@ -222,7 +222,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
             best = val
             log.run.save_best(epoch, accuracies(row), job.model.state_dict())
         if saving:
-            log.run.save_checkpoint(epoch, state)
+            log.run.save_checkpoint(epoch, written)  # the very contents of the digest
 
 
 def keep_best_of(run: RunDir, start: int) -> float | None:
@@ -230,7 +230,7 @@ def keep_best_of(run: RunDir, start: int) -> float | None:
     `checkpoints/best.pt` made to hold its model: a best model of a later epoch belongs to the
     attempt that died and goes, replaced by the checkpoint of the best epoch where one is kept
     (else none is left until a resumed epoch does better)."""
-    rows = [r for r in run.read_metrics() if r.get("val_acc") is not None]
+    rows = [r for r in run.read_metrics() if isinstance(r, dict) and r.get("val_acc") is not None]
     top = max(rows, key=lambda r: r["val_acc"], default=None)
     if not run.best.is_file():
         return None if top is None else float(top["val_acc"])
@@ -239,7 +239,7 @@ def keep_best_of(run: RunDir, start: int) -> float | None:
         kept = dict(run.list_checkpoints())
         if top is not None and top["epoch"] in kept:
             try:
-                state = read_checkpoint(kept[top["epoch"]])
+                state = run.read_recorded(kept[top["epoch"]])
             except Exception:  # an unreadable checkpoint (read_latest names it) leaves no best
                 return float(top["val_acc"])
             run.save_best(top["epoch"], accuracies(top), state["model"])

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.integration]
 
 ARGS = [*TINY, "--set", "train.checkpoint_every=2"]
 FIRST, LAST = 4, 6  # the edited run stopped after epoch 4; the resume trains to 6
+OTHER: list[Path] = []  # the run of another seed (the fixture's)
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -30,12 +31,15 @@ def losses(run: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
-    """A 2-worker run stopped after epoch FIRST, and the losses of one trained to LAST."""
+    """A 2-worker run stopped after epoch FIRST, and the losses of one trained to LAST (and
+    beside them, `other`: a run of another seed stopped at FIRST, whose checkpoints a case
+    copies in)."""
     root = tmp_path_factory.mktemp("corpus")
-    for name, epochs in (("ref", LAST), ("run", FIRST)):
+    for name, epochs, seed in (("ref", LAST, 0), ("run", FIRST, 0), ("other", FIRST, 1)):
         res = leo("train", *ARGS, "--set", f"run.out_dir={root / name}", "--set",
-                  f"train.num_epochs={epochs}")  # fmt: skip
+                  f"train.num_epochs={epochs}", "--set", f"run.seed={seed}")  # fmt: skip
         assert res.returncode == 0, res.stderr
+    OTHER.append(root / "other")
     return root / "run", losses(root / "ref")
 
 
@@ -76,6 +80,24 @@ def _lr(state: dict[str, Any]) -> None:
 def _older(run: Path) -> None:
     folder = run / "checkpoints"
     shutil.copy(folder / "epoch_000002.pt", folder / f"epoch_{FIRST:06d}.pt")
+
+
+def _foreign(run: Path) -> None:
+    """The same epoch's checkpoint of another run (another seed: the same shapes)."""
+    name = f"epoch_{FIRST:06d}.pt"
+    shutil.copy(OTHER[0] / "checkpoints" / name, run / "checkpoints" / name)
+
+
+def _garble_line(run: Path) -> None:
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = "{not json\n"
+    (run / "metrics.jsonl").write_text("".join(lines))
+
+
+def _drop_digest(run: Path) -> None:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[FIRST - 1].pop("checkpoint_sha256")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _part_array(run: Path) -> Path:
@@ -143,6 +165,9 @@ EDITS: dict[str, tuple[Callable[[Path], None], str, str]] = {
         "exact",
         SKIPPED,
     ),
+    "checkpoint: another run's of the same epoch": (_foreign, "exact", SKIPPED),
+    "metrics: the newest checkpoint's digest removed": (_drop_digest, "exact", SKIPPED),
+    "metrics: a line in the middle that is not JSON": (_garble_line, "refused", "line 2"),
     "metrics: a row that is not one": (
         lambda run: (run / "metrics.jsonl").write_text('{"epoch": "x"}\n'),
         "refused",
