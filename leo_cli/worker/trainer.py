@@ -209,10 +209,12 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         row.update(log.row_extras, cold=epoch == start + 1)
         if log.rank != 0:
             continue
-        saving = epoch % train.checkpoint_every == 0 or epoch == train.num_epochs
-        state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
-        written = {"epoch": epoch, "rng": torch.get_rng_state(), **state}
-        if saving:  # what the checkpoint will hold, so a resume can tell an edited one
+        written = None
+        if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
+            # What the checkpoint will hold, so a resume can tell an edited one.
+            model, optimizer = job.model.state_dict(), job.optimizer.state_dict()
+            written = {"epoch": epoch, "rng": torch.get_rng_state(), "model": model,
+                       "optimizer": optimizer}  # fmt: skip
             row["checkpoint_sha256"] = checkpoint_digest(written).hex()
         log.run.append_metrics(row)
         if log.board is not None:
@@ -221,7 +223,7 @@ def fit(job: Job, train: TrainConfig, seed: int, start: int, log: RunLog) -> Non
         if val is not None and (best is None or val > best):
             best = val
             log.run.save_best(epoch, accuracies(row), job.model.state_dict())
-        if saving:
+        if written is not None:
             log.run.save_checkpoint(epoch, written)  # the very contents of the digest
 
 
