@@ -75,12 +75,15 @@ class RunConfig(Section):
     and `leo bench` use `runs/<name>`. `leo train` refuses a folder that already holds a
     run's results unless given --resume or --overwrite."""
     cache_dir: Path | None = None
-    """Where partitions are kept, one folder per fingerprint of what they depend on (dataset,
-    partition settings, seed), shared by the runs that use it: a run folder's `partitions`
-    links there. null: `leo-cache` beside the run folder (`runs/<name>/leo-cache` for unnamed
-    runs, shared by every run of that name). Delete it to reclaim the space; runs rebuild
-    what they miss. Runs on several machines (launch.nnodes > 1) keep their partitions in
-    the run folder, which the nodes share."""
+    """Where partitions and cache plans are kept, one folder per fingerprint of what they
+    depend on (dataset, partition settings, seed; for a plan also the model, cache settings
+    and hardware profile), shared by the runs that use it: a run folder's `partitions` links
+    there and its plan is a copy. null: `leo-cache` beside the run folder
+    (`runs/<name>/leo-cache` for unnamed runs, shared by every run of that name). When set,
+    this machine's hardware profiles are kept there too (`hardware/`; otherwise in
+    ~/.cache/leo/hardware, or `LEO_HARDWARE_CACHE`). Delete it to reclaim the space; runs
+    rebuild what they miss. Runs on several machines (launch.nnodes > 1) keep their
+    partitions and plan in the run folder, which the nodes share."""
 
     @property
     def folder(self) -> Path:

@@ -24,6 +24,7 @@ import torch
 
 from leo_cli.comm.placement import affinity_tag
 from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import (
     PartitionResult,
@@ -42,6 +43,7 @@ from leo_cli.planner.cost import ModelShape
 from leo_cli.planner.make import make_plan, model_shape, plan_key
 from leo_cli.planner.plan import (
     DTYPE_BYTES,
+    PLAN,
     CachePlan,
     dtype_key,
     halo_bytes,
@@ -66,6 +68,7 @@ from leo_cli.planner.profile.store import (
 from leo_cli.planner.reach import Reach, reach_of
 from leo_cli.planner.weights import measured_weights, work_costs
 from leo_cli.run_dir import RunDir
+from leo_cli.util import files
 from leo_cli.util.timing import RunTimer
 
 
@@ -155,7 +158,7 @@ def hardware_profile(
     if cfg.launch.nnodes > 1:
         return hw  # several machines: the run folder's alone
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
-        hw.write(machine_cache(num_workers, placement(cfg)))
+        hw.write(machine_cache(num_workers, placement(cfg), cfg.run.cache_dir))
     return hw
 
 
@@ -175,7 +178,8 @@ def _find_profile(
     threads = placement(cfg)
     if own is not None and matches(own, num_workers, threads):  # this host and torch too
         return own
-    machine = None if reprobe else saved_profile(machine_cache(num_workers, threads))
+    store = machine_cache(num_workers, threads, cfg.run.cache_dir)
+    machine = None if reprobe else saved_profile(store)
     if machine is not None and matches(machine, num_workers, threads):
         machine.write(RunDir(run_dir).hardware)
         return machine
@@ -313,12 +317,51 @@ def ensure_plan(
         )
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
+    shared = plan_cache_entry(cfg, run_dir, key)
+    cached = None if force or shared is None else _shared_plan(shared, key)
+    if shared is not None and cached is not None:
+        cached.check_fits(
+            shared / PLAN, halo_sizes(meta), cfg.model.num_layers, cfg.model.attention,
+            cfg.pipeline.rounds_rows,
+        )  # fmt: skip
+        _copy_plan(shared, run_dir, cached)
+        timer.add("plan_s", cached.plan_s or 0.0, ran=False)
+        return cached
     with stage(progress, "plan"):
         plan = _new_plan(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
     timer.add("plan_s", plan.plan_s, ran=True)
+    if shared is not None:
+        with contextlib.suppress(OSError, CacheError):  # an unwritable cache costs a plan later
+            _copy_plan(run_dir, shared, plan)
     return plan
+
+
+def plan_cache_entry(cfg: LeoConfig, run_dir: Path, key: str) -> Path | None:
+    """Where a plan made for `key` is kept for other runs: `plans/<key>` in the partitions'
+    cache (`partition_cache_dir`); None on several machines."""
+    root = partition_cache_dir(cfg, run_dir)
+    return None if root is None else Path(root) / "plans" / key[:24]
+
+
+def _shared_plan(folder: Path, key: str) -> CachePlan | None:
+    """The cache's plan for `key`, or None when it has none or what is there is unreadable
+    (made again and written over)."""
+    try:
+        plan = read_plan(folder)
+    except CacheError:
+        return None
+    return plan if plan is not None and plan.key == key else None
+
+
+def _copy_plan(source: Path, target: Path, plan: CachePlan) -> None:
+    """Write `plan` into the folder `target` with the plot `source` holds (if any)."""
+    target.mkdir(parents=True, exist_ok=True)
+    write_plan(target, plan)
+    plot = source / RunDir.PLAN_PLOT
+    if plot.is_file():
+        files.write_bytes(target / RunDir.PLAN_PLOT, plot.read_bytes())
 
 
 def _new_plan(

@@ -18,6 +18,7 @@ from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import worker_threads
 from leo_cli.planner.plan import PLAN
 from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile, ProbeLoad
+from leo_cli.util.timing import RunTimer
 
 SMALL = ["data.synthetic.num_nodes=600", "data.synthetic.num_features=16"]
 
@@ -210,3 +211,55 @@ def test_measured_weights_without_pinning_warn(
     assert plan_stage.part_weigher(cfg, run) is not None
     err = " ".join(capsys.readouterr().err.split())
     assert ("measured with launch.cpu_affinity=null" in err) == warned, err
+
+
+def test_runs_sharing_a_cache_plan_once(tmp_path: Path, hw_profile: HardwareProfile) -> None:
+    """Run folders with one `run.cache_dir` take a plan made for the same inputs from it (with
+    its plot and recorded `plan_s`, reported as reused); other inputs plan anew beside it; an
+    unreadable entry is made again and written over."""
+    given, cache = tmp_path / "given.json", tmp_path / "cache"
+    hw_profile.write(given)
+
+    def plan_in(name: str, *more: str) -> tuple[Path, RunTimer, str]:
+        run = tmp_path / name
+        given_keys = [f"cache.hardware={given}", f"run.cache_dir={cache}"]
+        cfg = load_config(None, [*SMALL, f"run.out_dir={run}", *given_keys, *more])
+        ensure_partitions(cfg.data, cfg.partition, cfg.run.seed, run, cache_dir=cache)
+        timer = RunTimer()
+        plan = plan_stage.ensure_plan(cfg, run, timer=timer)
+        assert plan is not None and json.loads((run / PLAN).read_text())["key"] == plan.key
+        return run, timer, plan.key
+
+    first, timer, key = plan_in("a")
+    assert "plan_s" in timer.parts and (first / "cache-plan.png").is_file()
+    second, timer, again = plan_in("b")
+    assert (
+        again == key and timer.reused["plan_s"] == json.loads((first / PLAN).read_text())["plan_s"]
+    )
+    assert (second / PLAN).read_bytes() == (first / PLAN).read_bytes()
+    assert (second / "cache-plan.png").is_file()
+    _, timer, wider = plan_in("c", "model.hidden_channels=32")
+    assert wider != key and "plan_s" in timer.parts
+    entries = sorted((cache / "plans").iterdir())
+    assert len(entries) == 2
+    for entry in entries:
+        (entry / PLAN).write_bytes(b"\xff not a plan")
+    _, timer, remade = plan_in("d")
+    assert remade == key and "plan_s" in timer.parts
+    assert json.loads((cache / "plans" / key[:24] / PLAN).read_text())["key"] == key
+
+
+def test_run_cache_dir_keeps_the_machines_profiles(
+    tmp_path: Path, probes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `run.cache_dir` set, this machine's profiles live in its `hardware/` (not in the
+    home folder): a second run folder there reuses the first one's probe."""
+    monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")
+    monkeypatch.delenv("LEO_HARDWARE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(None, [f"run.cache_dir={tmp_path / 'cache'}"])
+    for name in "ab":
+        plan_stage.hardware_profile(cfg, tmp_path / name, None, num_workers=2)
+    assert probes == [tmp_path / "a"]
+    assert len(list((tmp_path / "cache" / "hardware").iterdir())) == 1
+    assert not (tmp_path / "home").exists()

@@ -19,13 +19,15 @@ from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, P
 from leo_cli.run_dir import RunDir
 
 
-def machine_cache(num_workers: int, threads: str) -> Path:
+def machine_cache(num_workers: int, threads: str, cache_dir: Path | None = None) -> Path:
     """Where this machine's profile for a worker count and placement is kept between runs.
 
-    `threads` is `placement(cfg)`. `LEO_HARDWARE_CACHE` names the folder (default
-    ~/.cache/leo/hardware).
+    `threads` is `placement(cfg)`. The folder: `LEO_HARDWARE_CACHE`, else `hardware/` in
+    `cache_dir` (`run.cache_dir`, when set), else ~/.cache/leo/hardware.
     """
-    root = os.environ.get("LEO_HARDWARE_CACHE") or Path.home() / ".cache" / "leo" / "hardware"
+    home = Path.home() / ".cache" / "leo" / "hardware"
+    given = os.environ.get("LEO_HARDWARE_CACHE")
+    root = given or (Path(cache_dir) / "hardware" if cache_dir is not None else home)
     quick = "-quick" if quick_probe() else ""  # never in place of a full profile
     name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{quick}.json"
     return Path(root) / name
