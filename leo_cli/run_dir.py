@@ -169,9 +169,21 @@ class RunDir:
         if summary:
             self.write_summary({**summary, **fields})
 
-    def write_status(self, state: str, reason: str | None = None) -> None:
-        status = {"state": state} if reason is None else {"state": state, "reason": reason}
+    def write_status(
+        self, state: str, reason: str | None = None, stages: dict[str, float] | None = None
+    ) -> None:
+        """The run's state; `reason` why it ended where there is one; `stages` rank 0's
+        finished set-up stages (seconds by name) while the state is `setup`."""
+        status: dict[str, Any] = {"state": state}
+        if reason is not None:
+            status["reason"] = reason
+        if stages is not None:
+            status["stages"] = stages
         files.write_json(self.status, status)
+
+    def read_status(self) -> dict[str, Any]:
+        """status.json, or {} when it is missing or unreadable."""
+        return read_json(self.status)
 
     # the parent's set-up stamps
 

@@ -41,15 +41,53 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
     )
+    run = RunDir(run_dir)
+    printed: set[str] = set()
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=num_epochs, info="starting workers...")
         while True:
-            rows = RunDir(run_dir).read_metrics()
+            rows = run.read_metrics()
             shown = progress_of(rows[-1]) if rows else None
             if shown is not None:
                 progress.update(task, completed=shown[0], info=shown[1])
+            elif not rows:
+                lines, current = setup_lines(run.read_status(), printed)
+                for line in lines:
+                    progress.console.print(line)
+                if current is not None:
+                    progress.update(task, info=current)
             if stop.wait(0.5):
                 break
+
+
+SETUP_LABELS = {
+    "process_group_s": "process group",
+    "read_part_s": "part files",
+    "graph_s": "local graph",
+    "levels_s": "cache levels",
+    "aggregator_s": "aggregator",
+    "model_s": "model",
+}
+SLOW_STAGE_S = 1.0  # set-up stages at least this long get a line of their own
+
+
+def setup_lines(status: dict[str, Any], printed: set[str]) -> tuple[list[str], str | None]:
+    """From rank 0's status.json during set-up: a line for each newly finished stage that
+    took `SLOW_STAGE_S` or longer (their names join `printed`), and what runs now (None
+    outside set-up)."""
+    stages = status.get("stages")
+    if status.get("state") != "setup" or not isinstance(stages, dict):
+        return [], None
+    lines = []
+    for name, took in stages.items():
+        if name in printed or not isinstance(took, int | float):
+            continue
+        printed.add(name)
+        if took >= SLOW_STAGE_S:
+            lines.append(f"worker set-up (rank 0): {SETUP_LABELS.get(name, name)} {took:.1f} s")
+    following = [n for n in SETUP_LABELS if n not in stages]
+    current = SETUP_LABELS[following[0]] if following else "first step"
+    return lines, f"set-up: {current}..."
 
 
 def progress_of(row: Any) -> tuple[int, str] | None:

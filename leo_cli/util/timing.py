@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,16 +45,19 @@ def process_start_time() -> float:
 
 
 class Laps:
-    """Seconds between named points, summed per name."""
+    """Seconds between named points, summed per name; `on_lap` sees the sums after each."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lap: Callable[[dict[str, float]], None] | None = None) -> None:
         self.last = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.on_lap = on_lap
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
         self.last = now
+        if self.on_lap is not None:
+            self.on_lap(self.seconds)
 
 
 @dataclass

@@ -9,8 +9,10 @@ rank 0 writes the summary and curves at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_rank(body, heartbeat_dir=run_dir, errors_dir=RunDir(run_dir).errors)
 
 
+def setup_progress(run: RunDir) -> Callable[[dict[str, float]], None]:
+    """Rank 0's finished set-up stages in status.json (state `setup`), for the parent's
+    display (cli/train.py); a write that fails only costs the display."""
+
+    def show(seconds: dict[str, float]) -> None:
+        with contextlib.suppress(OSError):
+            run.write_status("setup", stages={k: round(v, 3) for k, v in seconds.items()})
+
+    return show
+
+
 def run_worker(
     run_dir: Path,
     env: DistEnv,
@@ -249,8 +262,8 @@ def run_worker(
     """Train this rank's part. `started`: when this process entered main and when the
     launcher started the workers (None under plain torchrun), for the set-up accounting."""
     entered_at, launched_at = started or (time.time(), None)
-    laps = Laps()
     run = RunDir(run_dir)
+    laps = Laps(on_lap=setup_progress(run) if env.rank == 0 else None)
     cfg = load_config(run.config)
     refuse_unresolved(cfg)  # every rank runs the mode leo train resolved, never `auto`
     check_config(cfg, allow_inexact)  # plain torchrun starts workers without the launcher

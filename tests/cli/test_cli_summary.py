@@ -3,10 +3,15 @@ over every epoch of a resumed run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
-from leo_cli.cli.train import progress_of, summary_table
+from leo_cli.cli.train import SETUP_LABELS, progress_of, setup_lines, summary_table
 from leo_cli.planner.auto_mode import ModeChoice
+from leo_cli.run_dir import RunDir
+from leo_cli.util.timing import WORKER_PARTS, Laps
+from leo_cli.worker.entry import setup_progress
 from leo_cli.worker.report import summarize
 
 ROWS = [
@@ -61,3 +66,31 @@ def test_progress_bar_shows_rows_and_passes_over_what_is_not_one() -> None:
     assert progress_of({"epoch": 3, "loss": 0.5, "val_acc": None}) == (3, "loss 0.5000")
     for bad in ({"epoch": "x"}, {"epoch": 1, "loss": "?"}, [1], None):
         assert progress_of(bad) is None
+
+
+def test_worker_set_up_shows_a_line_per_slow_stage(tmp_path: Path) -> None:
+    """Rank 0 writes its finished set-up stages to status.json (`setup_progress`, through
+    `Laps`); the parent prints each stage of a second or more once and names the one that
+    runs now; a status outside set-up, or one edited into something else, shows nothing."""
+    run = RunDir(tmp_path)
+    laps = Laps(on_lap=setup_progress(run))
+    laps.seconds = {"process_group_s": 0.2, "read_part_s": 1.25}
+    laps.on_lap(laps.seconds)  # as `lap` does
+    status = run.read_status()
+    assert status == {"state": "setup", "stages": {"process_group_s": 0.2, "read_part_s": 1.25}}
+    printed: set[str] = set()
+    lines, current = setup_lines(status, printed)
+    assert (
+        lines == ["worker set-up (rank 0): part files 1.2 s"]
+        and current == "set-up: local graph..."
+    )
+    status["stages"] |= {"graph_s": 19.0, "levels_s": 77.0}
+    lines, current = setup_lines(status, printed)
+    assert [line.split(": ")[1] for line in lines] == ["local graph 19.0 s", "cache levels 77.0 s"]
+    assert current == "set-up: aggregator..."
+    assert setup_lines(status, printed)[0] == []  # each once
+    every = dict.fromkeys(WORKER_PARTS, 0.0)
+    assert setup_lines({"state": "setup", "stages": every}, set())[1] == "set-up: first step..."
+    assert set(SETUP_LABELS) == set(WORKER_PARTS)
+    for other in ({"state": "running"}, {"state": "setup", "stages": [1]}, {}):
+        assert setup_lines(other, set()) == ([], None)
