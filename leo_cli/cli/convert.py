@@ -1,4 +1,5 @@
-"""`leo convert`: your own graph (edge list, networkx file or PyG dict) to LEO's `.npz`."""
+"""`leo convert`: your own graph (edge list, networkx file, PyG dict or DGL file) to LEO's
+`.npz`."""
 
 from __future__ import annotations
 
@@ -71,6 +72,15 @@ def convert_cmd(
             show_default=False,
         ),
     ] = None,
+    from_dgl: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-dgl",
+            help="Instead of EDGES: a file dgl.save_graphs wrote (its first graph; node data "
+            "feat, label, train_mask, val_mask, test_mask). Needs DGL installed.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write your graph in LEO's .npz format (datasets/npz.md), then train on it with
     leo train --set data.name=OUT.npz.
@@ -78,7 +88,7 @@ def convert_cmd(
     The graph is made symmetric when loaded (duplicates merged, self-loops dropped); the file
     is checked by LEO's own loader before it takes its name.
     """
-    found = read_source(edges, from_pyg)
+    found = read_source(edges, from_pyg, from_dgl)
     fractions = parse_split(split)
     graph, notes = convert(found, out, features, labels, masks, fractions, seed)
     table = Table(title=f"[bold]{escape(str(out))}[/]", title_justify="left")

@@ -1,5 +1,6 @@
-"""Bring your own graph: an edge list, a file networkx reads or a PyG dict of tensors, with
-features, labels and a split, written in LEO's `.npz` format (datasets/npz.md).
+"""Bring your own graph: an edge list, a file networkx reads, a PyG dict of tensors or a DGL
+graph file, with features, labels and a split, written in LEO's `.npz` format
+(datasets/npz.md).
 
 Every problem is one `DataError` naming the file and what to do; the output is written to a
 temporary file, loaded back with LEO's own loader, and only then renamed into place.
@@ -221,11 +222,65 @@ def read_pyg(path: Path) -> Arrays:
     if edges.ndim != 2 or edges.shape[0] != 2 or edges.dtype.kind not in "iu":
         raise DataError(f"{path}: `edge_index` must be an integer tensor of shape [2, E].")
     n = max(int(edges.max()) + 1 if edges.size else 0, len(arrays.get("x", [])))
-    found = Arrays(edges.astype(np.int64), n)
-    if "x" in arrays:
-        found.x_NF = arrays["x"].astype(np.float32)
-    if "y" in arrays:
-        found.y_N = arrays["y"].reshape(-1).astype(np.int64)
+    return _with_node_data(Arrays(edges.astype(np.int64), n), arrays, ("x",), ("y",))
+
+
+DGL_FEATURES = ("feat", "features", "x")  # node data read as features (the first present)
+DGL_LABELS = ("label", "labels", "y")
+
+
+def read_dgl(path: Path) -> Arrays:
+    """The first graph of a file `dgl.save_graphs` wrote (one node and edge type): its
+    edges, and the node data `feat` (or `features`, `x`), `label` (or `labels`, `y`) and
+    the three masks where present. Needs DGL, the only reader of its format."""
+    if not path.is_file():
+        raise _missing(path, "DGL")
+    try:
+        import dgl  # type: ignore[import-not-found, unused-ignore]
+    except Exception as err:  # a build for another torch fails in many ways
+        raise DataError(
+            f"reading {path} needs DGL, which cannot be imported here ({type(err).__name__}: "
+            f"{err}); install a DGL build for this torch, or save the graph's tensors as a "
+            "dict with torch.save and use --from-pyg."
+        ) from None
+    try:
+        graphs, _ = dgl.load_graphs(str(path))
+    except Exception as err:  # DGL raises its own errors for a foreign file
+        raise DataError(
+            f"{path} is not a file dgl.save_graphs wrote ({err}); save the graph with "
+            "dgl.save_graphs(path, [g])."
+        ) from None
+    if not graphs:
+        raise DataError(f"{path} holds no graph; save one with dgl.save_graphs(path, [g]).")
+    g = graphs[0]
+    if len(g.ntypes) != 1 or len(g.canonical_etypes) != 1:
+        raise DataError(
+            f"{path}: the graph has {len(g.ntypes)} node and {len(g.canonical_etypes)} edge "
+            "types; save dgl.to_homogeneous(g) (with ndata=[...] for its features) instead."
+        )
+    src, dst = g.edges()
+    edges = np.stack([src.numpy(), dst.numpy()]).astype(np.int64)
+    arrays = {k: v.numpy() for k, v in g.ndata.items() if hasattr(v, "numpy")}
+    found = _with_node_data(Arrays(edges, int(g.num_nodes())), arrays, DGL_FEATURES, DGL_LABELS)
+    if len(graphs) > 1:
+        found.notes = [f"{path} holds {len(graphs)} graphs; the first was converted."]
+    return found
+
+
+def _with_node_data(
+    found: Arrays,
+    arrays: dict[str, npt.NDArray[Any]],
+    feature_keys: tuple[str, ...],
+    label_keys: tuple[str, ...],
+) -> Arrays:
+    """`found` with the features, labels (negative: unlabelled) and masks among `arrays`
+    (the first of each key list present)."""
+    x = next((arrays[k] for k in feature_keys if k in arrays), None)
+    y = next((arrays[k] for k in label_keys if k in arrays), None)
+    if x is not None:
+        found.x_NF = x.astype(np.float32)
+    if y is not None:
+        found.y_N = y.reshape(-1).astype(np.int64)
         found.labelled_N = found.y_N >= 0
     if all(k in arrays for k in MASK_KEYS):
         found.masks = {k: arrays[k].astype(bool) for k in MASK_KEYS}
@@ -320,12 +375,16 @@ def parse_split(text: str) -> tuple[float, float, float]:
     return parts[0], parts[1], parts[2]
 
 
-def read_source(edges: Path | None, from_pyg: Path | None) -> Arrays:
-    """The graph of an edge list, a networkx file or a PyG dict."""
-    if (edges is None) == (from_pyg is None):
-        raise DataError("give either an edge list / graph file, or --from-pyg FILE, not both.")
+def read_source(edges: Path | None, from_pyg: Path | None, from_dgl: Path | None = None) -> Arrays:
+    """The graph of an edge list, a networkx file, a PyG dict or a DGL graph file."""
+    if sum(source is not None for source in (edges, from_pyg, from_dgl)) != 1:
+        raise DataError(
+            "give one source: an edge list / graph file, --from-pyg FILE or --from-dgl FILE."
+        )
     if from_pyg is not None:
         return read_pyg(from_pyg)
+    if from_dgl is not None:
+        return read_dgl(from_dgl)
     assert edges is not None
     if edges.suffix.lower() in NETWORKX_READERS:
         return read_networkx(edges)

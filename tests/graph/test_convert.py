@@ -1,9 +1,10 @@
-"""`leo convert`: edge lists, networkx files and PyG dicts become LEO's .npz with the same graph,
-features, labels and split; bad input is one sentence and leaves no file behind; features are
-row-normalised by `data.normalize_features`."""
+"""`leo convert`: edge lists, networkx files, PyG dicts and DGL files become LEO's .npz with
+the same graph, features, labels and split; bad input is one sentence and leaves no file
+behind; features are row-normalised by `data.normalize_features`."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -112,6 +113,34 @@ def test_a_pyg_dict_of_tensors(tmp_path: Path) -> None:
     )  # fmt: skip
     graph, _ = convert(read_source(None, path), tmp_path / "g.npz")
     assert np.array_equal(graph.x_NF, x.numpy()) and graph.train_mask_N.sum() == 2
+
+
+def test_a_dgl_graph_file(tmp_path: Path) -> None:
+    """A file `dgl.save_graphs` wrote (masks come back from it as uint8) gives the graph the
+    same tensors give through --from-pyg. Runs where DGL imports."""
+    dgl = pytest.importorskip("dgl")
+    src, dst = torch.from_numpy(EDGES[:, 0].copy()), torch.from_numpy(EDGES[:, 1].copy())
+    g = dgl.graph((src, dst), num_nodes=N + 1)  # one more node than the edges name
+    x, train = torch.randn(N + 1, 4), torch.tensor([1, 1, 0, 0, 0, 0, 0], dtype=torch.bool)
+    g.ndata.update({"feat": x, "label": torch.tensor([0, 1, 0, 1, 2, 2, 1]),
+                    "train_mask": train, "val_mask": ~train, "test_mask": ~train})  # fmt: skip
+    dgl.save_graphs(str(tmp_path / "g.bin"), [g, g])
+    found = read_source(None, None, tmp_path / "g.bin")
+    assert found.notes == [f"{tmp_path / 'g.bin'} holds 2 graphs; the first was converted."]
+    graph, _ = convert(found, tmp_path / "g.npz")
+    assert graph.num_nodes == N + 1 and np.array_equal(graph.x_NF, x.numpy())
+    assert graph.train_mask_N.tolist() == train.tolist() and graph.num_classes == 3
+
+
+def test_dgl_input_without_dgl_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "dgl", None)  # `import dgl` raises ImportError
+    (tmp_path / "g.bin").write_bytes(b"\x00" * 16)
+    with pytest.raises(DataError, match=r"g\.bin needs DGL, which cannot be imported.*--from-pyg"):
+        read_source(None, None, tmp_path / "g.bin")
+    with pytest.raises(DataError, match="give one source"):
+        read_source(tmp_path / "e.csv", None, tmp_path / "g.bin")
 
 
 def test_split_is_seeded_and_disjoint() -> None:
