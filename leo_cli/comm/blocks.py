@@ -20,7 +20,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.exchange import HaloPlan
-from leo_cli.kernels.csr import INT32_MAX, row_of_edges
+from leo_cli.kernels.csr import INT32_MAX, compact_index_dtype, max_degree, row_of_edges
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,14 @@ def forward_only(csr: kernels.CSR) -> kernels.CSR:
     return dataclasses.replace(csr, t_perm=csr.t_perm.new_empty(0))
 
 
-def block_of(start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR) -> ColumnBlock:
-    """A block from its CSR: the transpose built once, neither keeping `t_perm`, and the
-    row ids in the CSR's (compact) index dtype where they fit."""
-    bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
+def block_of(
+    start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR, bwd: kernels.CSR | None = None
+) -> ColumnBlock:
+    """A block from its CSR (and its transpose `bwd` where it is known): the transpose built
+    once, neither keeping `t_perm`, and the row ids in the CSR's (compact) index dtype where
+    they fit."""
+    if bwd is None:
+        bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
     if rows_R is not None and (rows_R.shape[0] == 0 or int(rows_R.max()) <= INT32_MAX):
         rows_R = rows_R.to(fwd.indices.dtype)
     return ColumnBlock(start, end, rows_R, forward_only(fwd), bwd)
@@ -121,8 +125,50 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
     if compact:
         rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
         num_rows = int(rows_R.shape[0])
-    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True)
-    return block_of(start, end, rows_R, fwd)
+    if adj.t_perm.shape[0] != adj.num_edges:  # a forward-only CSR: sort the block's edges
+        fwd = kernels.CSR.from_coo(
+            rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True
+        )
+        return block_of(start, end, rows_R, fwd)
+    fwd, bwd = _sliced(adj, start, end, rows_R, rows_E, cols_E, values_E, num_rows)
+    return block_of(start, end, rows_R, fwd, bwd)
+
+
+def _sliced(
+    adj: kernels.CSR,
+    start: int,
+    end: int,
+    rows_R: Tensor | None,
+    rows_E: Tensor,
+    cols_E: Tensor,
+    values_E: Tensor,
+    num_rows: int,
+) -> tuple[kernels.CSR, kernels.CSR]:
+    """The block's CSR and its transpose without a sort: the transpose of columns
+    `[start, end)` is rows `[start, end)` of adj's, in the same order the block's own stable
+    sort would give (its edges keep adj's order), so the arrays are equal to `from_coo`'s."""
+    counts = torch.bincount(rows_E, minlength=num_rows)
+    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    dtype = compact_index_dtype(indptr, cols_E, end - start)
+    lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
+    t_indptr = adj.t_indptr[start : end + 1] - lo
+    t_rows = adj.t_indices[lo:hi]
+    if rows_R is not None:  # full rows -> the block's compact rows
+        compact = torch.empty(adj.num_rows, dtype=dtype)
+        compact[rows_R.long()] = torch.arange(num_rows, dtype=dtype)
+        t_rows = compact[t_rows.long()]
+    t_values = adj.values.index_select(0, adj.t_perm[lo:hi].long())
+    indptr, cols_E, t_indptr, t_rows = (t.to(dtype) for t in (indptr, cols_E, t_indptr, t_rows))
+    empty = cols_E.new_empty(0)
+    degree, t_degree = max_degree(indptr), max_degree(t_indptr)
+    cols = end - start
+    fwd = kernels.CSR(
+        indptr, cols_E, values_E, num_rows, cols, t_indptr, t_rows, empty, degree, t_degree
+    )
+    bwd = kernels.CSR(
+        t_indptr, t_rows, t_values, cols, num_rows, indptr, cols_E, empty, t_degree, degree
+    )
+    return fwd, bwd
 
 
 def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:

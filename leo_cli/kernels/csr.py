@@ -92,7 +92,7 @@ class CSR:
             num_cols = int(indices.max()) + 1 if indices.numel() > 0 else 0
         if validate:
             _validate(indptr, indices, values, num_cols)
-        dtype = index_dtype or _compact_index_dtype(indptr, indices, num_cols)
+        dtype = index_dtype or compact_index_dtype(indptr, indices, num_cols)
         indptr, indices = indptr.to(dtype), indices.to(dtype)
         t_indptr, t_indices, t_perm = build_transpose(indptr, indices, num_cols)
         return cls(
@@ -221,7 +221,7 @@ def build_transpose(
     indptr: Tensor, indices: Tensor, num_cols: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Transpose of a CSR matrix: (t_indptr (C+1), t_indices (E), t_perm (E)), all three in
-    the dtype of `indices` (every edge position fits in it, see `_compact_index_dtype`).
+    the dtype of `indices` (every edge position fits in it, see `compact_index_dtype`).
 
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
@@ -241,7 +241,7 @@ def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
             )
 
 
-def _compact_index_dtype(indptr: Tensor, indices: Tensor, num_cols: int) -> torch.dtype:
+def compact_index_dtype(indptr: Tensor, indices: Tensor, num_cols: int) -> torch.dtype:
     """int32 when edges, rows and columns all fit in it, else int64."""
     largest = max(indices.shape[0], indptr.shape[0], num_cols)
     return torch.int32 if largest <= INT32_MAX else torch.int64

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import chunk_bounds, column_block
+from leo_cli.comm.blocks import chunk_bounds, column_block, forward_only
 from leo_cli.errors import KernelError
 
 
@@ -92,3 +92,31 @@ def test_whole_csr_block_shares_the_csrs_arrays() -> None:
     assert rebuilt.fwd.indices is not adj.indices
     x = torch.randn(30, 4, dtype=torch.float64)
     torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_blocks_sliced_from_the_transpose_equal_sorted_ones(compact: bool) -> None:
+    """A block of a CSR with its transpose takes its own from adj's rows (no sort); every
+    array, dtype and degree equals the block built by sorting its edges (a forward-only
+    CSR's path), for empty, partial and full column ranges."""
+    torch.manual_seed(0)
+    for _ in range(20):
+        num_rows = int(torch.randint(1, 60, ()))
+        num_cols = num_rows + int(torch.randint(0, 40, ()))
+        num_edges = int(torch.randint(0, 400, ()))
+        rows = torch.randint(0, num_rows, (num_edges,))
+        cols = torch.randint(0, num_cols, (num_edges,))
+        values = torch.randn(num_edges, dtype=torch.float64)
+        adj = kernels.CSR.from_coo(rows, cols, values, num_rows, num_cols)
+        for start, end in [(0, num_rows), (num_rows, num_cols), (num_rows // 2, num_cols), (3, 3)]:
+            start, end = min(start, num_cols), min(end, num_cols)
+            a = column_block(adj, start, end, compact=compact)
+            b = column_block(forward_only(adj), start, end, compact=compact)
+            assert (a.rows_R is None) == (b.rows_R is None)
+            assert a.rows_R is None or torch.equal(a.rows_R, b.rows_R)
+            for x, y in ((a.fwd, b.fwd), (a.bwd, b.bwd)):
+                for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+                    tx, ty = getattr(x, name), getattr(y, name)
+                    assert tx.dtype == ty.dtype and torch.equal(tx, ty), name
+                shape_x = (x.num_rows, x.num_cols, x.max_degree, x.t_max_degree)
+                assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
