@@ -173,7 +173,7 @@ class _Counts:
                 recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
                 per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
             elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
-                l3 = np.setdiff1d(c.l3_rows, l1, assume_unique=True)
+                l3 = c.l3_rows[np.isin(c.l3_rows, l1, invert=True, kind="table")]
                 recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
                 per_edge_edges = float(p.reuse_H[l3].sum())
             mine = reach.published[r]
@@ -185,8 +185,8 @@ class _Counts:
                 replicas = np.bincount(p.owner_H[reps], minlength=num)
                 rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
                 l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
-                if l3.size and reps.size:  # setdiff1d sorts: priced only where it can matter
-                    l3 = np.setdiff1d(l3, reps, assume_unique=True)
+                if l3.size and reps.size:
+                    l3 = l3[np.isin(l3, reps, invert=True, kind="table")]
                 l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
                 l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
                 read = np.where(every, rows_q - replicas, l3_rows)

@@ -266,7 +266,7 @@ def rows_per_level(p: PartAccess, c: RankCache, reach: Reach) -> dict[str, int]:
     """Halo rows of a rank per level: L1 replicas (layer 0), L3 (not replicated), L2 the rest;
     `in_place`: how many of the L2 and L3 rows are read in place from published rows."""
     l1 = int(c.replica_rows.shape[0])
-    l3 = int(np.setdiff1d(c.l3_rows, c.replica_rows).shape[0])
+    l3 = int(np.isin(c.l3_rows, c.replica_rows, invert=True, kind="table").sum())
     read = int(read_in_place(p, c, reach).sum())
     return {"L1": l1, "L2": p.num_halo - l3 - l1, "L3": l3, "in_place": read}
 

@@ -240,8 +240,15 @@ def choose_replicas(
     counts = counts_at(float(best["replica_share"]), accesses, orders)
     chunks = [1] * shape.num_layers
 
+    made: dict[tuple[int, int], RankCache] = {}  # (rank, count): trials change one rank
+
+    def cache_of(r: int, count: int) -> RankCache:
+        if (r, count) not in made:
+            made[r, count] = with_l3(np.sort(orders[r][:count]), spills[r])
+        return made[r, count]
+
     def caches_for(cs: list[int]) -> list[RankCache]:
-        return [with_l3(np.sort(orders[r][: cs[r]]), spills[r]) for r in range(len(accesses))]
+        return [cache_of(r, cs[r]) for r in range(len(accesses))]
 
     def step_time(r: int, c: int) -> float:
         trial = counts[:r] + [c] + counts[r + 1 :]
