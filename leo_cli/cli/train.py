@@ -72,11 +72,11 @@ SLOW_STAGE_S = 1.0  # set-up stages at least this long get a line of their own
 
 
 def setup_lines(status: dict[str, Any], printed: set[str]) -> tuple[list[str], str | None]:
-    """From rank 0's status.json during set-up: a line for each newly finished stage that
-    took `SLOW_STAGE_S` or longer (their names join `printed`), and what runs now (None
-    outside set-up)."""
+    """From rank 0's status.json during set-up (and at the start of training, which keeps
+    the stages): a line for each newly finished stage that took `SLOW_STAGE_S` or longer
+    (their names join `printed`), and what runs now (None outside set-up)."""
     stages = status.get("stages")
-    if status.get("state") != "setup" or not isinstance(stages, dict):
+    if status.get("state") not in ("setup", "running") or not isinstance(stages, dict):
         return [], None
     lines = []
     for name, took in stages.items():
@@ -86,7 +86,8 @@ def setup_lines(status: dict[str, Any], printed: set[str]) -> tuple[list[str], s
         if took >= SLOW_STAGE_S:
             lines.append(f"worker set-up (rank 0): {SETUP_LABELS.get(name, name)} {took:.1f} s")
     following = [n for n in SETUP_LABELS if n not in stages]
-    current = SETUP_LABELS[following[0]] if following else "first step"
+    running = following and status["state"] == "setup"
+    current = SETUP_LABELS[following[0]] if running else "first step"
     return lines, f"set-up: {current}..."
 
 

@@ -80,10 +80,11 @@ class RunConfig(Section):
     and hardware profile), shared by the runs that use it: a run folder's `partitions` links
     there and its plan is a copy. null: `leo-cache` beside the run folder
     (`runs/<name>/leo-cache` for unnamed runs, shared by every run of that name). When set,
-    this machine's hardware profiles are kept there too (`hardware/`; otherwise in
-    ~/.cache/leo/hardware, or `LEO_HARDWARE_CACHE`). Delete it to reclaim the space; runs
-    rebuild what they miss. Runs on several machines (launch.nnodes > 1) keep their
-    partitions and plan in the run folder, which the nodes share."""
+    this machine's hardware profiles are kept there too (`hardware/`), unless
+    `LEO_HARDWARE_CACHE` names their folder (otherwise ~/.cache/leo/hardware). Delete it
+    to reclaim the space; runs rebuild what they miss. Runs on several machines
+    (launch.nnodes > 1) keep their partitions and plan in the run folder, which the nodes
+    share."""
 
     @property
     def folder(self) -> Path:

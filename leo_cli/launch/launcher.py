@@ -166,16 +166,23 @@ def prepare(
     if not resume:
         clear_run_files(run_dir)
     shutil.rmtree(RunDir(run_dir).errors, ignore_errors=True)
+    RunDir(run_dir).status.unlink(missing_ok=True)  # `leo train` shows this attempt's set-up
     # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
     started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
     plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
-    plan = ensure_plan(plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress)
+    plan = ensure_plan(
+        plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
+        shared=parts.reused,
+    )  # fmt: skip
     choice = started or choose(cfg, plan, cfg.partition.num_parts)
     run_cfg = with_mode(cfg, choice.mode)
     num_parts = int(parts.meta["num_parts"])
     if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
         # auto chose a mode that reads rows in place otherwise: the plan of its own levels
-        ensure_plan(run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress)
+        ensure_plan(
+            run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
+            shared=parts.reused,
+        )  # fmt: skip
     write_choice(run_dir, choice)
     # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
     write_resolved(

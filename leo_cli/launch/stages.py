@@ -287,6 +287,7 @@ def ensure_plan(
     timer: RunTimer | None = None,
     verify_parts: bool = True,
     progress: ProgressFn | None = None,
+    shared: bool = True,
 ) -> CachePlan | None:
     """The run's cache plan, made when missing or stale.
 
@@ -295,7 +296,8 @@ def ensure_plan(
     `pipeline.mode=auto` it is the planned mode's plan (planner/auto_mode.py). `timer` gets the
     probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
     `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`);
-    `progress` shows the probe and the plan while they run.
+    `progress` shows the probe and the plan while they run; `shared=False` makes a new plan
+    rather than take the shared cache's (the parts were just rebuilt), and keeps it there.
     """
     timer = timer or RunTimer()
     if not cfg.cache.enabled and not always:
@@ -317,14 +319,14 @@ def ensure_plan(
         )
         timer.add("plan_s", existing.plan_s or 0.0, ran=False)
         return existing
-    shared = plan_cache_entry(cfg, run_dir, key)
-    cached = None if force or shared is None else _shared_plan(shared, key)
-    if shared is not None and cached is not None:
+    entry = plan_cache_entry(cfg, run_dir, key)
+    cached = None if force or not shared or entry is None else _shared_plan(entry, key)
+    if entry is not None and cached is not None:
         cached.check_fits(
-            shared / PLAN, halo_sizes(meta), cfg.model.num_layers, cfg.model.attention,
+            entry / PLAN, halo_sizes(meta), cfg.model.num_layers, cfg.model.attention,
             cfg.pipeline.rounds_rows,
         )  # fmt: skip
-        _copy_plan(shared, run_dir, cached)
+        _copy_plan(entry, run_dir, cached)
         timer.add("plan_s", cached.plan_s or 0.0, ran=False)
         return cached
     with stage(progress, "plan"):
@@ -332,9 +334,9 @@ def ensure_plan(
     plan.plan_s = round(time.perf_counter() - t0, 4)
     write_plan(run_dir, plan)
     timer.add("plan_s", plan.plan_s, ran=True)
-    if shared is not None:
+    if entry is not None:
         with contextlib.suppress(OSError, CacheError):  # an unwritable cache costs a plan later
-            _copy_plan(run_dir, shared, plan)
+            _copy_plan(run_dir, entry, plan)
     return plan
 
 
@@ -356,12 +358,15 @@ def _shared_plan(folder: Path, key: str) -> CachePlan | None:
 
 
 def _copy_plan(source: Path, target: Path, plan: CachePlan) -> None:
-    """Write `plan` into the folder `target` with the plot `source` holds (if any)."""
+    """Write `plan` into the folder `target` with the plot `source` holds: the plot first,
+    so a plan another run finds there has its plot (none in `source`: none in `target`)."""
     target.mkdir(parents=True, exist_ok=True)
+    plot, copy = source / RunDir.PLAN_PLOT, target / RunDir.PLAN_PLOT
+    try:
+        files.write_bytes(copy, plot.read_bytes())
+    except OSError:
+        copy.unlink(missing_ok=True)
     write_plan(target, plan)
-    plot = source / RunDir.PLAN_PLOT
-    if plot.is_file():
-        files.write_bytes(target / RunDir.PLAN_PLOT, plot.read_bytes())
 
 
 def _new_plan(

@@ -308,7 +308,7 @@ def run_worker(
         # tell the next resume not to take them.
         run.drop_checkpoints_after(start)
         run.truncate_metrics(start)
-        run.write_status("running")
+        run.write_status("running", stages={k: round(v, 3) for k, v in laps.seconds.items()})
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)
     board = (

@@ -74,10 +74,10 @@ def test_worker_set_up_shows_a_line_per_slow_stage(tmp_path: Path) -> None:
     runs now; a status outside set-up, or one edited into something else, shows nothing."""
     run = RunDir(tmp_path)
     laps = Laps(on_lap=setup_progress(run))
-    laps.seconds = {"process_group_s": 0.2, "read_part_s": 1.25}
-    laps.on_lap(laps.seconds)  # as `lap` does
+    laps.lap("process_group_s")
     status = run.read_status()
-    assert status == {"state": "setup", "stages": {"process_group_s": 0.2, "read_part_s": 1.25}}
+    assert status["state"] == "setup" and list(status["stages"]) == ["process_group_s"]
+    status = {"state": "setup", "stages": {"process_group_s": 0.2, "read_part_s": 1.25}}
     printed: set[str] = set()
     lines, current = setup_lines(status, printed)
     assert (
@@ -91,6 +91,12 @@ def test_worker_set_up_shows_a_line_per_slow_stage(tmp_path: Path) -> None:
     assert setup_lines(status, printed)[0] == []  # each once
     every = dict.fromkeys(WORKER_PARTS, 0.0)
     assert setup_lines({"state": "setup", "stages": every}, set())[1] == "set-up: first step..."
+    # Training started: rank 0's last stages are still shown (the parent may not have seen
+    # them while the state was `setup`).
+    every["aggregator_s"] = 18.5
+    lines, current = setup_lines({"state": "running", "stages": every}, printed)
+    assert lines == ["worker set-up (rank 0): aggregator 18.5 s"]
+    assert current == "set-up: first step..."
     assert set(SETUP_LABELS) == set(WORKER_PARTS)
-    for other in ({"state": "running"}, {"state": "setup", "stages": [1]}, {}):
+    for other in ({"state": "running"}, {"state": "done"}, {"state": "setup", "stages": [1]}, {}):
         assert setup_lines(other, set()) == ([], None)

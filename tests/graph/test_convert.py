@@ -5,6 +5,7 @@ behind; features are row-normalised by `data.normalize_features`."""
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 import networkx as nx
@@ -17,7 +18,7 @@ from leo_cli.config.schema import DataConfig
 from leo_cli.errors import DataError
 from leo_cli.graph.convert import convert, parse_split, read_edge_list, read_source, split_masks
 from leo_cli.graph.datasets import load_dataset
-from leo_cli.graph.datasets.npz import load_npz
+from leo_cli.graph.datasets.npz import MASK_KEYS, load_npz
 
 EDGES = np.array([[0, 1], [1, 2], [2, 3], [3, 0], [4, 0], [5, 4]])  # 6 nodes
 N = 6
@@ -130,6 +131,41 @@ def test_a_dgl_graph_file(tmp_path: Path) -> None:
     graph, _ = convert(found, tmp_path / "g.npz")
     assert graph.num_nodes == N + 1 and np.array_equal(graph.x_NF, x.numpy())
     assert graph.train_mask_N.tolist() == train.tolist() and graph.num_classes == 3
+
+
+class _FakeDGLGraph:
+    """What `read_dgl` reads of a DGL graph, as DGL 2.1 returns it (masks as uint8)."""
+
+    ntypes = ["_N"]
+    canonical_etypes = [("_N", "_E", "_N")]
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        masks = {k: torch.tensor([1, 1, 0, 0, 0, 0, 0], dtype=torch.uint8) for k in MASK_KEYS}
+        self.ndata = {"features": x, "labels": torch.tensor([0, 1, 0, 1, 2, 2, -1]), **masks}
+
+    def edges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(EDGES[:, 0].copy()), torch.from_numpy(EDGES[:, 1].copy())
+
+    def num_nodes(self) -> int:
+        return N + 1
+
+
+def test_dgl_node_data_names_and_uint8_masks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without DGL installed, a stand-in for `dgl.load_graphs`: `features`/`labels` are read
+    as `feat`/`label` are, uint8 masks as bool, a negative label as unlabelled."""
+    x = torch.randn(N + 1, 3)
+    fake = types.SimpleNamespace(load_graphs=lambda path: ([_FakeDGLGraph(x)], {}))
+    monkeypatch.setitem(sys.modules, "dgl", fake)
+    (tmp_path / "g.bin").write_bytes(b"\x00")
+    found = read_source(None, None, tmp_path / "g.bin")
+    assert found.num_nodes == N + 1 and np.array_equal(found.x_NF, x.numpy())
+    assert found.labelled_N is not None and found.labelled_N.tolist() == [True] * N + [False]
+    assert found.masks is not None and found.masks["train_mask"].dtype == np.bool_
+    graph, _ = convert(found, tmp_path / "g.npz")
+    assert graph.train_mask_N.tolist() == [True, True] + [False] * 5
 
 
 def test_dgl_input_without_dgl_is_one_sentence(

@@ -247,6 +247,13 @@ def test_runs_sharing_a_cache_plan_once(tmp_path: Path, hw_profile: HardwareProf
     _, timer, remade = plan_in("d")
     assert remade == key and "plan_s" in timer.parts
     assert json.loads((cache / "plans" / key[:24] / PLAN).read_text())["key"] == key
+    # Rebuilt parts (`shared=False`) plan anew over the entry.
+    cfg = load_config(None, [*SMALL, f"run.out_dir={first}", f"cache.hardware={given}",
+                             f"run.cache_dir={cache}"])  # fmt: skip
+    (first / PLAN).unlink()
+    timer = RunTimer()
+    assert plan_stage.ensure_plan(cfg, first, timer=timer, shared=False) is not None
+    assert "plan_s" in timer.parts
 
 
 def test_run_cache_dir_keeps_the_machines_profiles(
