@@ -115,11 +115,7 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
     """
     if not compact and start == 0 and end == adj.num_cols:
         return block_of(start, end, None, adj)
-    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
-    keep_E = (cols_E >= start) & (cols_E < end)
-    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[keep_E]
-    cols_E, values_E = cols_E[keep_E] - start, adj.values[keep_E]
-    del keep_E
+    rows_E, cols_E, values_E = _block_edges(adj, start, end)
     rows_R: Tensor | None = None
     num_rows = adj.num_rows
     if compact:
@@ -132,6 +128,22 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
         return block_of(start, end, rows_R, fwd)
     fwd, bwd = _sliced(adj, start, end, rows_R, rows_E, cols_E, values_E, num_rows)
     return block_of(start, end, rows_R, fwd, bwd)
+
+
+def _block_edges(adj: kernels.CSR, start: int, end: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(row, column - start, value) of adj's edges in columns `[start, end)`, in adj's
+    order, in the CSR's index dtype (int32 where ids fit). With the transpose, its slice
+    names the block's edges (work in the block's edges, not all of adj's); without, a scan."""
+    if adj.t_perm.shape[0] != adj.num_edges:  # forward-only: scan every edge
+        keep_E = (adj.indices >= start) & (adj.indices < end)
+        rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
+        return rows_E, adj.indices[keep_E] - start, adj.values[keep_E]
+    lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
+    edges_E = torch.sort(adj.t_perm[lo:hi]).values  # distinct positions: in adj's order
+    int32 = adj.indptr.dtype == torch.int32
+    rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
+    cols_E = adj.indices.index_select(0, edges_E) - start
+    return rows_E, cols_E, adj.values.index_select(0, edges_E)
 
 
 def _sliced(
