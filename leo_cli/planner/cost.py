@@ -12,7 +12,11 @@ E edges, a/b a layer's input/output width, w the width it exchanges, k chunks pe
 
 from __future__ import annotations
 
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -152,65 +156,120 @@ class _Counts:
     ) -> None:
         num = len(accesses)
         reach = reach or Reach.none(num)
-        self.recv = np.zeros((num, num))  # recv[r, q]: rows r receives from q
-        self.in_place = np.zeros((num, num))
-        self.halo_edges = np.zeros(num)
-        self.replica_edges = np.zeros(num)
-        self.replica_rows = np.zeros(num)
-        self.per_edge_edges = np.zeros(num)  # edges reading a row fetched for them alone
-        self.in_place_edges = np.zeros(num)  # edges reading a row in place
         every_rq = reach.every()
-        for r, (p, c) in enumerate(zip(accesses, caches, strict=True)):
-            l1 = c.replica_rows if layer == 0 else c.replica_rows[:0]
-            l1_edges = float(p.reuse_H[l1].sum())
-            rows_q = np.asarray(p.recv_counts, dtype=np.float64)
-            recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
-            per_edge_edges = 0.0
-            if per_edge:  # every row not replicated comes once per reading edge; a replica
-                # serves layer 0 and is exchanged once past it (an L2 row: assemble.every_row_l3)
-                reps = c.replica_rows
-                recv += p.reuse_per_owner - rows_q
-                recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
-                per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
-            elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
-                l3 = c.l3_rows[np.isin(c.l3_rows, l1, invert=True, kind="table")]
-                recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
-                per_edge_edges = float(p.reuse_H[l3].sum())
-            mine = reach.published[r]
-            if mine.any():
-                # Rows of a publishing owner read in place: every row (per-edge modes, or the
-                # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
-                every = mine if per_edge else every_rq[r]
-                reps = c.replica_rows
-                replicas = np.bincount(p.owner_H[reps], minlength=num)
-                rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
-                l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
-                if l3.size and reps.size:
-                    l3 = l3[np.isin(l3, reps, invert=True, kind="table")]
-                l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
-                l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
-                read = np.where(every, rows_q - replicas, l3_rows)
-                edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
-                stay = replicas * (layer > 0)  # exchanged past layer 0
-                travel_q = np.where(every, stay, recv - l3_edges)
-                self.in_place[r] = np.where(mine, read, 0.0)
-                self.in_place_edges[r] = float(np.where(mine, edges_q, 0.0).sum())
-                recv = np.where(mine, travel_q, recv)
-                if per_edge:
-                    others = p.reuse_per_owner - rep_edges  # replicas travel once (L2)
-                    per_edge_edges = float(np.where(mine, 0.0, others).sum())
-                else:  # L3 rows of a publishing owner are read in place, either way
-                    per_edge_edges -= float(l3_edges[mine].sum())
-            self.recv[r] = recv
-            self.halo_edges[r] = p.halo_edges - l1_edges
-            self.replica_edges[r] = l1_edges
-            self.replica_rows[r] = l1.shape[0]
-            self.per_edge_edges[r] = per_edge_edges
+        rows = [
+            _rank_counts(p, c, layer == 0, per_edge, reach.published[r], every_rq[r])
+            for r, (p, c) in enumerate(zip(accesses, caches, strict=True))
+        ]
+        self.recv = np.array([x.recv for x in rows])  # recv[r, q]: rows r receives from q
+        self.in_place = np.array([x.in_place for x in rows])
+        self.halo_edges = np.array([x.halo_edges for x in rows])
+        self.replica_edges = np.array([x.replica_edges for x in rows])
+        self.replica_rows = np.array([x.replica_rows for x in rows])
+        # edges reading a row fetched for them alone; edges reading a row in place
+        self.per_edge_edges = np.array([x.per_edge_edges for x in rows])
+        self.in_place_edges = np.array([x.in_place_edges for x in rows])
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
         self.read_in_place = self.in_place.sum(axis=1)  # rows each rank reads in place
         self.read_from = self.in_place.T.sum(axis=1)  # rows of each rank read in place
         self.publishes: np.ndarray = np.asarray((self.in_place > 0).any(axis=0))
         self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
+
+
+class _RankCounts(NamedTuple):
+    """One rank's row of `_Counts`."""
+
+    recv: np.ndarray
+    in_place: np.ndarray
+    halo_edges: float
+    replica_edges: float
+    replica_rows: float
+    per_edge_edges: float
+    in_place_edges: float
+
+
+_memo: OrderedDict[tuple[object, ...], tuple[object, object, _RankCounts]] | None = None
+MEMO_ENTRIES = 48  # ranks' rows kept while a plan is made (each holds its cache alive)
+
+
+@contextlib.contextmanager
+def counts_memo() -> Iterator[None]:
+    """While the policy prices many caches that differ in one rank at a time, each rank's
+    row is computed once per (part, cache, layer kind, mode kind, reach row)."""
+    global _memo
+    _memo = OrderedDict()
+    try:
+        yield
+    finally:
+        _memo = None
+
+
+def _rank_counts(
+    p: PartAccess, c: RankCache, first: bool, per_edge: bool, mine: np.ndarray, every: np.ndarray
+) -> _RankCounts:
+    """A rank's row of `_Counts` (memoised inside `counts_memo`)."""
+    if _memo is None:
+        return _count_rank(p, c, first, per_edge, mine, every)
+    key = (id(p), id(c), first, per_edge, mine.tobytes(), every.tobytes())
+    if key in _memo:  # the entry holds p and c, so their ids name them while it lives
+        _memo.move_to_end(key)
+        return _memo[key][2]
+    found = _count_rank(p, c, first, per_edge, mine, every)
+    _memo[key] = (p, c, found)
+    if len(_memo) > MEMO_ENTRIES:
+        _memo.popitem(last=False)
+    return found
+
+
+def _count_rank(
+    p: PartAccess, c: RankCache, first: bool, per_edge: bool, mine: np.ndarray, every_r: np.ndarray
+) -> _RankCounts:
+    """See `_Counts`: `first` is layer 0; `mine`/`every_r` the rank's row of the reach."""
+    num = len(p.recv_counts)
+    in_place, in_place_edges = np.zeros(num), 0.0
+    l1 = c.replica_rows if first else c.replica_rows[:0]
+    l1_edges = float(p.reuse_H[l1].sum())
+    rows_q = np.asarray(p.recv_counts, dtype=np.float64)
+    recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
+    per_edge_edges = 0.0
+    if per_edge:  # every row not replicated comes once per reading edge; a replica
+        # serves layer 0 and is exchanged once past it (an L2 row: assemble.every_row_l3)
+        reps = c.replica_rows
+        recv += p.reuse_per_owner - rows_q
+        recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
+        per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
+    elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
+        l3 = c.l3_rows[np.isin(c.l3_rows, l1, invert=True, kind="table")]
+        recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
+        per_edge_edges = float(p.reuse_H[l3].sum())
+    if mine.any():
+        # Rows of a publishing owner read in place: every row (per-edge modes, or the
+        # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
+        every = mine if per_edge else every_r
+        reps = c.replica_rows
+        replicas = np.bincount(p.owner_H[reps], minlength=num)
+        rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
+        l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
+        if l3.size and reps.size:
+            l3 = l3[np.isin(l3, reps, invert=True, kind="table")]
+        l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
+        l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
+        read = np.where(every, rows_q - replicas, l3_rows)
+        edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
+        stay = replicas * (not first)  # exchanged past layer 0
+        travel_q = np.where(every, stay, recv - l3_edges)
+        in_place = np.where(mine, read, 0.0)
+        in_place_edges = float(np.where(mine, edges_q, 0.0).sum())
+        recv = np.where(mine, travel_q, recv)
+        if per_edge:
+            others = p.reuse_per_owner - rep_edges  # replicas travel once (L2)
+            per_edge_edges = float(np.where(mine, 0.0, others).sum())
+        else:  # L3 rows of a publishing owner are read in place, either way
+            per_edge_edges -= float(l3_edges[mine].sum())
+    return _RankCounts(
+        recv, in_place, p.halo_edges - l1_edges, l1_edges, float(l1.shape[0]), per_edge_edges,
+        in_place_edges,
+    )  # fmt: skip
 
 
 Terms = dict[str, float]

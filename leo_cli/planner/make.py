@@ -11,7 +11,7 @@ from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import ModelShape, Prediction, predict
+from leo_cli.planner.cost import ModelShape, Prediction, counts_memo, predict
 from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
@@ -123,6 +123,20 @@ def make_plan(
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
+    with counts_memo():  # the policy prices caches that differ in one rank at a time
+        return _make_plan(cache, accesses, shape, hw, keys, num_chunks, reach)
+
+
+def _make_plan(
+    cache: CacheConfig,
+    accesses: list[PartAccess],
+    shape: ModelShape,
+    hw: HardwareProfile,
+    keys: tuple[str, str, str],
+    num_chunks: str | int,
+    reach: Reach | None,
+) -> CachePlan:
+    """`make_plan`'s work."""
     b = budgets(cache, accesses, shape)
     reach = reach or Reach.none(len(accesses))
     asked = reach  # what modes run without the plan read in place
