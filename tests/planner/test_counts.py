@@ -11,8 +11,9 @@ import pytest
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import Graph, symmetrize
+from leo_cli.planner import cost
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import _Counts
+from leo_cli.planner.cost import _Counts, counts_memo
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.reach import Reach
 
@@ -139,3 +140,34 @@ def test_counts_with_rows_read_in_place_match_a_pass_over_every_halo_row(seed: i
         np.testing.assert_allclose(got.in_place, in_place)
         np.testing.assert_allclose(got.in_place_edges, edges)
         np.testing.assert_allclose(got.per_edge_edges, per)
+
+
+def test_memoised_counts_equal_fresh_ones() -> None:
+    """Inside `counts_memo` a rank's row is reused for the same part, cache, layer kind, mode
+    kind and reach row, and recomputed when any of them changes: every field equals a fresh
+    computation, for caches that change one rank at a time (as the policy's trials do)."""
+    accesses, rng = random_parts(5, 4)
+    published = rng.random((4, 4)) < 0.7
+    np.fill_diagonal(published, False)
+    reaches = [Reach.none(4), Reach(published, rng.random((4, 4)) < 0.5)]
+
+    def cache(p: PartAccess, count: int) -> RankCache:
+        rows = np.arange(p.num_halo)
+        return RankCache(False, rows[:count], rows[count : count + 5])
+
+    fields = ("recv", "in_place", "halo_edges", "replica_edges", "replica_rows",
+              "per_edge_edges", "in_place_edges")  # fmt: skip
+    caches = [cache(p, 3) for p in accesses]
+    with counts_memo():
+        for trial in range(12):
+            r = trial % 4
+            caches[r] = cache(accesses[r], int(rng.integers(0, 8)))
+            for layer, per_edge, reach in itertools.product((0, 1), (False, True), reaches):
+                memo = _Counts(accesses, caches, layer, per_edge, reach)
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(cost, "_memo", None)
+                    fresh = _Counts(accesses, caches, layer, per_edge, reach)
+                for name in fields:
+                    np.testing.assert_array_equal(getattr(memo, name), getattr(fresh, name))
+        assert cost._memo  # rows were kept for reuse
+    assert cost._memo is None
