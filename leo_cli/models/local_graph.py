@@ -162,17 +162,19 @@ class LocalGraph:
         return self.replicas.add_into(out_NO, xr_RF, weight_OF)
 
 
-def edge_values(part: LocalPart, model: str, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+def edge_values(
+    part: LocalPart, model: str, dtype: torch.dtype, rows_E: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Edge weights of a convolution from global degrees, computed in the training dtype, by
     its registry record's `edge_weights`: symmetric 1/sqrt((d_j+1)(d_i+1)) with self weight
     1/(d_i+1) (GCN); mean 1/d_i; sum 1; attention 1 (its weights are scores, per step).
+    `rows_E`: the row of every edge, where the caller has it.
     """
     kind = conv_of(model).edge_weights
     deg = torch.from_numpy(np.asarray(part.degree)).to(dtype)
-    rows = torch.repeat_interleave(
-        torch.arange(part.num_inner), torch.from_numpy(np.diff(np.asarray(part.indptr)))
-    )
+    indptr = torch.from_numpy(np.asarray(part.indptr))
     cols = torch.from_numpy(np.asarray(part.indices))
+    rows = rows_E if rows_E is not None else row_of_edges(indptr, cols.dtype)
     deg_N = deg[: part.num_inner]
     if kind == "symmetric":
         values = torch.rsqrt((deg[cols] + 1) * (deg_N[rows] + 1))
@@ -203,25 +205,28 @@ def part_adjacency(
     """The part's CSR (inner rows, `[inner | halo]` columns) weighted for `model`, with each
     inner row's self-loop weight (GCN's) on its diagonal: the aggregation then sums a row's
     own term with its neighbours' in one pass, forward and backward."""
-    values, self_weight = edge_values(part, model, dtype)
     indptr = torch.from_numpy(np.asarray(part.indptr))
     indices = torch.from_numpy(np.asarray(part.indices))
+    rows_E = row_of_edges(indptr, indices.dtype)  # once, for the weights and the diagonal
+    values, self_weight = edge_values(part, model, dtype, rows_E)
     if conv_of(model).diagonal:
         assert self_weight is not None, "a diagonal convolution has self-loop weights"
-        indptr, indices, values = with_diagonal(indptr, indices, values, self_weight)
+        indptr, indices, values = with_diagonal(indptr, indices, values, self_weight, rows_E)
+    del rows_E
     adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=part.num_inner + part.num_halo)
     return adj.to(device)
 
 
 def with_diagonal(
-    indptr: Tensor, indices: Tensor, values: Tensor, diag_N: Tensor
+    indptr: Tensor, indices: Tensor, values: Tensor, diag_N: Tensor, rows_E: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CSR arrays with entry (i, i) of value `diag_N[i]` added to every row i < N, at its place
-    among the row's columns (kept in increasing order where they were)."""
+    among the row's columns (kept in increasing order where they were); `rows_E`: the row of
+    every edge, where the caller has it."""
     n = diag_N.shape[0]
-    rows_E = row_of_edges(indptr)
+    rows_E = rows_E if rows_E is not None else row_of_edges(indptr, indices.dtype)
     first_N = torch.arange(n, dtype=torch.int64)
-    below_N = torch.bincount(rows_E[indices.long() < rows_E], minlength=n)
+    below_N = torch.bincount(rows_E[indices < rows_E], minlength=n)
     at_N = indptr[:n].long() + below_N + first_N  # where each diagonal entry lands
     out_E = torch.ones(indices.shape[0] + n, dtype=torch.bool)
     out_E[at_N] = False
