@@ -226,7 +226,7 @@ def build_transpose(
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
     t_perm = torch.sort(indices, stable=True).indices.to(indices.dtype)
-    t_indices = row_of_edges(indptr, indices.dtype)[t_perm]  # no int64 temporaries
+    t_indices = row_of_edges(indptr, indices.dtype).index_select(0, t_perm)  # int32 stays
     counts = torch.bincount(indices, minlength=num_cols)
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)
     return t_indptr, t_indices, t_perm

@@ -177,10 +177,10 @@ def edge_values(
     rows = rows_E if rows_E is not None else row_of_edges(indptr, cols.dtype)
     deg_N = deg[: part.num_inner]
     if kind == "symmetric":
-        values = torch.rsqrt((deg[cols] + 1) * (deg_N[rows] + 1))
+        values = torch.rsqrt((deg.index_select(0, cols) + 1) * (deg_N.index_select(0, rows) + 1))
         return values, 1.0 / (deg_N + 1)
     if kind == "mean":
-        return 1.0 / deg_N[rows], None
+        return 1.0 / deg_N.index_select(0, rows), None
     assert kind in ("sum", "attention"), kind
     return torch.ones(cols.shape[0], dtype=dtype), None
 
