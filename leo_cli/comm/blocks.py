@@ -165,9 +165,11 @@ def _sliced(
     lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
     t_indptr = adj.t_indptr[start : end + 1] - lo
     t_rows = adj.t_indices[lo:hi]
-    if rows_R is not None:  # full rows -> the block's compact rows (rows_R is sorted)
-        t_rows = torch.searchsorted(rows_R.to(t_rows.dtype), t_rows)
-    t_values = adj.values.index_select(0, adj.t_perm[lo:hi].long())
+    if rows_R is not None:  # full rows -> the block's compact rows, by a lookup table
+        compact = torch.empty(adj.num_rows, dtype=dtype, device=adj.device)
+        compact[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
+        t_rows = compact.index_select(0, t_rows)
+    t_values = adj.values.index_select(0, adj.t_perm[lo:hi])
     indptr, cols_E, t_indptr, t_rows = (t.to(dtype) for t in (indptr, cols_E, t_indptr, t_rows))
     empty = cols_E.new_empty(0)
     degree, t_degree = max_degree(indptr), max_degree(t_indptr)
