@@ -230,9 +230,13 @@ def with_diagonal(
     at_N = indptr[:n].long() + below_N + first_N  # where each diagonal entry lands
     out_E = torch.ones(indices.shape[0] + n, dtype=torch.bool)
     out_E[at_N] = False
-    new_indices = torch.empty(out_E.shape[0], dtype=indices.dtype)
-    new_indices[out_E], new_indices[at_N] = indices, first_N.to(indices.dtype)
-    new_values = torch.empty(out_E.shape[0], dtype=values.dtype)
-    new_values[out_E], new_values[at_N] = values, diag_N.to(values.dtype)
+    kept_E = torch.nonzero(out_E).squeeze(1)  # once for both arrays (a mask scatter each)
+    del out_E
+    new_indices = torch.empty(kept_E.shape[0] + n, dtype=indices.dtype)
+    new_indices.index_copy_(0, kept_E, indices)
+    new_indices[at_N] = first_N.to(indices.dtype)
+    new_values = torch.empty(kept_E.shape[0] + n, dtype=values.dtype)
+    new_values.index_copy_(0, kept_E, values)
+    new_values[at_N] = diag_N.to(values.dtype)
     shift = torch.cat([first_N, torch.tensor([n])]).to(indptr.dtype)
     return indptr + shift, new_indices, new_values
