@@ -23,7 +23,13 @@ from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import launch_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
-from leo_cli.launch.stages import ensure_plan, join_probe, part_weigher, partition_cache_dir
+from leo_cli.launch.stages import (
+    accesses_kept,
+    ensure_plan,
+    join_probe,
+    part_weigher,
+    partition_cache_dir,
+)
 from leo_cli.planner.auto_mode import choose, resumed, with_mode, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import plan_digests
@@ -170,19 +176,20 @@ def prepare(
     # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
     started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
     plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
-    plan = ensure_plan(
-        plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
-        shared=parts.reused,
-    )  # fmt: skip
-    choice = started or choose(cfg, plan, cfg.partition.num_parts)
-    run_cfg = with_mode(cfg, choice.mode)
-    num_parts = int(parts.meta["num_parts"])
-    if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
-        # auto chose a mode that reads rows in place otherwise: the plan of its own levels
-        ensure_plan(
-            run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
+    with accesses_kept():  # the parts are profiled once for both plans
+        plan = ensure_plan(
+            plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
             shared=parts.reused,
         )  # fmt: skip
+        choice = started or choose(cfg, plan, cfg.partition.num_parts)
+        run_cfg = with_mode(cfg, choice.mode)
+        num_parts = int(parts.meta["num_parts"])
+        if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
+            # auto chose a mode that reads rows in place otherwise: the plan of its own levels
+            ensure_plan(
+                run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
+                shared=parts.reused,
+            )  # fmt: skip
     write_choice(run_dir, choice)
     # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
     write_resolved(

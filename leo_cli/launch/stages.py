@@ -33,7 +33,7 @@ from leo_cli.graph.partition_cache import (
     weighted,
 )
 from leo_cli.graph.partitioners import WorkMeasure
-from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.graph.storage import META, read_meta, read_part
 from leo_cli.graph.types import Graph
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import worker_threads, workers_per_node
@@ -71,15 +71,35 @@ from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.timing import RunTimer
 
+_kept: dict[tuple[str, int, bytes, bool], list[PartAccess]] | None = None
+
+
+@contextlib.contextmanager
+def accesses_kept() -> Iterator[None]:
+    """Inside, `part_accesses` profiles the same parts once (`leo train` under
+    `pipeline.mode=auto` plans twice: the planned mode, then the chosen one's levels)."""
+    global _kept
+    _kept = {}
+    try:
+        yield
+    finally:
+        _kept = None
+
 
 def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[PartAccess]:
     """The profile of every part (memory-mapped: features stay on disk). `verify` checks the
     parts' checksums first; `leo train` skips it, since every worker verifies its own part
     before training (a plan made from a corrupt part is never used: training stops)."""
     root = RunDir(run_dir).partitions
-    return [
+    key = (str(root.resolve()), num_parts, (root / META).read_bytes(), verify)
+    if _kept is not None and key in _kept:
+        return _kept[key]
+    found = [
         PartAccess.from_part(read_part(root, r, verify=verify, mmap=True)) for r in range(num_parts)
     ]
+    if _kept is not None:
+        _kept[key] = found
+    return found
 
 
 def placement(cfg: LeoConfig) -> str:

@@ -270,3 +270,17 @@ def test_run_cache_dir_keeps_the_machines_profiles(
     assert probes == [tmp_path / "a"]
     assert len(list((tmp_path / "cache" / "hardware").iterdir())) == 1
     assert not (tmp_path / "home").exists()
+
+
+def test_parts_are_profiled_once_while_accesses_are_kept(
+    run_with_plan: tuple[Path, list[str]],
+) -> None:
+    """`leo train` under auto plans twice from the same parts: inside `accesses_kept` the
+    second plan takes the first one's profiles; new part files (another META) or a verified
+    read are profiled again; outside, nothing is kept."""
+    run, _ = run_with_plan
+    with plan_stage.accesses_kept():
+        first = plan_stage.part_accesses(run, 2, verify=False)
+        assert plan_stage.part_accesses(run, 2, verify=False) is first
+        assert plan_stage.part_accesses(run, 2, verify=True) is not first
+    assert plan_stage.part_accesses(run, 2, verify=False) is not first
