@@ -79,6 +79,9 @@ def accesses_kept() -> Iterator[None]:
     """Inside, `part_accesses` profiles the same parts once (`leo train` under
     `pipeline.mode=auto` plans twice: the planned mode, then the chosen one's levels)."""
     global _kept
+    if _kept is not None:  # nested: the outer one keeps them
+        yield
+        return
     _kept = {}
     try:
         yield
@@ -91,14 +94,16 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
     parts' checksums first; `leo train` skips it, since every worker verifies its own part
     before training (a plan made from a corrupt part is never used: training stops)."""
     root = RunDir(run_dir).partitions
-    key = (str(root.resolve()), num_parts, (root / META).read_bytes(), verify)
-    if _kept is not None and key in _kept:
-        return _kept[key]
+    kept = _kept
+    meta = (root / META).read_bytes() if kept is not None else b""
+    key = (str(root.resolve()), num_parts, meta, verify)
+    if kept is not None and key in kept:
+        return kept[key]
     found = [
         PartAccess.from_part(read_part(root, r, verify=verify, mmap=True)) for r in range(num_parts)
     ]
-    if _kept is not None:
-        _kept[key] = found
+    if kept is not None:
+        kept[key] = found
     return found
 
 

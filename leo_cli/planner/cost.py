@@ -189,15 +189,19 @@ class _RankCounts(NamedTuple):
 
 
 _memo: OrderedDict[tuple[object, ...], tuple[object, object, _RankCounts]] | None = None
-MEMO_ENTRIES = 48  # ranks' rows kept while a plan is made (each holds its cache alive)
+_memo_entries = 0  # rows kept (each holds its cache alive); set by `counts_memo`
 
 
 @contextlib.contextmanager
-def counts_memo() -> Iterator[None]:
+def counts_memo(num_ranks: int) -> Iterator[None]:
     """While the policy prices many caches that differ in one rank at a time, each rank's
-    row is computed once per (part, cache, layer kind, mode kind, reach row)."""
-    global _memo
-    _memo = OrderedDict()
+    row is computed once per (part, cache, layer kind, mode kind, reach row); room for a few
+    predictions' rows of `num_ranks` ranks. Nested: the outer memo serves."""
+    global _memo, _memo_entries
+    if _memo is not None:
+        yield
+        return
+    _memo, _memo_entries = OrderedDict(), 8 * num_ranks + 16
     try:
         yield
     finally:
@@ -208,16 +212,17 @@ def _rank_counts(
     p: PartAccess, c: RankCache, first: bool, per_edge: bool, mine: np.ndarray, every: np.ndarray
 ) -> _RankCounts:
     """A rank's row of `_Counts` (memoised inside `counts_memo`)."""
-    if _memo is None:
+    memo = _memo
+    if memo is None:
         return _count_rank(p, c, first, per_edge, mine, every)
     key = (id(p), id(c), first, per_edge, mine.tobytes(), every.tobytes())
-    if key in _memo:  # the entry holds p and c, so their ids name them while it lives
-        _memo.move_to_end(key)
-        return _memo[key][2]
+    if key in memo:  # the entry holds p and c, so their ids name them while it lives
+        memo.move_to_end(key)
+        return memo[key][2]
     found = _count_rank(p, c, first, per_edge, mine, every)
-    _memo[key] = (p, c, found)
-    if len(_memo) > MEMO_ENTRIES:
-        _memo.popitem(last=False)
+    memo[key] = (p, c, found)
+    if len(memo) > _memo_entries:
+        memo.popitem(last=False)
     return found
 
 

@@ -123,7 +123,7 @@ def make_plan(
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
-    with counts_memo():  # the policy prices caches that differ in one rank at a time
+    with counts_memo(len(accesses)):  # the policy's trials change one rank at a time
         return _make_plan(cache, accesses, shape, hw, keys, num_chunks, reach)
 
 

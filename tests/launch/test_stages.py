@@ -284,3 +284,16 @@ def test_parts_are_profiled_once_while_accesses_are_kept(
         assert plan_stage.part_accesses(run, 2, verify=False) is first
         assert plan_stage.part_accesses(run, 2, verify=True) is not first
     assert plan_stage.part_accesses(run, 2, verify=False) is not first
+
+
+def test_new_part_files_are_profiled_again_while_kept(
+    run_with_plan: tuple[Path, list[str]],
+) -> None:
+    """The kept profiles are keyed by META.json's bytes (its checksums): parts rewritten in
+    between are profiled again."""
+    run, _ = run_with_plan
+    meta = run / "partitions" / "META.json"
+    with plan_stage.accesses_kept():
+        first = plan_stage.part_accesses(run, 2, verify=False)
+        meta.write_text(meta.read_text() + "\n")
+        assert plan_stage.part_accesses(run, 2, verify=False) is not first

@@ -158,7 +158,7 @@ def test_memoised_counts_equal_fresh_ones() -> None:
     fields = ("recv", "in_place", "halo_edges", "replica_edges", "replica_rows",
               "per_edge_edges", "in_place_edges")  # fmt: skip
     caches = [cache(p, 3) for p in accesses]
-    with counts_memo():
+    with counts_memo(4):
         for trial in range(12):
             r = trial % 4
             caches[r] = cache(accesses[r], int(rng.integers(0, 8)))
