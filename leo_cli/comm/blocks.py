@@ -115,60 +115,47 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
     """
     if not compact and start == 0 and end == adj.num_cols:
         return block_of(start, end, None, adj)
-    rows_E, cols_E, values_E = _block_edges(adj, start, end)
-    rows_R: Tensor | None = None
-    num_rows = adj.num_rows
-    if compact:
-        rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
-        num_rows = int(rows_R.shape[0])
-    if adj.t_perm.shape[0] != adj.num_edges:  # a forward-only CSR: sort the block's edges
-        fwd = kernels.CSR.from_coo(
-            rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True
-        )
-        return block_of(start, end, rows_R, fwd)
-    fwd, bwd = _sliced(adj, start, end, rows_R, rows_E, cols_E, values_E, num_rows)
-    return block_of(start, end, rows_R, fwd, bwd)
+    if adj.t_perm.shape[0] == adj.num_edges:  # the transpose names the block's edges
+        return _sliced(adj, start, end, compact)
+    keep_E = (adj.indices >= start) & (adj.indices < end)  # forward-only: scan every edge
+    rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
+    cols_E, values_E = adj.indices[keep_E] - start, adj.values[keep_E]
+    del keep_E
+    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
+    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True)
+    return block_of(start, end, rows_R, fwd)
 
 
-def _block_edges(adj: kernels.CSR, start: int, end: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(row, column - start, value) of adj's edges in columns `[start, end)`, in adj's
-    order, in the CSR's index dtype (int32 where ids fit). With the transpose, its slice
-    names the block's edges (work in the block's edges, not all of adj's); without, a scan."""
-    if adj.t_perm.shape[0] != adj.num_edges:  # forward-only: scan every edge
-        keep_E = (adj.indices >= start) & (adj.indices < end)
-        rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
-        return rows_E, adj.indices[keep_E] - start, adj.values[keep_E]
+def _compact(rows_E: Tensor, num_rows: int, compact: bool) -> tuple[Tensor | None, Tensor, int]:
+    """(rows_R, rows_E, R): with `compact`, the rows that have edges (sorted `rows_E`) and
+    each edge's row among them; without, every row (None) and `rows_E` as given."""
+    if not compact:
+        return None, rows_E, num_rows
+    rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
+    return rows_R, rows_E, int(rows_R.shape[0])
+
+
+def _sliced(adj: kernels.CSR, start: int, end: int, compact: bool) -> ColumnBlock:
+    """The block of columns `[start, end)` from adj's transpose, without a sort of its own:
+    the transpose's rows `[start, end)` name the block's edges (their positions, sorted, are
+    in adj's order) and are the block's transpose, in the order the block's own stable sort
+    would give, so the arrays equal the forward-only path's (`from_coo`)."""
     lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
-    edges_E = torch.sort(adj.t_perm[lo:hi]).values  # distinct positions: in adj's order
+    edges_E = torch.sort(adj.t_perm[lo:hi]).values
     int32 = adj.indptr.dtype == torch.int32
     rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
     cols_E = adj.indices.index_select(0, edges_E) - start
-    return rows_E, cols_E, adj.values.index_select(0, edges_E)
-
-
-def _sliced(
-    adj: kernels.CSR,
-    start: int,
-    end: int,
-    rows_R: Tensor | None,
-    rows_E: Tensor,
-    cols_E: Tensor,
-    values_E: Tensor,
-    num_rows: int,
-) -> tuple[kernels.CSR, kernels.CSR]:
-    """The block's CSR and its transpose without a sort: the transpose of columns
-    `[start, end)` is rows `[start, end)` of adj's, in the same order the block's own stable
-    sort would give (its edges keep adj's order), so the arrays are equal to `from_coo`'s."""
+    values_E = adj.values.index_select(0, edges_E)
+    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
     counts = torch.bincount(rows_E, minlength=num_rows)
     indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
     dtype = compact_index_dtype(indptr, cols_E, end - start)
-    lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
     t_indptr = adj.t_indptr[start : end + 1] - lo
     t_rows = adj.t_indices[lo:hi]
     if rows_R is not None:  # full rows -> the block's compact rows, by a lookup table
-        compact = torch.empty(adj.num_rows, dtype=dtype, device=adj.device)
-        compact[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
-        t_rows = compact.index_select(0, t_rows)
+        table = torch.empty(adj.num_rows, dtype=dtype, device=adj.device)
+        table[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
+        t_rows = table.index_select(0, t_rows)
     t_values = adj.values.index_select(0, adj.t_perm[lo:hi])
     indptr, cols_E, t_indptr, t_rows = (t.to(dtype) for t in (indptr, cols_E, t_indptr, t_rows))
     empty = cols_E.new_empty(0)
@@ -180,7 +167,7 @@ def _sliced(
     bwd = kernels.CSR(
         t_indptr, t_rows, t_values, cols, num_rows, indptr, cols_E, empty, t_degree, degree
     )
-    return fwd, bwd
+    return block_of(start, end, rows_R, fwd, bwd)
 
 
 def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:

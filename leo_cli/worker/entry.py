@@ -246,9 +246,14 @@ def setup_progress(run: RunDir) -> Callable[[dict[str, float]], None]:
 
     def show(seconds: dict[str, float]) -> None:
         with contextlib.suppress(OSError):
-            run.write_status("setup", stages={k: round(v, 3) for k, v in seconds.items()})
+            run.write_status("setup", stages=rounded(seconds))
 
     return show
+
+
+def rounded(seconds: dict[str, float]) -> dict[str, float]:
+    """Set-up stages as status.json records them (ms)."""
+    return {k: round(v, 3) for k, v in seconds.items()}
 
 
 def run_worker(
@@ -308,7 +313,7 @@ def run_worker(
         # tell the next resume not to take them.
         run.drop_checkpoints_after(start)
         run.truncate_metrics(start)
-        run.write_status("running", stages={k: round(v, 3) for k, v in laps.seconds.items()})
+        run.write_status("running", stages=rounded(laps.seconds))
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)
     board = (
