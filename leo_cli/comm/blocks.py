@@ -135,39 +135,81 @@ def _compact(rows_E: Tensor, num_rows: int, compact: bool) -> tuple[Tensor | Non
     return rows_R, rows_E, int(rows_R.shape[0])
 
 
+# A block holding at least this share of a CSR's edges finds them by one scan of every edge
+# (a mask, sequential); a smaller one sorts its edge positions, read from the transpose.
+SCAN_SHARE = 0.25
+
+
 def _sliced(adj: kernels.CSR, start: int, end: int, compact: bool) -> ColumnBlock:
-    """The block of columns `[start, end)` from adj's transpose, without a sort of its own:
-    the transpose's rows `[start, end)` name the block's edges (their positions, sorted, are
-    in adj's order) and are the block's transpose, in the order the block's own stable sort
-    would give, so the arrays equal the forward-only path's (`from_coo`)."""
+    """The block of columns `[start, end)` of a CSR with its transpose: the transpose's rows
+    `[start, end)` are the block's transpose, in the order the block's own stable sort would
+    give, so the arrays equal the forward-only path's (`from_coo`) without a sort of every
+    edge: its edges are found by a scan where they are many, else by sorting their
+    positions."""
     lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
-    edges_E = torch.sort(adj.t_perm[lo:hi]).values
-    int32 = adj.indptr.dtype == torch.int32
-    rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
-    cols_E = adj.indices.index_select(0, edges_E) - start
-    values_E = adj.values.index_select(0, edges_E)
-    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
-    counts = torch.bincount(rows_E, minlength=num_rows)
-    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-    dtype = compact_index_dtype(indptr, cols_E, end - start)
-    t_indptr = adj.t_indptr[start : end + 1] - lo
-    t_rows = adj.t_indices[lo:hi]
+    if hi - lo >= SCAN_SHARE * adj.num_edges:
+        keep_E = adj.indices < end if start == 0 else (adj.indices >= start) & (adj.indices < end)
+        rows = _rows_kept(adj, keep_E, compact)
+        cols_E, values_E = adj.indices[keep_E] - start, adj.values[keep_E]
+    else:
+        edges_E = torch.sort(adj.t_perm[lo:hi]).values  # their positions, in adj's order
+        int32 = adj.indptr.dtype == torch.int32
+        rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
+        cols_E = adj.indices.index_select(0, edges_E) - start
+        values_E = adj.values.index_select(0, edges_E)
+        rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
+        rows = rows_R, torch.bincount(rows_E, minlength=num_rows)
+    t_edges = (adj.t_indptr[start : end + 1] - lo, adj.t_indices[lo:hi], adj.t_perm[lo:hi])
+    return _assembled(adj, (start, end), rows, (cols_E, values_E), t_edges)
+
+
+def _rows_kept(adj: kernels.CSR, keep_E: Tensor, compact: bool) -> tuple[Tensor | None, Tensor]:
+    """(rows_R, counts_R) of the edges `keep_E` marks: with `compact` the rows that keep
+    some (else None: every row) and how many each keeps, by one running count."""
+    if keep_E.numel() == 0:
+        counts_R = torch.zeros(adj.num_rows, dtype=torch.int64, device=adj.device)
+    else:
+        seen_E = torch.cumsum(keep_E, 0, dtype=adj.indptr.dtype)  # kept edges up to each
+        last_R = adj.indptr.long() - 1  # the edge before each row pointer (-1: none)
+        upto_R = seen_E.index_select(0, last_R.clamp(min=0)).masked_fill(last_R < 0, 0)
+        counts_R = torch.diff(upto_R)
+    if not compact:
+        return None, counts_R
+    rows_R = torch.nonzero(counts_R).squeeze(1)
+    return rows_R, counts_R.index_select(0, rows_R)
+
+
+def _assembled(
+    adj: kernels.CSR,
+    span: tuple[int, int],
+    rows: tuple[Tensor | None, Tensor],
+    edges: tuple[Tensor, Tensor],
+    t_edges: tuple[Tensor, Tensor, Tensor],
+) -> ColumnBlock:
+    """The block `span` of adj from its rows (`rows_R` or None, edges per row), its edges'
+    block columns and values (in adj's order) and its transpose taken from adj's
+    (pointers, adj's rows, positions of the edges in adj)."""
+    rows_R, counts_R = rows
+    cols_E, values_E = edges
+    t_indptr, t_rows, t_perm = t_edges
+    num_rows, cols = int(counts_R.shape[0]), span[1] - span[0]
+    indptr = torch.cat([counts_R.new_zeros(1), torch.cumsum(counts_R, 0)])
+    dtype = compact_index_dtype(indptr, cols_E, cols)
     if rows_R is not None:  # full rows -> the block's compact rows, by a lookup table
         table = torch.empty(adj.num_rows, dtype=dtype, device=adj.device)
         table[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
         t_rows = table.index_select(0, t_rows)
-    t_values = adj.values.index_select(0, adj.t_perm[lo:hi])
+    t_values = adj.values.index_select(0, t_perm)
     indptr, cols_E, t_indptr, t_rows = (t.to(dtype) for t in (indptr, cols_E, t_indptr, t_rows))
     empty = cols_E.new_empty(0)
     degree, t_degree = max_degree(indptr), max_degree(t_indptr)
-    cols = end - start
     fwd = kernels.CSR(
         indptr, cols_E, values_E, num_rows, cols, t_indptr, t_rows, empty, degree, t_degree
     )
     bwd = kernels.CSR(
         t_indptr, t_rows, t_values, cols, num_rows, indptr, cols_E, empty, t_degree, degree
     )
-    return block_of(start, end, rows_R, fwd, bwd)
+    return block_of(span[0], span[1], rows_R, fwd, bwd)
 
 
 def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
@@ -180,23 +222,42 @@ def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
 
 
 def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
-    """The block of the columns `cols_C` (sorted, any positions), compact, renumbered 0..C-1.
+    """The block of the columns `cols_C` (sorted, distinct, any positions), compact,
+    renumbered 0..C-1.
 
-    Used for replicated halo rows, which are not contiguous in the part's column order.
+    Used for replicated halo rows and rows read in place, which are not contiguous in the
+    part's column order. A CSR with its transpose gives the block's transpose from its own
+    (the selected columns' rows, no sort); a forward-only one sorts the block's edges.
     """
-    cols_E = adj.indices  # temporaries in the CSR's index dtype (int32 where ids fit)
-    cols_C = cols_C.to(cols_E.dtype)
-    pos_E = torch.searchsorted(cols_C, cols_E, out_int32=cols_E.dtype == torch.int32)
-    found_E = pos_E < cols_C.shape[0]
-    found_E[found_E.clone()] = cols_C[pos_E[found_E]] == cols_E[found_E]
-    rows_E = row_of_edges(adj.indptr, cols_E.dtype)[found_E]
-    rows_R, rows_E = torch.unique_consecutive(rows_E, return_inverse=True)
-    num_rows, num_cols = int(rows_R.shape[0]), int(cols_C.shape[0])
-    values_E = adj.values[found_E]
+    num_cols = int(cols_C.shape[0])
+    col_of = torch.full((adj.num_cols,), -1, dtype=adj.indices.dtype, device=adj.device)
+    col_of[cols_C] = torch.arange(num_cols, dtype=col_of.dtype, device=adj.device)
+    block_col_E = col_of.index_select(0, adj.indices)  # -1: a column not selected
+    keep_E = block_col_E >= 0
+    if adj.t_perm.shape[0] == adj.num_edges:
+        rows = _rows_kept(adj, keep_E, compact=True)
+        edges = block_col_E[keep_E], adj.values[keep_E]
+        at_E, t_indptr = _segments(adj.t_indptr, cols_C)
+        t_edges = (t_indptr, adj.t_indices.index_select(0, at_E), adj.t_perm.index_select(0, at_E))
+        return _assembled(adj, (0, num_cols), rows, edges, t_edges)
+    rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
+    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact=True)
     fwd = kernels.CSR.from_coo(
-        rows_E, pos_E[found_E], values_E, num_rows, num_cols, rows_sorted=True
+        rows_E, block_col_E[keep_E], adj.values[keep_E], num_rows, num_cols, rows_sorted=True
     )
     return block_of(0, num_cols, rows_R, fwd)
+
+
+def _segments(indptr: Tensor, rows_C: Tensor) -> tuple[Tensor, Tensor]:
+    """(positions, pointers) of the rows `rows_C` of a CSR laid end to end: every edge
+    position of row `rows_C[0]`, then of `rows_C[1]`, ...; and their (C+1) pointers."""
+    rows_C = rows_C.long()
+    starts_C = indptr.index_select(0, rows_C).long()
+    lengths_C = indptr.index_select(0, rows_C + 1).long() - starts_C
+    pointers = torch.cat([lengths_C.new_zeros(1), torch.cumsum(lengths_C, 0)])
+    total = int(pointers[-1])
+    shift_E = torch.repeat_interleave(starts_C - pointers[:-1], lengths_C, output_size=total)
+    return torch.arange(total, device=indptr.device) + shift_E, pointers
 
 
 @dataclass(frozen=True)

@@ -225,9 +225,11 @@ def build_transpose(
 
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
-    t_perm = torch.sort(indices, stable=True).indices.to(indices.dtype)
+    by_col = torch.sort(indices, stable=True)
+    t_perm = by_col.indices.to(indices.dtype)
     t_indices = row_of_edges(indptr, indices.dtype).index_select(0, t_perm)  # int32 stays
-    counts = torch.bincount(indices, minlength=num_cols)
+    counts = torch.bincount(by_col.values, minlength=num_cols)  # sorted: counted in order
+    del by_col
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)
     return t_indptr, t_indices, t_perm
 

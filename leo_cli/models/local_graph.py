@@ -20,7 +20,7 @@ from leo_cli.comm.aggregate import Aggregator
 from leo_cli.comm.exchange import halo_ids
 from leo_cli.comm.levels import Replicas
 from leo_cli.graph.layout import LocalPart
-from leo_cli.kernels.csr import row_of_edges
+from leo_cli.kernels.csr import INT32_MAX, row_of_edges
 from leo_cli.models.dropout import edge_ids
 from leo_cli.registry import conv_of
 
@@ -163,22 +163,25 @@ class LocalGraph:
 
 
 def edge_values(
-    part: LocalPart, model: str, dtype: torch.dtype, rows_E: Tensor | None = None
+    part: LocalPart, model: str, dtype: torch.dtype, edges: tuple[Tensor, Tensor] | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """Edge weights of a convolution from global degrees, computed in the training dtype, by
     its registry record's `edge_weights`: symmetric 1/sqrt((d_j+1)(d_i+1)) with self weight
     1/(d_i+1) (GCN); mean 1/d_i; sum 1; attention 1 (its weights are scores, per step).
-    `rows_E`: the row of every edge, where the caller has it.
+    `edges`: the row and column of every edge, where the caller has them.
     """
     kind = conv_of(model).edge_weights
     deg = torch.from_numpy(np.asarray(part.degree)).to(dtype)
-    indptr = torch.from_numpy(np.asarray(part.indptr))
-    cols = torch.from_numpy(np.asarray(part.indices))
-    rows = rows_E if rows_E is not None else row_of_edges(indptr, cols.dtype)
+    if edges is None:
+        cols = torch.from_numpy(np.asarray(part.indices))
+        rows = row_of_edges(torch.from_numpy(np.asarray(part.indptr)), cols.dtype)
+    else:
+        rows, cols = edges
     deg_N = deg[: part.num_inner]
     if kind == "symmetric":
-        values = torch.rsqrt((deg.index_select(0, cols) + 1) * (deg_N.index_select(0, rows) + 1))
-        return values, 1.0 / (deg_N + 1)
+        deg1 = deg + 1  # per node, not per edge: the same numbers in fewer passes
+        values = deg1.index_select(0, cols).mul_(deg1[: part.num_inner].index_select(0, rows))
+        return values.rsqrt_(), 1.0 / (deg_N + 1)
     if kind == "mean":
         return 1.0 / deg_N.index_select(0, rows), None
     assert kind in ("sum", "attention"), kind
@@ -207,13 +210,17 @@ def part_adjacency(
     own term with its neighbours' in one pass, forward and backward."""
     indptr = torch.from_numpy(np.asarray(part.indptr))
     indices = torch.from_numpy(np.asarray(part.indices))
+    num_cols = part.num_inner + part.num_halo
+    fits = max(indices.shape[0] + part.num_inner, num_cols) <= INT32_MAX  # with the diagonal
+    index_dtype = torch.int32 if fits else torch.int64  # int32: half the bytes to move
+    indptr, indices = indptr.to(index_dtype), indices.to(index_dtype)
     rows_E = row_of_edges(indptr, indices.dtype)  # once, for the weights and the diagonal
-    values, self_weight = edge_values(part, model, dtype, rows_E)
+    values, self_weight = edge_values(part, model, dtype, (rows_E, indices))
     if conv_of(model).diagonal:
         assert self_weight is not None, "a diagonal convolution has self-loop weights"
         indptr, indices, values = with_diagonal(indptr, indices, values, self_weight, rows_E)
     del rows_E
-    adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=part.num_inner + part.num_halo)
+    adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=num_cols)
     return adj.to(device)
 
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import chunk_bounds, column_block, forward_only
+from leo_cli.comm import blocks
+from leo_cli.comm.blocks import (
+    chunk_bounds,
+    column_block,
+    forward_only,
+    selected_columns_block,
+)
 from leo_cli.errors import KernelError
 
 
@@ -94,11 +100,30 @@ def test_whole_csr_block_shares_the_csrs_arrays() -> None:
     torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
 
 
+def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
+    assert (a.rows_R is None) == (b.rows_R is None)
+    assert a.rows_R is None or (
+        a.rows_R.dtype == b.rows_R.dtype and torch.equal(a.rows_R, b.rows_R)
+    )
+    assert (a.col_start, a.col_end) == (b.col_start, b.col_end)
+    for x, y in ((a.fwd, b.fwd), (a.bwd, b.bwd)):
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+            tx, ty = getattr(x, name), getattr(y, name)
+            assert tx.dtype == ty.dtype and torch.equal(tx, ty), name
+        shape_x = (x.num_rows, x.num_cols, x.max_degree, x.t_max_degree)
+        assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
+
+
+@pytest.mark.parametrize("scan_share", [0.0, 2.0])
 @pytest.mark.parametrize("compact", [False, True])
-def test_blocks_sliced_from_the_transpose_equal_sorted_ones(compact: bool) -> None:
-    """A block of a CSR with its transpose takes its own from adj's rows (no sort); every
-    array, dtype and degree equals the block built by sorting its edges (a forward-only
-    CSR's path), for empty, partial and full column ranges."""
+def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
+    compact: bool, scan_share: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block of a CSR with its transpose takes its own from adj's rows (no sort) and
+    finds its edges by a scan (`scan_share` 0: always) or by sorting their positions (2:
+    never a scan); every array, dtype and degree equals the block built by sorting its
+    edges (a forward-only CSR's path), for empty, partial and full column ranges."""
+    monkeypatch.setattr(blocks, "SCAN_SHARE", scan_share)
     torch.manual_seed(0)
     for _ in range(20):
         num_rows = int(torch.randint(1, 60, ()))
@@ -111,12 +136,29 @@ def test_blocks_sliced_from_the_transpose_equal_sorted_ones(compact: bool) -> No
         for start, end in [(0, num_rows), (num_rows, num_cols), (num_rows // 2, num_cols), (3, 3)]:
             start, end = min(start, num_cols), min(end, num_cols)
             a = column_block(adj, start, end, compact=compact)
-            b = column_block(forward_only(adj), start, end, compact=compact)
-            assert (a.rows_R is None) == (b.rows_R is None)
-            assert a.rows_R is None or torch.equal(a.rows_R, b.rows_R)
-            for x, y in ((a.fwd, b.fwd), (a.bwd, b.bwd)):
-                for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
-                    tx, ty = getattr(x, name), getattr(y, name)
-                    assert tx.dtype == ty.dtype and torch.equal(tx, ty), name
-                shape_x = (x.num_rows, x.num_cols, x.max_degree, x.t_max_degree)
-                assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
+            assert_same_block(a, column_block(forward_only(adj), start, end, compact=compact))
+
+
+def test_selected_columns_from_the_transpose_equal_sorted_ones() -> None:
+    """Selected columns (replicas, rows read in place) of a CSR with its transpose take the
+    block's transpose from adj's (no sort): the same arrays as a forward-only CSR's block,
+    which sorts its edges; and the block's product is the dense one's columns."""
+    torch.manual_seed(1)
+    for _ in range(20):
+        num_rows = int(torch.randint(1, 60, ()))
+        num_cols = num_rows + int(torch.randint(0, 40, ()))
+        num_edges = int(torch.randint(0, 400, ()))
+        rows = torch.randint(0, num_rows, (num_edges,))
+        cols = torch.randint(0, num_cols, (num_edges,))
+        adj = kernels.CSR.from_coo(rows, cols, torch.randn(num_edges).double(), num_rows, num_cols)
+        for share in (0.0, 0.3, 1.0):
+            cols_C = torch.nonzero(torch.rand(num_cols) < share).squeeze(1)
+            a = selected_columns_block(adj, cols_C)
+            assert_same_block(a, selected_columns_block(forward_only(adj), cols_C))
+            x = torch.randn(cols_C.shape[0], 3, dtype=torch.float64)
+            out = torch.zeros(num_rows, 3, dtype=torch.float64)
+            a.add_into(out, x)
+            dense = adj.to_dense()[:, cols_C]
+            torch.testing.assert_close(out, dense @ x, rtol=1e-12, atol=1e-12)
+            grad = torch.randn(num_rows, 3, dtype=torch.float64)
+            torch.testing.assert_close(a.backward(grad), dense.t() @ grad, rtol=1e-12, atol=1e-12)
