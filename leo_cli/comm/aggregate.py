@@ -21,7 +21,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, Schedule, build_schedule, column_block
-from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
 from leo_cli.comm.inplace import InPlace
 from leo_cli.comm.rounding import RowCodec, backward_key
 from leo_cli.comm.transport import Pending, Transport
@@ -120,7 +120,7 @@ class BlockAggregator:
             if in_place is None
             else torch.cat([plan.send_idx_S, in_place.boundary_B])
         )
-        self.boundary_B = torch.unique(sent)  # sorted: the rows computed (and sent) first
+        self.boundary_B = distinct_rows(sent, plan.num_inner)  # sorted: computed (and sent) first
         if in_place is not None:  # where the published rows sit among them
             self.published_P = torch.searchsorted(self.boundary_B, in_place.boundary_B)
         if overlap:

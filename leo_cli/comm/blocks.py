@@ -237,7 +237,7 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
     if adj.t_perm.shape[0] == adj.num_edges:
         rows = _rows_kept(adj, keep_E, compact=True)
         edges = block_col_E[keep_E], adj.values[keep_E]
-        at_E, t_indptr = _segments(adj.t_indptr, cols_C)
+        at_E, t_indptr = segments(adj.t_indptr, cols_C)
         t_edges = (t_indptr, adj.t_indices.index_select(0, at_E), adj.t_perm.index_select(0, at_E))
         return _assembled(adj, (0, num_cols), rows, edges, t_edges)
     rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
@@ -248,7 +248,7 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
     return block_of(0, num_cols, rows_R, fwd)
 
 
-def _segments(indptr: Tensor, rows_C: Tensor) -> tuple[Tensor, Tensor]:
+def segments(indptr: Tensor, rows_C: Tensor) -> tuple[Tensor, Tensor]:
     """(positions, pointers) of the rows `rows_C` of a CSR laid end to end: every edge
     position of row `rows_C[0]`, then of `rows_C[1]`, ...; and their (C+1) pointers."""
     rows_C = rows_C.long()

@@ -120,6 +120,14 @@ class HaloPlan:
         return offsets(self.recv_counts)
 
 
+def distinct_rows(rows: Tensor, num_rows: int) -> Tensor:
+    """The distinct ids among `rows` (all in 0..num_rows-1), sorted, as `torch.unique` gives
+    them, by a mark per row instead of a sort."""
+    mark = torch.zeros(num_rows, dtype=torch.bool, device=rows.device)
+    mark[rows] = True
+    return torch.nonzero(mark).squeeze(1)
+
+
 def offsets(counts: list[int]) -> list[int]:
     """Prefix sums: where each count's block starts (and, last, the total)."""
     out = [0]

@@ -22,10 +22,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
-from leo_cli.comm.exchange import CommStats, HaloPlan
+from leo_cli.comm.blocks import ColumnBlock, segments, selected_columns_block
+from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
 from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
 from leo_cli.comm.views import halo_owner
+from leo_cli.kernels.csr import compact_index_dtype, max_degree
 
 
 @dataclass(frozen=True)
@@ -162,12 +163,12 @@ def build_in_place(
     world, rank = dist.get_world_size(), dist.get_rank()
     device = adj.indptr.device  # index tensors follow the part's CSR (CPU or its GPU)
     rows_H, halo_local_H = rows_H.to(device), halo_local_H.to(device)
-    boundary_B = torch.unique(plan.send_idx_S)
+    boundary_B = distinct_rows(plan.send_idx_S, plan.num_inner)
     boundaries: list[Any] = [None] * world
-    dist.all_gather_object(boundaries, boundary_B.tolist())
+    dist.all_gather_object(boundaries, boundary_B.cpu().numpy())  # arrays pickle as bytes
     owner_R = halo_owner(plan, rows_H)
     owners = torch.unique(owner_R).tolist()
-    wanted = {q: halo_local_H[rows_H[owner_R == q]].tolist() for q in owners}
+    wanted = {q: halo_local_H[rows_H[owner_R == q]].cpu().numpy() for q in owners}
     asked: list[Any] = [None] * world
     dist.all_gather_object(asked, wanted)
     hosts = same_host_ranks(world)
@@ -186,15 +187,15 @@ def build_in_place(
             plan,
             rows_H[owner_R == q],
             q,
-            torch.tensor(boundaries[q], dtype=torch.int64, device=device),
+            torch.from_numpy(boundaries[q]).to(device=device, dtype=torch.int64),
             halo_local_H,
         )  # fmt: skip
         for q in sorted(wanted)
     ]
     read_by = {
-        r: torch.tensor(asked[r][rank], dtype=torch.int64, device=device)
+        r: torch.from_numpy(asked[r][rank]).to(device=device, dtype=torch.int64)
         for r in range(world)
-        if asked[r].get(rank)
+        if len(asked[r].get(rank, ())) > 0
     }
     return InPlace(published, rank, boundary_B, reads, read_by, stats)
 
@@ -212,10 +213,32 @@ def owner_rows(
     block = selected_columns_block(adj, rows_C + n)
     positions_C = torch.searchsorted(boundary_B, halo_local_H[rows_C])
     assert bool((boundary_B[positions_C] == halo_local_H[rows_C]).all()), "L3 rows are boundary"
-    assert block.rows_R is not None
-    rows_E = torch.repeat_interleave(block.rows_R.long(), torch.diff(block.fwd.indptr.long()))
-    cols_E = positions_C[block.fwd.indices.long()]
-    in_place = kernels.CSR.from_coo(
-        rows_E, cols_E, block.fwd.values, adj.num_rows, int(boundary_B.shape[0]), rows_sorted=True
-    )
+    in_place = reading_in_place(block, positions_C, adj.num_rows, int(boundary_B.shape[0]))
     return OwnerRows(owner, block, positions_C, in_place)
+
+
+def reading_in_place(
+    block: ColumnBlock, positions_C: Tensor, num_rows: int, num_cols: int
+) -> kernels.CSR:
+    """The block's edges over every row, reading column c at `positions_C[c]` (the owner's
+    published rows, `num_cols` of them): forward only (published rows take no gradient
+    through it; the block's own transpose serves the backward), its transpose rows taken
+    from the block's, so nothing is sorted."""
+    assert block.rows_R is not None
+    rows_R = block.rows_R.long()
+    counts_N = torch.zeros(num_rows, dtype=torch.int64, device=rows_R.device)
+    counts_N[rows_R] = torch.diff(block.fwd.indptr).long()
+    indptr = torch.cat([counts_N.new_zeros(1), torch.cumsum(counts_N, 0)])
+    indices = positions_C.to(block.fwd.indices.dtype).index_select(0, block.fwd.indices)
+    by_position = torch.argsort(positions_C)  # the transpose's rows in published order
+    at_E, _ = segments(block.bwd.indptr, by_position)
+    t_counts = torch.zeros(num_cols, dtype=torch.int64, device=rows_R.device)
+    t_counts[positions_C] = torch.diff(block.bwd.indptr).long()
+    t_indptr = torch.cat([t_counts.new_zeros(1), torch.cumsum(t_counts, 0)])
+    t_indices = rows_R.index_select(0, block.bwd.indices.index_select(0, at_E).long())
+    fit = compact_index_dtype(indptr, indices, num_cols)
+    return kernels.CSR(
+        indptr.to(fit), indices.to(fit), block.fwd.values, num_rows, num_cols,
+        t_indptr.to(fit), t_indices.to(fit), indices.new_empty(0).to(fit),
+        max_degree(indptr), max_degree(t_indptr),
+    )  # fmt: skip

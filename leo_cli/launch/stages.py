@@ -17,12 +17,13 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from leo_cli.comm.placement import affinity_tag
+from leo_cli.comm.placement import affinity_tag, machine_cores
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import ProgressFn
@@ -72,6 +73,7 @@ from leo_cli.util import files
 from leo_cli.util.timing import RunTimer
 
 _kept: dict[tuple[str, int, bytes, bool], list[PartAccess]] | None = None
+PROFILE_THREADS = 4  # parts profiled at once, at most
 
 
 @contextlib.contextmanager
@@ -99,9 +101,15 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
     key = (str(root.resolve()), num_parts, meta, verify)
     if kept is not None and key in kept:
         return kept[key]
-    found = [
-        PartAccess.from_part(read_part(root, r, verify=verify, mmap=True)) for r in range(num_parts)
-    ]
+
+    def profile(rank: int) -> PartAccess:
+        return PartAccess.from_part(read_part(root, rank, verify=verify, mmap=True))
+
+    # numpy leaves the lock while it counts: parts are profiled side by side, a few at a time
+    # (each holds temporaries the size of its edges).
+    threads = max(1, min(num_parts, len(machine_cores()), PROFILE_THREADS))
+    with ThreadPoolExecutor(threads) as pool:
+        found = list(pool.map(profile, range(num_parts)))
     if kept is not None:
         kept[key] = found
     return found
@@ -391,7 +399,11 @@ def _copy_plan(source: Path, target: Path, plan: CachePlan) -> None:
         files.write_bytes(copy, plot.read_bytes())
     except OSError:
         copy.unlink(missing_ok=True)
-    write_plan(target, plan)
+    try:
+        data: bytes | None = (source / PLAN).read_bytes()  # the file `plan` was read from
+    except OSError:
+        data = None  # gone since: encoded again
+    write_plan(target, plan, data)
 
 
 def _new_plan(

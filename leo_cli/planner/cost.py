@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -188,20 +188,22 @@ class _RankCounts(NamedTuple):
     in_place_edges: float
 
 
-_memo: OrderedDict[tuple[object, ...], tuple[object, object, _RankCounts]] | None = None
+_memo: OrderedDict[tuple[object, ...], tuple[object, object, object]] | None = None
+T = TypeVar("T")
 _memo_entries = 0  # rows kept (each holds its cache alive); set by `counts_memo`
 
 
 @contextlib.contextmanager
 def counts_memo(num_ranks: int) -> Iterator[None]:
     """While the policy prices many caches that differ in one rank at a time, each rank's
-    row is computed once per (part, cache, layer kind, mode kind, reach row); room for a few
-    predictions' rows of `num_ranks` ranks. Nested: the outer memo serves."""
+    row is computed once per (part, cache, layer kind, mode kind, reach row), from sums
+    made once per (part, cache); room for a few predictions' rows and sums of `num_ranks`
+    ranks. Nested: the outer memo serves."""
     global _memo, _memo_entries
     if _memo is not None:
         yield
         return
-    _memo, _memo_entries = OrderedDict(), 8 * num_ranks + 16
+    _memo, _memo_entries = OrderedDict(), 2 * (8 * num_ranks + 16)  # rows and sums
     try:
         yield
     finally:
@@ -212,54 +214,90 @@ def _rank_counts(
     p: PartAccess, c: RankCache, first: bool, per_edge: bool, mine: np.ndarray, every: np.ndarray
 ) -> _RankCounts:
     """A rank's row of `_Counts` (memoised inside `counts_memo`)."""
+    key = (id(p), id(c), first, per_edge, mine.tobytes(), every.tobytes())
+    return _memoised(key, p, c, lambda: _count_rank(p, c, first, per_edge, mine, every))
+
+
+def _memoised(key: tuple[object, ...], p: PartAccess, c: RankCache, make: Callable[[], T]) -> T:
+    """`make()`, kept inside `counts_memo` under `key` (which names `p` and `c` by id: the
+    entry holds them, so their ids name them while it lives)."""
     memo = _memo
     if memo is None:
-        return _count_rank(p, c, first, per_edge, mine, every)
-    key = (id(p), id(c), first, per_edge, mine.tobytes(), every.tobytes())
-    if key in memo:  # the entry holds p and c, so their ids name them while it lives
+        return make()
+    if key in memo:
         memo.move_to_end(key)
-        return memo[key][2]
-    found = _count_rank(p, c, first, per_edge, mine, every)
+        return cast(T, memo[key][2])
+    found = make()
     memo[key] = (p, c, found)
     if len(memo) > _memo_entries:
         memo.popitem(last=False)
     return found
 
 
+@dataclass(frozen=True)
+class _CacheSums:
+    """Per owner, a rank's replicated rows and L3 rows (all, and those not replicated) and
+    the local edges reading them: what every layer and mode reads of one cache."""
+
+    replica_rows: np.ndarray
+    replica_edges: np.ndarray
+    l3_rows: np.ndarray
+    l3_edges: np.ndarray
+    l3_kept_rows: np.ndarray  # L3 rows that are not replicas
+    l3_kept_edges: np.ndarray
+
+
+def _cache_sums(p: PartAccess, c: RankCache) -> _CacheSums:
+    """The sums of `_CacheSums` (memoised inside `counts_memo`: a cache is priced for several
+    layers, modes and reaches)."""
+    return _memoised(("sums", id(p), id(c)), p, c, lambda: _sum_cache(p, c))
+
+
+def _sum_cache(p: PartAccess, c: RankCache) -> _CacheSums:
+    num = len(p.recv_counts)
+
+    def per_owner(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        owner = p.owner_H[rows]
+        counts = np.bincount(owner, minlength=num).astype(np.float64)
+        return counts, np.bincount(owner, weights=p.reuse_H[rows], minlength=num)
+
+    reps, l3 = c.replica_rows, c.l3_rows
+    kept = l3[np.isin(l3, reps, invert=True, kind="table")] if l3.size and reps.size else l3
+    return _CacheSums(*per_owner(reps), *per_owner(l3), *per_owner(kept))
+
+
 def _count_rank(
     p: PartAccess, c: RankCache, first: bool, per_edge: bool, mine: np.ndarray, every_r: np.ndarray
 ) -> _RankCounts:
-    """See `_Counts`: `first` is layer 0; `mine`/`every_r` the rank's row of the reach."""
+    """See `_Counts`: `first` is layer 0; `mine`/`every_r` the rank's row of the reach.
+    Every count is a whole number held exactly in float64."""
     num = len(p.recv_counts)
+    sums = _cache_sums(p, c)
     in_place, in_place_edges = np.zeros(num), 0.0
-    l1 = c.replica_rows if first else c.replica_rows[:0]
-    l1_edges = float(p.reuse_H[l1].sum())
+    l1_rows = sums.replica_rows if first else np.zeros(num)
+    l1_edges = float(sums.replica_edges.sum()) if first else 0.0
     rows_q = np.asarray(p.recv_counts, dtype=np.float64)
-    recv = rows_q - np.bincount(p.owner_H[l1], minlength=num)
+    recv = rows_q - l1_rows
     per_edge_edges = 0.0
     if per_edge:  # every row not replicated comes once per reading edge; a replica
         # serves layer 0 and is exchanged once past it (an L2 row: assemble.every_row_l3)
-        reps = c.replica_rows
         recv += p.reuse_per_owner - rows_q
-        recv -= np.bincount(p.owner_H[reps], weights=p.reuse_H[reps] - 1, minlength=num)
-        per_edge_edges = p.halo_edges - float(p.reuse_H[reps].sum())
+        recv -= sums.replica_edges - sums.replica_rows
+        per_edge_edges = p.halo_edges - float(sums.replica_edges.sum())
     elif c.l3_rows.size:  # listed rows once per reading edge, unless replicated
-        l3 = c.l3_rows[np.isin(c.l3_rows, l1, invert=True, kind="table")]
-        recv += np.bincount(p.owner_H[l3], weights=p.reuse_H[l3] - 1, minlength=num)
-        per_edge_edges = float(p.reuse_H[l3].sum())
+        rows, edges = (
+            (sums.l3_kept_rows, sums.l3_kept_edges) if first else (sums.l3_rows, sums.l3_edges)
+        )
+        recv += edges - rows
+        per_edge_edges = float(edges.sum())
     if mine.any():
         # Rows of a publishing owner read in place: every row (per-edge modes, or the
-        # pairs of `every_row`) or the L3 rows, replicas excepted; the rest travel.
+        # pairs of `every_row`) or the L3 rows, replicas excepted (policy.with_l3, unless
+        # edited in); the rest travel.
         every = mine if per_edge else every_r
-        reps = c.replica_rows
-        replicas = np.bincount(p.owner_H[reps], minlength=num)
-        rep_edges = np.bincount(p.owner_H[reps], weights=p.reuse_H[reps], minlength=num)
-        l3 = c.l3_rows  # apart from the replicas (policy.with_l3), unless edited in
-        if l3.size and reps.size:
-            l3 = l3[np.isin(l3, reps, invert=True, kind="table")]
-        l3_rows = np.bincount(p.owner_H[l3], minlength=num).astype(np.float64)
-        l3_edges = np.bincount(p.owner_H[l3], weights=p.reuse_H[l3], minlength=num)
-        read = np.where(every, rows_q - replicas, l3_rows)
+        replicas, rep_edges = sums.replica_rows, sums.replica_edges
+        l3_edges = sums.l3_kept_edges
+        read = np.where(every, rows_q - replicas, sums.l3_kept_rows)
         edges_q = np.where(every, p.reuse_per_owner - rep_edges, l3_edges)
         stay = replicas * (not first)  # exchanged past layer 0
         travel_q = np.where(every, stay, recv - l3_edges)
@@ -271,8 +309,9 @@ def _count_rank(
             per_edge_edges = float(np.where(mine, 0.0, others).sum())
         else:  # L3 rows of a publishing owner are read in place, either way
             per_edge_edges -= float(l3_edges[mine].sum())
+    l1_count = float(c.replica_rows.shape[0]) if first else 0.0
     return _RankCounts(
-        recv, in_place, p.halo_edges - l1_edges, l1_edges, float(l1.shape[0]), per_edge_edges,
+        recv, in_place, p.halo_edges - l1_edges, l1_edges, l1_count, per_edge_edges,
         in_place_edges,
     )  # fmt: skip
 

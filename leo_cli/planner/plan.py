@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic_core
 
 from leo_cli.comm.rounding import CODECS
 from leo_cli.config import LeoConfig
@@ -221,15 +222,16 @@ def invalid(path: Path, problem: str) -> CacheError:
     )
 
 
-def write_plan(run_dir: Path, plan: CachePlan) -> Path:
-    """Write cache-plan.json atomically (a fresh temporary file, then a rename).
+def write_plan(run_dir: Path, plan: CachePlan, data: bytes | None = None) -> Path:
+    """Write cache-plan.json atomically (a fresh temporary file, then a rename); `data`: the
+    plan's file as another folder holds it (a copy: not encoded again).
 
     Raises:
         CacheError: the run folder cannot hold it (no space, or the name is a folder).
     """
     path = run_dir / PLAN
     try:
-        files.write_text(path, files.json_text(plan.to_json()))
+        files.write_bytes(path, files.json_text(plan.to_json()).encode() if data is None else data)
     except OSError as exc:
         raise CacheError(
             f"cannot write {path} ({exc.strerror or exc}); remove what is there or choose "
@@ -250,8 +252,8 @@ def read_plan(run_dir: Path) -> CachePlan | None:
     if not path.is_file():
         raise CacheError(f"{path} is not a file; remove it and run leo profile-cache.")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = pydantic_core.from_json(path.read_bytes().decode("utf-8"))  # faster than json's
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 JSON"
         raise CacheError(
             f"cannot read {path} ({reason}); delete it and run leo profile-cache."

@@ -13,6 +13,7 @@ from leo_cli.comm.blocks import (
     forward_only,
     selected_columns_block,
 )
+from leo_cli.comm.inplace import reading_in_place
 from leo_cli.errors import KernelError
 
 
@@ -162,3 +163,44 @@ def test_selected_columns_from_the_transpose_equal_sorted_ones() -> None:
             torch.testing.assert_close(out, dense @ x, rtol=1e-12, atol=1e-12)
             grad = torch.randn(num_rows, 3, dtype=torch.float64)
             torch.testing.assert_close(a.backward(grad), dense.t() @ grad, rtol=1e-12, atol=1e-12)
+
+
+def test_reading_in_place_equals_its_sorted_construction() -> None:
+    """The in-place twin of a block (every row, columns at the owner's published
+    positions, in any order) has the arrays the sorting construction gives, without an edge
+    permutation; its product reads the published rows as the block reads its columns."""
+    torch.manual_seed(2)
+    for _ in range(20):
+        num_rows = int(torch.randint(1, 50, ()))
+        num_cols = num_rows + int(torch.randint(1, 40, ()))
+        num_edges = int(torch.randint(0, 300, ()))
+        rows = torch.randint(0, num_rows, (num_edges,))
+        cols = torch.randint(0, num_cols, (num_edges,))
+        adj = kernels.CSR.from_coo(rows, cols, torch.randn(num_edges).double(), num_rows, num_cols)
+        cols_C = torch.nonzero(torch.rand(num_cols) < 0.5).squeeze(1)
+        block = selected_columns_block(adj, cols_C)
+        published = 3 * cols_C.shape[0] + 2
+        positions_C = torch.randperm(published)[: cols_C.shape[0]]  # distinct, any order
+        twin = reading_in_place(block, positions_C, num_rows, published)
+        assert block.rows_R is not None
+        rows_E = torch.repeat_interleave(block.rows_R.long(), torch.diff(block.fwd.indptr.long()))
+        sorted_twin = kernels.CSR.from_coo(
+            rows_E,
+            positions_C[block.fwd.indices.long()],
+            block.fwd.values,
+            num_rows,
+            published,
+            rows_sorted=True,
+        )
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices"):
+            a, b = getattr(twin, name), getattr(sorted_twin, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert (twin.max_degree, twin.t_max_degree) == (
+            sorted_twin.max_degree,
+            sorted_twin.t_max_degree,
+        )
+        assert twin.t_perm.numel() == 0
+        x = torch.randn(published, 2, dtype=torch.float64)
+        out = torch.zeros(num_rows, 2, dtype=torch.float64)
+        block.add_into(out, x[positions_C])
+        torch.testing.assert_close(kernels.spmm(twin, x), out, rtol=1e-12, atol=1e-12)
