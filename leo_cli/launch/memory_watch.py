@@ -5,7 +5,9 @@ Each sample sums the processes' proportional set size (`Pss` of /proc/<pid>/smap
 page shared by k processes counts 1/k in each, so part files mapped by every worker and
 shared-memory segments count once), or their resident size where the kernel has no
 smaps_rollup. The peak of the samples is `peak_rss_total_bytes` in summary.json: a sample every
-`interval` seconds can miss a shorter peak.
+`interval` seconds can miss a shorter peak. Reading a large process's smaps_rollup walks its
+page tables (about 20 ms for a products-size worker), so the watch waits long enough after
+each sample to spend at most 1/`COST_RATIO` of one core on sampling.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
 _PROC = Path("/proc")
+COST_RATIO = 20  # seconds between samples, at least, per second a sample took
 
 
 def descendants(pid: int) -> list[int]:
@@ -44,7 +48,8 @@ def resident_bytes(pid: int) -> int:
 
 class MemoryWatch:
     """`with MemoryWatch() as watch: ...` samples this process's tree every `interval` seconds
-    on a daemon thread; `watch.peak_bytes` is the largest sum seen (0 where /proc is absent)."""
+    (or longer, see `COST_RATIO`) on a daemon thread; `watch.peak_bytes` is the largest sum
+    seen (0 where /proc is absent)."""
 
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
@@ -59,8 +64,10 @@ class MemoryWatch:
 
     def _run(self) -> None:
         while True:
+            start = time.perf_counter()
             self.sample()
-            if self._stop.wait(self.interval):
+            took = time.perf_counter() - start
+            if self._stop.wait(max(self.interval, COST_RATIO * took)):
                 return
 
     def __enter__(self) -> MemoryWatch:

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from leo_cli.launch import memory_watch
 from leo_cli.launch.memory_watch import MemoryWatch, descendants, resident_bytes
 
 HOLD_200_MB = (
@@ -30,3 +33,20 @@ def test_a_child_and_its_memory_are_counted() -> None:
         child.wait()
     assert resident_bytes(child.pid) == 0  # gone: nothing to count
     assert child.pid not in descendants(os.getpid())
+
+
+def test_a_costly_sample_spaces_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample that takes t seconds is followed by at least COST_RATIO * t of waiting, so
+    sampling large processes costs a bounded share of a core."""
+    times: list[float] = []
+
+    def slow_sample(self: MemoryWatch) -> int:
+        times.append(time.perf_counter())
+        time.sleep(0.01)
+        return 0
+
+    monkeypatch.setattr(MemoryWatch, "sample", slow_sample)
+    with MemoryWatch(interval=0.001):
+        time.sleep(1.2)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert gaps and min(gaps) >= memory_watch.COST_RATIO * 0.01
