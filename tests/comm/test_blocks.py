@@ -101,6 +101,18 @@ def test_whole_csr_block_shares_the_csrs_arrays() -> None:
     torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
 
 
+def random_adjacency(max_rows: int, min_extra_cols: int, max_edges: int) -> kernels.CSR:
+    """A CSR of random size (more columns than rows: halo columns), edges and float64 values,
+    from torch's global generator (the test seeds it)."""
+    num_rows = int(torch.randint(1, max_rows, ()))
+    num_cols = num_rows + int(torch.randint(min_extra_cols, 40, ()))
+    num_edges = int(torch.randint(0, max_edges, ()))
+    rows = torch.randint(0, num_rows, (num_edges,))
+    cols = torch.randint(0, num_cols, (num_edges,))
+    values = torch.randn(num_edges, dtype=torch.float64)
+    return kernels.CSR.from_coo(rows, cols, values, num_rows, num_cols)
+
+
 def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
     assert (a.rows_R is None) == (b.rows_R is None)
     assert a.rows_R is None or (
@@ -127,13 +139,8 @@ def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
     monkeypatch.setattr(blocks, "SCAN_SHARE", scan_share)
     torch.manual_seed(0)
     for _ in range(20):
-        num_rows = int(torch.randint(1, 60, ()))
-        num_cols = num_rows + int(torch.randint(0, 40, ()))
-        num_edges = int(torch.randint(0, 400, ()))
-        rows = torch.randint(0, num_rows, (num_edges,))
-        cols = torch.randint(0, num_cols, (num_edges,))
-        values = torch.randn(num_edges, dtype=torch.float64)
-        adj = kernels.CSR.from_coo(rows, cols, values, num_rows, num_cols)
+        adj = random_adjacency(60, 0, 400)
+        num_rows, num_cols = adj.num_rows, adj.num_cols
         for start, end in [(0, num_rows), (num_rows, num_cols), (num_rows // 2, num_cols), (3, 3)]:
             start, end = min(start, num_cols), min(end, num_cols)
             a = column_block(adj, start, end, compact=compact)
@@ -146,12 +153,8 @@ def test_selected_columns_from_the_transpose_equal_sorted_ones() -> None:
     which sorts its edges; and the block's product is the dense one's columns."""
     torch.manual_seed(1)
     for _ in range(20):
-        num_rows = int(torch.randint(1, 60, ()))
-        num_cols = num_rows + int(torch.randint(0, 40, ()))
-        num_edges = int(torch.randint(0, 400, ()))
-        rows = torch.randint(0, num_rows, (num_edges,))
-        cols = torch.randint(0, num_cols, (num_edges,))
-        adj = kernels.CSR.from_coo(rows, cols, torch.randn(num_edges).double(), num_rows, num_cols)
+        adj = random_adjacency(60, 0, 400)
+        num_rows, num_cols = adj.num_rows, adj.num_cols
         for share in (0.0, 0.3, 1.0):
             cols_C = torch.nonzero(torch.rand(num_cols) < share).squeeze(1)
             a = selected_columns_block(adj, cols_C)
@@ -171,12 +174,8 @@ def test_reading_in_place_equals_its_sorted_construction() -> None:
     permutation; its product reads the published rows as the block reads its columns."""
     torch.manual_seed(2)
     for _ in range(20):
-        num_rows = int(torch.randint(1, 50, ()))
-        num_cols = num_rows + int(torch.randint(1, 40, ()))
-        num_edges = int(torch.randint(0, 300, ()))
-        rows = torch.randint(0, num_rows, (num_edges,))
-        cols = torch.randint(0, num_cols, (num_edges,))
-        adj = kernels.CSR.from_coo(rows, cols, torch.randn(num_edges).double(), num_rows, num_cols)
+        adj = random_adjacency(50, 1, 300)
+        num_rows, num_cols = adj.num_rows, adj.num_cols
         cols_C = torch.nonzero(torch.rand(num_cols) < 0.5).squeeze(1)
         block = selected_columns_block(adj, cols_C)
         published = 3 * cols_C.shape[0] + 2
