@@ -446,8 +446,8 @@ FOOTNOTES = (
     "epoch median. static Â·X: layer 0 aggregated once at set-up (cache level L1s).",
     "Peak GB: the largest peak resident memory of one process (a worker, or the peer) over "
     "the row's runs, set-up included (GB = 1e9 B). All GB: the peak of the job's processes "
-    "together (launcher and workers, proportional set size sampled every 0.5 s; a peer's own "
-    "peak).",
+    "together (launcher and workers, proportional set size sampled every 0.5 s, less often "
+    "where sampling is slow; a peer's own peak).",
 )
 
 VARIANT_NOTE = (

@@ -238,6 +238,7 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
         rows = _rows_kept(adj, keep_E, compact=True)
         edges = block_col_E[keep_E], adj.values[keep_E]
         at_E, t_indptr = segments(adj.t_indptr, cols_C)
+        assert int(t_indptr[-1]) == int(rows[1].sum()), "selected columns must be distinct"
         t_edges = (t_indptr, adj.t_indices.index_select(0, at_E), adj.t_perm.index_select(0, at_E))
         return _assembled(adj, (0, num_cols), rows, edges, t_edges)
     rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
@@ -257,7 +258,7 @@ def segments(indptr: Tensor, rows_C: Tensor) -> tuple[Tensor, Tensor]:
     pointers = torch.cat([lengths_C.new_zeros(1), torch.cumsum(lengths_C, 0)])
     total = int(pointers[-1])
     shift_E = torch.repeat_interleave(starts_C - pointers[:-1], lengths_C, output_size=total)
-    return torch.arange(total, device=indptr.device) + shift_E, pointers
+    return shift_E.add_(torch.arange(total, device=indptr.device)), pointers
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,8 @@ class HaloPlan:
 
 
 def distinct_rows(rows: Tensor, num_rows: int) -> Tensor:
-    """The distinct ids among `rows` (all in 0..num_rows-1), sorted, as `torch.unique` gives
-    them, by a mark per row instead of a sort."""
+    """The distinct ids among `rows` (all in 0..num_rows-1), sorted (int64): the values
+    `torch.unique` gives, by a mark per row instead of a sort."""
     mark = torch.zeros(num_rows, dtype=torch.bool, device=rows.device)
     mark[rows] = True
     return torch.nonzero(mark).squeeze(1)

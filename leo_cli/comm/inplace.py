@@ -223,13 +223,13 @@ def reading_in_place(
     """The block's edges over every row, reading column c at `positions_C[c]` (the owner's
     published rows, `num_cols` of them): forward only (published rows take no gradient
     through it; the block's own transpose serves the backward), its transpose rows taken
-    from the block's, so nothing is sorted."""
+    from the block's, so no edge is sorted."""
     assert block.rows_R is not None
     rows_R = block.rows_R.long()
     counts_N = torch.zeros(num_rows, dtype=torch.int64, device=rows_R.device)
     counts_N[rows_R] = torch.diff(block.fwd.indptr).long()
     indptr = torch.cat([counts_N.new_zeros(1), torch.cumsum(counts_N, 0)])
-    indices = positions_C.to(block.fwd.indices.dtype).index_select(0, block.fwd.indices)
+    indices = positions_C.long().index_select(0, block.fwd.indices)  # to `fit` below
     by_position = torch.argsort(positions_C)  # the transpose's rows in published order
     at_E, _ = segments(block.bwd.indptr, by_position)
     t_counts = torch.zeros(num_cols, dtype=torch.int64, device=rows_R.device)

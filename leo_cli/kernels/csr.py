@@ -225,12 +225,15 @@ def build_transpose(
 
     A stable sort by column keeps each transpose row's entries in increasing original row.
     """
-    by_col = torch.sort(indices, stable=True)
-    t_perm = by_col.indices.to(indices.dtype)
-    t_indices = row_of_edges(indptr, indices.dtype).index_select(0, t_perm)  # int32 stays
-    counts = torch.bincount(by_col.values, minlength=num_cols)  # sorted: counted in order
-    del by_col
+    cols, order = torch.sort(indices, stable=True)
+    # Sorted columns are counted in order on the CPU; on a GPU, neighbouring equal columns
+    # would contend for one counter, so the unsorted ones are counted there.
+    counts = torch.bincount(cols if cols.device.type == "cpu" else indices, minlength=num_cols)
+    del cols  # before the rows are gathered: set-up's peak
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(indices.dtype)
+    t_perm = order.to(indices.dtype)
+    del order
+    t_indices = row_of_edges(indptr, indices.dtype).index_select(0, t_perm)  # int32 stays
     return t_indptr, t_indices, t_perm
 
 

@@ -7,7 +7,7 @@ shared-memory segments count once), or their resident size where the kernel has 
 smaps_rollup. The peak of the samples is `peak_rss_total_bytes` in summary.json: a sample every
 `interval` seconds can miss a shorter peak. Reading a large process's smaps_rollup walks its
 page tables (about 20 ms for a products-size worker), so the watch waits long enough after
-each sample to spend at most 1/`COST_RATIO` of one core on sampling.
+each sample to spend at most 1/`COST_RATIO` of one core on sampling (at most `MAX_WAIT_S`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from types import TracebackType
 
 _PROC = Path("/proc")
-COST_RATIO = 20  # seconds between samples, at least, per second a sample took
+COST_RATIO = 20  # seconds of waiting after a sample, at least, per CPU second it took
+MAX_WAIT_S = 5.0  # but never longer than this between samples
 
 
 def descendants(pid: int) -> list[int]:
@@ -64,10 +65,10 @@ class MemoryWatch:
 
     def _run(self) -> None:
         while True:
-            start = time.perf_counter()
+            start = time.thread_time()  # the CPU a sample costs, the kernel's reads included
             self.sample()
-            took = time.perf_counter() - start
-            if self._stop.wait(max(self.interval, COST_RATIO * took)):
+            took = time.thread_time() - start
+            if self._stop.wait(max(self.interval, min(COST_RATIO * took, MAX_WAIT_S))):
                 return
 
     def __enter__(self) -> MemoryWatch:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from leo_cli.comm.placement import affinity_tag, machine_cores
+from leo_cli.comm.placement import affinity_tag
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import ProgressFn
@@ -49,6 +50,7 @@ from leo_cli.planner.plan import (
     dtype_key,
     halo_bytes,
     halo_sizes,
+    plan_bytes,
     plan_digests,
     read_plan,
     static_layer0,
@@ -107,7 +109,8 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
 
     # numpy leaves the lock while it counts: parts are profiled side by side, a few at a time
     # (each holds temporaries the size of its edges).
-    threads = max(1, min(num_parts, len(machine_cores()), PROFILE_THREADS))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, min(num_parts, cores or 1, PROFILE_THREADS))
     with ThreadPoolExecutor(threads) as pool:
         found = list(pool.map(profile, range(num_parts)))
     if kept is not None:
@@ -365,11 +368,12 @@ def ensure_plan(
     with stage(progress, "plan"):
         plan = _new_plan(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
     plan.plan_s = round(time.perf_counter() - t0, 4)
-    write_plan(run_dir, plan)
+    data = plan_bytes(plan)
+    write_plan(run_dir, plan, data)
     timer.add("plan_s", plan.plan_s, ran=True)
     if entry is not None:
         with contextlib.suppress(OSError, CacheError):  # an unwritable cache costs a plan later
-            _copy_plan(run_dir, entry, plan)
+            _copy_plan(run_dir, entry, plan, data)
     return plan
 
 
@@ -390,19 +394,16 @@ def _shared_plan(folder: Path, key: str) -> CachePlan | None:
     return plan if plan is not None and plan.key == key else None
 
 
-def _copy_plan(source: Path, target: Path, plan: CachePlan) -> None:
+def _copy_plan(source: Path, target: Path, plan: CachePlan, data: bytes | None = None) -> None:
     """Write `plan` into the folder `target` with the plot `source` holds: the plot first,
-    so a plan another run finds there has its plot (none in `source`: none in `target`)."""
+    so a plan another run finds there has its plot (none in `source`: none in `target`).
+    `data`: the plan's file as just written (not encoded again), where the caller has it."""
     target.mkdir(parents=True, exist_ok=True)
     plot, copy = source / RunDir.PLAN_PLOT, target / RunDir.PLAN_PLOT
     try:
         files.write_bytes(copy, plot.read_bytes())
     except OSError:
         copy.unlink(missing_ok=True)
-    try:
-        data: bytes | None = (source / PLAN).read_bytes()  # the file `plan` was read from
-    except OSError:
-        data = None  # gone since: encoded again
     write_plan(target, plan, data)
 
 

@@ -188,9 +188,9 @@ class _RankCounts(NamedTuple):
     in_place_edges: float
 
 
-_memo: OrderedDict[tuple[object, ...], tuple[object, object, object]] | None = None
 T = TypeVar("T")
-_memo_entries = 0  # rows kept (each holds its cache alive); set by `counts_memo`
+_memo: OrderedDict[tuple[object, ...], tuple[object, object, object]] | None = None
+_memo_entries = 0  # rows and sums kept (each holds its cache alive); set by `counts_memo`
 
 
 @contextlib.contextmanager

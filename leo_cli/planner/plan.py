@@ -222,16 +222,21 @@ def invalid(path: Path, problem: str) -> CacheError:
     )
 
 
+def plan_bytes(plan: CachePlan) -> bytes:
+    """The plan as its file holds it."""
+    return files.json_text(plan.to_json()).encode()
+
+
 def write_plan(run_dir: Path, plan: CachePlan, data: bytes | None = None) -> Path:
     """Write cache-plan.json atomically (a fresh temporary file, then a rename); `data`: the
-    plan's file as another folder holds it (a copy: not encoded again).
+    plan's `plan_bytes` where the caller has them (a copy is not encoded again).
 
     Raises:
         CacheError: the run folder cannot hold it (no space, or the name is a folder).
     """
     path = run_dir / PLAN
     try:
-        files.write_bytes(path, files.json_text(plan.to_json()).encode() if data is None else data)
+        files.write_bytes(path, plan_bytes(plan) if data is None else data)
     except OSError as exc:
         raise CacheError(
             f"cannot write {path} ({exc.strerror or exc}); remove what is there or choose "

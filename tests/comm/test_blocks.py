@@ -13,6 +13,7 @@ from leo_cli.comm.blocks import (
     forward_only,
     selected_columns_block,
 )
+from leo_cli.comm.exchange import distinct_rows
 from leo_cli.comm.inplace import reading_in_place
 from leo_cli.errors import KernelError
 
@@ -101,16 +102,18 @@ def test_whole_csr_block_shares_the_csrs_arrays() -> None:
     torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
 
 
-def random_adjacency(max_rows: int, min_extra_cols: int, max_edges: int) -> kernels.CSR:
+def random_adjacency(
+    max_rows: int, min_extra_cols: int, max_edges: int, index_dtype: torch.dtype | None = None
+) -> kernels.CSR:
     """A CSR of random size (more columns than rows: halo columns), edges and float64 values,
-    from torch's global generator (the test seeds it)."""
+    from torch's global generator (the test seeds it); `index_dtype` as `from_coo` takes it."""
     num_rows = int(torch.randint(1, max_rows, ()))
     num_cols = num_rows + int(torch.randint(min_extra_cols, 40, ()))
     num_edges = int(torch.randint(0, max_edges, ()))
     rows = torch.randint(0, num_rows, (num_edges,))
     cols = torch.randint(0, num_cols, (num_edges,))
     values = torch.randn(num_edges, dtype=torch.float64)
-    return kernels.CSR.from_coo(rows, cols, values, num_rows, num_cols)
+    return kernels.CSR.from_coo(rows, cols, values, num_rows, num_cols, index_dtype=index_dtype)
 
 
 def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
@@ -127,19 +130,24 @@ def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
         assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
 
 
+@pytest.mark.parametrize("index_dtype", [None, torch.int64])
 @pytest.mark.parametrize("scan_share", [0.0, 2.0])
 @pytest.mark.parametrize("compact", [False, True])
 def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
-    compact: bool, scan_share: float, monkeypatch: pytest.MonkeyPatch
+    compact: bool,
+    scan_share: float,
+    index_dtype: torch.dtype | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A block of a CSR with its transpose takes its own from adj's rows (no sort) and
     finds its edges by a scan (`scan_share` 0: always) or by sorting their positions (2:
-    never a scan); every array, dtype and degree equals the block built by sorting its
-    edges (a forward-only CSR's path), for empty, partial and full column ranges."""
+    a scan only without edges); every array, dtype and degree equals the block built by
+    sorting its edges (a forward-only CSR's path), for empty, partial and full column ranges
+    of int32 (compact) and int64 CSRs."""
     monkeypatch.setattr(blocks, "SCAN_SHARE", scan_share)
     torch.manual_seed(0)
     for _ in range(20):
-        adj = random_adjacency(60, 0, 400)
+        adj = random_adjacency(60, 1, 400, index_dtype)
         num_rows, num_cols = adj.num_rows, adj.num_cols
         for start, end in [(0, num_rows), (num_rows, num_cols), (num_rows // 2, num_cols), (3, 3)]:
             start, end = min(start, num_cols), min(end, num_cols)
@@ -147,13 +155,16 @@ def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
             assert_same_block(a, column_block(forward_only(adj), start, end, compact=compact))
 
 
-def test_selected_columns_from_the_transpose_equal_sorted_ones() -> None:
+@pytest.mark.parametrize("index_dtype", [None, torch.int64])
+def test_selected_columns_from_the_transpose_equal_sorted_ones(
+    index_dtype: torch.dtype | None,
+) -> None:
     """Selected columns (replicas, rows read in place) of a CSR with its transpose take the
     block's transpose from adj's (no sort): the same arrays as a forward-only CSR's block,
     which sorts its edges; and the block's product is the dense one's columns."""
     torch.manual_seed(1)
     for _ in range(20):
-        adj = random_adjacency(60, 0, 400)
+        adj = random_adjacency(60, 0, 400, index_dtype)
         num_rows, num_cols = adj.num_rows, adj.num_cols
         for share in (0.0, 0.3, 1.0):
             cols_C = torch.nonzero(torch.rand(num_cols) < share).squeeze(1)
@@ -203,3 +214,10 @@ def test_reading_in_place_equals_its_sorted_construction() -> None:
         out = torch.zeros(num_rows, 2, dtype=torch.float64)
         block.add_into(out, x[positions_C])
         torch.testing.assert_close(kernels.spmm(twin, x), out, rtol=1e-12, atol=1e-12)
+
+
+def test_distinct_rows_are_uniques_values() -> None:
+    torch.manual_seed(3)
+    for size in (0, 1, 50):
+        rows = torch.randint(0, max(size, 1), (size * 2,))
+        assert torch.equal(distinct_rows(rows, max(size, 1)), torch.unique(rows))

@@ -36,17 +36,21 @@ def test_a_child_and_its_memory_are_counted() -> None:
 
 
 def test_a_costly_sample_spaces_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sample that takes t seconds is followed by at least COST_RATIO * t of waiting, so
-    sampling large processes costs a bounded share of a core."""
+    """A sample that takes t seconds of CPU is followed by at least COST_RATIO * t of waiting
+    (at most MAX_WAIT_S), so sampling large processes costs a bounded share of a core."""
     times: list[float] = []
 
-    def slow_sample(self: MemoryWatch) -> int:
+    def costly_sample(self: MemoryWatch) -> int:
         times.append(time.perf_counter())
-        time.sleep(0.01)
+        start = time.thread_time()
+        while time.thread_time() - start < 0.01:  # 10 ms of this thread's CPU
+            pass
         return 0
 
-    monkeypatch.setattr(MemoryWatch, "sample", slow_sample)
+    monkeypatch.setattr(MemoryWatch, "sample", costly_sample)
     with MemoryWatch(interval=0.001):
-        time.sleep(1.2)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert gaps and min(gaps) >= memory_watch.COST_RATIO * 0.01
+        deadline = time.perf_counter() + 10
+        while len(times) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.02)
+    assert len(times) >= 2
+    assert times[1] - times[0] >= memory_watch.COST_RATIO * 0.01

@@ -152,8 +152,8 @@ def test_memoised_counts_equal_fresh_ones() -> None:
     reaches = [Reach.none(4), Reach(published, rng.random((4, 4)) < 0.5)]
 
     def cache(p: PartAccess, count: int) -> RankCache:
-        rows = np.arange(p.num_halo)
-        return RankCache(False, rows[:count], rows[count : count + 5])
+        rows = np.arange(p.num_halo)  # L3 rows overlap the replicas (as an edited plan may)
+        return RankCache(False, rows[:count], rows[max(count - 2, 0) : count + 5])
 
     fields = ("recv", "in_place", "halo_edges", "replica_edges", "replica_rows",
               "per_edge_edges", "in_place_edges")  # fmt: skip
