@@ -117,13 +117,35 @@ def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> Co
         return block_of(start, end, None, adj)
     if adj.t_perm.shape[0] == adj.num_edges:  # the transpose names the block's edges
         return _sliced(adj, start, end, compact)
-    keep_E = (adj.indices >= start) & (adj.indices < end)  # forward-only: scan every edge
+    keep_E = _in_columns(adj, start, end)  # forward-only: scan every edge
+    return _scanned(adj, (start, end), keep_E, adj.indices[keep_E] - start, compact)
+
+
+def _in_columns(adj: kernels.CSR, start: int, end: int) -> Tensor:
+    """(E) whether each edge of adj lies in columns `[start, end)`."""
+    return adj.indices < end if start == 0 else (adj.indices >= start) & (adj.indices < end)
+
+
+def _scanned(
+    adj: kernels.CSR,
+    span: tuple[int, int],
+    keep_E: Tensor,
+    cols_E: Tensor,
+    compact: bool,
+    t_edges: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> ColumnBlock:
+    """The block `span` of the edges `keep_E` marks (`cols_E`: their block columns) found by
+    a scan of every edge; its transpose taken from adj's (`t_edges`, see `_assembled`), or,
+    for a forward-only adj (None), by sorting the block's edges."""
+    values_E = adj.values[keep_E]
+    if t_edges is not None:
+        rows = _rows_kept(adj, keep_E, compact)
+        return _assembled(adj, span, rows, (cols_E, values_E), t_edges)
     rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
-    cols_E, values_E = adj.indices[keep_E] - start, adj.values[keep_E]
-    del keep_E
     rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
-    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, end - start, rows_sorted=True)
-    return block_of(start, end, rows_R, fwd)
+    num_cols = span[1] - span[0]
+    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, num_cols, rows_sorted=True)
+    return block_of(span[0], span[1], rows_R, fwd)
 
 
 def _compact(rows_E: Tensor, num_rows: int, compact: bool) -> tuple[Tensor | None, Tensor, int]:
@@ -147,19 +169,17 @@ def _sliced(adj: kernels.CSR, start: int, end: int, compact: bool) -> ColumnBloc
     edge: its edges are found by a scan where they are many, else by sorting their
     positions."""
     lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
-    if hi - lo >= SCAN_SHARE * adj.num_edges:
-        keep_E = adj.indices < end if start == 0 else (adj.indices >= start) & (adj.indices < end)
-        rows = _rows_kept(adj, keep_E, compact)
-        cols_E, values_E = adj.indices[keep_E] - start, adj.values[keep_E]
-    else:
-        edges_E = torch.sort(adj.t_perm[lo:hi]).values  # their positions, in adj's order
-        int32 = adj.indptr.dtype == torch.int32
-        rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
-        cols_E = adj.indices.index_select(0, edges_E) - start
-        values_E = adj.values.index_select(0, edges_E)
-        rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
-        rows = rows_R, torch.bincount(rows_E, minlength=num_rows)
     t_edges = (adj.t_indptr[start : end + 1] - lo, adj.t_indices[lo:hi], adj.t_perm[lo:hi])
+    if hi - lo >= SCAN_SHARE * adj.num_edges:
+        keep_E = _in_columns(adj, start, end)
+        return _scanned(adj, (start, end), keep_E, adj.indices[keep_E] - start, compact, t_edges)
+    edges_E = torch.sort(adj.t_perm[lo:hi]).values  # their positions, in adj's order
+    int32 = adj.indptr.dtype == torch.int32
+    rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
+    cols_E = adj.indices.index_select(0, edges_E) - start
+    values_E = adj.values.index_select(0, edges_E)
+    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
+    rows = rows_R, torch.bincount(rows_E, minlength=num_rows)
     return _assembled(adj, (start, end), rows, (cols_E, values_E), t_edges)
 
 
@@ -234,19 +254,12 @@ def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:
     col_of[cols_C] = torch.arange(num_cols, dtype=col_of.dtype, device=adj.device)
     block_col_E = col_of.index_select(0, adj.indices)  # -1: a column not selected
     keep_E = block_col_E >= 0
+    t_edges = None
     if adj.t_perm.shape[0] == adj.num_edges:
-        rows = _rows_kept(adj, keep_E, compact=True)
-        edges = block_col_E[keep_E], adj.values[keep_E]
         at_E, t_indptr = segments(adj.t_indptr, cols_C)
-        assert int(t_indptr[-1]) == int(rows[1].sum()), "selected columns must be distinct"
+        assert int(t_indptr[-1]) == int(keep_E.sum()), "selected columns must be distinct"
         t_edges = (t_indptr, adj.t_indices.index_select(0, at_E), adj.t_perm.index_select(0, at_E))
-        return _assembled(adj, (0, num_cols), rows, edges, t_edges)
-    rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
-    rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact=True)
-    fwd = kernels.CSR.from_coo(
-        rows_E, block_col_E[keep_E], adj.values[keep_E], num_rows, num_cols, rows_sorted=True
-    )
-    return block_of(0, num_cols, rows_R, fwd)
+    return _scanned(adj, (0, num_cols), keep_E, block_col_E[keep_E], True, t_edges)
 
 
 def segments(indptr: Tensor, rows_C: Tensor) -> tuple[Tensor, Tensor]:
