@@ -30,6 +30,9 @@ def test_peak_is_this_process_and_grows_with_what_it_touches() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss inheritance is Linux's")
 def test_peak_is_not_inherited_across_exec() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", _TOUCH_THEN_EXEC, _REPORT], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _TOUCH_THEN_EXEC, _REPORT],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert int(out.stdout) < 200 * 2**20  # the 400 MiB the exec'ing process touched are not ours
