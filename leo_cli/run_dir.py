@@ -38,6 +38,7 @@ class RunDir:
     PLAN_PLOT = "cache-plan.png"
     HARDWARE = "hardware.json"
     MODE_CHOICE = "mode-choice.json"
+    REGROUPED = "regrouped.json"  # the last time the run went on with fewer workers
     PARTITIONS = "partitions"
     CHECKPOINTS = "checkpoints"
     SETUP = ".setup.json"
@@ -48,7 +49,7 @@ class RunDir:
     EMULATE = "emulate"  # the emulated nodes' configs and logs (launch.emulate)
     TENSORBOARD = "tensorboard"  # rank 0's event files (run.tensorboard)
     # What one attempt writes and a fresh start clears (partitions, plan and profile stay).
-    ATTEMPT_FILES = (METRICS, SUMMARY, STATUS, CURVES, MODE_CHOICE)
+    ATTEMPT_FILES = (METRICS, SUMMARY, STATUS, CURVES, MODE_CHOICE, REGROUPED)
     ATTEMPT_FOLDERS = (CHECKPOINTS, HEARTBEATS, ERRORS, LOGS, TENSORBOARD)
 
     def __init__(self, root: Path | str) -> None:
@@ -95,6 +96,10 @@ class RunDir:
     @property
     def mode_choice(self) -> Path:
         return self.root / self.MODE_CHOICE
+
+    @property
+    def regrouped(self) -> Path:
+        return self.root / self.REGROUPED
 
     @property
     def partitions(self) -> Path:
@@ -184,6 +189,11 @@ class RunDir:
     def read_status(self) -> dict[str, Any]:
         """status.json, or {} when it is missing or unreadable."""
         return read_json(self.status)
+
+    def read_regrouped(self) -> dict[str, Any]:
+        """regrouped.json (the last change of worker count, `launch.nnodes: MIN:MAX`: when,
+        how long it took, the sentence `leo train` shows), or {}."""
+        return read_json(self.regrouped)
 
     # the parent's set-up stamps
 

@@ -26,19 +26,21 @@ LAYERS = {
     "models": 6,
     "planner": 7,
     "worker": 8, "launch": 8,
-    "bench": 9,
+    "bench": 9, "elastic": 9,
     "api": 10,
     "cli": 11,
     "__main__": 12,
 }  # fmt: skip
 # What only the parent process (and the planner's pricing side, for the profile) may import.
+# `elastic` is the workers' entry that re-partitions when their count changes (its own
+# process entry: a worker of a run of fixed size never loads it).
 PARENT_ONLY = {
-    "leo_cli.planner.profile": ("launch", "cli", "bench", "planner.cost", "planner.policy",
-                                "planner.make", "planner.weights", "planner.plot",
-                                "planner.profile"),
+    "leo_cli.planner.profile": ("launch", "cli", "bench", "elastic", "planner.cost",
+                                "planner.policy", "planner.make", "planner.weights",
+                                "planner.plot", "planner.profile"),
     "leo_cli.graph.partitioners": ("launch", "cli", "bench", "graph.partition_cache"),
-    "leo_cli.graph.partition_cache": ("launch", "cli", "bench"),
-    "leo_cli.launch": ("launch", "cli", "bench", "api"),
+    "leo_cli.graph.partition_cache": ("launch", "cli", "bench", "elastic"),
+    "leo_cli.launch": ("launch", "cli", "bench", "api", "elastic"),
 }  # fmt: skip
 # The read side of the planner, the only part of it a worker imports.
 PLANNER_READ = ("plan", "plan_schema", "auto_mode", "checks", "reach")

@@ -43,9 +43,14 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
     )
     run = RunDir(run_dir)
     printed: set[str] = set()
+    regrouped = run.read_regrouped().get("at")  # an earlier attempt's is not news
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=num_epochs, info="starting workers...")
         while True:
+            change = run.read_regrouped()
+            if change.get("at") != regrouped and isinstance(change.get("note"), str):
+                regrouped = change.get("at")
+                progress.console.print(f"[yellow]Note:[/] {change['note']}")
             rows = run.read_metrics()
             shown = progress_of(rows[-1]) if rows else None
             if shown is not None:

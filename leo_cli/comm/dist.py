@@ -46,9 +46,14 @@ def pick_backend(device: torch.device, backend: str) -> str:
 
 
 def init_process_group(
-    env: DistEnv, backend: str, timeout_s: float, device: torch.device | None = None
+    env: DistEnv,
+    backend: str,
+    timeout_s: float,
+    device: torch.device | None = None,
+    prefix: str = "leo/attempt",
 ) -> None:
-    """Join the group through the rendezvous store, namespaced by the restart attempt.
+    """Join the group through the rendezvous store, namespaced by the restart attempt (and
+    `prefix`: another group of the same processes uses its own).
 
     A restarted group must not read the addresses the dead attempt left in the shared store
     (pytorch/pytorch#135712), so every attempt gets its own key prefix. On a CUDA `device` the
@@ -67,7 +72,7 @@ def init_process_group(
         timeout=timeout,
         wait_for_workers=False,
     )
-    prefixed = dist.PrefixStore(f"leo/attempt{env.restart}", store)  # type: ignore[attr-defined]
+    prefixed = dist.PrefixStore(f"{prefix}{env.restart}", store)  # type: ignore[attr-defined]
     device_id = device if device is not None and device.type == "cuda" else None
     dist.init_process_group(
         backend,

@@ -24,8 +24,11 @@ Affinity = list[list[int]]
 
 
 def machine_cores() -> set[int]:
-    """The core ids this process may run on (what the machine, or its container, offers)."""
-    return set(os.sched_getaffinity(0))
+    """The core ids this process may run on (what the machine, or its container, offers);
+    every core of the machine where the system cannot say (macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
 
 
 def check_affinity(affinity: Affinity | None, nproc: int) -> None:

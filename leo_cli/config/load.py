@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,30 @@ def with_overrides(cfg: LeoConfig, items: list[str], source: str) -> LeoConfig:
     return validate(tree, source, sources)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as `yaml.safe_load` reads it, except that `1:2` is a string (YAML 1.2), not the
+    base-60 integer 62 of YAML 1.1: `launch.nnodes: 1:2` is a range of machines."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(
+        r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""",
+        re.X,
+    ),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text as the config files and `--set` values are read."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, or fail with the file name and the reason."""
     if not path.is_file():
@@ -57,7 +82,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             f"Config file {path} does not exist; pass an existing YAML file to --config."
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -78,7 +103,7 @@ def parse_override(item: str) -> tuple[str, Any]:
             f"--set {item!r} is not of the form dotted.key=value (e.g. train.lr=0.01)."
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         if raw.strip()[:1] in ("[", "{"):  # meant as a list or mapping: say so, not "a string"
             raise ConfigError(

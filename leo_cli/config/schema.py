@@ -513,7 +513,13 @@ class LaunchConfig(Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Process-group backend: `auto` means gloo on CPU, nccl on CUDA."""
     nnodes: int = Field(1, ge=1)
-    """Number of machines (torchrun's --nnodes)."""
+    """Number of machines (torchrun's --nnodes), or `MIN:MAX` (quoted in YAML or not): start
+    on MAX and go on with as few as MIN when machines are lost (sets `min_nodes`). The
+    survivors re-form the group, re-partition for their worker count and resume from the last
+    checkpoint with the same numbers (docs/multi-node.md)."""
+    min_nodes: int | None = Field(None, ge=1)
+    """The fewest machines the job goes on with (what `nnodes: MIN:MAX` sets); null: all
+    `nnodes`, and a lost machine ends the job."""
     node_rank: int = Field(0, ge=0)
     """Rank of this machine (torchrun's --node-rank)."""
     master_addr: str = "localhost"
@@ -545,9 +551,35 @@ class LaunchConfig(Section):
     (launch.nnodes=N, its node_rank, rendezvous at node 0), so multi-node runs and slow
     links can be measured on one machine (docs/multi-node.md)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, data: Any) -> Any:
+        """`nnodes: MIN:MAX` -> `min_nodes: MIN`, `nnodes: MAX`."""
+        if not isinstance(data, dict) or not isinstance(data.get("nnodes"), str):
+            return data
+        low, sep, high = data["nnodes"].partition(":")
+        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+            return data  # not a range: the field's own error
+        return {**data, "nnodes": int(high), "min_nodes": int(low)}
+
+    @model_validator(mode="after")
+    def _node_range_order(self) -> LaunchConfig:
+        if self.min_nodes is not None and self.min_nodes > self.nnodes:
+            raise ValueError(
+                f"launch.nnodes={self.min_nodes}:{self.nnodes} asks for at least "
+                f"{self.min_nodes} machines and at most {self.nnodes}; give MIN:MAX with MIN <= MAX"
+            )
+        return self
+
+    def elastic(self) -> bool:
+        """Whether the job goes on with fewer machines than it starts on (`nnodes: MIN:MAX`)."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
     @model_validator(mode="after")
     def _emulation_owns_the_nodes(self) -> LaunchConfig:
-        if self.emulate is not None and (self.nnodes > 1 or self.nproc is not None):
+        if self.emulate is not None and (
+            self.nnodes > 1 or self.nproc is not None or self.min_nodes is not None
+        ):
             raise ValueError(
                 "launch.emulate sets launch.nnodes, node_rank and nproc for each emulated node; "
                 "remove launch.nnodes and launch.nproc, or launch.emulate"

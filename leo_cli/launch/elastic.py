@@ -49,8 +49,27 @@ def workers_per_node(cfg: LeoConfig) -> int:
         )
     if lc.nnodes > 1 and lc.master_port == 0:
         raise ConfigError("launch.master_port must be set (non-zero) when launch.nnodes > 1.")
+    if lc.elastic():
+        check_elastic(cfg)
     check_affinity(lc.cpu_affinity, nproc)
     return nproc
+
+
+def check_elastic(cfg: LeoConfig) -> None:
+    """What going on with fewer machines (`launch.nnodes: MIN:MAX`) needs of the config."""
+    lc = cfg.launch
+    span = f"launch.nnodes={lc.min_nodes}:{lc.nnodes}"
+    if lc.max_restarts < 1:
+        raise ConfigError(
+            f"{span} restarts the survivors' workers after a machine is lost; set "
+            "launch.max_restarts >= 1 (each loss uses one restart)."
+        )
+    if isinstance(cfg.partition.part_weights, list):
+        raise ConfigError(
+            f"{span} re-partitions for the workers left after a loss, which a list of "
+            f"partition.part_weights (one per worker of {lc.nnodes} machines) cannot size; use "
+            "equal or measured weights."
+        )
 
 
 # Seconds the agent waits for workers to exit after a signal: a field of recent torch releases
@@ -62,18 +81,25 @@ _SHUTDOWN: dict[str, Any] = (
 )
 
 
-def launch_config(cfg: LeoConfig, run_dir: Path) -> LaunchConfig:
+def launch_config(cfg: LeoConfig, run_dir: Path, elastic: bool = False) -> LaunchConfig:
+    """The agent's launch config. `elastic`: training under `launch.nnodes: MIN:MAX`, whose
+    membership may shrink (c10d rendezvous hosted by node 0's agent; the probe keeps the fixed
+    membership of `static`)."""
     lc = cfg.launch
     single = lc.nnodes == 1
+    elastic = elastic and lc.elastic()
+    if elastic:  # node 0 hosts the store: several agents of one host must not all try
+        rdzv: dict[str, Any] = {"is_host": lc.node_rank == 0}
+    else:  # c10d may swap node ranks on restart; static keeps node_rank: node 0 hosts rank 0
+        rdzv = {"rank": lc.node_rank} if not single else {}
     return LaunchConfig(
-        min_nodes=lc.nnodes,
+        min_nodes=lc.min_nodes if elastic and lc.min_nodes is not None else lc.nnodes,
         max_nodes=lc.nnodes,
         nproc_per_node=workers_per_node(cfg),
         run_id=f"leo-{uuid.uuid4().hex[:8]}" if single else f"leo-{lc.master_port}",
         rdzv_endpoint=f"{lc.master_addr}:{lc.master_port}",
-        # c10d may swap node ranks on restart; static keeps node_rank, so node 0 hosts rank 0.
-        rdzv_backend="c10d" if single else "static",
-        rdzv_configs={"rank": lc.node_rank} if not single else {},
+        rdzv_backend="c10d" if single or elastic else "static",
+        rdzv_configs=rdzv,
         rdzv_timeout=int(lc.timeout_s),
         max_restarts=lc.max_restarts,
         monitor_interval=0.2,
@@ -95,11 +121,14 @@ def worker_threads(nproc: int, cores: list[int] | None = None) -> str:
     return USER_THREADS or str(max(1, (os.cpu_count() or 1) // nproc))
 
 
-def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -> None:
+def launch_module(
+    cfg: LeoConfig, run_dir: Path, module: str, args: list[str], elastic: bool = False
+) -> None:
     """Run `python -m <module> <args>` in this node's workers, as `leo train` runs its own.
 
     Same elastic launch config (worker count, rendezvous, restarts), threads per worker and
-    stall watch; logs land in `<run_dir>/logs`, a worker's user error is read from
+    stall watch (`elastic`: a membership that may shrink, see `launch_config`); logs land in
+    `<run_dir>/logs`, a worker's user error is read from
     `<run_dir>/.errors`, heartbeats from `<run_dir>/.heartbeat`. Blocks until the workers
     finish; failures become TrainError, SIGINT / SIGTERM `Interrupted` (once the agent has
     stopped the workers). Shared-memory segments of the job are removed however it ends.
@@ -125,7 +154,7 @@ def launch_module(cfg: LeoConfig, run_dir: Path, module: str, args: list[str]) -
         own_signal_handlers(),
     ):
         try:
-            elastic_launch(launch_config(cfg, run_dir), entrypoint=sys.executable)(
+            elastic_launch(launch_config(cfg, run_dir, elastic), entrypoint=sys.executable)(
                 "-m", module, *args
             )
         except SignalException as exc:  # the agent stopped the workers first

@@ -217,6 +217,10 @@ def run_workers(
     # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
     args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
+    # Under `launch.nnodes: MIN:MAX` the workers re-form the run when their count changes.
+    elastic = cfg.launch.elastic()
+    module = "leo_cli.elastic.entry" if elastic else "leo_cli.worker.entry"
+    args += ["--node-rank", str(cfg.launch.node_rank)] if elastic else []
     if timer is not None and cfg.launch.node_rank == 0:  # rank 0 runs on node 0 and reads it
         stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
         RunDir(run_dir).write_setup(stamp)
@@ -224,7 +228,7 @@ def run_workers(
     watch = MemoryWatch()
     try:
         with watch:
-            launch_module(cfg, run_dir, "leo_cli.worker.entry", args)
+            launch_module(cfg, run_dir, module, args, elastic)
     except Interrupted as exc:
         mark_status(cfg, run_dir, "interrupted", exc.name)
         raise

@@ -13,12 +13,15 @@ from leo_cli.errors import CacheError, TrainError
 from leo_cli.launch.elastic import launch_module
 from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.planner.profile.machine_load import LoadMeter
+from leo_cli.planner.profile.store import saved_profile
 from leo_cli.run_dir import RunDir
 
 PROBE_FOLDER = RunDir.PROBE
 
 
-def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwareProfile:
+def run_probe(
+    cfg: LeoConfig, run_dir: Path, quick: bool = False, keep: bool = False
+) -> HardwareProfile:
     """Measure this machine (every node, on several) with `partition.num_parts` workers;
     returns the written profile.
 
@@ -26,6 +29,9 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
         cfg: the run's config (its `launch` and `partition` sections shape the launch).
         run_dir: the run folder; receives `hardware.json` and `probe/logs`.
         quick: tiny sizes (a few seconds; rough rates, for tests).
+        keep: the run folder's profile stays when every probe rank finds its own entry
+            measured where it runs now (several machines: which host is which node counts;
+            planner/profile/store.py `same_rank`); measured again otherwise.
 
     Raises:
         CacheError: a probe worker failed (the message says where its log is).
@@ -36,6 +42,8 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
         shutil.rmtree(work_dir, ignore_errors=True)  # logs and heartbeats of an earlier probe
     out = run_dir / HARDWARE_FILE
     args = [str(out), "--timeout-s", str(cfg.launch.timeout_s), "--heartbeat-dir", str(work_dir)]
+    args += ["--keep-if-same"] if keep else []
+    before = saved_profile(out) if keep else None
     try:
         with LoadMeter() as load:
             launch_module(
@@ -43,8 +51,9 @@ def run_probe(cfg: LeoConfig, run_dir: Path, quick: bool = False) -> HardwarePro
             )
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None
-    if cfg.launch.node_rank > 0:  # rank 0, on node 0, wrote it; node 0 records the load
-        return HardwareProfile.read(out)
-    hw = HardwareProfile.read(out).model_copy(update={"load": load.result()})
+    hw = HardwareProfile.read(out)
+    if cfg.launch.node_rank > 0 or hw == before:  # rank 0, on node 0, wrote a new one
+        return hw
+    hw = hw.model_copy(update={"load": load.result()})  # node 0 records the load
     hw.write(out)  # what else ran is part of what was measured
     return hw

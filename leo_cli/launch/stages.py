@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from leo_cli.comm.placement import affinity_tag
+from leo_cli.comm.placement import affinity_tag, machine_cores
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import ProgressFn
@@ -109,8 +108,7 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
 
     # numpy leaves the lock while it counts: parts are profiled side by side, a few at a time
     # (each holds temporaries the size of its edges).
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, min(num_parts, cores or 1, PROFILE_THREADS))
+    threads = max(1, min(num_parts, len(machine_cores()), PROFILE_THREADS))
     with ThreadPoolExecutor(threads) as pool:
         found = list(pool.map(profile, range(num_parts)))
     if kept is not None:
@@ -142,17 +140,19 @@ def join_probe(
     """On a node other than 0: take part in the probe node 0 is about to run, if it will.
 
     Node 0 probes when the run needs a profile (`always`: `leo profile-cache`, which plans
-    whatever the policy), none was given (`given`, `cache.hardware`) and the run folder's does
-    not fit (`fits_nodes`) or `force` asks again; every node sees the same folder and config,
-    so they all decide alike and meet in the probe's rendezvous. Node 0 writes the profile.
+    whatever the policy) and none was given (`given`, `cache.hardware`): a full probe when the
+    run folder's does not fit (`fits_nodes`) or `force` asks again, else a short launch whose
+    ranks each check their own entry (host, torch, threads: only a node knows its host) and
+    measure again unless all of them match. Every node sees the same folder and config, so
+    they all decide alike and meet in the probe's rendezvous. Node 0 writes the profile.
     """
     if given is not None or cfg.cache.hardware is not None:
         return
     if not (always or needs_profile(cfg)):
         return
     own = None if force else saved_profile(RunDir(run_dir).hardware)
-    if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
-        run_probe(cfg, run_dir)  # several machines: full sizes (quick_probe)
+    fits = own is not None and fits_nodes(own, cfg, cfg.partition.num_parts)
+    run_probe(cfg, run_dir, keep=fits)  # several machines: full sizes (quick_probe)
 
 
 @contextlib.contextmanager
@@ -176,11 +176,21 @@ def hardware_profile(
     progress: ProgressFn | None = None,
 ) -> HardwareProfile:
     """The given profile (kept as the run folder's); else the run folder's profile when it was
-    measured with as many workers; else this machine's saved one for as many workers and
-    threads; else a probe (saved in both places). `--force` probes again. `timer` gets the
+    measured with as many workers (on several machines once every node's probe ranks found
+    their own entries measured where they run: `join_probe`); else this machine's saved one
+    for as many workers and threads; else a probe (saved in both places). `--force` probes
+    again. `timer` gets the
     probe's seconds (spent now, or when a reused profile was measured); `progress` shows it."""
     timer = timer or RunTimer()
-    hw = _find_profile(cfg, run_dir, given, num_workers, reprobe)
+    hw = find_profile(cfg, run_dir, given, num_workers, reprobe)
+    several = cfg.launch.nnodes > 1 and given is None and cfg.cache.hardware is None
+    if hw is not None and several and _checked_key(run_dir, hw) not in _checked:
+        t0 = time.perf_counter()
+        with stage(progress, "probe"):  # every node's ranks check their entries (join_probe)
+            checked = run_probe(cfg, run_dir, keep=True)
+        _checked.add(_checked_key(run_dir, checked))
+        timer.add("probe_s", time.perf_counter() - t0, ran=True)
+        return checked
     if hw is not None:
         timer.add("probe_s", hw.probe_s, ran=False)
         return hw
@@ -188,6 +198,8 @@ def hardware_profile(
     with stage(progress, "probe"):
         hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
+    if several:  # the other nodes joined this probe once: later stages take it as it is
+        _checked.add(_checked_key(run_dir, hw))
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
         return hw  # kept in the run folder only
@@ -198,8 +210,17 @@ def hardware_profile(
     return hw
 
 
-def _find_profile(
-    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool
+# Profiles of several-machine runs that this process's nodes checked or measured together
+# (a node joins one probe launch per run: node 0's later stages must not launch another).
+_checked: set[tuple[str, str]] = set()
+
+
+def _checked_key(run_dir: Path, hw: HardwareProfile) -> tuple[str, str]:
+    return str(Path(run_dir).resolve()), hw.fingerprint()
+
+
+def find_profile(
+    cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool = False
 ) -> HardwareProfile | None:
     """A profile that needs no probe (see `hardware_profile`), or None."""
     path = given or cfg.cache.hardware

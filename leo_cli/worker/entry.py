@@ -210,7 +210,9 @@ def finish(
     run.write_status("done")
 
 
-def main(argv: list[str] | None = None) -> int:
+def worker_body(argv: list[str] | None = None) -> tuple[Path, Callable[[DistEnv], int]]:
+    """The worker's arguments read, and what it runs as a rank (`main`; the elastic entry
+    runs it after a regroup, leo_cli/elastic/entry.py): its run folder and its body."""
     parser = argparse.ArgumentParser(prog="python -m leo_cli.worker.entry")
     parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
@@ -237,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         started = (entered_at, args.launched_at)
         return run_worker(run_dir, env, resume, args.config_sha, args.allow_inexact, started)
 
+    return run_dir, body
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir, body = worker_body(argv)
     return run_rank(body, heartbeat_dir=run_dir, errors_dir=RunDir(run_dir).errors)
 
 

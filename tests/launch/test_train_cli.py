@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -381,6 +382,33 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     assert hw["nnodes"] == 2 and [r["rank"] for r in hw["ranks"]] == [0, 1]
     assert hw["links"]["shm"] is None  # one worker per node: no shared segment between them
     assert (run / "cache-plan.json").is_file()
+
+    # Again on the same folder: every probe rank finds its entry measured where it runs (a
+    # short check, no probe); then with rank 1's host edited, as if another machine were node
+    # 1: only node 1 knows, and both measure again.
+    def again() -> None:
+        flags = [
+            *common,
+            "--set",
+            f"launch.master_port={free_port()}",
+            "--set",
+            f"run.out_dir={run}",
+        ]
+        nodes = [
+            start("train", *flags, "--overwrite", "--set", f"launch.node_rank={r}") for r in (0, 1)
+        ]
+        for node in nodes:
+            _, err = node.communicate(timeout=300)
+            assert node.returncode == 0, err
+
+    kept = (run / "hardware.json").read_bytes()
+    again()
+    assert (run / "hardware.json").read_bytes() == kept
+    hw["ranks"][1]["hostname"] = "elsewhere"
+    (run / "hardware.json").write_text(json.dumps(hw))
+    again()
+    remade = json.loads((run / "hardware.json").read_text())
+    assert remade["ranks"][1]["hostname"] == socket.gethostname()
 
 
 @pytest.mark.integration

@@ -44,6 +44,7 @@ from leo_cli.planner.profile.measure import (
     measure_compute,
     measure_links,
 )
+from leo_cli.planner.profile.store import same_rank, saved_profile
 from leo_cli.run_dir import RunDir
 
 
@@ -99,17 +100,35 @@ def gather_ranks(env: DistEnv, compute: ComputeRates) -> list[RankRates]:
     return [RankRates.model_validate(r) for r in everyone]
 
 
+def all_ranks_same(env: DistEnv, hw: HardwareProfile | None) -> bool:
+    """Whether every rank finds its entry of `hw` measured where it runs now (`same_rank`),
+    decided alike on every rank."""
+    mine = torch.tensor([int(hw is not None and same_rank(hw, env.rank))])
+    if env.world_size > 1:
+        dist.all_reduce(mine)
+    return int(mine) == env.world_size
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m leo_cli.planner.profile.probe")
     parser.add_argument("out", type=Path, help="where rank 0 writes the hardware profile (JSON)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (tests): rough rates")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
     parser.add_argument("--heartbeat-dir", type=Path, help="folder the launcher watches")
+    parser.add_argument(
+        "--keep-if-same",
+        action="store_true",
+        help="leave OUT as it is when every rank's entry was measured where it runs now",
+    )
     args = parser.parse_args(argv)
 
     def body(env: DistEnv) -> int:
         if env.world_size > 1:
             init_process_group(env, "gloo", args.timeout_s)
+        if args.keep_if_same and all_ranks_same(env, saved_profile(args.out)):
+            if env.world_size > 1:
+                dist.barrier()
+            return 0
         profile = probe(env, QUICK_SIZES if args.quick else DEFAULT_SIZES, args.quick)
         if env.rank == 0:
             profile.write(args.out)

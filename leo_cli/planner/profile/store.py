@@ -81,6 +81,21 @@ def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:
     )
 
 
+def same_rank(hw: HardwareProfile, rank: int) -> bool:
+    """Whether `rank`'s entry of a profile was measured where this process runs as that rank
+    now: on this host, with this torch and as many threads. Each rank of a several-machine run
+    asks it of its own entry (only it knows its host), and the ranks reuse a profile only when
+    every one says yes (`probe.py --keep-if-same`): which node is which counts too."""
+    if rank >= len(hw.ranks) or hw.ranks[rank].rank != rank:
+        return False
+    mine = hw.ranks[rank]
+    return (
+        mine.hostname == socket.gethostname()
+        and hw.torch_version == torch.__version__
+        and mine.threads == torch.get_num_threads()
+    )
+
+
 def rank_links(num_workers: int, nnodes: int) -> list[str | None]:
     """Each rank's node uplink as the probe would record it now: emulated nodes' rates
     (`launch.emulate`, from the environment every node gets alike), None on real machines."""

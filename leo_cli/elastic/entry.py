@@ -1,0 +1,156 @@
+"""The workers' entry point under `launch.nnodes: MIN:MAX`:
+`python -m leo_cli.elastic.entry <worker arguments> --node-rank N`.
+
+When a machine is lost, the elastic agents of the others restart their workers in a smaller
+world than the run folder's partitions were made for (a machine that joins again makes it
+larger). Before training, those workers re-form the run for their count in a process group of
+their own: a hardware profile measured by the group itself where the plan or the part sizes
+need one and the run folder has none for it (the probe's own launch cannot run inside
+workers), then partitions, a cache plan and the resolved config, made by node 0's first worker
+(node 0 hosts the rendezvous, so it is always there, and the config's data and run paths are
+its own) while the others wait. Then each runs the worker (leo_cli/worker/entry.py), which
+resumes from the last checkpoint: every mode gives one process's numbers whatever the worker
+count, so the run keeps its numbers.
+
+A worker process of a run of fixed size loads none of this (the partitioner, the probe);
+only these workers do, and only when they regroup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from leo_cli.comm.dist import DistEnv, all_gather_, init_process_group
+from leo_cli.comm.process import rank_entry, run_rank
+from leo_cli.config import LeoConfig, load_config, write_resolved
+from leo_cli.graph.partition_cache import ensure_partitions
+from leo_cli.graph.storage import read_meta
+from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part_weigher
+from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.profile.measure import DEFAULT_SIZES, QUICK_SIZES
+from leo_cli.planner.profile.probe import all_ranks_same, probe
+from leo_cli.planner.profile.store import quick_probe
+from leo_cli.registry import mode_of
+from leo_cli.run_dir import RunDir
+from leo_cli.util import files
+from leo_cli.worker.entry import worker_body
+from leo_cli.worker.memory import fix_mmap_threshold
+
+
+def regrouped_config(cfg: LeoConfig, env: DistEnv, run_dir: Path) -> LeoConfig:
+    """The run's config for the workers there are: one part each, on the machines they are
+    on (node 0's per-node keys, with the run folder as this worker sees it)."""
+    nodes = max(1, env.world_size // max(env.local_world_size, 1))
+    launch = cfg.launch.model_copy(update={"nnodes": nodes, "min_nodes": None, "node_rank": 0})
+    part = cfg.partition.model_copy(update={"num_parts": env.world_size})
+    run = cfg.run.model_copy(update={"out_dir": run_dir})
+    return cfg.model_copy(update={"launch": launch, "partition": part, "run": run})
+
+
+def leader_of(env: DistEnv, node_rank: int) -> int:
+    """The global rank of node 0's first worker (every rank learns it)."""
+    rows = all_gather_(torch.tensor([node_rank, env.local_rank], dtype=torch.int64))
+    ranks = [r for r in range(env.world_size) if rows[r].tolist() == [0, 0]]
+    return ranks[0] if ranks else 0  # node 0 hosts the rendezvous: it is always there
+
+
+def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int) -> None:
+    """Profile (measured by the group when needed), partitions, plan and resolved config for
+    `env.world_size` workers (collective; the leader writes)."""
+    new = regrouped_config(cfg, env, run.root)
+    found: list[Any] = [None]
+    if env.rank == leader and new.cache.hardware is None:
+        hw = find_profile(new, run.root, None, env.world_size)
+        found = [None if hw is None else hw.model_dump(mode="json")]
+    dist.broadcast_object_list(found, src=leader)
+    measure = False
+    if needs_profile(new) and new.cache.hardware is None:  # alike on every rank
+        hw = None if found[0] is None else HardwareProfile.model_validate(found[0])
+        measure = not all_ranks_same(env, hw)  # each rank knows its own host only
+    if measure:  # every rank measures, as the probe's own workers would
+        quick = quick_probe(new.launch.nnodes)
+        profile = probe(env, QUICK_SIZES if quick else DEFAULT_SIZES, quick)
+        if env.rank == leader:
+            profile.write(run.hardware)
+    if env.rank == leader:
+        hardware = new.cache.hardware or (run.hardware if run.hardware.is_file() else None)
+        weigher = part_weigher(new, run.root, hardware=hardware)
+        ensure_partitions(
+            new.data, new.partition, new.run.seed, run.root, verify=False, weigher=weigher,
+            cache_dir=None,  # the run folder: machines that join again see it
+        )  # fmt: skip
+        run.plan.unlink(missing_ok=True)  # made for the other count's parts
+        ensure_plan(new, run.root, hardware=hardware, verify_parts=False, shared=False)
+        write_resolved(new)
+    dist.barrier()  # the others read what the leader wrote
+
+
+def regroup(run: RunDir, env: DistEnv, node_rank: int) -> None:
+    """Re-form the run for `env.world_size` workers when its partitions are for another
+    count; nothing otherwise."""
+    cfg = load_config(run.config)
+    before = int(read_meta(run.partitions)["num_parts"])
+    if before == env.world_size:
+        return
+    t0 = time.perf_counter()
+    init_process_group(env, "gloo", cfg.launch.timeout_s, prefix="leo/regroup")
+    try:
+        leader = leader_of(env, node_rank)
+        remake(cfg, run, env, leader)
+        if env.rank == leader:
+            state = run.read_latest()
+            epoch = 0 if state is None else int(state["epoch"])
+            exact = mode_of(cfg.pipeline.mode).exact
+            note = regroup_note(before, env.world_size, epoch, exact)
+            took = round(time.perf_counter() - t0, 3)
+            files.write_json(run.regrouped, {"at": time.time(), "regroup_s": took, "note": note})
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()  # the worker joins its own group
+
+
+def regroup_note(before: int, after: int, epoch: int, exact: bool) -> str:
+    """What `leo train` says when the run goes on with another worker count."""
+    change = "a machine was lost" if after < before else "a machine joined"
+    since = f"the checkpoint of epoch {epoch}" if epoch else "the start (no checkpoint yet)"
+    same = f"; the numbers stay those of {before} workers" if exact else ""
+    return (
+        f"{change}: going on with {after} workers (were {before}), re-partitioned for "
+        f"{after}, from {since}{same}."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m leo_cli.elastic.entry",
+        description="the worker of a run that may change its worker count; other arguments "
+        "are the worker's (python -m leo_cli.worker.entry --help)",
+    )
+    parser.add_argument("run_dir", type=Path, help="run folder holding resolved_config.yaml")
+    parser.add_argument("--node-rank", type=int, default=0, help="this machine's launch.node_rank")
+    args, rest = parser.parse_known_args(argv)
+    fix_mmap_threshold()  # before the regroup's temporaries come and go (worker/memory.py)
+    run = RunDir(args.run_dir)
+
+    def body(env: DistEnv) -> int:
+        regroup(run, env, args.node_rank)
+        _, work = worker_body([str(args.run_dir), *rest])
+        return work(env)
+
+    return run_rank(body, heartbeat_dir=run.root, errors_dir=run.errors)
+
+
+@record
+def entry() -> None:
+    rank_entry(main)
+
+
+if __name__ == "__main__":
+    entry()
