@@ -113,21 +113,23 @@ def train(
     """
     from leo_cli.launch.launcher import check_supported, prepare, run_workers
     from leo_cli.launch.nodes import run_nodes
-    from leo_cli.launch.run_folder import for_train
+    from leo_cli.launch.run_folder import dropped_if_empty, for_train
     from leo_cli.util.timing import RunTimer, process_start_time
 
     timer = RunTimer(started_at=process_start_time())
-    cfg = for_train(resolve(config, overrides), resume, overwrite)
+    given = resolve(config, overrides)
+    cfg = for_train(given, resume, overwrite)
     run_dir = cfg.run.folder.resolve()
-    if cfg.launch.emulate is not None:  # every emulated node runs `leo train` itself
-        check_supported(cfg, allow_inexact)  # before any namespace: the nodes check again
-        flags = ["--resume" if resume else "--overwrite"] + ["--allow-inexact"] * allow_inexact
-        run_nodes(cfg, "train", flags)
-        return RunSummary.read(run_dir)
-    prepare(cfg, resume, progress, allow_inexact, timer)
-    if on_start is not None:
-        on_start(cfg, run_dir)
-    run_workers(cfg, run_dir, resume, allow_inexact, timer)
+    with dropped_if_empty(run_dir, made=given.run.out_dir is None and not resume):
+        if cfg.launch.emulate is not None:  # every emulated node runs `leo train` itself
+            check_supported(cfg, allow_inexact)  # before any namespace: the nodes check again
+            flags = ["--resume" if resume else "--overwrite"]
+            run_nodes(cfg, "train", flags + ["--allow-inexact"] * allow_inexact)
+            return RunSummary.read(run_dir)
+        prepare(cfg, resume, progress, allow_inexact, timer)
+        if on_start is not None:
+            on_start(cfg, run_dir)
+        run_workers(cfg, run_dir, resume, allow_inexact, timer)
     return RunSummary.read(run_dir) if cfg.launch.node_rank == 0 else None
 
 

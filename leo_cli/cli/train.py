@@ -26,7 +26,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.allocator import allocator_of, fallback_note
-from leo_cli.launch.run_folder import for_train, resume_note
+from leo_cli.launch.run_folder import dropped_if_empty, for_train, resume_note
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
@@ -187,7 +187,16 @@ def train_cmd(
     a new folder runs/<run.name>/<date>-<time> per run; partitions are shared through
     run.cache_dir).
     """
-    cfg = for_train(resolve_config(config, overrides), resume, overwrite)
+    given = resolve_config(config, overrides)
+    cfg = for_train(given, resume, overwrite)
+    made = given.run.out_dir is None and not resume  # a new folder: refused, it goes again
+    with dropped_if_empty(cfg.run.folder, made):
+        run_train(cfg, resume, allow_inexact)
+
+
+def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool) -> None:
+    """`leo train` in the run folder `cfg` names: set-up stages, notes, the epochs' progress
+    and the summary table."""
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
         train(cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact)
         return

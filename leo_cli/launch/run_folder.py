@@ -3,8 +3,10 @@ a second run never deletes the first one's results."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from leo_cli.config import LeoConfig
@@ -61,6 +63,19 @@ def for_train(cfg: LeoConfig, resume: bool, overwrite: bool, now: float | None =
             "replace it with --overwrite, or leave run.out_dir unset for a new folder per run."
         )
     return cfg
+
+
+@contextlib.contextmanager
+def dropped_if_empty(folder: Path, made: bool) -> Iterator[None]:
+    """Inside, a run in `folder`; when it fails and `made` (the folder is this run's new one,
+    `fresh`) and nothing was written there (refused before it started), the folder goes too."""
+    try:
+        yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):  # not empty, or gone: it stays as it is
+                folder.rmdir()
+        raise
 
 
 def fresh(parent: Path, now: float | None = None) -> Path:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.cli import leo
+import torch
+from helpers.cli import leo, leo_here
 
 from leo_cli.config import load_config
 from leo_cli.errors import ConfigError
@@ -106,3 +107,21 @@ def test_several_machines_keep_partitions_in_the_shared_run_folder() -> None:
     assert partition_cache_dir(mine, Path("/r/runs/x/1")) == Path("/c")
     two = load_config(None, ["launch.nnodes=2", "run.out_dir=/shared/run"])
     assert partition_cache_dir(two, Path("/shared/run")) is None  # nodes share the run folder
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        ["--set", "launch.emulate={nodes: 3}", "--set", "partition.num_parts=2"],
+        ["--set", "launch.device=cuda"] if not torch.cuda.is_available() else ["--set", "x.y=1"],
+    ],
+)
+def test_a_refused_run_leaves_no_empty_folder(
+    refused: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run refused after its new folder was made (`fresh`) removes that folder again."""
+    monkeypatch.chdir(tmp_path)
+    out = leo_here("train", *refused)
+    assert out.returncode != 0 and "error" in out.stderr.lower()
+    made = tmp_path / "runs" / "default"
+    assert not (made.is_dir() and any(made.iterdir()))
