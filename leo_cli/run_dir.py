@@ -42,6 +42,7 @@ class RunDir:
     PARTITIONS = "partitions"
     CHECKPOINTS = "checkpoints"
     SETUP = ".setup.json"
+    FIRST_SETUP = ".first-setup.json"  # the launch's first attempt's set-up, for restarts
     ERRORS = ".errors"
     HEARTBEATS = ".heartbeat"
     LOGS = "logs"
@@ -199,6 +200,16 @@ class RunDir:
 
     def write_setup(self, payload: dict[str, Any]) -> None:
         files.write_json(self.setup_file, payload)
+
+    def write_first_setup(self, launched_at: float | None, setup: dict[str, Any]) -> None:
+        files.write_json(self.root / self.FIRST_SETUP, {"launched_at": launched_at, **setup})
+
+    def read_first_setup(self, launched_at: float | None) -> dict[str, Any]:
+        """The set-up fields an earlier attempt of this launch recorded, or {}."""
+        data = read_json(self.root / self.FIRST_SETUP)
+        if data.pop("launched_at", "none") != launched_at:
+            return {}
+        return data
 
     def read_setup(self, launched_at: float | None) -> dict[str, Any]:
         """What the parent of this launch wrote (empty under plain torchrun or when stale)."""

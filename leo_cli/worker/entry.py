@@ -191,6 +191,25 @@ def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> di
     return dict(zip(mine, all_reduce_(values, op="max").tolist(), strict=True))
 
 
+def attempt_setup(
+    run: RunDir, restart: int, launched_at: float | None, worker: dict[str, float]
+) -> dict[str, Any]:
+    """summary.json's set-up fields, on rank 0 before the first step: the first attempt's
+    (kept in the run folder), and for an attempt the elastic agent restarted (a failure, a
+    lost machine) the first attempt's with this one's set-up added to `restart_setup_s`."""
+    first_step_at = worker.pop("first_step_at")
+    earlier = run.read_first_setup(launched_at) if restart > 0 else {}
+    if not earlier:
+        earlier = setup_summary(run.read_setup(launched_at), worker, first_step_at)
+        if restart > 0:  # the first attempt never reached its first step
+            earlier["restart_setup_s"] = []
+    if restart > 0:
+        earlier["restart_setup_s"] = [*earlier.get("restart_setup_s", []), worker["worker_setup_s"]]
+    with contextlib.suppress(OSError):  # costs only a restart's accounting
+        run.write_first_setup(launched_at, earlier)
+    return earlier
+
+
 def finish(
     cfg: LeoConfig,
     run: RunDir,
@@ -323,6 +342,7 @@ def run_worker(
         run.write_status("running", stages=rounded(laps.seconds))
     keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
     worker = reduce_setup(laps, entered_at, launched_at)
+    setup = attempt_setup(run, env.restart, launched_at, worker) if env.rank == 0 else {}
     board = (
         Board(run / RunDir.TENSORBOARD, start) if cfg.run.tensorboard and env.rank == 0 else None
     )
@@ -334,8 +354,6 @@ def run_worker(
             board.close()
     peaks = all_gather_(torch.tensor(peak_rss_bytes(), dtype=torch.int64)).tolist()
     if env.rank == 0:
-        first_step_at = worker.pop("first_step_at")
-        setup = setup_summary(run.read_setup(launched_at), worker, first_step_at)
         setup["static_aggregate"] = job.static_layer0
         setup["peak_rss_bytes"] = peaks
         finish(cfg, run, cache_plan, env.world_size, setup)

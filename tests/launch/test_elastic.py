@@ -121,8 +121,10 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     got, want = rows(run), rows(ref)
     assert [r["epoch"] for r in got] == list(range(1, 301))
     np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-5)
-    segments = json.loads((run / "summary.json").read_text())["segments"]
+    summary = json.loads((run / "summary.json").read_text())
+    segments = summary["segments"]
     assert [s["workers"] for s in segments] == [2, 1] and segments[0]["last_epoch"] >= 3
+    assert len(summary["restart_setup_s"]) == 1  # setup_s is the first attempt's
     assert read_meta(run / "partitions")["num_parts"] == 1
     resolved = load_config(run / "resolved_config.yaml")
     assert (resolved.partition.num_parts, resolved.launch.nnodes) == (1, 1)

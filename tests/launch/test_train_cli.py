@@ -231,13 +231,18 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
 @pytest.mark.integration
 def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -> None:
     run = tmp_path / "run"
+    began = time.time()
     proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
     wait_for_epoch(run, 5, proc)
     os.kill(heartbeat_pids(run)[1], signal.SIGKILL)
+    killed_after = time.time() - began
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
     assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+    # set-up is the first attempt's (it ended before the kill); the restart's own apart
+    s = summary(run)
+    assert len(s["restart_setup_s"]) == 1 and s["setup_s"] < killed_after
 
 
 @pytest.mark.integration
