@@ -15,7 +15,13 @@ from leo_cli.cli.render import stage_progress
 from leo_cli.config import LeoConfig
 from leo_cli.launch.nodes import run_nodes
 from leo_cli.launch.run_folder import for_command
-from leo_cli.launch.stages import ensure_plan, join_probe, run_partitions
+from leo_cli.launch.stages import (
+    check_nodes_profile,
+    ensure_plan,
+    hardware_profile,
+    join_probe,
+    run_partitions,
+)
 from leo_cli.planner.auto_mode import choose, with_mode
 from leo_cli.planner.checks import check_config
 from leo_cli.planner.plan import CachePlan
@@ -175,8 +181,15 @@ def profile_cache_cmd(
         return
     try:
         with stage_progress() as progress:
+            check_nodes_profile(cfg, run_dir, True, force, hardware, progress=progress)
+            if force and hardware is None and cfg.cache.hardware is None:  # once, first: the
+                # parts' weights and the plan take it (other nodes join one probe)
+                num = cfg.partition.num_parts
+                hardware_profile(cfg, run_dir, None, num, reprobe=True, progress=progress)
             run_partitions(cfg, run_dir, progress, hardware=hardware)
-            plan = ensure_plan(cfg, run_dir, hardware, force, always=True, progress=progress)
+            plan = ensure_plan(
+                cfg, run_dir, hardware, force, always=True, progress=progress, reprobe=False
+            )
     except Interrupted as exc:
         exc.note = "probe workers stopped; no plan was written: run the command again."
         raise

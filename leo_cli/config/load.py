@@ -52,8 +52,8 @@ def with_overrides(cfg: LeoConfig, items: list[str], source: str) -> LeoConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML as `yaml.safe_load` reads it, except that `1:2` is a string (YAML 1.2), not the
-    base-60 integer 62 of YAML 1.1: `launch.nnodes: 1:2` is a range of machines."""
+    """YAML as `yaml.safe_load` reads it, except that `1:2` is a string, not YAML 1.1's base-60
+    integer 62: `launch.nnodes: 1:2` is a range of machines."""
 
 
 _Loader.yaml_implicit_resolvers = {

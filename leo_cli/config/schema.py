@@ -566,8 +566,8 @@ class LaunchConfig(Section):
     def _node_range_order(self) -> LaunchConfig:
         if self.min_nodes is not None and self.min_nodes > self.nnodes:
             raise ValueError(
-                f"launch.nnodes={self.min_nodes}:{self.nnodes} asks for at least "
-                f"{self.min_nodes} machines and at most {self.nnodes}; give MIN:MAX with MIN <= MAX"
+                f"launch.min_nodes={self.min_nodes} is more than launch.nnodes={self.nnodes}; "
+                "give launch.nnodes as MIN:MAX with MIN <= MAX"
             )
         return self
 

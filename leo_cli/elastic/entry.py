@@ -2,18 +2,21 @@
 `python -m leo_cli.elastic.entry <worker arguments> --node-rank N`.
 
 When a machine is lost, the elastic agents of the others restart their workers in a smaller
-world than the run folder's partitions were made for (a machine that joins again makes it
-larger). Before training, those workers re-form the run for their count in a process group of
-their own: a hardware profile measured by the group itself where the plan or the part sizes
-need one and the run folder has none for it (the probe's own launch cannot run inside
-workers), then partitions, a cache plan and the resolved config, made by node 0's first worker
-(node 0 hosts the rendezvous, so it is always there, and the config's data and run paths are
-its own) while the others wait. Then each runs the worker (leo_cli/worker/entry.py), which
-resumes from the last checkpoint: every mode gives one process's numbers whatever the worker
-count, so the run keeps its numbers.
+world than the run folder's partitions were made for. Before training, those workers re-form
+the run for their count in a process group of their own: a hardware profile measured by the
+group itself where the plan or the part sizes need one and the run folder has none for it
+(the probe's own launch cannot run inside workers), then partitions, a cache plan and the
+resolved config, made by node 0's first worker (node 0 hosts the rendezvous, so it is always
+there, and the config's data and run paths are its own) while the others wait. Then each
+runs the worker (leo_cli/worker/entry.py), which resumes from the last checkpoint: every
+mode gives one process's numbers whatever the worker count, so the run keeps its numbers.
 
-A worker process of a run of fixed size loads none of this (the partitioner, the probe);
-only these workers do, and only when they regroup.
+Every attempt checks, in a group of its own, that each rank is where its entry of the
+hardware profile was measured (torch's c10d rendezvous orders machines its own way, not by
+`launch.node_rank` as the probe's launch does); where one is not, the run is re-formed the
+same way for the same count (profile measured by the group, plan made again). A worker of a
+run of fixed size starts leo_cli/worker/entry.py directly and loads none of this (the
+partitioner, the probe).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.profile.measure import DEFAULT_SIZES, QUICK_SIZES
 from leo_cli.planner.profile.probe import all_ranks_same, probe
-from leo_cli.planner.profile.store import quick_probe
+from leo_cli.planner.profile.store import quick_probe, saved_profile
 from leo_cli.registry import mode_of
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -92,19 +95,30 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int) -> None:
     dist.barrier()  # the others read what the leader wrote
 
 
+# The regroup's waits are for the leader's partitioning, probe and plan, which may take long on
+# a large graph; they are bounded by its life (the agent stops every worker when one exits)
+# and its heartbeat, not by launch.timeout_s.
+REGROUP_TIMEOUT_S = 24 * 3600.0
+
+
 def regroup(run: RunDir, env: DistEnv, node_rank: int) -> None:
-    """Re-form the run for `env.world_size` workers when its partitions are for another
-    count; nothing otherwise."""
+    """Re-form the run for `env.world_size` workers when its resolved config (written last)
+    or its partitions are for another count, or when the ranks are not where the profile's
+    were (c10d orders the machines its own way); nothing otherwise."""
     cfg = load_config(run.config)
-    before = int(read_meta(run.partitions)["num_parts"])
-    if before == env.world_size:
+    before = cfg.partition.num_parts
+    resized = before != env.world_size or read_meta(run.partitions)["num_parts"] != before
+    profiled = needs_profile(cfg) and cfg.cache.hardware is None
+    if not (resized or profiled):
         return
     t0 = time.perf_counter()
-    init_process_group(env, "gloo", cfg.launch.timeout_s, prefix="leo/regroup")
+    init_process_group(env, "gloo", max(cfg.launch.timeout_s, REGROUP_TIMEOUT_S), None, "leo/r")
     try:
+        if not resized and all_ranks_same(env, saved_profile(run.hardware)):
+            return
         leader = leader_of(env, node_rank)
         remake(cfg, run, env, leader)
-        if env.rank == leader:
+        if env.rank == leader and resized:
             state = run.read_latest()
             epoch = 0 if state is None else int(state["epoch"])
             exact = mode_of(cfg.pipeline.mode).exact

@@ -25,6 +25,7 @@ from leo_cli.launch.elastic import launch_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
     accesses_kept,
+    check_nodes_profile,
     ensure_plan,
     join_probe,
     part_weigher,
@@ -158,6 +159,7 @@ def prepare(
         check_resumable(cfg, run_dir)
         # Says here, not only in worker logs, when the newest checkpoint is corrupt.
         RunDir(run_dir).read_latest()
+    check_nodes_profile(cfg, run_dir, timer=timer, progress=progress)  # as the others join_probe
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
     weigher = part_weigher(cfg, run_dir, timer, progress=progress)  # unequal weights: probe first
     t0 = time.perf_counter()

@@ -155,6 +155,33 @@ def join_probe(
     run_probe(cfg, run_dir, keep=fits)  # several machines: full sizes (quick_probe)
 
 
+def check_nodes_profile(
+    cfg: LeoConfig,
+    run_dir: Path,
+    always: bool = False,
+    force: bool = False,
+    given: Path | None = None,
+    timer: RunTimer | None = None,
+    progress: ProgressFn | None = None,
+) -> None:
+    """Node 0's half of `join_probe`, before any stage looks for a profile: on several
+    machines, when the run folder's profile fits and will be reused, the short launch whose
+    ranks each check their own entry (the other nodes join it); the profile is measured again
+    there unless every rank matches. Where the profile does not fit (or `force`), the stage
+    that needs it probes, as the other nodes expect. Nothing on one machine."""
+    if cfg.launch.nnodes == 1 or given is not None or cfg.cache.hardware is not None or force:
+        return
+    if not (always or needs_profile(cfg)):
+        return
+    own = saved_profile(RunDir(run_dir).hardware)
+    if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
+        return
+    t0 = time.perf_counter()
+    with stage(progress, "probe"):
+        run_probe(cfg, run_dir, keep=True)
+    (timer or RunTimer()).add("probe_s", time.perf_counter() - t0, ran=True)
+
+
 @contextlib.contextmanager
 def stage(progress: ProgressFn | None, name: str) -> Iterator[None]:
     """One stage of unknown length for the progress display (a spinner and its elapsed time
@@ -176,21 +203,13 @@ def hardware_profile(
     progress: ProgressFn | None = None,
 ) -> HardwareProfile:
     """The given profile (kept as the run folder's); else the run folder's profile when it was
-    measured with as many workers (on several machines once every node's probe ranks found
-    their own entries measured where they run: `join_probe`); else this machine's saved one
-    for as many workers and threads; else a probe (saved in both places). `--force` probes
-    again. `timer` gets the
-    probe's seconds (spent now, or when a reused profile was measured); `progress` shows it."""
+    measured with as many workers (on several machines, where node 0 has first run
+    `check_nodes_profile`, as the others `join_probe`); else this machine's saved one for as
+    many workers and threads; else a probe (saved in both places). `--force` probes again.
+    `timer` gets the probe's seconds (spent now, or when a reused profile was measured);
+    `progress` shows it."""
     timer = timer or RunTimer()
     hw = find_profile(cfg, run_dir, given, num_workers, reprobe)
-    several = cfg.launch.nnodes > 1 and given is None and cfg.cache.hardware is None
-    if hw is not None and several and _checked_key(run_dir, hw) not in _checked:
-        t0 = time.perf_counter()
-        with stage(progress, "probe"):  # every node's ranks check their entries (join_probe)
-            checked = run_probe(cfg, run_dir, keep=True)
-        _checked.add(_checked_key(run_dir, checked))
-        timer.add("probe_s", time.perf_counter() - t0, ran=True)
-        return checked
     if hw is not None:
         timer.add("probe_s", hw.probe_s, ran=False)
         return hw
@@ -198,8 +217,6 @@ def hardware_profile(
     with stage(progress, "probe"):
         hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
     timer.add("probe_s", time.perf_counter() - t0, ran=True)
-    if several:  # the other nodes joined this probe once: later stages take it as it is
-        _checked.add(_checked_key(run_dir, hw))
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
         return hw  # kept in the run folder only
@@ -208,15 +225,6 @@ def hardware_profile(
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
         hw.write(machine_cache(num_workers, placement(cfg), cfg.run.cache_dir))
     return hw
-
-
-# Profiles of several-machine runs that this process's nodes checked or measured together
-# (a node joins one probe launch per run: node 0's later stages must not launch another).
-_checked: set[tuple[str, str]] = set()
-
-
-def _checked_key(run_dir: Path, hw: HardwareProfile) -> tuple[str, str]:
-    return str(Path(run_dir).resolve()), hw.fingerprint()
 
 
 def find_profile(
@@ -345,6 +353,7 @@ def ensure_plan(
     verify_parts: bool = True,
     progress: ProgressFn | None = None,
     shared: bool = True,
+    reprobe: bool | None = None,
 ) -> CachePlan | None:
     """The run's cache plan, made when missing or stale.
 
@@ -354,15 +363,17 @@ def ensure_plan(
     probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
     `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`);
     `progress` shows the probe and the plan while they run; `shared=False` makes a new plan
-    rather than take the shared cache's (the parts were just rebuilt), and keeps it there.
+    rather than take the shared cache's (the parts were just rebuilt), and keeps it there;
+    `reprobe` (default: `force`) measures the machine again first.
     """
     timer = timer or RunTimer()
     if not cfg.cache.enabled and not always:
         return None
     meta = read_meta(RunDir(run_dir).partitions)
     num_parts = int(meta["num_parts"])
+    again = force if reprobe is None else reprobe
     hw = hardware_profile(
-        cfg, run_dir, hardware, num_parts, reprobe=force, timer=timer, progress=progress
+        cfg, run_dir, hardware, num_parts, reprobe=again, timer=timer, progress=progress
     )
     t0 = time.perf_counter()
     reach = reach_of(cfg, num_parts)

@@ -49,7 +49,7 @@ def test_a_node_range_parses_from_yaml_and_set(tmp_path: Path) -> None:
         "min_nodes": 2,
         "nnodes": 3,
     }
-    with pytest.raises(ConfigError, match="at least 3 machines and at most 2"):
+    with pytest.raises(ConfigError, match="min_nodes=3 is more than launch.nnodes=2"):
         with_overrides(LeoConfig(), ["launch.nnodes=3:2"], "t")
 
 
