@@ -159,7 +159,8 @@ def profile_cache_cmd(
         typer.Option(
             "--force",
             help="Probe the machine again (even when a saved profile fits) and make the plan "
-            "again even when it is fresh.",
+            "again even when it is fresh; unequal part weights are weighed again with the new "
+            "rates (the parts are rebuilt).",
         ),
     ] = False,
 ) -> None:

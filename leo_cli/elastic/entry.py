@@ -33,6 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from leo_cli.comm.dist import DistEnv, all_gather_, init_process_group
 from leo_cli.comm.process import rank_entry, run_rank
 from leo_cli.config import LeoConfig, load_config, write_resolved
+from leo_cli.errors import TrainError
 from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part_weigher
@@ -41,7 +42,7 @@ from leo_cli.planner.profile.measure import DEFAULT_SIZES, QUICK_SIZES
 from leo_cli.planner.profile.probe import all_ranks_same, probe
 from leo_cli.planner.profile.store import quick_probe, saved_profile
 from leo_cli.registry import mode_of
-from leo_cli.run_dir import RunDir
+from leo_cli.run_dir import RunDir, read_json
 from leo_cli.util import files
 from leo_cli.worker.entry import worker_body
 from leo_cli.worker.memory import fix_mmap_threshold
@@ -92,13 +93,41 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int) -> None:
         run.plan.unlink(missing_ok=True)  # made for the other count's parts
         ensure_plan(new, run.root, hardware=hardware, verify_parts=False, shared=False)
         write_resolved(new)
+        store().set(DONE_KEY, "1")
+    else:
+        wait_for_leader(run, leader, cfg.launch.timeout_s)
     dist.barrier()  # the others read what the leader wrote
 
 
-# The regroup's waits are for the leader's partitioning, probe and plan, which may take long on
-# a large graph; they are bounded by its life (the agent stops every worker when one exits)
-# and its heartbeat, not by launch.timeout_s.
-REGROUP_TIMEOUT_S = 24 * 3600.0
+DONE_KEY = "remade"
+WAIT_STEP_S = 2.0
+
+
+def store() -> Any:
+    """The regroup group's store (this attempt's prefix: no earlier attempt's keys)."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def wait_for_leader(run: RunDir, leader: int, timeout_s: float) -> None:
+    """Wait while the leader partitions and plans, which may take longer than
+    `launch.timeout_s` on a large graph: as long as its heartbeat file keeps changing (it
+    is alive and not stalled), not in a collective that would time out."""
+    beat = run.root / RunDir.HEARTBEATS / f"rank_{leader}"
+    seen, since = None, time.monotonic()
+    while not store().check([DONE_KEY]):
+        time.sleep(WAIT_STEP_S)
+        try:
+            mtime: float | None = beat.stat().st_mtime
+        except OSError:
+            mtime = None
+        if mtime != seen:
+            seen, since = mtime, time.monotonic()
+        elif time.monotonic() - since > timeout_s:
+            raise TrainError(
+                f"worker rank {leader} stopped responding while it re-partitioned the run for "
+                f"fewer workers (no heartbeat for launch.timeout_s={timeout_s:g} s); its log "
+                f"is under {run.logs}."
+            )
 
 
 def regroup(run: RunDir, env: DistEnv, node_rank: int) -> None:
@@ -112,7 +141,7 @@ def regroup(run: RunDir, env: DistEnv, node_rank: int) -> None:
     if not (resized or profiled):
         return
     t0 = time.perf_counter()
-    init_process_group(env, "gloo", max(cfg.launch.timeout_s, REGROUP_TIMEOUT_S), None, "leo/r")
+    init_process_group(env, "gloo", cfg.launch.timeout_s, None, "leo/r")
     try:
         if not resized and all_ranks_same(env, saved_profile(run.hardware)):
             return
@@ -153,9 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     fix_mmap_threshold()  # before the regroup's temporaries come and go (worker/memory.py)
     run = RunDir(args.run_dir)
 
+    # A fresh start has cleared earlier runs' checkpoints, so whatever checkpoint there is was
+    # written by this run: every attempt resumes (torch does not count a restart that only
+    # changes the machines as one). Global rank 0 may be on any machine (c10d's order): the
+    # launch's stamp comes from node 0's .setup.json, written before its agent started.
+    flags = ["--resume"] if "--resume" not in rest else []
+    if "--launched-at" not in rest:
+        stamp = read_json(run.setup_file).get("launched_at")
+        flags += ["--launched-at", repr(stamp)] if isinstance(stamp, float) else []
+
     def body(env: DistEnv) -> int:
         regroup(run, env, args.node_rank)
-        _, work = worker_body([str(args.run_dir), *rest])
+        _, work = worker_body([str(args.run_dir), *rest, *flags])
         return work(env)
 
     return run_rank(body, heartbeat_dir=run.root, errors_dir=run.errors)

@@ -82,23 +82,24 @@ _SHUTDOWN: dict[str, Any] = (
 
 
 def launch_config(cfg: LeoConfig, run_dir: Path, elastic: bool = False) -> LaunchConfig:
-    """The agent's launch config. `elastic`: training under `launch.nnodes: MIN:MAX`, whose
-    membership may shrink (c10d rendezvous hosted by node 0's agent; the probe keeps the fixed
-    membership of `static`)."""
+    """The agent's launch config. Under `launch.nnodes: MIN:MAX` every launch rendezvouses
+    through c10d hosted by node 0's agent, so the probe's ranks are numbered as training's
+    (c10d orders machines by host name, not `launch.node_rank`); `elastic`: training, whose
+    membership may shrink to MIN (the probe's is fixed)."""
     lc = cfg.launch
     single = lc.nnodes == 1
-    elastic = elastic and lc.elastic()
-    if elastic:  # node 0 hosts the store: several agents of one host must not all try
+    ordered = lc.elastic()
+    if ordered:  # node 0 hosts the store: several agents of one host must not all try
         rdzv: dict[str, Any] = {"is_host": lc.node_rank == 0}
     else:  # c10d may swap node ranks on restart; static keeps node_rank: node 0 hosts rank 0
         rdzv = {"rank": lc.node_rank} if not single else {}
     return LaunchConfig(
-        min_nodes=lc.min_nodes if elastic and lc.min_nodes is not None else lc.nnodes,
+        min_nodes=lc.min_nodes if elastic and ordered and lc.min_nodes else lc.nnodes,
         max_nodes=lc.nnodes,
         nproc_per_node=workers_per_node(cfg),
         run_id=f"leo-{uuid.uuid4().hex[:8]}" if single else f"leo-{lc.master_port}",
         rdzv_endpoint=f"{lc.master_addr}:{lc.master_port}",
-        rdzv_backend="c10d" if single or elastic else "static",
+        rdzv_backend="c10d" if single or ordered else "static",
         rdzv_configs=rdzv,
         rdzv_timeout=int(lc.timeout_s),
         max_restarts=lc.max_restarts,

@@ -62,8 +62,10 @@ def test_an_elastic_launch_shrinks_through_c10d_hosted_by_node_0(tmp_path: Path)
     assert lc.rdzv_backend == "c10d" and lc.rdzv_configs["is_host"] is True
     node1 = with_overrides(cfg, ["launch.node_rank=1"], "t")
     assert launch_config(node1, tmp_path, elastic=True).rdzv_configs["is_host"] is False
-    probe = launch_config(cfg, tmp_path)  # the probe keeps a fixed membership
-    assert (probe.min_nodes, probe.rdzv_backend) == (2, "static")
+    probe = launch_config(cfg, tmp_path)  # a fixed membership, numbered as training's
+    assert (probe.min_nodes, probe.rdzv_backend) == (2, "c10d")
+    fixed = launch_config(with_overrides(cfg, ["launch.min_nodes=null"], "t"), tmp_path, True)
+    assert (fixed.min_nodes, fixed.rdzv_backend, fixed.rdzv_configs["rank"]) == (2, "static", 0)
 
 
 @pytest.mark.parametrize(
