@@ -34,12 +34,17 @@ def test_the_probe_keeps_a_profile_only_when_every_rank_is_where_it_was(tmp_path
     out = tmp_path / "hardware.json"
     probe(out)
     hw = HardwareProfile.read(out)
-    assert same_rank(hw, 0) and not same_rank(hw, 1)  # a rank the profile does not have
-    assert not same_rank(hw.model_copy(update={"torch_version": "0.0"}), 0)
-    other_host = hw.ranks[0].model_copy(update={"hostname": "elsewhere"})
-    assert not same_rank(hw.model_copy(update={"ranks": [other_host]}), 0)
-    more_threads = hw.ranks[0].model_copy(update={"threads": torch.get_num_threads() + 1})
-    assert not same_rank(hw.model_copy(update={"ranks": [more_threads]}), 0)
+    threads = torch.get_num_threads()  # this test process's may differ from the probe's
+    torch.set_num_threads(hw.ranks[0].threads)
+    try:
+        assert same_rank(hw, 0) and not same_rank(hw, 1)  # a rank the profile does not have
+        assert not same_rank(hw.model_copy(update={"torch_version": "0.0"}), 0)
+        other_host = hw.ranks[0].model_copy(update={"hostname": "elsewhere"})
+        assert not same_rank(hw.model_copy(update={"ranks": [other_host]}), 0)
+        more_threads = hw.ranks[0].model_copy(update={"threads": hw.ranks[0].threads + 1})
+        assert not same_rank(hw.model_copy(update={"ranks": [more_threads]}), 0)
+    finally:
+        torch.set_num_threads(threads)
 
     kept = out.read_bytes()
     probe(out, "--keep-if-same")
