@@ -146,9 +146,12 @@ def build_levels(
         if int(wanted.item()) == 0:
             in_place_H, rows = None, None
     level = level_of_rows(plan.num_halo, levels, adj.device, True, in_place_H)
+    layer0 = view_of_layer(adj, plan, levels, True, in_place_H)
+    # Without replicas here the later layers' levels are layer 0's: so is their view's CSR.
+    same = layer0[0] if not levels.replica_rows and layer0[0] is not adj else None
     return Levels(
-        view_of_layer(adj, plan, levels, True, in_place_H),
-        view_of_layer(adj, plan, levels, False, in_place_H),
+        layer0,
+        view_of_layer(adj, plan, levels, False, in_place_H, same),
         fetch_replicas(adj, plan, x_NF, halo_ids_H, level),
         static,
         None if rows is None or in_place is None else _in_place(adj, plan, rows, x_NF, in_place),
@@ -168,11 +171,12 @@ def view_of_layer(
     levels: RankLevels,
     layer0: bool,
     in_place_H: Tensor | None = None,
+    same_csr: kernels.CSR | None = None,
 ) -> tuple[kernels.CSR, HaloPlan]:
     """The halo view of layer 0 (replicas left out) or of the later layers (rows read in place
     left out of both): the part's own CSR and plan when no worker has a row of another level
     there (rebuilding them would hold another copy of every edge while set-up peaks, and one
-    more all run).
+    more all run). `same_csr`: the CSR of a view with the same levels here (see `level_view`).
 
     Collective: a view's owners answer its readers, so all workers decide together.
     """
@@ -181,7 +185,7 @@ def view_of_layer(
     if int(wanted.item()) == 0:
         return adj, plan
     level = level_of_rows(plan.num_halo, levels, adj.device, layer0, in_place_H)
-    return level_view(adj, plan, level)
+    return level_view(adj, plan, level, same_csr)
 
 
 def fetch_replicas(

@@ -145,7 +145,10 @@ def make_layer_aggregators(
     built for its chunk count unless a deeper layer uses it too. `in_place`: rows read in
     place at every layer (both aggregators share it).
     """
-    alone = layer0[0] is others[0] or others[1] is None or not mode.cache_levels
+    # One view (the same CSR and plan): a shared CSR alone is not enough, as peers send each
+    # view's rows by its own plan.
+    same_view = layer0[0] is others[0] and layer0[1] is others[1]
+    alone = same_view or others[1] is None or not mode.cache_levels
     layers = slice(1, None) if static_layer0 or not alone else slice(None)
     rest = make_aggregator(
         mode, *others, wiring, num_chunks, attention=attention, layers=layers, in_place=in_place

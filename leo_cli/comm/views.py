@@ -91,10 +91,25 @@ def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:
     return cols_E[cols_E >= num_inner] - num_inner
 
 
-def level_view(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[kernels.CSR, HaloPlan]:
+def level_view(
+    adj: kernels.CSR, plan: HaloPlan, level_H: Tensor, same_csr: kernels.CSR | None = None
+) -> tuple[kernels.CSR, HaloPlan]:
     """The view of a per-row level assignment: L2 rows once, L3 rows once per reading edge,
     L1 and in-place rows left out (their edges leave the CSR: replicas and rows read in place
-    are aggregated elsewhere).
+    are aggregated elsewhere). Collective (`remap_plan`).
+
+    `same_csr`: the CSR of a view already made from the same levels (only the plan, which
+    is collective, is made again).
+    """
+    rows_K, edge_cols = view_layout(adj, plan, level_H)
+    if same_csr is not None:
+        return same_csr, remap_plan(plan, rows_K)
+    return remap_halo(adj, plan, rows_K, edge_cols)
+
+
+def view_layout(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[Tensor, Tensor]:
+    """The halo rows (`rows_K`) and remote edges' columns (`edge_cols`) of a level view, as
+    `remap_halo` takes them.
 
     Per owner, the view's rows are its L2 rows (in halo order), then one row per edge that
     reads one of its L3 rows (in CSR order), so every owner's rows stay contiguous.
@@ -117,4 +132,4 @@ def level_view(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[kerne
     col_of_l2_row[l2_H] = view_col[: l2_H.shape[0]]
     edge_cols = col_of_l2_row[halo_e]
     edge_cols[l3_e] = view_col[l2_H.shape[0] :]
-    return remap_halo(adj, plan, rows_K, edge_cols)
+    return rows_K, edge_cols

@@ -124,14 +124,18 @@ def spec_levels(spec: str | None, part: LocalPart) -> RankLevels | None:
     """Cache levels by name, for exactness tests: `none`, `static`, `half` (every other halo
         row replicated, every fourth fetched per edge), `all` (every halo row replicated), `l3`
         (every halo row fetched per edge), `overlap` (half replicated at layer 0, every row
-    fetched per edge at the others); `static+` in front adds the static aggregate."""
+    fetched per edge at the others), `uneven` (`half` on part 0, every fourth row fetched
+    per edge elsewhere: layer 0's view differs from the others' on part 0 only); `static+` in
+    front adds the static aggregate."""
     if spec is None:
         return None
     static = spec.startswith("static")
     rule = spec.removeprefix("static").removeprefix("+") or "none"
+    if rule == "uneven":
+        rule = "half" if part.rank == 0 else "quarter"
     h = list(range(part.num_halo))
     replicas = {"half": h[::2], "all": h, "overlap": h[::2]}.get(rule, [])
-    l3 = {"half": h[1::4], "l3": h, "overlap": h}.get(rule, [])
+    l3 = {"half": h[1::4], "quarter": h[1::4], "l3": h, "overlap": h}.get(rule, [])
     return RankLevels(static, replicas, l3)
 
 
