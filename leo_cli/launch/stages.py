@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -130,6 +130,28 @@ def needs_profile(cfg: LeoConfig) -> bool:
     return cfg.cache.enabled or weighted(cfg.partition)
 
 
+def nodes_probe(
+    cfg: LeoConfig,
+    run_dir: Path,
+    always: bool = False,
+    force: bool = False,
+    given: Path | None = None,
+) -> Literal["none", "check", "full"]:
+    """What the nodes of a several-machine run do about the hardware profile, decided alike on
+    every node (they see the same folder and config, and must meet in the same launches).
+
+    "none" where the run needs no profile (`always`: `leo profile-cache`, which plans whatever
+    the policy) or one is given (`given`, `cache.hardware`); "check" where the run folder's
+    fits (`fits_nodes`): a short launch whose ranks each check their own entry (host, torch,
+    threads: only a node knows its host) and measure again unless all of them match; "full"
+    otherwise, or where `force` asks again.
+    """
+    if given is not None or cfg.cache.hardware is not None or not (always or needs_profile(cfg)):
+        return "none"
+    own = None if force else saved_profile(RunDir(run_dir).hardware)
+    return "check" if own is not None and fits_nodes(own, cfg, cfg.partition.num_parts) else "full"
+
+
 def join_probe(
     cfg: LeoConfig,
     run_dir: Path,
@@ -137,22 +159,11 @@ def join_probe(
     force: bool = False,
     given: Path | None = None,
 ) -> None:
-    """On a node other than 0: take part in the probe node 0 is about to run, if it will.
-
-    Node 0 probes when the run needs a profile (`always`: `leo profile-cache`, which plans
-    whatever the policy) and none was given (`given`, `cache.hardware`): a full probe when the
-    run folder's does not fit (`fits_nodes`) or `force` asks again, else a short launch whose
-    ranks each check their own entry (host, torch, threads: only a node knows its host) and
-    measure again unless all of them match. Every node sees the same folder and config, so
-    they all decide alike and meet in the probe's rendezvous. Node 0 writes the profile.
-    """
-    if given is not None or cfg.cache.hardware is not None:
-        return
-    if not (always or needs_profile(cfg)):
-        return
-    own = None if force else saved_profile(RunDir(run_dir).hardware)
-    fits = own is not None and fits_nodes(own, cfg, cfg.partition.num_parts)
-    run_probe(cfg, run_dir, keep=fits)  # several machines: full sizes (quick_probe)
+    """On a node other than 0: take part in the probe node 0 is about to run, if it will
+    (`nodes_probe`). Node 0 writes the profile."""
+    what = nodes_probe(cfg, run_dir, always, force, given)
+    if what != "none":
+        run_probe(cfg, run_dir, keep=what == "check")  # several machines: full sizes
 
 
 def check_nodes_profile(
@@ -165,16 +176,10 @@ def check_nodes_profile(
     progress: ProgressFn | None = None,
 ) -> None:
     """Node 0's half of `join_probe`, before any stage looks for a profile: on several
-    machines, when the run folder's profile fits and will be reused, the short launch whose
-    ranks each check their own entry (the other nodes join it); the profile is measured again
-    there unless every rank matches. Where the profile does not fit (or `force`), the stage
-    that needs it probes, as the other nodes expect. Nothing on one machine."""
-    if cfg.launch.nnodes == 1 or given is not None or cfg.cache.hardware is not None or force:
-        return
-    if not (always or needs_profile(cfg)):
-        return
-    own = saved_profile(RunDir(run_dir).hardware)
-    if own is None or not fits_nodes(own, cfg, cfg.partition.num_parts):
+    machines, the "check" launch of `nodes_probe` (the other nodes join it). Where a full
+    probe is due, the stage that needs the profile runs it, as the other nodes expect.
+    Nothing on one machine."""
+    if cfg.launch.nnodes == 1 or nodes_probe(cfg, run_dir, always, force, given) != "check":
         return
     t0 = time.perf_counter()
     with stage(progress, "probe"):
