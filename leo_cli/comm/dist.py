@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,9 +52,10 @@ def init_process_group(
     timeout_s: float,
     device: torch.device | None = None,
     prefix: str = "leo/attempt",
-) -> None:
+) -> Any:
     """Join the group through the rendezvous store, namespaced by the restart attempt (and
-    `prefix`: another group of the same processes uses its own).
+    `prefix`: another group of the same processes uses its own); returns that namespaced
+    store, for keys of the group's own.
 
     A restarted group must not read the addresses the dead attempt left in the shared store
     (pytorch/pytorch#135712), so every attempt gets its own key prefix. On a CUDA `device` the
@@ -82,6 +84,7 @@ def init_process_group(
         timeout=timeout,
         device_id=device_id,
     )
+    return prefixed
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -65,9 +65,10 @@ def leader_of(env: DistEnv, node_rank: int) -> int:
     return ranks[0] if ranks else 0  # node 0 hosts the rendezvous: it is always there
 
 
-def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int) -> None:
+def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int, store: Any) -> None:
     """Profile (measured by the group when needed), partitions, plan and resolved config for
-    `env.world_size` workers (collective; the leader writes)."""
+    `env.world_size` workers (collective; the leader writes and says so in the group's
+    `store`)."""
     new = regrouped_config(cfg, env, run.root)
     found: list[Any] = [None]
     if env.rank == leader and new.cache.hardware is None:
@@ -93,9 +94,9 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int) -> None:
         run.plan.unlink(missing_ok=True)  # made for the other count's parts
         ensure_plan(new, run.root, hardware=hardware, verify_parts=False, shared=False)
         write_resolved(new)
-        store().set(DONE_KEY, "1")
+        store.set(DONE_KEY, "1")
     else:
-        wait_for_leader(run, leader, cfg.launch.timeout_s)
+        wait_for_leader(run, leader, cfg.launch.timeout_s, store)
     dist.barrier()  # the others read what the leader wrote
 
 
@@ -103,18 +104,13 @@ DONE_KEY = "remade"
 WAIT_STEP_S = 2.0
 
 
-def store() -> Any:
-    """The regroup group's store (this attempt's prefix: no earlier attempt's keys)."""
-    return dist.distributed_c10d._get_default_store()
-
-
-def wait_for_leader(run: RunDir, leader: int, timeout_s: float) -> None:
+def wait_for_leader(run: RunDir, leader: int, timeout_s: float, store: Any) -> None:
     """Wait while the leader partitions and plans, which may take longer than
     `launch.timeout_s` on a large graph: as long as its heartbeat file keeps changing (it
     is alive and not stalled), not in a collective that would time out."""
     beat = run.root / RunDir.HEARTBEATS / f"rank_{leader}"
     seen, since = None, time.monotonic()
-    while not store().check([DONE_KEY]):
+    while not store.check([DONE_KEY]):
         time.sleep(WAIT_STEP_S)
         try:
             mtime: float | None = beat.stat().st_mtime
@@ -141,12 +137,13 @@ def regroup(run: RunDir, env: DistEnv, node_rank: int) -> None:
     if not (resized or profiled):
         return
     t0 = time.perf_counter()
-    init_process_group(env, "gloo", cfg.launch.timeout_s, None, "leo/r")
+    # The group's store: this attempt's prefix, so no earlier attempt's keys.
+    group_store = init_process_group(env, "gloo", cfg.launch.timeout_s, None, "leo/r")
     try:
         if not resized and all_ranks_same(env, saved_profile(run.hardware)):
             return
         leader = leader_of(env, node_rank)
-        remake(cfg, run, env, leader)
+        remake(cfg, run, env, leader, group_store)
         if env.rank == leader and resized:
             state = run.read_latest()
             epoch = 0 if state is None else int(state["epoch"])
