@@ -143,14 +143,17 @@ class LocalGraph:
 
     def prepare_attention(self, num_layers: int) -> None:
         """Build every layer's EdgeView. Collective: every worker calls it at set-up."""
-        built: dict[int, EdgeView] = {}
+        # One view per (CSR, plan): halo_ids is collective per plan, and a worker may share
+        # a CSR between layers whose plans differ (comm/levels.py).
+        built: dict[tuple[int, int], EdgeView] = {}
         for layer in range(num_layers):
             adj, plan = self.aggregator.columns(layer)
-            if id(adj) not in built:
+            key = (id(adj), id(plan))
+            if key not in built:
                 ids_N = self.global_ids_N
                 col_ids_K = ids_N if plan is None else halo_ids(plan, ids_N)
-                built[id(adj)] = attention_view(adj, col_ids_K, ids_N)
-            self.edge_views[layer] = built[id(adj)]
+                built[key] = attention_view(adj, col_ids_K, ids_N)
+            self.edge_views[layer] = built[key]
 
     def add_replicas(
         self, out_NO: Tensor, xr_RF: Tensor | None, weight_OF: Tensor | None, layer: int

@@ -297,3 +297,43 @@ def test_new_part_files_are_profiled_again_while_kept(
         first = plan_stage.part_accesses(run, 2, verify=False)
         meta.write_text(meta.read_text() + "\n")
         assert plan_stage.part_accesses(run, 2, verify=False) is not first
+
+
+@pytest.mark.parametrize(
+    ("case", "want"),
+    [
+        ({"given": True, "saved": True, "fits": True}, "none"),
+        ({"hardware_key": True, "saved": True, "fits": True}, "none"),
+        ({"needs": False, "saved": True, "fits": True}, "none"),
+        ({"needs": False, "always": True}, "full"),  # profile-cache plans whatever the policy
+        ({}, "full"),  # nothing saved
+        ({"saved": True, "fits": False}, "full"),
+        ({"saved": True, "fits": True}, "check"),
+        ({"saved": True, "fits": True, "force": True}, "full"),
+    ],
+)
+def test_nodes_decide_the_probe_alike(
+    case: dict[str, bool], want: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0's check launch and the other nodes' join follow one decision."""
+    overrides = ["launch.nnodes=2", *SMALL]
+    if case.get("hardware_key"):
+        overrides.append(f"cache.hardware={tmp_path / 'hw.json'}")
+    cfg = load_config(None, overrides)
+    monkeypatch.setattr(plan_stage, "needs_profile", lambda c: case.get("needs", True))
+    saved = object() if case.get("saved") else None
+    monkeypatch.setattr(plan_stage, "saved_profile", lambda path: saved)
+    monkeypatch.setattr(plan_stage, "fits_nodes", lambda hw, c, n: case.get("fits", False))
+    given = tmp_path / "given.json" if case.get("given") else None
+    got = plan_stage.nodes_probe(
+        cfg, tmp_path, case.get("always", False), case.get("force", False), given
+    )
+    assert got == want
+    launched: list[bool] = []
+    monkeypatch.setattr(plan_stage, "run_probe", lambda c, d, keep: launched.append(keep))
+    plan_stage.join_probe(cfg, tmp_path, case.get("always", False), case.get("force", False), given)
+    plan_stage.check_nodes_profile(
+        cfg, tmp_path, case.get("always", False), case.get("force", False), given
+    )
+    # The others join every launch node 0 runs: node 0's check here, its full probe later.
+    assert launched == {"none": [], "check": [True, True], "full": [False]}[want]

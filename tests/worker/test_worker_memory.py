@@ -4,6 +4,7 @@ needs it (structure checks on small graphs, no memory thresholds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 from pathlib import Path
@@ -70,9 +71,13 @@ def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     chunks = [2]
     agg = layered((layer0, plan), (adj, plan), chunks)
     assert agg.first.inner is agg.rest.inner  # type: ignore[attr-defined]
-    # The same CSR for both: one aggregator.
+    # The same CSR and plan for both: one aggregator.
     single = layered((adj, plan), (adj, plan), chunks)
     assert not hasattr(single, "first")
+    # The same CSR with another plan (peers send each view's rows by its own plan): two.
+    other_plan = dataclasses.replace(plan)
+    two = layered((adj, plan), (adj, other_plan), chunks)
+    assert two.first.inner is two.rest.inner  # type: ignore[attr-defined]
 
 
 def test_pipelined_aggregators_build_the_schedules_of_their_layers_only(tmp_path: Path) -> None:
