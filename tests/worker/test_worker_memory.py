@@ -166,3 +166,27 @@ def test_replica_rows_hold_no_copy_of_the_inner_rows(tmp_path: Path) -> None:
     for x_RF, ids_R, held in spawn_ranks(_replicas_of, 2, tmp_path / "partitions"):
         assert len(ids_R) > 0 and held == x_RF.size  # its own buffer, not a slice of [x | x_R]
         np.testing.assert_array_equal(x_RF, g.x_NF[ids_R])
+
+
+def _views_of(rank: int, world: int, root: Path) -> tuple[bool, bool]:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = read_part(root, rank, mmap=True)
+    plan = halo_plan(part, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    x = torch.from_numpy(np.array(part.x))
+    halo = list(range(part.num_halo))
+    # Rank 0 replicates rows at layer 0; both fetch every fourth row per edge.
+    levels = RankLevels(False, halo[::2] if rank == 0 else [], halo[1::4])
+    ids = torch.from_numpy(np.array(part.halo_nodes))
+    built = build_levels(adj, plan, x, ids, levels, distributed=True)
+    return built.layer0[0] is built.others[0], built.layer0[1] is built.others[1]
+
+
+@pytest.mark.dist
+def test_layers_share_the_view_csr_without_replicas(tmp_path: Path) -> None:
+    g = random_graph(num_nodes=80, num_edges=400, seed=6)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    write_partitions(tmp_path / "partitions", parts, {"num_parts": 2})
+    with_replicas, without = spawn_ranks(_views_of, 2, tmp_path / "partitions")
+    assert with_replicas == (False, False)  # two views
+    assert without == (True, False)  # one CSR, a plan per view (peers' views differ)
