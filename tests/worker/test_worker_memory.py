@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import random_graph
-from helpers.ranks import spawn_ranks
+from helpers.ranks import spawn_ranks, spec_levels
 
 from leo_cli.comm.exchange import CommStats
-from leo_cli.comm.levels import RankLevels, build_levels, view_of_layer
+from leo_cli.comm.levels import Levels, RankLevels, build_levels, view_of_layer
 from leo_cli.comm.modes import Wiring, make_layer_aggregators
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
@@ -142,16 +142,25 @@ def test_job_keeps_no_map_of_the_parts_edges(tmp_path: Path) -> None:
     assert features() is not None and np.shares_memory(job.data.x_NF.numpy(), features())
 
 
-def _replicas_of(rank: int, world: int, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+def _levels_built(rank: int, world: int, root: Path, spec: str) -> Levels:
+    """`build_levels` of a GCN worker on part `rank` of `root`, in a gloo group of `world`;
+    levels by `spec` (`spec_levels`), or `replicas`: every other halo row replicated, no more."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = read_part(root, rank, mmap=True)
     plan = halo_plan(part, torch.device("cpu"))
     adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     x = torch.from_numpy(np.array(part.x))
-    halo = list(range(part.num_halo))
-    levels = RankLevels(False, halo[::2], [])
+    if spec == "replicas":
+        levels = RankLevels(False, list(range(part.num_halo))[::2], [])
+    else:
+        levels = spec_levels(spec, part)
+        assert levels is not None
     ids = torch.from_numpy(np.array(part.halo_nodes))
-    replicas = build_levels(adj, plan, x, ids, levels, distributed=True).replicas
+    return build_levels(adj, plan, x, ids, levels, distributed=True)
+
+
+def _replicas_of(rank: int, world: int, root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    replicas = _levels_built(rank, world, root, "replicas").replicas
     assert replicas is not None
     x_RF = replicas.x_RF
     held = x_RF.untyped_storage().nbytes() // x_RF.element_size()
@@ -169,16 +178,8 @@ def test_replica_rows_hold_no_copy_of_the_inner_rows(tmp_path: Path) -> None:
 
 
 def _views_of(rank: int, world: int, root: Path) -> tuple[bool, bool]:
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    part = read_part(root, rank, mmap=True)
-    plan = halo_plan(part, torch.device("cpu"))
-    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
-    x = torch.from_numpy(np.array(part.x))
-    halo = list(range(part.num_halo))
-    # Rank 0 replicates rows at layer 0; both fetch every fourth row per edge.
-    levels = RankLevels(False, halo[::2] if rank == 0 else [], halo[1::4])
-    ids = torch.from_numpy(np.array(part.halo_nodes))
-    built = build_levels(adj, plan, x, ids, levels, distributed=True)
+    # Part 0 replicates rows at layer 0; both fetch every fourth row per edge.
+    built = _levels_built(rank, world, root, "uneven")
     return built.layer0[0] is built.others[0], built.layer0[1] is built.others[1]
 
 
