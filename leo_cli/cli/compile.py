@@ -1,4 +1,5 @@
-"""`leo compile`: build the CUDA extension leo_cli._C, or (--check) prove the kernels compile."""
+"""`leo compile`: build the CUDA extension leo_cli._C or (--cpu) LEO's CPU kernels, or (--check)
+prove the CUDA kernels compile."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from rich.table import Table
 
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.errors import KernelError
-from leo_cli.kernel_tools import build, check
+from leo_cli.kernel_tools import build, build_cpu, check
+from leo_cli.kernels import cpu as cpu_kernels
 from leo_cli.kernels import stamp
 
 _STATUS_STYLE = {"OK": "green", "FAIL": "bold red", "SKIP": "yellow"}
@@ -39,6 +41,15 @@ def compile_cmd(
             "--arch (warnings are errors) into a temporary folder, and syntax-check the torch "
             "binding with the host compiler. Needs nvcc, not a GPU or a CUDA build of torch. "
             "Exits non-zero if anything fails.",
+        ),
+    ] = False,
+    cpu: Annotated[
+        bool,
+        typer.Option(
+            "--cpu",
+            help="Build LEO's CPU kernels (cuda/cpu/: the CSR SpMM that serves CPU tensors) into "
+            "leo_cli/_leo_cpu.so with the host C++ compiler and ninja; no GPU, nvcc or CUDA "
+            "torch needed. `import leo_cli.kernels` then loads it unless LEO_KERNELS=ref.",
         ),
     ] = False,
     arch: Annotated[
@@ -79,15 +90,21 @@ def compile_cmd(
         ),
     ] = False,
 ) -> None:
-    """Build the CUDA kernels in cuda/ into leo_cli._C (cached), or --check that they compile.
+    """Build the CUDA kernels in cuda/ into leo_cli._C (cached), or --check that they compile;
+    --cpu builds LEO's CPU kernels instead.
 
-    The build needs a CUDA build of torch and nvcc, and installs leo_cli/_C*.so.
-    `import leo_cli.kernels` then loads it, unless LEO_KERNELS=ref.
+    The CUDA build needs a CUDA build of torch and nvcc, and installs leo_cli/_C*.so; the CPU
+    build needs a C++ compiler and installs leo_cli/_leo_cpu.so.
+    `import leo_cli.kernels` then loads them, unless LEO_KERNELS=ref.
     --config and --set are accepted like every command's; no config section affects compiling.
     """
     resolve_config(config, overrides)
     cuda_dir = stamp.cuda_source_dir()
-    if check_only:
+    if cpu and (check_only or arch):
+        raise KernelError("--cpu builds the CPU kernels; --check and --arch apply to CUDA only")
+    if cpu:
+        _run_cpu_build(cuda_dir, force, verbose)
+    elif check_only:
         _run_check(cuda_dir, arch, jobs, verbose)
     else:
         if arch:
@@ -171,3 +188,18 @@ def _run_build(cuda_dir: Path, force: bool, verbose: bool) -> None:
         console.print(
             f"[green]Built[/] {result.path} for {result.arch_list} in {result.seconds:.0f} s."
         )
+
+
+def _run_cpu_build(cuda_dir: Path, force: bool, verbose: bool) -> None:
+    if verbose:
+        result = build_cpu.build_cpu_kernels(cuda_dir, force=force, verbose=True)
+    else:
+        with console.status(f"Building {cpu_kernels.LIBRARY} (host C++ compiler; ~20 s)..."):
+            result = build_cpu.build_cpu_kernels(cuda_dir, force=force)
+    if result.cached:
+        console.print(
+            f"[green]Up to date:[/] {result.path} (sources, torch and flags unchanged; "
+            "--force rebuilds)."
+        )
+    else:
+        console.print(f"[green]Built[/] {result.path} in {result.seconds:.0f} s.")

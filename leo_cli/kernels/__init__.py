@@ -1,9 +1,10 @@
 """Sparse kernels of LEO as torch custom ops, and the small API the models and comm code use.
 
 The ops (`ops.py`, `gat_ops.py`) have a pure-PyTorch reference; CUDA kernels from `leo_cli._C`
-serve CUDA tensors when built (`backend.py`). Everything here is differentiable and traceable
-by `torch.compile(fullgraph=True)`, and indices are checked before they reach a kernel, so a
-bad one raises the same `KernelError` on every device.
+serve CUDA tensors and LEO's CPU SpMM (`cpu.py`) CPU tensors when built (`backend.py`).
+Everything here is differentiable and traceable by `torch.compile(fullgraph=True)`, and indices
+are checked before they reach a kernel, so a bad one raises the same `KernelError` on every
+device.
 
 Specification: docs/design/kernels.md.
 Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
@@ -258,5 +259,8 @@ def gat_spmm(csr: CSR, alpha_EH: Tensor, x_CHF: Tensor) -> Tensor:
 
 
 def backend_name() -> str:
-    """ "cuda" when leo_cli._C serves CUDA tensors, else "reference"."""
-    return active_backend().name
+    """The kernels beside the reference: "cuda" (leo_cli._C serves CUDA tensors), "cpu"
+    (leo_cli/_leo_cpu.so serves CPU tensors), "cuda+cpu", or "reference" when neither."""
+    backend = active_backend()
+    served = {"cuda": backend.has_cuda_kernels, "cpu": backend.cpu == "leo"}
+    return "+".join(name for name, on in served.items() if on) or "reference"

@@ -1,10 +1,12 @@
-"""Which kernels serve the leo:: ops: the reference everywhere, plus CUDA kernels when built.
+"""Which kernels serve the leo:: ops: the reference everywhere, plus LEO's kernels when built.
 
-`LEO_KERNELS` (`auto`, the default; `ref`; `cuda`) chooses, once per process at the first
-import of `leo_cli.kernels`, whether to load `leo_cli._C` (built by `leo compile`); CPU tensors
-always use the reference. Loading checks the build stamp, imports the library, registers its
-kernels and calls every op once on a visible GPU; a stale or failing library leaves the
-reference in place with one warning, and under `cuda` `active_backend()` raises the reason.
+`LEO_KERNELS` (`auto`, the default; `ref`; `cuda`; `cpu`) chooses, once per process at the
+first import of `leo_cli.kernels`, whether to load `leo_cli._C` (the CUDA kernels, built by `leo
+compile`) and `leo_cli/_leo_cpu.so` (the CPU SpMM, built by `leo compile --cpu`; `cpu.py`).
+Loading checks the build stamp, loads the library and registers its kernels (the CUDA ones are
+also called once on a visible GPU); a stale or failing library leaves the reference in place
+with one warning, and under `cuda` (`cpu`) `active_backend()` raises the reason when the CUDA
+(CPU) kernels did not load. `auto` loads whichever is built; `ref` neither.
 
 Specification: docs/design/kernels.md.
 """
@@ -25,15 +27,18 @@ from leo_cli.kernels import stamp
 
 ENV_VAR = "LEO_KERNELS"
 EXTENSION = "leo_cli._C"
-_CHOICES = {"auto": "auto", "ref": "ref", "reference": "ref", "cuda": "cuda"}
+_CHOICES = {"auto": "auto", "ref": "ref", "reference": "ref", "cuda": "cuda", "cpu": "cpu"}
 
 
 @dataclass(frozen=True)
 class Backend:
-    """The kernels in use: `name` is "cuda" or "reference"; `reason` says why."""
+    """The kernels in use: `name` ("cuda" or "reference") serves CUDA tensors, `cpu` ("leo" or
+    "reference") CPU tensors; `reason` and `cpu_reason` say why."""
 
     name: str
     reason: str
+    cpu: str = "reference"
+    cpu_reason: str = ""
 
     @property
     def has_cuda_kernels(self) -> bool:
@@ -51,7 +56,7 @@ def requested_backend(env: Mapping[str, str] | None = None) -> str:
     """
     raw = (os.environ if env is None else env).get(ENV_VAR, "auto").strip().lower() or "auto"
     if raw not in _CHOICES:
-        raise KernelError(f"{ENV_VAR}={raw!r} is not one of auto, ref, cuda")
+        raise KernelError(f"{ENV_VAR}={raw!r} is not one of auto, ref, cuda, cpu")
     return _CHOICES[raw]
 
 
@@ -153,24 +158,55 @@ def _import_extension() -> str | None:
     return None
 
 
+def _load_cpu_kernels() -> str | None:
+    """Load leo_cli/_leo_cpu.so and register its kernels; None on success, else why not."""
+    from leo_cli.kernels import cpu  # imports ops, which imports this module
+
+    lib = cpu.library_path()
+    if not lib.is_file():
+        return f"{lib.name} is not built (run `leo compile --cpu`)"
+    try:
+        cuda_dir: Path | None = stamp.cuda_source_dir()
+    except KernelError:
+        cuda_dir = None  # an installed package without cuda/: nothing to compare with
+    stale = cpu.stale_library(lib.parent, cuda_dir)
+    if stale is not None:
+        return _fallback(stale)
+    try:
+        cpu.load(lib)
+    except (OSError, RuntimeError, AttributeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _fallback(f"{lib} failed to load ({detail}); rebuild it with `leo compile --cpu`")
+    return None
+
+
 def select_backend(env: Mapping[str, str] | None = None) -> Backend:
     """Decide (and load) the backend as `LEO_KERNELS` asks.
 
     Raises:
-        KernelError: `LEO_KERNELS=cuda` and the extension does not load, or a bad value.
+        KernelError: `LEO_KERNELS=cuda` (`cpu`) and the CUDA (CPU) kernels do not load, or a
+            bad value.
     """
     choice = requested_backend(env)
     if choice == "ref":
-        return Backend("reference", f"{ENV_VAR}=ref")
+        return Backend("reference", f"{ENV_VAR}=ref", "reference", f"{ENV_VAR}=ref")
+    cpu_failure = _load_cpu_kernels()
+    if cpu_failure is not None and choice == "cpu":
+        raise KernelError(f"{ENV_VAR}=cpu but {cpu_failure}")
+    cpu_state = (
+        ("leo", "leo_cli/_leo_cpu.so loaded: LEO's SpMM serves CPU tensors")
+        if cpu_failure is None
+        else ("reference", cpu_failure)
+    )
     failure = _import_extension()
     if failure is None:
-        return Backend("cuda", f"{EXTENSION} loaded: CUDA kernels serve CUDA tensors")
+        return Backend("cuda", f"{EXTENSION} loaded: CUDA kernels serve CUDA tensors", *cpu_state)
     if choice == "cuda":
         raise KernelError(f"{ENV_VAR}=cuda but {failure}")
-    return Backend("reference", failure)
+    return Backend("reference", failure, *cpu_state)
 
 
-_FAILURE: KernelError | None = None  # why LEO_KERNELS=cuda could not be honoured
+_FAILURE: KernelError | None = None  # why LEO_KERNELS=cuda (cpu) could not be honoured
 
 
 def active_backend() -> Backend:
@@ -192,16 +228,17 @@ def active_backend() -> Backend:
 
 
 def load_at_import() -> None:
-    """Select the backend as `leo_cli.kernels` is imported, keeping a `LEO_KERNELS=cuda`
-    failure for later (see the module docstring); a bad value still fails here.
+    """Select the backend as `leo_cli.kernels` is imported, keeping a `LEO_KERNELS=cuda` (or
+    `cpu`) failure for later (see the module docstring), so `leo compile` can still import the
+    package to build; a bad value still fails here.
 
     Raises:
-        KernelError: `LEO_KERNELS` holds something else than auto, ref or cuda.
+        KernelError: `LEO_KERNELS` holds something else than auto, ref, cuda or cpu.
     """
     try:
         active_backend()
     except KernelError:
-        if requested_backend() != "cuda":
+        if requested_backend() not in ("cuda", "cpu"):
             raise
 
 

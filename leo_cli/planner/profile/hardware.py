@@ -330,7 +330,7 @@ class HardwareProfile(_Record):
     torch_version: str
     """torch.__version__ of the workers."""
     kernels_backend: str
-    """`kernels.backend_name()`: `reference` or `cuda`."""
+    """`kernels.backend_name()`: `reference`, `cuda`, `cpu` or `cuda+cpu`."""
     dtype: Literal["float32", "float64"]
     """Element type of every measured row (`float32`); bytes per element follow from it."""
     world_size: Annotated[Whole, Field(ge=1, le=4096)]

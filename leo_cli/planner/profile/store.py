@@ -1,5 +1,6 @@
 """The hardware profile store: where a profile is kept between runs and when one may be
-reused (measured here, with this torch, as many workers, threads, placement and allocator),
+reused (measured here, with this torch and kernels, as many workers, threads, placement and
+allocator),
 and the load rule that keeps a profile measured on a busy machine out of the store.
 """
 
@@ -14,6 +15,7 @@ import torch
 from leo_cli.comm.placement import affinity_tag
 from leo_cli.comm.process import LINKS_ENV
 from leo_cli.config import LeoConfig
+from leo_cli.kernels import backend_name
 from leo_cli.errors import CacheError
 from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.run_dir import RunDir
@@ -29,7 +31,11 @@ def machine_cache(num_workers: int, threads: str, cache_dir: Path | None = None)
     given = os.environ.get("LEO_HARDWARE_CACHE")
     root = given or (Path(cache_dir) / "hardware" if cache_dir is not None else home)
     quick = "-quick" if quick_probe() else ""  # never in place of a full profile
-    name = f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{quick}.json"
+    kernels = "" if backend_name() == "reference" else f"-{backend_name()}"  # rates differ
+    name = (
+        f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{kernels}"
+        f"{quick}.json"
+    )
     return Path(root) / name
 
 
@@ -44,13 +50,15 @@ def allocator_tag(name: str) -> str:
 
 
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
-    """Measured here, with this torch, as many workers, threads and the same placement, at
-    the probe sizes asked for (`LEO_PROBE_QUICK`)."""
+    """Measured here, with this torch and kernels (`kernels.backend_name()`: LEO's CPU SpMM
+    aggregates at other rates than the reference), as many workers, threads and the same
+    placement, at the probe sizes asked for (`LEO_PROBE_QUICK`)."""
     return (
         hw.world_size == num_workers
         and placement_of(hw) == threads
         and hw.hostname == socket.gethostname()
         and hw.torch_version == torch.__version__
+        and hw.kernels_backend == backend_name()
         and hw.quick == quick_probe()
     )
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import rank_rates
 
 from leo_cli.errors import CacheError, LeoError
@@ -20,6 +22,7 @@ from leo_cli.planner.profile.hardware import (
     interpolate,
     per_row_rate,
 )
+from leo_cli.planner.profile import store
 from leo_cli.planner.profile.rates import Rates, settled
 
 
@@ -371,3 +374,19 @@ def test_load_is_recorded_and_judged(tmp_path: Path, hw: HardwareProfile) -> Non
     hw.model_copy(update={"load": busy}).write(path)
     assert HardwareProfile.read(path).load == busy
     assert HardwareProfile.read(path).fingerprint() != hw.fingerprint()
+
+
+@pytest.mark.parametrize("served", ["reference", "cpu"])
+def test_a_profile_is_reused_only_with_the_kernels_it_measured(
+    hw_profile: HardwareProfile, monkeypatch: pytest.MonkeyPatch, served: str
+) -> None:
+    # LEO's CPU SpMM aggregates at other rates than the reference: a profile of one is not
+    # reused for the other, and each has its own file.
+    monkeypatch.setattr(store, "backend_name", lambda: served)
+    here = hw_profile.model_copy(
+        update={"hostname": socket.gethostname(), "torch_version": torch.__version__}
+    )
+    threads = store.placement_of(here)
+    assert store.matches(here, 2, threads) == (served == "reference")
+    name = store.machine_cache(2, threads, Path("/c")).name
+    assert name.endswith(".json") and ("-cpu" in name) == (served == "cpu")

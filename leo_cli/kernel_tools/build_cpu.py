@@ -1,0 +1,142 @@
+"""`leo compile --cpu`: build LEO's CPU kernels (cuda/cpu/) into leo_cli/_leo_cpu.so.
+
+torch's JIT extension build (`torch.utils.cpp_extension.load`, ninja and the host C++ compiler)
+runs in a subprocess, because it also loads the library and a process can load one library per
+op namespace; the library is then copied into the package with a stamp (the fingerprint of the
+sources, torch, Python and the flags). Skipped when the stamp matches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from leo_cli.errors import KernelError
+from leo_cli.kernel_tools.build import BuildResult, stamp_record
+from leo_cli.kernels import cpu
+from leo_cli.kernels.stamp import is_recorded_library, package_dir, read_stamp
+from leo_cli.util import files
+
+_NAME = "leo_cpu"
+
+
+def cpu_sources(cuda_dir: Path) -> list[Path]:
+    """cuda/cpu/*.cpp, sorted. Raises KernelError when there are none."""
+    sources = sorted(cpu.source_dir(cuda_dir).glob("*.cpp"))
+    if not sources:
+        raise KernelError(f"no .cpp files in {cpu.source_dir(cuda_dir)}")
+    return sources
+
+
+def _up_to_date(pkg: Path, fingerprint: str) -> bool:
+    recorded = read_stamp(cpu.stamp_path(pkg))
+    lib = cpu.library_path(pkg)
+    return (
+        recorded is not None
+        and recorded.get("fingerprint") == fingerprint
+        and lib.is_file()
+        and is_recorded_library(lib, recorded)
+    )
+
+
+def _run_build(cuda_dir: Path, root: Path, verbose: bool) -> Path:
+    """Compile in a subprocess into `root`; the built library's path."""
+    spec = json.dumps(
+        {
+            "sources": [str(s.resolve()) for s in cpu_sources(cuda_dir)],
+            "include": str(cpu.source_dir(cuda_dir).resolve()),
+            "build_dir": str(root.resolve()),
+            "verbose": verbose,
+        }
+    )
+    python_path = os.pathsep.join(
+        filter(None, [str(package_dir().parent), os.environ.get("PYTHONPATH")])
+    )
+    # The subprocess must not load an installed copy of the library before building its own.
+    env = {**os.environ, "PYTHONPATH": python_path, "LEO_KERNELS": "ref"}
+    # ninja is found beside this interpreter (a virtual environment's bin/) or on PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    cmd = [sys.executable, "-m", "leo_cli.kernel_tools.build_cpu", "--build", spec]
+    log_path = root / "build.log"
+    with log_path.open("w") as log:
+        out = None if verbose else log
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = "" if verbose else ":\n" + "\n".join(log_path.read_text().splitlines()[-25:])
+        raise KernelError(
+            f"building {cpu.LIBRARY} failed (exit {proc.returncode}); output in {log_path}{tail}"
+        )
+    built = root / f"{_NAME}.so"
+    if not built.is_file():
+        raise KernelError(f"the build produced no {built}")
+    return built
+
+
+def build_cpu_kernels(
+    cuda_dir: Path,
+    *,
+    force: bool = False,
+    verbose: bool = False,
+    build_root: Path | None = None,
+    pkg: Path | None = None,
+) -> BuildResult:
+    """Build leo_cli/_leo_cpu.so unless the stamp says the installed one is this build.
+
+    Args:
+        cuda_dir: the cuda/ source folder (its cpu/ subfolder is compiled).
+        force: rebuild even when the fingerprint matches.
+        verbose: stream compiler output instead of logging it to build_root/build.log.
+        build_root: intermediate files (default: build/leo_cpu beside cuda/; git-ignored).
+        pkg: where the library and its stamp go (default: the leo_cli package).
+
+    Raises:
+        KernelError: no C++ compiler, no sources, or the build fails.
+    """
+    t0 = time.perf_counter()
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise KernelError(
+            "no C++ compiler found (c++ on PATH, or $CXX): install one (g++ or clang++)"
+        )
+    pkg = pkg or package_dir()
+    fingerprint = cpu.source_fingerprint(cuda_dir)
+    lib = cpu.library_path(pkg)
+    if not force and _up_to_date(pkg, fingerprint):
+        return BuildResult(lib, fingerprint, True, time.perf_counter() - t0, "cpu")
+    root = build_root or cuda_dir.parent / "build" / "leo_cpu"
+    root.mkdir(parents=True, exist_ok=True)
+    built = _run_build(cuda_dir, root, verbose)
+    with files.atomic_file(lib) as f, built.open("rb") as src:
+        shutil.copyfileobj(src, f)
+        os.fchmod(f.fileno(), 0o755)
+    cpu.stamp_path(pkg).write_text(json.dumps(stamp_record(lib, fingerprint, "cpu"), indent=2))
+    return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, "cpu")
+
+
+def _build_main(spec_json: str) -> None:
+    """Body of the build subprocess: torch's JIT extension build of a plain op library."""
+    from torch.utils.cpp_extension import load
+
+    spec = json.loads(spec_json)
+    load(
+        name=_NAME,
+        sources=spec["sources"],
+        extra_cflags=list(cpu.CFLAGS),
+        extra_ldflags=["-fopenmp"],
+        extra_include_paths=[spec["include"]],
+        build_directory=spec["build_dir"],
+        is_python_module=False,
+        verbose=spec["verbose"],
+    )
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="leo_cli/_leo_cpu.so build subprocess (internal)")
+    parser.add_argument("--build", required=True, help="JSON build spec")
+    _build_main(parser.parse_args().build)

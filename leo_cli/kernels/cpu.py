@@ -1,0 +1,148 @@
+"""LEO's own CPU kernels (cuda/cpu/, built by `leo compile --cpu`): loading and registration.
+
+The library `leo_cli/_leo_cpu.so` defines `leo_cpu::spmm_csr`, a CSR SpMM that prefetches the
+gathered rows of x; registered here as the CPU kernel of `leo::spmm_csr` and of
+`leo::fused_aggregate` (two SpMMs summed, as the reference does). Low-precision inputs are
+computed in float32 and returned in their dtype, as the reference does. `backend.py` decides
+whether to load it (`LEO_KERNELS`); a library whose stamp does not match this checkout's
+sources is not loaded. Runtime only: `leo_cli/kernel_tools/build_cpu.py` builds.
+
+Specification: docs/design/kernels.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from leo_cli.kernels import ops, stamp
+from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
+
+LIBRARY = "_leo_cpu.so"
+STAMP = "_leo_cpu.stamp.json"
+SOURCE_SUFFIXES = (".h", ".cpp")
+# The flags the library is compiled with: the baseline instruction set of the architecture (no
+# -march=native), so a library built on one machine runs on any other of the same kind; the
+# kernel is bound by random reads of memory, where AVX2 measured within 10% of SSE2.
+CFLAGS = ("-O3", "-fopenmp")
+
+_LOADED: Path | None = None
+
+
+def library_path(pkg: Path | None = None) -> Path:
+    """Where `leo compile --cpu` installs the library (beside the package's modules)."""
+    return (pkg or stamp.package_dir()) / LIBRARY
+
+
+def stamp_path(pkg: Path | None = None) -> Path:
+    return (pkg or stamp.package_dir()) / STAMP
+
+
+def source_dir(cuda_dir: Path) -> Path:
+    return cuda_dir / "cpu"
+
+
+def source_fingerprint(cuda_dir: Path) -> str:
+    """sha256 of the sources under cuda/cpu/, torch's and Python's versions and the flags."""
+    digest = hashlib.sha256()
+    for path in sorted(source_dir(cuda_dir).rglob("*")):
+        if path.is_file() and path.suffix in SOURCE_SUFFIXES:
+            relative = path.relative_to(cuda_dir).as_posix()
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    meta = f"torch={torch.__version__};cflags={' '.join(CFLAGS)};py={sys.version}"
+    digest.update(meta.encode())
+    return digest.hexdigest()
+
+
+def stale_library(pkg: Path, cuda_dir: Path | None) -> str | None:
+    """Why the library in `pkg` is not the build of `cuda_dir`'s CPU sources, or None (no
+    sources to compare with: an installed package trusts its library)."""
+    lib = library_path(pkg)
+    if cuda_dir is None or not source_dir(cuda_dir).is_dir():
+        return None
+    rebuild = "rebuild it with `leo compile --cpu`"
+    recorded = stamp.read_stamp(stamp_path(pkg))
+    if recorded is None:
+        return f"{lib} has no readable build stamp at {stamp_path(pkg)}; {rebuild}"
+    if recorded.get("fingerprint") != source_fingerprint(cuda_dir):
+        return f"{lib} was built from other sources or for another torch; {rebuild}"
+    if not stamp.is_recorded_library(lib, recorded):
+        return f"{lib} is not the library `leo compile --cpu` recorded; {rebuild}"
+    return None
+
+
+def load(lib: Path) -> None:
+    """Load the library and register its kernels for CPU tensors (once per process).
+
+    Raises:
+        OSError, RuntimeError: the library does not load or does not define leo_cpu::spmm_csr.
+    """
+    global _LOADED
+    if _LOADED is not None:
+        return
+    torch.ops.load_library(str(lib))  # type: ignore[no-untyped-call]
+    torch.ops.leo_cpu.spmm_csr.default  # noqa: B018  (raises when the op is missing)
+    ops.spmm_csr.register_kernel("cpu")(_spmm_csr_cpu)
+    ops.fused_aggregate.register_kernel("cpu")(_fused_aggregate_cpu)
+    _LOADED = lib
+
+
+def loaded() -> Path | None:
+    """The library serving CPU tensors in this process, or None (the reference serves them)."""
+    return _LOADED
+
+
+def spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    """A @ x with the library's kernel, in the compute dtype (float32 for low precision)."""
+    dtype = _compute_dtype(x.dtype)
+    out: Tensor = torch.ops.leo_cpu.spmm_csr(
+        indptr, indices, values.to(dtype), x.to(dtype), num_rows
+    )
+    return out
+
+
+def _spmm_csr_cpu(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
+) -> Tensor:
+    _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
+    return spmm(indptr, indices, values, x, num_rows).to(x.dtype)
+
+
+def _fused_aggregate_cpu(
+    indptr: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    x_local: Tensor,
+    t_indptr: Tensor,
+    t_indices: Tensor,
+    t_perm: Tensor,
+    r_indptr: Tensor,
+    r_indices: Tensor,
+    r_values: Tensor,
+    x_remote: Tensor,
+    rt_indptr: Tensor,
+    rt_indices: Tensor,
+    rt_perm: Tensor,
+    num_rows: int,
+    max_degree: int = -1,
+    t_max_degree: int = -1,
+    r_max_degree: int = -1,
+    rt_max_degree: int = -1,
+) -> Tensor:
+    _check_fused_dtypes(values, x_local, r_values, x_remote)
+    out = spmm(indptr, indices, values, x_local, num_rows)
+    out += spmm(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
+    return out.to(x_local.dtype)

@@ -1,0 +1,110 @@
+"""Run by tests/kernels/test_cpu_kernels.py in a subprocess: LEO's CPU SpMM against the reference.
+
+`LEO_KERNELS=ref python cpu_kernel_check.py LIB` computes every case with the reference, then
+loads LIB (which registers its kernels for CPU tensors in this process, for good: hence the
+subprocess),
+computes again and compares: outputs and gradients of `spmm` and `fused_aggregate` on the
+graphs that break sparse kernels, in float64, float32 and bfloat16, int32 and int64 indices,
+widths that exercise every column tile; then gradcheck and opcheck with the kernel in place.
+Exits non-zero (an AssertionError) on the first mismatch; prints one line per checked group.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from leo_cli import kernels
+from leo_cli.kernel_tools.synthetic import power_law_csr, random_csr, split_local_remote
+from leo_cli.kernels import cpu, ops
+
+KINDS = {
+    "empty_rows": {"empty_fraction": 0.4},
+    "huge_row": {"huge_row_degree": 300},
+    "duplicates": {"duplicate_fraction": 0.4},
+}
+WIDTHS = (1, 7, 8, 64, 67, 130)  # every tile of the kernel: 64, 32, 16, 8, 4, 2, 1 columns
+DTYPES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def cases() -> list[tuple[str, kernels.CSR, Tensor]]:
+    out = []
+    for kind, shape in KINDS.items():
+        for index_dtype in (torch.int32, torch.int64):
+            for dtype in DTYPES:
+                csr = random_csr(
+                    500, 400, 6000, seed=3, index_dtype=index_dtype, dtype=dtype, **shape
+                )
+                for width in WIDTHS:
+                    gen = torch.Generator().manual_seed(width)
+                    x = torch.randn(400, width, generator=gen, dtype=torch.float64).to(dtype)
+                    out.append((f"{kind}/{index_dtype}/{dtype}/{width}", csr, x))
+    hubs = power_law_csr(2000, 2000, 40000, seed=5)
+    out.append(("power_law/float32/64", hubs, torch.randn(2000, 64)))
+    empty = random_csr(0, 5, 0, seed=0)
+    out.append(("no_rows", empty, torch.randn(5, 8)))
+    out.append(("no_columns", random_csr(6, 5, 12, seed=0), torch.randn(5, 0)))
+    out.append(("strided_x", random_csr(6, 5, 12, seed=0), torch.randn(5, 16)[:, ::2]))
+    return out
+
+
+def run_case(csr: kernels.CSR, x: Tensor) -> dict[str, Tensor]:
+    """Forward and backward of spmm and of fused_aggregate over a local/remote split."""
+    x = x.detach().requires_grad_()
+    values = csr.values.detach().clone().requires_grad_()
+    out = kernels.spmm(csr.with_values(values), x)
+    gen = torch.Generator().manual_seed(7)
+    upstream = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.dtype)
+    grad_x, grad_values = torch.autograd.grad(out, (x, values), upstream, allow_unused=True)
+    results = {"out": out.detach(), "grad_x": grad_x, "grad_values": grad_values}
+    if csr.num_cols > 1 and csr.num_rows > 0:
+        local, remote = split_local_remote(csr, csr.num_cols // 2)
+        half = csr.num_cols // 2
+        fused = kernels.fused_aggregate(local, x.detach()[:half], remote, x.detach()[half:])
+        results["fused"] = fused
+    return {k: v for k, v in results.items() if v is not None}
+
+
+def compare(name: str, got: dict[str, Tensor], want: dict[str, Tensor], tol: float) -> None:
+    assert got.keys() == want.keys(), (name, got.keys(), want.keys())
+    for key in want:
+        a, b = got[key].double(), want[key].double()
+        assert a.dtype == b.dtype and a.shape == b.shape, (name, key, a.shape, b.shape)
+        scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+        err = float((a - b).abs().max()) if b.numel() else 0.0
+        assert err <= tol * scale, f"{name} {key}: max error {err:.3e} > {tol:.0e} x {scale:.3g}"
+
+
+def main(lib: Path) -> None:
+    assert cpu.loaded() is None, "run with LEO_KERNELS=ref: the reference must compute first"
+    table = cases()
+    reference = [run_case(csr, x) for _, csr, x in table]
+    cpu.load(lib)
+    assert cpu.loaded() == lib
+    for (name, csr, x), want in zip(table, reference, strict=True):
+        compare(name, run_case(csr, x), want, DTYPES.get(x.dtype, 1e-5))
+    print(f"parity: {len(table)} cases")
+
+    csr = random_csr(12, 9, 40, seed=1, dtype=torch.float64, duplicate_fraction=0.3)
+    x = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    values = csr.values.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v, y: kernels.spmm(csr.with_values(v), y), (values, x))
+    print("gradcheck: ok")
+    args = (csr.indptr, csr.indices, csr.values, x.detach(), csr.t_indptr, csr.t_indices)
+    torch.library.opcheck(ops.spmm_csr, (*args, csr.t_perm, csr.num_rows))
+    print("opcheck: ok")
+    # The library's kernel is what ran: the profiler records its op under both public ops.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        kernels.spmm(csr, x.detach())
+        local, remote = split_local_remote(csr, 4)
+        kernels.fused_aggregate(local, x.detach()[:4], remote, x.detach()[4:])
+    calls = [e.count for e in prof.key_averages() if e.key == "leo_cpu::spmm_csr"]
+    assert calls == [3], f"leo_cpu::spmm_csr calls recorded: {calls}"
+    print("dispatch: ok")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

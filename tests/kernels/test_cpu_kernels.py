@@ -1,0 +1,146 @@
+"""LEO's CPU kernels (cuda/cpu/, `leo compile --cpu`): build, stamp, selection, parity.
+
+The library is built once into a temporary package folder (about 20 s); the parity run loads it
+in a subprocess (cpu_kernel_check.py), because loading registers its kernels for the rest of a
+process and this one must keep the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from leo_cli import kernels
+from leo_cli.cli.app import app
+from leo_cli.errors import KernelError
+from leo_cli.kernel_tools.build_cpu import build_cpu_kernels
+from leo_cli.kernels import backend, cpu, stamp
+from leo_cli.kernels.backend import Backend, select_backend
+
+CHECK_SCRIPT = Path(__file__).with_name("cpu_kernel_check.py")
+
+
+def _toolchain_missing() -> str | None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler"
+    if shutil.which("ninja", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"):
+        return None
+    return "no ninja"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A package folder holding a fresh build of the library and its stamp."""
+    missing = _toolchain_missing()
+    if missing:
+        pytest.skip(f"{missing}: the CPU kernels cannot be built here")
+    pkg = tmp_path_factory.mktemp("pkg")
+    result = build_cpu_kernels(stamp.cuda_source_dir(), pkg=pkg, build_root=pkg / "build")
+    assert not result.cached and result.path == cpu.library_path(pkg)
+    return pkg
+
+
+@pytest.mark.integration
+def test_kernel_matches_the_reference_and_serves_both_ops(built: Path) -> None:
+    env = {**os.environ, "LEO_KERNELS": "ref"}
+    proc = subprocess.run(
+        [sys.executable, str(CHECK_SCRIPT), str(cpu.library_path(built))],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in ("parity: ", "gradcheck: ok", "opcheck: ok", "dispatch: ok"):
+        assert line in proc.stdout
+
+
+@pytest.mark.integration
+def test_build_is_stamped_cached_and_stale_when_sources_change(built: Path, tmp_path: Path) -> None:
+    cuda_dir = stamp.cuda_source_dir()
+    again = build_cpu_kernels(cuda_dir, pkg=built, build_root=built / "build")
+    assert again.cached and cpu.stale_library(built, cuda_dir) is None
+    edited = tmp_path / "cuda"
+    shutil.copytree(cpu.source_dir(cuda_dir), edited / "cpu")
+    with (edited / "cpu" / "spmm_csr_cpu.h").open("a") as f:
+        f.write("// edited\n")
+    assert "other sources" in (cpu.stale_library(built, edited) or "")
+    no_stamp = tmp_path / "pkg"
+    no_stamp.mkdir()
+    shutil.copy(cpu.library_path(built), cpu.library_path(no_stamp))
+    assert "no readable build stamp" in (cpu.stale_library(no_stamp, cuda_dir) or "")
+
+
+def _select(monkeypatch: pytest.MonkeyPatch, lib: Path, env: dict[str, str]) -> Backend:
+    monkeypatch.setattr(cpu, "library_path", lambda pkg=None: lib)
+    return select_backend(env)
+
+
+def test_unbuilt_cpu_kernels_leave_the_reference_or_fail_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    chosen = _select(monkeypatch, tmp_path / cpu.LIBRARY, {})
+    assert chosen.cpu == "reference" and "leo compile --cpu" in chosen.cpu_reason
+    with pytest.raises(KernelError, match="LEO_KERNELS=cpu but .*leo compile --cpu"):
+        _select(monkeypatch, tmp_path / cpu.LIBRARY, {"LEO_KERNELS": "cpu"})
+    ref = _select(monkeypatch, tmp_path / cpu.LIBRARY, {"LEO_KERNELS": "ref"})
+    assert ref.cpu == "reference" and "LEO_KERNELS=ref" in ref.cpu_reason
+
+
+def test_a_stale_library_is_never_loaded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lib = tmp_path / cpu.LIBRARY
+    lib.write_bytes(b"not a library")  # loading it would fail: it must not get that far
+
+    def refuse(path: Path) -> None:
+        raise AssertionError(f"{path} was loaded")
+
+    monkeypatch.setattr(cpu, "load", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = _select(monkeypatch, lib, {})
+    assert chosen.cpu == "reference" and "no readable build stamp" in chosen.cpu_reason
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+
+
+def test_unhonoured_cpu_choice_does_not_fail_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = KernelError("LEO_KERNELS=cpu but _leo_cpu.so is not built")
+    monkeypatch.setenv("LEO_KERNELS", "cpu")
+    monkeypatch.setattr(backend, "_ACTIVE", None)
+    monkeypatch.setattr(backend, "_FAILURE", None)
+
+    def fail(env: object = None) -> Backend:
+        raise reason
+
+    monkeypatch.setattr(backend, "select_backend", fail)
+    backend.load_at_import()  # `leo compile --cpu` imports the package to build the library
+    with pytest.raises(KernelError, match="not built"):
+        backend.active_backend()
+
+
+@pytest.mark.parametrize(
+    ("cuda", "cpu_kernels", "name"),
+    [
+        ("reference", "reference", "reference"),
+        ("cuda", "reference", "cuda"),
+        ("reference", "leo", "cpu"),
+        ("cuda", "leo", "cuda+cpu"),
+    ],
+)
+def test_backend_name_says_which_kernels_serve(
+    monkeypatch: pytest.MonkeyPatch, cuda: str, cpu_kernels: str, name: str
+) -> None:
+    monkeypatch.setattr(backend, "_ACTIVE", Backend(cuda, "", cpu_kernels, ""))
+    assert kernels.backend_name() == name
+
+
+def test_cpu_flag_refuses_cuda_only_options() -> None:
+    result = CliRunner().invoke(app, ["compile", "--cpu", "--check"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "--check and --arch apply to CUDA only" in result.output
