@@ -69,6 +69,7 @@ COLUMNS = (
     "final_loss",
     "halo_dtype",
     "allocator",
+    "kernels",
     "peak_rss_max_bytes",
     "peak_rss_total_bytes",
     "rank_spread",
@@ -163,6 +164,7 @@ def make_rows(
                 "final_losses": [r.get("final_loss") for r in m.runs],
                 "halo_dtype": next((r["halo_dtype"] for r in m.runs if r.get("halo_dtype")), None),
                 "allocator": next((r["allocator"] for r in m.runs if r.get("allocator")), None),
+                "kernels": next((r["kernels"] for r in m.runs if r.get("kernels")), None),
                 "nodes": next((r["nodes"] for r in m.runs if r.get("nodes")), 1),
                 "link": next((r["link"] for r in m.runs if r.get("link")), None),
                 "link_bits_per_s": next(
@@ -263,6 +265,13 @@ def allocators(rows: list[dict[str, Any]]) -> str:
     run: the library and its settings), for the machine line."""
     names = sorted({r["allocator"] for r in rows if r.get("allocator")})
     return f"; workers' allocator: {'; '.join(names)}" if names else ""
+
+
+def kernel_backends(rows: list[dict[str, Any]]) -> str:
+    """The kernels that served the LEO workers beside the reference (`summary.json`'s
+    `kernels`: reference, cpu, cuda, cuda+cpu), for the machine line."""
+    names = sorted({r["kernels"] for r in rows if r.get("kernels")})
+    return f"; LEO's kernels: {', '.join(names)}" if names else ""
 
 
 def environment(command: str) -> dict[str, Any]:
@@ -471,7 +480,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     lines += [
         "",
         f"Machine: {env['cpu']}, {env['cores']} cores, GPU: {env['gpu'] or 'none'}; "
-        f"torch {env['versions']['torch']}{allocators(rows)}. Command: `{env['command']}`",
+        f"torch {env['versions']['torch']}{allocators(rows)}{kernel_backends(rows)}. "
+        f"Command: `{env['command']}`",
     ]
     return "\n".join(lines) + "\n"
 

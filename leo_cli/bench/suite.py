@@ -215,6 +215,7 @@ def run_leo(
         "final_loss": summary.get("final_loss"),
         "halo_dtype": summary.get("halo_dtype"),
         "allocator": summary.get("allocator"),
+        "kernels": summary.get("kernels"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_rss_total_bytes": summary.get("peak_rss_total_bytes"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),

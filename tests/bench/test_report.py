@@ -82,6 +82,7 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
         run = {"final_loss": 0.5, "rank_busy_s": busy, "predicted_rank_busy_s": [0.2, 0.2]}
         jemalloc = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept"
         run["allocator"] = jemalloc if name == "uniform" else "system malloc (no jemalloc found)"
+        run["kernels"] = "cpu" if name == "uniform" else "reference"
         m = Measured(Variant("leo", "leo", 2, variant=name), round_medians=rounds)
         m.epochs, m.runs = list(rounds), [run] * len(rounds)
         return m
@@ -105,7 +106,9 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
     # The workers' allocator as each run had it (launch.allocator): in the rows and the table.
     assert [r["allocator"][:8] for r in rows] == ["jemalloc", "system m"]
     both = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept; system malloc (no jemalloc"
-    assert f"workers' allocator: {both} found)." in md
+    # ... and which kernels served them (summary.json's `kernels`).
+    assert [r["kernels"] for r in rows] == ["cpu", "reference"]
+    assert f"workers' allocator: {both} found); LEO's kernels: cpu, reference." in md
 
 
 def test_a_variant_lists_one_part_weight_per_worker_of_its_row(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import torch
 from conftest import rank_rates
 
 from leo_cli.errors import CacheError, LeoError
+from leo_cli.planner.profile import store
 from leo_cli.planner.profile.hardware import (
     FORMAT_VERSION,
     HardwareProfile,
@@ -22,7 +23,6 @@ from leo_cli.planner.profile.hardware import (
     interpolate,
     per_row_rate,
 )
-from leo_cli.planner.profile import store
 from leo_cli.planner.profile.rates import Rates, settled
 
 
