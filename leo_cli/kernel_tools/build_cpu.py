@@ -44,6 +44,11 @@ def _up_to_date(pkg: Path, fingerprint: str) -> bool:
     )
 
 
+def _tool_path() -> str:
+    """PATH for the build: this interpreter's folder first (a virtual environment's ninja)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
 def _run_build(cuda_dir: Path, root: Path, verbose: bool) -> Path:
     """Compile in a subprocess into `root`; the built library's path."""
     spec = json.dumps(
@@ -58,9 +63,7 @@ def _run_build(cuda_dir: Path, root: Path, verbose: bool) -> Path:
         filter(None, [str(package_dir().parent), os.environ.get("PYTHONPATH")])
     )
     # The subprocess must not load an installed copy of the library before building its own.
-    env = {**os.environ, "PYTHONPATH": python_path, "LEO_KERNELS": "ref"}
-    # ninja is found beside this interpreter (a virtual environment's bin/) or on PATH.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env = {**os.environ, "PYTHONPATH": python_path, "LEO_KERNELS": "ref", "PATH": _tool_path()}
     cmd = [sys.executable, "-m", "leo_cli.kernel_tools.build_cpu", "--build", spec]
     log_path = root / "build.log"
     with log_path.open("w") as log:
@@ -95,13 +98,15 @@ def build_cpu_kernels(
         pkg: where the library and its stamp go (default: the leo_cli package).
 
     Raises:
-        KernelError: no C++ compiler, no sources, or the build fails.
+        KernelError: no C++ compiler or ninja, no sources, or the build fails.
     """
     t0 = time.perf_counter()
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelError(
             "no C++ compiler found (c++ on PATH, or $CXX): install one (g++ or clang++)"
         )
+    if shutil.which("ninja", path=_tool_path()) is None:
+        raise KernelError("ninja not found (torch builds extensions with it): pip install ninja")
     pkg = pkg or package_dir()
     fingerprint = cpu.source_fingerprint(cuda_dir)
     lib = cpu.library_path(pkg)

@@ -144,3 +144,19 @@ def test_cpu_flag_refuses_cuda_only_options() -> None:
     result = CliRunner().invoke(app, ["compile", "--cpu", "--check"])
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "--check and --arch apply to CUDA only" in result.output
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"), [("c++", r"no C\+\+ compiler"), ("ninja", "ninja not found")]
+)
+def test_a_missing_tool_is_one_sentence_before_anything_builds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, missing: str, message: str
+) -> None:
+    real_which = shutil.which
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(
+        shutil, "which", lambda name, path=None: None if name == missing else real_which(name)
+    )
+    with pytest.raises(KernelError, match=message):
+        build_cpu_kernels(stamp.cuda_source_dir(), pkg=tmp_path, build_root=tmp_path / "b")
+    assert not any(tmp_path.iterdir())  # nothing written
