@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "spmm_csr_cpu.h"
 
@@ -15,19 +16,23 @@ namespace {
 // that handing out a task costs nothing next to it.
 constexpr int64_t kRowsPerTask = 256;
 
-// Row tasks handed out dynamically among torch's OpenMP threads (at::parallel_for splits
-// statically, which leaves a thread idle behind a run of high-degree rows).
+// Row tasks handed out as threads free up (a plain at::parallel_for splits statically, which
+// leaves a thread idle behind a run of high-degree rows): each of torch's threads claims the
+// next task from a shared counter. at::parallel_for keeps torch's thread count and runs inline
+// when called from inside another parallel region.
 template <typename T, typename Ptr, typename Idx>
 void spmm_parallel(const Ptr* indptr, const Idx* indices, const T* values, const T* x,
-                   int64_t width, T* out, int64_t num_rows, int64_t num_edges) {
+                   int64_t width, T* out, int64_t num_rows) {
   const int64_t tasks = (num_rows + kRowsPerTask - 1) / kRowsPerTask;
-  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t r0 = t * kRowsPerTask;
-    const int64_t r1 = std::min(num_rows, r0 + kRowsPerTask);
-    leo_cpu::spmm_rows(indptr, indices, values, x, width, out, r0, r1, num_edges);
-  }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t t = next++; t < tasks; t = next++) {
+      const int64_t r0 = t * kRowsPerTask;
+      const int64_t r1 = std::min(num_rows, r0 + kRowsPerTask);
+      leo_cpu::spmm_rows(indptr, indices, values, x, width, out, r0, r1);
+    }
+  });
 }
 
 at::Tensor spmm_csr(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& values,
@@ -50,6 +55,9 @@ at::Tensor spmm_csr(const at::Tensor& indptr, const at::Tensor& indices, const a
   const auto xc = x.contiguous();
   const int64_t width = xc.size(1);
   const int64_t num_edges = idx.numel();
+  TORCH_CHECK(ptr[0].item<int64_t>() >= 0 && ptr[num_rows].item<int64_t>() <= num_edges,
+              "leo_cpu::spmm_csr: indptr must point into indices (0 <= indptr[0], "
+              "indptr[-1] <= number of edges)");
   auto out = at::empty({num_rows, width}, xc.options());
   if (num_rows == 0 || width == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "leo_cpu_spmm_csr", [&] {
@@ -57,8 +65,7 @@ at::Tensor spmm_csr(const at::Tensor& indptr, const at::Tensor& indices, const a
       using Idx = index_t;
       AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "leo_cpu_spmm_csr_indptr", [&] {
         spmm_parallel(ptr.data_ptr<index_t>(), idx.data_ptr<Idx>(), val.data_ptr<scalar_t>(),
-                      xc.data_ptr<scalar_t>(), width, out.data_ptr<scalar_t>(), num_rows,
-                      num_edges);
+                      xc.data_ptr<scalar_t>(), width, out.data_ptr<scalar_t>(), num_rows);
       });
     });
   });

@@ -66,8 +66,8 @@ def compile_cmd(
         bool,
         typer.Option(
             "--force",
-            help="Rebuild the extension even when the sources, torch/CUDA versions and "
-            "architecture list match the last build.",
+            help="Rebuild even when the last build's stamp matches: the sources, torch/CUDA "
+            "versions and architecture list (with --cpu: cuda/cpu/, torch, Python, flags).",
         ),
     ] = False,
     jobs: Annotated[
@@ -100,8 +100,10 @@ def compile_cmd(
     """
     resolve_config(config, overrides)
     cuda_dir = stamp.cuda_source_dir()
-    if cpu and (check_only or arch):
-        raise KernelError("--cpu builds the CPU kernels; --check and --arch apply to CUDA only")
+    if cpu and (check_only or arch or jobs):
+        raise KernelError(
+            "--cpu builds the CPU kernels; --check, --arch and --jobs apply to CUDA only"
+        )
     if cpu:
         _run_cpu_build(cuda_dir, force, verbose)
     elif check_only:

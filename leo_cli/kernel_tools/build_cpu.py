@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from leo_cli.errors import KernelError
 from leo_cli.kernel_tools.build import BuildResult, stamp_record
@@ -65,19 +68,32 @@ def _run_build(cuda_dir: Path, root: Path, verbose: bool) -> Path:
     # The subprocess must not load an installed copy of the library before building its own.
     env = {**os.environ, "PYTHONPATH": python_path, "LEO_KERNELS": "ref", "PATH": _tool_path()}
     cmd = [sys.executable, "-m", "leo_cli.kernel_tools.build_cpu", "--build", spec]
+    # torch's build waits on this lock while another build holds it: one killed mid-build
+    # (Ctrl-C) leaves it behind, and `leo compile --cpu` builds one library at a time anyway.
+    (root / "lock").unlink(missing_ok=True)
     log_path = root / "build.log"
     with log_path.open("w") as log:
         out = None if verbose else log
         proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
-        tail = "" if verbose else ":\n" + "\n".join(log_path.read_text().splitlines()[-25:])
+        where = "output above" if verbose else f"compiler output in {log_path}"
+        errors = [] if verbose else _error_lines(log_path.read_text())
+        detail = ":\n" + "\n".join(errors) if errors else ""
         raise KernelError(
-            f"building {cpu.LIBRARY} failed (exit {proc.returncode}); output in {log_path}{tail}"
+            f"building {cpu.LIBRARY} failed (exit {proc.returncode}); {where}{detail}"
         )
     built = root / f"{_NAME}.so"
     if not built.is_file():
         raise KernelError(f"the build produced no {built}")
     return built
+
+
+def _error_lines(log: str, limit: int = 10) -> list[str]:
+    """The compiler's error lines of a build log (not the Python traceback around them)."""
+    found = [
+        line for line in log.splitlines() if "error" in line.lower() and "Traceback" not in line
+    ]
+    return found[:limit] or log.splitlines()[-limit:]
 
 
 def build_cpu_kernels(
@@ -101,7 +117,8 @@ def build_cpu_kernels(
         KernelError: no C++ compiler or ninja, no sources, or the build fails.
     """
     t0 = time.perf_counter()
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    compiler = (shlex.split(os.environ.get("CXX", "")) or ["c++"])[0]  # e.g. CXX="ccache g++"
+    if shutil.which(compiler) is None:
         raise KernelError(
             "no C++ compiler found (c++ on PATH, or $CXX): install one (g++ or clang++)"
         )
@@ -118,7 +135,9 @@ def build_cpu_kernels(
     with files.atomic_file(lib) as f, built.open("rb") as src:
         shutil.copyfileobj(src, f)
         os.fchmod(f.fileno(), 0o755)
-    cpu.stamp_path(pkg).write_text(json.dumps(stamp_record(lib, fingerprint, "cpu"), indent=2))
+    record = {**stamp_record(lib, fingerprint, "cpu"), "torch": torch.__version__}
+    with files.atomic_file(cpu.stamp_path(pkg), "w") as f:
+        f.write(json.dumps(record, indent=2))
     return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, "cpu")
 
 
@@ -127,16 +146,20 @@ def _build_main(spec_json: str) -> None:
     from torch.utils.cpp_extension import load
 
     spec = json.loads(spec_json)
-    load(
-        name=_NAME,
-        sources=spec["sources"],
-        extra_cflags=list(cpu.CFLAGS),
-        extra_ldflags=["-fopenmp"],
-        extra_include_paths=[spec["include"]],
-        build_directory=spec["build_dir"],
-        is_python_module=False,
-        verbose=spec["verbose"],
-    )
+    try:
+        load(
+            name=_NAME,
+            sources=spec["sources"],
+            extra_cflags=list(cpu.CFLAGS),
+            extra_ldflags=["-fopenmp"],
+            extra_include_paths=[spec["include"]],
+            build_directory=spec["build_dir"],
+            is_python_module=False,
+            verbose=spec["verbose"],
+        )
+    except (RuntimeError, OSError) as exc:
+        print(exc, file=sys.stderr)  # the compiler's output, without the traceback
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

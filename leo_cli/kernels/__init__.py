@@ -39,9 +39,9 @@ __all__ = [
     "spmm",
 ]
 
-# Load the CUDA kernels (if built and wanted) before any op runs. An unhonoured LEO_KERNELS=cuda
-# is raised by active_backend() and by kernels asked to serve CUDA tensors, not here: `leo
-# compile` imports this package to build the extension.
+# Load LEO's CUDA and CPU kernels (if built and wanted) before any op runs. An unhonoured
+# LEO_KERNELS=cuda (cpu) is raised by active_backend() and by the ops asked to serve CUDA (CPU)
+# tensors, not here: `leo compile` imports this package to build them.
 load_at_import()
 
 

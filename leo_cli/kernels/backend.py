@@ -52,7 +52,7 @@ def requested_backend(env: Mapping[str, str] | None = None) -> str:
     """The normalised `LEO_KERNELS` value: "auto", "ref" or "cuda".
 
     Raises:
-        KernelError: the variable holds something else.
+        KernelError: the variable holds something else than auto, ref, cuda or cpu.
     """
     raw = (os.environ if env is None else env).get(ENV_VAR, "auto").strip().lower() or "auto"
     if raw not in _CHOICES:
@@ -207,15 +207,17 @@ def select_backend(env: Mapping[str, str] | None = None) -> Backend:
 
 
 _FAILURE: KernelError | None = None  # why LEO_KERNELS=cuda (cpu) could not be honoured
+_FAILED_CHOICE: str | None = None  # "cuda" or "cpu": which choice _FAILURE is about
 
 
 def active_backend() -> Backend:
     """The backend of this process, selected on first call.
 
     Raises:
-        KernelError: `LEO_KERNELS=cuda` and the extension does not load (on every call).
+        KernelError: `LEO_KERNELS=cuda` (`cpu`) and the CUDA (CPU) kernels do not load (on
+            every call).
     """
-    global _ACTIVE, _FAILURE
+    global _ACTIVE, _FAILURE, _FAILED_CHOICE
     if _FAILURE is not None:
         raise _FAILURE
     if _ACTIVE is None:
@@ -223,6 +225,7 @@ def active_backend() -> Backend:
             _ACTIVE = select_backend()
         except KernelError as exc:
             _FAILURE = exc
+            _FAILED_CHOICE = _CHOICES.get(os.environ.get(ENV_VAR, "").strip().lower())
             raise
     return _ACTIVE
 
@@ -249,5 +252,16 @@ def require_cuda_kernels(device: torch.device) -> None:
     Raises:
         KernelError: the reason the extension did not load.
     """
-    if _FAILURE is not None and device.type == "cuda":
+    if _FAILURE is not None and _FAILED_CHOICE == "cuda" and device.type == "cuda":
+        raise _FAILURE
+
+
+def require_cpu_kernels(device: torch.device) -> None:
+    """Called by the reference of the ops LEO's CPU SpMM serves (`spmm_csr`, `fused_aggregate`):
+    refuse a CPU tensor under an unhonoured `LEO_KERNELS=cpu`.
+
+    Raises:
+        KernelError: the reason the CPU library did not load.
+    """
+    if _FAILURE is not None and _FAILED_CHOICE == "cpu" and device.type == "cpu":
         raise _FAILURE

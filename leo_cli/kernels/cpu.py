@@ -27,7 +27,7 @@ STAMP = "_leo_cpu.stamp.json"
 SOURCE_SUFFIXES = (".h", ".cpp")
 # The flags the library is compiled with: the baseline instruction set of the architecture (no
 # -march=native), so a library built on one machine runs on any other of the same kind; the
-# kernel is bound by random reads of memory, where AVX2 measured within 10% of SSE2.
+# kernel is bound by random reads of memory, where wider vectors gain little (results.md).
 CFLAGS = ("-O3", "-fopenmp")
 
 _LOADED: Path | None = None
@@ -39,10 +39,12 @@ def library_path(pkg: Path | None = None) -> Path:
 
 
 def stamp_path(pkg: Path | None = None) -> Path:
+    """Where `leo compile --cpu` records what it built, beside the library."""
     return (pkg or stamp.package_dir()) / STAMP
 
 
 def source_dir(cuda_dir: Path) -> Path:
+    """The CPU kernels' sources in a cuda/ folder."""
     return cuda_dir / "cpu"
 
 
@@ -59,15 +61,20 @@ def source_fingerprint(cuda_dir: Path) -> str:
 
 
 def stale_library(pkg: Path, cuda_dir: Path | None) -> str | None:
-    """Why the library in `pkg` is not the build of `cuda_dir`'s CPU sources, or None (no
-    sources to compare with: an installed package trusts its library)."""
+    """Why the library in `pkg` is not a build of `cuda_dir`'s CPU sources for this torch, or
+    None. Without sources to compare with (an installed package), the stamp's torch version
+    decides alone."""
     lib = library_path(pkg)
-    if cuda_dir is None or not source_dir(cuda_dir).is_dir():
-        return None
     rebuild = "rebuild it with `leo compile --cpu`"
     recorded = stamp.read_stamp(stamp_path(pkg))
     if recorded is None:
         return f"{lib} has no readable build stamp at {stamp_path(pkg)}; {rebuild}"
+    if recorded.get("torch") != torch.__version__:
+        return (
+            f"{lib} was built for torch {recorded.get('torch')}, not {torch.__version__}; {rebuild}"
+        )
+    if cuda_dir is None or not source_dir(cuda_dir).is_dir():
+        return None
     if recorded.get("fingerprint") != source_fingerprint(cuda_dir):
         return f"{lib} was built from other sources or for another torch; {rebuild}"
     if not stamp.is_recorded_library(lib, recorded):
@@ -96,7 +103,7 @@ def loaded() -> Path | None:
     return _LOADED
 
 
-def spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
+def _spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
     """A @ x with the library's kernel, in the compute dtype (float32 for low precision)."""
     dtype = _compute_dtype(x.dtype)
     out: Tensor = torch.ops.leo_cpu.spmm_csr(
@@ -118,7 +125,7 @@ def _spmm_csr_cpu(
     t_max_degree: int = -1,
 ) -> Tensor:
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
-    return spmm(indptr, indices, values, x, num_rows).to(x.dtype)
+    return _spmm(indptr, indices, values, x, num_rows).to(x.dtype)
 
 
 def _fused_aggregate_cpu(
@@ -143,6 +150,6 @@ def _fused_aggregate_cpu(
     rt_max_degree: int = -1,
 ) -> Tensor:
     _check_fused_dtypes(values, x_local, r_values, x_remote)
-    out = spmm(indptr, indices, values, x_local, num_rows)
-    out += spmm(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
+    out = _spmm(indptr, indices, values, x_local, num_rows)
+    out += _spmm(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)

@@ -1,9 +1,10 @@
 """The leo:: custom ops: declarations, pure-PyTorch reference kernels, fake and autograd.
 
 Each op is declared once with `torch.library.custom_op`; its body is the reference (the CPU
-path, the path under `LEO_KERNELS=ref`, the CUDA kernels' test oracle), and the fake and
-autograd registrations below serve both backends. Backward passes call the ops themselves, so
-CUDA kernels serve the backward too.
+path unless LEO's CPU SpMM serves `spmm_csr` and `fused_aggregate` (`cpu.py`), the path under
+`LEO_KERNELS=ref`, the test oracle of LEO's CUDA and CPU kernels), and the fake and autograd
+registrations below serve every backend. Backward passes call the ops themselves, so LEO's
+kernels serve the backward too.
 
 Specification: docs/design/kernels.md.
 Shape suffixes: R rows of a CSR (destination nodes), C its columns (source nodes), E edges,
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leo_cli.kernels.backend import require_cuda_kernels
+from leo_cli.kernels.backend import require_cpu_kernels, require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 from leo_cli.kernels.slabs import slab_width
 from leo_cli.util.keyed import random_bytes
@@ -167,6 +168,7 @@ def spmm_csr(
     """
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
     require_cuda_kernels(x.device)
+    require_cpu_kernels(x.device)
     return _csr_matmul(indptr, indices, values, x, num_rows).to(x.dtype)
 
 
@@ -380,6 +382,7 @@ def fused_aggregate(
     """
     _check_fused_dtypes(values, x_local, r_values, x_remote)
     require_cuda_kernels(x_local.device)
+    require_cpu_kernels(x_local.device)
     out = _csr_matmul(indptr, indices, values, x_local, num_rows)
     out += _csr_matmul(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)

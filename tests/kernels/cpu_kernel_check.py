@@ -26,7 +26,9 @@ KINDS = {
     "huge_row": {"huge_row_degree": 300},
     "duplicates": {"duplicate_fraction": 0.4},
 }
-WIDTHS = (1, 7, 8, 64, 67, 130)  # every tile of the kernel: 64, 32, 16, 8, 4, 2, 1 columns
+# Whole 64-column tiles, the widths with a tile of their own (8, 16, 32) and leftovers of every
+# size, alone and after whole tiles.
+WIDTHS = (1, 7, 8, 16, 32, 48, 63, 64, 67, 127, 130)
 DTYPES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -71,8 +73,9 @@ def run_case(csr: kernels.CSR, x: Tensor) -> dict[str, Tensor]:
 def compare(name: str, got: dict[str, Tensor], want: dict[str, Tensor], tol: float) -> None:
     assert got.keys() == want.keys(), (name, got.keys(), want.keys())
     for key in want:
+        assert got[key].dtype == want[key].dtype, (name, key, got[key].dtype, want[key].dtype)
         a, b = got[key].double(), want[key].double()
-        assert a.dtype == b.dtype and a.shape == b.shape, (name, key, a.shape, b.shape)
+        assert a.shape == b.shape, (name, key, a.shape, b.shape)
         scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
         err = float((a - b).abs().max()) if b.numel() else 0.0
         assert err <= tol * scale, f"{name} {key}: max error {err:.3e} > {tol:.0e} x {scale:.3g}"

@@ -15,12 +15,14 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from leo_cli import kernels
 from leo_cli.cli.app import app
 from leo_cli.errors import KernelError
 from leo_cli.kernel_tools.build_cpu import build_cpu_kernels
+from leo_cli.kernel_tools.synthetic import random_csr
 from leo_cli.kernels import backend, cpu, stamp
 from leo_cli.kernels.backend import Backend, select_backend
 
@@ -114,6 +116,7 @@ def test_unhonoured_cpu_choice_does_not_fail_the_import(monkeypatch: pytest.Monk
     monkeypatch.setenv("LEO_KERNELS", "cpu")
     monkeypatch.setattr(backend, "_ACTIVE", None)
     monkeypatch.setattr(backend, "_FAILURE", None)
+    monkeypatch.setattr(backend, "_FAILED_CHOICE", None)
 
     def fail(env: object = None) -> Backend:
         raise reason
@@ -122,6 +125,14 @@ def test_unhonoured_cpu_choice_does_not_fail_the_import(monkeypatch: pytest.Monk
     backend.load_at_import()  # `leo compile --cpu` imports the package to build the library
     with pytest.raises(KernelError, match="not built"):
         backend.active_backend()
+    # The ops LEO's CPU SpMM would serve refuse CPU tensors with the reason; CUDA tensors and
+    # the other ops are not concerned.
+    csr = random_csr(4, 3, 6, seed=0)
+    with pytest.raises(KernelError, match="not built"):
+        kernels.spmm(csr, torch.ones(3, 2))
+    backend.require_cuda_kernels(torch.device("cuda", 0))
+    x = torch.ones(3, 2)
+    assert torch.equal(kernels.gather_rows(x, torch.tensor([2, 0])), x[[2, 0]])
 
 
 @pytest.mark.parametrize(
@@ -143,7 +154,7 @@ def test_backend_name_says_which_kernels_serve(
 def test_cpu_flag_refuses_cuda_only_options() -> None:
     result = CliRunner().invoke(app, ["compile", "--cpu", "--check"])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "--check and --arch apply to CUDA only" in result.output
+    assert "--check, --arch and --jobs apply to CUDA only" in result.output
 
 
 @pytest.mark.parametrize(

@@ -372,6 +372,13 @@ def test_opcheck_every_op(index_dtype: torch.dtype) -> None:
 # --- backend selection -------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend selection here never loads LEO's CPU SpMM into this process (a built one would
+    serve every later test's CPU tensors); tests/kernels/test_cpu_kernels.py covers it."""
+    monkeypatch.setattr(backend, "_load_cpu_kernels", lambda: "not loaded in this test")
+
+
 def test_backend_ref_forces_reference() -> None:
     backend = select_backend({"LEO_KERNELS": "ref"})
     assert backend.name == "reference" and "LEO_KERNELS=ref" in backend.reason
@@ -473,6 +480,7 @@ def unhonoured_cuda(monkeypatch: pytest.MonkeyPatch) -> KernelError:
     monkeypatch.setenv("LEO_KERNELS", "cuda")
     monkeypatch.setattr(backend, "_ACTIVE", None)
     monkeypatch.setattr(backend, "_FAILURE", None)
+    monkeypatch.setattr(backend, "_FAILED_CHOICE", None)
 
     def fail(env: Any = None) -> Backend:
         raise reason
@@ -488,7 +496,7 @@ def test_unhonoured_cuda_choice_does_not_fail_the_import(unhonoured_cuda: Kernel
             backend.active_backend()
     with pytest.raises(KernelError, match="not built"):
         backend.require_cuda_kernels(torch.device("cuda", 0))
-    backend.require_cuda_kernels(torch.device("cpu"))  # CPU tensors always run the reference
+    backend.require_cuda_kernels(torch.device("cpu"))  # CPU tensors are not concerned
     x = torch.ones(3, 2)
     assert torch.equal(kernels.gather_rows(x, torch.tensor([2, 0])), x[[2, 0]])
 
@@ -497,6 +505,7 @@ def test_a_bad_kernels_value_still_fails_the_import(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("LEO_KERNELS", "fast")
     monkeypatch.setattr(backend, "_ACTIVE", None)
     monkeypatch.setattr(backend, "_FAILURE", None)
+    monkeypatch.setattr(backend, "_FAILED_CHOICE", None)
     with pytest.raises(KernelError, match="auto, ref, cuda"):
         backend.load_at_import()
 

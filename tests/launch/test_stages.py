@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from leo_cli import kernels
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.graph.partition_cache import ensure_partitions
@@ -29,6 +30,7 @@ def here(hw: HardwareProfile, load: ProbeLoad | None) -> HardwareProfile:
         update={
             "hostname": socket.gethostname(),
             "torch_version": torch.__version__,
+            "kernels_backend": kernels.backend_name(),
             "threads_per_worker": int(worker_threads(2)),
             "allocator": allocator_of("auto").name,
             "load": load,

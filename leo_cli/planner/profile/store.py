@@ -31,7 +31,7 @@ def machine_cache(num_workers: int, threads: str, cache_dir: Path | None = None)
     given = os.environ.get("LEO_HARDWARE_CACHE")
     root = given or (Path(cache_dir) / "hardware" if cache_dir is not None else home)
     quick = "-quick" if quick_probe() else ""  # never in place of a full profile
-    kernels = "" if backend_name() == "reference" else f"-{backend_name()}"  # rates differ
+    kernels = "-cpu" if cpu_kernels(backend_name()) else ""  # other aggregation rates
     name = (
         f"{socket.gethostname()}-p{num_workers}-t{threads}-torch{torch.__version__}{kernels}"
         f"{quick}.json"
@@ -50,17 +50,23 @@ def allocator_tag(name: str) -> str:
 
 
 def matches(hw: HardwareProfile, num_workers: int, threads: str) -> bool:
-    """Measured here, with this torch and kernels (`kernels.backend_name()`: LEO's CPU SpMM
-    aggregates at other rates than the reference), as many workers, threads and the same
-    placement, at the probe sizes asked for (`LEO_PROBE_QUICK`)."""
+    """Measured here, with this torch and CPU kernels (`cpu_kernels`), as many workers,
+    threads and the same placement, at the probe sizes asked for (`LEO_PROBE_QUICK`)."""
     return (
         hw.world_size == num_workers
         and placement_of(hw) == threads
         and hw.hostname == socket.gethostname()
         and hw.torch_version == torch.__version__
-        and hw.kernels_backend == backend_name()
+        and cpu_kernels(hw.kernels_backend) == cpu_kernels(backend_name())
         and hw.quick == quick_probe()
     )
+
+
+def cpu_kernels(kernels_backend: str) -> bool:
+    """Whether a `kernels.backend_name()` includes LEO's CPU SpMM: it aggregates at other rates
+    than the reference, so a profile measured with one is not reused with the other (the CUDA
+    kernels do not matter here: the probe measures the CPU)."""
+    return "cpu" in kernels_backend.split("+")
 
 
 def quick_probe(nnodes: int = 1) -> bool:
@@ -101,6 +107,7 @@ def same_rank(hw: HardwareProfile, rank: int) -> bool:
         mine.hostname == socket.gethostname()
         and hw.torch_version == torch.__version__
         and mine.threads == torch.get_num_threads()
+        and cpu_kernels(hw.kernels_backend) == cpu_kernels(backend_name())
     )
 
 

@@ -376,17 +376,18 @@ def test_load_is_recorded_and_judged(tmp_path: Path, hw: HardwareProfile) -> Non
     assert HardwareProfile.read(path).fingerprint() != hw.fingerprint()
 
 
-@pytest.mark.parametrize("served", ["reference", "cpu"])
+@pytest.mark.parametrize("served", ["reference", "cpu", "cuda", "cuda+cpu"])
 def test_a_profile_is_reused_only_with_the_kernels_it_measured(
     hw_profile: HardwareProfile, monkeypatch: pytest.MonkeyPatch, served: str
 ) -> None:
-    # LEO's CPU SpMM aggregates at other rates than the reference: a profile of one is not
-    # reused for the other, and each has its own file.
+    # LEO's CPU SpMM aggregates at other rates than the reference: a profile of one (here
+    # measured with the reference) is not reused for the other, and each has its own file.
     monkeypatch.setattr(store, "backend_name", lambda: served)
     here = hw_profile.model_copy(
         update={"hostname": socket.gethostname(), "torch_version": torch.__version__}
     )
     threads = store.placement_of(here)
-    assert store.matches(here, 2, threads) == (served == "reference")
+    with_cpu = "cpu" in served  # the CUDA kernels do not change what the probe measures
+    assert store.matches(here, 2, threads) == (not with_cpu)
     name = store.machine_cache(2, threads, Path("/c")).name
-    assert name.endswith(".json") and ("-cpu" in name) == (served == "cpu")
+    assert name.endswith(".json") and ("-cpu" in name) == with_cpu
