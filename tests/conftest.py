@@ -14,14 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-# The suite runs the reference kernels (the oracle) unless asked otherwise, also in a checkout
-# where `leo compile --cpu` built LEO's CPU SpMM: `LEO_KERNELS=cpu make test` runs it with them.
-# Set before leo_cli.kernels is first imported (the choice is made once per process), and
-# inherited by the workers the tests launch.
-os.environ.setdefault("LEO_KERNELS", "ref")
-
-from leo_cli.graph.types import Graph, symmetrize  # noqa: E402
-from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile  # noqa: E402
+from leo_cli.graph.types import Graph, symmetrize
+from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 
 
 def shared_datasets() -> Path:

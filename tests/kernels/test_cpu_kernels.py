@@ -2,7 +2,7 @@
 
 The library is built once into a temporary package folder (about 20 s); the parity run loads it
 in a subprocess (cpu_kernel_check.py), because loading registers its kernels for the rest of a
-process and this one must keep the reference.
+process and the parity run needs a process whose reference computed first.
 """
 
 from __future__ import annotations
