@@ -49,7 +49,7 @@ _ACTIVE: Backend | None = None
 
 
 def requested_backend(env: Mapping[str, str] | None = None) -> str:
-    """The normalised `LEO_KERNELS` value: "auto", "ref" or "cuda".
+    """The normalised `LEO_KERNELS` value: "auto", "ref", "cuda" or "cpu".
 
     Raises:
         KernelError: the variable holds something else than auto, ref, cuda or cpu.

@@ -12,7 +12,6 @@ Specification: docs/design/kernels.md.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
 
 LIBRARY = "_leo_cpu.so"
 STAMP = "_leo_cpu.stamp.json"
-SOURCE_SUFFIXES = (".h", ".cpp")
 # The flags the library is compiled with: the baseline instruction set of the architecture (no
 # -march=native), so a library built on one machine runs on any other of the same kind; the
 # kernel is bound by random reads of memory, where wider vectors gain little (results.md).
@@ -50,14 +48,8 @@ def source_dir(cuda_dir: Path) -> Path:
 
 def source_fingerprint(cuda_dir: Path) -> str:
     """sha256 of the sources under cuda/cpu/, torch's and Python's versions and the flags."""
-    digest = hashlib.sha256()
-    for path in sorted(source_dir(cuda_dir).rglob("*")):
-        if path.is_file() and path.suffix in SOURCE_SUFFIXES:
-            relative = path.relative_to(cuda_dir).as_posix()
-            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     meta = f"torch={torch.__version__};cflags={' '.join(CFLAGS)};py={sys.version}"
-    digest.update(meta.encode())
-    return digest.hexdigest()
+    return stamp.hash_sources(cuda_dir, (source_dir(cuda_dir).name,), meta)
 
 
 def stale_library(pkg: Path, cuda_dir: Path | None) -> str | None:

@@ -45,17 +45,23 @@ def cuda_source_dir() -> Path:
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".cpp")
 
 
-def source_fingerprint(cuda_dir: Path, archs: str) -> str:
-    """sha256 of the sources under include/, kernels/ and binding/ plus the build inputs."""
+def hash_sources(cuda_dir: Path, subfolders: tuple[str, ...], meta: str) -> str:
+    """sha256 of the source files under `cuda_dir`'s `subfolders` (paths and contents, in a
+    fixed order) and of `meta` (the build inputs that are not files)."""
     digest = hashlib.sha256()
-    for sub in ("include", "kernels", "binding"):
+    for sub in subfolders:
         for path in sorted((cuda_dir / sub).rglob("*")):
             if path.is_file() and path.suffix in SOURCE_SUFFIXES:
                 relative = path.relative_to(cuda_dir).as_posix()
                 digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-    meta = f"torch={torch.__version__};cuda={torch.version.cuda};archs={archs};py={sys.version}"
     digest.update(meta.encode())
     return digest.hexdigest()
+
+
+def source_fingerprint(cuda_dir: Path, archs: str) -> str:
+    """sha256 of the sources under include/, kernels/ and binding/ plus the build inputs."""
+    meta = f"torch={torch.__version__};cuda={torch.version.cuda};archs={archs};py={sys.version}"
+    return hash_sources(cuda_dir, ("include", "kernels", "binding"), meta)
 
 
 def installed_extensions(pkg: Path) -> list[Path]:
