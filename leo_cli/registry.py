@@ -40,6 +40,9 @@ class Wire:
         reads_out: the halo buffer is read out of the shared segment.
         fills_zeros: the halo buffer is written with zeros (nothing arrives).
         gradient_buffer: halo gradients are copied into one buffer for the collective.
+        gradients_as_rows: the backward moves the output gradient as rows, the forward's way
+            (`Aᵀ·g` is an aggregation on a symmetric graph: comm/aggregate.py
+            `backward_rows`), not halo gradients as partial sums; attention layers excepted.
     """
 
     name: Transport
@@ -49,6 +52,7 @@ class Wire:
     reads_out: bool = False
     fills_zeros: bool = False
     gradient_buffer: bool = False
+    gradients_as_rows: bool = False
 
     @property
     def moves_rows(self) -> bool:
@@ -60,7 +64,7 @@ WIRES: dict[str, Wire] = {
     for w in (
         Wire("point-to-point", "per-peer", packs=True, receives_fresh=True),
         Wire("all-to-all", "collective", packs=True, receives_fresh=True, gradient_buffer=True),
-        Wire("segment", "segment", reads_out=True),
+        Wire("segment", "segment", reads_out=True, gradients_as_rows=True),
         Wire("none", "none", fills_zeros=True),
     )
 }

@@ -3,8 +3,9 @@
 An aggregator owns both the communication and the SpMM of a layer: the inner column block of
 the CSR, then one block per peer and chunk (comm/blocks.py), halo gradients added into their
 owners' rows. The transport (comm/transport.py) moves the rows, and `overlap` splits the update
-so rows leave early. Attention layers get the rows `[h | halo(h)]` instead; with rows rounded to
-`pipeline.halo_dtype` (comm/rounding.py) the backward reads its gradient as rows too.
+so rows leave early. Attention layers get the rows `[h | halo(h)]` instead. Where rows are
+rounded to `pipeline.halo_dtype` (comm/rounding.py), or the transport moves gradients as rows
+(the shared segment), the backward reads its output gradient as rows too (`backward_rows`).
 
 Specification: docs/design/aggregation.md, docs/design/rounding.md.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
@@ -34,13 +35,10 @@ class Rounding:
     Attributes:
         codec: the rounding and wire form (comm/rounding.py).
         ids_N: global id of every inner row (int8's random bits are keyed by it).
-        grad_scales: (r, c) of every inner row, where `Aᵀ = diag(r)·A·diag(c)` needs them
-            (the mean), or None (r = c = 1).
     """
 
     codec: RowCodec
     ids_N: Tensor
-    grad_scales: tuple[Tensor, Tensor] | None = None
 
 
 class Aggregator(Protocol):
@@ -90,6 +88,8 @@ class BlockAggregator:
         layers: slice = slice(None),
         in_place: InPlace | None = None,
         rounding: Rounding | None = None,
+        grad_rows: bool = False,
+        grad_scales: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         """Args:
         adj: local CSR (inner rows, `[inner | halo]` columns) of the exchanged halo.
@@ -109,10 +109,16 @@ class BlockAggregator:
             peers to read so (comm/inplace.py); their edges are not in `adj`.
         rounding: how every row the aggregation reads is rounded, inner rows included,
             and travels (`pipeline.halo_dtype`); None: as computed.
+        grad_rows: the backward reads the output gradient as rows (`backward_rows`), as
+            it must where rows are rounded; otherwise halo gradients return as partial sums.
+        grad_scales: (r, c) of every inner row where `Aᵀ = diag(r)·A·diag(c)` needs them
+            (the mean), or None (r = c = 1); read by `backward_rows` only.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
-        self.rounding = rounding
+        self.rounding, self.grad_scales = rounding, grad_scales
+        self.grad_rows = grad_rows or rounding is not None
+        assert in_place is None or not self.grad_rows, "published rows return partial sums"
         assert in_place is None or not attention, "attention layers gather rows, not in place"
         assert in_place is None or rounding is None, "published rows are not rounded"
         sent = (
@@ -256,10 +262,10 @@ class BlockAggregator:
     def backward_rows(
         self, grad_NO: Tensor, sched: Schedule, layer: int, key: int | None
     ) -> Tensor:
-        """Gradient of h where rows are rounded: `Aᵀ·g = r ⊙ A·[c ⊙ g | halo(c ⊙ g)]` (see
-        the module docstring), the rows `c ⊙ g` rounded and moved as the forward's rows."""
-        assert self.rounding is not None and self.in_place is None
-        scales = self.rounding.grad_scales
+        """Gradient of h read as rows: `Aᵀ·g = r ⊙ A·[c ⊙ g | halo(c ⊙ g)]` on a symmetric
+        graph (docs/design/rounding.md), the rows `c ⊙ g` (rounded where rows are) moved as the
+        forward's rows."""
+        scales = self.grad_scales
         g_NO = grad_NO if scales is None else grad_NO * scales[1].unsqueeze(1)
         wire_NW = self.wire(g_NO, None, backward_key(key))
         pending = self.transport.send_rows(wire_NW, sched, by_position=False)
@@ -320,10 +326,10 @@ class _Aggregate(torch.autograd.Function):
             assert grad_h is not None
             grad_out = grad_h.new_zeros(grad_h.shape)
         layer, key = ctx.at
-        if agg.rounding is None:
-            g_h = agg.backward_halo(grad_out, ctx.sched, layer)
-        else:
+        if agg.grad_rows:
             g_h = agg.backward_rows(grad_out, ctx.sched, layer, key)
+        else:
+            g_h = agg.backward_halo(grad_out, ctx.sched, layer)
         if grad_h is not None:
             g_h += grad_h
         if not ctx.saved_tensors:

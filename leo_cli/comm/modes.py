@@ -52,22 +52,26 @@ class Wiring:
     width: int  # the widest row any layer moves (sizes shared segments)
     dtype: torch.dtype  # of gradients, and of rows unless they are rounded
     rounding: Rounding | None = None  # how rows are rounded and travel (pipeline.halo_dtype)
+    # (r, c) with Aᵀ = diag(r)·A·diag(c) (the mean), where gradients are read as rows
+    grad_scales: tuple[Tensor, Tensor] | None = None
 
 
-def _shared_memory(plan: HaloPlan, w: Wiring) -> Transport:
+def _shared_memory(plan: HaloPlan, w: Wiring, partial_grads: bool) -> Transport:
+    grads = w.dtype if partial_grads else None  # else no gradients' segment
     if w.rounding is None:
-        return SharedMemory(plan, w.stats, w.halo_local_H, w.width, (w.dtype, w.dtype))
+        return SharedMemory(plan, w.stats, w.halo_local_H, w.width, (w.dtype, grads))
     codec = w.rounding.codec  # rows travel packed (int8: with their scale), wider than F
     width = max(codec.wire_width(w.width), w.width)
-    return SharedMemory(plan, w.stats, w.halo_local_H, width, (codec.wire_dtype, w.dtype))
+    return SharedMemory(plan, w.stats, w.halo_local_H, width, (codec.wire_dtype, grads))
 
 
-# How each transport of the registry (`Mode.transport`) is made.
-TRANSPORTS: dict[str, Callable[[HaloPlan, Wiring], Transport]] = {
-    "point-to-point": lambda plan, w: PointToPoint(plan, w.stats),
-    "all-to-all": lambda plan, w: AllToAll(plan, w.stats),
+# How each transport of the registry (`Mode.transport`) is made; the flag: halo gradients
+# return as partial sums (`send_grads`), not only rows.
+TRANSPORTS: dict[str, Callable[[HaloPlan, Wiring, bool], Transport]] = {
+    "point-to-point": lambda plan, w, _: PointToPoint(plan, w.stats),
+    "all-to-all": lambda plan, w, _: AllToAll(plan, w.stats),
     "segment": _shared_memory,
-    "none": lambda plan, w: NoTransfer(plan, w.stats),
+    "none": lambda plan, w, _: NoTransfer(plan, w.stats),
 }
 
 
@@ -109,9 +113,13 @@ def make_aggregator(
         transport: Transport = NoTransfer(alone, wiring.stats)
         return BlockAggregator(
             adj, alone, transport, [1], inner=inner, attention=attention, layers=layers,
-            rounding=wiring.rounding,
+            rounding=wiring.rounding, grad_scales=wiring.grad_scales,
         )  # fmt: skip
-    transport = TRANSPORTS[mode.transport](plan, wiring)
+    # Attention layers gather `[h | halo]` and return halo gradients as partial sums.
+    grad_rows = wiring.rounding is not None or (
+        mode.wire.gradients_as_rows and not attention and in_place is None
+    )
+    transport = TRANSPORTS[mode.transport](plan, wiring, attention or not grad_rows)
     chunks = num_chunks if mode.chunks else [1]
     return BlockAggregator(
         adj,
@@ -124,6 +132,8 @@ def make_aggregator(
         layers=layers,
         in_place=in_place,
         rounding=wiring.rounding,
+        grad_rows=grad_rows,
+        grad_scales=wiring.grad_scales,
     )
 
 

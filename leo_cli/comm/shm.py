@@ -2,8 +2,10 @@
 
 All embeddings of one host live in one shared /dev/shm segment. Per layer each worker writes
 its rows, all pass a barrier, then each reads its halo rows out of their owners' regions and
-aggregates them through the same column blocks as every mode (comm/aggregate.py); backward
-mirrors it. Buffers alternate between two copies, so one barrier per exchange suffices.
+aggregates them through the same column blocks as every mode (comm/aggregate.py). Backward
+moves the output gradient as rows the same way (`Aᵀ·g` is an aggregation on a symmetric
+graph); only attention layers write halo gradients into a second segment for their owners.
+Buffers alternate between two copies, so one barrier per exchange suffices.
 
 Specification: docs/design/aggregation.md.
 Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S rows sent.
@@ -75,15 +77,16 @@ class SharedMemory:
         stats: CommStats,
         halo_local_H: Tensor,
         width: int,
-        dtypes: tuple[torch.dtype, torch.dtype],
+        dtypes: tuple[torch.dtype, torch.dtype | None],
     ) -> None:
         """Args:
         plan: the halo plan (send lists per peer, receive counts per peer).
         stats: where the bytes moved and the time waited are counted.
         halo_local_H: owner-local row of every halo node.
         width: the widest row any layer exchanges (sizes the segment).
-        dtypes: the rows' and the gradients' (rows may travel narrower:
-            `pipeline.halo_dtype`).
+        dtypes: the rows' (they may travel narrower: `pipeline.halo_dtype`) and the halo
+            gradients', or None where no halo gradient returns as a partial sum (no
+            gradients' segment: the backward moves rows).
         """
         self.plan, self.stats = plan, stats
         self.width, self.rank = width, dist.get_rank()
@@ -108,7 +111,9 @@ class SharedMemory:
             ]
         ).long()
         self.fwd_seg = open_segment(2 * self.rows_T * width, dtypes[0])
-        self.grad_seg = open_segment(2 * self.halo_T * width, dtypes[1])
+        self.grad_seg = (
+            None if dtypes[1] is None else open_segment(2 * self.halo_T * width, dtypes[1])
+        )
         self._fwd_count = self._grad_count = 0
 
     def view(self, segment: Tensor, copy: int, rows: int, width: int) -> Tensor:
@@ -136,6 +141,7 @@ class SharedMemory:
 
     def send_grads(self, sched: Schedule, grad_of: GradOf, like_F: Tensor) -> Landed:
         """Write my halo gradients into my region, wait, read what my readers wrote for me."""
+        assert self.grad_seg is not None, "built without a gradients' segment"
         width = like_F.shape[1]
         seg = self.view(self.grad_seg, self._grad_count % 2, self.halo_T, width)
         self._grad_count += 1

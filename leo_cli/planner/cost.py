@@ -135,6 +135,7 @@ class ShapeLayer:
     scaled: bool = False  # a power-of-two scale per row (int8, float16)
     diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
     fused: bool = True  # bias, ReLU and the next mask in one pass (not GAT's bias and ELU)
+    attention: bool = False  # halo gradients return as partial sums (gathered rows)
 
 
 class _Counts:
@@ -529,7 +530,7 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
-    if sl.grad_rows:
+    if sl.grad_rows or (mode.wire.gradients_as_rows and not sl.attention):
         return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
@@ -581,24 +582,25 @@ def _backward_rows(
     k: int,
     dense: Terms,
 ) -> _Split:
-    """Backward terms where rounded rows read the gradient as rows (comm/aggregate.py
-    backward_rows): the forward's exchange and aggregation, over the output gradient."""
+    """Backward terms where the gradient is read as rows (rounded rows; a transport that
+    moves gradients as rows: comm/aggregate.py backward_rows): the forward's exchange and
+    aggregation, over the output gradient (rounded where rows are)."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
     rows = p.rows_reading_blocks(k)
-    pre: Terms = {"epilogue": dense.pop("epilogue"), "round": _encode_seconds(hw, sl, n)}
+    pre: Terms = {"epilogue": dense.pop("epilogue")}
     if mode.wire.packs:
         pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
     inner_spmm = _spmm(hw, p.inner_edges + n * sl.diagonal, w, n, n)
-    inner_round = _decode_seconds(hw, sl, n)
     halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     overlap = mode.overlap
-    window: Terms = {"spmm": inner_spmm * overlap, "round": inner_round * overlap}
-    post = {
-        "spmm": halo_spmm + inner_spmm * (not overlap),
-        "unpack": unpack,
-        "round": inner_round * (not overlap) + _decode_seconds(hw, sl, halo),
-    }
+    window: Terms = {"spmm": inner_spmm * overlap}
+    post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
+    if sl.rounded:  # the gradient rows rounded, read back wide (inner ones and arrivals)
+        inner_round = _decode_seconds(hw, sl, n)
+        pre["round"] = _encode_seconds(hw, sl, n)
+        window["round"] = inner_round * overlap
+        post["round"] = inner_round * (not overlap) + _decode_seconds(hw, sl, halo)
     comm = _comm(hw, r, cnt, sl.grad_bytes, mode, k, written=n)
     if comm > 0 and mode.wire.receives_fresh:  # the rows land in a fresh buffer
         comm += hw.fresh_seconds(halo, w)
@@ -642,7 +644,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
         rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
-        shape.diagonal, not shape.attention,
+        shape.diagonal, not shape.attention, shape.attention,
     )  # fmt: skip
 
 

@@ -138,7 +138,7 @@ def assemble(
         levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting)
     laps.lap("levels_s")
     ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
-    rounding = rounding_of(cfg, part, ids_N, dtype)
+    rounding = rounding_of(cfg, ids_N)
     aggregator = aggregator_of(
         cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats), rounding
     )
@@ -179,10 +179,11 @@ def aggregator_of(
     dtype = DTYPES[cfg.train.dtype]
     width = exchange_width(cfg.model, dataset)
     row_bytes = wire_bytes(cfg.pipeline.halo_dtype, width, dtype.itemsize)
+    scales = transpose_scales(part, cfg.model.name, dtype, adj.device)  # gradients as rows
     if world_size == 1:  # rows are rounded all the same: one worker reads what P workers do
         return make_layer_aggregators(
             mode_of(cfg.pipeline.mode), (adj, None), (adj, None),
-            Wiring(CommStats(), torch.zeros(0), width, dtype, rounding), [1],
+            Wiring(CommStats(), torch.zeros(0), width, dtype, rounding, scales), [1],
             attention=cfg.model.attention,
         )  # fmt: skip
     others = whole if levels is None else levels.others
@@ -193,7 +194,7 @@ def aggregator_of(
         mode_of(cfg.pipeline.mode),
         first,
         others,
-        Wiring(stats, local_H, width, dtype, rounding),
+        Wiring(stats, local_H, width, dtype, rounding, scales),
         chunk_counts(cfg.pipeline.num_chunks, chunks_planned, halo, row_bytes),
         attention=cfg.model.attention,
         static_layer0=static_layer0,
@@ -201,16 +202,11 @@ def aggregator_of(
     )
 
 
-def rounding_of(
-    cfg: LeoConfig, part: LocalPart, ids_N: Tensor, dtype: torch.dtype
-) -> Rounding | None:
+def rounding_of(cfg: LeoConfig, ids_N: Tensor) -> Rounding | None:
     """How this worker rounds the rows its aggregations read (`pipeline.halo_dtype`);
     `ids_N`: the global ids of its inner rows."""
     codec = CODECS[cfg.pipeline.halo_dtype]
-    if codec is None:
-        return None
-    scales = transpose_scales(part, cfg.model.name, dtype, ids_N.device)
-    return Rounding(codec, ids_N, scales)
+    return None if codec is None else Rounding(codec, ids_N)
 
 
 def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:

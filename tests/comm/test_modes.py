@@ -21,6 +21,7 @@ from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.exchange import CommStats
 from leo_cli.comm.modes import Wiring, make_aggregator
+from leo_cli.comm.shm import SharedMemory
 from leo_cli.comm.views import L3, level_view
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.types import Graph, symmetrize
@@ -71,16 +72,23 @@ def inputs(n: int) -> dict[str, torch.Tensor]:
     }
 
 
-def run_mode(name: str, part: LocalPart, world: int, global_in: dict[str, torch.Tensor]) -> dict:
+def run_mode(
+    name: str, part: LocalPart, world: int, global_in: dict[str, torch.Tensor], attention: bool
+) -> dict:
     """Aggregate, transform-aggregate and gather this rank's rows in one mode; outputs and
-    input gradients (the ones the reference gives for these rows)."""
+    input gradients (the ones the reference gives for these rows). `attention`: an aggregator
+    for attention layers (halo gradients return as partial sums in every mode; without it
+    a transport may move the output gradient as rows instead)."""
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
     adj = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
     local_H = torch.from_numpy(np.array(part.halo_owner_local))
     wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
     agg = make_aggregator(
-        mode_of(name), adj, halo_plan(part, torch.device("cpu")), wiring, [2], attention=True
+        mode_of(name), adj, halo_plan(part, torch.device("cpu")), wiring, [2], attention=attention
     )
+    assert agg.grad_rows == (mode_of(name).wire.gradients_as_rows and not attention)
+    if isinstance(agg.transport, SharedMemory):  # a gradients' segment only where one is read
+        assert (agg.transport.grad_seg is None) == agg.grad_rows
     out: dict[str, Any] = {"ids": ids.numpy()}
     x = global_in["x"][ids].clone().requires_grad_(True)
     grad = global_in["grad"][ids]
@@ -93,15 +101,20 @@ def run_mode(name: str, part: LocalPart, world: int, global_in: dict[str, torch.
     (y2 * grad).sum().backward()
     out["transform"], out["transform_grad"] = y2.detach().numpy(), x.grad.numpy().copy()
     out["w_grad"] = w.grad.numpy().copy()
-    full = agg.gather(x.detach() @ global_in["w"].t(), 0)
-    out["gather_inner"] = full[: part.num_inner].numpy()
+    if attention:
+        full = agg.gather(x.detach() @ global_in["w"].t(), 0)
+        out["gather_inner"] = full[: part.num_inner].numpy()
     out["bytes"] = agg.stats.bytes_sent
     return out
 
 
 def every_mode(rank: int, world: int, parts: list[LocalPart], g_in: dict) -> dict[str, Any]:
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    return {name: run_mode(name, parts[rank], world, g_in) for name in pipeline_modes()}
+    return {
+        (name, attention): run_mode(name, parts[rank], world, g_in, attention)
+        for name in pipeline_modes()
+        for attention in (True, False)
+    }
 
 
 def test_every_mode_matches_the_dense_reference() -> None:
@@ -115,24 +128,26 @@ def test_every_mode_matches_the_dense_reference() -> None:
     by_rank = spawn_ranks(every_mode, 2, parts, g_in)
     for res in by_rank:
         assert not isinstance(res, Exception), res
-        ids = torch.from_numpy(res[pipeline_modes()[0]]["ids"])
+        ids = torch.from_numpy(res[pipeline_modes()[0], True]["ids"])
         own = torch.zeros(g.num_nodes, dtype=torch.bool)
         own[ids] = True
         local_A = A * own.unsqueeze(0)  # what a worker computes with zeros for its halo
-        for name in pipeline_modes():
-            got, mode = res[name], mode_of(name)
+        for (name, attention), got in res.items():
+            mode, msg = mode_of(name), f"{name} attention={attention}"
             y_ref, grad_ref = (ref_y, ref_grad) if mode.exact else (local_A @ h, None)
-            np.testing.assert_allclose(got["aggregate"], y_ref[ids], atol=1e-12, err_msg=name)
-            np.testing.assert_allclose(got["transform"], y_ref[ids], atol=1e-12, err_msg=name)
-            np.testing.assert_allclose(got["gather_inner"], h[ids], atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(got["aggregate"], y_ref[ids], atol=1e-12, err_msg=msg)
+            np.testing.assert_allclose(got["transform"], y_ref[ids], atol=1e-12, err_msg=msg)
+            if attention:
+                np.testing.assert_allclose(got["gather_inner"], h[ids], atol=1e-12, err_msg=msg)
             if grad_ref is not None:
                 for key in ("aggregate_grad", "transform_grad"):
-                    np.testing.assert_allclose(got[key], grad_ref[ids], atol=1e-12, err_msg=name)
-            assert (got["bytes"] > 0) == (mode.transport != "none"), name
+                    np.testing.assert_allclose(got[key], grad_ref[ids], atol=1e-12, err_msg=msg)
+            assert (got["bytes"] > 0) == (mode.transport != "none"), msg
     # Weight gradients summed over ranks are the whole graph's.
-    for name in (n for n in pipeline_modes() if mode_of(n).exact):
-        w_grad = sum(res[name]["w_grad"] for res in by_rank)
-        np.testing.assert_allclose(w_grad, g_in["grad"].t() @ A @ g_in["x"], atol=1e-12)
+    for key in by_rank[0]:
+        if mode_of(key[0]).exact:
+            w_grad = sum(res[key]["w_grad"] for res in by_rank)
+            np.testing.assert_allclose(w_grad, g_in["grad"].t() @ A @ g_in["x"], atol=1e-12)
 
 
 def count_products(calls: list[tuple[Any, ...]]) -> None:
@@ -185,7 +200,8 @@ def products_of_every_mode(rank: int, world: int, parts: list[LocalPart]) -> dic
 def test_every_mode_runs_the_same_block_products() -> None:
     """Modes differ only in how rows move: every SpMM is a column block's, the blocks read
     every local edge once per direction, and the modes that keep one row per halo node run
-    the very same list of products (compute-only: the exact modes' computation)."""
+    the very same list of products (compute-only: the exact modes' computation); a transport
+    moving the output gradient as rows runs the forward's products over it."""
     from conftest import random_graph
 
     g = random_graph(num_nodes=80, num_edges=320, num_features=WIDTH, seed=7)
@@ -194,8 +210,13 @@ def test_every_mode_runs_the_same_block_products() -> None:
         assert not isinstance(res, Exception), res
         reference = None
         for name in pipeline_modes():
-            blocks = sorted(c for c in res[name] if c[0] != "spmm")
-            assert len(res[name]) == 2 * len(blocks), (name, r)  # each block product one SpMM
+            calls = [c for c in res[name] if c[0] != "spmm"]
+            assert len(res[name]) == 2 * len(calls), (name, r)  # each block product one SpMM
+            if MODES[name].wire.gradients_as_rows:  # the backward aggregates gradient rows
+                half = len(calls) // 2
+                assert all(c[0] == "forward" for c in calls), (name, r)
+                calls = calls[:half] + [("backward", *c[1:]) for c in calls[half:]]
+            blocks = sorted(calls)
             for direction in ("forward", "backward"):
                 edges = sum(c[3] for c in blocks if c[0] == direction)
                 assert edges == res["edges"], (name, r, direction)

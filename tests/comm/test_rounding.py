@@ -165,9 +165,10 @@ def aggregate_as_rows(part: LocalPart, model: str, mode: str, g_in: dict) -> dic
     ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
     cpu = torch.device("cpu")
     adj = part_adjacency(part, model, torch.float64, cpu)
-    rounding = Rounding(Exact(), ids, transpose_scales(part, model, torch.float64, cpu))
+    rounding = Rounding(Exact(), ids)
+    scales = transpose_scales(part, model, torch.float64, cpu)
     local_H = torch.from_numpy(np.array(part.halo_owner_local))
-    wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64, rounding)
+    wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64, rounding, scales)
     plan = halo_plan(part, cpu)
     view = (adj, plan)
     if MODES[mode].per_edge_rows:  # one halo column per remote edge

@@ -226,8 +226,12 @@ def test_pipelined_step_uses_point_to_point_chunks() -> None:
 def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
     pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "shared-memory", [1])
     forward = 10 * 16 / 2e6 + 1e-3  # every inner row written, then the barrier
-    backward = 4 * 16 / 2e6 + 1e-3  # the halo rows' gradients
+    backward = forward  # the output gradient's rows, the same way (gradients as rows)
     assert pred.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
+    gat = predict([part(0), part(1)], NONE, replace(SHAPE, attention=True), hardware(),
+                  "shared-memory", [1])  # fmt: skip
+    backward = 4 * 16 / 2e6 + 1e-3  # attention: the halo rows' gradients, as partial sums
+    assert gat.stages["comm_s"] == pytest.approx(forward + backward, rel=1e-12)
 
 
 PUBLISHED = Reach(np.array([[False, True], [True, False]]))  # two ranks on one host
