@@ -149,7 +149,8 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
             model(x, adj)
     sync(device)
     setup_s = time.time() - started
-    keep_freed_memory()  # as LEO's workers do after set-up (worker/memory.py)
+    if cfg.launch.keep_freed_memory:  # as LEO's workers do after set-up (worker/memory.py)
+        keep_freed_memory()
     times = []
     for _ in range(num_epochs):
         t0 = time.perf_counter()

@@ -255,7 +255,8 @@ def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     threads = str(os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]
-    env = {**os.environ, **allocator_of(cfg.launch.allocator).env}  # the workers' allocator
+    allocator = allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory)
+    env = {**os.environ, **allocator.env}  # the workers' allocator
     proc = subprocess.run(
         [*cmd, "--threads", threads], capture_output=True, text=True, check=False, env=env
     )

@@ -133,12 +133,16 @@ class BlockAggregator:
             interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
             interior[self.boundary_B] = False
             self.interior_I = torch.nonzero(interior).squeeze(1)
+        transpose = not self.grad_rows  # a backward as rows runs every block forward
         if inner is None:
-            inner = column_block(adj, 0, plan.num_inner, compact=False)
+            inner = column_block(adj, 0, plan.num_inner, compact=False, transpose=transpose)
         assert inner.col_end == plan.num_inner and inner.fwd.num_rows == adj.num_rows
+        assert transpose <= (inner.bwd is not None), "a shared inner block without transpose"
         self.inner = inner
         counts = set(num_chunks[layers]) or {num_chunks[-1]}
-        self._schedules = {k: build_schedule(adj, plan, self.boundary_B, k) for k in counts}
+        self._schedules = {
+            k: build_schedule(adj, plan, self.boundary_B, k, transpose) for k in counts
+        }
         self.adj = adj if attention else None
 
     def schedule(self, layer: int) -> Schedule:
@@ -227,9 +231,12 @@ class BlockAggregator:
         else:
             out_NF = self.in_place.aggregate(self.inner, read_NF, layer)
         for r, chunks in enumerate(sched.rounds):
-            for c, halo in zip(chunks, pending.wait(r), strict=True):
+            landed = iter(pending.wait(r))
+            for c in chunks:  # one chunk's rows alive at a time where they are made lazily
+                halo = next(landed)  # (shared memory): not zip, whose tuple keeps the last
                 if c.block.num_edges > 0:
                     c.block.add_into(out_NF, self.arrived(halo, out_NF.dtype))
+                del halo
         pending.finish()
         return out_NF
 

@@ -3,7 +3,8 @@
 The columns are cut into the inner block and one block per peer and chunk (a `Schedule`), so an
 aggregation (comm/aggregate.py) sums the inner rows while halo rows are in flight and adds each
 chunk as it lands: `A·h = Σ_b A[:, b]·h[b]`. A halo block keeps one row per reading row; a
-block runs its CSR and its transpose forward only, so neither keeps the edge permutation.
+block runs its CSR and its transpose forward only, so neither keeps the edge permutation. An
+aggregator whose backward reads the gradient as rows (comm/aggregate.py) builds no transposes.
 
 Specification: docs/design/aggregation.md.
 Legend: N inner rows, R rows of a block, C columns of a block, E edges, F width.
@@ -34,14 +35,14 @@ class ColumnBlock:
             fit), or None when the block keeps every row (the inner block).
         fwd: (R x C) CSR of the block, without `t_perm` (forward only).
         bwd: (C x R) its transpose, for gradients flowing back to the block's columns; without
-            `t_perm` too.
+            `t_perm` too. None in a forward-only block.
     """
 
     col_start: int
     col_end: int
     rows_R: Tensor | None
     fwd: kernels.CSR
-    bwd: kernels.CSR
+    bwd: kernels.CSR | None
 
     @property
     def num_cols(self) -> int:
@@ -58,6 +59,7 @@ class ColumnBlock:
 
     def backward(self, grad_NF: Tensor) -> Tensor:
         """A[:, block]^T · grad: the gradient of the block's (C x F) input rows."""
+        assert self.bwd is not None, "a forward-only block has no transpose"
         grad_RF = grad_NF if self.rows_R is None else grad_NF.index_select(0, self.rows_R)
         return kernels.spmm(self.bwd, grad_RF)
 
@@ -96,29 +98,42 @@ def forward_only(csr: kernels.CSR) -> kernels.CSR:
 
 
 def block_of(
-    start: int, end: int, rows_R: Tensor | None, fwd: kernels.CSR, bwd: kernels.CSR | None = None
+    start: int,
+    end: int,
+    rows_R: Tensor | None,
+    fwd: kernels.CSR,
+    bwd: kernels.CSR | None = None,
+    transpose: bool = True,
 ) -> ColumnBlock:
     """A block from its CSR (and its transpose `bwd` where it is known): the transpose built
     once, neither keeping `t_perm`, and the row ids in the CSR's (compact) index dtype where
-    they fit."""
-    if bwd is None:
+    they fit. Without `transpose`, no transpose at all (none kept from `fwd` either)."""
+    if bwd is None and transpose:
         bwd = forward_only(fwd.transpose())  # reads fwd.t_perm once, before it is dropped
     if rows_R is not None and (rows_R.shape[0] == 0 or int(rows_R.max()) <= INT32_MAX):
         rows_R = rows_R.to(fwd.indices.dtype)
+    if not transpose:
+        none = fwd.indices.new_empty(0)
+        fwd = dataclasses.replace(fwd, t_indptr=none, t_indices=none, t_max_degree=-1)
+        bwd = None
     return ColumnBlock(start, end, rows_R, forward_only(fwd), bwd)
 
 
-def column_block(adj: kernels.CSR, start: int, end: int, *, compact: bool) -> ColumnBlock:
-    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there.
+def column_block(
+    adj: kernels.CSR, start: int, end: int, *, compact: bool, transpose: bool = True
+) -> ColumnBlock:
+    """The block of columns `[start, end)` of adj; compact keeps only rows with edges there;
+    without `transpose`, a forward-only block (no transpose built).
 
     The whole CSR as a non-compact block reuses adj's arrays (no copy of its edges).
     """
     if not compact and start == 0 and end == adj.num_cols:
-        return block_of(start, end, None, adj)
+        return block_of(start, end, None, adj, transpose=transpose)
     if adj.t_perm.shape[0] == adj.num_edges:  # the transpose names the block's edges
-        return _sliced(adj, start, end, compact)
+        return _sliced(adj, start, end, compact, transpose)
     keep_E = _in_columns(adj, start, end)  # forward-only: scan every edge
-    return _scanned(adj, (start, end), keep_E, adj.indices[keep_E] - start, compact)
+    cols_E = adj.indices[keep_E] - start
+    return _scanned(adj, (start, end), keep_E, cols_E, compact, transpose=transpose)
 
 
 def _in_columns(adj: kernels.CSR, start: int, end: int) -> Tensor:
@@ -133,19 +148,22 @@ def _scanned(
     cols_E: Tensor,
     compact: bool,
     t_edges: tuple[Tensor, Tensor, Tensor] | None = None,
+    transpose: bool = True,
 ) -> ColumnBlock:
     """The block `span` of the edges `keep_E` marks (`cols_E`: their block columns) found by
     a scan of every edge; its transpose taken from adj's (`t_edges`, see `_assembled`), or,
-    for a forward-only adj (None), by sorting the block's edges."""
+    for a forward-only adj (None), by sorting the block's edges (none without `transpose`)."""
     values_E = adj.values[keep_E]
     if t_edges is not None:
         rows = _rows_kept(adj, keep_E, compact)
-        return _assembled(adj, span, rows, (cols_E, values_E), t_edges)
+        return _assembled(adj, span, rows, (cols_E, values_E), t_edges, transpose)
     rows_E = row_of_edges(adj.indptr, adj.indices.dtype)[keep_E]
     rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
     num_cols = span[1] - span[0]
-    fwd = kernels.CSR.from_coo(rows_E, cols_E, values_E, num_rows, num_cols, rows_sorted=True)
-    return block_of(span[0], span[1], rows_R, fwd)
+    fwd = kernels.CSR.from_coo(
+        rows_E, cols_E, values_E, num_rows, num_cols, rows_sorted=True, transpose=transpose
+    )
+    return block_of(span[0], span[1], rows_R, fwd, transpose=transpose)
 
 
 def _compact(rows_E: Tensor, num_rows: int, compact: bool) -> tuple[Tensor | None, Tensor, int]:
@@ -162,17 +180,20 @@ def _compact(rows_E: Tensor, num_rows: int, compact: bool) -> tuple[Tensor | Non
 SCAN_SHARE = 0.25
 
 
-def _sliced(adj: kernels.CSR, start: int, end: int, compact: bool) -> ColumnBlock:
+def _sliced(
+    adj: kernels.CSR, start: int, end: int, compact: bool, transpose: bool = True
+) -> ColumnBlock:
     """The block of columns `[start, end)` of a CSR with its transpose: the transpose's rows
     `[start, end)` are the block's transpose, in the order the block's own stable sort would
     give, so the arrays equal the forward-only path's (`from_coo`) without a sort of every
     edge: its edges are found by a scan where they are many, else by sorting their
-    positions."""
+    positions. Without `transpose` the block keeps its forward CSR only."""
     lo, hi = int(adj.t_indptr[start]), int(adj.t_indptr[end])
     t_edges = (adj.t_indptr[start : end + 1] - lo, adj.t_indices[lo:hi], adj.t_perm[lo:hi])
     if hi - lo >= SCAN_SHARE * adj.num_edges:
         keep_E = _in_columns(adj, start, end)
-        return _scanned(adj, (start, end), keep_E, adj.indices[keep_E] - start, compact, t_edges)
+        cols_E = adj.indices[keep_E] - start
+        return _scanned(adj, (start, end), keep_E, cols_E, compact, t_edges, transpose)
     edges_E = torch.sort(adj.t_perm[lo:hi]).values  # their positions, in adj's order
     int32 = adj.indptr.dtype == torch.int32
     rows_E = torch.searchsorted(adj.indptr, edges_E, right=True, out_int32=int32) - 1
@@ -180,7 +201,7 @@ def _sliced(adj: kernels.CSR, start: int, end: int, compact: bool) -> ColumnBloc
     values_E = adj.values.index_select(0, edges_E)
     rows_R, rows_E, num_rows = _compact(rows_E, adj.num_rows, compact)
     rows = rows_R, torch.bincount(rows_E, minlength=num_rows)
-    return _assembled(adj, (start, end), rows, (cols_E, values_E), t_edges)
+    return _assembled(adj, (start, end), rows, (cols_E, values_E), t_edges, transpose)
 
 
 def _rows_kept(adj: kernels.CSR, keep_E: Tensor, compact: bool) -> tuple[Tensor | None, Tensor]:
@@ -205,16 +226,24 @@ def _assembled(
     rows: tuple[Tensor | None, Tensor],
     edges: tuple[Tensor, Tensor],
     t_edges: tuple[Tensor, Tensor, Tensor],
+    transpose: bool = True,
 ) -> ColumnBlock:
     """The block `span` of adj from its rows (`rows_R` or None, edges per row), its edges'
     block columns and values (in adj's order) and its transpose taken from adj's
-    (pointers, adj's rows, positions of the edges in adj)."""
+    (pointers, adj's rows, positions of the edges in adj; unused without `transpose`)."""
     rows_R, counts_R = rows
     cols_E, values_E = edges
     t_indptr, t_rows, t_perm = t_edges
     num_rows, cols = int(counts_R.shape[0]), span[1] - span[0]
     indptr = torch.cat([counts_R.new_zeros(1), torch.cumsum(counts_R, 0)])
     dtype = compact_index_dtype(indptr, cols_E, cols)
+    if not transpose:
+        indptr, cols_E = indptr.to(dtype), cols_E.to(dtype)
+        none = cols_E.new_empty(0)
+        fwd = kernels.CSR(
+            indptr, cols_E, values_E, num_rows, cols, none, none, none, max_degree(indptr), -1
+        )
+        return block_of(span[0], span[1], rows_R, fwd, transpose=False)
     if rows_R is not None:  # full rows -> the block's compact rows, by a lookup table
         table = torch.empty(adj.num_rows, dtype=dtype, device=adj.device)
         table[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
@@ -311,10 +340,13 @@ class Schedule:
     rounds: list[list[Chunk]]
 
 
-def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int) -> Schedule:
+def build_schedule(
+    adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int, transpose: bool = True
+) -> Schedule:
     """Cut every peer's rows into k chunks; round c holds chunk c of every peer.
 
-    `boundary_B`: the sorted boundary rows (the positions of `send_pos`).
+    `boundary_B`: the sorted boundary rows (the positions of `send_pos`); without `transpose`
+    the chunks' blocks are forward-only.
     """
     send_off, recv_off = plan.send_offsets(), plan.recv_offsets()
     n, rounds = plan.num_inner, []
@@ -338,7 +370,7 @@ def build_schedule(adj: kernels.CSR, plan: HaloPlan, boundary_B: Tensor, k: int)
                     send_hi,
                     lo,
                     hi,
-                    column_block(adj, n + lo, n + hi, compact=True),
+                    column_block(adj, n + lo, n + hi, compact=True, transpose=transpose),
                 )
             )
     return Schedule(k, plan.num_halo, [chunks for chunks in rounds if chunks])

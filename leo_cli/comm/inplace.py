@@ -224,7 +224,7 @@ def reading_in_place(
     published rows, `num_cols` of them): forward only (published rows take no gradient
     through it; the block's own transpose serves the backward), its transpose rows taken
     from the block's, so no edge is sorted."""
-    assert block.rows_R is not None
+    assert block.rows_R is not None and block.bwd is not None
     rows_R = block.rows_R.long()
     counts_N = torch.zeros(num_rows, dtype=torch.int64, device=rows_R.device)
     counts_N[rows_R] = torch.diff(block.fwd.indptr).long()

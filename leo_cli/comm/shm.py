@@ -5,7 +5,9 @@ its rows, all pass a barrier, then each reads its halo rows out of their owners'
 aggregates them through the same column blocks as every mode (comm/aggregate.py). Backward
 moves the output gradient as rows the same way (`Aᵀ·g` is an aggregation on a symmetric
 graph); only attention layers write halo gradients into a second segment for their owners.
-Buffers alternate between two copies, so one barrier per exchange suffices.
+The rows' segment holds one copy: a barrier before writing (every peer has read the last
+exchange out) and one after. The gradients' segment alternates between two copies, so one
+barrier per exchange suffices there (the gradients are written as they are computed).
 
 Specification: docs/design/aggregation.md.
 Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S rows sent.
@@ -16,18 +18,19 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leo_cli.comm.blocks import Schedule
+from leo_cli.comm.blocks import Chunk, Schedule
 from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.exchange import CommStats, HaloPlan, offsets
 from leo_cli.comm.row_areas import first_line, stop_together
 from leo_cli.comm.segments import create_segment
-from leo_cli.comm.transport import GradOf, Landed, halo_slices, sent_slices
+from leo_cli.comm.transport import GradOf, Landed, sent_slices
 from leo_cli.errors import TrainError
 
 SHM_DIR = "/dev/shm"
@@ -110,11 +113,11 @@ class SharedMemory:
                 for r in range(len(plan.send_counts))
             ]
         ).long()
-        self.fwd_seg = open_segment(2 * self.rows_T * width, dtypes[0])
+        self.fwd_seg = open_segment(self.rows_T * width, dtypes[0])
         self.grad_seg = (
             None if dtypes[1] is None else open_segment(2 * self.halo_T * width, dtypes[1])
         )
-        self._fwd_count = self._grad_count = 0
+        self._grad_count = 0
 
     def view(self, segment: Tensor, copy: int, rows: int, width: int) -> Tensor:
         """Copy `copy` (0 or 1) of a segment as a (rows x width) matrix."""
@@ -125,19 +128,20 @@ class SharedMemory:
         with self.stats.waiting(torch.device("cpu")):
             dist.barrier()
 
-    def send_rows(self, rows_XF: Tensor, sched: Schedule, by_position: bool) -> Landed:
-        """Write my rows into the next copy of the segment, wait for everyone's, read my halo."""
+    def send_rows(self, rows_XF: Tensor, sched: Schedule, by_position: bool) -> ReadOut:
+        """Once every peer has read the last exchange out, write my rows into the segment,
+        wait for everyone's; my halo is read out chunk by chunk as the aggregation reaches
+        it (`ReadOut`)."""
         assert not by_position, "every row is published: the whole update comes first"
         t0 = time.perf_counter()
         width = rows_XF.shape[1]
-        seg = self.view(self.fwd_seg, self._fwd_count % 2, self.rows_T, width)
-        self._fwd_count += 1
+        seg = self.view(self.fwd_seg, 0, self.rows_T, width)
+        self.barrier()  # one copy: nobody still reads the last exchange's rows
         seg[self.my_inner_off : self.my_inner_off + rows_XF.shape[0]].copy_(rows_XF)
         self.barrier()
         self.stats.bytes_sent += self.plan.send_idx_S.numel() * width * rows_XF.element_size()
-        halo_HF = seg.index_select(0, self.halo_rows_H).to(rows_XF.device)
         self.stats.transfer_s += time.perf_counter() - t0
-        return halo_slices(halo_HF, sched)
+        return ReadOut(self, seg, sched, rows_XF.device)
 
     def send_grads(self, sched: Schedule, grad_of: GradOf, like_F: Tensor) -> Landed:
         """Write my halo gradients into my region, wait, read what my readers wrote for me."""
@@ -155,3 +159,28 @@ class SharedMemory:
         back_SF = seg.index_select(0, self.grad_rows_S).to(like_F.device)
         self.stats.transfer_s += time.perf_counter() - t0
         return sent_slices(back_SF, sched)
+
+
+class ReadOut:
+    """Halo rows read out of the segment one chunk at a time, when the aggregation reaches
+    the chunk: one chunk's buffer alive at a time, not the whole halo's (1.68M rows of 64
+    floats per worker at products scale). Every chunk is read before the worker's next
+    exchange, whose first barrier keeps the segment unchanged until then."""
+
+    def __init__(
+        self, shm: SharedMemory, seg_TF: Tensor, sched: Schedule, device: torch.device
+    ) -> None:
+        self.shm, self.seg_TF, self.sched, self.device = shm, seg_TF, sched, device
+
+    def read(self, c: Chunk) -> Tensor:
+        t0 = time.perf_counter()
+        rows = self.shm.halo_rows_H[c.recv_start : c.recv_end]
+        halo = self.seg_TF.index_select(0, rows).to(self.device)
+        self.shm.stats.transfer_s += time.perf_counter() - t0
+        return halo
+
+    def wait(self, r: int) -> Iterator[Tensor]:
+        return (self.read(c) for c in self.sched.rounds[r])
+
+    def finish(self) -> None:
+        pass

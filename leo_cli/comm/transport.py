@@ -12,7 +12,7 @@ Legend: N inner rows, H halo rows, S rows sent (sum over peers), F width.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
@@ -26,9 +26,10 @@ GradOf = Callable[[Chunk], Tensor]  # the gradient of a chunk's halo rows (rows 
 
 
 class Pending(Protocol):
-    """Rows on their way: `wait(r)` returns round r's buffers (one per chunk)."""
+    """Rows on their way: `wait(r)` gives round r's buffers (one per chunk, in order; a
+    transport may make each only when the caller reaches it)."""
 
-    def wait(self, r: int) -> list[Tensor]: ...
+    def wait(self, r: int) -> Iterable[Tensor]: ...
 
     def finish(self) -> None: ...
 

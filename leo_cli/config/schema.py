@@ -544,6 +544,13 @@ class LaunchConfig(Section):
     has it (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says
     which. A user's own LD_PRELOAD or MALLOC_CONF is left as it is. summary.json records each
     worker's peak resident memory (peak_rss_bytes)."""
+    keep_freed_memory: bool = True
+    """Workers keep the memory a step frees for the next one (glibc: from the end of set-up;
+    jemalloc: its decays off): a step's fresh tensors then cost no page faults, at the price
+    of resident memory (the steps' peak, plus what the heap cannot reuse). false hands large
+    freed blocks back to the system at once (glibc: each its own mapping; jemalloc: its
+    default decays): the leanest peak, for the largest graphs a machine trains. `leo bench`'s
+    PyG peers follow it too. docs/design/memory.md; both measured in docs/results.md."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

@@ -37,7 +37,8 @@ class CSR:
         t_indices: (E) columns of the transpose (original rows), grouped by original column.
         t_perm: (E) transpose edge k is original edge `t_perm[k]`, so the transpose's
             values are `values[t_perm]`; empty in a forward-only CSR (comm/blocks.py), which
-            can run forward but neither be transposed nor differentiated.
+            can run forward but neither be transposed nor differentiated (one built without
+            its transpose has empty `t_indptr` and `t_indices` too).
         max_degree: edges of the longest row (-1: unknown). Computed once here, it tells the
             CUDA SpMM whether some rows are hubs to split across blocks (see cuda/).
         t_max_degree: the same for the transpose (the longest column: the backward's hub).
@@ -69,8 +70,9 @@ class CSR:
         *,
         index_dtype: torch.dtype | None = None,
         validate: bool = True,
+        transpose: bool = True,
     ) -> CSR:
-        """Wrap CSR arrays and build the transpose (once; O(E log E)).
+        """Wrap CSR arrays and build the transpose (once; O(E log E)), or none (forward-only).
 
         Args:
             indptr: (R+1) integer row pointers.
@@ -81,6 +83,7 @@ class CSR:
                 int32 when every index and count fits: half the index bytes, and torch's MKL
                 CSR kernel would otherwise convert int64 indices to int32 on every call.
             validate: check pointers, lengths and index ranges (one pass over the arrays).
+            transpose: build the transpose; False gives a forward-only CSR.
 
         Raises:
             KernelError: the arrays do not describe a valid CSR matrix.
@@ -94,7 +97,10 @@ class CSR:
             _validate(indptr, indices, values, num_cols)
         dtype = index_dtype or compact_index_dtype(indptr, indices, num_cols)
         indptr, indices = indptr.to(dtype), indices.to(dtype)
-        t_indptr, t_indices, t_perm = build_transpose(indptr, indices, num_cols)
+        if transpose:
+            t_indptr, t_indices, t_perm = build_transpose(indptr, indices, num_cols)
+        else:
+            t_indptr = t_indices = t_perm = indptr.new_empty(0)
         return cls(
             indptr,
             indices,
@@ -105,7 +111,7 @@ class CSR:
             t_indices,
             t_perm,
             max_degree=max_degree(indptr),
-            t_max_degree=max_degree(t_indptr),
+            t_max_degree=max_degree(t_indptr) if transpose else -1,
         )
 
     @classmethod
@@ -119,6 +125,7 @@ class CSR:
         *,
         index_dtype: torch.dtype | None = None,
         rows_sorted: bool = False,
+        transpose: bool = True,
     ) -> CSR:
         """Build from coordinate lists (edges in any order; kept in order within a row).
 
@@ -126,6 +133,7 @@ class CSR:
         `rows=edge_index[1], cols=edge_index[0]`. `rows_sorted` says the edges are already
         grouped by row in increasing order (e.g. cut out of another CSR): the stable sort
         would then be the identity, and skipping it saves a sort and a copy of every array.
+        `transpose`: as for `from_arrays`.
         """
         counts = torch.bincount(rows, minlength=num_rows)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
@@ -137,7 +145,9 @@ class CSR:
             values = None if values is None else values[order]
         if cols.dtype not in _INDEX_DTYPES:
             cols = cols.long()
-        return cls.from_arrays(indptr, cols, values, num_cols, index_dtype=index_dtype)
+        return cls.from_arrays(
+            indptr, cols, values, num_cols, index_dtype=index_dtype, transpose=transpose
+        )
 
     @property
     def num_edges(self) -> int:

@@ -69,13 +69,16 @@ def users_allocator(environ: Mapping[str, str]) -> str | None:
     return next((name for name in ALLOCATORS if name in preload), None)
 
 
-def choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allocator:
+def choose(
+    setting: str, environ: Mapping[str, str], found: Path | None, keep: bool = True
+) -> Allocator:
     """The allocator for `launch.allocator=setting`, given the environment and the library;
     its environment also carries its name (ALLOCATOR_ENV).
 
     An allocator the user preloads is theirs, whatever the setting. Otherwise jemalloc
     (`auto` where found, or `jemalloc`) goes first in LD_PRELOAD before the user's own
-    libraries, with the user's MALLOC_CONF if set, else one that keeps freed memory.
+    libraries, with the user's MALLOC_CONF if set, else one that keeps freed memory (with
+    `keep`, `launch.keep_freed_memory`; else jemalloc's default decays).
 
     Raises:
         TrainError: `jemalloc` asked for on a machine without it.
@@ -99,9 +102,12 @@ def choose(setting: str, environ: Mapping[str, str], found: Path | None) -> Allo
         )
         return Allocator("system", f"system malloc ({why})", {ALLOCATOR_ENV: "system"})
     preload = ":".join(filter(None, [str(found), environ.get("LD_PRELOAD", "")]))
-    conf = environ.get("MALLOC_CONF") or RETAIN
-    kept = "" if environ.get("MALLOC_CONF") else ", freed memory kept"
-    env = {"LD_PRELOAD": preload, "MALLOC_CONF": conf, ALLOCATOR_ENV: "jemalloc"}
+    env = {"LD_PRELOAD": preload, ALLOCATOR_ENV: "jemalloc"}
+    kept = ""
+    if environ.get("MALLOC_CONF"):
+        env["MALLOC_CONF"] = environ["MALLOC_CONF"]
+    elif keep:
+        env["MALLOC_CONF"], kept = RETAIN, ", freed memory kept"
     return Allocator("jemalloc", f"jemalloc ({found}){kept}", env)
 
 
@@ -118,9 +124,9 @@ def fallback_note(auto: Allocator) -> str | None:
     )
 
 
-def allocator_of(setting: str) -> Allocator:
+def allocator_of(setting: str, keep: bool = True) -> Allocator:
     """`choose` on this process's environment and machine."""
-    return choose(setting, os.environ, find_jemalloc())
+    return choose(setting, os.environ, find_jemalloc(), keep)
 
 
 @contextmanager

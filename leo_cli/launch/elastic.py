@@ -148,7 +148,7 @@ def launch_module(
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
-    allocator = allocator_of(cfg.launch.allocator)
+    allocator = allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory)
     with (
         allocator_env(allocator),
         HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch,

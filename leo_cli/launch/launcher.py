@@ -242,7 +242,7 @@ def run_workers(
     if timer is not None and cfg.launch.node_rank == 0:
         RunDir(run_dir).update_summary({
             "wall_s": round(time.time() - timer.started_at, 4),
-            "allocator": allocator_of(cfg.launch.allocator).described,
+            "allocator": allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory).described,
             "peak_rss_total_bytes": watch.peak_bytes or None,  # this node's processes
         })  # fmt: skip
 

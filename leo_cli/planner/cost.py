@@ -445,7 +445,10 @@ def _comm(
         return max(hw.transfer_seconds(rows * row, k, link) if rows > 0 else 0.0
                    for rows in incoming)  # fmt: skip
     if wire.transfer == "segment":
-        return hw.transfer_seconds(written * row, 1, "shm") + hw.barrier_seconds()
+        # the rows' one copy: a barrier before writing and one after (comm/shm.py); the
+        # partial sums' two copies (attention layers' backward): one
+        barriers = 1 if backward else 2
+        return hw.transfer_seconds(written * row, 1, "shm") + barriers * hw.barrier_seconds()
     busiest = max(max(cnt.halo), max(cnt.send))  # everyone waits for it
     return hw.alltoall_seconds(busiest * row)
 

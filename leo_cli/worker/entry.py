@@ -340,7 +340,8 @@ def run_worker(
         run.drop_checkpoints_after(start)
         run.truncate_metrics(start)
         run.write_status("running", stages=rounded(laps.seconds))
-    keep_freed_memory()  # set-up's temporaries returned; steps reuse freed pages from here
+    if cfg.launch.keep_freed_memory:  # set-up's temporaries returned; steps reuse freed pages
+        keep_freed_memory()
     worker = reduce_setup(laps, entered_at, launched_at)
     setup = attempt_setup(run, env.restart, launched_at, worker) if env.rank == 0 else {}
     board = (

@@ -80,6 +80,39 @@ def test_blocks_keep_no_permutation_and_refuse_the_ops_backward() -> None:
         block.fwd.transpose()  # values[t_perm] would be empty against every edge
 
 
+@pytest.mark.parametrize("scan_share", [0.0, 2.0])
+@pytest.mark.parametrize("compact", [False, True])
+def test_blocks_without_transpose_hold_the_same_forward(
+    compact: bool, scan_share: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`transpose=False` (an aggregator whose backward reads gradients as rows) builds the
+    same forward CSR, from a CSR with its transpose (edges found by a scan or by their
+    sorted positions: `scan_share`) or without, and no transpose at all: its backward
+    refuses."""
+    monkeypatch.setattr(blocks, "SCAN_SHARE", scan_share)
+    torch.manual_seed(1)
+    for _ in range(10):
+        adj = random_adjacency(60, 1, 400)
+        bare = kernels.CSR.from_arrays(adj.indptr, adj.indices, adj.values, adj.num_cols,
+                                       transpose=False)  # fmt: skip
+        assert bare.t_indptr.numel() == bare.t_indices.numel() == bare.t_perm.numel() == 0
+        n, c = adj.num_rows, adj.num_cols
+        for start, end in [(0, n), (n, c), (n // 2, c), (3, 3), (0, c)]:
+            start, end = min(start, c), min(end, c)
+            want = column_block(adj, start, end, compact=compact)
+            for source in (adj, bare):
+                got = column_block(source, start, end, compact=compact, transpose=False)
+                assert got.bwd is None and (got.col_start, got.col_end) == (start, end)
+                assert got.fwd.t_indptr.numel() == got.fwd.t_indices.numel() == 0
+                assert (got.rows_R is None) == (want.rows_R is None)
+                assert got.rows_R is None or torch.equal(got.rows_R, want.rows_R)
+                for name in ("indptr", "indices", "values"):
+                    assert torch.equal(getattr(got.fwd, name), getattr(want.fwd, name)), name
+                assert got.fwd.max_degree == want.fwd.max_degree
+    with pytest.raises(AssertionError, match="forward-only block"):
+        got.backward(torch.ones(got.fwd.num_rows, 2, dtype=torch.float64))
+
+
 def test_from_coo_refuses_rows_said_sorted_that_are_not() -> None:
     rows, cols = torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2])
     with pytest.raises(KernelError, match="rows out of order"):

@@ -89,6 +89,8 @@ def run_mode(
     assert agg.grad_rows == (mode_of(name).wire.gradients_as_rows and not attention)
     if isinstance(agg.transport, SharedMemory):  # a gradients' segment only where one is read
         assert (agg.transport.grad_seg is None) == agg.grad_rows
+    blocks = [agg.inner, *(c.block for r in agg.schedule(0).rounds for c in r)]
+    assert all((b.bwd is None) == agg.grad_rows for b in blocks)  # no unused transposes
     out: dict[str, Any] = {"ids": ids.numpy()}
     x = global_in["x"][ids].clone().requires_grad_(True)
     grad = global_in["grad"][ids]

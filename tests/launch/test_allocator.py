@@ -66,6 +66,17 @@ def test_other_preloads_and_settings_of_the_user_are_kept() -> None:
     assert got.env["MALLOC_CONF"] == "narenas:2"
 
 
+def test_freed_memory_handed_back_leaves_jemalloc_its_decays() -> None:
+    """`launch.keep_freed_memory=false`: jemalloc without the keeping MALLOC_CONF (its own
+    decays), a user's MALLOC_CONF still theirs; glibc's side is the worker's (test_memory)."""
+    got = choose("auto", {}, LIB, keep=False)
+    assert got.name == "jemalloc" and "MALLOC_CONF" not in got.env
+    assert "freed memory kept" not in got.described
+    assert choose("auto", {}, LIB).env["MALLOC_CONF"] == RETAIN
+    theirs = choose("auto", {"MALLOC_CONF": "narenas:2"}, LIB, keep=False)
+    assert theirs.env["MALLOC_CONF"] == "narenas:2"
+
+
 def test_jemalloc_asked_for_and_missing_is_refused_in_one_sentence() -> None:
     with pytest.raises(TrainError, match="launch.allocator=jemalloc") as info:
         choose("jemalloc", {}, None)
