@@ -38,6 +38,7 @@ from leo_cli.registry import is_auto
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted
+from leo_cli.util.rss import hand_back_freed_memory
 from leo_cli.util.timing import RunTimer
 
 # Keys that may change when resuming; anything else must match the run folder. The worker
@@ -227,6 +228,7 @@ def run_workers(
         stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
         RunDir(run_dir).write_setup(stamp)
         args += ["--launched-at", repr(stamp["launched_at"])]
+    hand_back_freed_memory()  # planning's freed memory, before the workers' peaks count
     watch = MemoryWatch()
     try:
         with watch:

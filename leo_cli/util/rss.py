@@ -1,11 +1,15 @@
 """This process's peak resident memory, as the partition stage, the workers and the bench's
-peers report it."""
+peers report it; glibc's malloc, for handing freed memory back."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import platform
 import resource
 import sys
 from pathlib import Path
+from typing import Any
 
 _STATUS = Path("/proc/self/status")
 
@@ -23,3 +27,30 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def glibc() -> Any | None:
+    """glibc, or None on other C libraries (macOS, musl, Windows)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname (find_library forks)
+    except OSError:
+        return None
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    return libc
+
+
+def hand_back_freed_memory() -> bool:
+    """Collect garbage and hand every free page of the C heap back to the system (glibc's
+    `malloc_trim(0)`): the launcher does so once its planning is done and before its workers
+    start, so that what it freed is not counted beside theirs. False without glibc."""
+    gc.collect()
+    libc = glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True

@@ -13,9 +13,7 @@ Specification: docs/design/memory.md; measurements: docs/results.md.
 
 from __future__ import annotations
 
-import ctypes
-import platform
-from typing import Any
+from leo_cli.util.rss import glibc
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters (glibc malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -24,28 +22,13 @@ MMAP_THRESHOLD_BYTES = 4 << 20
 NEVER_TRIM = 2**31 - 1  # the largest trim threshold mallopt's int takes (2 GiB)
 
 
-def _glibc() -> Any | None:
-    """glibc, or None on other C libraries (macOS, musl, Windows)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")  # glibc's soname (find_library forks)
-    except OSError:
-        return None
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
-    libc.malloc_trim.argtypes = [ctypes.c_size_t]
-    libc.malloc_trim.restype = ctypes.c_int
-    return libc
-
-
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Serve every allocation of `threshold` bytes or more with its own mapping.
 
     Call it early in a worker process. Returns True when glibc accepted the setting; on other
     C libraries it does nothing and returns False.
     """
-    libc = _glibc()
+    libc = glibc()
     return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
 
 
@@ -56,7 +39,7 @@ def keep_freed_memory() -> bool:
     mapping any more and the heap's top is never trimmed. Returns True when glibc accepted
     both settings; on other C libraries it does nothing and returns False.
     """
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)

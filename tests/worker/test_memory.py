@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from leo_cli.comm import process as rank
+from leo_cli.util import rss
 from leo_cli.worker import entry as worker
 from leo_cli.worker import memory
 
@@ -45,7 +46,7 @@ def run_probe(arg: str) -> tuple[str, int]:
 
 
 def has_mallinfo2() -> bool:
-    if not sys.platform.startswith("linux") or memory.platform.libc_ver()[0] != "glibc":
+    if not sys.platform.startswith("linux") or rss.platform.libc_ver()[0] != "glibc":
         return False
     return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
 
@@ -99,10 +100,34 @@ def test_kept_memory_is_reused_without_page_faults() -> None:
 
 
 def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memory.platform, "libc_ver", lambda: ("", ""))
-    monkeypatch.setattr(memory.ctypes, "CDLL", lambda *a: pytest.fail("libc was loaded"))
+    monkeypatch.setattr(rss.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(rss.ctypes, "CDLL", lambda *a: pytest.fail("libc was loaded"))
     assert memory.fix_mmap_threshold() is False
     assert memory.keep_freed_memory() is False
+    assert rss.hand_back_freed_memory() is False
+
+
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc only")
+def test_freed_heap_pages_are_handed_back() -> None:
+    """What a process freed on its heap (small blocks below the mmap threshold, as a
+    launcher's planning leaves) leaves its resident memory once it hands it back."""
+    code = """
+import sys
+from leo_cli.util.rss import hand_back_freed_memory
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) << 10
+blocks = [bytearray(64 << 10) for _ in range(3000)]  # 192 MiB of heap blocks
+keep = blocks[-1]  # the top stays in use: only a trim of the holes below returns them
+del blocks
+before = anon()
+print(hand_back_freed_memory(), before - anon())
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env).stdout.split()  # fmt: skip
+    assert out[0] == "True" and int(out[1]) > 100 << 20
 
 
 def test_worker_fixes_the_threshold_before_set_up(
