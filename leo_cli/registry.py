@@ -175,8 +175,8 @@ MODES: dict[str, Mode] = {
         ),
         Mode(
             "shared-memory",
-            "rows written to one shared segment per host, a barrier, halo rows read out of it "
-            "(the unified-memory baseline; one host)",
+            "rows written to one shared segment per host between two barriers, halo rows read "
+            "out of it (the unified-memory baseline; one host)",
             exact=True,
             transport="segment",
             one_host=True,

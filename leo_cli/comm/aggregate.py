@@ -2,10 +2,11 @@
 
 An aggregator owns both the communication and the SpMM of a layer: the inner column block of
 the CSR, then one block per peer and chunk (comm/blocks.py), halo gradients added into their
-owners' rows. The transport (comm/transport.py) moves the rows, and `overlap` splits the update
-so rows leave early. Attention layers get the rows `[h | halo(h)]` instead. Where rows are
-rounded to `pipeline.halo_dtype` (comm/rounding.py), or the transport moves gradients as rows
-(the shared segment), the backward reads its output gradient as rows too (`backward_rows`).
+owners' rows (or the output gradient read as rows, below). The transport (comm/transport.py)
+moves the rows, and `overlap` splits the update so rows leave early. Attention layers get the
+rows `[h | halo(h)]` instead. Where rows are rounded to `pipeline.halo_dtype`
+(comm/rounding.py), or the transport moves gradients as rows (the shared segment), the
+backward reads its output gradient as rows too (`backward_rows`).
 
 Specification: docs/design/aggregation.md, docs/design/rounding.md.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
@@ -237,6 +238,7 @@ class BlockAggregator:
                 if c.block.num_edges > 0:
                     c.block.add_into(out_NF, self.arrived(halo, out_NF.dtype))
                 del halo
+            assert next(landed, None) is None, "more buffers landed than chunks"
         pending.finish()
         return out_NF
 

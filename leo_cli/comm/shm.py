@@ -111,7 +111,9 @@ class SharedMemory:
             [
                 halo_off[r] + counts[r][2 + self.rank] + torch.arange(plan.send_counts[r])
                 for r in range(len(plan.send_counts))
+                if dtypes[1] is not None  # no gradients' segment: nothing to read there
             ]
+            or [torch.zeros(0, dtype=torch.int64)]
         ).long()
         self.fwd_seg = open_segment(self.rows_T * width, dtypes[0])
         self.grad_seg = (

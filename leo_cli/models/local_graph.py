@@ -196,8 +196,8 @@ def transpose_scales(
 ) -> tuple[Tensor, Tensor] | None:
     """(r, c) of the inner rows with `Aᵀ = diag(r)·A·diag(c)`, where the graph is symmetric
     (every loader symmetrizes): the mean's `a_ij = 1/d_i` gives r = d, c = 1/d; symmetric
-    and sum weights are their own transpose (None). Rounded rows read `Aᵀ·g` so
-    (comm/aggregate.py)."""
+    and sum weights are their own transpose (None). A backward that reads the gradient as
+    rows (rounded rows, the shared segment) reads `Aᵀ·g` so (comm/aggregate.py)."""
     if conv_of(model).edge_weights != "mean":
         return None
     deg_N = torch.from_numpy(np.asarray(part.degree)[: part.num_inner]).to(dtype)

@@ -5,7 +5,8 @@ During set-up a fixed mmap threshold of 4 MiB keeps every large block its own ma
 temporaries freed after set-up go back to the system. At the end of set-up the worker trims
 the heap once and then keeps what it frees: no new block gets its own mapping and the heap's
 top is not trimmed, so a step's tensors reuse the previous step's pages instead of faulting in
-fresh ones. Where `launch.allocator` (launch/allocator.py) preloads jemalloc, these settings do
+fresh ones (with `launch.keep_freed_memory=false` it only trims the heap: large blocks stay
+mappings of their own). Where `launch.allocator` (launch/allocator.py) preloads jemalloc, these settings do
 nothing. `leo bench`'s PyG peers make the same calls, so every system compared runs alike.
 
 Specification: docs/design/memory.md; measurements: docs/results.md.

@@ -9,6 +9,7 @@ reference is the whole graph's normalised adjacency as a dense matrix.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock
 from leo_cli.comm.exchange import CommStats
 from leo_cli.comm.modes import Wiring, make_aggregator
-from leo_cli.comm.shm import SharedMemory
+from leo_cli.comm.shm import ReadOut, SharedMemory
 from leo_cli.comm.views import L3, level_view
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.types import Graph, symmetrize
@@ -150,6 +151,40 @@ def test_every_mode_matches_the_dense_reference() -> None:
         if mode_of(key[0]).exact:
             w_grad = sum(res[key]["w_grad"] for res in by_rank)
             np.testing.assert_allclose(w_grad, g_in["grad"].t() @ A @ g_in["x"], atol=1e-12)
+
+
+def slow_reader(rank: int, world: int, parts: list[LocalPart], g_in: dict) -> dict[str, Any]:
+    """Three shared-memory aggregations in a row, rank 1 reading each chunk late: rank 0 must
+    not write the next exchange into the one copy before rank 1 has read this one out."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    part = parts[rank]
+    ids = torch.from_numpy(np.asarray(part.inner_nodes, dtype=np.int64))
+    adj = part_adjacency(part, "gcn", torch.float64, torch.device("cpu"))
+    local_H = torch.from_numpy(np.array(part.halo_owner_local))
+    wiring = Wiring(CommStats(), local_H, WIDTH, torch.float64)
+    plan = halo_plan(part, torch.device("cpu"))
+    agg = make_aggregator(mode_of("shared-memory"), adj, plan, wiring, [1])
+    if rank == 1:
+        read = ReadOut.read
+
+        def late(self: ReadOut, c: Any) -> torch.Tensor:
+            time.sleep(0.3)
+            return read(self, c)
+
+        ReadOut.read = late  # type: ignore[method-assign]
+    h = g_in["x"][ids] @ g_in["w"].t()
+    return {"ids": ids.numpy(), "out": [agg.aggregate(h * k, 0).numpy() for k in (1, 2, 3)]}
+
+
+def test_shared_memory_writes_only_once_every_reader_is_done() -> None:
+    g = hand_made()
+    parts = build_parts(g, OWNER, 2)
+    g_in = inputs(g.num_nodes)
+    ref = dense_adjacency(g) @ (g_in["x"] @ g_in["w"].t())
+    for res in spawn_ranks(slow_reader, 2, parts, g_in):
+        assert not isinstance(res, Exception), res
+        for k, got in zip((1, 2, 3), res["out"], strict=True):
+            np.testing.assert_allclose(got, k * ref[res["ids"]], atol=1e-12)
 
 
 def count_products(calls: list[tuple[Any, ...]]) -> None:

@@ -223,7 +223,7 @@ def test_pipelined_step_uses_point_to_point_chunks() -> None:
     assert pred.stages["comm_s"] == pytest.approx(2 * (64 / 1e6 + 2e-3), rel=1e-12)
 
 
-def test_shared_memory_writes_rows_and_passes_a_barrier() -> None:
+def test_shared_memory_writes_rows_between_two_barriers() -> None:
     pred = predict([part(0), part(1)], NONE, SHAPE, hardware(), "shared-memory", [1])
     forward = 10 * 16 / 2e6 + 2e-3  # every inner row written, between two barriers
     backward = forward  # the output gradient's rows, the same way (gradients as rows)
