@@ -550,7 +550,8 @@ class LaunchConfig(Section):
     of resident memory (the steps' peak, plus what the heap cannot reuse). false hands large
     freed blocks back to the system at once (glibc: each its own mapping; jemalloc: its
     default decays): the leanest peak, for the largest graphs a machine trains. `leo bench`'s
-    PyG peers follow it too. docs/design/memory.md; both measured in docs/results.md."""
+    PyG peers follow it too; the hardware probe always keeps it. docs/design/memory.md; both
+    measured in docs/results.md."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

@@ -45,9 +45,14 @@ def run_probe(
     args += ["--keep-if-same"] if keep else []
     before = saved_profile(out) if keep else None
     try:
+        # Probed with freed memory kept, whatever `launch.keep_freed_memory` says: a profile
+        # is keyed by the allocator's name alone, and jemalloc's settings follow the key.
+        kept = cfg.model_copy(
+            update={"launch": cfg.launch.model_copy(update={"keep_freed_memory": True})}
+        )
         with LoadMeter() as load:
             launch_module(
-                cfg, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick
+                kept, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick
             )
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None

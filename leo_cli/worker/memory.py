@@ -6,8 +6,9 @@ temporaries freed after set-up go back to the system. At the end of set-up the w
 the heap once and then keeps what it frees: no new block gets its own mapping and the heap's
 top is not trimmed, so a step's tensors reuse the previous step's pages instead of faulting in
 fresh ones (with `launch.keep_freed_memory=false` it only trims the heap: large blocks stay
-mappings of their own). Where `launch.allocator` (launch/allocator.py) preloads jemalloc, these settings do
-nothing. `leo bench`'s PyG peers make the same calls, so every system compared runs alike.
+mappings of their own). Where `launch.allocator` (launch/allocator.py) preloads jemalloc,
+these settings do nothing. `leo bench`'s PyG peers make the same calls, so every system
+compared runs alike.
 
 Specification: docs/design/memory.md; measurements: docs/results.md.
 """
