@@ -111,14 +111,15 @@ class BlockAggregator:
         rounding: how every row the aggregation reads is rounded, inner rows included,
             and travels (`pipeline.halo_dtype`); None: as computed.
         grad_rows: the backward reads the output gradient as rows (`backward_rows`), as
-            it must where rows are rounded; otherwise halo gradients return as partial sums.
+            it must where rows are rounded (comm/modes.py decides); otherwise halo gradients
+            return as partial sums.
         grad_scales: (r, c) of every inner row where `Aᵀ = diag(r)·A·diag(c)` needs them
             (the mean), or None (r = c = 1); read by `backward_rows` only.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
-        self.rounding, self.grad_scales = rounding, grad_scales
-        self.grad_rows = grad_rows or rounding is not None
+        self.rounding, self.grad_scales, self.grad_rows = rounding, grad_scales, grad_rows
+        assert rounding is None or grad_rows, "rounded rows read their gradient as rows"
         assert in_place is None or not self.grad_rows, "published rows return partial sums"
         assert in_place is None or not attention, "attention layers gather rows, not in place"
         assert in_place is None or rounding is None, "published rows are not rounded"

@@ -238,10 +238,8 @@ def _assembled(
     indptr = torch.cat([counts_R.new_zeros(1), torch.cumsum(counts_R, 0)])
     dtype = compact_index_dtype(indptr, cols_E, cols)
     if not transpose:
-        indptr, cols_E = indptr.to(dtype), cols_E.to(dtype)
-        none = cols_E.new_empty(0)
-        fwd = kernels.CSR(
-            indptr, cols_E, values_E, num_rows, cols, none, none, none, max_degree(indptr), -1
+        fwd = kernels.CSR.from_arrays(
+            indptr, cols_E, values_E, cols, index_dtype=dtype, validate=False, transpose=False
         )
         return block_of(span[0], span[1], rows_R, fwd, transpose=False)
     if rows_R is not None:  # full rows -> the block's compact rows, by a lookup table

@@ -113,9 +113,11 @@ def make_aggregator(
         transport: Transport = NoTransfer(alone, wiring.stats)
         return BlockAggregator(
             adj, alone, transport, [1], inner=inner, attention=attention, layers=layers,
-            rounding=wiring.rounding, grad_scales=wiring.grad_scales,
+            rounding=wiring.rounding, grad_rows=wiring.rounding is not None,  # nothing moves
+            grad_scales=wiring.grad_scales,
         )  # fmt: skip
-    # Attention layers gather `[h | halo]` and return halo gradients as partial sums.
+    # Rounded rows read gradients as rows; so does a transport that moves them so, but for
+    # attention layers (they gather `[h | halo]`) and rows read in place (partial sums).
     grad_rows = wiring.rounding is not None or (
         mode.wire.gradients_as_rows and not attention and in_place is None
     )
