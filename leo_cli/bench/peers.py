@@ -31,9 +31,9 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.graph.datasets import load_dataset
 from leo_cli.registry import conv_of
-from leo_cli.util.rss import hand_back_freed_memory, peak_rss_bytes
+from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import process_start_time
-from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory
+from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 
 PEERS = ("pyg", "pyg-csr")
 
@@ -149,10 +149,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
             model(x, adj)
     sync(device)
     setup_s = time.time() - started
-    if cfg.launch.keep_freed_memory:  # as LEO's workers do after set-up (worker/memory.py)
-        keep_freed_memory()
-    else:
-        hand_back_freed_memory()
+    after_setup(cfg.launch.keep_freed_memory)  # as LEO's workers do (worker/memory.py)
     times = []
     for _ in range(num_epochs):
         t0 = time.perf_counter()

@@ -41,11 +41,11 @@ from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir, checkpoint_digest
-from leo_cli.util.rss import hand_back_freed_memory, peak_rss_bytes
+from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import build_job, halo_plan
 from leo_cli.worker.board import Board
-from leo_cli.worker.memory import fix_mmap_threshold, keep_freed_memory
+from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 from leo_cli.worker.report import plot_curves, summarize
 from leo_cli.worker.trainer import RunLog, fit, restore
 
@@ -340,10 +340,7 @@ def run_worker(
         run.drop_checkpoints_after(start)
         run.truncate_metrics(start)
         run.write_status("running", stages=rounded(laps.seconds))
-    if cfg.launch.keep_freed_memory:  # set-up's temporaries returned; steps reuse freed pages
-        keep_freed_memory()
-    else:  # set-up's temporaries returned; large blocks stay mappings of their own
-        hand_back_freed_memory()
+    after_setup(cfg.launch.keep_freed_memory)  # set-up's temporaries go back to the system
     worker = reduce_setup(laps, entered_at, launched_at)
     setup = attempt_setup(run, env.restart, launched_at, worker) if env.rank == 0 else {}
     board = (

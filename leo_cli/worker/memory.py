@@ -15,7 +15,7 @@ Specification: docs/design/memory.md; measurements: docs/results.md.
 
 from __future__ import annotations
 
-from leo_cli.util.rss import glibc
+from leo_cli.util.rss import glibc, hand_back_freed_memory
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters (glibc malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -35,14 +35,20 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """From now on keep what is freed for the next allocation (call it once set-up is done).
-
-    Set-up's free pages are handed back first (`malloc_trim`); then no block gets its own
-    mapping any more and the heap's top is never trimmed. Returns True when glibc accepted
-    both settings; on other C libraries it does nothing and returns False.
+    """From now on keep what is freed for the next allocation: no block gets its own mapping
+    any more and the heap's top is never trimmed. Returns True when glibc accepted both
+    settings; on other C libraries it does nothing and returns False.
     """
     libc = glibc()
     if libc is None:
         return False
-    libc.malloc_trim(0)
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def after_setup(keep: bool) -> bool:
+    """Hand set-up's freed memory back to the system; with `keep` (`launch.keep_freed_memory`)
+    keep what the steps free from then on. Called once, just before the first step, by the
+    workers and by `leo bench`'s PyG peers. Returns True when glibc accepted every setting.
+    """
+    handed_back = hand_back_freed_memory()
+    return handed_back and (keep_freed_memory() if keep else True)

@@ -104,6 +104,7 @@ def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rss.ctypes, "CDLL", lambda *a: pytest.fail("libc was loaded"))
     assert memory.fix_mmap_threshold() is False
     assert memory.keep_freed_memory() is False
+    assert memory.after_setup(True) is False and memory.after_setup(False) is False
     assert rss.hand_back_freed_memory() is False
 
 
