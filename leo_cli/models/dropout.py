@@ -8,6 +8,7 @@ the node id and one column per head. Legend: N rows (nodes), F columns, E edges,
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -52,15 +53,76 @@ def keep_scale(p: float, dtype: torch.dtype) -> float:
 
 
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
-    """Inverted dropout with a mask that only depends on global row ids and the key."""
+    """Inverted dropout with a mask that only depends on global row ids and the key. Without
+    a gradient to pass back to x (the input features) the result is written a chunk of rows at
+    a time, beside no multiplier as large as x."""
     if p == 0.0:
         return x_NF
     scale = keep_scale(p, x_NF.dtype)
+    if not (x_NF.requires_grad and torch.is_grad_enabled()):
+        out_NF = torch.empty_like(x_NF)
+        for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
+            mult = _multiplier(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p, x_NF.dtype)
+            torch.mul(x_NF[s : s + _CHUNK_ROWS], mult.mul_(scale), out=out_NF[s : s + _CHUNK_ROWS])
+        return out_NF
     mult_NF = torch.empty_like(x_NF)
     for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
         mult_NF[s : s + _CHUNK_ROWS] = keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
     out: Tensor = _Scale.apply(x_NF, mult_NF.mul_(scale))  # type: ignore[no-untyped-call]
     return out
+
+
+def _multiplier(ids_N: Tensor, num_cols: int, key: int, p: float, dtype: torch.dtype) -> Tensor:
+    """The mask of `ids_N`'s rows as 0/1 entries of `dtype`."""
+    return keep_mask(ids_N, num_cols, key, p).to(dtype)
+
+
+class Recomputed:
+    """Keeps dropped copies of tensors without a gradient (the input features) out of memory
+    between the forward and the backward: inside `saving()`, a layer that saves such a copy
+    for its backward (a linear map's weight gradient needs its input) saves how to draw it
+    instead, and the backward draws it again from the same keyed masks, the same numbers."""
+
+    def __init__(self) -> None:
+        self._drawn: list[tuple[weakref.ref[Tensor], tuple[Tensor, Tensor, float, int]]] = []
+
+    def dropout(self, x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
+        """`counter_dropout(x_NF, ids_N, p, key)`, remembered when x needs no gradient."""
+        out_NF = counter_dropout(x_NF, ids_N, p, key)
+        if out_NF is not x_NF and not x_NF.requires_grad:
+            self._drawn.append((weakref.ref(out_NF), (x_NF, ids_N, p, key)))
+        return out_NF
+
+    def saving(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """The saved-tensor hooks to run the layer under."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: Tensor) -> Any:
+        for ref, recipe in self._drawn:
+            out_NF = ref()
+            if (
+                out_NF is not None
+                and t.data_ptr() == out_NF.data_ptr()
+                and t.shape == out_NF.shape
+                and t.stride() == out_NF.stride()
+                and t.dtype == out_NF.dtype
+            ):
+                return _Redraw(recipe)
+        return t
+
+    @staticmethod
+    def _unpack(saved: Any) -> Tensor:
+        if isinstance(saved, _Redraw):
+            return counter_dropout(*saved.recipe)
+        assert isinstance(saved, Tensor)
+        return saved
+
+
+class _Redraw:
+    """What a saved dropped copy is replaced by: the arguments of `counter_dropout`."""
+
+    def __init__(self, recipe: tuple[Tensor, Tensor, float, int]) -> None:
+        self.recipe = recipe
 
 
 def relu_dropout(h_NF: Tensor, bias_F: Tensor | None, ids_N: Tensor, p: float, key: int) -> Tensor:

@@ -8,6 +8,7 @@ others use ReLU.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 
 from leo_cli.config.schema import ModelConfig
 from leo_cli.models.dropout import (
+    Recomputed,
     attention_key,
     counter_dropout,
     relu_dropout,
@@ -47,35 +49,41 @@ class GNN(nn.Module):
 
     def forward(self, x_NF: Tensor, g: LocalGraph, seed: int = 0, epoch: int = 0) -> Tensor:
         """Logits of the inner rows; masks keyed by (seed, epoch, layer, global id). Between
-        layers, bias, ReLU and the next layer's dropout run as one op (`relu_dropout`)."""
+        layers, bias, ReLU and the next layer's dropout run as one op (`relu_dropout`); the
+        features' dropped copy is drawn again where layer 0's backward needs it (`Recomputed`)."""
         h = x_NF
         last = len(self.convs) - 1
+        drawn = Recomputed()  # the features' dropped copies are drawn again by the backward
         for layer, conv in enumerate(self.convs):
             p = self.input_dropout if layer == 0 else self.dropout
             dropped = self.training and p > 0
             key = stream_key(seed, epoch, layer)
-            if dropped and (layer == 0 or self.elu):  # else drawn with the ReLU before it
+            if dropped and layer == 0:
+                h = drawn.dropout(h, g.global_ids_N, p, key)
+            elif dropped and self.elu:  # else drawn with the ReLU before it
                 h = counter_dropout(h, g.global_ids_N, p, key)
             at = LayerInput(layer, static=layer == 0 and not dropped)
             if layer == 0 and g.replicas is not None:
                 # Replicated halo rows draw the masks their owners draw (keyed by global id).
                 xr = g.replicas.x_RF
-                xr = counter_dropout(xr, g.replicas.ids_R, p, key) if dropped else xr
+                xr = drawn.dropout(xr, g.replicas.ids_R, p, key) if dropped else xr
                 at = LayerInput(layer, static=not dropped, replica_RF=xr)
             if self.attention and self.training:
                 at = LayerInput(layer, attention_key=attention_key(seed, epoch, layer))
             if self.training:  # rounded rows draw their random bytes from a stream of their own
                 at = replace(at, rows_key=rows_key(seed, epoch, layer))
+            fused = layer != last and not self.elu  # bias, ReLU, next dropout: one op
+            with drawn.saving() if layer == 0 else nullcontext():
+                z: Tensor = conv(h, g, at, add_bias=False) if fused else conv(h, g, at)
             if layer == last:
-                out: Tensor = conv(h, g, at)
-                return out
+                return z
             if self.elu:
-                h = F.elu(conv(h, g, at))
+                h = F.elu(z)
                 continue
             p_next = self.dropout if self.training else 0.0
             bias, next_key = conv.out_bias, stream_key(seed, epoch, layer + 1)
             assert isinstance(bias, Tensor), "GCN, SAGE and GIN layers end in a bias"
-            h = relu_dropout(conv(h, g, at, add_bias=False), bias, g.global_ids_N, p_next, next_key)
+            h = relu_dropout(z, bias, g.global_ids_N, p_next, next_key)
         return h
 
 

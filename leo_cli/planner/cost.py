@@ -341,6 +341,8 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
         drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
         return {"dropout": drop, "gemm": gemms * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
     drop = hw.mask_seconds(n, a, backward=True) if sl.p > 0 and sl.layer > 0 else 0.0
+    if sl.p > 0 and sl.layer == 0 and sl.upd:  # the GEMM's input, the dropped features, is
+        drop = hw.mask_seconds(n, a)  # drawn again for the weight gradient (models/dropout.py)
     grads = 2 if sl.layer > 0 else 1  # weight gradient; input gradient past layer 0
     return {"dropout": drop, "gemm": gemms * grads * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
 

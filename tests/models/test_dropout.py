@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import weakref
+from contextlib import nullcontext
+
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from conftest import random_graph
 
+from leo_cli.config import load_config
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.dropout import (
+    Recomputed,
     attention_key,
     counter_dropout,
     edge_ids,
@@ -13,6 +23,7 @@ from leo_cli.models.dropout import (
     relu_dropout,
     stream_key,
 )
+from leo_cli.worker.assemble import assemble
 
 
 def test_mask_of_any_row_subset_equals_the_full_mask() -> None:
@@ -132,3 +143,63 @@ def test_fused_relu_dropout_gives_the_unfused_numbers_bit_for_bit(
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_no_grad_dropout_is_the_grad_paths_numbers() -> None:
+    x = torch.randn(70000, 13)  # three row chunks, float32: the scale 1/0.7 is inexact
+    key, ids = stream_key(1, 2, 0), torch.arange(70000) * 3
+    lean = counter_dropout(x, ids, 0.3, key)
+    graded = counter_dropout(x.clone().requires_grad_(), ids, 0.3, key)
+    assert torch.equal(lean, graded.detach())
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> None:
+    """A linear map saves its input for the weight's gradient: under `saving()` it saves how
+    to draw the dropped features again, and the gradient is the same to the bit."""
+    x = torch.randn(70000, 9, dtype=torch.float64)
+    ids, key = torch.arange(70000), stream_key(3, 4, 0)
+    weight = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
+    drawn = Recomputed()
+    dropped = drawn.dropout(x, ids, 0.5, key) if recompute else counter_dropout(x, ids, 0.5, key)
+    kept = weakref.ref(dropped)
+    with drawn.saving():
+        out = F.linear(dropped, weight).relu()
+    del dropped
+    assert (kept() is None) == recompute  # the test tells the two apart
+    out.sum().backward()
+    expected = F.linear(torch.where(keep_mask(ids, 9, key, 0.5), x * 2.0, 0.0), weight.detach())
+    assert torch.equal(out.detach(), expected.relu())
+    g = (expected > 0).double()
+    assert torch.equal(weight.grad, g.t() @ torch.where(keep_mask(ids, 9, key, 0.5), x * 2.0, 0.0))
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
+def test_models_redraw_the_dropped_features_with_the_same_gradients(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = random_graph(num_nodes=90, num_edges=400, num_features=7, num_classes=3, seed=2)
+    heads = ["model.heads=2"] if name == "gat" else []
+    cfg = load_config(  # 7 features, 2 hidden: the linear map comes before the aggregation
+        None,
+        [f"model.name={name}", "train.dtype=float64", "model.hidden_channels=2", *heads]
+        + ["pipeline.mode=leo"],
+    )
+    part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
+    job = assemble(cfg, part, DatasetInfo.of(g), 1, torch.device("cpu"))
+    x = torch.from_numpy(g.x_NF).double()
+
+    def grads() -> list[torch.Tensor]:
+        job.model.zero_grad()
+        job.model(x, job.graph, seed=5, epoch=3).square().sum().backward()
+        return [p.grad.clone() for p in job.model.parameters() if p.grad is not None]
+
+    redrawn = []
+    unpack = Recomputed._unpack
+    spy = staticmethod(lambda saved: redrawn.append(saved) or unpack(saved))
+    monkeypatch.setattr(Recomputed, "_unpack", spy)
+    ours = grads()
+    assert any(type(saved).__name__ == "_Redraw" for saved in redrawn)  # drawn again
+    monkeypatch.setattr(Recomputed, "saving", lambda self: nullcontext())
+    plain = grads()
+    assert len(ours) == len(plain) and all(map(torch.equal, ours, plain))

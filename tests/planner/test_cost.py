@@ -133,6 +133,21 @@ def test_self_loops_on_the_diagonal_are_priced_as_inner_edges() -> None:
     assert diagonal.epoch_time_s - apart == pytest.approx(change, rel=1e-9)
 
 
+@pytest.mark.parametrize(("widths", "draws"), [((16, 4), 2), ((4, 16), 1)])
+def test_input_dropout_is_drawn_again_for_an_update_first_weight_gradient(
+    widths: tuple[int, int], draws: int
+) -> None:
+    """Layer 0's dropped features are not kept for the backward: an update-first layer
+    (16 -> 4) draws its mask again for the weight gradient; aggregating first (4 -> 16) saves
+    the aggregate instead and draws it once."""
+    parts = [part(0), part(1)]
+    shape = replace(SHAPE, widths=widths)
+    plain = predict(parts, NONE, shape, hardware(), "blocking", [1]).epoch_time_s
+    dropped = replace(shape, input_dropout=0.5)
+    pred = predict(parts, NONE, dropped, hardware(), "blocking", [1]).epoch_time_s
+    assert pred - plain == pytest.approx(draws * 10 / 100.0, rel=1e-9)  # 10 rows, 100 rows/s
+
+
 def test_rounded_rows_move_fewer_bytes_both_ways_and_pay_their_rounding() -> None:
     """bfloat16 rows (`pipeline.halo_dtype`): 2 bytes an element forward and backward (the
     gradient read as rows: the same 4 rows each way), every inner row encoded and decoded,
