@@ -359,6 +359,10 @@ class Conv:
             attention scores computed per step (edge values 1).
         extra_gemm: a second linear map per layer (sage's root map, gin's MLP), for the cost
             model.
+        root_map: a linear map of the layer's own input beside the aggregation (sage): its
+            backward reads that input.
+        learnt_self_weight: the layer's own row weighs (1 + eps) with a learnt eps (gin): its
+            gradient reads the row.
         attention: edge weights depend on the rows of both ends (gat): layers gather
             `[h | halo]` instead of aggregating, and neither replicas nor the static aggregate
             apply (both rest on aggregating raw inputs first).
@@ -370,6 +374,8 @@ class Conv:
     help: str
     edge_weights: EdgeWeights
     extra_gemm: bool = False
+    root_map: bool = False
+    learnt_self_weight: bool = False
     attention: bool = False
     elu: bool = False
     pyg_peer: str | None = None
@@ -378,6 +384,15 @@ class Conv:
     def admits_replicas(self) -> bool:
         """L1 replicas and the L1s static aggregate (aggregate-first of raw inputs)."""
         return not self.attention
+
+    @property
+    def input_reads(self) -> tuple[int, int]:
+        """How often a layer's backward reads the layer's input, (update first, aggregate
+        first): at layer 0, how often the dropped features are drawn again (models/dropout.py
+        `Recomputed`). The update inside the aggregation reads it when it runs first, a root
+        map always, a learnt self weight when the aggregation runs first on the input."""
+        root, own = int(self.root_map), int(self.learnt_self_weight)
+        return (1 + root, root + own)
 
     @property
     def diagonal(self) -> bool:
@@ -390,8 +405,14 @@ CONVS: dict[str, Conv] = {
     c.name: c
     for c in (
         Conv("gcn", "Kipf & Welling's GCN", "symmetric", pyg_peer="GCNConv"),
-        Conv("sage", "GraphSAGE, mean aggregator", "mean", extra_gemm=True),
-        Conv("gin", "GIN with a learnt eps and a 2-layer MLP", "sum", extra_gemm=True),
+        Conv("sage", "GraphSAGE, mean aggregator", "mean", extra_gemm=True, root_map=True),
+        Conv(
+            "gin",
+            "GIN with a learnt eps and a 2-layer MLP",
+            "sum",
+            extra_gemm=True,
+            learnt_self_weight=True,
+        ),
         Conv(
             "gat",
             "multi-head graph attention",

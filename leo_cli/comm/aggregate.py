@@ -299,11 +299,14 @@ class BlockAggregator:
         return grad_h
 
 
-def _weight_grads(ctx: Any, g_h: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """Gradients of x and W of h = x·Wᵀ (the layer's update, inside the aggregation)."""
-    x_NF, weight = ctx.saved_tensors
-    grad_x = g_h @ weight if ctx.needs_input_grad[0] else None
-    grad_w = g_h.t() @ x_NF if ctx.needs_input_grad[1] else None
+def _weight_grads(
+    saved: tuple[Tensor, ...], needs: tuple[bool, ...], g_h: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of x and W of h = x·Wᵀ (the layer's update, inside the aggregation), from the
+    saved (x, W) and which inputs need a gradient."""
+    x_NF, weight = saved
+    grad_x = g_h @ weight if needs[0] else None
+    grad_w = g_h.t() @ x_NF if needs[1] else None
     return grad_x, grad_w
 
 
@@ -342,9 +345,10 @@ class _Aggregate(torch.autograd.Function):
             g_h = agg.backward_halo(grad_out, ctx.sched, layer)
         if grad_h is not None:
             g_h += grad_h
-        if not ctx.saved_tensors:
+        saved = ctx.saved_tensors  # read once: a read may draw dropped features again
+        if not saved:
             return g_h, None, None, None
-        return (*_weight_grads(ctx, g_h), None, None)
+        return (*_weight_grads(saved, ctx.needs_input_grad, g_h), None, None)
 
 
 class _Gather(torch.autograd.Function):
@@ -369,9 +373,10 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_full: Tensor) -> Any:
         g_h = ctx.agg.return_halo_grads(grad_full.contiguous(), ctx.sched)
-        if not ctx.saved_tensors:
+        saved = ctx.saved_tensors  # read once: a read may draw dropped features again
+        if not saved:
             return g_h, None, None, None
-        return (*_weight_grads(ctx, g_h), None, None)
+        return (*_weight_grads(saved, ctx.needs_input_grad, g_h), None, None)
 
 
 class PerLayerAggregator:

@@ -9,6 +9,7 @@ the node id and one column per head. Legend: N rows (nodes), F columns, E edges,
 from __future__ import annotations
 
 import weakref
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -54,8 +55,8 @@ def keep_scale(p: float, dtype: torch.dtype) -> float:
 
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     """Inverted dropout with a mask that only depends on global row ids and the key. Without
-    a gradient to pass back to x (the input features) the result is written a chunk of rows at
-    a time, beside no multiplier as large as x."""
+    a gradient to x (the input features) the mask is applied a chunk of rows at a time, so no
+    multiplier as large as x is allocated."""
     if p == 0.0:
         return x_NF
     scale = keep_scale(p, x_NF.dtype)
@@ -81,27 +82,32 @@ class Recomputed:
     """Keeps dropped copies of tensors without a gradient (the input features) out of memory
     between the forward and the backward: inside `saving()`, a layer that saves such a copy
     for its backward (a linear map's weight gradient needs its input) saves how to draw it
-    instead, and the backward draws it again from the same keyed masks, the same numbers."""
+    instead, and the backward draws it again from the same keyed masks, the same numbers.
+    The hooks are Python's: a compiled model would not trace them."""
 
     def __init__(self) -> None:
-        self._drawn: list[tuple[weakref.ref[Tensor], tuple[Tensor, Tensor, float, int]]] = []
+        self._drawn: list[tuple[weakref.ref[Tensor], int, tuple[Tensor, Tensor, float, int]]] = []
 
     def dropout(self, x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
         """`counter_dropout(x_NF, ids_N, p, key)`, remembered when x needs no gradient."""
         out_NF = counter_dropout(x_NF, ids_N, p, key)
         if out_NF is not x_NF and not x_NF.requires_grad:
-            self._drawn.append((weakref.ref(out_NF), (x_NF, ids_N, p, key)))
+            self._drawn.append((weakref.ref(out_NF), out_NF._version, (x_NF, ids_N, p, key)))
         return out_NF
 
-    def saving(self) -> torch.autograd.graph.saved_tensors_hooks:
-        """The saved-tensor hooks to run the layer under."""
+    def saving(self) -> AbstractContextManager[None]:
+        """The saved-tensor hooks to run the layer under (none where nothing was dropped)."""
+        if not self._drawn:
+            return nullcontext()
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: Tensor) -> Any:
-        for ref, recipe in self._drawn:
+        for ref, version, recipe in self._drawn:
             out_NF = ref()
             if (
                 out_NF is not None
+                and out_NF._version == version  # not written since it was drawn
+                and t.layout == torch.strided
                 and t.data_ptr() == out_NF.data_ptr()
                 and t.shape == out_NF.shape
                 and t.stride() == out_NF.stride()

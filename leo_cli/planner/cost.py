@@ -62,6 +62,9 @@ class ModelShape:
     diagonal: bool = False
     """The self-loops are entries of the CSR's diagonal (GCN): one more inner edge per row in
     every aggregation, and no separate self-loop passes."""
+    input_reads: tuple[int, int] = (1, 0)
+    """How often a layer's backward reads its input, update-first and aggregate-first
+    (registry.py `Conv.input_reads`): layer 0's dropped features are drawn again as often."""
 
     @property
     def admits_replicas(self) -> bool:
@@ -136,6 +139,7 @@ class ShapeLayer:
     diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
     fused: bool = True  # bias, ReLU and the next mask in one pass (not GAT's bias and ELU)
     attention: bool = False  # halo gradients return as partial sums (gathered rows)
+    redraws: int = 0  # layer 0: the dropped features drawn again by the backward
 
 
 class _Counts:
@@ -341,8 +345,8 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
         drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
         return {"dropout": drop, "gemm": gemms * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
     drop = hw.mask_seconds(n, a, backward=True) if sl.p > 0 and sl.layer > 0 else 0.0
-    if sl.p > 0 and sl.layer == 0 and sl.upd:  # the GEMM's input, the dropped features, is
-        drop = hw.mask_seconds(n, a)  # drawn again for the weight gradient (models/dropout.py)
+    # Layer 0: its dropped features are drawn again wherever the backward reads them.
+    drop += sl.redraws * hw.mask_seconds(n, a) if sl.p > 0 and sl.layer == 0 else 0.0
     grads = 2 if sl.layer > 0 else 1  # weight gradient; input gradient past layer 0
     return {"dropout": drop, "gemm": gemms * grads * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
 
@@ -650,6 +654,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
         rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
         shape.diagonal, not shape.attention, shape.attention,
+        shape.input_reads[0 if w < a else 1] if layer == 0 else 0,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ def model_shape(
         conv_of(model.name).extra_gemm, attention=model.attention,
         rows=tuple(model.row_widths(num_classes)), halo_bytes=halo[0], halo_row_bytes=halo[1],
         halo_stochastic=halo[2], diagonal=conv_of(model.name).diagonal,
+        input_reads=conv_of(model.name).input_reads,
     )  # fmt: skip
 
 

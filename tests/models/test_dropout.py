@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from leo_cli.models.dropout import (
     relu_dropout,
     stream_key,
 )
+from leo_cli.registry import conv_of
 from leo_cli.worker.assemble import assemble
 
 
@@ -175,31 +177,52 @@ def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> N
 
 
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
+@pytest.mark.parametrize("hidden", [2, 16])  # 7 features: update first, aggregate first
 def test_models_redraw_the_dropped_features_with_the_same_gradients(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, hidden: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Layer 0 keeps no dropped copy from its forward to its backward, which draws it as
+    often as the registry tells the cost model (`Conv.input_reads`); gradients are the same
+    to the bit as with the copy kept."""
     g = random_graph(num_nodes=90, num_edges=400, num_features=7, num_classes=3, seed=2)
     heads = ["model.heads=2"] if name == "gat" else []
-    cfg = load_config(  # 7 features, 2 hidden: the linear map comes before the aggregation
+    cfg = load_config(
         None,
-        [f"model.name={name}", "train.dtype=float64", "model.hidden_channels=2", *heads]
+        [f"model.name={name}", "train.dtype=float64", f"model.hidden_channels={hidden}", *heads]
         + ["pipeline.mode=leo"],
     )
     part = build_parts(g, np.zeros(g.num_nodes, dtype=np.int64), 1)[0]
     job = assemble(cfg, part, DatasetInfo.of(g), 1, torch.device("cpu"))
     x = torch.from_numpy(g.x_NF).double()
+    copies: list[weakref.ref[torch.Tensor]] = []
+    dropout = Recomputed.dropout
 
-    def grads() -> list[torch.Tensor]:
+    def spy_dropout(self: Recomputed, *args: Any) -> torch.Tensor:
+        out = dropout(self, *args)
+        copies.append(weakref.ref(out))
+        return out
+
+    def grads() -> tuple[list[torch.Tensor], bool]:
+        """The gradients, and whether the dropped copy lived from the forward to the backward."""
+        copies.clear()
         job.model.zero_grad()
-        job.model(x, job.graph, seed=5, epoch=3).square().sum().backward()
-        return [p.grad.clone() for p in job.model.parameters() if p.grad is not None]
+        loss = job.model(x, job.graph, seed=5, epoch=3).square().sum()
+        assert len(copies) == 1  # the features' dropout, layer 0 only
+        kept = copies[0]() is not None
+        loss.backward()
+        return [p.grad.clone() for p in job.model.parameters() if p.grad is not None], kept
 
-    redrawn = []
+    redrawn: list[object] = []
     unpack = Recomputed._unpack
     spy = staticmethod(lambda saved: redrawn.append(saved) or unpack(saved))
     monkeypatch.setattr(Recomputed, "_unpack", spy)
-    ours = grads()
-    assert any(type(saved).__name__ == "_Redraw" for saved in redrawn)  # drawn again
+    monkeypatch.setattr(Recomputed, "dropout", spy_dropout)
+    ours, kept = grads()
+    draws = sum(type(saved).__name__ == "_Redraw" for saved in redrawn)
+    expected = {"gcn": (1, 0), "sage": (2, 1), "gin": (1, 1), "gat": (1, 0)}[name]
+    assert not kept and draws == expected[0 if hidden == 2 else 1]
+    assert conv_of(name).input_reads == expected
     monkeypatch.setattr(Recomputed, "saving", lambda self: nullcontext())
-    plain = grads()
+    plain, kept = grads()
+    assert kept == (draws > 0)  # the copy lives where no hooks replace it: the test tells
     assert len(ours) == len(plain) and all(map(torch.equal, ours, plain))

@@ -133,15 +133,19 @@ def test_self_loops_on_the_diagonal_are_priced_as_inner_edges() -> None:
     assert diagonal.epoch_time_s - apart == pytest.approx(change, rel=1e-9)
 
 
-@pytest.mark.parametrize(("widths", "draws"), [((16, 4), 2), ((4, 16), 1)])
-def test_input_dropout_is_drawn_again_for_an_update_first_weight_gradient(
-    widths: tuple[int, int], draws: int
+@pytest.mark.parametrize(
+    ("widths", "reads", "draws"),
+    [((16, 4), (1, 0), 2), ((4, 16), (1, 0), 1), ((16, 4), (2, 1), 3), ((4, 16), (2, 1), 2)],
+)
+def test_input_dropout_is_drawn_again_where_the_backward_reads_it(
+    widths: tuple[int, int], reads: tuple[int, int], draws: int
 ) -> None:
-    """Layer 0's dropped features are not kept for the backward: an update-first layer
-    (16 -> 4) draws its mask again for the weight gradient; aggregating first (4 -> 16) saves
-    the aggregate instead and draws it once."""
+    """Layer 0's dropped features are not kept for the backward: drawn once forward, then
+    as often as the layer's backward reads its input (`input_reads`: GCN's update-first layer
+    (16 -> 4) once for the weight gradient, aggregating first (4 -> 16) never; a root map as
+    SAGE's once more either way)."""
     parts = [part(0), part(1)]
-    shape = replace(SHAPE, widths=widths)
+    shape = replace(SHAPE, widths=widths, input_reads=reads)
     plain = predict(parts, NONE, shape, hardware(), "blocking", [1]).epoch_time_s
     dropped = replace(shape, input_dropout=0.5)
     pred = predict(parts, NONE, dropped, hardware(), "blocking", [1]).epoch_time_s

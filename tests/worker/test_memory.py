@@ -146,3 +146,23 @@ def test_worker_fixes_the_threshold_before_set_up(
     with pytest.raises(RuntimeError, match="stop before set-up"):
         worker.main([str(tmp_path)])
     assert calls == ["mallopt", "env"]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_after_setup_trims_then_keeps_or_not(keep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(("trim", pad))
+            return 1
+
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append(("mallopt", param))
+            return 1
+
+    monkeypatch.setattr(rss, "glibc", FakeLibc)
+    monkeypatch.setattr(memory, "glibc", FakeLibc)
+    assert memory.after_setup(keep) is True
+    kept = [("mallopt", memory.M_MMAP_MAX), ("mallopt", memory.M_TRIM_THRESHOLD)]
+    assert calls == [("trim", 0)] + (kept if keep else [])

@@ -195,8 +195,9 @@ def gemm_rates(sizes: ProbeSizes, width: int, pace: Pace = ALONE) -> tuple[float
 def mask_rates(
     sizes: ProbeSizes, width: int, dropout: DropoutFn, pace: Pace = ALONE
 ) -> tuple[float, float]:
-    """Rows per second of counter-based dropout forward (mask generation and apply) and of
-    its autograd backward."""
+    """Rows per second of counter-based dropout forward (mask generation and apply, timed
+    without a gradient to the input, as layer 0 draws it and draws it again) and of its
+    autograd backward."""
     rows = dense_rows(sizes.mask_elements, width)
     gen = torch.Generator().manual_seed(_SEED)
     x_NF = torch.randn(rows, width, generator=gen, requires_grad=True)
