@@ -176,6 +176,26 @@ def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> N
     assert torch.equal(weight.grad, g.t() @ torch.where(keep_mask(ids, 9, key, 0.5), x * 2.0, 0.0))
 
 
+def test_a_copy_written_since_it_was_drawn_is_saved_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = torch.randn(300, 9, dtype=torch.float64)
+    ids, key = torch.arange(300), stream_key(1, 1, 0)
+    weight = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
+    drawn = Recomputed()
+    assert isinstance(drawn.saving(), nullcontext)  # nothing drawn: no hooks
+    dropped = drawn.dropout(x, ids, 0.5, key)
+    dropped.mul_(3.0)  # no longer what the masks draw
+    saved: list[object] = []
+    unpack = Recomputed._unpack
+    spy = staticmethod(lambda s: saved.append(s) or unpack(s))
+    monkeypatch.setattr(Recomputed, "_unpack", spy)
+    with drawn.saving():
+        F.linear(dropped, weight).sum().backward()
+    assert saved and not any(type(s).__name__ == "_Redraw" for s in saved)
+    torch.testing.assert_close(weight.grad, dropped.sum(0).expand(5, 9), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
 @pytest.mark.parametrize("hidden", [2, 16])  # 7 features: update first, aggregate first
 def test_models_redraw_the_dropped_features_with_the_same_gradients(

@@ -153,11 +153,15 @@ def test_attention_keeps_one_chunk_without_pricing_more(monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize(
-    ("name", "extra"), [("gcn", False), ("sage", True), ("gin", True), ("gat", False)]
+    ("name", "extra", "reads"),
+    [("gcn", False, (1, 0)), ("sage", True, (2, 1)), ("gin", True, (1, 1)), ("gat", False, (1, 0))],
 )
-def test_model_shape_counts_a_second_gemm_only_where_there_is_one(name: str, extra: bool) -> None:
+def test_model_shape_counts_a_second_gemm_only_where_there_is_one(
+    name: str, extra: bool, reads: tuple[int, int]
+) -> None:
     s = model_shape(ModelConfig(name=name), num_features=16, num_classes=4, dtype_bytes=4)
     assert s.extra_gemm is extra and s.attention is (name == "gat")
+    assert s.input_reads == reads  # layer 0's redraws, update-first and aggregate-first
 
 
 @pytest.mark.parametrize("policy", ["degree", "leo"])
