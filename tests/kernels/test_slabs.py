@@ -1,4 +1,5 @@
-"""Column slabs of the CPU SpMM: how wide they are, and that they change no number."""
+"""Column slabs of the CPU SpMM: how wide they are, and that they change no number (with
+LEO's CPU SpMM; with MKL's, no more than its summation order does)."""
 
 from __future__ import annotations
 
@@ -90,4 +91,11 @@ def test_slabs_change_no_number(
     sliced = forward_backward()
     monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 40)
     whole = forward_backward()
-    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+    if kernels.active_backend().cpu == "leo":  # LEO's SpMM: CSR order whatever the width
+        assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+        return
+    # MKL may order a row's sum by the product's width (it does on an Intel Xeon): the slabs
+    # then change the last bits only.
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype)
+    for got, expected in zip(sliced, whole, strict=True):
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
