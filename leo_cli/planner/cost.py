@@ -131,15 +131,23 @@ class ShapeLayer:
     last: bool
     row_bytes: int = 0  # bytes of an exchanged row as it travels forward
     grad_bytes: int = 0  # ... and of a gradient row backward
-    rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide, and gradients
-    # read as rows (comm/aggregate.py backward_rows) but for attention
-    grad_rows: bool = False
+    rounded: bool = False  # rows rounded (pipeline.halo_dtype): read back wide
     keyed: bool = False  # stochastic rounding: random bytes drawn per element (int8)
     scaled: bool = False  # a power-of-two scale per row (int8, float16)
     diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
-    fused: bool = True  # bias, ReLU and the next mask in one pass (not GAT's bias and ELU)
-    attention: bool = False  # halo gradients return as partial sums (gathered rows)
+    attention: bool = False  # gathers `[h | halo]`: halo gradients return as partial sums
     redraws: int = 0  # layer 0: the dropped features drawn again by the backward
+
+    @property
+    def fused(self) -> bool:
+        """Bias, ReLU and the next mask in one pass (not GAT's bias and ELU)."""
+        return not self.attention
+
+    def gradient_rows(self, mode: Mode) -> bool:
+        """The backward reads the output gradient as rows (comm/aggregate.py backward_rows),
+        as comm/modes.py's `make_aggregator` decides: rounded rows, or a transport that moves
+        gradients so; attention layers return partial sums."""
+        return (self.rounded or mode.wire.gradients_as_rows) and not self.attention
 
 
 class _Counts:
@@ -539,7 +547,7 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
-    if sl.grad_rows or (mode.wire.gradients_as_rows and not sl.attention):
+    if sl.gradient_rows(mode):
         return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
@@ -652,8 +660,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     return ShapeLayer(
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
-        rounded and not shape.attention, shape.halo_stochastic, shape.halo_row_bytes > 0,
-        shape.diagonal, not shape.attention, shape.attention,
+        shape.halo_stochastic, shape.halo_row_bytes > 0, shape.diagonal, shape.attention,
         shape.input_reads[0 if w < a else 1] if layer == 0 else 0,
     )  # fmt: skip
 
