@@ -25,7 +25,7 @@ from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.config.load import validate, with_overrides
 from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
 from leo_cli.errors import ConfigError, TrainError
-from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.emulate import bits_per_second, check_split
 from leo_cli.launch.launcher import check_supported, prepare, run_workers
 from leo_cli.launch.nodes import run_nodes
@@ -255,8 +255,7 @@ def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     threads = str(os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]
-    allocator = allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory)
-    env = {**os.environ, **allocator.env}  # the workers' allocator
+    env = {**os.environ, **workers_allocator(cfg.launch).env}  # the workers' allocator
     proc = subprocess.run(
         [*cmd, "--threads", threads], capture_output=True, text=True, check=False, env=env
     )

@@ -16,9 +16,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from leo_cli.comm.process import ALLOCATOR_ENV
 from leo_cli.errors import TrainError
+
+if TYPE_CHECKING:
+    from leo_cli.config.schema import LaunchConfig
 
 JEMALLOC_NAMES = ("libjemalloc.so.2", "libjemalloc.so")
 LIBRARY_DIRS = (
@@ -127,6 +131,12 @@ def fallback_note(auto: Allocator) -> str | None:
 def allocator_of(setting: str, keep: bool = True) -> Allocator:
     """`choose` on this process's environment and machine."""
     return choose(setting, os.environ, find_jemalloc(), keep)
+
+
+def workers_allocator(launch: LaunchConfig) -> Allocator:
+    """The allocator the workers and `leo bench`'s PyG peers run on: `launch.allocator`,
+    keeping freed memory as `launch.keep_freed_memory` says."""
+    return allocator_of(launch.allocator, launch.keep_freed_memory)
 
 
 @contextmanager

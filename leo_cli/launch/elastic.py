@@ -25,7 +25,7 @@ from leo_cli.comm.placement import AFFINITY_ENV, check_affinity, placement_env
 from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError, TrainError
-from leo_cli.launch.allocator import allocator_env, allocator_of
+from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
@@ -148,7 +148,7 @@ def launch_module(
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
-    allocator = allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory)
+    allocator = workers_allocator(cfg.launch)
     with (
         allocator_env(allocator),
         HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch,

@@ -20,7 +20,7 @@ from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
-from leo_cli.launch.allocator import allocator_of
+from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.elastic import launch_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
@@ -244,7 +244,7 @@ def run_workers(
     if timer is not None and cfg.launch.node_rank == 0:
         RunDir(run_dir).update_summary({
             "wall_s": round(time.time() - timer.started_at, 4),
-            "allocator": allocator_of(cfg.launch.allocator, cfg.launch.keep_freed_memory).described,
+            "allocator": workers_allocator(cfg.launch).described,
             "peak_rss_total_bytes": watch.peak_bytes or None,  # this node's processes
         })  # fmt: skip
 
