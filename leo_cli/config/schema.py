@@ -537,21 +537,26 @@ class LaunchConfig(Section):
     OMP_NUM_THREADS is set."""
     allocator: Literal["auto", "jemalloc", "system"] = "auto"
     """Memory allocator of the workers (and of the hardware probe and `leo bench`'s peers):
-    `jemalloc` (preloaded, keeping freed memory for reuse: a fresh tensor then costs no page
-    faults), `system` (the C library's malloc; under glibc a worker returns set-up's
-    temporaries to the system, then keeps what its steps free, which costs resident memory
-    and saves the page faults: docs/design/memory.md), or `auto`: jemalloc where the machine
-    has it (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run says
-    which. A user's own LD_PRELOAD or MALLOC_CONF is left as it is. summary.json records each
+    `jemalloc` (preloaded), `system` (the C library's malloc; under glibc a worker returns
+    set-up's temporaries to the system: docs/design/memory.md), or `auto`: jemalloc where the
+    machine has it (Debian/Ubuntu: apt install libjemalloc2), else the system's, and the run
+    says which. A user's own LD_PRELOAD or MALLOC_CONF is left as it is. summary.json records each
     worker's peak resident memory (peak_rss_bytes)."""
-    keep_freed_memory: bool = True
-    """Workers keep the memory a step frees for the next one (glibc: from the end of set-up;
-    jemalloc: its decays off): a step's fresh tensors then cost no page faults, at the price
-    of resident memory (the steps' peak, plus what the heap cannot reuse). false hands large
-    freed blocks back to the system at once (glibc: each its own mapping; jemalloc: its
-    default decays): the leanest peak, for the largest graphs a machine trains. `leo bench`'s
-    PyG peers follow it too; the hardware probe always keeps it. docs/design/memory.md; both
-    measured in docs/results.md."""
+    keep_freed_memory: bool = False
+    """false (default): a worker hands large freed blocks back to the system at once (glibc:
+    each its own mapping; jemalloc: its default decays), so its peak is a step's live
+    tensors and no more; with `huge_pages` their fresh pages fault in 2 MiB at a time. true:
+    it keeps what a step frees for the next one (glibc: from the end of set-up; jemalloc: its
+    decays off), so fresh tensors cost no page faults, at the price of resident memory (the
+    steps' peak plus what the heap cannot reuse). Measured at ogbn-products size: true ran
+    epochs about 15% faster for about 35% more memory (docs/results.md). `leo bench`'s PyG
+    peers follow it too; the hardware probe always keeps it. docs/design/memory.md."""
+    huge_pages: bool = True
+    """PyTorch in the workers (and `leo bench`'s PyG peers) advises transparent huge pages
+    for every tensor of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1): a fresh tensor faults in
+    2 MiB at a time instead of 4 KiB, and its rows cost fewer TLB misses. Works where the
+    kernel's transparent huge pages are `madvise` or `always` (the run's summary says which);
+    a THP_MEM_ALLOC_ENABLE of the user's own stands. docs/design/memory.md."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

@@ -1,10 +1,11 @@
-"""The workers' memory allocator (`launch.allocator`).
+"""The workers' memory allocator (`launch.allocator`) and what PyTorch is told of huge pages
+(`launch.huge_pages`).
 
-jemalloc told to keep freed memory (`MALLOC_CONF` with both decays off) reuses it without
-page faults; under the system's glibc malloc the worker sets the same up itself after set-up
-(worker/memory.py). It is preloaded into the workers (and the probe workers, and `leo
-bench`'s PyG peers, so every system compared runs on the same allocator) through LD_PRELOAD;
-the launching process itself keeps its own.
+With `launch.keep_freed_memory`, jemalloc is told to keep freed memory (`MALLOC_CONF` with
+both decays off) and reuses it without page faults; under the system's glibc malloc the
+worker sets the same up itself after set-up (worker/memory.py). jemalloc is preloaded into
+the workers (and the probe workers, and `leo bench`'s PyG peers, so every system compared
+runs on the same allocator) through LD_PRELOAD; the launching process itself keeps its own.
 
 Design: docs/design/memory.md; measurements: docs/results.md.
 """
@@ -12,9 +13,10 @@ Design: docs/design/memory.md; measurements: docs/results.md.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,8 @@ LIBRARY_DIRS = (
 )
 RETAIN = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # keep freed pages: no faults on reuse
 ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")  # names of preloaded allocators
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"  # PyTorch's: advise huge pages for tensors >= 2 MiB
+THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,8 @@ def fallback_note(auto: Allocator) -> str | None:
     if auto.name != "system":
         return None
     return (
-        "no jemalloc library on this machine, so the workers run on the system's malloc "
-        "(keeping freed memory between steps under glibc); apt install libjemalloc2 (or "
+        "no jemalloc library on this machine, so the workers run on the system's malloc; "
+        "apt install libjemalloc2 (or "
         "LEO_JEMALLOC=/path/libjemalloc.so.2) to use it."
     )
 
@@ -133,10 +137,41 @@ def allocator_of(setting: str, keep: bool = True) -> Allocator:
     return choose(setting, os.environ, find_jemalloc(), keep)
 
 
+def kernel_huge_pages(path: Path = THP_MODE_FILE) -> str:
+    """The kernel's transparent huge page mode: `always`, `madvise`, `never`, or `absent`
+    where the kernel has none (or it cannot be read)."""
+    try:
+        chosen = re.search(r"\[(\w+)\]", path.read_text())
+    except OSError:
+        return "absent"
+    return chosen.group(1) if chosen else "absent"
+
+
+def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str) -> Allocator:
+    """`allocator` with PyTorch told to advise transparent huge pages for every tensor of
+    2 MiB or more (`launch.huge_pages`), under the kernel's mode `mode` (kernel_huge_pages);
+    a THP_MEM_ALLOC_ENABLE the user set stands, and the phrase says whose it is."""
+    if HUGE_PAGES_ENV in environ:
+        said = f"{HUGE_PAGES_ENV}={environ[HUGE_PAGES_ENV]} set by the user"
+        return replace(allocator, described=f"{allocator.described}; huge pages: {said}")
+    said = (
+        "huge pages advised for tensors of 2 MiB or more"
+        if mode in ("always", "madvise")
+        else f"huge pages asked for, but the kernel's transparent huge pages are {mode}"
+    )
+    return replace(
+        allocator,
+        described=f"{allocator.described}; {said}",
+        env={**allocator.env, HUGE_PAGES_ENV: "1"},
+    )
+
+
 def workers_allocator(launch: LaunchConfig) -> Allocator:
     """The allocator the workers and `leo bench`'s PyG peers run on: `launch.allocator`,
-    keeping freed memory as `launch.keep_freed_memory` says."""
-    return allocator_of(launch.allocator, launch.keep_freed_memory)
+    keeping freed memory as `launch.keep_freed_memory` says, with huge pages advised as
+    `launch.huge_pages` says."""
+    chosen = allocator_of(launch.allocator, launch.keep_freed_memory)
+    return with_huge_pages(chosen, os.environ, kernel_huge_pages()) if launch.huge_pages else chosen
 
 
 @contextmanager

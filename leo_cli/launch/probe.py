@@ -45,11 +45,10 @@ def run_probe(
     args += ["--keep-if-same"] if keep else []
     before = saved_profile(out) if keep else None
     try:
-        # Probed with freed memory kept, whatever `launch.keep_freed_memory` says: a profile
-        # is keyed by the allocator's name alone, and jemalloc's settings follow the key.
-        kept = cfg.model_copy(
-            update={"launch": cfg.launch.model_copy(update={"keep_freed_memory": True})}
-        )
+        # Probed with freed memory kept and huge pages advised, whatever `launch` says: a
+        # profile is keyed by the allocator's name alone, and these settings follow the key.
+        fixed = {"keep_freed_memory": True, "huge_pages": True}
+        kept = cfg.model_copy(update={"launch": cfg.launch.model_copy(update=fixed)})
         with LoadMeter() as load:
             launch_module(
                 kept, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick

@@ -1,14 +1,14 @@
 """How a worker process uses glibc's malloc: set-up hands its large temporaries back to the
-system, the training loop keeps freed memory for its next step.
+system; the training loop hands back what its steps free, or keeps it for the next step.
 
 During set-up a fixed mmap threshold of 4 MiB keeps every large block its own mapping, so the
 temporaries freed after set-up go back to the system. At the end of set-up the worker trims
-the heap once and then keeps what it frees: no new block gets its own mapping and the heap's
-top is not trimmed, so a step's tensors reuse the previous step's pages instead of faulting in
-fresh ones (with `launch.keep_freed_memory=false` it only trims the heap: large blocks stay
-mappings of their own). Where `launch.allocator` (launch/allocator.py) preloads jemalloc,
-these settings do nothing. `leo bench`'s PyG peers make the same calls, so every system
-compared runs alike.
+the heap once. By default that is all: large blocks stay mappings of their own and go back
+to the system when freed. With `launch.keep_freed_memory` it then keeps what it frees: no new
+block gets its own mapping and the heap's top is not trimmed, so a step's tensors reuse the
+previous step's pages instead of faulting in fresh ones. Where `launch.allocator`
+(launch/allocator.py) preloads jemalloc, these settings do nothing. `leo bench`'s PyG peers
+make the same calls, so every system compared runs alike.
 
 Specification: docs/design/memory.md; measurements: docs/results.md.
 """

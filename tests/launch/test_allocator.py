@@ -20,11 +20,15 @@ from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch import allocator as allocator_module
 from leo_cli.launch import stages as plan_stage
 from leo_cli.launch.allocator import (
+    HUGE_PAGES_ENV,
     RETAIN,
     allocator_env,
     choose,
     fallback_note,
     find_jemalloc,
+    kernel_huge_pages,
+    with_huge_pages,
+    workers_allocator,
 )
 from leo_cli.launch.elastic import worker_threads
 from leo_cli.planner.profile import store
@@ -114,6 +118,66 @@ def test_a_child_process_runs_on_jemalloc() -> None:
     with allocator_env(choose("auto", {}, found)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def test_huge_pages_are_asked_of_pytorch_and_the_run_says_whether_the_kernel_gives_them() -> None:
+    system = choose("system", {}, None)
+    given = with_huge_pages(system, {}, "madvise")
+    assert given.env == {**system.env, HUGE_PAGES_ENV: "1"}
+    assert given.described.endswith("huge pages advised for tensors of 2 MiB or more")
+    refused = with_huge_pages(system, {}, "never")
+    assert refused.env[HUGE_PAGES_ENV] == "1" and "transparent huge pages are never" in (
+        refused.described
+    )
+    theirs = with_huge_pages(system, {HUGE_PAGES_ENV: "0"}, "madvise")
+    assert theirs.env == system.env and "THP_MEM_ALLOC_ENABLE=0 set by the user" in (
+        theirs.described
+    )
+
+
+def test_huge_pages_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    on = load_config(None, ["launch.allocator=system"]).launch
+    assert workers_allocator(on).env[HUGE_PAGES_ENV] == "1"
+    off = on.model_copy(update={"huge_pages": False})
+    assert HUGE_PAGES_ENV not in workers_allocator(off).env
+
+
+def test_the_kernels_huge_page_mode_is_read(tmp_path: Path) -> None:
+    mode = tmp_path / "enabled"
+    mode.write_text("always [madvise] never\n")
+    assert kernel_huge_pages(mode) == "madvise"
+    mode.write_text("[never]\n")
+    assert kernel_huge_pages(mode) == "never"
+    assert kernel_huge_pages(tmp_path / "missing") == "absent"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("advised", [True, False])
+def test_a_workers_large_tensor_is_advised_huge_pages(advised: bool) -> None:
+    """PyTorch honours the variable: the mapping of a 64 MiB tensor carries the kernel's
+    `hg` flag (MADV_HUGEPAGE) with it and not without it."""
+    if kernel_huge_pages() == "absent":
+        pytest.skip("this kernel has no transparent huge pages")
+    code = (
+        "import torch\n"
+        "x = torch.ones(1 << 24)\n"
+        "at = x.data_ptr()\n"
+        "flags = ''\n"
+        "for line in open('/proc/self/smaps'):\n"
+        "    head = line.split()[0]\n"
+        "    if '-' in head and ':' not in head:\n"
+        "        low, high = (int(v, 16) for v in head.split('-'))\n"
+        "        inside = low <= at < high\n"
+        "    elif head == 'VmFlags:' and inside:\n"
+        "        flags = line\n"
+        "print('hg' in flags.split())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != HUGE_PAGES_ENV}
+    if advised:
+        env[HUGE_PAGES_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == str(advised), out.stderr
 
 
 def test_the_setting_is_checked() -> None:
