@@ -543,20 +543,21 @@ class LaunchConfig(Section):
     says which. A user's own LD_PRELOAD or MALLOC_CONF is left as it is. summary.json records each
     worker's peak resident memory (peak_rss_bytes)."""
     keep_freed_memory: bool = False
-    """false (default): a worker hands large freed blocks back to the system at once (glibc:
-    each its own mapping; jemalloc: its default decays), so its peak is a step's live
-    tensors and no more; with `huge_pages` their fresh pages fault in 2 MiB at a time. true:
+    """false (default): a worker hands large freed blocks back to the system (glibc: at once,
+    each its own mapping; jemalloc: over its default decay time), so its peak stays close to
+    what a step holds live; with `huge_pages` fresh blocks fault in mostly 2 MiB at a time. true:
     it keeps what a step frees for the next one (glibc: from the end of set-up; jemalloc: its
     decays off), so fresh tensors cost no page faults, at the price of resident memory (the
     steps' peak plus what the heap cannot reuse). Measured at ogbn-products size: true ran
-    epochs about 15% faster for about 35% more memory (docs/results.md). `leo bench`'s PyG
-    peers follow it too; the hardware probe always keeps it. docs/design/memory.md."""
+    epochs about 20% shorter for about 35% more memory (docs/results.md). `leo bench`'s PyG
+    peers follow it too; the hardware probe runs with the default. docs/design/memory.md."""
     huge_pages: bool = True
     """PyTorch in the workers (and `leo bench`'s PyG peers) advises transparent huge pages
-    for every tensor of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1): a fresh tensor faults in
-    2 MiB at a time instead of 4 KiB, and its rows cost fewer TLB misses. Works where the
-    kernel's transparent huge pages are `madvise` or `always` (the run's summary says which);
-    a THP_MEM_ALLOC_ENABLE of the user's own stands. docs/design/memory.md."""
+    for every tensor of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1): the tensor's 2 MiB-aligned
+    stretches then fault in 2 MiB at a time instead of 4 KiB. Works where the kernel's
+    transparent huge pages are `madvise` or `always` (the run's summary says whether); a
+    THP_MEM_ALLOC_ENABLE of the user's own stands. The hardware probe always runs with it.
+    docs/design/memory.md."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

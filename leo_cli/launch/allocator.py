@@ -78,7 +78,7 @@ def users_allocator(environ: Mapping[str, str]) -> str | None:
 
 
 def choose(
-    setting: str, environ: Mapping[str, str], found: Path | None, keep: bool = True
+    setting: str, environ: Mapping[str, str], found: Path | None, keep: bool = False
 ) -> Allocator:
     """The allocator for `launch.allocator=setting`, given the environment and the library;
     its environment also carries its name (ALLOCATOR_ENV).
@@ -108,7 +108,8 @@ def choose(
             if setting == "system"
             else ("no jemalloc found: apt install libjemalloc2 for speed")
         )
-        return Allocator("system", f"system malloc ({why})", {ALLOCATOR_ENV: "system"})
+        kept = ", freed memory kept" if keep else ""
+        return Allocator("system", f"system malloc ({why}){kept}", {ALLOCATOR_ENV: "system"})
     preload = ":".join(filter(None, [str(found), environ.get("LD_PRELOAD", "")]))
     env = {"LD_PRELOAD": preload, ALLOCATOR_ENV: "jemalloc"}
     kept = ""
@@ -132,7 +133,7 @@ def fallback_note(auto: Allocator) -> str | None:
     )
 
 
-def allocator_of(setting: str, keep: bool = True) -> Allocator:
+def allocator_of(setting: str, keep: bool = False) -> Allocator:
     """`choose` on this process's environment and machine."""
     return choose(setting, os.environ, find_jemalloc(), keep)
 
@@ -149,11 +150,15 @@ def kernel_huge_pages(path: Path = THP_MODE_FILE) -> str:
 
 def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str) -> Allocator:
     """`allocator` with PyTorch told to advise transparent huge pages for every tensor of
-    2 MiB or more (`launch.huge_pages`), under the kernel's mode `mode` (kernel_huge_pages);
-    a THP_MEM_ALLOC_ENABLE the user set stands, and the phrase says whose it is."""
+    2 MiB or more (`launch.huge_pages`), under the kernel's mode `mode` (kernel_huge_pages;
+    a kernel without them, `absent`, is not asked: PyTorch would warn in every worker); a
+    THP_MEM_ALLOC_ENABLE the user set stands, and the phrase says whose it is."""
     if HUGE_PAGES_ENV in environ:
         said = f"{HUGE_PAGES_ENV}={environ[HUGE_PAGES_ENV]} set by the user"
-        return replace(allocator, described=f"{allocator.described}; huge pages: {said}")
+        return replace(allocator, described=f"{allocator.described}, huge pages: {said}")
+    if mode == "absent":
+        said = "huge pages: this kernel has no transparent huge pages"
+        return replace(allocator, described=f"{allocator.described}, {said}")
     said = (
         "huge pages advised for tensors of 2 MiB or more"
         if mode in ("always", "madvise")
@@ -161,7 +166,7 @@ def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str)
     )
     return replace(
         allocator,
-        described=f"{allocator.described}; {said}",
+        described=f"{allocator.described}, {said}",
         env={**allocator.env, HUGE_PAGES_ENV: "1"},
     )
 
@@ -169,15 +174,19 @@ def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str)
 def workers_allocator(launch: LaunchConfig) -> Allocator:
     """The allocator the workers and `leo bench`'s PyG peers run on: `launch.allocator`,
     keeping freed memory as `launch.keep_freed_memory` says, with huge pages advised as
-    `launch.huge_pages` says."""
+    `launch.huge_pages` says (a THP_MEM_ALLOC_ENABLE the user set is theirs either way, and
+    said)."""
     chosen = allocator_of(launch.allocator, launch.keep_freed_memory)
-    return with_huge_pages(chosen, os.environ, kernel_huge_pages()) if launch.huge_pages else chosen
+    if launch.huge_pages or HUGE_PAGES_ENV in os.environ:
+        return with_huge_pages(chosen, os.environ, kernel_huge_pages())
+    return chosen
 
 
 @contextmanager
 def allocator_env(allocator: Allocator) -> Iterator[None]:
     """Processes started inside get the allocator's environment; this one keeps its own
-    (the variables are restored on the way out)."""
+    (the variables are restored on the way out; PyTorch in this process read
+    THP_MEM_ALLOC_ENABLE at its first allocation, long before)."""
     saved = {key: os.environ.get(key) for key in allocator.env}
     os.environ.update(allocator.env)
     try:

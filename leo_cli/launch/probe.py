@@ -45,9 +45,9 @@ def run_probe(
     args += ["--keep-if-same"] if keep else []
     before = saved_profile(out) if keep else None
     try:
-        # Probed with freed memory kept and huge pages advised, whatever `launch` says: a
-        # profile is keyed by the allocator's name alone, and these settings follow the key.
-        fixed = {"keep_freed_memory": True, "huge_pages": True}
+        # Probed with the defaults' memory settings, whatever `launch` says: a profile is keyed
+        # by the allocator's name alone, so it is measured as a default run's workers run.
+        fixed = {"keep_freed_memory": False, "huge_pages": True}
         kept = cfg.model_copy(update={"launch": cfg.launch.model_copy(update=fixed)})
         with LoadMeter() as load:
             launch_module(

@@ -16,8 +16,10 @@ from conftest import hardware_dict
 
 from leo_cli.comm.process import ALLOCATOR_ENV
 from leo_cli.config import LeoConfig, load_config
-from leo_cli.errors import ConfigError, TrainError
+from leo_cli.errors import CacheError, ConfigError, TrainError
 from leo_cli.launch import allocator as allocator_module
+from leo_cli.launch import elastic
+from leo_cli.launch import probe as probe_module
 from leo_cli.launch import stages as plan_stage
 from leo_cli.launch.allocator import (
     HUGE_PAGES_ENV,
@@ -38,10 +40,10 @@ LIB = Path("/somewhere/libjemalloc.so.2")
 
 
 def test_auto_takes_jemalloc_where_the_machine_has_it() -> None:
-    got = choose("auto", {}, LIB)
+    got = choose("auto", {}, LIB, keep=True)
     assert got.name == "jemalloc" and str(LIB) in got.described
     assert got.env == {"LD_PRELOAD": str(LIB), "MALLOC_CONF": RETAIN, ALLOCATOR_ENV: "jemalloc"}
-    assert choose("jemalloc", {}, LIB) == got
+    assert choose("jemalloc", {}, LIB, keep=True) == got
 
 
 def test_auto_says_so_where_it_falls_back_to_the_system_malloc() -> None:
@@ -64,19 +66,24 @@ def test_an_allocator_the_user_preloads_is_theirs(setting: str) -> None:
 
 def test_other_preloads_and_settings_of_the_user_are_kept() -> None:
     """A profiler the user preloads stays, after jemalloc; the user's MALLOC_CONF stands."""
-    got = choose("auto", {"LD_PRELOAD": "/opt/libprof.so", "MALLOC_CONF": "narenas:2"}, LIB)
+    got = choose(
+        "auto", {"LD_PRELOAD": "/opt/libprof.so", "MALLOC_CONF": "narenas:2"}, LIB, keep=True
+    )
     assert got.name == "jemalloc" and "freed memory kept" not in got.described
     assert got.env["LD_PRELOAD"] == f"{LIB}:/opt/libprof.so"
     assert got.env["MALLOC_CONF"] == "narenas:2"
 
 
 def test_freed_memory_handed_back_leaves_jemalloc_its_decays() -> None:
-    """`launch.keep_freed_memory=false`: jemalloc without the keeping MALLOC_CONF (its own
-    decays), a user's MALLOC_CONF still theirs; glibc's side is the worker's (test_memory)."""
+    """`launch.keep_freed_memory=false` (the default): jemalloc without the keeping
+    MALLOC_CONF (its own decays), a user's MALLOC_CONF still theirs; glibc's side is the
+    worker's (test_memory). The phrase says which, for either allocator."""
     got = choose("auto", {}, LIB, keep=False)
     assert got.name == "jemalloc" and "MALLOC_CONF" not in got.env
-    assert "freed memory kept" not in got.described
-    assert choose("auto", {}, LIB).env["MALLOC_CONF"] == RETAIN
+    assert "freed memory kept" not in got.described and choose("auto", {}, LIB) == got
+    assert choose("auto", {}, LIB, keep=True).env["MALLOC_CONF"] == RETAIN
+    assert "freed memory kept" in choose("system", {}, None, keep=True).described
+    assert "freed memory kept" not in choose("system", {}, None).described
     theirs = choose("auto", {"MALLOC_CONF": "narenas:2"}, LIB, keep=False)
     assert theirs.env["MALLOC_CONF"] == "narenas:2"
 
@@ -104,7 +111,7 @@ def test_the_library_is_found_in_the_folders_searched(
 def test_the_environment_is_the_childrens_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MALLOC_CONF", "before")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    with allocator_env(choose("auto", {}, LIB)):
+    with allocator_env(choose("auto", {}, LIB, keep=True)):
         assert os.environ["LD_PRELOAD"] == str(LIB) and os.environ["MALLOC_CONF"] == RETAIN
     assert os.environ["MALLOC_CONF"] == "before" and "LD_PRELOAD" not in os.environ
 
@@ -129,6 +136,8 @@ def test_huge_pages_are_asked_of_pytorch_and_the_run_says_whether_the_kernel_giv
     assert refused.env[HUGE_PAGES_ENV] == "1" and "transparent huge pages are never" in (
         refused.described
     )
+    absent = with_huge_pages(system, {}, "absent")  # not asked: PyTorch would warn
+    assert absent.env == system.env and "no transparent huge pages" in absent.described
     theirs = with_huge_pages(system, {HUGE_PAGES_ENV: "0"}, "madvise")
     assert theirs.env == system.env and "THP_MEM_ALLOC_ENABLE=0 set by the user" in (
         theirs.described
@@ -137,10 +146,14 @@ def test_huge_pages_are_asked_of_pytorch_and_the_run_says_whether_the_kernel_giv
 
 def test_huge_pages_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    monkeypatch.setattr(allocator_module, "kernel_huge_pages", lambda: "madvise")
     on = load_config(None, ["launch.allocator=system"]).launch
     assert workers_allocator(on).env[HUGE_PAGES_ENV] == "1"
     off = on.model_copy(update={"huge_pages": False})
     assert HUGE_PAGES_ENV not in workers_allocator(off).env
+    assert "huge pages" not in workers_allocator(off).described
+    monkeypatch.setenv(HUGE_PAGES_ENV, "1")  # the user's, inherited: said either way
+    assert "set by the user" in workers_allocator(off).described
 
 
 def test_the_kernels_huge_page_mode_is_read(tmp_path: Path) -> None:
@@ -152,9 +165,52 @@ def test_the_kernels_huge_page_mode_is_read(tmp_path: Path) -> None:
     assert kernel_huge_pages(tmp_path / "missing") == "absent"
 
 
+@pytest.mark.parametrize("huge", [True, False])
+def test_the_workers_are_launched_with_the_huge_pages_setting(
+    huge: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment the elastic agent starts the workers in carries the variable (or not),
+    and the launcher's own is as it was afterwards."""
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    monkeypatch.setattr(allocator_module, "kernel_huge_pages", lambda: "madvise")
+    seen: dict[str, str | None] = {}
+
+    def agent(config: object, entrypoint: str) -> object:
+        def run(*args: str) -> None:
+            seen["value"] = os.environ.get(HUGE_PAGES_ENV)
+
+        return run
+
+    monkeypatch.setattr(elastic, "elastic_launch", agent)
+    cfg = load_config(None, [f"run.out_dir={tmp_path}", f"launch.huge_pages={str(huge).lower()}"])
+    elastic.launch_module(cfg, tmp_path, "leo_cli.worker.entry", [])
+    assert seen["value"] == ("1" if huge else None)
+    assert HUGE_PAGES_ENV not in os.environ
+
+
+def test_the_probe_runs_as_a_default_runs_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the run's memory settings, the probe measures under the defaults' (a profile
+    is keyed by the allocator's name alone)."""
+    launched = []
+
+    def launch(cfg: LeoConfig, *args: object) -> None:
+        launched.append(cfg.launch)
+        raise TrainError("stop here")
+
+    monkeypatch.setattr(probe_module, "launch_module", launch)
+    cfg = load_config(None, ["launch.keep_freed_memory=true", "launch.huge_pages=false"])
+    with pytest.raises(CacheError):
+        probe_module.run_probe(cfg, tmp_path)
+    defaults = LeoConfig().launch
+    assert launched[0].keep_freed_memory is defaults.keep_freed_memory
+    assert launched[0].huge_pages is defaults.huge_pages
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("advised", [True, False])
-def test_a_workers_large_tensor_is_advised_huge_pages(advised: bool) -> None:
+def test_pytorch_advises_huge_pages_for_a_large_tensor_under_the_variable(advised: bool) -> None:
     """PyTorch honours the variable: the mapping of a 64 MiB tensor carries the kernel's
     `hg` flag (MADV_HUGEPAGE) with it and not without it."""
     if kernel_huge_pages() == "absent":

@@ -144,10 +144,10 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
 def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
     """The real path (launcher, elastic workers, read_part, build_job, META's training count):
     float32 loss curves agree to 1e-5 across P, all-reduced accuracies exactly. The 4 workers
-    keep freed memory on glibc's malloc without huge pages, the others run the defaults
-    (memory handed back, huge pages): how memory is kept changes no number."""
+    keep freed memory without huge pages, the others run the defaults (memory handed back,
+    huge pages): how memory is kept changes no number."""
     curves = {}
-    kept = ["launch.allocator=system", "launch.keep_freed_memory=true", "launch.huge_pages=false"]
+    kept = ["launch.keep_freed_memory=true", "launch.huge_pages=false"]
     for p in (1, 2, 4):
         run = tmp_path / f"p{p}"
         res = leo(

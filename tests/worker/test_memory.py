@@ -1,5 +1,6 @@
 """The worker's allocator settings: on glibc, large blocks stay mappings during set-up and
-freed memory is kept once set-up is done (no page faults when a step allocates again); a
+freed memory is handed back once set-up is done, or, with `launch.keep_freed_memory`, kept
+(no page faults when a step allocates again); a
 harmless no-op elsewhere; called by the worker before set-up and before its first step."""
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ from leo_cli.util.strict import Finite, Whole
 
 # 3: rates per rank and the placement they were measured under; 4: per-rank compute rates timed
 # over 30 ms windows of calls (3 timed one call per sample: workers sharing a core looked as fast
-# as one alone on its core); 5: `links.in_place`, the SpMM over rows a peer has just published
-FORMAT_VERSION = 5
+# as one alone on its core); 5: `links.in_place`, the SpMM over rows a peer has just published;
+# 6: probed as a default run's workers run (freed memory handed back, huge pages advised)
+FORMAT_VERSION = 6
 HARDWARE_FILE = RunDir.HARDWARE
 Link = Literal["gloo", "shm"]
 MiB = 1 << 20
