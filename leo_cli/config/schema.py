@@ -550,14 +550,15 @@ class LaunchConfig(Section):
     decays off), so fresh tensors cost no page faults, at the price of resident memory (the
     steps' peak plus what the heap cannot reuse). Measured at ogbn-products size: true ran
     epochs about 20% shorter for about 35% more memory (docs/results.md). `leo bench`'s PyG
-    peers follow it too; the hardware probe runs with the default. docs/design/memory.md."""
+    peers follow it too; the hardware probe is launched with the default whatever this says.
+    docs/design/memory.md."""
     huge_pages: bool = True
     """PyTorch in the workers (and `leo bench`'s PyG peers) advises transparent huge pages
     for every tensor of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1): the tensor's 2 MiB-aligned
     stretches then fault in 2 MiB at a time instead of 4 KiB. Works where the kernel's
     transparent huge pages are `madvise` or `always` (the run's summary says whether); a
-    THP_MEM_ALLOC_ENABLE of the user's own stands. The hardware probe always runs with it.
-    docs/design/memory.md."""
+    THP_MEM_ALLOC_ENABLE of the user's own stands. The hardware probe is launched with it
+    whatever this says. docs/design/memory.md."""
     emulate: EmulateConfig | None = None
     """null, or {nodes: N, link: RATE}: run as N emulated nodes on this machine (root only),
     each in its own network, hostname and /dev/shm namespaces, linked through a switch at RATE

@@ -140,7 +140,7 @@ def allocator_of(setting: str, keep: bool = False) -> Allocator:
 
 def kernel_huge_pages(path: Path = THP_MODE_FILE) -> str:
     """The kernel's transparent huge page mode: `always`, `madvise`, `never`, or `absent`
-    where the kernel has none (or it cannot be read)."""
+    where its setting is not found (a kernel without them, or /sys hidden)."""
     try:
         chosen = re.search(r"\[(\w+)\]", path.read_text())
     except OSError:
@@ -151,13 +151,13 @@ def kernel_huge_pages(path: Path = THP_MODE_FILE) -> str:
 def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str) -> Allocator:
     """`allocator` with PyTorch told to advise transparent huge pages for every tensor of
     2 MiB or more (`launch.huge_pages`), under the kernel's mode `mode` (kernel_huge_pages;
-    a kernel without them, `absent`, is not asked: PyTorch would warn in every worker); a
+    with none found, `absent`, PyTorch is not asked: it would warn in every worker); a
     THP_MEM_ALLOC_ENABLE the user set stands, and the phrase says whose it is."""
     if HUGE_PAGES_ENV in environ:
         said = f"{HUGE_PAGES_ENV}={environ[HUGE_PAGES_ENV]} set by the user"
         return replace(allocator, described=f"{allocator.described}, huge pages: {said}")
     if mode == "absent":
-        said = "huge pages: this kernel has no transparent huge pages"
+        said = "huge pages: the kernel's transparent huge page setting was not found"
         return replace(allocator, described=f"{allocator.described}, {said}")
     said = (
         "huge pages advised for tensors of 2 MiB or more"

@@ -45,13 +45,13 @@ def run_probe(
     args += ["--keep-if-same"] if keep else []
     before = saved_profile(out) if keep else None
     try:
-        # Probed with the defaults' memory settings, whatever `launch` says: a profile is keyed
-        # by the allocator's name alone, so it is measured as a default run's workers run.
+        # Launched with the defaults' memory settings, whatever `launch` says: a profile is
+        # keyed by the allocator's name alone (docs/design/memory.md).
         fixed = {"keep_freed_memory": False, "huge_pages": True}
-        kept = cfg.model_copy(update={"launch": cfg.launch.model_copy(update=fixed)})
+        probed = cfg.model_copy(update={"launch": cfg.launch.model_copy(update=fixed)})
         with LoadMeter() as load:
             launch_module(
-                kept, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick
+                probed, work_dir, "leo_cli.planner.profile.probe", args + ["--quick"] * quick
             )
     except TrainError as exc:
         raise CacheError(f"The hardware probe failed: {exc}") from None

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import hardware_dict
 
+from leo_cli.comm.placement import AFFINITY_ENV
 from leo_cli.comm.process import ALLOCATOR_ENV
+from leo_cli.comm.segments import JOB_ENV
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import CacheError, ConfigError, TrainError
 from leo_cli.launch import allocator as allocator_module
@@ -137,7 +139,7 @@ def test_huge_pages_are_asked_of_pytorch_and_the_run_says_whether_the_kernel_giv
         refused.described
     )
     absent = with_huge_pages(system, {}, "absent")  # not asked: PyTorch would warn
-    assert absent.env == system.env and "no transparent huge pages" in absent.described
+    assert absent.env == system.env and "setting was not found" in absent.described
     theirs = with_huge_pages(system, {HUGE_PAGES_ENV: "0"}, "madvise")
     assert theirs.env == system.env and "THP_MEM_ALLOC_ENABLE=0 set by the user" in (
         theirs.described
@@ -171,7 +173,9 @@ def test_the_workers_are_launched_with_the_huge_pages_setting(
 ) -> None:
     """The environment the elastic agent starts the workers in carries the variable (or not),
     and the launcher's own is as it was afterwards."""
-    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    for key in (HUGE_PAGES_ENV, "OMP_NUM_THREADS", JOB_ENV, AFFINITY_ENV):  # what it sets
+        monkeypatch.setenv(key, "")  # recorded, so restored (or removed) after the test
+        monkeypatch.delenv(key)
     monkeypatch.setattr(allocator_module, "kernel_huge_pages", lambda: "madvise")
     seen: dict[str, str | None] = {}
 
@@ -201,7 +205,7 @@ def test_the_probe_runs_as_a_default_runs_workers(
 
     monkeypatch.setattr(probe_module, "launch_module", launch)
     cfg = load_config(None, ["launch.keep_freed_memory=true", "launch.huge_pages=false"])
-    with pytest.raises(CacheError):
+    with pytest.raises(CacheError, match="hardware probe failed"):
         probe_module.run_probe(cfg, tmp_path)
     defaults = LeoConfig().launch
     assert launched[0].keep_freed_memory is defaults.keep_freed_memory

@@ -145,7 +145,7 @@ def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
     """The real path (launcher, elastic workers, read_part, build_job, META's training count):
     float32 loss curves agree to 1e-5 across P, all-reduced accuracies exactly. The 4 workers
     keep freed memory without huge pages, the others run the defaults (memory handed back,
-    huge pages): how memory is kept changes no number."""
+    huge pages), all on the same allocator (`auto`): how memory is kept changes no number."""
     curves = {}
     kept = ["launch.keep_freed_memory=true", "launch.huge_pages=false"]
     for p in (1, 2, 4):

@@ -37,7 +37,7 @@ from leo_cli.util.strict import Finite, Whole
 # 3: rates per rank and the placement they were measured under; 4: per-rank compute rates timed
 # over 30 ms windows of calls (3 timed one call per sample: workers sharing a core looked as fast
 # as one alone on its core); 5: `links.in_place`, the SpMM over rows a peer has just published;
-# 6: probed as a default run's workers run (freed memory handed back, huge pages advised)
+# 6: launched with the defaults' memory settings (freed memory handed back, huge pages)
 FORMAT_VERSION = 6
 HARDWARE_FILE = RunDir.HARDWARE
 Link = Literal["gloo", "shm"]
