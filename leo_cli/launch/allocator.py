@@ -153,22 +153,19 @@ def with_huge_pages(allocator: Allocator, environ: Mapping[str, str], mode: str)
     2 MiB or more (`launch.huge_pages`), under the kernel's mode `mode` (kernel_huge_pages;
     with none found, `absent`, PyTorch is not asked: it would warn in every worker); a
     THP_MEM_ALLOC_ENABLE the user set stands, and the phrase says whose it is."""
+    env = allocator.env
     if HUGE_PAGES_ENV in environ:
-        said = f"{HUGE_PAGES_ENV}={environ[HUGE_PAGES_ENV]} set by the user"
-        return replace(allocator, described=f"{allocator.described}, huge pages: {said}")
-    if mode == "absent":
+        said = f"huge pages: {HUGE_PAGES_ENV}={environ[HUGE_PAGES_ENV]} set by the user"
+    elif mode == "absent":
         said = "huge pages: the kernel's transparent huge page setting was not found"
-        return replace(allocator, described=f"{allocator.described}, {said}")
-    said = (
-        "huge pages advised for tensors of 2 MiB or more"
-        if mode in ("always", "madvise")
-        else f"huge pages asked for, but the kernel's transparent huge pages are {mode}"
-    )
-    return replace(
-        allocator,
-        described=f"{allocator.described}, {said}",
-        env={**allocator.env, HUGE_PAGES_ENV: "1"},
-    )
+    else:
+        env = {**env, HUGE_PAGES_ENV: "1"}
+        said = (
+            "huge pages advised for tensors of 2 MiB or more"
+            if mode in ("always", "madvise")
+            else f"huge pages asked for, but the kernel's transparent huge pages are {mode}"
+        )
+    return replace(allocator, described=f"{allocator.described}, {said}", env=env)
 
 
 def workers_allocator(launch: LaunchConfig) -> Allocator:
