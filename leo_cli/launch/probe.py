@@ -9,12 +9,16 @@ import shutil
 from pathlib import Path
 
 from leo_cli.config import LeoConfig
+from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import CacheError, TrainError
 from leo_cli.launch.elastic import launch_module
 from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.planner.profile.machine_load import LoadMeter
 from leo_cli.planner.profile.store import saved_profile
 from leo_cli.run_dir import RunDir
+
+# The memory settings a probe launches with: the defaults, whatever the run's `launch` says.
+MEMORY_SETTINGS = ("keep_freed_memory", "huge_pages")
 
 PROBE_FOLDER = RunDir.PROBE
 
@@ -47,7 +51,7 @@ def run_probe(
     try:
         # Launched with the defaults' memory settings, whatever `launch` says: a profile is
         # keyed by the allocator's name alone (docs/design/memory.md).
-        fixed = {"keep_freed_memory": False, "huge_pages": True}
+        fixed = {key: LaunchConfig.model_fields[key].default for key in MEMORY_SETTINGS}
         probed = cfg.model_copy(update={"launch": cfg.launch.model_copy(update=fixed)})
         with LoadMeter() as load:
             launch_module(
