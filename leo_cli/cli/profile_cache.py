@@ -94,12 +94,15 @@ def peer_transports(peers: list[str | None]) -> str:
 def prediction_table(plan: CachePlan) -> Table:
     table = Table(title="predicted training step per mode")
     table.add_column("mode")
-    for name in ("step s", "forward s", "backward s", "exposed wait s", "rank spread"):
+    names = ("step s", "forward s", "backward s", "exposed wait s", "rank spread", "row buffers MB")
+    for name in names:
         table.add_column(name, justify="right")
     spreads = plan.spread()
     for mode, t in plan.predicted.items():
+        buffers = plan.buffer_bytes.get(mode)
+        mb = "-" if buffers is None else f"{buffers / 1e6:.1f}"
         if t is None:
-            table.add_row(mode, "-", "-", "-", "-", "-")
+            table.add_row(mode, "-", "-", "-", "-", "-", mb)
             continue
         st = plan.stages[mode]
         spread = spreads.get(mode)
@@ -110,6 +113,12 @@ def prediction_table(plan: CachePlan) -> Table:
             f"{st['backward_s']:.3f}",
             f"{st['comm_wait_s']:.3f}",
             "-" if spread is None else f"{spread:.2f}",
+            mb,
+        )
+    if plan.buffer_bytes:
+        table.caption = (
+            "row buffers: the bytes of the buffers that move rows, all ranks together, each "
+            "mode run with this plan's levels (what pipeline.mode=auto weighs besides the step)"
         )
     return table
 

@@ -2,7 +2,9 @@
 parent (`leo train`) before any worker starts.
 
 `choose` takes the fastest of the modes this run can use (`candidates`) by the plan's
-predicted step of every exact mode; without predictions it runs the planned mode and says why.
+predicted step of every exact mode, unless one predicted within `pipeline.auto_margin` of it
+moves rows through buffers smaller by more than that margin (`leanest`); without predictions
+it runs the planned mode and says why.
 The choice lands in the run folder: `resolved_config.yaml` holds the mode that runs,
 `mode-choice.json` what was asked for and why.
 
@@ -36,15 +38,18 @@ class ModeChoice:
     Attributes:
         requested: the `pipeline.mode` setting (`auto` or a mode).
         mode: the mode that runs.
-        rule: for `auto`, why this mode (`predicted fastest`, or the rule used without
-            predictions); None for a mode set by name.
+        rule: for `auto`, why this mode (`predicted fastest`, within the margin with less
+            memory, or the rule used without predictions); None for a mode set by name.
         predicted_s: the candidates' predicted steps it chose from (empty without a plan).
+        buffer_bytes: the candidates' predicted bytes of buffers that move rows, all ranks
+            together (empty without a plan).
     """
 
     requested: str
     mode: str
     rule: str | None = None
     predicted_s: dict[str, float | None] = field(default_factory=dict)
+    buffer_bytes: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         """`leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)`: the rule, the mode's
@@ -68,6 +73,7 @@ class ModeChoice:
             "mode": self.mode,
             "mode_rule": self.rule,
             "mode_predicted_s": self.predicted_s,
+            "mode_buffer_bytes": self.buffer_bytes,
         }
 
 
@@ -95,6 +101,31 @@ def fastest(predicted: Mapping[str, float | None], names: list[str]) -> str | No
     return min(timed)[2] if timed else None
 
 
+def leanest(
+    predicted: Mapping[str, float | None],
+    buffers: Mapping[str, int],
+    best: str,
+    margin: float,
+) -> str:
+    """Of the modes predicted within `margin` (a fraction) of `best`'s step whose buffers are
+    smaller than `best`'s by more than `margin`, the one with the smallest buffers (the
+    faster on a tie); `best` itself when there is none, or its buffers are not predicted."""
+    fast, own = predicted.get(best), buffers.get(best)
+    if fast is None or own is None:
+        return best
+    lean = [
+        (b, t, n)
+        for n, t in predicted.items()
+        if t is not None and t <= fast * (1 + margin)
+        and (b := buffers.get(n)) is not None and b < own * (1 - margin)
+    ]  # fmt: skip
+    return min(lean)[2] if lean else best
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
+
+
 def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoice:
     """The mode this run uses (see the module docstring); a mode set by name is itself."""
     requested = cfg.pipeline.mode
@@ -107,10 +138,17 @@ def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoic
     if plan is None:
         return ModeChoice(requested, names[0], "no cache plan with cache.policy=none")
     predicted = {n: plan.predicted_run.get(n) for n in names}
+    buffers = {n: plan.buffer_bytes[n] for n in names if n in plan.buffer_bytes}
     best = fastest(predicted, names)
     if best is None:
         return ModeChoice(requested, names[0], "the plan predicts none of them", predicted)
-    return ModeChoice(requested, best, "predicted fastest", predicted)
+    margin = cfg.pipeline.auto_margin
+    lean = leanest(predicted, buffers, best, margin)
+    if lean == best:
+        return ModeChoice(requested, best, "predicted fastest", predicted, buffers)
+    saved = _size(buffers[best] - buffers[lean])
+    rule = f"within {margin:.0%} of the fastest, {saved} less in buffers moving rows"
+    return ModeChoice(requested, lean, rule, predicted, buffers)
 
 
 def with_mode(cfg: LeoConfig, mode: str) -> LeoConfig:
@@ -172,11 +210,12 @@ def from_json(data: Any) -> ModeChoice:
     try:
         predicted = {str(k): None if v is None else float(v)
                      for k, v in dict(data.get("mode_predicted_s") or {}).items()}  # fmt: skip
+        buffers = {str(k): int(v) for k, v in dict(data.get("mode_buffer_bytes") or {}).items()}
         rule = data.get("mode_rule")
         requested, mode = str(data["mode_requested"]), str(data["mode"])
     except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
-    return ModeChoice(requested, mode, None if rule is None else str(rule), predicted)
+    return ModeChoice(requested, mode, None if rule is None else str(rule), predicted, buffers)
 
 
 def summary_fields(run_dir: Path, mode: str) -> dict[str, Any]:

@@ -726,3 +726,71 @@ def predict(
     stages = {key: float(v) for key, v in stages.items()}
     per_rank = [{key: float(v) for key, v in times.items()} for times in per_rank]
     return Prediction(float(total), stages, per_rank)
+
+
+PUBLISHED_COPIES = 2  # comm/published.py NUM_COPIES: copies of every published row area
+
+
+def buffer_bytes(
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    shape: ModelShape,
+    mode_name: str,
+    reach: Reach | None = None,
+) -> list[int]:
+    """Bytes each rank of a mode holds at once in the buffers that move rows: the part of a
+    worker's memory that differs between modes (the graph, features, activations and
+    weights are the same in every mode), as comm/ allocates them:
+
+    - kept for the run, at the widest exchanged width: a shared-memory segment's rows (its
+      share: the rank's inner rows; attention adds the halo gradients' two copies), and where
+      any rank reads rows in place, every rank's published rows (two copies of its boundary
+      rows and of the gradients of the rows it reads in place);
+    - the largest layer's transfer buffers: rows packed to send and received (per reading
+      edge for per-edge rows), the halo gradients and those returned (unless gradients move
+      as rows), or one peer's rows read out of a segment at a time.
+
+    `reach`: the rows read in place (default: none). An estimate for ranking modes by memory
+    (`pipeline.auto_margin`), not a bound: allocator slack and temporaries are left out."""
+    mode = mode_of(mode_name)
+    num = len(accesses)
+    widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
+    kept = [0] * num
+    if mode.wire.transfer == "segment":
+        for r, p in enumerate(accesses):
+            kept[r] = p.num_inner * shape.wire_row(widest)
+            if shape.attention:  # halo gradients return as partial sums through a segment
+                kept[r] += PUBLISHED_COPIES * p.num_halo * widest * shape.dtype_bytes
+    moving = [0] * num
+    read_in_place = np.zeros(num)
+    for layer in range(shape.num_layers):
+        sl = _shape_layer(shape, layer)
+        cnt = _Counts(
+            accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
+        )
+        read_in_place = np.maximum(read_in_place, cnt.read_in_place)
+        for r in range(num):
+            forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
+            if sl.gradient_rows(mode):
+                backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
+            elif mode.wire.moves_rows:  # the halo gradients, and those of its own rows
+                backward = int(cnt.halo[r] + cnt.send[r]) * sl.grad_bytes
+            else:
+                backward = 0
+            moving[r] = max(moving[r], forward, backward)
+    if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
+        row = widest * shape.dtype_bytes
+        for r, p in enumerate(accesses):
+            kept[r] += PUBLISHED_COPIES * (p.num_boundary + int(read_in_place[r])) * row
+    return [k + m for k, m in zip(kept, moving, strict=True)]
+
+
+def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:
+    """Bytes of rank r's buffers in one direction of one layer (`buffer_bytes`)."""
+    wire = mode.wire
+    rows = cnt.send[r] if wire.packs else 0.0
+    if wire.receives_fresh or wire.fills_zeros:
+        rows += cnt.halo[r]
+    if wire.reads_out:  # read out one peer's rows at a time (comm/shm.py ReadOut)
+        rows += float(cnt.recv[r].max(initial=0.0))
+    return int(rows) * row

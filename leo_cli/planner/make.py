@@ -11,7 +11,7 @@ from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import ModelShape, Prediction, counts_memo, predict
+from leo_cli.planner.cost import ModelShape, Prediction, buffer_bytes, counts_memo, predict
 from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
@@ -172,6 +172,7 @@ def _make_plan(
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
         ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
     run = predicted_run(accesses, decision, shape, hw, (num_chunks, reach), predicted)
+    buffers = predicted_buffers(accesses, decision, shape, reach)
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [
@@ -181,7 +182,7 @@ def _make_plan(
         decision.sweep, max(b.replica_bytes) / 2**20, None,
         [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
         transports(accesses, decision.caches, reach),
-        [np.flatnonzero(row).tolist() for row in reach.every()], ranks_s, run,
+        [np.flatnonzero(row).tolist() for row in reach.every()], ranks_s, run, buffers,
     )  # fmt: skip
 
 
@@ -267,13 +268,33 @@ def predicted_run(
         if mode.planned or (spilled and not mode.reads_in_place):
             out[name] = predicted.get(name) if mode.planned else None
             continue
-        caches = [c if mode.cache_levels else RankCache(c.static_aggregate)
-                  for c in decision.caches]  # fmt: skip
         chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
         try:
-            out[name] = predict(accesses, caches, shape, hw, name, chunks, reach).epoch_time_s
+            out[name] = predict(
+                accesses, run_caches(mode, decision), shape, hw, name, chunks, reach
+            ).epoch_time_s
         except CacheError:
             out[name] = None
+    return out
+
+
+def run_caches(mode: Mode, decision: Decision) -> list[RankCache]:
+    """The levels a mode other than the planned one runs with: the decided ones where it has
+    cache levels, else the static aggregate alone (comm/levels.py levels_for_mode)."""
+    return [c if mode.cache_levels else RankCache(c.static_aggregate) for c in decision.caches]
+
+
+def predicted_buffers(
+    accesses: list[PartAccess], decision: Decision, shape: ModelShape, reach: Reach
+) -> dict[str, int]:
+    """Every exact pipeline mode's bytes of buffers that move rows (cost.buffer_bytes), all
+    ranks together, run as `predicted_run` prices it: the planned mode with the decided levels
+    and `reach`, the others with what they can use of them."""
+    out = {}
+    for name in auto_candidates():
+        mode = mode_of(name)
+        caches = decision.caches if mode.planned else run_caches(mode, decision)
+        out[name] = sum(buffer_bytes(accesses, caches, shape, name, reach))
     return out
 
 

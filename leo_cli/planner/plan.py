@@ -33,8 +33,8 @@ from leo_cli.util import files
 PLAN = RunDir.PLAN
 # 2: the sweep's points say their share and budget fit; plan_s; 3: predicted_run; 4: rows read
 # in place chosen per pair (`ranks[r].every_row_from`)
-FORMAT_VERSION = 4
-OLDER_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 5
+OLDER_VERSIONS = (1, 2, 3, 4)
 
 
 def digest(material: dict[str, Any]) -> str:
@@ -117,6 +117,10 @@ class CachePlan:
     can use of them, comm/levels.py levels_for_mode): what `pipeline.mode=auto` chooses from.
     `predicted` prices the modes other than the planned one without a cache, as `leo bench`
     runs them."""
+    buffer_bytes: dict[str, int] = field(default_factory=dict)
+    """Per exact pipeline mode run as `predicted_run` prices it, the bytes of the buffers
+    that move rows, all ranks together (planner/cost.py buffer_bytes): what else
+    `pipeline.mode=auto` weighs (`pipeline.auto_margin`)."""
 
     def spread(self) -> dict[str, float]:
         """Per mode, the slowest rank's predicted busy time over the fastest's."""
@@ -156,6 +160,7 @@ class CachePlan:
             "predicted_ranks_s": self.ranks_s,
             "predicted_rank_spread": self.spread(),
             "predicted_run_s": self.predicted_run,
+            "predicted_buffer_bytes": self.buffer_bytes,
         }
 
     @classmethod
@@ -191,6 +196,7 @@ class CachePlan:
             [list(r.every_row_from) for r in f.ranks],
             {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
             {k: None if v is None else float(v) for k, v in f.predicted_run_s.items()},
+            dict(f.predicted_buffer_bytes),
         )  # fmt: skip
 
     def check_fits(

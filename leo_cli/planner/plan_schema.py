@@ -87,9 +87,9 @@ class SweepPoint(_Strict):
 
 
 class PlanFile(_Strict):
-    """The layout of cache-plan.json (format version 4)."""
+    """The layout of cache-plan.json (format version 5)."""
 
-    format_version: Literal[4]
+    format_version: Literal[5]
     key: Digest
     inputs: Digest
     graph_inputs: Digest
@@ -108,6 +108,9 @@ class PlanFile(_Strict):
     predicted_run_s: dict[str, Finite | None] = {}
     """Per exact pipeline mode, its predicted step run with this plan's levels (what
     `pipeline.mode=auto` chooses from)."""
+    predicted_buffer_bytes: dict[str, Count] = {}
+    """Per exact pipeline mode, the bytes of the buffers that move rows, all ranks together
+    (what `pipeline.mode=auto` also weighs: `pipeline.auto_margin`)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

@@ -11,6 +11,7 @@ from conftest import hardware_dict
 from helpers.cli import leo, leo_here
 
 from leo_cli.cli.profile_cache import profile_line
+from leo_cli.planner.auto_mode import leanest
 from leo_cli.planner.profile.hardware import HardwareProfile
 
 pytestmark = pytest.mark.dist
@@ -49,9 +50,14 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert (run / "cache-plan.png").stat().st_size > 1000 and (run / "hardware.json").is_file()
     assert "predicted training step per mode" in res.stdout
     run_s = plan["predicted_run_s"]  # every exact mode run with the plan's levels
+    buffers = plan["predicted_buffer_bytes"]  # ... and the bytes moving its rows
+    assert set(buffers) == set(run_s) and all(b > 0 for b in buffers.values())
     fastest = min(run_s, key=lambda m: run_s[m] or float("inf"))
-    said = f"pipeline.mode=auto would run: {fastest} (auto: predicted fastest"
+    chosen = leanest(run_s, buffers, fastest, 0.1)
+    said = f"pipeline.mode=auto would run: {chosen} (auto: "
+    said += "predicted fastest" if chosen == fastest else "within 10% of the fastest"
     assert said in " ".join(res.stdout.split())
+    assert "row buffers: the bytes of the buffers that move rows" in " ".join(res.stdout.split())
     # Each rank's predicted step and busy time, and their spread, per mode; printed per rank.
     leo_ranks = plan["predicted_ranks_s"]["leo"]
     assert len(leo_ranks) == 3 and all(r["busy_s"] > 0 for r in leo_ranks)

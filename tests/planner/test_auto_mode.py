@@ -12,7 +12,7 @@ from conftest import hardware_dict
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.errors import CacheError, ConfigError
 from leo_cli.planner import auto_mode
-from leo_cli.planner.auto_mode import ModeChoice, candidates, choose, fastest
+from leo_cli.planner.auto_mode import ModeChoice, candidates, choose, fastest, leanest
 from leo_cli.planner.plan import CachePlan
 from leo_cli.registry import auto_candidates, mode_of, pipeline_modes
 from leo_cli.run_dir import RunDir
@@ -29,11 +29,14 @@ PREDICTED = {
 }
 
 
-def plan_with(predicted_run: dict[str, float | None]) -> CachePlan:
+def plan_with(
+    predicted_run: dict[str, float | None], buffers: dict[str, int] | None = None
+) -> CachePlan:
     """A plan holding only what `choose` reads."""
     return CachePlan(
-        "k", "i", "g", "leo", [], [1], {}, {}, [], [], 0.0, predicted_run=predicted_run
-    )
+        "k", "i", "g", "leo", [], [1], {}, {}, [], [], 0.0, predicted_run=predicted_run,
+        buffer_bytes=buffers or {},
+    )  # fmt: skip
 
 
 def cfg(*overrides: str) -> LeoConfig:
@@ -59,6 +62,37 @@ def test_auto_picks_the_fastest_exact_runnable_mode() -> None:
     assert (choice.requested, choice.mode, choice.rule) == ("auto", "blocking", "predicted fastest")
     assert set(choice.predicted_s) == set(auto_candidates())  # what it chose from
     assert choice.describe() == "blocking (auto: predicted fastest, 0.053 s vs leo 0.062 s)"
+
+
+# blocking fastest; shared-memory 3.8% slower with a third of its buffers; leo 17% slower
+CLOSE = {**PREDICTED, "shared-memory": 0.055}
+BUFFERS = {"leo": 1_000, "blocking": 3_000_000_000, "fine-grained": 10, "shared-memory": 10**9}
+
+
+def test_auto_takes_the_smallest_buffers_among_modes_predicted_within_the_margin() -> None:
+    choice = choose(cfg(), plan_with(CLOSE, BUFFERS), world_size=2)
+    assert choice.mode == "shared-memory", choice
+    assert choice.rule == "within 10% of the fastest, 2.0 GB less in buffers moving rows"
+    assert choice.describe() == (
+        "shared-memory (auto: within 10% of the fastest, 2.0 GB less in buffers moving rows, "
+        "0.055 s vs blocking 0.053 s)"
+    )  # fmt: skip
+    assert choice.buffer_bytes == BUFFERS  # recorded with the predictions
+    # leo (17% slower) and fine-grained (89%) stay out at 10%; in at 20%, leo the smallest
+    assert choose(cfg("pipeline.auto_margin=0.2"), plan_with(CLOSE, BUFFERS), 2).mode == "leo"
+    # 0: the fastest, whatever memory; and without buffers in the plan (nothing to weigh)
+    zero = choose(cfg("pipeline.auto_margin=0"), plan_with(CLOSE, BUFFERS), world_size=2)
+    assert (zero.mode, zero.rule) == ("blocking", "predicted fastest")
+    assert choose(cfg(), plan_with(CLOSE), world_size=2).mode == "blocking"
+
+
+def test_leanest_needs_a_saving_beyond_the_margin() -> None:
+    predicted = {"a": 1.0, "b": 1.05, "c": None}
+    assert leanest(predicted, {"a": 100, "b": 89, "c": 1}, "a", 0.1) == "b"
+    assert leanest(predicted, {"a": 100, "b": 90, "c": 1}, "a", 0.1) == "a"  # 10%: not more
+    assert leanest(predicted, {"a": 100, "b": 89}, "a", 0.04) == "a"  # b 5% slower: too slow
+    assert leanest(predicted, {"b": 1}, "a", 0.1) == "a"  # the fastest's own is unknown
+    assert leanest({"a": 1.0, "b": 1.1, "c": 1.1}, {"a": 100, "b": 5, "c": 5}, "a", 0.1) == "b"
 
 
 @pytest.mark.parametrize(
@@ -125,9 +159,12 @@ def test_resumed_auto_run_keeps_the_mode_it_started_with(tmp_path: Path) -> None
 
 
 def test_summary_fields_name_the_request_only_for_the_mode_that_ran(tmp_path: Path) -> None:
-    auto_mode.write_choice(tmp_path, ModeChoice("auto", "leo", "predicted fastest", {"leo": 0.1}))
+    made = ModeChoice("auto", "leo", "predicted fastest", {"leo": 0.1}, {"leo": 5})
+    auto_mode.write_choice(tmp_path, made)
+    assert auto_mode.read_choice(tmp_path) == made
     fields = auto_mode.summary_fields(tmp_path, "leo")
     assert fields["mode_requested"] == "auto" and fields["mode_predicted_s"] == {"leo": 0.1}
+    assert fields["mode_buffer_bytes"] == {"leo": 5}
     other = auto_mode.summary_fields(tmp_path, "blocking")  # a stale record: not this run's
     assert other["mode_requested"] == "blocking" and other["mode_rule"] is None
     (tmp_path / auto_mode.CHOICE).write_text("{not json")

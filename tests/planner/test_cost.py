@@ -14,7 +14,15 @@ import pytest
 from conftest import rank_rates
 
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import ModelShape, Phases, _combine, _Counts, predict
+from leo_cli.planner.cost import (
+    PUBLISHED_COPIES,
+    ModelShape,
+    Phases,
+    _combine,
+    _Counts,
+    buffer_bytes,
+    predict,
+)
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 from leo_cli.planner.reach import Reach
@@ -379,3 +387,38 @@ def test_across_hosts_a_node_link_carries_every_row_crossing_it() -> None:
     assert _across_hosts(hw, 0, recv, row, 1, list("aabb")) == pytest.approx(10 * row / fast)
     one_host = Rates(hardware(), 0)
     assert one_host.hosts() is None  # every rank on one host: priced as before
+
+
+# Buffers that move rows (`buffer_bytes`), on the two parts above: 10 inner rows (4 boundary),
+# 4 halo rows read by 5 edges, 4 rows sent; rows of 4 float32 cross the wire (16 B).
+@pytest.mark.parametrize(
+    ("mode", "reach", "each"),
+    [
+        ("blocking", None, (4 + 4) * 16),  # packed and received; gradients both ways alike
+        ("leo", None, (4 + 4) * 16),
+        ("fine-grained", None, (5 + 5) * 16),  # a row per reading edge, each way
+        ("compute-only", None, 4 * 16),  # a halo of zeros, nothing back
+        # the segment's share (its 10 rows) and one peer's rows read out; gradients as rows
+        ("shared-memory", None, 10 * 16 + 4 * 16),
+        # every row in place: two copies of its 4 boundary rows and of the 4 rows it reads,
+        # nothing left to move
+        ("leo", Reach(PUBLISHED.published, every_row=True), 2 * (4 + 4) * 16),
+        ("fine-grained", PUBLISHED, 2 * (4 + 4) * 16),
+    ],
+)
+def test_buffer_bytes_count_what_each_transport_holds(
+    mode: str, reach: Reach | None, each: int
+) -> None:
+    accesses = [part(0), part(1)]
+    assert buffer_bytes(accesses, NONE, SHAPE, mode, reach) == [each, each]
+
+
+def test_buffer_bytes_take_the_widest_layer_and_the_copies_comm_keeps() -> None:
+    from leo_cli.comm.published import NUM_COPIES
+
+    assert PUBLISHED_COPIES == NUM_COPIES
+    # 16 -> 8 -> 4: layer 0 moves 8 columns, layer 1 four; the widest sizes everything
+    deep = replace(SHAPE, widths=(16, 8, 4))
+    assert buffer_bytes([part(0), part(1)], NONE, deep, "blocking") == [(4 + 4) * 32] * 2
+    every = Reach(PUBLISHED.published, every_row=True)
+    assert buffer_bytes([part(0), part(1)], NONE, deep, "leo", every) == [2 * 8 * 32] * 2

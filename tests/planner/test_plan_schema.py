@@ -46,8 +46,9 @@ def edited(tmp_path: Path, edit: str) -> Path:
     return tmp_path
 
 
-# 2: before predicted_run_s (pipeline.mode=auto); 3: before every_row_from (transport per pair)
-@pytest.mark.parametrize("version", [1, 2, 3])
+# 2: before predicted_run_s (pipeline.mode=auto); 3: before every_row_from (transport per pair);
+# 4: before predicted_buffer_bytes (auto_margin)
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_an_earlier_format_is_made_again(tmp_path: Path, version: int) -> None:
     (tmp_path / PLAN).write_text(json.dumps({"format_version": version, "ranks": "whatever"}))
     assert read_plan(tmp_path) is None
@@ -56,12 +57,14 @@ def test_an_earlier_format_is_made_again(tmp_path: Path, version: int) -> None:
 def test_valid_plan_round_trips(tmp_path: Path) -> None:
     made = plan()
     made.predicted_run = {"leo": 0.5, "blocking": 0.4, "shared-memory": None}
+    made.buffer_bytes = {"leo": 3 << 20, "blocking": 5 << 20}
     made.every_row = [[1], []]  # rank 0 reads every row of rank 1 in place, rank 1 L3 rows
     write_plan(tmp_path, made)
     back = read_plan(tmp_path)
     assert back is not None and back.every_row == [[1], []]
     assert back is not None and back.num_chunks == [2, 1] and back.plan_s == 2.5
     assert back.predicted_run == made.predicted_run  # what pipeline.mode=auto chooses from
+    assert back.buffer_bytes == made.buffer_bytes  # ... and weighs
     assert back.caches[0].replica_rows.tolist() == [0, 5]
     back.check_fits(tmp_path / PLAN, HALO, num_layers=2, attention=False)
 
@@ -93,7 +96,8 @@ BAD: dict[str, tuple[str, str]] = {
     "NaN prediction": ("d['predicted_epoch_time_s']['leo'] = math.nan", "predicted_epoch_time_s"),
     "no stages": ("d['predicted_stages_s'] = {}", "predicted_stages_s.leo"),
     "short digest": ("d['key'] = 'abc'", "key"),
-    "other version": ("d['format_version'] = 5", "format_version"),
+    "other version": ("d['format_version'] = 6", "format_version"),
+    "negative buffers": ("d['predicted_buffer_bytes'] = {'leo': -1}", "predicted_buffer_bytes"),
     "text as a run prediction": ("d['predicted_run_s'] = {'leo': 'fast'}", "predicted_run_s"),
     "negative plan_s": ("d['plan_s'] = -1", "plan_s"),
     "'yes' within budget": (
