@@ -394,7 +394,8 @@ class CacheConfig(Section):
 class PipelineConfig(Section):
     mode: str = Field(registry.DEFAULT_MODE, json_schema_extra=named(registry.mode_settings()))
     """Halo exchange (leo_cli/registry.py): `auto` (the exact mode the cache plan predicts
-    fastest, chosen before workers start; `leo` without a plan or with one worker), `leo`
+    fastest, or one within `auto_margin` of it with smaller buffers for moving rows, chosen
+    before workers start; `leo` without a plan or with one worker), `leo`
     (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM); `compute-only` skips
     the exchange (wrong numbers; `leo bench`)."""
     auto_margin: float = Field(0.1, ge=0.0, lt=1.0)

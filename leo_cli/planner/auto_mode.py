@@ -1,5 +1,6 @@
-"""`pipeline.mode=auto`: the exact mode the cache plan predicts fastest, chosen once by the
-parent (`leo train`) before any worker starts.
+"""`pipeline.mode=auto`: the exact mode the cache plan predicts fastest (or one nearly as fast
+that moves rows through smaller buffers), chosen once by the parent (`leo train`) before any
+worker starts.
 
 `choose` takes the fastest of the modes this run can use (`candidates`) by the plan's
 predicted step of every exact mode, unless one predicted within `pipeline.auto_margin` of it
