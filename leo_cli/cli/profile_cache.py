@@ -117,8 +117,10 @@ def prediction_table(plan: CachePlan) -> Table:
         )
     if plan.buffer_bytes:
         table.caption = (
-            "row buffers: the bytes of the buffers that move rows, all ranks together, each "
-            "mode run with this plan's levels (what pipeline.mode=auto weighs besides the step)"
+            "step columns: the modes besides leo without a cache, as leo bench runs them; row "
+            "buffers: the bytes of the buffers that move rows, all ranks together, each mode "
+            "run with this plan's levels, as pipeline.mode=auto weighs them with "
+            "predicted_run_s"
         )
     return table
 

@@ -394,16 +394,17 @@ class CacheConfig(Section):
 class PipelineConfig(Section):
     mode: str = Field(registry.DEFAULT_MODE, json_schema_extra=named(registry.mode_settings()))
     """Halo exchange (leo_cli/registry.py): `auto` (the exact mode the cache plan predicts
-    fastest, or one within `auto_margin` of it with smaller buffers for moving rows, chosen
-    before workers start; `leo` without a plan or with one worker), `leo`
+    fastest, or one within `auto_margin` of it whose buffers for moving rows are smaller by more
+    than that margin, chosen before workers start; `leo` without a plan or with one worker), `leo`
     (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM); `compute-only` skips
     the exchange (wrong numbers; `leo bench`)."""
     auto_margin: float = Field(0.1, ge=0.0, lt=1.0)
     """`auto`: modes predicted within this fraction of the fastest step count as fast, and of
     those auto runs the one whose buffers for moving rows (cache-plan.json
     `predicted_buffer_bytes`) are smaller than the fastest's by more than this fraction, the
-    smallest; 0: always the fastest predicted. Predictions have missed measured steps by 7 to
-    50% (docs/results.md), so closer ones do not rank modes; memory does."""
+    smallest; 0: always the fastest predicted. At ogbn-products size predictions missed measured
+    epochs by 2 to 62% (docs/results.md), so ones that close do not rank modes; the buffers
+    decide memory. 0.1 is a judgement, not a measured error bound."""
     num_chunks: Literal["auto"] | int = "auto"
     """Chunks per peer for the modes that cut transfers into chunks (leo): 1 to 64 (each is one
     message per peer and layer), or `auto`: the cache plan's count per layer (1, 2, 4 or 8,

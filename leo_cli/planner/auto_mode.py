@@ -110,9 +110,10 @@ def leanest(
 ) -> str:
     """Of the modes predicted within `margin` (a fraction) of `best`'s step whose buffers are
     smaller than `best`'s by more than `margin`, the one with the smallest buffers (the
-    faster on a tie); `best` itself when there is none, or its buffers are not predicted."""
+    faster on a tie); `best` itself when there is none, when its buffers are not predicted,
+    or with a margin of 0 (the fastest always: the planned mode wins ties)."""
     fast, own = predicted.get(best), buffers.get(best)
-    if fast is None or own is None:
+    if fast is None or own is None or margin <= 0:
         return best
     lean = [
         (b, t, n)
@@ -214,7 +215,7 @@ def from_json(data: Any) -> ModeChoice:
         buffers = {str(k): int(v) for k, v in dict(data.get("mode_buffer_bytes") or {}).items()}
         rule = data.get("mode_rule")
         requested, mode = str(data["mode_requested"]), str(data["mode"])
-    except (AttributeError, KeyError, TypeError) as exc:
+    except (AttributeError, KeyError, TypeError, OverflowError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     return ModeChoice(requested, mode, None if rule is None else str(rule), predicted, buffers)
 

@@ -738,40 +738,48 @@ def buffer_bytes(
     mode_name: str,
     reach: Reach | None = None,
 ) -> list[int]:
-    """Bytes each rank of a mode holds at once in the buffers that move rows: the part of a
-    worker's memory that differs between modes (the graph, features, activations and
-    weights are the same in every mode), as comm/ allocates them:
+    """Bytes each rank of a mode holds at once in the buffers that hold and move halo rows,
+    as comm/ allocates them:
 
-    - kept for the run, at the widest exchanged width: a shared-memory segment's rows (its
-      share: the rank's inner rows; attention adds the halo gradients' two copies), and where
-      any rank reads rows in place, every rank's published rows (two copies of its boundary
-      rows and of the gradients of the rows it reads in place);
-    - the largest layer's transfer buffers: rows packed to send and received (per reading
-      edge for per-edge rows), the halo gradients and those returned (unless gradients move
-      as rows), or one peer's rows read out of a segment at a time.
+    - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
+      shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
+      gradients' two copies), and where any rank reads rows in place, every rank's published
+      rows (two copies of its boundary rows and of the gradients of the rows it reads in
+      place);
+    - the largest layer's transfer buffers (none at a layer 0 the static aggregate serves, no
+      gradients back from an aggregate-first layer 0): rows packed to send and received (per
+      reading edge for per-edge rows), the halo gradients and those returned (unless
+      gradients move as rows), or one peer's rows read out of a segment at a time.
 
     `reach`: the rows read in place (default: none). An estimate for ranking modes by memory
-    (`pipeline.auto_margin`), not a bound: allocator slack and temporaries are left out."""
+    (`pipeline.auto_margin`), not a worker's memory: the graph, features, activations and
+    weights are left out, and so are what differs besides buffers (the CSR views of cache
+    levels, the second CSR of rows read in place), temporaries and allocator slack."""
     mode = mode_of(mode_name)
     num = len(accesses)
     widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
-    kept = [0] * num
+    kept = [c.replica_rows.shape[0] * shape.widths[0] * shape.dtype_bytes for c in caches]
     if mode.wire.transfer == "segment":
         for r, p in enumerate(accesses):
-            kept[r] = p.num_inner * shape.wire_row(widest)
+            kept[r] += p.num_inner * shape.wire_row(widest)
             if shape.attention:  # halo gradients return as partial sums through a segment
                 kept[r] += PUBLISHED_COPIES * p.num_halo * widest * shape.dtype_bytes
     moving = [0] * num
     read_in_place = np.zeros(num)
+    static = bool(caches) and all(c.static_aggregate for c in caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
+        if layer == 0 and sl.p == 0 and static:  # no exchange at layer 0 (as `predict`)
+            continue
         cnt = _Counts(
             accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
         )
         read_in_place = np.maximum(read_in_place, cnt.read_in_place)
         for r in range(num):
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
-            if sl.gradient_rows(mode):
+            if layer == 0 and not sl.upd:  # nothing upstream needs a gradient (`_backward`)
+                backward = 0
+            elif sl.gradient_rows(mode):
                 backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
             elif mode.wire.moves_rows:  # the halo gradients, and those of its own rows
                 backward = int(cnt.halo[r] + cnt.send[r]) * sl.grad_bytes

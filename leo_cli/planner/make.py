@@ -290,12 +290,10 @@ def predicted_buffers(
     """Every exact pipeline mode's bytes of buffers that move rows (cost.buffer_bytes), all
     ranks together, run as `predicted_run` prices it: the planned mode with the decided levels
     and `reach`, the others with what they can use of them."""
-    out = {}
-    for name in auto_candidates():
-        mode = mode_of(name)
-        caches = decision.caches if mode.planned else run_caches(mode, decision)
-        out[name] = sum(buffer_bytes(accesses, caches, shape, name, reach))
-    return out
+    return {
+        name: sum(buffer_bytes(accesses, run_caches(mode_of(name), decision), shape, name, reach))
+        for name in auto_candidates()
+    }
 
 
 def rows_per_level(p: PartAccess, c: RankCache, reach: Reach) -> dict[str, int]:

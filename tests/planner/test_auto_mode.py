@@ -92,7 +92,15 @@ def test_leanest_needs_a_saving_beyond_the_margin() -> None:
     assert leanest(predicted, {"a": 100, "b": 90, "c": 1}, "a", 0.1) == "a"  # 10%: not more
     assert leanest(predicted, {"a": 100, "b": 89}, "a", 0.04) == "a"  # b 5% slower: too slow
     assert leanest(predicted, {"b": 1}, "a", 0.1) == "a"  # the fastest's own is unknown
-    assert leanest({"a": 1.0, "b": 1.1, "c": 1.1}, {"a": 100, "b": 5, "c": 5}, "a", 0.1) == "b"
+    assert leanest({"a": 1.0, "b": 1.08, "c": 1.02}, {"a": 100, "b": 5, "c": 5}, "a", 0.1) == "c"
+    assert leanest({"a": 1.0, "b": 1.0}, {"a": 100, "b": 5}, "a", 0.0) == "a"  # 0: the fastest
+
+
+def test_auto_never_weighs_a_mode_it_cannot_run() -> None:
+    """A leaner mode the config cannot run (one host only, across machines) stays out."""
+    two_nodes = cfg("launch.nnodes=2", "launch.master_port=29511")
+    lean_shm = plan_with(CLOSE, BUFFERS)  # shared-memory: within 10%, a third of the bytes
+    assert choose(two_nodes, lean_shm, world_size=2).mode == "blocking"
 
 
 @pytest.mark.parametrize(

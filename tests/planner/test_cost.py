@@ -422,3 +422,19 @@ def test_buffer_bytes_take_the_widest_layer_and_the_copies_comm_keeps() -> None:
     assert buffer_bytes([part(0), part(1)], NONE, deep, "blocking") == [(4 + 4) * 32] * 2
     every = Reach(PUBLISHED.published, every_row=True)
     assert buffer_bytes([part(0), part(1)], NONE, deep, "leo", every) == [2 * 8 * 32] * 2
+
+
+def test_buffer_bytes_of_levels_a_static_layer_0_and_one_reader() -> None:
+    accesses = [part(0), part(1)]
+    deep = replace(SHAPE, widths=(16, 8, 4))  # layer 0 moves 8 columns, layer 1 four
+    # the static aggregate serves layer 0: only layer 1's rows move (16 B a row)
+    static = [RankCache(static_aggregate=True), RankCache(static_aggregate=True)]
+    assert buffer_bytes(accesses, static, deep, "blocking") == [(4 + 4) * 16] * 2
+    # a replica keeps its input row (16 floats) for the run; it is not received at layer 0
+    replicas = [RankCache(False, np.array([1])), RankCache(False, np.array([1]))]
+    assert buffer_bytes(accesses, replicas, deep, "blocking") == [16 * 4 + (3 + 3) * 32] * 2
+    # only rank 0 reads rank 1's rows in place: rank 1 still publishes its boundary rows
+    one = Reach(np.array([[False, True], [False, False]]), every_row=True)
+    rank0, rank1 = buffer_bytes(accesses, NONE, SHAPE, "leo", one)
+    assert rank0 == 2 * (4 + 4) * 16 + 4 * 16  # its copies; it still packs 4 rows for rank 1
+    assert rank1 == 2 * 4 * 16 + (4 + 0) * 16  # its copies; it receives 4 rows, sends none
