@@ -11,13 +11,15 @@ Legend: N inner rows, H halo rows of the part, K halo rows of the view, E edges,
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.exchange import HaloPlan
-from leo_cli.kernels.csr import row_of_edges
+from leo_cli.kernels.csr import kept_transpose, max_degree, row_of_edges
 
 L1, L2, L3 = 1, 2, 3  # replicated, deduplicated halo buffer, fetched per edge
 IN_PLACE = 4  # L3 read in place from a same-host owner's published rows (comm/inplace.py)
@@ -59,11 +61,27 @@ def remap_halo(
     new_cols[remote_E] = torch.where(edge_cols >= 0, n + edge_cols, -1).to(dtype)
     del remote_E
     keep_E = new_cols >= 0
+    # The view's transpose from the part's (no sort), where its columns keep their order.
+    transposed = kept_transpose(adj, keep_E, new_cols, num_cols)
     rows_E = row_of_edges(adj.indptr, dtype)[keep_E]
     view_adj = kernels.CSR.from_coo(
-        rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, num_cols, rows_sorted=True
-    )
+        rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, num_cols, rows_sorted=True,
+        transpose=transposed is None,
+    )  # fmt: skip
+    if transposed is not None:
+        view_adj = with_transpose(view_adj, *transposed)
     return view_adj, remap_plan(plan, rows_K)
+
+
+def with_transpose(
+    adj: kernels.CSR, t_indptr: Tensor, t_indices: Tensor, t_perm: Tensor
+) -> kernels.CSR:
+    """A forward-only CSR given its transpose, in its own index dtype."""
+    dtype = adj.indices.dtype
+    return dataclasses.replace(
+        adj, t_indptr=t_indptr.to(dtype), t_indices=t_indices.to(dtype), t_perm=t_perm.to(dtype),
+        t_max_degree=max_degree(t_indptr),
+    )  # fmt: skip
 
 
 def remap_plan(plan: HaloPlan, rows_K: Tensor) -> HaloPlan:

@@ -247,6 +247,34 @@ def build_transpose(
     return t_indptr, t_indices, t_perm
 
 
+def kept_transpose(
+    adj: CSR, keep_E: Tensor, cols_E: Tensor, num_cols: int
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The transpose (as `build_transpose` gives it) of the CSR of `adj`'s edges `keep_E`
+    (bool, E) with new columns `cols_E` (E, read where kept), read off `adj`'s own transpose
+    with no sort: possible where the new columns keep the old order (kept edges of a lower old
+    column never get a higher new one). None where they do not, or `adj` is forward-only.
+
+    Arrays in `adj`'s index dtype (every edge position fits in it), `t_indptr` in int64.
+    """
+    if adj.t_perm.shape[0] != adj.num_edges:
+        return None
+    keep_T = keep_E.index_select(0, adj.t_perm)  # transpose slots whose edge stays
+    edges_K = adj.t_perm[keep_T]
+    cols_K = cols_E.index_select(0, edges_K)
+    if cols_K.shape[0] > 1 and bool((cols_K[1:] < cols_K[:-1]).any()):
+        return None
+    # Within a new column the slots come from one old column (a new column reads one old
+    # one), in increasing row: the stable sort's order.
+    counts = torch.bincount(cols_K, minlength=num_cols)
+    del cols_K
+    t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    position_E = torch.cumsum(keep_E, 0, dtype=adj.t_perm.dtype).sub_(1)  # in the new CSR
+    t_perm = position_E.index_select(0, edges_K)
+    del position_E, edges_K
+    return t_indptr, adj.t_indices[keep_T], t_perm
+
+
 def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
     for name, t in (("indptr", indptr), ("indices", indices)):
         if t.dtype not in _INDEX_DTYPES or t.dim() != 1:

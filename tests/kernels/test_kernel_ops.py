@@ -71,6 +71,36 @@ def test_transpose_matches_dense(kind: str, index_dtype: torch.dtype) -> None:
     assert torch.equal(csr.transpose().transpose().to_dense(), csr.to_dense())
 
 
+@kind_cases
+@graph_cases
+def test_a_kept_transpose_is_the_one_a_sort_builds(kind: str, index_dtype: torch.dtype) -> None:
+    """Edges dropped and columns renumbered in order (as comm/views.py remap_halo does): the
+    transpose read off the original's equals the stable sort's, array for array."""
+    from leo_cli.kernels.csr import build_transpose, kept_transpose, row_of_edges
+
+    csr = make_csr(kind, index_dtype)  # 8 columns
+    g = torch.Generator().manual_seed(3)
+    keep_E = torch.rand(csr.num_edges, generator=g) < 0.7
+    new_of = torch.tensor([0, 1, 1, 2, 4, 5, 6, 7])  # old 2 dropped, a gap at new 3
+    old_E = csr.indices.long()
+    # one new column per old column here (a shared new column would mix two old ones)
+    keep_E &= old_E != 2
+    cols_E = new_of[old_E].to(index_dtype)
+    made = kept_transpose(csr, keep_E, cols_E, 8)
+    assert made is not None
+    rows = row_of_edges(csr.indptr)[keep_E]
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(
+        torch.bincount(rows, minlength=csr.num_rows), 0)])  # fmt: skip
+    want = build_transpose(indptr.to(index_dtype), cols_E[keep_E], 8)
+    for got, expected in zip(made, want, strict=True):
+        assert torch.equal(got.long(), expected.long())
+    # a column order that is not kept: None (the caller sorts)
+    backwards = (7 - old_E).to(index_dtype)
+    assert kept_transpose(csr, keep_E, backwards, 8) is None
+    forward_only = kernels.CSR.from_arrays(csr.indptr, csr.indices, num_cols=8, transpose=False)
+    assert kept_transpose(forward_only, keep_E, cols_E, 8) is None
+
+
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
     indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
     compact = kernels.CSR.from_arrays(indptr, indices, num_cols=2)
