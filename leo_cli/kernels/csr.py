@@ -252,8 +252,9 @@ def kept_transpose(
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """The transpose (as `build_transpose` gives it) of the CSR of `adj`'s edges `keep_E`
     (bool, E) with new columns `cols_E` (E, read where kept), read off `adj`'s own transpose
-    with no sort: possible where the new columns keep the old order (kept edges of a lower old
-    column never get a higher new one). None where they do not, or `adj` is forward-only.
+    with no sort: possible where its slots, read in order, already come by new column and
+    within one by edge (the stable sort's order), as when columns are renumbered in order. None
+    where they do not, or `adj` is forward-only.
 
     Arrays in `adj`'s index dtype (every edge position fits in it), `t_indptr` in int64.
     """
@@ -262,10 +263,11 @@ def kept_transpose(
     keep_T = keep_E.index_select(0, adj.t_perm)  # transpose slots whose edge stays
     edges_K = adj.t_perm[keep_T]
     cols_K = cols_E.index_select(0, edges_K)
-    if cols_K.shape[0] > 1 and bool((cols_K[1:] < cols_K[:-1]).any()):
-        return None
-    # Within a new column the slots come from one old column (a new column reads one old
-    # one), in increasing row: the stable sort's order.
+    if cols_K.shape[0] > 1:
+        later, earlier = cols_K[1:], cols_K[:-1]
+        back = (later < earlier) | ((later == earlier) & (edges_K[1:] < edges_K[:-1]))
+        if bool(back.any()):
+            return None
     counts = torch.bincount(cols_K, minlength=num_cols)
     del cols_K
     t_indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])

@@ -97,6 +97,13 @@ def test_a_kept_transpose_is_the_one_a_sort_builds(kind: str, index_dtype: torch
     # a column order that is not kept: None (the caller sorts)
     backwards = (7 - old_E).to(index_dtype)
     assert kept_transpose(csr, keep_E, backwards, 8) is None
+    # two old columns into one new column: fine while the slots come in edge order, else None
+    crossed = kernels.CSR.from_arrays(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), num_cols=2)
+    straight = kernels.CSR.from_arrays(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), num_cols=2)
+    one, zeros = torch.ones(2, dtype=torch.bool), torch.zeros(2, dtype=crossed.indices.dtype)
+    assert kept_transpose(crossed, one, zeros, 1) is None  # the sort puts row 0 first
+    made = kept_transpose(straight, one, zeros, 1)
+    assert made is not None and made[1].tolist() == [0, 1] and made[2].tolist() == [0, 1]
     forward_only = kernels.CSR.from_arrays(csr.indptr, csr.indices, num_cols=8, transpose=False)
     assert kept_transpose(forward_only, keep_E, cols_E, 8) is None
 
