@@ -34,6 +34,7 @@ from leo_cli.comm.transport import GradOf, Landed, sent_slices
 from leo_cli.errors import TrainError
 
 SHM_DIR = "/dev/shm"
+GRAD_COPIES = 2  # copies of the gradients' segment, used in turn (one barrier an exchange)
 
 
 def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
@@ -117,7 +118,9 @@ class SharedMemory:
         ).long()
         self.fwd_seg = open_segment(self.rows_T * width, dtypes[0])
         self.grad_seg = (
-            None if dtypes[1] is None else open_segment(2 * self.halo_T * width, dtypes[1])
+            None
+            if dtypes[1] is None
+            else open_segment(GRAD_COPIES * self.halo_T * width, dtypes[1])
         )
         self._grad_count = 0
 
@@ -149,7 +152,7 @@ class SharedMemory:
         """Write my halo gradients into my region, wait, read what my readers wrote for me."""
         assert self.grad_seg is not None, "built without a gradients' segment"
         width = like_F.shape[1]
-        seg = self.view(self.grad_seg, self._grad_count % 2, self.halo_T, width)
+        seg = self.view(self.grad_seg, self._grad_count % GRAD_COPIES, self.halo_T, width)
         self._grad_count += 1
         mine_HF = seg[self.my_halo_off : self.my_halo_off + self.plan.num_halo]
         for chunks in sched.rounds:

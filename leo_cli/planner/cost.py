@@ -20,6 +20,8 @@ from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 
+from leo_cli.comm.published import NUM_COPIES
+from leo_cli.comm.shm import GRAD_COPIES
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.plan import RankCache
@@ -142,6 +144,17 @@ class ShapeLayer:
     def fused(self) -> bool:
         """Bias, ReLU and the next mask in one pass (not GAT's bias and ELU)."""
         return not self.attention
+
+    @property
+    def input_needs_no_gradient(self) -> bool:
+        """Aggregate-first layer 0: nothing upstream of its aggregation needs a gradient, so
+        no halo gradient returns and no self-loop term runs backward."""
+        return self.layer == 0 and not self.upd
+
+    def served_by_static(self, static: bool) -> bool:
+        """Layer 0 with no input dropout where every rank holds the static aggregate (`static`):
+        no exchange and no SpMM, forward or backward."""
+        return self.layer == 0 and self.p == 0 and static
 
     def gradient_rows(self, mode: Mode) -> bool:
         """The backward reads the output gradient as rows (comm/aggregate.py backward_rows),
@@ -362,8 +375,8 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
 def _self_width(sl: ShapeLayer, backward: bool) -> int:
     """Width of the self-loop term's passes; none backward where no gradient needs it, and
     none where the self-loops are CSR entries (priced with the inner SpMM)."""
-    if sl.diagonal or (backward and sl.layer == 0 and not sl.upd):
-        return 0  # aggregate-first layer 0: the input needs no gradient
+    if sl.diagonal or (backward and sl.input_needs_no_gradient):
+        return 0
     return sl.w
 
 
@@ -545,7 +558,7 @@ def _backward(
     """Backward terms of rank r at one layer (the forward's mirror)."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
-    if sl.layer == 0 and not sl.upd:  # nothing upstream of the aggregation needs a gradient
+    if sl.input_needs_no_gradient:
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
     if sl.gradient_rows(mode):
         return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
@@ -665,6 +678,11 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
     )  # fmt: skip
 
 
+def _every_static(caches: list[RankCache]) -> bool:
+    """Every rank holds the static aggregate (layer 0 then needs no exchange)."""
+    return bool(caches) and all(c.static_aggregate for c in caches)
+
+
 def predict(
     accesses: list[PartAccess],
     caches: list[RankCache],
@@ -683,10 +701,10 @@ def predict(
     per_rank = [{"forward_s": 0.0, "backward_s": 0.0} for _ in accesses]
     stages = {"forward_s": 0.0, "backward_s": 0.0, "comm_wait_s": 0.0}
     rank_terms: list[Terms] = [{} for _ in accesses]
-    static = bool(caches) and all(c.static_aggregate for c in caches)
+    static = _every_static(caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
-        if layer == 0 and sl.p == 0 and static:
+        if sl.served_by_static(static):
             pairs = [_static_layer(own[r], pr, sl) for r, pr in enumerate(accesses)]
             for direction, idx in (("forward_s", 0), ("backward_s", 1)):
                 times = [sum(terms[idx].values()) for terms in pairs]
@@ -728,9 +746,6 @@ def predict(
     return Prediction(float(total), stages, per_rank)
 
 
-PUBLISHED_COPIES = 2  # comm/published.py NUM_COPIES: copies of every published row area
-
-
 def buffer_bytes(
     accesses: list[PartAccess],
     caches: list[RankCache],
@@ -763,13 +778,13 @@ def buffer_bytes(
         for r, p in enumerate(accesses):
             kept[r] += p.num_inner * shape.wire_row(widest)
             if shape.attention:  # halo gradients return as partial sums through a segment
-                kept[r] += PUBLISHED_COPIES * p.num_halo * widest * shape.dtype_bytes
+                kept[r] += GRAD_COPIES * p.num_halo * widest * shape.dtype_bytes
     moving = [0] * num
     read_in_place = np.zeros(num)
-    static = bool(caches) and all(c.static_aggregate for c in caches)
+    static = _every_static(caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
-        if layer == 0 and sl.p == 0 and static:  # no exchange at layer 0 (as `predict`)
+        if sl.served_by_static(static):
             continue
         cnt = _Counts(
             accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
@@ -777,7 +792,7 @@ def buffer_bytes(
         read_in_place = np.maximum(read_in_place, cnt.read_in_place)
         for r in range(num):
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
-            if layer == 0 and not sl.upd:  # nothing upstream needs a gradient (`_backward`)
+            if sl.input_needs_no_gradient:
                 backward = 0
             elif sl.gradient_rows(mode):
                 backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
@@ -789,7 +804,7 @@ def buffer_bytes(
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
         for r, p in enumerate(accesses):
-            kept[r] += PUBLISHED_COPIES * (p.num_boundary + int(read_in_place[r])) * row
+            kept[r] += NUM_COPIES * (p.num_boundary + int(read_in_place[r])) * row
     return [k + m for k, m in zip(kept, moving, strict=True)]
 
 

@@ -15,7 +15,6 @@ from conftest import rank_rates
 
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import (
-    PUBLISHED_COPIES,
     ModelShape,
     Phases,
     _combine,
@@ -413,10 +412,7 @@ def test_buffer_bytes_count_what_each_transport_holds(
     assert buffer_bytes(accesses, NONE, SHAPE, mode, reach) == [each, each]
 
 
-def test_buffer_bytes_take_the_widest_layer_and_the_copies_comm_keeps() -> None:
-    from leo_cli.comm.published import NUM_COPIES
-
-    assert PUBLISHED_COPIES == NUM_COPIES
+def test_buffer_bytes_take_the_widest_layer() -> None:
     # 16 -> 8 -> 4: layer 0 moves 8 columns, layer 1 four; the widest sizes everything
     deep = replace(SHAPE, widths=(16, 8, 4))
     assert buffer_bytes([part(0), part(1)], NONE, deep, "blocking") == [(4 + 4) * 32] * 2
