@@ -68,6 +68,7 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
 SETUP_LABELS = {
     "process_group_s": "process group",
     "read_part_s": "part files",
+    "choose_s": "trials of auto's candidates",
     "graph_s": "local graph",
     "levels_s": "cache levels",
     "aggregator_s": "aggregator",

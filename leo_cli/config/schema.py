@@ -393,14 +393,31 @@ class CacheConfig(Section):
 
 class PipelineConfig(Section):
     mode: str = Field(registry.DEFAULT_MODE, json_schema_extra=named(registry.mode_settings()))
-    """Halo exchange (leo_cli/registry.py): `auto` (the exact mode the cache plan predicts
-    fastest, or one within `auto_margin` of it whose buffers for moving rows are smaller by more
-    than that margin, chosen before workers start; `leo` without a plan or with one worker), `leo`
+    """Halo exchange (leo_cli/registry.py): `auto` (the fastest exact mode, measured by the
+    workers before the first epoch or predicted by the cache plan: see `choose`; `leo` with one
+    worker), `leo`
     (pipelined), `blocking`, `fine-grained` (MGG), `shared-memory` (UVM); `compute-only` skips
     the exchange (wrong numbers; `leo bench`)."""
+    choose: Literal["measure", "estimate", "remeasure"] = "measure"
+    """How `auto` picks among its candidates (docs/design/planning.md): `measure` (the workers
+    try the candidates the cost model keeps, the exact modes and leo's plan with and without
+    replicas or rows read in place, for `trial_steps` forward and backward steps each before
+    the first epoch, and train the fastest; the result is kept as wisdom in run.cache_dir, so a
+    later run with the same inputs trains at once), `remeasure` (measure even where wisdom
+    exists) or `estimate` (the cost model's prediction alone, weighed by `auto_margin`). No
+    trials with one worker, a mode set by name, or on resume."""
+    trial_steps: int = Field(3, ge=1, le=20)
+    """`choose=measure`: timed forward and backward steps per candidate (after one warm-up
+    step; a candidate whose first step is far slower than the best so far stops there)."""
+    levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
+    """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
+    made for leo as this mode can use it (`planned`; a mode that reads nothing in place
+    exchanges the rows leo reads in place), without its replicas (`no-replicas`) or without
+    rows read in place (`no-in-place`). `auto`'s measured choice writes the candidate that won
+    here in the run folder's resolved_config.yaml; set by name it reproduces that run."""
     auto_margin: float = Field(0.1, ge=0.0, lt=1.0)
-    """`auto`: modes predicted within this fraction of the fastest step count as fast, and of
-    those auto runs the one whose buffers for moving rows (cache-plan.json
+    """`auto` with `choose=estimate`: modes predicted within this fraction of the fastest step
+    count as fast, and of those auto runs the one whose buffers for moving rows (cache-plan.json
     `predicted_buffer_bytes`) are smaller than the fastest's by more than this fraction, the
     smallest; 0: always the fastest predicted. At ogbn-products size predictions missed measured
     epochs by 2 to 62% (docs/results.md), so ones that close do not rank modes; the buffers

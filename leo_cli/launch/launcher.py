@@ -21,6 +21,7 @@ from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
+from leo_cli.launch.choice import choose_mode
 from leo_cli.launch.elastic import launch_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
@@ -31,7 +32,7 @@ from leo_cli.launch.stages import (
     part_weigher,
     partition_cache_dir,
 )
-from leo_cli.planner.auto_mode import choose, resumed, with_mode, write_choice
+from leo_cli.planner.auto_mode import resumed, with_choice, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import plan_digests
 from leo_cli.registry import is_auto
@@ -51,6 +52,10 @@ RESUMABLE = {
     "train.eval_every",
     "train.checkpoint_every",
     "pipeline.mode",
+    "pipeline.levels",  # auto's measured choice, kept on resume (every level is exact)
+    "pipeline.choose",
+    "pipeline.trial_steps",
+    "pipeline.auto_margin",
     "run.tensorboard",
 }
 
@@ -178,14 +183,14 @@ def prepare(
     RunDir(run_dir).status.unlink(missing_ok=True)  # `leo train` shows this attempt's set-up
     # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
     started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
-    plan_cfg = cfg if started is None else with_mode(cfg, started.mode)
+    plan_cfg = cfg if started is None else with_choice(cfg, started)
     with accesses_kept():  # the parts are profiled once for both plans
         plan = ensure_plan(
             plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
             shared=parts.reused,
         )  # fmt: skip
-        choice = started or choose(cfg, plan, cfg.partition.num_parts)
-        run_cfg = with_mode(cfg, choice.mode)
+        choice = started or choose_mode(cfg, run_dir, parts.meta, plan)
+        run_cfg = with_choice(cfg, choice)
         num_parts = int(parts.meta["num_parts"])
         if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
             # auto chose a mode that reads rows in place otherwise: the plan of its own levels

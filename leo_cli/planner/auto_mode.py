@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,14 @@ if TYPE_CHECKING:  # planner/plan.py imports this module (through planner/reach.
     from leo_cli.planner.plan import CachePlan
 
 CHOICE = RunDir.MODE_CHOICE
+OWN_LEVELS = "own"  # pipeline.levels: the plan made for the mode
+PLANNED_LEVELS = "planned"  # the plan made for the planned mode, as the mode can use it
+# `choose=measure` does not try a mode predicted this many times the fastest (a judgement:
+# predictions have missed measured steps by 2-75%, and modes predicted within 10% of each
+# other have run 2.3x apart, docs/results.md).
+HOPELESS = 3.0
+# ... nor one whose predicted buffers moving rows exceed this share of the free memory.
+FREE_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -39,11 +47,19 @@ class ModeChoice:
     Attributes:
         requested: the `pipeline.mode` setting (`auto` or a mode).
         mode: the mode that runs.
-        rule: for `auto`, why this mode (`predicted fastest`, within the margin with less
-            memory, or the rule used without predictions); None for a mode set by name.
+        rule: for `auto`, why this mode (`predicted fastest`, `measured fastest`, within the
+            margin with less memory, or the rule used without predictions); None for a mode
+            set by name.
         predicted_s: the candidates' predicted steps it chose from (empty without a plan).
         buffer_bytes: the candidates' predicted bytes of buffers that move rows, all ranks
             together (empty without a plan).
+        levels: the cache levels it runs with (`pipeline.levels`).
+        trials: the candidates the workers are to try before the first epoch, fastest
+            predicted first (`candidate_name`); empty once tried or where none is.
+        measured_s: each candidate's median trial step, the slowest rank's (None: stopped
+            after its first step, far slower than the best).
+        notes: why a candidate was not tried or stopped early, by candidate.
+        wisdom: where the trials' result is kept (planner/wisdom.py), or was read from.
     """
 
     requested: str
@@ -51,22 +67,33 @@ class ModeChoice:
     rule: str | None = None
     predicted_s: dict[str, float | None] = field(default_factory=dict)
     buffer_bytes: dict[str, int] = field(default_factory=dict)
+    levels: str = OWN_LEVELS
+    trials: list[str] = field(default_factory=list)
+    measured_s: dict[str, float | None] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    wisdom: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The candidate that runs (`candidate_name`)."""
+        return candidate_name(self.mode, self.levels)
 
     def describe(self) -> str:
-        """`leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)`: the rule, the mode's
-        predicted step and the next fastest candidate's; the mode alone when it was set by
-        name."""
+        """`leo (auto: measured fastest, 0.053 s vs blocking 0.062 s)`: the rule, the step it
+        chose by (measured where measured, else predicted) and the next fastest candidate's;
+        the mode alone when it was set by name."""
         if self.rule is None:
-            return self.mode
-        others = [(t, n) for n, t in self.predicted_s.items() if n != self.mode and t is not None]
-        own = self.predicted_s.get(self.mode)
+            return self.name
+        steps = self.measured_s or self.predicted_s
+        others = [(t, n) for n, t in steps.items() if n != self.name and t is not None]
+        own = steps.get(self.name)
         detail = self.rule
         if own is not None:
             detail += f", {own:.3f} s"
             if others:
                 t, name = min(others)
                 detail += f" vs {name} {t:.3f} s"
-        return f"{self.mode} ({self.requested}: {detail})"
+        return f"{self.name} ({self.requested}: {detail})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,7 +102,25 @@ class ModeChoice:
             "mode_rule": self.rule,
             "mode_predicted_s": self.predicted_s,
             "mode_buffer_bytes": self.buffer_bytes,
+            "mode_levels": self.levels,
+            "mode_trials": self.trials,
+            "mode_measured_s": self.measured_s,
+            "mode_notes": self.notes,
+            "mode_wisdom": self.wisdom,
         }
+
+
+def candidate_name(mode: str, levels: str) -> str:
+    """`leo`, `leo/no-replicas`, `blocking`: a mode and the levels it runs with, named as
+    mode-choice.json and the tables name a candidate (the plan's own or as planned: the mode
+    alone)."""
+    return mode if levels in (OWN_LEVELS, PLANNED_LEVELS) else f"{mode}/{levels}"
+
+
+def parse_candidate(name: str, levels: str = PLANNED_LEVELS) -> tuple[str, str]:
+    """(mode, levels) of a `candidate_name` (`levels` where the name has none)."""
+    mode, _, variant = name.partition("/")
+    return mode, variant or levels
 
 
 def candidates(cfg: LeoConfig) -> list[str]:
@@ -153,17 +198,82 @@ def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoic
     return ModeChoice(requested, lean, rule, predicted, buffers)
 
 
-def with_mode(cfg: LeoConfig, mode: str) -> LeoConfig:
+def measures(cfg: LeoConfig, world_size: int) -> bool:
+    """Whether this run's workers try `auto`'s candidates before the first epoch
+    (`pipeline.choose`): under `auto` with several workers, unless told to estimate."""
+    return is_auto(cfg.pipeline.mode) and world_size > 1 and cfg.pipeline.choose != "estimate"
+
+
+def to_try(
+    cfg: LeoConfig, plan: CachePlan | None, estimate: ModeChoice, free_bytes: int | None
+) -> ModeChoice:
+    """The candidates the workers try (`ModeChoice.trials`), fastest predicted first: the
+    modes `auto` may run but those predicted over `HOPELESS` times the fastest or whose
+    predicted buffers would not fit `FREE_SHARE` of the `free_bytes` this machine has, and
+    after the planned mode its plan without replicas and without rows read in place, where
+    the plan has them. A single candidate is the choice itself, untried."""
+    order = {n: i for i, n in enumerate(candidates(cfg))}
+    predicted = estimate.predicted_s
+    timed = [t for t in predicted.values() if t is not None]
+    best = min(timed) if timed else None
+    notes: dict[str, str] = {}
+    tried: list[str] = []
+    for mode in sorted(order, key=lambda n: (predicted.get(n) or float("inf"), order[n])):
+        t, size = predicted.get(mode), estimate.buffer_bytes.get(mode)
+        if best is not None and t is not None and t > HOPELESS * best:
+            notes[mode] = f"not tried: predicted {t:.3f} s, over {HOPELESS:g}x the fastest"
+        elif free_bytes is not None and size is not None and size > FREE_SHARE * free_bytes:
+            notes[mode] = (
+                f"not tried: its buffers moving rows ({_size(size)}) would not fit "
+                f"{FREE_SHARE:.0%} of the {_size(free_bytes)} of memory free"
+            )
+        else:
+            tried.append(mode)
+            if mode == planned_mode() and plan is not None:
+                tried += [candidate_name(mode, v) for v in plan_variants(plan)]
+    levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
+    if len(tried) <= 1:
+        mode = parse_candidate(tried[0])[0] if tried else estimate.mode
+        rule = "the only candidate the cost model keeps"
+        return replace(estimate, mode=mode, rule=rule, notes=notes)
+    mode, levels = parse_candidate(tried[0], levels)
+    rule = "to be measured by the workers"
+    return replace(estimate, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
+
+
+def plan_variants(plan: CachePlan) -> list[str]:
+    """The variants of the planned mode's levels worth trying on this plan (`pipeline.levels`):
+    without replicas where some rank has them, without rows read in place where some rank
+    reads some."""
+    out = []
+    if any(len(c.replica_rows) for c in plan.caches):
+        out.append("no-replicas")
+    if any(len(c.l3_rows) for c in plan.caches) or any(plan.every_row):
+        out.append("no-in-place")
+    return out
+
+
+def with_mode(cfg: LeoConfig, mode: str, levels: str | None = None) -> LeoConfig:
     """The config with `pipeline.mode` set to `mode` (validated: a chunk count stays
-    allowed, since `auto` chose among the modes that chunk)."""
-    pipeline = type(cfg.pipeline).model_validate({**cfg.pipeline.model_dump(), "mode": mode})
+    allowed, since `auto` chose among the modes that chunk), and `pipeline.levels` to
+    `levels` where given."""
+    update = {"mode": mode} | ({} if levels is None else {"levels": levels})
+    pipeline = type(cfg.pipeline).model_validate({**cfg.pipeline.model_dump(), **update})
     return cfg.model_copy(update={"pipeline": pipeline})
 
 
+def with_choice(cfg: LeoConfig, choice: ModeChoice) -> LeoConfig:
+    """The config a run of `choice` trains with: its mode and levels."""
+    return with_mode(cfg, choice.mode, choice.levels)
+
+
 def planning_config(cfg: LeoConfig) -> LeoConfig:
-    """The config the cache plan is made for: under `auto`, the planned mode's (its levels
+    """The config the cache plan is made for: under `auto`, or with levels taken from the
+    planned mode's plan (`pipeline.levels` other than `own`), the planned mode's (its levels
     are decided for it; the other modes are priced with what they can use of them)."""
-    return with_mode(cfg, planned_mode()) if is_auto(cfg.pipeline.mode) else cfg
+    if is_auto(cfg.pipeline.mode) or cfg.pipeline.levels != OWN_LEVELS:
+        return with_mode(cfg, planned_mode())
+    return cfg
 
 
 def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
@@ -174,7 +284,8 @@ def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
     Raises:
         ConfigError: that mode is not one this config can run (another placement).
     """
-    mode = load_config(RunDir(run_dir).config).pipeline.mode
+    pipeline = load_config(RunDir(run_dir).config).pipeline
+    mode, levels = pipeline.mode, pipeline.levels
     if is_auto(mode):
         return None
     if mode not in candidates(cfg):  # e.g. shared-memory, resumed across several machines
@@ -184,9 +295,10 @@ def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
             "or start a new run.out_dir."
         )
     saved = read_choice(run_dir)
-    if saved is not None and saved.mode == mode and saved.rule is not None:
-        return saved
-    return ModeChoice(cfg.pipeline.mode, mode, "resumed: the mode the run started with")
+    if saved is not None and saved.name == candidate_name(mode, levels) and saved.rule is not None:
+        return replace(saved, trials=[])
+    rule = "resumed: the mode the run started with"
+    return ModeChoice(cfg.pipeline.mode, mode, rule, levels=levels)
 
 
 def write_choice(run_dir: Path, choice: ModeChoice) -> None:
@@ -210,14 +322,26 @@ def from_json(data: Any) -> ModeChoice:
         ValueError: the fields are missing or of the wrong kind.
     """
     try:
-        predicted = {str(k): None if v is None else float(v)
-                     for k, v in dict(data.get("mode_predicted_s") or {}).items()}  # fmt: skip
+        predicted = _steps(data.get("mode_predicted_s"))
+        measured = _steps(data.get("mode_measured_s"))
         buffers = {str(k): int(v) for k, v in dict(data.get("mode_buffer_bytes") or {}).items()}
+        notes = {str(k): str(v) for k, v in dict(data.get("mode_notes") or {}).items()}
+        trials = [str(n) for n in list(data.get("mode_trials") or [])]
         rule = data.get("mode_rule")
         requested, mode = str(data["mode_requested"]), str(data["mode"])
+        levels = str(data.get("mode_levels") or OWN_LEVELS)
+        wisdom = data.get("mode_wisdom")
     except (AttributeError, KeyError, TypeError, OverflowError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
-    return ModeChoice(requested, mode, None if rule is None else str(rule), predicted, buffers)
+    rule = None if rule is None else str(rule)
+    wisdom = None if wisdom is None else str(wisdom)
+    return ModeChoice(
+        requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom
+    )
+
+
+def _steps(data: Any) -> dict[str, float | None]:
+    return {str(k): None if v is None else float(v) for k, v in dict(data or {}).items()}
 
 
 def summary_fields(run_dir: Path, mode: str) -> dict[str, Any]:

@@ -54,3 +54,15 @@ def hand_back_freed_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can give without swapping (Linux's `MemAvailable`), or None where
+    /proc/meminfo does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

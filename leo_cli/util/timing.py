@@ -21,6 +21,7 @@ from typing import Any
 WORKER_PARTS = (
     "process_group_s",
     "read_part_s",
+    "choose_s",
     "graph_s",
     "levels_s",
     "aggregator_s",

@@ -34,6 +34,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency, transpose_scales
+from leo_cli.planner.auto_mode import OWN_LEVELS
 from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.reach import reads_in_place
 from leo_cli.registry import is_auto, mode_of, row_transport
@@ -269,7 +270,25 @@ def build_job(
     cache_plan.check_fits(plan_path, halo_sizes, layers, attention, cfg.pipeline.rounds_rows)
     c = cache_plan.caches[part.rank]
     levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
+    every_row = cache_plan.every_row[part.rank] if cache_plan.every_row else None
+    levels, every_row = chosen_levels(cfg, levels, every_row)
     return assemble(
         cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps,
-        every_row_from=cache_plan.every_row[part.rank] if cache_plan.every_row else None,
+        every_row_from=every_row,
     )  # fmt: skip
+
+
+def chosen_levels(
+    cfg: LeoConfig, levels: RankLevels, every_row: list[int] | None
+) -> tuple[RankLevels, list[int] | None]:
+    """This rank's levels and the owners it reads every row of in place, as
+    `pipeline.levels` takes them from the plan: as made (`own`, `planned`), without replicas,
+    or without rows read in place (those travel in bulk with the rest, as they do for a mode
+    that reads nothing in place)."""
+    setting = cfg.pipeline.levels
+    if setting == OWN_LEVELS:
+        return levels, every_row
+    replicas = [] if setting == "no-replicas" else levels.replica_rows
+    if setting == "no-in-place" or not mode_of(cfg.pipeline.mode).reads_in_place:
+        return RankLevels(levels.static_aggregate, replicas, []), None
+    return RankLevels(levels.static_aggregate, replicas, levels.l3_rows), every_row

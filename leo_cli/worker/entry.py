@@ -34,9 +34,16 @@ from leo_cli.config import LeoConfig, config_fingerprint, load_config
 from leo_cli.config.load import PER_NODE_KEYS
 from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import TrainError
+from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.kernels import active_backend
-from leo_cli.planner.auto_mode import refuse_unresolved, summary_fields
+from leo_cli.planner.auto_mode import (
+    OWN_LEVELS,
+    PLANNED_LEVELS,
+    read_choice,
+    refuse_unresolved,
+    summary_fields,
+)
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of, planned_mode
@@ -47,7 +54,8 @@ from leo_cli.worker.assemble import build_job, halo_plan
 from leo_cli.worker.board import Board
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 from leo_cli.worker.report import plot_curves, summarize
-from leo_cli.worker.trainer import RunLog, fit, restore
+from leo_cli.worker.trainer import Job, RunLog, fit, restore
+from leo_cli.worker.trials import train_winner
 
 USER_ERROR_EXIT = 3
 
@@ -83,6 +91,13 @@ def with_plan(fingerprint: str, cfg: LeoConfig, run: RunDir) -> str:
     if not cfg.cache.enabled or not run.plan.is_file():
         return fingerprint
     return hashlib.sha256(bytes.fromhex(fingerprint) + run.plan.read_bytes()).hexdigest()
+
+
+def with_trials(fingerprint: str, trials: list[str]) -> str:
+    """The fingerprint combined with the candidates to try: every rank must try the same."""
+    if not trials:
+        return fingerprint
+    return hashlib.sha256(bytes.fromhex(fingerprint) + "\n".join(trials).encode()).hexdigest()
 
 
 def check_consistent(
@@ -167,11 +182,15 @@ def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) ->
     bytes), and whether the numbers are exact."""
     mode = mode_of(cfg.pipeline.mode)
     extras: dict[str, Any] = {"exact": mode.exact or world_size == 1, "workers": world_size}
+    as_planned = cfg.pipeline.levels == OWN_LEVELS or (
+        cfg.pipeline.levels == PLANNED_LEVELS and mode.reads_in_place
+    )  # worker/assemble.py chosen_levels: the plan's levels unchanged
     if (
         cache_plan is not None
         and cfg.cache.enabled
         and mode.cache_levels
         and not mode.per_edge_rows
+        and as_planned
     ):
         for level in ("L2", "L3"):
             rows = cache_plan.bytes_per_level
@@ -321,16 +340,28 @@ def run_worker(
     laps.lap("read_part_s")
     state = run.load_latest() if resume else None
     start = 0 if state is None else int(state["epoch"])
-    fingerprint = with_plan(config_sha or config_fingerprint(cfg), cfg, run)
+    choice = None if resume else read_choice(run_dir)  # `auto`'s candidates to try, if any
+    trials = [] if choice is None else choice.trials
+    fingerprint = with_trials(with_plan(config_sha or config_fingerprint(cfg), cfg, run), trials)
     loaded = checkpoint_digest(state)
     halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start, loaded)
     # Read once, after every rank saw the same bytes: the job, the rows' extras, the summary.
     cache_plan = load_plan(cfg, run_dir, meta)
     used = cache_plan if cfg.cache.enabled else None
-    job = build_job(run.plan, cfg, used, meta, part, env.world_size, device, halo_sizes, laps)
+
+    def build(run_cfg: LeoConfig, run_laps: Laps | None, part: LocalPart = part) -> Job:
+        return build_job(
+            run.plan, run_cfg, used, meta, part, env.world_size, device, halo_sizes, run_laps
+        )
+
+    if choice is not None and trials:
+        job, cfg = train_winner(run, cfg, choice, build, env.rank, laps)
+    else:
+        laps.lap("choose_s")  # nothing to try: the plan's checks, a stage of no length
+        job = build(cfg, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
-    del part
+    del part, build
     if state is not None:
         restore(state, job.model, job.optimizer, run.checkpoints)
     if env.rank == 0:

@@ -115,8 +115,10 @@ def train_step(
     data: WorkerData,
     seed: int,
     epoch: int,
+    update: bool = True,
 ) -> tuple[float, dict[str, float]]:
-    """One full-graph step; returns the global mean training loss and phase times."""
+    """One full-graph step; returns the global mean training loss and phase times. Without
+    `update` the optimizer does not step (`auto`'s trials: worker/trials.py)."""
     model.train()
     opt.zero_grad(set_to_none=True)
     reducer.start()
@@ -130,8 +132,9 @@ def train_step(
     clock.stamp("backward_s")
     reducer.finish()
     clock.stamp("allreduce_s")
-    opt.step()
-    clock.stamp("optimizer_s")
+    if update:
+        opt.step()
+        clock.stamp("optimizer_s")
     total = all_reduce_(loss.detach().clone().to(torch.float64))
     clock.stamp("loss_sync_s")  # waits for the slowest rank, like the all-reduce
     times = {**clock.phases, "step_s": clock.total()}

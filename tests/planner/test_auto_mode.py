@@ -4,8 +4,10 @@ once by the parent, recorded in the run folder, kept on resume (planner/auto_mod
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import hardware_dict
 
@@ -185,7 +187,8 @@ def test_workers_refuse_an_unresolved_config() -> None:
     auto_mode.refuse_unresolved(cfg("pipeline.mode=leo"))
 
 
-def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
+@pytest.mark.parametrize("choose_by", ["estimate", "measure"])
+def test_prepare_records_the_no_plan_rule(tmp_path: Path, choose_by: str) -> None:
     from leo_cli.launch.launcher import prepare
 
     run = tmp_path / "run"
@@ -194,13 +197,22 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path) -> None:
         "data.synthetic.num_features=8",
         "cache.policy=none",
         f"run.out_dir={run}",
+        f"run.cache_dir={tmp_path / 'cache'}",
+        f"pipeline.choose={choose_by}",
     )
     prepare(config, resume=False, progress=None)
     recorded = json.loads((run / auto_mode.CHOICE).read_text())
     assert recorded["mode_requested"] == "auto" and recorded["mode"] == "leo"
-    assert recorded["mode_rule"] == "no cache plan with cache.policy=none"
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == "leo"  # every rank, on every node, reads this one
+    assert resolved.pipeline.levels == "own"  # no plan to take levels from
+    if choose_by == "estimate":
+        assert recorded["mode_rule"] == "no cache plan with cache.policy=none"
+        assert recorded["mode_trials"] == []
+    else:  # nothing predicted: every candidate is tried, the workers keep their result
+        assert recorded["mode_rule"] == "to be measured by the workers"
+        assert recorded["mode_trials"] == auto_candidates()
+        assert Path(recorded["mode_wisdom"]).parent == tmp_path / "cache" / "wisdom"
 
 
 def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
@@ -279,3 +291,74 @@ def test_load_plan_finds_only_a_plan_made_for_this_run(tmp_path: Path) -> None:
     assert load_plan(no_cache, run) is None  # no cache: a bad file is only no prediction
     RunDir(run).plan.unlink()
     assert load_plan(config, run) is None
+
+
+# --- pipeline.choose=measure: the candidates the workers try (auto_mode.to_try) ---
+
+
+def plan_with_levels(replicas: bool, l3: bool, predicted: dict[str, float | None]) -> CachePlan:
+    from leo_cli.planner.plan import RankCache
+
+    rows = np.arange(3, dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    cache = RankCache(False, rows if replicas else none, rows if l3 else none)
+    plan = plan_with(predicted, BUFFERS)
+    plan.caches = [cache, RankCache()]
+    return plan
+
+
+def test_measure_tries_the_close_candidates_fastest_first_and_leos_variants() -> None:
+    predicted = {**PREDICTED, "fine-grained": 0.5}  # over 3x blocking's 0.053: not tried
+    plan = plan_with_levels(True, True, predicted)
+    estimate = choose(cfg(), plan, 2)
+    trial = auto_mode.to_try(cfg(), plan, estimate, free_bytes=None)
+    assert trial.trials == [
+        "blocking",
+        "leo",
+        "leo/no-replicas",
+        "leo/no-in-place",
+        "shared-memory",
+    ]
+    assert (trial.mode, trial.levels) == ("blocking", "planned")  # what a restart would run
+    assert trial.notes == {"fine-grained": "not tried: predicted 0.500 s, over 3x the fastest"}
+    assert auto_mode.measures(cfg(), 2) and not auto_mode.measures(cfg(), 1)
+    assert not auto_mode.measures(cfg("pipeline.choose=estimate"), 2)
+    assert not auto_mode.measures(cfg("pipeline.mode=leo"), 2)
+
+
+def test_measure_skips_what_would_not_fit_and_variants_the_plan_lacks() -> None:
+    plan = plan_with_levels(False, False, PREDICTED)
+    estimate = choose(cfg(), plan, 2)
+    trial = auto_mode.to_try(cfg(), plan, estimate, free_bytes=1_000_000_000)
+    # blocking's 3 GB and shared-memory's 1 GB exceed 80% of 1 GB free
+    assert trial.trials == ["leo", "fine-grained"]
+    assert trial.notes["blocking"].startswith("not tried: its buffers moving rows (3.0 GB)")
+    assert "80% of the 1.0 GB of memory free" in trial.notes["shared-memory"]
+
+
+def test_a_single_candidate_is_the_choice_untried() -> None:
+    plan = plan_with_levels(True, False, PREDICTED)
+    choice = auto_mode.to_try(cfg("pipeline.num_chunks=2"), plan, choose(cfg(), plan, 2), None)
+    # only leo chunks; its replicas make a variant worth trying
+    assert choice.trials == ["leo", "leo/no-replicas"]
+    alone = auto_mode.to_try(cfg("pipeline.num_chunks=2"), plan_with_levels(False, False,
+                             PREDICTED), choose(cfg(), plan, 2), None)  # fmt: skip
+    assert alone.trials == [] and alone.rule == "the only candidate the cost model keeps"
+
+
+def test_levels_other_than_own_plan_for_the_planned_mode() -> None:
+    assert auto_mode.planning_config(cfg("pipeline.mode=blocking")).pipeline.mode == "blocking"
+    planned = cfg("pipeline.mode=blocking", "pipeline.levels=planned")
+    assert auto_mode.planning_config(planned).pipeline.mode == "leo"
+
+
+def test_a_measured_choice_round_trips_and_resumes_with_its_levels(tmp_path: Path) -> None:
+    chosen = ModeChoice("auto", "leo", "measured fastest", {"leo": 0.1}, {"leo": 5},
+                        "no-replicas", [], {"leo/no-replicas": 0.2, "blocking": None},
+                        {"blocking": "stopped"}, "/w.json")  # fmt: skip
+    assert auto_mode.from_json(json.loads(json.dumps(chosen.to_json()))) == chosen
+    run = tmp_path / "run"
+    write_resolved(auto_mode.with_choice(cfg(f"run.out_dir={run}"), chosen))
+    auto_mode.write_choice(run, replace(chosen, trials=["leo"]))
+    again = auto_mode.resumed(cfg(), run)
+    assert again is not None and again.name == "leo/no-replicas" and again.trials == []

@@ -1,0 +1,68 @@
+"""The mode-choice stage of `leo train`: which mode a run of `pipeline.mode=auto` uses, or
+which candidates its workers try first (planner/auto_mode.py decides, worker/trials.py tries),
+and the wisdom of an earlier run with the same inputs (planner/wisdom.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from leo_cli.config import LeoConfig
+from leo_cli.errors import CacheError
+from leo_cli.kernels import active_backend
+from leo_cli.launch.stages import partition_cache_dir
+from leo_cli.planner.auto_mode import (
+    ModeChoice,
+    choose,
+    measures,
+    parse_candidate,
+    planning_config,
+    to_try,
+)
+from leo_cli.planner.plan import CachePlan, plan_digests
+from leo_cli.planner.wisdom import Wisdom, read_wisdom, wisdom_key, wisdom_path
+from leo_cli.util.rss import available_memory_bytes
+
+
+def choose_mode(
+    cfg: LeoConfig, run_dir: Path, meta: dict[str, Any], plan: CachePlan | None
+) -> ModeChoice:
+    """The mode of a new run: set by name, predicted (`pipeline.choose=estimate`, one
+    worker, a single candidate), measured before by a run with the same inputs (wisdom,
+    under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
+    where their result is to be kept."""
+    num_parts = int(meta["num_parts"])
+    estimate = choose(cfg, plan, num_parts)
+    if not measures(cfg, num_parts):
+        return estimate
+    trial = to_try(cfg, plan, estimate, available_memory_bytes())
+    cache = partition_cache_dir(cfg, run_dir)
+    if not trial.trials or cache is None:  # several machines share the run folder only
+        return trial
+    inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
+    backend = active_backend()
+    kernels = f"{backend.name}/{backend.cpu}"
+    path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, trial.trials))
+    if cfg.pipeline.choose == "measure":
+        known = kept(path, trial.trials)
+        if known is not None:
+            mode, levels = parse_candidate(known.winner, trial.levels)
+            rule = f"{known.rule} by an earlier run with the same inputs (wisdom)"
+            return replace(
+                trial, mode=mode, levels=levels, rule=rule, trials=[],
+                measured_s=known.measured_s, notes=known.notes, wisdom=str(path),
+            )  # fmt: skip
+    return replace(trial, wisdom=str(path))
+
+
+def kept(path: Path, names: list[str]) -> Wisdom | None:
+    """The wisdom at `path`, or None where there is none or it is refused (said in one line:
+    the run then measures again and replaces it)."""
+    try:
+        return read_wisdom(path, names)
+    except CacheError as exc:
+        print(f"warning: {exc}; measuring the candidates again.", file=sys.stderr)
+        return None

@@ -1,0 +1,180 @@
+"""`auto`'s trials on the workers: every candidate the parent kept (mode-choice.json `trials`)
+is assembled on this run's part, timed for a few forward and backward steps and freed, and
+the fastest trains (planner/auto_mode.py chooses the candidates, docs/design/planning.md
+says why).
+
+A trial changes nothing the run computes: no optimizer step, gradients dropped, the torch
+random state restored, and dropout masks keyed by (seed, epoch, layer, node) draw the same
+masks whenever they are drawn. Every rank times the same steps and takes the slowest rank's
+time, so every rank picks the same winner without another message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from leo_cli.comm.dist import all_reduce_
+from leo_cli.config import LeoConfig, write_resolved
+from leo_cli.planner.auto_mode import (
+    ModeChoice,
+    parse_candidate,
+    with_choice,
+    with_mode,
+    write_choice,
+)
+from leo_cli.planner.wisdom import Wisdom, write_wisdom
+from leo_cli.run_dir import RunDir
+from leo_cli.util.rss import hand_back_freed_memory
+from leo_cli.util.timing import Laps
+from leo_cli.worker.trainer import Job, train_step
+
+# A candidate whose first timed step takes this many times the best median so far stops there
+# (a judgement: repeated steps of one candidate spread by up to 15% on a busy 2-core host).
+STOP = 1.3
+# Candidates within this fraction of the fastest median count as tied: the one with the
+# smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
+TIE = 0.03
+TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate's timed steps (the slowest rank's seconds), and whether it stopped after
+    its first for being far slower than the best so far."""
+
+    name: str
+    steps_s: list[float]
+    stopped: bool = False
+
+    @property
+    def median_s(self) -> float | None:
+        return None if self.stopped else statistics.median(self.steps_s)
+
+
+def trial_step(job: Job, seed: int) -> float:
+    """A forward and backward step without the optimizer's update, its gradients dropped;
+    the slowest rank's seconds."""
+    job.graph.aggregator.stats.reset()
+    _, times = train_step(
+        job.model, job.optimizer, job.reducer, job.graph, job.data, seed, TRIAL_EPOCH, False
+    )
+    job.optimizer.zero_grad(set_to_none=True)
+    step = torch.tensor([times["step_s"]], dtype=torch.float64)
+    return float(all_reduce_(step, op="max").item())
+
+
+def try_candidate(name: str, job: Job, seed: int, steps: int, best_s: float | None) -> Trial:
+    """A warm-up step, then up to `steps` timed ones (fewer where the first is over `STOP`
+    times `best_s`)."""
+    trial_step(job, seed)
+    times: list[float] = []
+    for _ in range(steps):
+        times.append(trial_step(job, seed))
+        if best_s is not None and times[0] > STOP * best_s:
+            return Trial(name, times, stopped=True)
+    return Trial(name, times)
+
+
+def measure(
+    names: list[str], build: Callable[[str], Job], seed: int, steps: int
+) -> tuple[list[Trial], Job]:
+    """Try every candidate in turn, each freed before the next is built; returns the trials
+    and the last candidate's job (kept: it may be the winner)."""
+    rng = torch.get_rng_state()
+    trials: list[Trial] = []
+    job: Job | None = None
+    for name in names:
+        job = None
+        gc.collect()  # the previous candidate's buffers and segments go before the next's
+        hand_back_freed_memory()
+        job = build(name)
+        best = min((m for t in trials if (m := t.median_s) is not None), default=None)
+        trials.append(try_candidate(name, job, seed, steps, best))
+    torch.set_rng_state(rng)
+    assert job is not None, "no candidate to try"
+    return trials, job
+
+
+def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
+    """The trial that wins and the rule it won by: the fastest median, or of those within
+    `TIE` of it the one with the smallest predicted buffers moving rows (a variant counts its
+    mode's), where every tied one has a prediction."""
+    done = [t for t in trials if t.median_s is not None]
+    fastest = min(done, key=lambda t: t.median_s or 0.0)
+    top = fastest.median_s or 0.0
+    tied = [t for t in done if (t.median_s or 0.0) <= top * (1 + TIE)]
+    sizes = {t.name: buffers.get(t.name, buffers.get(parse_candidate(t.name)[0])) for t in tied}
+    known = {n: b for n, b in sizes.items() if b is not None}
+    if len(tied) == 1 or len(known) < len(tied):
+        return fastest, "measured fastest"
+    lean = min(tied, key=lambda t: (known[t.name], t.median_s or 0.0))
+    own = known[fastest.name]
+    if lean is fastest or known[lean.name] >= own:
+        return fastest, "measured fastest"
+    saved = (own - known[lean.name]) / 1e6
+    return lean, f"measured within {TIE:.0%} of the fastest, {saved:.1f} MB less in buffers"
+
+
+def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: str) -> ModeChoice:
+    """The run's choice once tried: the winner, every trial's median, and a note for each
+    that stopped early."""
+    mode, levels = parse_candidate(won.name, choice.levels)
+    notes = dict(choice.notes)
+    for t in trials:
+        if t.stopped:
+            notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
+    measured = {t.name: t.median_s for t in trials}
+    return ModeChoice(
+        choice.requested, mode, rule, choice.predicted_s, choice.buffer_bytes, levels, [],
+        measured, notes, choice.wisdom,
+    )  # fmt: skip
+
+
+def train_winner(
+    run: RunDir,
+    cfg: LeoConfig,
+    choice: ModeChoice,
+    build: Callable[[LeoConfig, Laps | None], Job],
+    rank: int,
+    laps: Laps,
+) -> tuple[Job, LeoConfig]:
+    """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none),
+    then return the winner's job, fresh or the last trial's, and the config it trains with;
+    rank 0 records the choice in the run folder (mode-choice.json, resolved_config.yaml)
+    and the cache (`choice.wisdom`). `laps` gets the trials as `choose_s`."""
+
+    def candidate(name: str) -> Job:
+        return build(with_mode(cfg, *parse_candidate(name, choice.levels)), None)
+
+    trials, last = measure(choice.trials, candidate, cfg.run.seed, cfg.pipeline.trial_steps)
+    won, rule = winner(trials, choice.buffer_bytes)
+    chosen = measured_choice(choice, trials, won, rule)
+    run_cfg = with_choice(cfg, chosen)
+    if rank == 0:
+        record(run, run_cfg, chosen)
+    laps.lap("choose_s")
+    if won.name == trials[-1].name:
+        return last, run_cfg
+    del last
+    gc.collect()
+    hand_back_freed_memory()
+    return build(run_cfg, laps), run_cfg
+
+
+def record(run: RunDir, cfg: LeoConfig, chosen: ModeChoice) -> None:
+    """The measured choice in the run folder (what a resume and the summary read) and as
+    wisdom (a failed write only costs the next run its trials)."""
+    write_choice(run.root, chosen)
+    write_resolved(cfg)
+    if chosen.wisdom is not None:
+        path = Path(chosen.wisdom)
+        wisdom = Wisdom(path.stem, chosen.name, chosen.rule or "", chosen.measured_s, chosen.notes)
+        with contextlib.suppress(OSError):
+            write_wisdom(path, wisdom)

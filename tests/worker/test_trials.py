@@ -1,0 +1,172 @@
+"""`auto`'s trials on the workers (worker/trials.py): the winner's rule, the recorded choice,
+and on real gloo ranks: every rank picks alike, nothing a trial does changes the numbers the
+winner then trains, and the levels `pipeline.levels` names stay exact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import random_graph
+from helpers.ranks import dataset_info, spawn_ranks
+
+from leo_cli.comm.levels import RankLevels
+from leo_cli.config import LeoConfig, load_config
+from leo_cli.graph.layout import LocalPart, build_parts
+from leo_cli.graph.partitioners import assign_parts
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.planner.auto_mode import ModeChoice, with_mode
+from leo_cli.worker.assemble import assemble, chosen_levels
+from leo_cli.worker.trainer import Job, train_step
+from leo_cli.worker.trials import Trial, measure, measured_choice, winner
+
+LEVELS = RankLevels(True, [0, 2], [1, 3])
+
+
+def cfg(*overrides: str) -> LeoConfig:
+    return load_config(None, list(overrides))
+
+
+def test_the_fastest_median_wins() -> None:
+    trials = [Trial("leo", [0.30, 0.10, 0.11]), Trial("blocking", [0.12, 0.13, 0.12])]
+    won, rule = winner(trials, {})
+    assert (won.name, rule) == ("leo", "measured fastest")
+
+
+def test_a_tie_goes_to_smaller_buffers_and_a_variant_counts_its_modes() -> None:
+    trials = [Trial("leo", [0.100]), Trial("shared-memory", [0.102]), Trial("blocking", [0.2])]
+    won, rule = winner(trials, {"leo": 50_000_000, "shared-memory": 10_000_000})
+    assert won.name == "shared-memory"
+    assert rule == "measured within 3% of the fastest, 40.0 MB less in buffers"
+    # 4% slower is no tie; a variant without its own prediction counts its mode's buffers
+    assert winner([Trial("leo", [0.100]), Trial("shared-memory", [0.104])], {
+        "leo": 5, "shared-memory": 1})[0].name == "leo"  # fmt: skip
+    tied = [Trial("leo/no-replicas", [0.100]), Trial("shared-memory", [0.101])]
+    assert winner(tied, {"leo": 1, "shared-memory": 9})[0].name == "leo/no-replicas"
+    # a tied candidate without any prediction: the fastest, memory is never guessed
+    assert winner(tied, {"shared-memory": 1})[0].name == "leo/no-replicas"
+
+
+def test_a_stopped_trial_never_wins_and_is_noted() -> None:
+    trials = [Trial("blocking", [0.2, 0.2]), Trial("leo", [0.01], stopped=True)]
+    won, rule = winner(trials, {})
+    assert won.name == "blocking" and trials[1].median_s is None
+    asked = ModeChoice("auto", "leo", "to be measured", {"leo": 0.1}, {}, "planned",
+                       ["leo", "blocking"], notes={"fine-grained": "not tried"})  # fmt: skip
+    chosen = measured_choice(asked, trials, won, rule)
+    assert (chosen.mode, chosen.levels, chosen.trials) == ("blocking", "planned", [])
+    assert chosen.measured_s == {"blocking": 0.2, "leo": None}
+    assert chosen.notes == {"fine-grained": "not tried",
+                            "leo": "stopped after its first step: 0.010 s"}  # fmt: skip
+    assert chosen.describe() == "blocking (auto: measured fastest, 0.200 s)"
+
+
+def test_a_variants_levels_come_from_its_name() -> None:
+    asked = ModeChoice("auto", "leo", "to be measured", levels="planned", trials=["leo"])
+    chosen = measured_choice(asked, [Trial("leo/no-replicas", [0.1])], Trial("leo/no-replicas",
+                             [0.1]), "measured fastest")  # fmt: skip
+    assert (chosen.mode, chosen.levels, chosen.name) == ("leo", "no-replicas", "leo/no-replicas")
+
+
+@pytest.mark.parametrize(
+    ("mode", "levels", "replicas", "l3", "every"),
+    [
+        ("leo", "own", [0, 2], [1, 3], [1]),
+        ("leo", "planned", [0, 2], [1, 3], [1]),
+        ("leo", "no-replicas", [], [1, 3], [1]),
+        ("leo", "no-in-place", [0, 2], [], None),
+        ("blocking", "planned", [0, 2], [], None),  # reads nothing in place: rows in bulk
+        ("blocking", "own", [0, 2], [1, 3], [1]),  # its own plan: as made
+        ("blocking", "no-replicas", [], [], None),
+    ],
+)
+def test_pipeline_levels_take_the_plan_as_named(
+    mode: str, levels: str, replicas: list[int], l3: list[int], every: list[int] | None
+) -> None:
+    run = cfg(f"pipeline.mode={mode}", f"pipeline.levels={levels}")
+    got, every_row = chosen_levels(run, LEVELS, [1])
+    assert got == RankLevels(True, replicas, l3) and every_row == every
+
+
+def _parts(world: int) -> tuple[list[LocalPart], DatasetInfo]:
+    g = random_graph(300, 1500, 12, 4, seed=3)
+    return build_parts(g, assign_parts(g, world, "metis", seed=0), world), dataset_info(g)
+
+
+def _trials_then_train(rank: int, world: int, names: list[str], keep_last: bool) -> Any:
+    """Trials of `names`, then 3 epochs of the winner: on the last trial's job (`keep_last`)
+    or a fresh one; beside 3 epochs of the winner built fresh without any trial."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    parts, info = _parts(world)
+    base = cfg("train.dtype=float64", "model.input_dropout=0.5", "cache.static_aggregate=false")
+    halo = parts[rank].num_halo
+    levels = RankLevels(False, list(range(0, halo, 2)), list(range(1, halo, 4)))
+
+    def build(name: str) -> Job:
+        mode, _, variant = name.partition("/")
+        run = with_mode(base, mode, variant or "planned")
+        cached, every = chosen_levels(run, levels, None)
+        return assemble(
+            run, parts[rank], info, world, torch.device("cpu"), cached, every_row_from=every
+        )
+
+    rng = torch.get_rng_state()
+    trials, last = measure(names, build, seed=0, steps=2)
+    same_rng = bool(torch.equal(rng, torch.get_rng_state()))
+    won = trials[-1].name if keep_last else trials[0].name
+    job = last if keep_last else build(won)
+
+    def losses(j: Job) -> list[float]:
+        return [train_step(j.model, j.optimizer, j.reducer, j.graph, j.data, 0, e)[0]
+                for e in range(1, 4)]  # fmt: skip
+
+    return {"trials": trials, "after": losses(job), "fresh": losses(build(won)), "rng": same_rng}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("keep_last", [True, False])
+def test_trials_leave_the_winners_numbers_unchanged(keep_last: bool) -> None:
+    names = ["leo", "blocking", "leo/no-replicas", "shared-memory", "leo/no-in-place"]
+    by_rank = spawn_ranks(_trials_then_train, 2, names, keep_last)
+    for r in by_rank:
+        assert not isinstance(r, Exception), r
+        assert r["rng"], "the trials left the torch random state changed"
+        assert r["after"] == r["fresh"], (r["after"], r["fresh"])  # to the last bit
+    # every rank timed the same steps (the slowest rank's), so every rank picks alike
+    assert by_rank[0]["trials"] == by_rank[1]["trials"]
+    assert [t.name for t in by_rank[0]["trials"]] == names
+
+
+def _levels_losses(rank: int, world: int, settings: list[tuple[str, str]]) -> Any:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    parts, info = _parts(world)
+    halo = parts[rank].num_halo
+    levels = RankLevels(False, list(range(0, halo, 2)), list(range(1, halo, 4)))
+    out = []
+    for mode, setting in settings:
+        run = with_mode(cfg("train.dtype=float64", "model.input_dropout=0.5"), mode, setting)
+        cached, every = chosen_levels(run, levels, None)
+        job = assemble(
+            run, parts[rank], info, world, torch.device("cpu"), cached, every_row_from=every
+        )
+        out.append([train_step(job.model, job.optimizer, job.reducer, job.graph, job.data, 0, e)[0]
+                    for e in range(1, 4)])  # fmt: skip
+    return out
+
+
+@pytest.mark.dist
+def test_every_levels_setting_trains_one_processs_numbers() -> None:
+    settings = [("leo", "planned"), ("leo", "no-replicas"), ("leo", "no-in-place"),
+                ("blocking", "planned"), ("fine-grained", "no-replicas")]  # fmt: skip
+    parts, info = _parts(1)
+    one = cfg("train.dtype=float64", "model.input_dropout=0.5", "pipeline.mode=leo")
+    job = assemble(one, parts[0], info, 1, torch.device("cpu"))
+    ref = [train_step(job.model, job.optimizer, job.reducer, job.graph, job.data, 0, e)[0]
+           for e in range(1, 4)]  # fmt: skip
+    for result in spawn_ranks(_levels_losses, 2, settings):
+        assert not isinstance(result, Exception), result
+        for (mode, setting), losses in zip(settings, result, strict=True):
+            np.testing.assert_allclose(losses, ref, rtol=1e-10, err_msg=f"{mode} {setting}")
