@@ -1,0 +1,100 @@
+"""`pipeline.choose=measure` end to end: a measured run trains the numbers of its winner set by
+name, keeps its trials as wisdom that the next run with the same inputs reuses (and a changed
+key, `remeasure` or an edited file does not), resumes with the mode and levels it started
+with, and leaves no segment behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import TINY, leo
+
+from leo_cli.config import load_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.dist]
+
+# Input dropout: layer 0 exchanges rows and the plan replicates some, so leo's variants are
+# candidates too.
+ARGS = [*TINY, "--set", "model.input_dropout=0.5", "--set", "train.num_epochs=3"]
+
+
+def train(run: Path, cache: Path, *more: str) -> dict[str, Any]:
+    res = leo("train", *ARGS, "--set", f"run.out_dir={run}", "--set", f"run.cache_dir={cache}",
+              *more)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    summary["stderr"] = res.stderr
+    return summary
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def segments() -> set[str]:
+    return {p for p in os.listdir("/dev/shm") if p.startswith("leo")}
+
+
+def test_measured_run_trains_its_winner_and_keeps_wisdom(tmp_path: Path) -> None:
+    cache, before = tmp_path / "cache", segments()
+    s = train(tmp_path / "measured", cache)
+    assert s["mode_rule"].startswith("measured ") and s["mode_trials"] == []
+    tried = s["mode_measured_s"]
+    assert len(tried) >= 2 and s["setup_parts_s"]["choose_s"] > 0
+    resolved = load_config(tmp_path / "measured" / "resolved_config.yaml").pipeline
+    assert (resolved.mode, resolved.levels) == (s["mode"], s["mode_levels"])
+    assert segments() <= before  # every candidate's segments went with it
+    wisdom = Path(s["mode_wisdom"])
+    kept = json.loads(wisdom.read_text())
+    assert wisdom.parent == cache / "wisdom" and kept["measured_s"] == tried
+
+    # The winner set by name: the same numbers to the last bit, no trials.
+    by_name = train(tmp_path / "by-name", cache, "--set", f"pipeline.mode={resolved.mode}",
+                    "--set", f"pipeline.levels={resolved.levels}")  # fmt: skip
+    assert losses(tmp_path / "by-name") == losses(tmp_path / "measured")
+    assert by_name["setup_parts_s"]["choose_s"] < s["setup_parts_s"]["choose_s"]
+
+    # Same inputs again: the wisdom decides, nothing is tried.
+    again = train(tmp_path / "again", cache)
+    assert again["mode_rule"].endswith("by an earlier run with the same inputs (wisdom)")
+    assert (again["mode"], again["mode_levels"]) == (s["mode"], s["mode_levels"])
+    assert again["mode_measured_s"] == tried and losses(tmp_path / "again") == losses(
+        tmp_path / "measured"
+    )
+
+    # An edited wisdom file: one line, then measured again and replaced.
+    wisdom.write_text("{not json")
+    edited = train(tmp_path / "edited", cache)
+    assert f"warning: {wisdom} is not readable wisdom (JSONDecodeError); measuring" in " ".join(
+        edited["stderr"].split()
+    )
+    assert edited["mode_rule"].startswith("measured ") and "Traceback" not in edited["stderr"]
+    assert json.loads(wisdom.read_text())["measured_s"] == edited["mode_measured_s"]
+
+    # remeasure measures again (a changed key does too: tests/planner/test_wisdom.py).
+    fresh = train(tmp_path / "remeasure", cache, "--set", "pipeline.choose=remeasure")
+    assert fresh["setup_parts_s"]["choose_s"] > 0 and "wisdom" not in fresh["mode_rule"]
+    assert fresh["mode_wisdom"] == s["mode_wisdom"]  # same key, replaced
+
+
+def test_a_measured_run_resumes_with_its_mode_and_levels(tmp_path: Path) -> None:
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    first = train(run, cache)
+    before = losses(run)
+    more = train(run, cache, "--resume", "--set", "train.num_epochs=5")
+    assert (more["mode"], more["mode_levels"]) == (first["mode"], first["mode_levels"])
+    assert more["mode_measured_s"] == first["mode_measured_s"]  # no trials on resume
+    assert losses(run)[:3] == before and len(losses(run)) == 5
+    resolved = load_config(run / "resolved_config.yaml").pipeline
+    assert (resolved.mode, resolved.levels) == (first["mode"], first["mode_levels"])
+
+
+def test_estimate_tries_nothing(tmp_path: Path) -> None:
+    s = train(tmp_path / "run", tmp_path / "cache", "--set", "pipeline.choose=estimate")
+    assert s["mode_measured_s"] == {} and s["mode_wisdom"] is None
+    assert not s["mode_rule"].startswith("measured")
+    assert not (tmp_path / "cache" / "wisdom").exists()
