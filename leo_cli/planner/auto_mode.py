@@ -1,13 +1,13 @@
-"""`pipeline.mode=auto`: the exact mode the cache plan predicts fastest (or one nearly as fast
-that moves rows through smaller buffers), chosen once by the parent (`leo train`) before any
-worker starts.
+"""`pipeline.mode=auto`: the fastest exact mode of this run, measured or predicted.
 
-`choose` takes the fastest of the modes this run can use (`candidates`) by the plan's
-predicted step of every exact mode, unless one predicted within `pipeline.auto_margin` of it
-moves rows through buffers smaller by more than that margin (`leanest`); without predictions
-it runs the planned mode and says why.
-The choice lands in the run folder: `resolved_config.yaml` holds the mode that runs,
-`mode-choice.json` what was asked for and why.
+Under `pipeline.choose=estimate`, `choose` takes the fastest of the modes this run can use
+(`candidates`) by the plan's predicted step of every exact mode, unless one predicted within
+`pipeline.auto_margin` of it moves rows through buffers smaller by more than that margin
+(`leanest`); without predictions it runs the planned mode and says why. Under `measure`,
+`to_try` keeps the candidates worth trying (with the planned mode's plan variants,
+`pipeline.levels`) and the workers measure them (worker/trials.py).
+The choice lands in the run folder: `resolved_config.yaml` holds the mode (and levels) that
+runs, `mode-choice.json` what was asked for and why.
 
 Specification: docs/design/planning.md.
 """
