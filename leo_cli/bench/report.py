@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ import leo_cli
 from leo_cli.bench import stats
 from leo_cli.bench.suite import LEO, Measured, Variant, bench_variants, run_folder
 from leo_cli.config import LeoConfig
-from leo_cli.registry import baseline_mode, floor_mode, overlap_mode, planned_mode
+from leo_cli.registry import (
+    baseline_mode,
+    floor_mode,
+    is_auto,
+    mode_of,
+    overlap_mode,
+    planned_mode,
+)
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.files import write_json
@@ -76,6 +84,11 @@ COLUMNS = (
     "rank_prediction_error",
     "nodes",
     "link",
+    "mode_ran",
+    "fastest_mode",
+    "vs_fastest",
+    "vs_fastest_ci_low",
+    "vs_fastest_ci_high",
 )
 STANDARD_EPOCHS = 200  # cost_200_epochs_s: what a standard run costs, set-up included
 
@@ -173,9 +186,55 @@ def make_rows(
                 ),
                 **rank_columns(m.runs),
                 **peak_columns(m.runs),
+                **regret_columns(m, measured),
             }
         )
     return rows
+
+
+def regret_columns(m: Measured, measured: list[Measured]) -> dict[str, Any]:
+    """For an `auto` row: what it ran in each round (`mode_ran`, e.g. `leo x3`), and its
+    epoch over the fastest exact mode's of the same workers and bench variant, paired by
+    round (`vs_fastest`: its regret)."""
+    v = m.variant
+    keys = ("mode_ran", "fastest_mode", "vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high")
+    out: dict[str, Any] = dict.fromkeys(keys)
+    if not is_auto(v.mode):
+        return out
+    ran = Counter(r.get("mode_ran") or "?" for r in m.runs)
+    out["mode_ran"] = ", ".join(f"{n} x{k}" for n, k in ran.most_common())
+    exact = [
+        o for o in measured
+        if o.variant.system == LEO and o.variant.world_size == v.world_size
+        and o.variant.variant == v.variant and o.variant.static_aggregate is None
+        and not is_auto(o.variant.mode) and mode_of(o.variant.mode).exact and o.epochs
+    ]  # fmt: skip
+    if not exact:
+        return out
+    fastest = min(exact, key=lambda o: statistics.median(o.epochs))
+    ratio = stats.paired_ratio(m.round_medians, fastest.round_medians)
+    return out | {
+        "fastest_mode": fastest.variant.mode,
+        "vs_fastest": ratio.get("value"),
+        "vs_fastest_ci_low": ratio.get("ci_low"),
+        "vs_fastest_ci_high": ratio.get("ci_high"),
+    }
+
+
+def regret_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per `auto` row: what it ran, and its epoch over the fastest exact
+    mode's."""
+    lines = []
+    for r in rows:
+        if not is_auto(r["mode"]):
+            continue
+        named = f" [{r['variant']}]" if r.get("variant") else ""
+        text = f"auto at P={r['world_size']}{named} ran {r.get('mode_ran') or '-'}"
+        if r.get("vs_fastest") is not None:
+            text += f"; its epoch over the fastest exact mode's ({r['fastest_mode']}): "
+            text += _ratio(r, "vs_fastest") + ", per round"
+        lines.append(text + ".")
+    return lines
 
 
 def rank_columns(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,9 +465,10 @@ def _base_cells(r: dict[str, Any]) -> list[str]:
     epoch = f"{_fmt(r['epoch_time_s'])} ({_fmt(r['epoch_time_p10_s'])}-"
     epoch += f"{_fmt(r['epoch_time_p90_s'])})"
     static = {None: "-", True: "yes", False: "no"}[r["static_aggregate"]]
+    ran = r.get("mode_ran")
     return [
         r["system"],
-        r["mode"],
+        r["mode"] if not ran else f"{r['mode']} ({ran})",
         str(r["world_size"]),
         static,
         epoch,
@@ -474,7 +534,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
     names = head(rows)
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(md_cells(r, with_variants(rows))) + " |" for r in rows]
-    lines += ["", *share_lines(rows), "", *FOOTNOTES]
+    lines += ["", *share_lines(rows), *regret_lines(rows), "", *FOOTNOTES]
     if with_variants(rows):
         lines += ["", VARIANT_NOTE]
     lines += [

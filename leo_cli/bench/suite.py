@@ -29,8 +29,9 @@ from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.emulate import bits_per_second, check_split
 from leo_cli.launch.launcher import check_supported, prepare, run_workers
 from leo_cli.launch.nodes import run_nodes
+from leo_cli.planner.auto_mode import from_json
 from leo_cli.planner.plan import static_layer0
-from leo_cli.registry import conv_of, mode_of, planned_mode
+from leo_cli.registry import conv_of, is_auto, mode_of, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import RunTimer
 
@@ -149,8 +150,11 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
         update={"partition": cfg.partition.model_copy(update={"num_parts": v.world_size})}
     )
     cfg = variant_config(sized, v.variant)
-    mode = mode_of(v.mode)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
+    if is_auto(v.mode):  # a user's default run, its candidates measured every round
+        pipeline = {"mode": v.mode, "choose": "remeasure"}
+        return row_config(cfg, v, out_dir, epochs, {}, pipeline)
+    mode = mode_of(v.mode)
     cache: dict[str, Any] = {"policy": mode.bench_policy or cfg.cache.policy}
     if cache["policy"] == "none":  # settings of the levels a run without a cache refuses
         for key in ("static_aggregate", "replica_budget_mb"):
@@ -160,6 +164,19 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     pipeline = {"mode": mode.pipeline_mode}
     if not mode_of(mode.pipeline_mode).chunks:
         pipeline["num_chunks"] = "auto"
+    return row_config(cfg, v, out_dir, epochs, cache, pipeline)
+
+
+def row_config(
+    cfg: LeoConfig,
+    v: Variant,
+    out_dir: Path,
+    epochs: int,
+    cache: dict[str, Any],
+    pipeline: dict[str, Any],
+) -> LeoConfig:
+    """A LEO row's config: its run folder, worker count, cache and pipeline settings, the
+    bench's epochs, no evaluation or checkpoint mid-run, no emulation for one process."""
     launch: dict[str, Any] = {"nproc": None}
     bench = cfg.bench
     if v.world_size == 1:  # one process: no node to emulate, no link to cross
@@ -185,7 +202,7 @@ def run_leo(
 ) -> dict[str, Any]:
     """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
     run_cfg = leo_config(cfg, v, out_dir)
-    inexact = not mode_of(v.mode).exact
+    inexact = not is_auto(v.mode) and not mode_of(v.mode).exact
     emulated = run_cfg.launch.emulate
     if emulated is not None:  # every node runs `leo train`, as on a cluster
         flags = ["--overwrite"] + ["--allow-inexact"] * inexact  # rounds reuse the folder
@@ -220,8 +237,17 @@ def run_leo(
         "peak_rss_total_bytes": summary.get("peak_rss_total_bytes"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
+        "mode_ran": ran_name(summary),
         **link_fields(emulated),
     }
+
+
+def ran_name(summary: dict[str, Any]) -> str | None:
+    """The candidate a run trained (`leo/no-replicas`), as its summary records it."""
+    try:
+        return from_json(summary).name
+    except ValueError:
+        return None
 
 
 def link_fields(emulated: EmulateConfig | None) -> dict[str, Any]:

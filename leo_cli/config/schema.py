@@ -665,11 +665,15 @@ class BenchVariant(Section):
 
 class BenchConfig(Section):
     modes: list[str] = Field(
-        list(registry.MODES), min_length=1, json_schema_extra=named(registry.MODES)
+        list(registry.MODES),
+        min_length=1,
+        json_schema_extra=named([registry.AUTO_MODE, *registry.MODES]),
     )
     """Modes to compare (leo_cli/registry.py): `leo`, `leo-no-cache` (pipeline, cache.policy
     none), `blocking`, `fine-grained`, `shared-memory`, `compute-only` (no exchange: the
-    overlap floor)."""
+    overlap floor), and `auto` (a user's default run: its candidates measured again every
+    round, `pipeline.choose=remeasure`, the trials in its set-up; the row names the modes it
+    ran and its epoch over the fastest exact mode's, `vs_fastest`)."""
     world_sizes: list[Annotated[int, Field(ge=1)]] = Field([4], min_length=1)
     """Worker counts to measure (at 1 worker every mode is the same single process: one row)."""
     peers: list[BenchPeer] = ["pyg", "pyg-csr"]
@@ -712,7 +716,7 @@ class BenchConfig(Section):
     @field_validator("modes")
     @classmethod
     def _known_modes(cls, value: list[str]) -> list[str]:
-        return [one_of(list(registry.MODES), v) for v in value]
+        return [one_of([registry.AUTO_MODE, *registry.MODES], v) for v in value]
 
     @field_validator("modes", "world_sizes", "peers")
     @classmethod

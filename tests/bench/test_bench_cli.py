@@ -31,7 +31,7 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
         "bench",
         *TINY,
         "--set", f"run.out_dir={out}",
-        "--set", "bench.modes=[leo,leo-no-cache,blocking,fine-grained,compute-only]",
+        "--set", "bench.modes=[leo,leo-no-cache,blocking,fine-grained,compute-only,auto]",
         "--set", "bench.world_sizes=[2]",
         "--set", "bench.peers=[]",
     )  # fmt: skip
@@ -45,6 +45,7 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
         ("leo", "blocking", 2),
         ("leo", "fine-grained", 2),
         ("leo", "compute-only", 2),
+        ("leo", "auto", 2),
     ]
     for r in rows:
         assert set(COLUMNS) <= set(r)
@@ -68,8 +69,19 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     # leo may read rows in place (pipeline.transport=auto), counted once per reading edge like
     # fine-grained's rows; its cache (static aggregate, replicas) still moves less than that.
     assert by_mode["leo"]["comm_bytes_per_epoch"] < by_mode["fine-grained"]["comm_bytes_per_epoch"]
+    # auto: a user's default run, trials in its set-up, what it ran and its regret
+    auto = by_mode["auto"]
+    assert auto["setup_parts_s"]["choose_s"] > 0 and auto["exact"] is True
+    assert auto["fastest_mode"] in ("leo", "leo-no-cache", "blocking", "fine-grained")
+    assert auto["vs_fastest"] > 0 and auto["vs_fastest_ci_low"] <= auto["vs_fastest"]
+    ran = [part.split(" x")[0] for part in auto["mode_ran"].split(", ")]
+    assert set(ran) <= {"leo", "leo/no-replicas", "leo/no-in-place", "blocking", "fine-grained",
+                        "shared-memory"}, auto["mode_ran"]  # fmt: skip
+    assert f"auto at P=2 ran {auto['mode_ran']}; its epoch over the fastest" in " ".join(
+        (out / "bench.md").read_text().split()
+    )
     # Exact modes train the same model: same accuracy.
-    exact = ("leo", "leo-no-cache", "blocking", "fine-grained")
+    exact = ("leo", "leo-no-cache", "blocking", "fine-grained", "auto")
     assert len({by_mode[m]["test_acc"] for m in exact}) == 1
     with (out / "bench.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)

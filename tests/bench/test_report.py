@@ -125,3 +125,31 @@ def test_a_variant_lists_one_part_weight_per_worker_of_its_row(tmp_path: Path) -
     )
     run_cfg = leo_config(cfg, Variant(LEO, "leo", 3, variant="w"), tmp_path)
     assert run_cfg.partition.num_parts == 3 and run_cfg.partition.part_weights == [2, 1, 1]
+
+
+def test_an_auto_row_says_what_it_ran_and_its_regret(tmp_path: Path) -> None:
+    """`auto`'s epoch over the fastest exact mode's of the same workers, paired by round; the
+    inexact floor and other worker counts never count as the fastest."""
+    cfg = load_config(None, [])
+
+    def measured(mode: str, rounds: list[float], world: int = 2, ran: str = "") -> Measured:
+        m = Measured(Variant("leo", mode, world), round_medians=rounds)
+        m.epochs, m.runs = list(rounds), [{"mode_ran": ran or mode}] * len(rounds)
+        return m
+
+    auto = measured("auto", [1.1, 2.2, 1.0], ran="leo/no-replicas")
+    auto.runs = [*auto.runs[:2], {"mode_ran": "blocking"}]
+    rows = make_rows(cfg, [
+        measured("blocking", [1.2, 2.4, 1.2]), measured("leo", [1.0, 2.0, 1.0]),
+        measured("compute-only", [0.1, 0.2, 0.1]), measured("leo", [0.1, 0.1, 0.1], world=4),
+        auto,
+    ], tmp_path)  # fmt: skip
+    row = rows[-1]
+    assert row["mode_ran"] == "leo/no-replicas x2, blocking x1" and row["fastest_mode"] == "leo"
+    assert row["vs_fastest"] == pytest.approx(1.1) and row["vs_fastest_ci_low"] == 1.0
+    assert rows[0]["vs_fastest"] is None and rows[0]["mode_ran"] is None
+    env = {"cpu": "c", "cores": 2, "gpu": None, "versions": {"torch": "t"}, "command": "leo"}
+    md = markdown(rows, env)
+    assert "| leo | auto (leo/no-replicas x2, blocking x1) | 2 |" in md
+    assert "auto at P=2 ran leo/no-replicas x2, blocking x1; its epoch over the fastest exact " \
+        "mode's (leo): 1.10 (1.00-1.10), per round." in md  # fmt: skip
