@@ -100,6 +100,7 @@ def assemble(
     chunks_planned: list[int] | None = None,
     laps: Laps | None = None,
     every_row_from: list[int] | None = None,
+    tensors: PartTensors | None = None,
 ) -> Job:
     """Build a job from an in-memory part (used by workers and by the single-process oracle).
 
@@ -108,15 +109,15 @@ def assemble(
     `chunks_planned` are the plan's chunk counts per layer, used when num_chunks is `auto`;
     `every_row_from`: the same-host owners every row of which the plan reads in place (`auto`
     chose it for those pairs), not only their L3 rows.
-    `laps` gets the seconds of each step (util/timing.py).
+    `laps` gets the seconds of each step (util/timing.py); `tensors`: the part's CSR and data
+    where already made for this config (`part_tensors`: `auto`'s candidates share them).
     """
     laps = laps or Laps()
     assert not is_auto(cfg.pipeline.mode), "pipeline.mode=auto is resolved before workers start"
     mode = mode_of(cfg.pipeline.mode)
     dtype = DTYPES[cfg.train.dtype]
     halo = halo_plan(part, device)
-    adj = part_adjacency(part, cfg.model.name, dtype, device)
-    data = WorkerData.from_part(part, dataset.num_train, dtype, device)
+    adj, data = tensors or part_tensors(cfg, part, dataset, device)
     laps.lap("graph_s")
     stats = CommStats()  # every aggregator of this worker counts here
     if mode.per_edge_rows and world_size > 1:  # MGG: every halo row L3 (replicas excepted)
@@ -159,6 +160,19 @@ def assemble(
     laps.lap("model_s")
     static_layer0 = levels is not None and layer0_is_static(cfg, levels)
     return Job(halo, graph, reducer, data, model, opt, static_layer0)
+
+
+PartTensors = tuple[kernels.CSR, WorkerData]
+
+
+def part_tensors(
+    cfg: LeoConfig, part: LocalPart, dataset: DatasetInfo, device: torch.device
+) -> PartTensors:
+    """The part's CSR, weighted for the model, and its data (features, labels, splits), in
+    the training dtype: what every mode's job of this part starts from (both immutable)."""
+    dtype = DTYPES[cfg.train.dtype]
+    adj = part_adjacency(part, cfg.model.name, dtype, device)
+    return adj, WorkerData.from_part(part, dataset.num_train, dtype, device)
 
 
 def aggregator_of(
@@ -254,13 +268,15 @@ def build_job(
     device: torch.device,
     halo_sizes: list[int],
     laps: Laps | None = None,
+    tensors: PartTensors | None = None,
 ) -> Job:
     """The job of one part, with its share of the run's cache plan (`load_plan`: made for
     these partitions and settings; checked whole against `halo_sizes`, every rank's halo
-    rows: every rank then refuses a bad plan alike, before any set-up collective)."""
+    rows: every rank then refuses a bad plan alike, before any set-up collective);
+    `tensors` as `assemble` takes them."""
     dataset = DatasetInfo.from_meta(meta)
     if not cfg.cache.enabled:
-        return assemble(cfg, part, dataset, world_size, device, laps=laps)
+        return assemble(cfg, part, dataset, world_size, device, laps=laps, tensors=tensors)
     if cache_plan is None:
         raise TrainError(
             f"{plan_path} is missing or was made for other partitions or settings; run "
@@ -274,7 +290,7 @@ def build_job(
     levels, every_row = chosen_levels(cfg, levels, every_row)
     return assemble(
         cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps,
-        every_row_from=every_row,
+        every_row_from=every_row, tensors=tensors,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from leo_cli.config.schema import LaunchConfig
 from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.graph.types import DatasetInfo
 from leo_cli.kernels import active_backend
 from leo_cli.planner.auto_mode import (
     OWN_LEVELS,
@@ -50,7 +51,7 @@ from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
-from leo_cli.worker.assemble import build_job, halo_plan
+from leo_cli.worker.assemble import PartTensors, build_job, halo_plan, part_tensors
 from leo_cli.worker.board import Board
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 from leo_cli.worker.report import plot_curves, summarize
@@ -349,10 +350,19 @@ def run_worker(
     cache_plan = load_plan(cfg, run_dir, meta)
     used = cache_plan if cfg.cache.enabled else None
 
-    def build(run_cfg: LeoConfig, run_laps: Laps | None, part: LocalPart = part) -> Job:
+    # `auto`'s candidates share the part's CSR and data (the winner keeps them).
+    shared = part_tensors(cfg, part, DatasetInfo.from_meta(meta), device) if trials else None
+
+    def build(
+        run_cfg: LeoConfig,
+        run_laps: Laps | None,
+        part: LocalPart = part,
+        tensors: PartTensors | None = shared,
+    ) -> Job:
         return build_job(
-            run.plan, run_cfg, used, meta, part, env.world_size, device, halo_sizes, run_laps
-        )
+            run.plan, run_cfg, used, meta, part, env.world_size, device, halo_sizes, run_laps,
+            tensors,
+        )  # fmt: skip
 
     if choice is not None and trials:
         job, cfg = train_winner(run, cfg, choice, build, env.rank, laps)
@@ -361,7 +371,7 @@ def run_worker(
         job = build(cfg, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
-    del part, build
+    del part, build, shared
     if state is not None:
         restore(state, job.model, job.optimizer, run.checkpoints)
     if env.rank == 0:

@@ -31,7 +31,6 @@ from leo_cli.planner.auto_mode import (
 )
 from leo_cli.planner.wisdom import Wisdom, write_wisdom
 from leo_cli.run_dir import RunDir
-from leo_cli.util.rss import hand_back_freed_memory
 from leo_cli.util.timing import Laps
 from leo_cli.worker.trainer import Job, train_step
 
@@ -93,7 +92,6 @@ def measure(
     for name in names:
         job = None
         gc.collect()  # the previous candidate's buffers and segments go before the next's
-        hand_back_freed_memory()
         job = build(name)
         best = min((m for t in trials if (m := t.median_s) is not None), default=None)
         trials.append(try_candidate(name, job, seed, steps, best))
@@ -159,12 +157,12 @@ def train_winner(
     run_cfg = with_choice(cfg, chosen)
     if rank == 0:
         record(run, run_cfg, chosen)
-    laps.lap("choose_s")
     if won.name == trials[-1].name:
+        laps.lap("choose_s")
         return last, run_cfg
     del last
-    gc.collect()
-    hand_back_freed_memory()
+    gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
+    laps.lap("choose_s")
     return build(run_cfg, laps), run_cfg
 
 

@@ -19,7 +19,7 @@ from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.planner.auto_mode import ModeChoice, with_mode
-from leo_cli.worker.assemble import assemble, chosen_levels
+from leo_cli.worker.assemble import PartTensors, assemble, chosen_levels, part_tensors
 from leo_cli.worker.trainer import Job, train_step
 from leo_cli.worker.trials import Trial, measure, measured_choice, winner
 
@@ -105,13 +105,16 @@ def _trials_then_train(rank: int, world: int, names: list[str], keep_last: bool)
     halo = parts[rank].num_halo
     levels = RankLevels(False, list(range(0, halo, 2)), list(range(1, halo, 4)))
 
-    def build(name: str) -> Job:
+    shared = part_tensors(base, parts[rank], info, torch.device("cpu"))
+
+    def build(name: str, tensors: PartTensors | None = shared) -> Job:
+        """A candidate's job, on the part's tensors the trials share (as the workers do)."""
         mode, _, variant = name.partition("/")
         run = with_mode(base, mode, variant or "planned")
         cached, every = chosen_levels(run, levels, None)
-        return assemble(
-            run, parts[rank], info, world, torch.device("cpu"), cached, every_row_from=every
-        )
+        cpu = torch.device("cpu")
+        return assemble(run, parts[rank], info, world, cpu, cached, every_row_from=every,
+                        tensors=tensors)  # fmt: skip
 
     rng = torch.get_rng_state()
     trials, last = measure(names, build, seed=0, steps=2)
@@ -123,7 +126,8 @@ def _trials_then_train(rank: int, world: int, names: list[str], keep_last: bool)
         return [train_step(j.model, j.optimizer, j.reducer, j.graph, j.data, 0, e)[0]
                 for e in range(1, 4)]  # fmt: skip
 
-    return {"trials": trials, "after": losses(job), "fresh": losses(build(won)), "rng": same_rng}
+    fresh = build(won, None)  # built from the part alone, nothing shared with a trial
+    return {"trials": trials, "after": losses(job), "fresh": losses(fresh), "rng": same_rng}
 
 
 @pytest.mark.dist
