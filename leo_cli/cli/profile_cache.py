@@ -13,6 +13,8 @@ from rich.table import Table
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import stage_progress
 from leo_cli.config import LeoConfig
+from leo_cli.graph.storage import read_meta
+from leo_cli.launch.choice import choose_mode, scale
 from leo_cli.launch.nodes import run_nodes
 from leo_cli.launch.run_folder import for_command
 from leo_cli.launch.stages import (
@@ -20,13 +22,15 @@ from leo_cli.launch.stages import (
     ensure_plan,
     hardware_profile,
     join_probe,
+    partition_cache_dir,
     run_partitions,
 )
-from leo_cli.planner.auto_mode import choose, with_mode
+from leo_cli.planner.auto_mode import with_mode
 from leo_cli.planner.checks import check_config
 from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.registry import AUTO_MODE, planned_mode
+from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -91,18 +95,22 @@ def peer_transports(peers: list[str | None]) -> str:
     return "; ".join(f"{name} {','.join(qs)}" for name, qs in groups.items()) or "-"
 
 
-def prediction_table(plan: CachePlan) -> Table:
+def prediction_table(plan: CachePlan, scale: dict[str, float] | None = None) -> Table:
+    scale = scale or {}
     table = Table(title="predicted training step per mode")
     table.add_column("mode")
-    names = ("step s", "forward s", "backward s", "exposed wait s", "rank spread", "row buffers MB")
+    names = ["step s", "forward s", "backward s", "exposed wait s", "rank spread", "row buffers MB"]
+    names += ["calibrated s"] * bool(scale)
     for name in names:
         table.add_column(name, justify="right")
     spreads = plan.spread()
     for mode, t in plan.predicted.items():
         buffers = plan.buffer_bytes.get(mode)
         mb = "-" if buffers is None else f"{buffers / 1e6:.1f}"
+        factor = scale.get(mode)
+        tail = [f"{t * factor:.3f}" if t is not None and factor else "-"] * bool(scale)
         if t is None:
-            table.add_row(mode, "-", "-", "-", "-", "-", mb)
+            table.add_row(mode, "-", "-", "-", "-", "-", mb, *tail)
             continue
         st = plan.stages[mode]
         spread = spreads.get(mode)
@@ -114,6 +122,7 @@ def prediction_table(plan: CachePlan) -> Table:
             f"{st['comm_wait_s']:.3f}",
             "-" if spread is None else f"{spread:.2f}",
             mb,
+            *tail,
         )
     if plan.buffer_bytes:
         table.caption = (
@@ -122,15 +131,24 @@ def prediction_table(plan: CachePlan) -> Table:
             "run with this plan's levels, as pipeline.mode=auto weighs them with "
             "predicted_run_s"
         )
+    if scale:
+        table.caption = (table.caption or "") + (
+            "; calibrated: the step times what auto's trials on this host measured over "
+            "what was predicted for that mode (the median of its newest samples)"
+        )
     return table
 
 
-def auto_line(cfg: LeoConfig, plan: CachePlan) -> str:
-    """What `leo train` would run under `pipeline.mode=auto` with this plan (none with
-    cache.policy=none: training makes no plan then)."""
+def auto_line(cfg: LeoConfig, run_dir: Path, plan: CachePlan) -> str:
+    """What `leo train` would do under `pipeline.mode=auto` with this plan (none with
+    cache.policy=none: training makes no plan then): the candidates its workers would try,
+    or the mode it would run and why."""
     auto = with_mode(cfg, AUTO_MODE)
     used = None if not cfg.cache.enabled else plan
-    return choose(auto, used, len(plan.caches)).describe()
+    choice = choose_mode(auto, run_dir, read_meta(RunDir(run_dir).partitions), used)
+    if choice.trials:
+        return f"pipeline.mode=auto would try: {', '.join(choice.trials)}"
+    return f"pipeline.mode=auto would run: {choice.describe()}"
 
 
 def profile_line(hw: HardwareProfile, now: datetime, given: bool = False) -> str:
@@ -207,8 +225,9 @@ def profile_cache_cmd(
         raise
     assert plan is not None
     console.print(plan_table(plan))
-    console.print(prediction_table(plan))
-    console.print(f"pipeline.mode=auto would run: {escape(auto_line(cfg, plan))}")
+    cache = partition_cache_dir(cfg, run_dir)
+    console.print(prediction_table(plan, None if cache is None else scale(cache)))
+    console.print(escape(auto_line(cfg, run_dir, plan)))
     if (run_dir / HARDWARE_FILE).is_file():
         hw = HardwareProfile.read(run_dir / HARDWARE_FILE)
         given = hardware is not None or cfg.cache.hardware is not None

@@ -23,7 +23,16 @@ from leo_cli.planner.auto_mode import (
     to_try,
 )
 from leo_cli.planner.plan import CachePlan, plan_digests
-from leo_cli.planner.wisdom import Wisdom, read_wisdom, wisdom_key, wisdom_path
+from leo_cli.planner.wisdom import (
+    Wisdom,
+    calibrated,
+    calibration_path,
+    factors,
+    read_samples,
+    read_wisdom,
+    wisdom_key,
+    wisdom_path,
+)
 from leo_cli.util.rss import available_memory_bytes
 
 
@@ -35,11 +44,13 @@ def choose_mode(
     under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
     where their result is to be kept."""
     num_parts = int(meta["num_parts"])
+    cache = partition_cache_dir(cfg, run_dir)
     estimate = choose(cfg, plan, num_parts)
+    if cache is not None:
+        estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, scale(cache)))
     if not measures(cfg, num_parts):
         return estimate
     trial = to_try(cfg, plan, estimate, available_memory_bytes())
-    cache = partition_cache_dir(cfg, run_dir)
     if not trial.trials or cache is None:  # several machines share the run folder only
         return trial
     inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
@@ -56,6 +67,16 @@ def choose_mode(
                 measured_s=known.measured_s, notes=known.notes, wisdom=str(path),
             )  # fmt: skip
     return replace(trial, wisdom=str(path))
+
+
+def scale(cache: Path) -> dict[str, float]:
+    """Per mode, what trials on this host measured over what was predicted (none where
+    nothing was measured; a file that is not calibration is said in one line and left out)."""
+    try:
+        return factors(read_samples(calibration_path(cache)))
+    except CacheError as exc:
+        print(f"warning: {exc}; predictions are not calibrated.", file=sys.stderr)
+        return {}
 
 
 def kept(path: Path, names: list[str]) -> Wisdom | None:

@@ -60,6 +60,8 @@ class ModeChoice:
             after its first step, far slower than the best).
         notes: why a candidate was not tried or stopped early, by candidate.
         wisdom: where the trials' result is kept (planner/wisdom.py), or was read from.
+        calibrated_s: the candidates' predicted steps scaled by what trials on this host
+            measured before (planner/wisdom.py `factors`; modes without samples left out).
     """
 
     requested: str
@@ -72,6 +74,7 @@ class ModeChoice:
     measured_s: dict[str, float | None] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     wisdom: str | None = None
+    calibrated_s: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -107,6 +110,7 @@ class ModeChoice:
             "mode_measured_s": self.measured_s,
             "mode_notes": self.notes,
             "mode_wisdom": self.wisdom,
+            "mode_calibrated_s": self.calibrated_s,
         }
 
 
@@ -207,18 +211,21 @@ def measures(cfg: LeoConfig, world_size: int) -> bool:
 def to_try(
     cfg: LeoConfig, plan: CachePlan | None, estimate: ModeChoice, free_bytes: int | None
 ) -> ModeChoice:
-    """The candidates the workers try (`ModeChoice.trials`), fastest predicted first: the
-    modes `auto` may run but those predicted over `HOPELESS` times the fastest or whose
-    predicted buffers would not fit `FREE_SHARE` of the `free_bytes` this machine has, and
-    after the planned mode its plan without replicas and without rows read in place, where
-    the plan has them. A single candidate is the choice itself, untried."""
+    """The candidates the workers try (`ModeChoice.trials`), fastest predicted first (by the
+    calibrated prediction where `estimate` has one, else the cost model's): the modes `auto`
+    may run but those the cost model predicts over `HOPELESS` times the fastest (one factor
+    per mode is too coarse to drop a mode by) or whose predicted buffers would not fit
+    `FREE_SHARE` of the `free_bytes` this machine has, and after the planned mode its plan
+    without replicas and without rows read in place, where the plan has them. A single
+    candidate is the choice itself, untried."""
     order = {n: i for i, n in enumerate(candidates(cfg))}
     predicted = estimate.predicted_s
+    ranked = {**predicted, **estimate.calibrated_s}
     timed = [t for t in predicted.values() if t is not None]
     best = min(timed) if timed else None
     notes: dict[str, str] = {}
     tried: list[str] = []
-    for mode in sorted(order, key=lambda n: (predicted.get(n) or float("inf"), order[n])):
+    for mode in sorted(order, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
         t, size = predicted.get(mode), estimate.buffer_bytes.get(mode)
         if best is not None and t is not None and t > HOPELESS * best:
             notes[mode] = f"not tried: predicted {t:.3f} s, over {HOPELESS:g}x the fastest"
@@ -331,13 +338,15 @@ def from_json(data: Any) -> ModeChoice:
         requested, mode = str(data["mode_requested"]), str(data["mode"])
         levels = str(data.get("mode_levels") or OWN_LEVELS)
         wisdom = data.get("mode_wisdom")
+        calibrated = _steps(data.get("mode_calibrated_s"))
     except (AttributeError, KeyError, TypeError, OverflowError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     rule = None if rule is None else str(rule)
     wisdom = None if wisdom is None else str(wisdom)
     return ModeChoice(
-        requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom
-    )
+        requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom,
+        calibrated,
+    )  # fmt: skip
 
 
 def _steps(data: Any) -> dict[str, float | None]:

@@ -7,6 +7,11 @@ the model's shape and dtypes, the halo dtype and transport, the workers and thei
 this host, torch and the kernels, and the candidates. The parent computes it and reads the
 file (`read_wisdom`); rank 0 of the workers writes it after the trials (`write_wisdom`).
 
+Calibration: every trial of a mode the cost model predicted adds a sample (predicted and
+measured step) to this host's file in the same folder; a mode's factor (measured over
+predicted, the median of its newest samples) scales its later predictions on this host, in
+any setting (`calibrated`): a factor per mode, not a refit of the probe's stage rates.
+
 Specification: docs/design/planning.md.
 """
 
@@ -14,7 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
+import re
+import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,7 +69,8 @@ class Wisdom:
 def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]) -> str:
     """The digest of what decides a run's trials (see the module docstring). `inputs`: the
     partitions' and plan's digests (graph, cache settings, hardware profile); `kernels`: the
-    kernel backend's name; `names`: the candidates, in the order they are tried."""
+    kernel backend's name; `names`: the candidates (their set: calibration may reorder
+    them)."""
     launch = cfg.launch.model_dump(mode="json")
     material = {
         "format": FORMAT_VERSION,
@@ -76,7 +85,7 @@ def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]
         "host": [platform.node(), platform.machine(), platform.processor()],
         "torch": torch.__version__,
         "kernels": kernels,
-        "candidates": names,
+        "candidates": sorted(names),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -119,3 +128,87 @@ def write_wisdom(path: Path, wisdom: Wisdom) -> None:
     """Keep `wisdom` at `path` (atomic: a reader sees the old file or the new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     files.write_json(path, wisdom.to_json())
+
+
+# --- calibration: what trials measured against what the cost model predicted ---
+
+CALIBRATION_KEEP = 200  # samples a host's file keeps (the newest)
+CALIBRATION_RECENT = 10  # a mode's factor is the median over its newest samples
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One trial of a mode: its predicted and measured step, and the setting it ran in."""
+
+    mode: str
+    predicted_s: float
+    measured_s: float
+    setting: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "predicted_s": self.predicted_s,
+            "measured_s": self.measured_s,
+            "setting": self.setting,
+        }
+
+
+def calibration_path(cache_dir: Path) -> Path:
+    """This host's calibration file in the cache (one per host: a cache may be shared)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", platform.node()) or "host"
+    return cache_dir / FOLDER / f"calibration-{host}.json"
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """The samples kept at `path`, oldest first; none where there is no file.
+
+    Raises:
+        CacheError: the file is there but does not hold samples (one sentence naming it).
+    """
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        if data["format_version"] != FORMAT_VERSION:
+            raise ValueError("another format")
+        samples = [
+            Sample(str(s["mode"]), float(s["predicted_s"]), float(s["measured_s"]),
+                   dict(s.get("setting") or {}))
+            for s in data["samples"]
+        ]  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+        raise CacheError(
+            f"{path} does not hold calibration samples ({type(exc).__name__})"
+        ) from None
+    if not all(0 < s.predicted_s < math.inf and 0 < s.measured_s < math.inf for s in samples):
+        raise CacheError(f"{path} holds a step that is not a positive number of seconds")
+    return samples
+
+
+def factors(samples: list[Sample]) -> dict[str, float]:
+    """Per mode, measured over predicted step: the median over its newest samples (what the
+    cost model's prediction of that mode is multiplied by on this host)."""
+    by_mode: dict[str, list[float]] = {}
+    for s in samples:
+        by_mode.setdefault(s.mode, []).append(s.measured_s / s.predicted_s)
+    return {m: statistics.median(r[-CALIBRATION_RECENT:]) for m, r in by_mode.items()}
+
+
+def calibrated(
+    predicted: dict[str, float | None], scale: dict[str, float]
+) -> dict[str, float | None]:
+    """The predictions of the modes this host has a factor for, scaled by it."""
+    return {m: t * scale[m] for m, t in predicted.items() if t is not None and m in scale}
+
+
+def add_samples(path: Path, samples: list[Sample]) -> None:
+    """Keep `samples` after those at `path` (the newest `CALIBRATION_KEEP`); a file that
+    holds none is replaced."""
+    try:
+        kept = read_samples(path)
+    except CacheError:
+        kept = []
+    every = [s.to_json() for s in [*kept, *samples][-CALIBRATION_KEEP:]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_json(path, {"format_version": FORMAT_VERSION, "samples": every})

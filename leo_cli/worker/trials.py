@@ -15,7 +15,7 @@ import contextlib
 import gc
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from leo_cli.planner.auto_mode import (
     with_mode,
     write_choice,
 )
-from leo_cli.planner.wisdom import Wisdom, write_wisdom
+from leo_cli.planner.wisdom import Sample, Wisdom, add_samples, calibration_path, write_wisdom
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
 from leo_cli.worker.trainer import Job, train_step
@@ -129,10 +129,9 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
         if t.stopped:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
     measured = {t.name: t.median_s for t in trials}
-    return ModeChoice(
-        choice.requested, mode, rule, choice.predicted_s, choice.buffer_bytes, levels, [],
-        measured, notes, choice.wisdom,
-    )  # fmt: skip
+    return replace(
+        choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes
+    )
 
 
 def train_winner(
@@ -176,3 +175,21 @@ def record(run: RunDir, cfg: LeoConfig, chosen: ModeChoice) -> None:
         wisdom = Wisdom(path.stem, chosen.name, chosen.rule or "", chosen.measured_s, chosen.notes)
         with contextlib.suppress(OSError):
             write_wisdom(path, wisdom)
+            add_samples(calibration_path(path.parent.parent), samples(cfg, chosen))
+
+
+def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
+    """A calibration sample of every mode tried as the cost model predicted it (a variant of
+    the planned mode's levels has no prediction of its own)."""
+    setting = {
+        "workers": cfg.partition.num_parts,
+        "nodes": cfg.launch.nnodes if cfg.launch.emulate is None else cfg.launch.emulate.nodes,
+        "link": None if cfg.launch.emulate is None else cfg.launch.emulate.link,
+        "model": cfg.model.name,
+    }
+    out = []
+    for name, measured in chosen.measured_s.items():
+        predicted = chosen.predicted_s.get(name)
+        if measured is not None and predicted is not None and predicted > 0:
+            out.append(Sample(name, predicted, measured, setting))
+    return out

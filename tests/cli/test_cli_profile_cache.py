@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def read(path: Path) -> dict:
 @pytest.mark.integration
 def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    res = leo("profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={run}")
+    wide = {**os.environ, "COLUMNS": "300"}  # the list of candidates on one line
+    res = leo("profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={run}", env=wide)
     assert res.returncode == 0, res.stderr
     plan = read(run / "cache-plan.json")
     assert len(plan["ranks"]) == 3 and plan["policy"] == "degree"
@@ -52,11 +54,13 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     run_s = plan["predicted_run_s"]  # every exact mode run with the plan's levels
     buffers = plan["predicted_buffer_bytes"]  # ... and the bytes moving its rows
     assert set(buffers) == set(run_s) and all(b > 0 for b in buffers.values())
-    fastest = min(run_s, key=lambda m: run_s[m] or float("inf"))
-    chosen = leanest(run_s, buffers, fastest, 0.1)
-    said = f"pipeline.mode=auto would run: {chosen} (auto: "
-    said += "predicted fastest" if chosen == fastest else "within 10% of the fastest"
-    assert said in " ".join(res.stdout.split())
+    # pipeline.choose=measure (the default): the candidates the workers would try, fastest
+    # predicted first, leo's plan without its replicas among them
+    line = next(x for x in res.stdout.splitlines() if "pipeline.mode=auto would" in x)
+    tried = line.removeprefix("pipeline.mode=auto would try: ").split(", ")
+    assert "leo/no-replicas" in tried and "leo" in tried, line
+    ranked = [n for n in tried if "/" not in n]
+    assert ranked == sorted(ranked, key=lambda m: run_s[m]), (ranked, run_s)
     assert "row buffers: the bytes of the buffers that move rows" in " ".join(res.stdout.split())
     # Each rank's predicted step and busy time, and their spread, per mode; printed per rank.
     leo_ranks = plan["predicted_ranks_s"]["leo"]
@@ -70,9 +74,18 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     res = leo(
         "profile-cache", *TINY, *LEVELS, "--set", f"run.out_dir={other}",
         "--set", "cache.replica_budget_mb=0", "--hardware", str(run / "hardware.json"),
+        "--set", "pipeline.choose=estimate",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert not (other / "probe").exists()
+    # pipeline.choose=estimate: the mode the plan predicts fastest (or leaner within 10%)
+    run_s, buffers = (read(other / "cache-plan.json")[k] for k in
+                      ("predicted_run_s", "predicted_buffer_bytes"))  # fmt: skip
+    fastest = min(run_s, key=lambda m: run_s[m] or float("inf"))
+    chosen = leanest(run_s, buffers, fastest, 0.1)
+    said = f"pipeline.mode=auto would run: {chosen} (auto: "
+    said += "predicted fastest" if chosen == fastest else "within 10% of the fastest"
+    assert said in " ".join(res.stdout.split())
     assert read(other / "cache-plan.json")["key"] != plan["key"]
     assert not any(r["replica_rows"] for r in read(other / "cache-plan.json")["ranks"])
 

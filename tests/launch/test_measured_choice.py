@@ -14,6 +14,7 @@ import pytest
 from helpers.cli import TINY, leo
 
 from leo_cli.config import load_config
+from leo_cli.planner.wisdom import calibration_path, factors, read_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.dist]
 
@@ -58,8 +59,18 @@ def test_measured_run_trains_its_winner_and_keeps_wisdom(tmp_path: Path) -> None
     assert losses(tmp_path / "by-name") == losses(tmp_path / "measured")
     assert by_name["setup_parts_s"]["choose_s"] < s["setup_parts_s"]["choose_s"]
 
+    # What was measured against what was predicted calibrates later predictions here.
+    samples = json.loads(calibration_path(cache).read_text())["samples"]
+    predicted = s["mode_predicted_s"]
+    assert {x["mode"] for x in samples} == {n for n in tried if n in predicted and tried[n]}
+    assert all(x["setting"]["workers"] == 2 for x in samples)
+
     # Same inputs again: the wisdom decides, nothing is tried.
     again = train(tmp_path / "again", cache)
+    scale = factors(read_samples(calibration_path(cache)))
+    assert again["mode_calibrated_s"] == pytest.approx(
+        {m: t * scale[m] for m, t in again["mode_predicted_s"].items() if m in scale}
+    )
     assert again["mode_rule"].endswith("by an earlier run with the same inputs (wisdom)")
     assert (again["mode"], again["mode_levels"]) == (s["mode"], s["mode_levels"])
     assert again["mode_measured_s"] == tried and losses(tmp_path / "again") == losses(

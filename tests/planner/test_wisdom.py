@@ -10,7 +10,20 @@ import pytest
 
 from leo_cli.config import load_config
 from leo_cli.errors import CacheError
-from leo_cli.planner.wisdom import Wisdom, read_wisdom, wisdom_key, wisdom_path, write_wisdom
+from leo_cli.planner.wisdom import (
+    CALIBRATION_KEEP,
+    Sample,
+    Wisdom,
+    add_samples,
+    calibrated,
+    calibration_path,
+    factors,
+    read_samples,
+    read_wisdom,
+    wisdom_key,
+    wisdom_path,
+    write_wisdom,
+)
 
 NAMES = ["leo", "blocking"]
 
@@ -43,9 +56,10 @@ def test_the_key_follows_what_decides_the_trials() -> None:
         key("launch.cpu_affinity=[[0],[1]]"),
         key("train.dtype=float64"),
         key(inputs="other parts"),
-        key(names=["blocking", "leo"]),
+        key(names=["leo", "blocking", "shared-memory"]),
     ):
         assert other != same
+    assert key(names=["blocking", "leo"]) == same  # the set of candidates, in any order
     # not what only names the run or its length
     assert key("train.num_epochs=7", "run.name=x") == same
 
@@ -71,3 +85,42 @@ def test_edited_or_foreign_wisdom_is_refused_in_one_sentence(
     with pytest.raises(CacheError, match="^" + str(path).replace(".", r"\.")) as err:
         read_wisdom(path, NAMES)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def sample(mode: str, predicted: float, measured: float) -> Sample:
+    return Sample(mode, predicted, measured, {"workers": 2})
+
+
+def test_calibration_scales_each_mode_by_its_newest_samples(tmp_path: Path) -> None:
+    path = calibration_path(tmp_path)
+    assert path.parent == tmp_path / "wisdom" and read_samples(path) == []
+    add_samples(path, [sample("leo", 0.1, 0.2), sample("blocking", 0.1, 0.15)])
+    add_samples(path, [sample("leo", 0.1, 0.3), sample("leo", 0.2, 0.2)])
+    scale = factors(read_samples(path))
+    assert scale == {"leo": pytest.approx(2.0), "blocking": pytest.approx(1.5)}  # median 1, 2, 3
+    assert calibrated({"leo": 0.05, "blocking": None, "fine-grained": 0.1}, scale) == {
+        "leo": pytest.approx(0.1)
+    }
+    # only the newest samples count, and the file keeps a bounded number
+    add_samples(path, [sample("leo", 1.0, 5.0)] * (CALIBRATION_KEEP + 5))
+    kept = read_samples(path)
+    assert len(kept) == CALIBRATION_KEEP and factors(kept)["leo"] == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", '{"format_version": 1}', '{"format_version": 1, "samples": [{"mode": "leo"}]}',
+     '{"format_version": 1, "samples": [{"mode": "leo", "predicted_s": 0, "measured_s": 1}]}',
+     '{"format_version": 1, "samples": [{"mode": "leo", "predicted_s": 1, "measured_s": "x"}]}',
+     '{"format_version": 2, "samples": []}'],
+)  # fmt: skip
+def test_a_calibration_file_without_samples_is_refused_and_replaced(
+    tmp_path: Path, text: str
+) -> None:
+    path = calibration_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(CacheError, match="calibration|positive number"):
+        read_samples(path)
+    add_samples(path, [sample("leo", 0.1, 0.2)])  # the next trials start it afresh
+    assert [s.mode for s in read_samples(path)] == ["leo"]
