@@ -476,6 +476,15 @@ class PipelineConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _levels_without_rows_in_place_read_none(self) -> PipelineConfig:
+        if self.levels == "no-in-place" and registry.row_transport(self.transport).every_row:
+            raise ValueError(
+                "pipeline.levels=no-in-place reads no row in place, which "
+                "pipeline.transport=shared-memory asks for every row; drop one of the two"
+            )
+        return self
+
     @property
     def rounds_rows(self) -> bool:
         """Neighbour rows are rounded to a narrower type than they are computed in."""

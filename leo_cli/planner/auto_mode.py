@@ -237,7 +237,9 @@ def to_try(
         else:
             tried.append(mode)
             if mode == planned_mode() and plan is not None:
-                tried += [candidate_name(mode, v) for v in plan_variants(plan)]
+                every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
+                variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
+                tried += [candidate_name(mode, v) for v in variants]
     levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
     if len(tried) <= 1:
         mode = parse_candidate(tried[0])[0] if tried else estimate.mode

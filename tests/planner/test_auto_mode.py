@@ -362,3 +362,12 @@ def test_a_measured_choice_round_trips_and_resumes_with_its_levels(tmp_path: Pat
     auto_mode.write_choice(run, replace(chosen, trials=["leo"]))
     again = auto_mode.resumed(cfg(), run)
     assert again is not None and again.name == "leo/no-replicas" and again.trials == []
+
+
+def test_rows_read_in_place_asked_for_are_not_tried_without() -> None:
+    plan = plan_with_levels(True, True, PREDICTED)
+    every = cfg("pipeline.transport=shared-memory")
+    trial = auto_mode.to_try(every, plan, choose(every, plan, 2), free_bytes=None)
+    assert "leo/no-in-place" not in trial.trials and "leo/no-replicas" in trial.trials
+    with pytest.raises(ConfigError, match="pipeline.levels=no-in-place reads no row in place"):
+        cfg("pipeline.transport=shared-memory", "pipeline.levels=no-in-place")
