@@ -73,7 +73,7 @@ class RunConfig(Section):
     its partitions). null: `leo train` makes a new folder `runs/<name>/<date>-<time>` for every
     run (`--resume` continues the newest of that name); `leo partition`, `leo profile-cache`
     and `leo bench` use `runs/<name>`. `leo train` refuses a folder that already holds a
-    run's results unless given --resume or --overwrite."""
+    run's results unless given --resume or --overwrite; the other commands refuse it."""
     cache_dir: Path | None = None
     """Where partitions and cache plans are kept, one folder per fingerprint of what they
     depend on (dataset, partition settings, seed; for a plan also the model, cache settings
