@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import torch
 from conftest import random_graph, write_csv_gz, write_ogb
 
-from leo_cli.config.schema import DataConfig, PartitionConfig
+from leo_cli.config.schema import DataConfig, PartitionConfig, SyntheticConfig
 from leo_cli.errors import PartitionError
 from leo_cli.graph.datasets import source_files
 from leo_cli.graph.layout import LocalPart, build_parts
@@ -192,3 +193,32 @@ def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
     (folder / "processed" / "data_processed").write_bytes(b"not read")
     (folder / "raw" / "node_year.csv.gz").unlink()
     assert ensure_partitions(data, part, 0, tmp_path / "run").reused
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_partitions_built_where_the_run_folder_links_into_the_cache(
+    tmp_path: Path, dangling: bool
+) -> None:
+    """A run folder whose `partitions` links into the cache, partitioned where no cache applies
+    (several nodes, emulation, a regroup), gets a folder of its own; the cache entry it linked
+    to is left as it was (or stays gone)."""
+    data = DataConfig(synthetic=SyntheticConfig(num_nodes=300, num_features=8))
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    linked = ensure_partitions(data, PartitionConfig(num_parts=2), 0, run, cache_dir=cache)
+    entry = linked.path.resolve()
+    before = sorted(p.name for p in entry.iterdir())
+    if dangling:
+        shutil.rmtree(entry)
+    built = ensure_partitions(data, PartitionConfig(num_parts=3), 0, run)
+    assert not built.reused and built.meta["num_parts"] == 3
+    assert built.path.is_dir() and not built.path.is_symlink()
+    assert dangling != entry.is_dir()
+    if not dangling:
+        assert sorted(p.name for p in entry.iterdir()) == before
+
+
+def test_a_link_to_a_deleted_cache_entry_is_one_sentence(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "partitions").symlink_to("../cache/partitions/g-p2-0123")
+    with pytest.raises(PartitionError, match=r"links to \.\./cache/partitions/g-p2-0123, which"):
+        read_meta(tmp_path / "run" / "partitions")
