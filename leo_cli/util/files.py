@@ -115,13 +115,19 @@ def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
     write_text(path, json_text(obj, indent))
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append one line to `path`, never through a symlink (`O_APPEND | O_NOFOLLOW`)."""
+def append_line(path: Path, line: str, fsync: bool = False) -> None:
+    """Append one line to `path`, never through a symlink (`O_APPEND | O_NOFOLLOW`); `fsync`:
+    on disk (and its name in the folder) before returning, for a line a later file relies
+    on."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, _FILE_MODE)
     with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(line.rstrip("\n") + "\n")
         f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    if fsync:
+        sync_folder(path.parent)
 
 
 def pid_alive(pid: int) -> bool:
