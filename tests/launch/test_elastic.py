@@ -53,6 +53,17 @@ def test_a_node_range_parses_from_yaml_and_set(tmp_path: Path) -> None:
         with_overrides(LeoConfig(), ["launch.nnodes=3:2"], "t")
 
 
+def test_a_node_range_with_an_owners_file_is_refused_at_start(tmp_path: Path) -> None:
+    """The owners file gives owners for `num_parts` workers: a regroup could not use it."""
+    np.save(tmp_path / "owners.npy", np.zeros(10, dtype=np.int64))
+    sets = ["launch.nnodes=1:2", "launch.master_port=29500", "partition.method=file",
+            f"partition.owners_path={tmp_path / 'owners.npy'}"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"MIN:MAX re-partitions .* partition\.method=file holds"):
+        with_overrides(LeoConfig(), sets, "t")
+    res = leo_here("train", *(a for s in sets for a in ("--set", s)))
+    assert res.returncode == 2 and "partition.method=file holds owners" in res.stderr
+
+
 def test_an_elastic_launch_shrinks_through_c10d_hosted_by_node_0(tmp_path: Path) -> None:
     sets = ["launch.nnodes=1:2", "launch.master_port=29500", "launch.max_restarts=2"]
     sets += ["partition.num_parts=4"]
