@@ -40,6 +40,7 @@ class RunDir:
     MODE_CHOICE = "mode-choice.json"
     REGROUPED = "regrouped.json"  # the last time the run went on with fewer workers
     PARTITIONS = "partitions"
+    SOURCE_DIGESTS = ".source-digests.json"  # sha256 of the raw files, by path and stamp
     CHECKPOINTS = "checkpoints"
     SET_ASIDE = "set-aside"  # in checkpoints/: files a resume skipped, kept with a note
     SET_ASIDE_NOTE = "NOTE.txt"

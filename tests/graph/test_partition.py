@@ -174,7 +174,8 @@ def test_full_disk_is_one_sentence_and_leaves_nothing(
 
 
 def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
-    """Every file the loader reads is in the source key, and its new content is what is used."""
+    """Every file the loader reads is in the source key by its content (an edit that keeps
+    its size and modification time included), and its new content is what is used."""
     folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(40) % 40)
     data, part = DataConfig(name="ogbn-arxiv", root=tmp_path), PartitionConfig(num_parts=2)
     first = ensure_partitions(data, part, 0, tmp_path / "run")
@@ -186,9 +187,17 @@ def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
     assert not again.reused
     new_fingerprint = again.meta["dataset"]["fingerprint"]
     assert new_fingerprint != first.meta["dataset"]["fingerprint"], "stale content was used"
-    for path in source_files(data):
-        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    for path in source_files(data):  # an edit that keeps size and mtime (cp -p, touch -r)
+        assert path.suffix == ".gz"
+        st, raw = path.stat(), bytearray(path.read_bytes())
+        raw[4] ^= 0xFF  # the gzip header's time field: other bytes, the same table
+        path.write_bytes(bytes(raw))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert path.stat().st_size == st.st_size
         assert not ensure_partitions(data, part, 0, tmp_path / "run").reused, path
+    for path in source_files(data):  # a touch alone changes nothing that is read
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert ensure_partitions(data, part, 0, tmp_path / "run").reused
     (folder / "processed").mkdir()
     (folder / "processed" / "data_processed").write_bytes(b"not read")
     (folder / "raw" / "node_year.csv.gz").unlink()
