@@ -144,3 +144,20 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     hw = json.loads((run / "hardware.json").read_text())
     assert hw["world_size"] == 1  # measured by the group that went on
     assert json.loads((run / "regrouped.json").read_text())["regroup_s"] > 0
+
+
+def test_the_regroup_partitions_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pymetis holds the GIL: partitioned in the worker, its heartbeat would stop and the
+    watch would end it on a large graph. The regroup's partitions come from a child."""
+    from leo_cli.elastic import entry
+
+    def in_the_worker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("partitioned in the worker's own process")
+
+    monkeypatch.setattr(entry, "ensure_partitions", in_the_worker)
+    cfg = load_config(None, ["data.synthetic.num_nodes=300", "partition.num_parts=2",
+                             f"run.out_dir={tmp_path}"])  # fmt: skip
+    entry.partition_apart(cfg, tmp_path, None)
+    assert read_meta(RunDir(tmp_path).partitions)["num_parts"] == 2
