@@ -11,7 +11,6 @@ test_edited_files.py.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -487,13 +486,11 @@ def test_the_corpus_is_at_least_forty_cases() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_each_bad_input_is_the_sentence_it_names(case: Case, tmp_path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # `runs/` of an unnamed folder lands here
-    try:
-        shown = sentence(case, tmp_path)
-    finally:
-        os.chdir(cwd)
+def test_each_bad_input_is_the_sentence_it_names(
+    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # `runs/` of an unnamed folder lands here
+    shown = sentence(case, tmp_path)
     if case.shows is None:
         assert shown is None
         return
