@@ -40,7 +40,10 @@ class RunDir:
     MODE_CHOICE = "mode-choice.json"
     REGROUPED = "regrouped.json"  # the last time the run went on with fewer workers
     PARTITIONS = "partitions"
+    SOURCE_DIGESTS = ".source-digests.json"  # sha256 of the raw files, by path and stamp
     CHECKPOINTS = "checkpoints"
+    SET_ASIDE = "set-aside"  # in checkpoints/: files a resume skipped, kept with a note
+    SET_ASIDE_NOTE = "NOTE.txt"
     SETUP = ".setup.json"
     FIRST_SETUP = ".first-setup.json"  # the launch's first attempt's set-up, for restarts
     ERRORS = ".errors"
@@ -157,8 +160,11 @@ class RunDir:
         files.write_text(self.metrics, "".join(files.json_text(r) + "\n" for r in rows))
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        """One line per epoch (strict JSON; never appended through a symlink)."""
-        files.append_line(self.metrics, files.json_text(row))
+        """One line per epoch (strict JSON; never appended through a symlink). A row that
+        records a checkpoint's digest is on disk before that checkpoint is written, so no power
+        loss leaves a checkpoint without its row."""
+        fsync = "checkpoint_sha256" in row
+        files.append_line(self.metrics, files.json_text(row), fsync=fsync)
 
     # summary.json, status.json
 
@@ -344,13 +350,31 @@ class RunDir:
                     out[row["epoch"]] = digest
         return out
 
-    def drop_checkpoints_after(self, epoch: int) -> None:
-        """Delete the checkpoints of epochs after `epoch`, the one a resume started from: it
-        skipped them (unreadable, or not what their epoch saved), and once their metrics rows
-        are truncated nothing would tell them apart at the next resume."""
+    def set_aside_checkpoints_after(self, epoch: int) -> list[Path]:
+        """Move the checkpoints of epochs after `epoch`, the one a resume started from, into
+        `checkpoints/set-aside/` with a line each in its NOTE.txt: the resume skipped them
+        (unreadable, or not what their epoch's row recorded), and once their metrics rows are
+        truncated nothing would tell them apart at the next resume. Returns where they went."""
+        moved = []
         for saved, path in self.list_checkpoints():
-            if saved > epoch:
-                path.unlink(missing_ok=True)
+            if saved <= epoch:
+                continue
+            aside = self.checkpoints / self.SET_ASIDE
+            aside.mkdir(exist_ok=True)
+            dest = aside / path.name
+            k = 1
+            while dest.exists():
+                k += 1
+                dest = aside / f"{path.stem}-{k}{path.suffix}"
+            path.rename(dest)
+            files.append_line(
+                aside / self.SET_ASIDE_NOTE,
+                f"{dest.name}: skipped by a resume from epoch {epoch} (unreadable, or not what "
+                f"its epoch's row in {self.METRICS} recorded); set aside, not used again.",
+            )
+            print(f"warning: checkpoint {path.name} set aside as {dest}.", file=sys.stderr)
+            moved.append(dest)
+        return moved
 
     def load_latest(self) -> dict[str, Any] | None:
         """`read_latest`, with torch's global generator restored from it."""

@@ -16,6 +16,7 @@ from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import MAX_CHUNKS
 from leo_cli.errors import LeoError
+from leo_cli.launch import emulate
 from leo_cli.registry import DEFAULT_MODE, mode_settings
 from leo_cli.util.interrupt import Interrupted, raise_on_signals
 
@@ -88,8 +89,14 @@ def resolve_config(config: Path | None, overrides: list[str] | None) -> LeoConfi
 
 
 def sweep_segments() -> None:
-    """Remove shared-memory segments that ended jobs left behind, saying how much was freed
-    (at the start of every `leo train` and `leo bench`)."""
+    """Remove shared-memory segments and emulated clusters' namespaces that ended jobs left
+    behind, saying what was freed (at the start of every `leo train` and `leo bench`)."""
     freed = segments.sweep_stale()
     if freed.count:
         console.print(f"[yellow]Note:[/] {escape(segments.describe(freed))}")
+    gone = emulate.sweep()
+    if gone:
+        console.print(
+            f"[yellow]Note:[/] removed {gone} network namespace{'s' * (gone != 1)} of emulated "
+            "nodes a killed run left behind."
+        )

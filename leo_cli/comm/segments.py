@@ -48,6 +48,15 @@ def start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22 of the whole line
 
 
+def free_bytes(root: Path | None = None) -> int | None:
+    """Bytes a new segment can still take in /dev/shm (None where it cannot be asked)."""
+    try:
+        st = os.statvfs(root or SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def segment_name(root: Path | None = None) -> Path:
     """A new, unique segment path for this process, in the current job (in /dev/shm)."""
     pid = os.getpid()

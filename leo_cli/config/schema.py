@@ -73,7 +73,7 @@ class RunConfig(Section):
     its partitions). null: `leo train` makes a new folder `runs/<name>/<date>-<time>` for every
     run (`--resume` continues the newest of that name); `leo partition`, `leo profile-cache`
     and `leo bench` use `runs/<name>`. `leo train` refuses a folder that already holds a
-    run's results unless given --resume or --overwrite."""
+    run's results unless given --resume or --overwrite; the other commands refuse it."""
     cache_dir: Path | None = None
     """Where partitions and cache plans are kept, one folder per fingerprint of what they
     depend on (dataset, partition settings, seed; for a plan also the model, cache settings
@@ -550,7 +550,8 @@ class LaunchConfig(Section):
     """Number of machines (torchrun's --nnodes), or `MIN:MAX` (quoted in YAML or not): start
     on MAX and go on with as few as MIN when machines are lost (sets `min_nodes`). The
     survivors re-form the group, re-partition for their worker count and resume from the last
-    checkpoint with the same numbers (docs/multi-node.md)."""
+    checkpoint with the same numbers (docs/multi-node.md); not with `partition.method=file`,
+    whose owners are for one worker count."""
     min_nodes: int | None = Field(None, ge=1)
     """The fewest machines the job goes on with (what `nnodes: MIN:MAX` sets); null: all
     `nnodes`, and a lost machine ends the job."""
@@ -747,6 +748,16 @@ class LeoConfig(Section):
     pipeline: PipelineConfig = PipelineConfig()
     launch: LaunchConfig = LaunchConfig()
     bench: BenchConfig = BenchConfig()
+
+    @model_validator(mode="after")
+    def _a_node_range_needs_a_partitioner(self) -> LeoConfig:
+        if self.launch.elastic() and self.partition.method == "file":
+            raise ValueError(
+                "launch.nnodes MIN:MAX re-partitions for the workers left after a loss, but "
+                "partition.method=file holds owners for partition.num_parts workers only; use "
+                "partition.method=metis (or random, range), or a fixed launch.nnodes"
+            )
+        return self
 
     @model_validator(mode="after")
     def _links_need_nodes(self) -> LeoConfig:

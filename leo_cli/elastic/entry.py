@@ -22,7 +22,10 @@ partitioner, the probe).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +89,7 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int, store: Any) -
             profile.write(run.hardware)
     if env.rank == leader:
         hardware = new.cache.hardware or (run.hardware if run.hardware.is_file() else None)
-        weigher = part_weigher(new, run.root, hardware=hardware)
-        ensure_partitions(
-            new.data, new.partition, new.run.seed, run.root, verify=False, weigher=weigher,
-            cache_dir=None,  # the run folder: machines that join again see it
-        )  # fmt: skip
+        partition_apart(new, run.root, hardware)
         run.plan.unlink(missing_ok=True)  # made for the other count's parts
         ensure_plan(new, run.root, hardware=hardware, verify_parts=False, shared=False)
         write_resolved(new)
@@ -98,6 +97,35 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int, store: Any) -
     else:
         wait_for_leader(run, leader, cfg.launch.timeout_s, store)
     dist.barrier()  # the others read what the leader wrote
+
+
+def partition_apart(cfg: LeoConfig, run_dir: Path, hardware: Path | None) -> None:
+    """The regroup's partitions, made in a child process (spawned: no copy of this worker's
+    threads): pymetis holds the GIL while it runs, which would stop this worker's heartbeat
+    thread, and the watch would end a large graph's partitioning as a hung worker.
+
+    Raises:
+        TrainError: the child died (killed, out of memory); its LeoErrors come back as such.
+    """
+    context = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            pool.submit(_partition, cfg, run_dir, hardware).result()
+    except BrokenProcessPool:
+        raise TrainError(
+            f"the process re-partitioning {run_dir} for fewer workers died (out of memory?); "
+            "its log is under the run's logs/."
+        ) from None
+
+
+def _partition(cfg: LeoConfig, run_dir: Path, hardware: Path | None) -> None:
+    """In the child: the partitions for `cfg`'s worker count, in the run folder (machines
+    that join again see it)."""
+    weigher = part_weigher(cfg, run_dir, hardware=hardware)
+    ensure_partitions(
+        cfg.data, cfg.partition, cfg.run.seed, run_dir, verify=False, weigher=weigher,
+        cache_dir=None,
+    )  # fmt: skip
 
 
 DONE_KEY = "remade"

@@ -20,7 +20,8 @@ import numpy.typing as npt
 
 from leo_cli.errors import DataError
 from leo_cli.graph.datasets.npz import MASK_KEYS, load_npz
-from leo_cli.graph.types import Graph
+from leo_cli.graph.types import MAX_CLASSES, MAX_NODES, Graph
+from leo_cli.util.rss import available_memory_bytes
 
 NETWORKX_READERS = {  # suffix -> networkx reader name
     ".graphml": "read_graphml",
@@ -140,7 +141,7 @@ def read_networkx(path: Path) -> Arrays:
     names = LABEL_ATTRIBUTES if suffix not in (".gml", ".gexf") else ("y", "class")
     label = next((a for a in names if any(a in d for d in attrs)), None)
     if label is not None:
-        found.y_N, found.labelled_N, named = _labels_of([d.get(label) for d in attrs])
+        found.y_N, found.labelled_N, named = _labels_of(path, label, [d.get(label) for d in attrs])
         if named:
             found.notes = [f"labels {named} numbered 0..{len(named.split(', ')) - 1}"]
     found.x_NF = _features_of(path, attrs, label)
@@ -159,12 +160,18 @@ def _int_like(name: Any) -> bool:
 
 
 def _labels_of(
-    values: list[Any],
+    path: Path, name: str, values: list[Any]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], str | None]:
     """Labels as ints (names numbered in sorted order), which nodes have one, and the names."""
     present = [v for v in values if v is not None]
     if all(_int_like(v) for v in present):  # negative numbers: no label, as in a CSV
-        y = np.array([int(v) if v is not None else -1 for v in values], dtype=np.int64)
+        top = max((int(v) for v in present), default=0)
+        if top >= MAX_CLASSES:
+            raise DataError(
+                f"{path}: node attribute {name!r} holds label {top}; classes are numbered "
+                f"0..C-1 with C at most {MAX_CLASSES:,}."
+            )
+        y = np.array([max(int(v), -1) if v is not None else -1 for v in values], dtype=np.int64)
         return np.maximum(y, 0), y >= 0, None
     has = np.array([v is not None for v in values], dtype=bool)
     names = sorted({str(v) for v in present})
@@ -181,6 +188,8 @@ def _features_of(
         rows = [d[FEATURE_ATTRIBUTE] for d in attrs]
         if len({len(r) for r in rows}) != 1:
             raise DataError(f"{path}: node attribute `x` has rows of different lengths.")
+        if not all(_numeric(v) for r in rows for v in r):
+            raise DataError(f"{path}: node attribute `x` holds values that are not numbers.")
         return np.array(rows, dtype=np.float32)
     names = sorted({k for d in attrs for k, v in d.items() if k != label and _numeric(v)})
     if not names:
@@ -190,6 +199,12 @@ def _features_of(
             raise DataError(
                 f"{path}: node attribute {name!r} is missing on some nodes; give every node "
                 "every feature attribute."
+            )
+        odd = next((d[name] for d in attrs if not _numeric(d[name])), None)
+        if odd is not None:
+            raise DataError(
+                f"{path}: node attribute {name!r} is a number on some nodes and {odd!r} on "
+                "others; give it a number on every node, or drop it."
             )
     return np.array([[float(d[k]) for k in names] for d in attrs], dtype=np.float32)
 
@@ -217,12 +232,34 @@ def read_pyg(path: Path) -> Arrays:
             f"{path} holds no dict with an `edge_index` tensor; save "
             "{'edge_index': ..., 'x': ..., 'y': ..., 'train_mask': ...} with torch.save."
         )
-    arrays = {k: v.numpy() for k, v in data.items() if isinstance(v, torch.Tensor)}
+    if not isinstance(data["edge_index"], torch.Tensor):
+        raise DataError(
+            f"{path}: `edge_index` is a {type(data['edge_index']).__name__}, not a tensor; save "
+            "torch.tensor(edge_index) of shape [2, E]."
+        )
+    arrays = {k: _tensor_array(path, k, v) for k, v in data.items() if isinstance(v, torch.Tensor)}
     edges = arrays["edge_index"]
     if edges.ndim != 2 or edges.shape[0] != 2 or edges.dtype.kind not in "iu":
         raise DataError(f"{path}: `edge_index` must be an integer tensor of shape [2, E].")
     n = max(int(edges.max()) + 1 if edges.size else 0, len(arrays.get("x", [])))
     return _with_node_data(Arrays(edges.astype(np.int64), n), arrays, ("x",), ("y",))
+
+
+def _tensor_array(path: Path, key: str, tensor: Any) -> npt.NDArray[Any]:
+    """A saved tensor as a numpy array: detached, floats numpy lacks (bfloat16, float8) as
+    float32; a sparse or otherwise unreadable tensor is a DataError naming the key."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        raise DataError(f"{path}: `{key}` is a sparse tensor; save {key}.to_dense() instead.")
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype not in (torch.float16, torch.float32):
+        tensor = tensor.to(torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+    try:
+        array: npt.NDArray[Any] = tensor.numpy()
+    except (TypeError, RuntimeError) as err:
+        raise DataError(f"{path}: `{key}` cannot be read as an array ({err}).") from None
+    return array
 
 
 DGL_FEATURES = ("feat", "features", "x")  # node data read as features (the first present)
@@ -278,8 +315,18 @@ def _with_node_data(
     x = next((arrays[k] for k in feature_keys if k in arrays), None)
     y = next((arrays[k] for k in label_keys if k in arrays), None)
     if x is not None:
+        if x.ndim != 2 or x.dtype.kind not in "fiub":
+            raise DataError(
+                f"the features ({'/'.join(feature_keys)}) have shape {list(x.shape)} and dtype "
+                f"{x.dtype}; give numbers of shape [N, F]."
+            )
         found.x_NF = x.astype(np.float32)
     if y is not None:
+        if y.dtype.kind not in "iub" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
+            raise DataError(
+                f"the labels ({'/'.join(label_keys)}) hold values that are not whole numbers; "
+                "give integer class numbers."
+            )
         found.y_N = y.reshape(-1).astype(np.int64)
         found.labelled_N = found.y_N >= 0
     if all(k in arrays for k in MASK_KEYS):
@@ -403,6 +450,7 @@ def convert(
     """Complete what the source lacks from the given files, write `out` and load it back with
     LEO's loader; returns the graph and notes for the user."""
     notes = list(found.notes or [])
+    _check_size(found.num_nodes)
     x = read_features(features) if features is not None else found.x_NF
     n = max(found.num_nodes, 0 if x is None else x.shape[0])
     if x is None:
@@ -423,6 +471,11 @@ def convert(
         )
     if y.shape[0] != n:
         raise DataError(f"the labels cover {y.shape[0]} nodes but the graph has {n}.")
+    if labelled.any() and int(y[labelled].max()) >= MAX_CLASSES:
+        raise DataError(
+            f"the labels reach {int(y[labelled].max())}; classes are numbered 0..C-1 with C at "
+            f"most {MAX_CLASSES:,}."
+        )
     y = np.where(labelled, y, 0)
     chosen = read_masks(masks) if masks is not None else found.masks
     if chosen is None:
@@ -438,6 +491,26 @@ def convert(
         notes.append(f"{dropped} mask entries of nodes without a label left out")
     graph = write_npz(out, {"edge_index": found.edge_index_2E, "x": x, "y": y, **chosen})
     return graph, notes
+
+
+NODE_BYTES = 4 + 8 + 8 + 3  # a node's feature 1, label, symmetrising key share, three masks
+
+
+def _check_size(num_nodes: int) -> None:
+    """Refuse, before allocating anything per node, a node count past `MAX_NODES` or one whose
+    arrays cannot fit in the free memory (an id far beyond the others, most often)."""
+    if num_nodes > MAX_NODES:
+        raise DataError(
+            f"the edges name node {num_nodes - 1:,}; LEO numbers nodes 0..N-1 with N at most "
+            f"{MAX_NODES:,}: renumber the ids without gaps."
+        )
+    free = available_memory_bytes()
+    if free is not None and num_nodes * NODE_BYTES > free:
+        raise DataError(
+            f"the edges name node {num_nodes - 1:,}, and {num_nodes:,} nodes need "
+            f"{num_nodes * NODE_BYTES / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB "
+            "free here: renumber the ids 0..N-1 without gaps."
+        )
 
 
 def _unwritable(out: Path, exc: OSError) -> DataError:

@@ -60,7 +60,7 @@ from leo_cli.graph.storage import (
 )
 from leo_cli.graph.types import Graph, IntArray
 from leo_cli.run_dir import RunDir
-from leo_cli.util.files import private_dir, sha256_file, sweep_temporaries
+from leo_cli.util.files import private_dir, sha256_file, stored_sha256, sweep_temporaries
 from leo_cli.util.rss import peak_rss_bytes
 
 
@@ -108,14 +108,19 @@ def partition_dir(out_dir: Path) -> Path:
 
 
 def source_key(
-    data: DataConfig, part: PartitionConfig, seed: int, weigher: Weigher | None = None
+    data: DataConfig,
+    part: PartitionConfig,
+    seed: int,
+    weigher: Weigher | None = None,
+    digests: Path | None = None,
 ) -> str:
     """Fingerprint of everything the partitions depend on, cheap to compute without loading.
 
-    Covers the data and partition config, the seed, the format version and the size and
-    modification time of the raw files, so edited inputs make the partitions stale; for
-    measured weights what they come from (`weigher.key`); for unequal weights priced by the
-    cost model, the rule and what its prices come from; for an owners file its content.
+    Covers the data and partition config, the seed, the format version and the content of the
+    raw files (sha256, kept in `digests` and hashed again only when a file's size, times or
+    inode change), so an edit that keeps a file's size and mtime makes the partitions stale
+    too; for measured weights what they come from (`weigher.key`); for unequal weights priced
+    by the cost model, the rule and what its prices come from; for an owners file its content.
     """
     payload = {
         # normalize_features at `auto` keeps the key partitions had before it existed.
@@ -128,7 +133,7 @@ def source_key(
         "partition": part.model_dump(mode="json", exclude=defaulted_options(part)),
         "seed": seed,
         "format_version": FORMAT_VERSION,
-        "files": [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(data)],
+        "files": source_digests(data, digests),
     }
     if part.part_weights == "measured" and weighted(part):
         assert weigher is not None, "part_weights=measured needs a weigher"
@@ -138,6 +143,19 @@ def source_key(
     if part.owners_path is not None:
         payload["owners"] = owners_digest(part.owners_path)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def source_digests(data: DataConfig, store: Path | None) -> list[tuple[str, str]]:
+    """(path, sha256) of each raw file the dataset reads (`store`: where digests are kept)."""
+    paths = source_files(data)
+    try:
+        if store is None:
+            return [(str(p), sha256_file(p)) for p in paths]
+        return list(zip(map(str, paths), stored_sha256(paths, store), strict=True))
+    except OSError as exc:
+        raise DataError(
+            f"cannot read {exc.filename} ({exc.strerror}); check data.name and data.root."
+        ) from None
 
 
 def owners_digest(path: Path) -> str:
@@ -209,7 +227,10 @@ def ensure_partitions(
     """
     link = partition_dir(out_dir)
     sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
-    key = source_key(data, part, seed, weigher)
+    store = (Path(cache_dir) / "partitions" if cache_dir is not None else Path(out_dir)) / (
+        RunDir.SOURCE_DIGESTS
+    )
+    key = source_key(data, part, seed, weigher, store)
     own = link.is_dir() and not link.is_symlink()
     target = link if cache_dir is None or own else cache_entry(cache_dir, data, part, key)
     shared = target != link  # a second run wanting the same entry waits, then reuses it

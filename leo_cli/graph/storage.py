@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,11 @@ def save_array(path: Path, arr: np.ndarray) -> None:
 
 
 def swap_into_place(tmp: Path, target: Path) -> None:
-    """Replace `target` by `tmp`; the old folder is removed only after the rename."""
+    """Replace `target` by `tmp`; the old folder is removed only after the rename. A link
+    there (a run folder's `partitions` pointing into the cache, live or dangling) is replaced
+    itself: what it points to stays as it is."""
+    if target.is_symlink():
+        target.unlink()
     old = private_dir(target)  # an empty folder of ours, which the rename replaces
     if target.exists():
         target.rename(old)
@@ -135,6 +140,11 @@ def read_meta(root: Path, stage: bool = True) -> dict[str, Any]:
     """META.json of a partition folder, checked as untrusted input (graph/meta_check.py):
     every field the stages read, or (`stage=False`) the part count and file list only."""
     path = root / META
+    if root.is_symlink() and not root.exists():
+        raise PartitionError(
+            f"{root} links to {os.readlink(root)}, which is gone (a cleared run.cache_dir?); "
+            "run `leo partition` to rebuild it."
+        )
     if not path.is_file():
         raise PartitionError(f"{path} is missing; run `leo partition` (add --force to rebuild).")
     try:

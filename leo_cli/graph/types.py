@@ -9,6 +9,7 @@ without self-loops (`edge_index[0]` = source, `edge_index[1]` = target of a mess
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,10 @@ ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 # Elements per block of the chunked passes: big enough for numpy's speed, small enough that a
 # block's temporaries (a few int64 copies) stay in the tens of megabytes.
 CHUNK = 1 << 22
+# The most nodes a graph may have: `target * N + source` (the symmetrising key) stays in int64.
+MAX_NODES = math.isqrt(np.iinfo(np.int64).max)
+# The most label classes: the output layer is hidden x classes on every worker.
+MAX_CLASSES = 1 << 16
 
 
 @dataclass
@@ -116,6 +121,7 @@ def symmetrize(edge_index_2E: npt.NDArray[np.integer[Any]], num_nodes: int) -> I
     Works on one int64 key per directed edge (target * N + source), sorted and deduplicated
     in place, so the peak is that key array plus the output, whatever the input's size.
     """
+    assert num_nodes <= MAX_NODES, num_nodes  # loaders refuse larger graphs as a DataError
     key = edge_keys(edge_index_2E, num_nodes)
     key.sort()
     key = compact_unique(key)

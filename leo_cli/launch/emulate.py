@@ -7,7 +7,8 @@ their own UTS and mount namespaces (own hostname, private /dev/shm). Every node 
 train` as a node of a real cluster would (`launch.nnodes=N`, its `node_rank`, rendezvous at node
 0's address, `GLOO_SOCKET_IFNAME` its interface); the run folder is shared, as a cluster's file
 system. Names carry the launcher's pid and start time: `sweep` removes what a killed launcher
-left. Specification: docs/design/emulation.md.
+left, at the start of any later run.
+Specification: docs/design/emulation.md.
 """
 
 from __future__ import annotations
@@ -91,22 +92,33 @@ def run(*argv: str) -> None:
 
 
 def namespaces() -> list[str]:
-    """Every network namespace on this machine, by name."""
+    """Every network namespace on this machine, by name (none where `ip` is missing)."""
+    if shutil.which("ip") is None:
+        return []
     done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
+def delete_namespace(name: str) -> bool:
+    """Remove a network namespace; whether it went."""
+    done = subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+    return done.returncode == 0
+
+
 def sweep() -> int:
-    """Remove the namespaces of emulated clusters whose launcher is gone; how many."""
-    removed = 0
-    for name in namespaces():
-        if _gone(name):
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-            removed += 1
-    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*-sw"):
-        if _gone(folder.name):
+    """Remove the namespaces and folders of emulated clusters whose launcher is gone (killed
+    with -9, or the machine restarted); how many namespaces went. Run at the start of every
+    `leo train` and `leo bench`, emulated or not."""
+    removed = sum(delete_namespace(name) for name in namespaces() if _gone(name))
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*-sw*"):
+        if _gone(switch_of(folder.name)):
             shutil.rmtree(folder, ignore_errors=True)
     return removed
+
+
+def switch_of(folder_name: str) -> str:
+    """The switch namespace a cluster's folder is named after (`<switch>-<random>`)."""
+    return folder_name if folder_name.endswith("-sw") else folder_name.rsplit("-", 1)[0]
 
 
 def _gone(name: str) -> bool:
@@ -115,9 +127,11 @@ def _gone(name: str) -> bool:
     return m is not None and start_time(int(m["pid"])) != int(m["start"])
 
 
-def hosts_folder(switch: str) -> Path:
-    """Where a cluster keeps its nodes' /etc/hosts (named after its switch namespace)."""
-    return Path(tempfile.gettempdir()) / switch
+def private_folder(switch: str) -> Path:
+    """A new folder of this cluster's, named after its switch namespace plus a random part
+    (never one left behind or planted under a predictable name), readable by root alone: the
+    nodes' /etc/hosts and configs."""
+    return Path(tempfile.mkdtemp(prefix=f"{switch}-"))
 
 
 @dataclass(frozen=True)
@@ -143,13 +157,14 @@ class Cluster:
             for k in range(emulate.nodes)
         ]
         self._veth = f"le{pid % 10**7}"  # + n<k>a/b: at most 15 characters while in the root ns
-        self._folder: Path | None = None  # the nodes' /etc/hosts, while the cluster is up
+        self._folder: Path | None = None  # the nodes' /etc/hosts and configs, while it is up
 
     def up(self) -> None:
         """Make the switch, the nodes and their links (partial set-up is removed on failure)."""
         try:
-            self._folder = hosts_folder(self.switch)
-            self._folder.mkdir(mode=0o700)
+            for name in set(namespaces()) & {self.switch, *(n.netns for n in self.nodes)}:
+                delete_namespace(name)  # ours by name: left by an earlier process of this pid
+            self._folder = private_folder(self.switch)
             names = "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
             (self._folder / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
             run("ip", "netns", "add", self.switch)
@@ -190,13 +205,18 @@ class Cluster:
     def command(self, node: Node, argv: list[str]) -> list[str]:
         """`argv` as a process of `node`: in its network namespace, with its own hostname, a
         private /dev/shm, and an /etc/hosts naming every node (torch looks peers up by name)."""
-        assert self._folder is not None, "the cluster is not up"
         script = (
             f"hostname {node.hostname} && mount -t tmpfs -o mode=1777 leo-shm /dev/shm && "
-            f'mount --bind {shlex.quote(str(self._folder / "hosts"))} /etc/hosts && exec "$@"'
+            f'mount --bind {shlex.quote(str(self.folder / "hosts"))} /etc/hosts && exec "$@"'
         )
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount",
                 "sh", "-c", script, "sh", *argv]  # fmt: skip
+
+    @property
+    def folder(self) -> Path:
+        """The cluster's private folder (root's alone), while it is up."""
+        assert self._folder is not None, "the cluster is not up"
+        return self._folder
 
     @property
     def master_addr(self) -> str:

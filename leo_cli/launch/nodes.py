@@ -2,6 +2,11 @@
 each started in its node's namespaces with the settings a node of a real cluster is given
 (`launch.nnodes`, its `node_rank`, node 0's address and port, its workers) and its interface
 for gloo and NCCL. Node 0 writes to this terminal, the others to `<run>/emulate/node_<k>.log`.
+
+Emulation runs as root in folders others may write: the nodes read their configs from the
+cluster's private folder (the run folder gets a copy), logs are made afresh and never opened
+through a link, and Python starts without the current folder on its path (a `leo_cli/`
+planted there would run as root); this package's own folder is put there instead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this leo_cli/
 STOP_GRACE_S = 20.0  # what a node's launcher gets to stop its workers before SIGKILL
 
 
@@ -65,7 +71,44 @@ def node_env(c: Cluster, rank: int, num_parts: int) -> dict[str, str]:
     env[LINK_ENV] = c.rates[rank] or "unlimited"
     env[LINKS_ENV] = ",".join(r or "unlimited" for r in c.rates)
     env["OMP_NUM_THREADS"] = USER_THREADS or str(max(1, (os.cpu_count() or 1) // num_parts))
-    return env
+    return own_package_env(env)
+
+
+def own_package_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for Python processes started as root in a folder someone else may write: the
+    current folder is not put on `sys.path` (PYTHONSAFEPATH; Python 3.11 and later), this
+    package's own folder is (first on PYTHONPATH)."""
+    paths = [str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**env, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def node_folder(run_dir: Path) -> Path:
+    """`<run>/emulate`, a real folder: a link planted under its name is removed first (so
+    nothing written there lands where it points)."""
+    folder = RunDir(run_dir).emulate
+    if folder.is_symlink():
+        folder.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def open_log(path: Path) -> IO[str]:
+    """A new log file at `path` (an old one removed first), never opened through a link or
+    onto a file someone linked there.
+
+    Raises:
+        TrainError: something took the name between the removal and the opening.
+    """
+    path.unlink(missing_ok=True)  # the name only: a link's target stays as it is
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise TrainError(
+            f"cannot create the emulated node's log {path} ({exc.strerror}); check who else "
+            "writes the run folder."
+        ) from None
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def stop_with_parent() -> None:
@@ -89,21 +132,22 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = Fals
     """
     assert cfg.launch.emulate is not None
     run_dir = cfg.run.folder.resolve()
-    folder = RunDir(run_dir).emulate
     parts = cfg.partition.num_parts
     check_split(parts, cfg.launch.emulate.nodes)
     with cluster(cfg.launch.emulate) as c:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = node_folder(run_dir)
         procs: list[subprocess.Popen[bytes]] = []
         logs = []
         try:
             for node in c.nodes:
-                path = folder / f"node_{node.rank}.yaml"
-                files.write_text(path, dump_config(node_config(cfg, c, node.rank, run_dir)))
+                text = dump_config(node_config(cfg, c, node.rank, run_dir))
+                path = c.folder / f"node_{node.rank}.yaml"  # what the node reads: root's alone
+                files.write_text(path, text)
+                files.write_text(folder / path.name, text)  # the run's record of it
                 argv = [sys.executable, "-m", "leo_cli", command, "--config", str(path), *flags]
                 log: IO[str] | None = None
                 if node.rank > 0 or quiet:
-                    log = open(folder / f"node_{node.rank}.log", "w")  # noqa: SIM115
+                    log = open_log(folder / f"node_{node.rank}.log")
                     logs.append(log)
                 procs.append(
                     subprocess.Popen(

@@ -29,8 +29,21 @@ def with_folder(cfg: LeoConfig, folder: Path) -> LeoConfig:
 
 
 def for_command(cfg: LeoConfig) -> LeoConfig:
-    """`leo partition`, `leo profile-cache`, `leo bench`: `runs/<name>` unless named."""
-    return cfg if cfg.run.out_dir is not None else with_folder(cfg, named(cfg))
+    """`leo partition`, `leo profile-cache`, `leo bench`: `runs/<name>` unless named.
+
+    Raises:
+        ConfigError: the named folder holds a trained run, whose record of what it trained
+            with (resolved config, partitions, plan) these commands would replace.
+    """
+    if cfg.run.out_dir is None:
+        return with_folder(cfg, named(cfg))
+    if holds_results(cfg.run.out_dir):
+        raise ConfigError(
+            f"run.out_dir={cfg.run.out_dir} holds a trained run, whose resolved_config.yaml, "
+            "partitions and plan this command would replace; name another folder, or leave "
+            "run.out_dir unset (leo train --resume continues that run)."
+        )
+    return cfg
 
 
 def holds_results(folder: Path) -> bool:

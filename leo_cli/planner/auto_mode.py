@@ -6,6 +6,9 @@ Under `pipeline.choose=estimate`, `choose` takes the fastest of the modes this r
 (`leanest`); without predictions it runs the planned mode and says why. Under `measure`,
 `to_try` keeps the candidates worth trying (with the planned mode's plan variants,
 `pipeline.levels`) and the workers measure them (worker/trials.py).
+Before either, the modes whose /dev/shm segments (the plan's `shm_bytes`, summed over the
+workers of each host) do not fit this host's free /dev/shm are left out (neither chosen nor
+tried), and a mode set by name that does not fit is refused in one sentence.
 The choice lands in the run folder: `resolved_config.yaml` holds the mode (and levels) that
 runs, `mode-choice.json` what was asked for and why.
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
@@ -177,10 +181,48 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
 
 
+def host_shm_bytes(cfg: LeoConfig, plan: CachePlan, mode: str) -> int:
+    """The most bytes of /dev/shm `mode` maps on one host: its ranks' `shm_bytes` summed per
+    node (each node's workers hold consecutive ranks); 0 where the plan does not say."""
+    ranks = plan.shm_bytes.get(mode, [])
+    per_node = cfg.launch.nproc or max(len(ranks) // cfg.launch.nnodes, 1)
+    return max((sum(ranks[i : i + per_node]) for i in range(0, len(ranks), per_node)), default=0)
+
+
+def shm_misfits(cfg: LeoConfig, plan: CachePlan | None, names: list[str]) -> dict[str, int]:
+    """Of `names`, the modes whose /dev/shm segments do not fit the free /dev/shm here, with
+    the bytes each needs."""
+    free = segments.free_bytes()
+    if plan is None or free is None:
+        return {}
+    need = {n: host_shm_bytes(cfg, plan, n) for n in names}
+    return {n: b for n, b in need.items() if b > free}
+
+
+def _shm_refusal(mode: str, need: int, requested: str) -> ConfigError:
+    free = segments.free_bytes() or 0
+    return ConfigError(
+        f"pipeline.mode={requested} needs {_size(need)} of /dev/shm on this host for {mode}'s "
+        f"segments, which has {_size(free)} free; set pipeline.mode=blocking (or "
+        "pipeline.transport=process-group), or give /dev/shm more room (docker: --shm-size)."
+    )
+
+
+SHM_LEFT_OUT = "left out: too little room in /dev/shm"
+
+
 def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoice:
-    """The mode this run uses (see the module docstring); a mode set by name is itself."""
+    """The mode this run uses (see the module docstring); a mode set by name is itself.
+
+    Raises:
+        ConfigError: the mode set by name, or every mode `auto` may run, maps more /dev/shm
+            than this host has free.
+    """
     requested = cfg.pipeline.mode
     if not is_auto(requested):
+        misfit = shm_misfits(cfg, plan, [requested])
+        if misfit:
+            raise _shm_refusal(requested, misfit[requested], requested)
         return ModeChoice(requested, requested)
     names = candidates(cfg)
     assert names and names[0] == planned_mode(), f"auto candidates {names}"
@@ -188,6 +230,18 @@ def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoic
         return ModeChoice(requested, names[0], "one worker: no rows move, every mode runs alike")
     if plan is None:
         return ModeChoice(requested, names[0], "no cache plan with cache.policy=none")
+    misfits = shm_misfits(cfg, plan, names)
+    if len(misfits) == len(names):
+        raise _shm_refusal(names[0], misfits[names[0]], requested)
+    choice = by_prediction(cfg, plan, [n for n in names if n not in misfits])
+    if not misfits:
+        return choice
+    return replace(choice, rule=f"{choice.rule}; {', '.join(misfits)} {SHM_LEFT_OUT}")
+
+
+def by_prediction(cfg: LeoConfig, plan: CachePlan, names: list[str]) -> ModeChoice:
+    """`auto`'s choice among `names` by the plan's predicted steps and buffers."""
+    requested = cfg.pipeline.mode
     predicted = {n: plan.predicted_run.get(n) for n in names}
     buffers = {n: plan.buffer_bytes[n] for n in names if n in plan.buffer_bytes}
     best = fastest(predicted, names)
@@ -225,9 +279,12 @@ def to_try(
     best = min(timed) if timed else None
     notes: dict[str, str] = {}
     tried: list[str] = []
+    misfits = shm_misfits(cfg, plan, list(order))
     for mode in sorted(order, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
         t, size = predicted.get(mode), estimate.buffer_bytes.get(mode)
-        if best is not None and t is not None and t > HOPELESS * best:
+        if mode in misfits:
+            notes[mode] = f"not tried: {_size(misfits[mode])} of /dev/shm, {SHM_LEFT_OUT}"
+        elif best is not None and t is not None and t > HOPELESS * best:
             notes[mode] = f"not tried: predicted {t:.3f} s, over {HOPELESS:g}x the fastest"
         elif free_bytes is not None and size is not None and size > FREE_SHARE * free_bytes:
             notes[mode] = (

@@ -746,6 +746,15 @@ def predict(
     return Prediction(float(total), stages, per_rank)
 
 
+@dataclass(frozen=True)
+class Buffers:
+    """Bytes of each rank's buffers that hold and move halo rows (`total`), and the part of
+    them mapped from /dev/shm (`shm`: a shared-memory segment's rows, published rows)."""
+
+    total: list[int]
+    shm: list[int]
+
+
 def buffer_bytes(
     accesses: list[PartAccess],
     caches: list[RankCache],
@@ -753,8 +762,19 @@ def buffer_bytes(
     mode_name: str,
     reach: Reach | None = None,
 ) -> list[int]:
+    """`mode_buffers(...).total`: bytes each rank of a mode holds in its buffers."""
+    return mode_buffers(accesses, caches, shape, mode_name, reach).total
+
+
+def mode_buffers(
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    shape: ModelShape,
+    mode_name: str,
+    reach: Reach | None = None,
+) -> Buffers:
     """Bytes each rank of a mode holds at once in the buffers that hold and move halo rows,
-    as comm/ allocates them:
+    as comm/ allocates them, and which of them are mapped from /dev/shm:
 
     - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
       shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
@@ -774,11 +794,12 @@ def buffer_bytes(
     num = len(accesses)
     widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
     kept = [c.replica_rows.shape[0] * shape.widths[0] * shape.dtype_bytes for c in caches]
+    shm = [0] * num
     if mode.wire.transfer == "segment":
         for r, p in enumerate(accesses):
-            kept[r] += p.num_inner * shape.wire_row(widest)
+            shm[r] += p.num_inner * shape.wire_row(widest)
             if shape.attention:  # halo gradients return as partial sums through a segment
-                kept[r] += GRAD_COPIES * p.num_halo * widest * shape.dtype_bytes
+                shm[r] += GRAD_COPIES * p.num_halo * widest * shape.dtype_bytes
     moving = [0] * num
     read_in_place = np.zeros(num)
     static = _every_static(caches)
@@ -804,8 +825,9 @@ def buffer_bytes(
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
         for r, p in enumerate(accesses):
-            kept[r] += NUM_COPIES * (p.num_boundary + int(read_in_place[r])) * row
-    return [k + m for k, m in zip(kept, moving, strict=True)]
+            shm[r] += NUM_COPIES * (p.num_boundary + int(read_in_place[r])) * row
+    total = [k + s + m for k, s, m in zip(kept, shm, moving, strict=True)]
+    return Buffers(total, shm)
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:

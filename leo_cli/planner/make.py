@@ -11,7 +11,14 @@ from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import ModelShape, Prediction, buffer_bytes, counts_memo, predict
+from leo_cli.planner.cost import (
+    Buffers,
+    ModelShape,
+    Prediction,
+    counts_memo,
+    mode_buffers,
+    predict,
+)
 from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
@@ -173,6 +180,7 @@ def _make_plan(
         ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
     run = predicted_run(accesses, decision, shape, hw, (num_chunks, reach), predicted)
     buffers = predicted_buffers(accesses, decision, shape, reach)
+    shm = {name: b.shm for name, b in buffers.items()}
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,
         [
@@ -182,7 +190,8 @@ def _make_plan(
         decision.sweep, max(b.replica_bytes) / 2**20, None,
         [rows_per_level(p, c, reach) for p, c in zip(accesses, decision.caches, strict=True)],
         transports(accesses, decision.caches, reach),
-        [np.flatnonzero(row).tolist() for row in reach.every()], ranks_s, run, buffers,
+        [np.flatnonzero(row).tolist() for row in reach.every()], ranks_s, run,
+        {name: sum(b.total) for name, b in buffers.items()}, shm,
     )  # fmt: skip
 
 
@@ -286,12 +295,12 @@ def run_caches(mode: Mode, decision: Decision) -> list[RankCache]:
 
 def predicted_buffers(
     accesses: list[PartAccess], decision: Decision, shape: ModelShape, reach: Reach
-) -> dict[str, int]:
-    """Every exact pipeline mode's bytes of buffers that move rows (cost.buffer_bytes), all
-    ranks together, run as `predicted_run` prices it: the planned mode with the decided levels
-    and `reach`, the others with what they can use of them."""
+) -> dict[str, Buffers]:
+    """Every exact pipeline mode's bytes of buffers that move rows per rank, and of them in
+    /dev/shm (cost.mode_buffers), run as `predicted_run` prices it: the planned mode with the
+    decided levels and `reach`, the others with what they can use of them."""
     return {
-        name: sum(buffer_bytes(accesses, run_caches(mode_of(name), decision), shape, name, reach))
+        name: mode_buffers(accesses, run_caches(mode_of(name), decision), shape, name, reach)
         for name in auto_candidates()
     }
 

@@ -121,6 +121,9 @@ class CachePlan:
     """Per exact pipeline mode run as `predicted_run` prices it, the bytes of the buffers
     that move rows, all ranks together (planner/cost.py buffer_bytes): what else
     `pipeline.mode=auto` weighs (`pipeline.auto_margin`)."""
+    shm_bytes: dict[str, list[int]] = field(default_factory=dict)
+    """Per exact pipeline mode, each rank's bytes of those buffers mapped from /dev/shm: what
+    must fit its host's free /dev/shm before workers start (planner/auto_mode.py)."""
 
     def spread(self) -> dict[str, float]:
         """Per mode, the slowest rank's predicted busy time over the fastest's."""
@@ -161,6 +164,7 @@ class CachePlan:
             "predicted_rank_spread": self.spread(),
             "predicted_run_s": self.predicted_run,
             "predicted_buffer_bytes": self.buffer_bytes,
+            "predicted_shm_bytes": self.shm_bytes,
         }
 
     @classmethod
@@ -197,6 +201,7 @@ class CachePlan:
             {m: [dict(r) for r in ranks] for m, ranks in f.predicted_ranks_s.items()},
             {k: None if v is None else float(v) for k, v in f.predicted_run_s.items()},
             dict(f.predicted_buffer_bytes),
+            {m: list(ranks) for m, ranks in f.predicted_shm_bytes.items()},
         )  # fmt: skip
 
     def check_fits(

@@ -111,6 +111,9 @@ class PlanFile(_Strict):
     predicted_buffer_bytes: dict[str, Count] = {}
     """Per exact pipeline mode, the bytes of the buffers that move rows, all ranks together
     (what `pipeline.mode=auto` also weighs: `pipeline.auto_margin`)."""
+    predicted_shm_bytes: dict[str, list[Count]] = {}
+    """Per exact pipeline mode, each rank's bytes of them in /dev/shm (checked against the
+    host's free /dev/shm before workers start)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanFile:

@@ -115,13 +115,19 @@ def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
     write_text(path, json_text(obj, indent))
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append one line to `path`, never through a symlink (`O_APPEND | O_NOFOLLOW`)."""
+def append_line(path: Path, line: str, fsync: bool = False) -> None:
+    """Append one line to `path`, never through a symlink (`O_APPEND | O_NOFOLLOW`); `fsync`:
+    on disk (and its name in the folder) before returning, for a line a later file relies
+    on."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, _FILE_MODE)
     with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(line.rstrip("\n") + "\n")
         f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    if fsync:
+        sync_folder(path.parent)
 
 
 def pid_alive(pid: int) -> bool:
@@ -173,3 +179,38 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _stamp(path: Path) -> list[int]:
+    """What changes whenever a file's content may have: size, mtime, inode and ctime (which no
+    `touch -r`, `cp -p` or tar can set back)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def stored_sha256(paths: list[Path], store: Path) -> list[str]:
+    """The sha256 of each file, hashed once and kept in the JSON file `store` by path and
+    stamp (size, mtime, ctime, inode): a file is hashed again only once its stamp changes. An
+    unreadable or foreign store is ignored and rewritten.
+
+    Raises:
+        OSError: a file cannot be read (the store is left as it was).
+    """
+    try:
+        known = json.loads(store.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    digests, changed = [], False
+    for path in paths:
+        key, stamp = str(path.resolve()), _stamp(path)
+        entry = known.get(key)
+        if not (isinstance(entry, dict) and entry.get("stamp") == stamp):
+            entry, changed = {"stamp": stamp, "sha256": sha256_file(path)}, True
+            known[key] = entry
+        digests.append(str(entry["sha256"]))
+    if changed:
+        with contextlib.suppress(OSError):  # a read-only cache hashes again next time
+            store.parent.mkdir(parents=True, exist_ok=True)
+            write_json(store, known)
+    return digests

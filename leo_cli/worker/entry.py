@@ -378,7 +378,7 @@ def run_worker(
         # Rows past the checkpoint (or all rows, without one) belong to a dead attempt.
         # First the checkpoints this resume skipped: once their rows are gone, nothing would
         # tell the next resume not to take them.
-        run.drop_checkpoints_after(start)
+        run.set_aside_checkpoints_after(start)
         run.truncate_metrics(start)
         run.write_status("running", stages=rounded(laps.seconds))
     after_setup(cfg.launch.keep_freed_memory)  # set-up's temporaries go back to the system

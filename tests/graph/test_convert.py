@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import networkx as nx
@@ -202,6 +203,7 @@ def test_split_is_seeded_and_disjoint() -> None:
         ({"e.csv": "0,1\n2,3\n", "y.csv": "0\n1\n", "x.npy": None}, ["e.csv", "--labels",
          "y.csv", "--features", "x.npy"], "features have 3 rows"),
         ({"e.csv": "0\n1\n"}, ["e.csv", "--labels", "e.csv"], "fewer than 2 columns"),
+        ({"e.txt": "0 1000000000000\n"}, ["e.txt"], "edges name node 1,000,000,000,000"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_sentence_and_leaves_nothing(
@@ -273,3 +275,92 @@ def test_string_node_names_are_renumbered_and_said_so(tmp_path: Path) -> None:
     path.write_text("b a\nc b\n")
     found = read_source(path, None)
     assert found.num_nodes == 3 and any("order the file lists" in n for n in found.notes or [])
+
+
+def _pyg(tmp_path: Path, **tensors: object) -> Path:
+    path = tmp_path / "data.pt"
+    base: dict[str, object] = {"edge_index": torch.tensor([[0, 1], [1, 2]]), "y": torch.zeros(3)}
+    torch.save(base | tensors, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: _pyg(p, edge_index=[[0, 1], [1, 0]]), r"`edge_index` is a list, not a tensor"),
+        (lambda p: _pyg(p, edge_index=torch.tensor([[0, 1], [1, 2]]).to_sparse()),
+         r"`edge_index` is a sparse tensor; save edge_index\.to_dense\(\)"),
+        (lambda p: _pyg(p, x=torch.ones(3, 2).to_sparse()), r"`x` is a sparse tensor"),
+        (lambda p: _pyg(p, x=torch.ones(3, 2, 2)), r"features \(x\) have shape \[3, 2, 2\]"),
+        (lambda p: _pyg(p, y=torch.tensor([0.5, 1.0, 0.0])), r"labels \(y\) hold values that"),
+        (lambda p: _pyg(p, y=torch.tensor([0, 10**12, 1])), r"labels reach 1000000000000; cl"),
+        (lambda p: _pyg(p, edge_index=torch.tensor([[0], [10**12]])),
+         r"edges name node 1,000,000,000,000; LEO numbers nodes 0\.\.N-1 with N at most"),
+    ],
+)  # fmt: skip
+def test_bad_pyg_tensors_are_one_sentence(
+    tmp_path: Path, make: Callable[[Path], Path], message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        convert(read_source(None, make(tmp_path)), tmp_path / "g.npz")
+    assert not (tmp_path / "g.npz").exists()
+
+
+def test_pyg_tensors_that_need_grad_or_are_bfloat16_convert(tmp_path: Path) -> None:
+    x = torch.randn(3, 2, requires_grad=True)
+    path = _pyg(tmp_path, x=x.to(torch.bfloat16), y=torch.tensor([0, 1, 0]))
+    graph, _ = convert(read_source(None, path), tmp_path / "g.npz")
+    assert np.array_equal(graph.x_NF, x.detach().to(torch.bfloat16).float().numpy())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0 1000000000000\n", r"edges name node 1,000,000,000,000; LEO numbers nodes 0\.\.N-1"),
+        ("0 9223372036854775807\n", r"edges name node 9,223,372,036,854,775,807"),
+        ("0 3037000500\n", r"N at most 3,037,000,499"),
+    ],
+)
+def test_an_edge_list_with_a_huge_node_id_is_refused_before_allocating(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "e.txt").write_text(text)
+    with pytest.raises(DataError, match=message):
+        convert(read_source(tmp_path / "e.txt", None), tmp_path / "g.npz")
+
+
+def test_a_node_count_past_the_free_memory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leo_cli.graph import convert as module
+
+    monkeypatch.setattr(module, "available_memory_bytes", lambda: 1 << 30)
+    (tmp_path / "e.txt").write_text("0 100000000\n")
+    with pytest.raises(DataError, match=r"100,000,001 nodes need 2\.1 GiB, more than the 1\.0"):
+        convert(read_source(tmp_path / "e.txt", None), tmp_path / "g.npz")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ('node [ id 0 y 1 w 3 ] node [ id 1 y 0 w "abc" ]',
+         r"attribute 'w' is a number on some nodes and 'abc' on others"),
+        ("node [ id 0 y 99999999999999999999999 ] node [ id 1 y 0 ]",
+         r"attribute 'y' holds label 99999999999999999999999; classes are numbered"),
+    ],
+)  # fmt: skip
+def test_bad_gml_attributes_are_one_sentence(tmp_path: Path, nodes: str, message: str) -> None:
+    path = tmp_path / "g.gml"
+    path.write_text(f"graph [ {nodes} edge [ source 0 target 1 ] ]")
+    with pytest.raises(DataError, match=message):
+        convert(read_source(path, None), tmp_path / "g.npz")
+
+
+def test_a_feature_list_of_strings_is_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "g.gml"
+    path.write_text(
+        'graph [ node [ id 0 y 0 x "a" x "b" ] node [ id 1 y 1 x "c" x "d" ] '
+        "edge [ source 0 target 1 ] ]"
+    )
+    with pytest.raises(DataError, match=r"attribute `x` holds values that are not numbers"):
+        read_source(path, None)

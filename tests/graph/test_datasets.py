@@ -308,6 +308,8 @@ def test_npz_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         ({"x": np.full((20, 3), np.nan)}, r"key `x` holds NaN"),
         ({"num_classes": np.array(2)}, r"key `num_classes` must be an integer scalar >= max\(y\)"),
         ({"x": np.array([object()] * 20, dtype=object)}, r"not a readable \.npz file"),
+        ({"num_classes": np.array(10**12)}, r"key `num_classes` gives 1,000,000,000,000 classes"),
+        ({"y": np.arange(20) * 10**10}, r"key `y` gives 190,000,000,001 classes; LEO trains at"),
     ],
 )
 def test_npz_errors_name_file_and_key(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -351,3 +353,23 @@ def test_npz_that_is_not_an_archive(tmp_path: Path) -> None:
     path.write_text("edge_index,x\n")
     with pytest.raises(DataError, match="not an .npz archive"):
         load_npz(path)
+
+
+def test_npz_member_that_inflates_like_a_zip_bomb_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's declared size is checked before it is read: one inflating more than
+    MAX_INFLATION times (past INFLATION_FLOOR) is refused, as is an archive larger than the
+    free memory."""
+    from leo_cli.graph.datasets import npz
+
+    g = load_dataset(DataConfig(synthetic=SMALL.model_copy(update={"num_nodes": 200})), seed=0)
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, **graph_arrays(g) | {"pad": np.zeros(1 << 22, dtype=np.uint8)})
+    monkeypatch.setattr(npz, "INFLATION_FLOOR", 1 << 20)
+    with pytest.raises(DataError, match=r"bomb\.npz: member pad\.npy inflates [\d,]+ times"):
+        npz.load_npz(path)
+    monkeypatch.setattr(npz, "INFLATION_FLOOR", 1 << 30)
+    monkeypatch.setattr(npz, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(DataError, match=r"bomb\.npz inflates to 0\.0 GiB, more than the 0\.0"):
+        npz.load_npz(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import torch
 from conftest import random_graph, write_csv_gz, write_ogb
 
-from leo_cli.config.schema import DataConfig, PartitionConfig
+from leo_cli.config.schema import DataConfig, PartitionConfig, SyntheticConfig
 from leo_cli.errors import PartitionError
 from leo_cli.graph.datasets import source_files
 from leo_cli.graph.layout import LocalPart, build_parts
@@ -173,7 +174,8 @@ def test_full_disk_is_one_sentence_and_leaves_nothing(
 
 
 def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
-    """Every file the loader reads is in the source key, and its new content is what is used."""
+    """Every file the loader reads is in the source key by its content (an edit that keeps
+    its size and modification time included), and its new content is what is used."""
     folder = write_ogb(tmp_path, "ogbn-arxiv", "time", np.arange(40) % 40)
     data, part = DataConfig(name="ogbn-arxiv", root=tmp_path), PartitionConfig(num_parts=2)
     first = ensure_partitions(data, part, 0, tmp_path / "run")
@@ -185,10 +187,47 @@ def test_changed_ogb_file_makes_partitions_stale(tmp_path: Path) -> None:
     assert not again.reused
     new_fingerprint = again.meta["dataset"]["fingerprint"]
     assert new_fingerprint != first.meta["dataset"]["fingerprint"], "stale content was used"
-    for path in source_files(data):
-        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    for path in source_files(data):  # an edit that keeps size and mtime (cp -p, touch -r)
+        assert path.suffix == ".gz"
+        st, raw = path.stat(), bytearray(path.read_bytes())
+        raw[4] ^= 0xFF  # the gzip header's time field: other bytes, the same table
+        path.write_bytes(bytes(raw))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert path.stat().st_size == st.st_size
         assert not ensure_partitions(data, part, 0, tmp_path / "run").reused, path
+    for path in source_files(data):  # a touch alone changes nothing that is read
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert ensure_partitions(data, part, 0, tmp_path / "run").reused
     (folder / "processed").mkdir()
     (folder / "processed" / "data_processed").write_bytes(b"not read")
     (folder / "raw" / "node_year.csv.gz").unlink()
     assert ensure_partitions(data, part, 0, tmp_path / "run").reused
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_partitions_built_where_the_run_folder_links_into_the_cache(
+    tmp_path: Path, dangling: bool
+) -> None:
+    """A run folder whose `partitions` links into the cache, partitioned where no cache applies
+    (several nodes, emulation, a regroup), gets a folder of its own; the cache entry it linked
+    to is left as it was (or stays gone)."""
+    data = DataConfig(synthetic=SyntheticConfig(num_nodes=300, num_features=8))
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    linked = ensure_partitions(data, PartitionConfig(num_parts=2), 0, run, cache_dir=cache)
+    entry = linked.path.resolve()
+    before = sorted(p.name for p in entry.iterdir())
+    if dangling:
+        shutil.rmtree(entry)
+    built = ensure_partitions(data, PartitionConfig(num_parts=3), 0, run)
+    assert not built.reused and built.meta["num_parts"] == 3
+    assert built.path.is_dir() and not built.path.is_symlink()
+    assert dangling != entry.is_dir()
+    if not dangling:
+        assert sorted(p.name for p in entry.iterdir()) == before
+
+
+def test_a_link_to_a_deleted_cache_entry_is_one_sentence(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "partitions").symlink_to("../cache/partitions/g-p2-0123")
+    with pytest.raises(PartitionError, match=r"links to \.\./cache/partitions/g-p2-0123, which"):
+        read_meta(tmp_path / "run" / "partitions")

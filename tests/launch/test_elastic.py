@@ -53,6 +53,17 @@ def test_a_node_range_parses_from_yaml_and_set(tmp_path: Path) -> None:
         with_overrides(LeoConfig(), ["launch.nnodes=3:2"], "t")
 
 
+def test_a_node_range_with_an_owners_file_is_refused_at_start(tmp_path: Path) -> None:
+    """The owners file gives owners for `num_parts` workers: a regroup could not use it."""
+    np.save(tmp_path / "owners.npy", np.zeros(10, dtype=np.int64))
+    sets = ["launch.nnodes=1:2", "launch.master_port=29500", "partition.method=file",
+            f"partition.owners_path={tmp_path / 'owners.npy'}"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"MIN:MAX re-partitions .* partition\.method=file holds"):
+        with_overrides(LeoConfig(), sets, "t")
+    res = leo_here("train", *(a for s in sets for a in ("--set", s)))
+    assert res.returncode == 2 and "partition.method=file holds owners" in res.stderr
+
+
 def test_an_elastic_launch_shrinks_through_c10d_hosted_by_node_0(tmp_path: Path) -> None:
     sets = ["launch.nnodes=1:2", "launch.master_port=29500", "launch.max_restarts=2"]
     sets += ["partition.num_parts=4"]
@@ -133,3 +144,20 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     hw = json.loads((run / "hardware.json").read_text())
     assert hw["world_size"] == 1  # measured by the group that went on
     assert json.loads((run / "regrouped.json").read_text())["regroup_s"] > 0
+
+
+def test_the_regroup_partitions_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pymetis holds the GIL: partitioned in the worker, its heartbeat would stop and the
+    watch would end it on a large graph. The regroup's partitions come from a child."""
+    from leo_cli.elastic import entry
+
+    def in_the_worker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("partitioned in the worker's own process")
+
+    monkeypatch.setattr(entry, "ensure_partitions", in_the_worker)
+    cfg = load_config(None, ["data.synthetic.num_nodes=300", "partition.num_parts=2",
+                             f"run.out_dir={tmp_path}"])  # fmt: skip
+    entry.partition_apart(cfg, tmp_path, None)
+    assert read_meta(RunDir(tmp_path).partitions)["num_parts"] == 2

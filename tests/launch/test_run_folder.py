@@ -75,6 +75,21 @@ def test_a_named_folder_holding_a_run_is_refused(tmp_path: Path) -> None:
         for_train(load_config(None, ["launch.nnodes=2"]), resume=False, overwrite=False)
 
 
+@pytest.mark.parametrize("command", ["partition", "profile-cache"])
+def test_partition_and_plan_commands_leave_a_trained_run_as_it_was(
+    tmp_path: Path, command: str
+) -> None:
+    """A trained run's resolved_config.yaml is the record its --resume is checked against:
+    `leo partition` or `leo profile-cache` into its folder is refused before writing."""
+    folder = a_run(tmp_path / "run")
+    before = RunDir(folder).config.read_text()
+    res = leo_here(command, "--set", f"run.out_dir={folder}", "--set", "model.dropout=0.3")
+    assert res.returncode == 2
+    assert "holds a trained run, whose resolved_config.yaml" in " ".join(res.stderr.split())
+    assert RunDir(folder).config.read_text() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl", "resolved_config.yaml"]
+
+
 @pytest.mark.integration
 def test_two_runs_keep_their_results_and_share_partitions(tmp_path: Path) -> None:
     for _ in range(2):

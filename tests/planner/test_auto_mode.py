@@ -371,3 +371,28 @@ def test_rows_read_in_place_asked_for_are_not_tried_without() -> None:
     assert "leo/no-in-place" not in trial.trials and "leo/no-replicas" in trial.trials
     with pytest.raises(ConfigError, match="pipeline.levels=no-in-place reads no row in place"):
         cfg("pipeline.transport=shared-memory", "pipeline.levels=no-in-place")
+
+
+def test_modes_whose_segments_do_not_fit_dev_shm_are_left_out_or_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container's 64 MB /dev/shm: `auto` chooses and tries only the modes that fit it (and
+    says so), a mode set by name that does not fit is refused before any worker starts."""
+    from leo_cli.comm import segments
+
+    monkeypatch.setattr(segments, "free_bytes", lambda root=None: 64 * 2**20)
+    fast_shm = plan_with({**PREDICTED, "shared-memory": 0.01})
+    fast_shm.shm_bytes = {"shared-memory": [40 * 2**20, 40 * 2**20], "leo": [0, 0]}
+    choice = choose(cfg(), fast_shm, world_size=2)
+    assert choice.mode == "blocking"
+    assert choice.rule == "predicted fastest; shared-memory left out: too little room in /dev/shm"
+    trial = auto_mode.to_try(cfg(), fast_shm, choice, free_bytes=None)
+    assert "shared-memory" not in trial.trials
+    assert trial.notes["shared-memory"] == (
+        "not tried: 83.9 MB of /dev/shm, left out: too little room in /dev/shm"
+    )
+    with pytest.raises(ConfigError, match=r"mode=shared-memory needs 83\.9 MB of /dev/shm on"):
+        choose(cfg("pipeline.mode=shared-memory"), fast_shm, world_size=2)
+    assert choose(cfg("pipeline.mode=leo"), fast_shm, world_size=2).mode == "leo"
+    two = cfg("launch.nnodes=2", "launch.master_port=29511", "pipeline.mode=shared-memory")
+    assert auto_mode.host_shm_bytes(two, fast_shm, "shared-memory") == 40 * 2**20

@@ -91,12 +91,13 @@ def test_checkpoint_not_written_by_leo_is_skipped(
         assert "cannot be read" in capsys.readouterr().err
 
 
-def test_a_checkpoint_unlike_its_recorded_digest_is_skipped_then_dropped(
+def test_a_checkpoint_unlike_its_recorded_digest_is_skipped_then_set_aside(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """metrics.jsonl records each checkpoint's digest: a checkpoint edited (or copied from
-    another run) is skipped with a warning, and the resume deletes it, so the next one cannot
-    take it once its row is gone; rows that are not objects do not stop the reading."""
+    another run) is skipped with a warning, and the resume moves it into checkpoints/set-aside/
+    with a note (not deleted: the user may want it), so the next resume cannot take it once its
+    row is gone; rows that are not objects do not stop the reading."""
     run, model = RunDir(tmp_path), torch.nn.Linear(3, 2)
     digests = {}
     for epoch in (2, 4):
@@ -113,11 +114,38 @@ def test_a_checkpoint_unlike_its_recorded_digest_is_skipped_then_dropped(
     )
     assert run.read_latest()["epoch"] == 2  # type: ignore[index]
     assert "epoch_000004.pt cannot be read" in capsys.readouterr().err
-    run.drop_checkpoints_after(2)
+    edited = run.list_checkpoints()[-1][1].read_bytes()
+    aside = run.set_aside_checkpoints_after(2)
     assert [e for e, _ in run.list_checkpoints()] == [2]
+    assert aside == [run.checkpoints / "set-aside" / "epoch_000004.pt"]
+    assert aside[0].read_bytes() == edited
+    note = (run.checkpoints / "set-aside" / "NOTE.txt").read_text()
+    assert note.startswith("epoch_000004.pt: skipped by a resume from epoch 2")
+    assert "set aside as" in capsys.readouterr().err
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write("[1]\n")  # not a row: read past here (check_rows names it when it matters)
     assert run.recorded_digests() == {2: digests[2], 4: digests[4]}
+
+
+def test_a_row_recording_a_checkpoint_is_on_disk_before_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a power loss a checkpoint whose digest row was lost would be judged foreign:
+    the row is fsynced when appended, before the (fsynced) checkpoint is written."""
+    import os
+
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
+    run = RunDir(tmp_path)
+    run.append_metrics(row(1))
+    assert not any(p.endswith("metrics.jsonl") for p in synced)  # a plain row: no fsync
+    run.append_metrics(row(2, checkpoint_sha256="00"))
+    run.save_checkpoint(2, state(torch.nn.Linear(3, 2)))
+    files = [Path(p).name for p in synced if not Path(p).is_dir()]
+    assert files[0] == "metrics.jsonl" and any(".epoch_000002.pt" in f for f in files[1:])
 
 
 def test_checkpoint_of_another_model_is_one_sentence(tmp_path: Path) -> None:

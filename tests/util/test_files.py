@@ -128,3 +128,24 @@ def test_a_synced_file_also_syncs_its_folder(
     with files.atomic_file(tmp_path / "b.json", "w") as f:
         f.write("{}")
     assert synced == ["file", "folder"]  # run files without fsync sync nothing
+
+
+def test_stored_digests_are_hashed_once_and_again_after_an_edit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's sha256 is kept by its stamp: read again only once its content may have
+    changed, an edit that puts size and mtime back included (its ctime moves)."""
+
+    hashed: list[str] = []
+    real = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda p: (hashed.append(p.name), real(p))[1])
+    data, store = tmp_path / "graph.bin", tmp_path / "cache" / "digests.json"
+    data.write_bytes(b"abcd")
+    first = files.stored_sha256([data], store)
+    assert files.stored_sha256([data], store) == first and hashed == ["graph.bin"]
+    st = data.stat()
+    data.write_bytes(b"abce")
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert files.stored_sha256([data], store) != first and len(hashed) == 2
+    store.write_text("[not a store")
+    assert files.stored_sha256([data], store) == [real(data)]

@@ -6,9 +6,13 @@ Keys (see datasets/npz.md):
 - `x`: float (or integer) [N, F] node features, finite;
 - `y`: integer [N] labels in `0..num_classes-1`;
 - `train_mask`, `val_mask`, `test_mask`: bool [N];
-- `num_classes` (optional): integer scalar, at least `max(y) + 1` (default `max(y) + 1`).
+- `num_classes` (optional): integer scalar, at least `max(y) + 1` (default `max(y) + 1`),
+  at most `MAX_CLASSES`.
 
-Files are opened with `allow_pickle=False`: object arrays are refused.
+Files are opened with `allow_pickle=False`: object arrays are refused. Before any member is
+read, the sizes its zip headers declare are checked (the inflated data never exceeds them):
+a file that inflates past the free memory, or a large member that inflates more than
+`MAX_INFLATION` times (a zip bomb), is refused.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from leo_cli.errors import DataError
-from leo_cli.graph.types import Graph, check_graph, symmetrize
+from leo_cli.graph.types import MAX_CLASSES, MAX_NODES, Graph, check_graph, symmetrize
+from leo_cli.util.rss import available_memory_bytes
 
+MAX_INFLATION = 1000  # inflated / compressed size of a member beyond which it is a zip bomb
+INFLATION_FLOOR = 1 << 30  # members inflating to less are read whatever their ratio
 REQUIRED_KEYS = ("edge_index", "x", "y", "train_mask", "val_mask", "test_mask")
 MASK_KEYS = ("train_mask", "val_mask", "test_mask")
 
@@ -32,12 +39,33 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(path):
         raise DataError(f"{path} is not an .npz archive; write it with numpy.savez.")
     try:
+        _check_inflation(path)
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise DataError(
             f"{path} is not a readable .npz file without pickled objects ({err})."
         ) from None
+
+
+def _check_inflation(path: Path) -> None:
+    """Refuse an archive whose declared sizes are a zip bomb or exceed the free memory."""
+    with zipfile.ZipFile(path) as archive:
+        members = archive.infolist()
+    for info in members:
+        ratio = info.file_size / max(info.compress_size, 1)
+        if info.file_size > INFLATION_FLOOR and ratio > MAX_INFLATION:
+            raise DataError(
+                f"{path}: member {info.filename} inflates {ratio:,.0f} times to "
+                f"{info.file_size / 2**30:,.1f} GiB (a zip bomb?); write the file with "
+                "numpy.savez."
+            )
+    total, free = sum(i.file_size for i in members), available_memory_bytes()
+    if free is not None and total > free:
+        raise DataError(
+            f"{path} inflates to {total / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB of memory free here; load it on a larger machine."
+        )
 
 
 def _bad(path: Path, key: str, problem: str) -> DataError:
@@ -66,6 +94,8 @@ def _check_kinds(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def _check_values(path: Path, arrays: dict[str, np.ndarray]) -> int:
     """Sizes agree, ids and labels are in range, features are finite; returns num_classes."""
     num_nodes = arrays["x"].shape[0]
+    if num_nodes > MAX_NODES:
+        raise _bad(path, "x", f"has {num_nodes:,} rows; LEO trains at most {MAX_NODES:,} nodes")
     for key in ("y", *MASK_KEYS):
         if arrays[key].shape[0] != num_nodes:
             raise _bad(
@@ -87,6 +117,12 @@ def _check_values(path: Path, arrays: dict[str, np.ndarray]) -> int:
                 path, "num_classes", f"must be an integer scalar >= max(y) + 1 = {num_classes}"
             )
         num_classes = int(given)
+    if num_classes > MAX_CLASSES:
+        raise _bad(
+            path, "y" if "num_classes" not in arrays else "num_classes",
+            f"gives {num_classes:,} classes; LEO trains at most {MAX_CLASSES:,} (number the "
+            "classes 0..C-1 without gaps)",
+        )  # fmt: skip
     return num_classes
 
 
