@@ -43,7 +43,7 @@ PARENT_ONLY = {
     "leo_cli.launch": ("launch", "cli", "bench", "api", "elastic"),
 }  # fmt: skip
 # The read side of the planner, the only part of it a worker imports.
-PLANNER_READ = ("plan", "plan_schema", "auto_mode", "checks", "reach", "wisdom")
+PLANNER_READ = ("plan", "plan_schema", "auto_mode", "checks", "reach")
 WORKER_MAY_IMPORT = ("comm", "models", "graph", "config", "run_dir", "kernels", "registry",
                      "errors", "util", "worker")  # fmt: skip
 

@@ -27,7 +27,7 @@ from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.allocator import allocator_of, fallback_note
 from leo_cli.launch.run_folder import dropped_if_empty, for_train, resume_note
-from leo_cli.planner.auto_mode import from_json
+from leo_cli.planner.auto_mode import from_json, read_choice
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
@@ -56,7 +56,9 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
             if shown is not None:
                 progress.update(task, completed=shown[0], info=shown[1])
             elif not rows:
-                lines, current = setup_lines(run.read_status(), printed)
+                choice = read_choice(run.root)  # the workers try candidates first?
+                trials = choice is not None and bool(choice.trials)
+                lines, current = setup_lines(run.read_status(), printed, trials)
                 for line in lines:
                     progress.console.print(line)
                 if current is not None:
@@ -77,10 +79,13 @@ SETUP_LABELS = {
 SLOW_STAGE_S = 1.0  # set-up stages at least this long get a line of their own
 
 
-def setup_lines(status: dict[str, Any], printed: set[str]) -> tuple[list[str], str | None]:
+def setup_lines(
+    status: dict[str, Any], printed: set[str], trials: bool = False
+) -> tuple[list[str], str | None]:
     """From rank 0's status.json during set-up (and at the start of training, which keeps
     the stages): a line for each newly finished stage that took `SLOW_STAGE_S` or longer
-    (their names join `printed`), and what runs now (None outside set-up)."""
+    (their names join `printed`), and what runs now (None outside set-up); `trials`: the
+    workers try `auto`'s candidates (a stage only then)."""
     stages = status.get("stages")
     if status.get("state") not in ("setup", "running") or not isinstance(stages, dict):
         return [], None
@@ -91,7 +96,7 @@ def setup_lines(status: dict[str, Any], printed: set[str]) -> tuple[list[str], s
         printed.add(name)
         if took >= SLOW_STAGE_S:
             lines.append(f"worker set-up (rank 0): {SETUP_LABELS.get(name, name)} {took:.1f} s")
-    following = [n for n in SETUP_LABELS if n not in stages]
+    following = [n for n in SETUP_LABELS if n not in stages and (trials or n != "choose_s")]
     running = following and status["state"] == "setup"
     current = SETUP_LABELS[following[0]] if running else "first step"
     return lines, f"set-up: {current}..."

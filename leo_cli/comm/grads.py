@@ -57,6 +57,20 @@ class FlatGradReducer:
         _unflatten(self.params, buf)
 
 
+_GROUP: list[Any] = []  # [the default group, the reductions' group made within it]
+
+
+def reduction_group() -> Any:
+    """The process group the bucketed reductions run on, one per default group and process:
+    a group made per reducer would live on in torch's registry after its job (`auto`'s
+    trials build several jobs). The default group is kept beside it, so a later default
+    group is never taken for it."""
+    world = dist.group.WORLD
+    if not _GROUP or _GROUP[0] is not world:
+        _GROUP[:] = [world, dist.new_group()]
+    return _GROUP[1]
+
+
 class BucketedGradReducer:
     """One asynchronous all-reduce per bucket (a layer's parameters), launched from backward.
 
@@ -65,7 +79,7 @@ class BucketedGradReducer:
 
     def __init__(self, buckets: list[list[nn.Parameter]]) -> None:
         self.buckets = [b for b in buckets if b]
-        self.group = dist.new_group() if _distributed() else None
+        self.group = reduction_group() if _distributed() else None
         self.pending: dict[int, set[int]] = {}
         self.works: list[tuple[Any, Tensor, list[nn.Parameter]]] = []
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}

@@ -408,7 +408,8 @@ class PipelineConfig(Section):
     trials with one worker, a mode set by name, or on resume."""
     trial_steps: int = Field(3, ge=1, le=20)
     """`choose=measure`: timed forward and backward steps per candidate (after one warm-up
-    step; a candidate whose first step is far slower than the best so far stops there)."""
+    step; more while they add up to under 0.5 s, at most 20; a candidate whose first step is
+    far slower than the best so far stops there)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
     made for leo as this mode can use it (`planned`; a mode that reads nothing in place

@@ -5,6 +5,7 @@ and the wisdom of an earlier run with the same inputs (planner/wisdom.py).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,16 +16,20 @@ from leo_cli.errors import CacheError
 from leo_cli.kernels import active_backend
 from leo_cli.launch.stages import partition_cache_dir
 from leo_cli.planner.auto_mode import (
+    FROM_WISDOM,
     ModeChoice,
     choose,
     measures,
     parse_candidate,
     planning_config,
+    read_choice,
     to_try,
 )
 from leo_cli.planner.plan import CachePlan, plan_digests
 from leo_cli.planner.wisdom import (
+    Sample,
     Wisdom,
+    add_samples,
     calibrated,
     calibration_path,
     factors,
@@ -32,6 +37,7 @@ from leo_cli.planner.wisdom import (
     read_wisdom,
     wisdom_key,
     wisdom_path,
+    write_wisdom,
 )
 from leo_cli.util.rss import available_memory_bytes
 
@@ -61,7 +67,7 @@ def choose_mode(
         known = kept(path, trial.trials)
         if known is not None:
             mode, levels = parse_candidate(known.winner, trial.levels)
-            rule = f"{known.rule} by an earlier run with the same inputs (wisdom)"
+            rule = f"{known.rule} {FROM_WISDOM}"
             return replace(
                 trial, mode=mode, levels=levels, rule=rule, trials=[],
                 measured_s=known.measured_s, notes=known.notes, wisdom=str(path),
@@ -87,3 +93,34 @@ def kept(path: Path, names: list[str]) -> Wisdom | None:
     except CacheError as exc:
         print(f"warning: {exc}; measuring the candidates again.", file=sys.stderr)
         return None
+
+
+def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
+    """After the workers: what their trials measured (mode-choice.json, rank 0's) kept as
+    wisdom for the next run with the same inputs and as calibration samples of this host; a
+    write that fails only costs the next run its trials."""
+    choice = read_choice(run_dir)
+    if choice is None or choice.wisdom is None or not choice.measured_here:
+        return
+    path = Path(choice.wisdom)
+    wisdom = Wisdom(path.stem, choice.name, choice.rule or "", choice.measured_s, choice.notes)
+    with contextlib.suppress(OSError):
+        write_wisdom(path, wisdom)
+        add_samples(calibration_path(path.parent.parent), samples(cfg, choice))
+
+
+def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
+    """A calibration sample of every mode tried as the cost model predicted it (a variant of
+    the planned mode's levels has no prediction of its own)."""
+    setting = {
+        "workers": cfg.partition.num_parts,
+        "nodes": cfg.launch.nnodes if cfg.launch.emulate is None else cfg.launch.emulate.nodes,
+        "link": None if cfg.launch.emulate is None else cfg.launch.emulate.link,
+        "model": cfg.model.name,
+    }
+    out = []
+    for name, measured in chosen.measured_s.items():
+        predicted = chosen.predicted_s.get(name)
+        if measured is not None and predicted is not None and predicted > 0:
+            out.append(Sample(name, predicted, measured, setting))
+    return out

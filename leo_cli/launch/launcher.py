@@ -21,7 +21,7 @@ from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
-from leo_cli.launch.choice import choose_mode
+from leo_cli.launch.choice import choose_mode, keep_trials
 from leo_cli.launch.elastic import launch_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
@@ -246,6 +246,8 @@ def run_workers(
         raise
     finally:
         sweep_run_files(cfg, run_dir)
+        if cfg.launch.node_rank == 0:  # rank 0 wrote what the trials measured
+            keep_trials(cfg, run_dir)
     if timer is not None and cfg.launch.node_rank == 0:
         RunDir(run_dir).update_summary({
             "wall_s": round(time.time() - timer.started_at, 4),

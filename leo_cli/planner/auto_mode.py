@@ -40,6 +40,8 @@ PLANNED_LEVELS = "planned"  # the plan made for the planned mode, as the mode ca
 # predictions have missed measured steps by 2-75%, and modes predicted within 10% of each
 # other have run 2.3x apart, docs/results.md).
 HOPELESS = 3.0
+MEASURED = "measured"  # how the rule of a measured choice starts
+FROM_WISDOM = "by an earlier run with the same inputs (wisdom)"  # ... and ends, when kept
 # ... nor one whose predicted buffers moving rows exceed this share of the free memory.
 FREE_SHARE = 0.8
 
@@ -79,6 +81,12 @@ class ModeChoice:
     notes: dict[str, str] = field(default_factory=dict)
     wisdom: str | None = None
     calibrated_s: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def measured_here(self) -> bool:
+        """Whether this run's workers measured the choice (not an earlier run's wisdom)."""
+        rule = self.rule or ""
+        return rule.startswith(MEASURED) and not rule.endswith(FROM_WISDOM) and not self.trials
 
     @property
     def name(self) -> str:
@@ -212,12 +220,17 @@ SHM_LEFT_OUT = "left out: too little room in /dev/shm"
 
 
 def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoice:
-    """The mode this run uses (see the module docstring); a mode set by name is itself.
+    """The mode this run uses (see the module docstring), with the levels the config sets
+    (`pipeline.levels`); a mode set by name is itself.
 
     Raises:
         ConfigError: the mode set by name, or every mode `auto` may run, maps more /dev/shm
             than this host has free.
     """
+    return replace(_choose(cfg, plan, world_size), levels=cfg.pipeline.levels)
+
+
+def _choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoice:
     requested = cfg.pipeline.mode
     if not is_auto(requested):
         misfit = shm_misfits(cfg, plan, [requested])
@@ -299,9 +312,10 @@ def to_try(
                 tried += [candidate_name(mode, v) for v in variants]
     levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
     if len(tried) <= 1:
-        mode = parse_candidate(tried[0])[0] if tried else estimate.mode
+        if not tried:  # every candidate left out: the prediction's choice, untried
+            return replace(estimate, rule=f"{estimate.rule}; none to try", notes=notes)
         rule = "the only candidate the cost model keeps"
-        return replace(estimate, mode=mode, rule=rule, notes=notes)
+        return replace(estimate, mode=parse_candidate(tried[0])[0], rule=rule, notes=notes)
     mode, levels = parse_candidate(tried[0], levels)
     rule = "to be measured by the workers"
     return replace(estimate, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
@@ -362,7 +376,7 @@ def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
         )
     saved = read_choice(run_dir)
     if saved is not None and saved.name == candidate_name(mode, levels) and saved.rule is not None:
-        return replace(saved, trials=[])
+        return saved  # with its trials where they never finished (no epoch ran then)
     rule = "resumed: the mode the run started with"
     return ModeChoice(cfg.pipeline.mode, mode, rule, levels=levels)
 

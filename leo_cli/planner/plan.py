@@ -320,13 +320,17 @@ def halo_sizes(meta: dict[str, Any]) -> list[int]:
     return [int(n) for n in meta["stats"]["halo_nodes"]]
 
 
+# `pipeline.levels` that drop part of the plan's levels: the plan prices no run of them.
+UNPRICED_LEVELS = ("no-replicas", "no-in-place")
+
+
 def predicted_time(plan: CachePlan | None, cfg: LeoConfig) -> float | None:
     """The predicted step time of this run's mode from the plan `load_plan` found for it.
     With a cache, the planned mode's is the plan's own prediction and another exact mode's
     the one priced with what it can use of the plan's levels (`predicted_run`); without a
     cache, every mode's (the planned mode under its cache-free benchmark name,
-    registry.prediction_key)."""
-    if plan is None:
+    registry.prediction_key); None for levels the plan does not price (`UNPRICED_LEVELS`)."""
+    if plan is None or cfg.pipeline.levels in UNPRICED_LEVELS:
         return None
     if _runs_levels_unplanned(cfg):
         return plan.predicted_run.get(cfg.pipeline.mode)
@@ -337,7 +341,7 @@ def predicted_busy(plan: CachePlan | None, cfg: LeoConfig) -> list[float] | None
     """Each rank's predicted busy time (its own work, no waiting) in this run's mode, as
     `predicted_time`; None for a mode other than the planned one run with a cache (the plan
     keeps only its step, not its ranks)."""
-    if plan is None or _runs_levels_unplanned(cfg):
+    if plan is None or _runs_levels_unplanned(cfg) or cfg.pipeline.levels in UNPRICED_LEVELS:
         return None
     ranks = plan.ranks_s.get(prediction_key(cfg.pipeline.mode, cfg.cache.enabled))
     return None if not ranks else [r["busy_s"] for r in ranks]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -55,7 +56,7 @@ class Wisdom:
     notes: dict[str, str]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "format_version": FORMAT_VERSION,
             "key": self.key,
             "winner": self.winner,
@@ -64,6 +65,14 @@ class Wisdom:
             "notes": self.notes,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        return {**data, "digest": content_digest(data)}
+
+
+def content_digest(data: dict[str, Any]) -> str:
+    """The sha256 of a wisdom file's fields but its digest (an edit that keeps the JSON
+    valid changes it)."""
+    fields = {k: v for k, v in data.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]) -> str:
@@ -82,7 +91,8 @@ def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]
         ),
         "parts": cfg.partition.num_parts,
         "launch": {k: launch[k] for k in PLACEMENT_KEYS},
-        "host": [platform.node(), platform.machine(), platform.processor()],
+        "host": [platform.node(), platform.machine(), os.cpu_count()],
+        "threads": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch.__version__,
         "kernels": kernels,
         "candidates": sorted(names),
@@ -114,13 +124,18 @@ def read_wisdom(path: Path, names: list[str]) -> Wisdom | None:
             },  # fmt: skip
             notes={str(k): str(v) for k, v in dict(data.get("notes") or {}).items()},
         )
-        version = data["format_version"]
+        version, digest = data["format_version"], data.get("digest")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise CacheError(f"{path} is not readable wisdom ({type(exc).__name__})") from None
     if version != FORMAT_VERSION or wisdom.key != path.stem:
         raise CacheError(f"{path} was written for another key or by another LEO")
+    if digest != content_digest(data):
+        raise CacheError(f"{path} was edited after it was written (its digest differs)")
+    steps = [t for t in wisdom.measured_s.values() if t is not None]
     if wisdom.winner not in names or wisdom.measured_s.get(wisdom.winner) is None:
         raise CacheError(f"{path} names a winner ({wisdom.winner!r}) that was not measured here")
+    if not all(0 < t < math.inf for t in steps):
+        raise CacheError(f"{path} holds a step that is not a positive number of seconds")
     return wisdom
 
 

@@ -169,7 +169,8 @@ def part_tensors(
     cfg: LeoConfig, part: LocalPart, dataset: DatasetInfo, device: torch.device
 ) -> PartTensors:
     """The part's CSR, weighted for the model, and its data (features, labels, splits), in
-    the training dtype: what every mode's job of this part starts from (both immutable)."""
+    the training dtype: what every mode's job of this part starts from (read, never written,
+    by a job: jobs of several modes can share them)."""
     dtype = DTYPES[cfg.train.dtype]
     adj = part_adjacency(part, cfg.model.name, dtype, device)
     return adj, WorkerData.from_part(part, dataset.num_train, dtype, device)

@@ -341,7 +341,9 @@ def run_worker(
     laps.lap("read_part_s")
     state = run.load_latest() if resume else None
     start = 0 if state is None else int(state["epoch"])
-    choice = None if resume else read_choice(run_dir)  # `auto`'s candidates to try, if any
+    # `auto`'s candidates to try, if any: before the first epoch, also in a run restarted or
+    # resumed before it (its trials never finished: mode-choice.json still lists them).
+    choice = read_choice(run_dir) if state is None else None
     trials = [] if choice is None else choice.trials
     fingerprint = with_trials(with_plan(config_sha or config_fingerprint(cfg), cfg, run), trials)
     loaded = checkpoint_digest(state)
@@ -367,7 +369,6 @@ def run_worker(
     if choice is not None and trials:
         job, cfg = train_winner(run, cfg, choice, build, env.rank, laps)
     else:
-        laps.lap("choose_s")  # nothing to try: the plan's checks, a stage of no length
         job = build(cfg, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.

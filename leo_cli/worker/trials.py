@@ -11,25 +11,23 @@ time, so every rank picks the same winner without another message.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
 from leo_cli.comm.dist import all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.planner.auto_mode import (
+    MEASURED,
     ModeChoice,
     parse_candidate,
     with_choice,
     with_mode,
     write_choice,
 )
-from leo_cli.planner.wisdom import Sample, Wisdom, add_samples, calibration_path, write_wisdom
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
 from leo_cli.worker.trainer import Job, train_step
@@ -40,6 +38,10 @@ STOP = 1.3
 # Candidates within this fraction of the fastest median count as tied: the one with the
 # smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
 TIE = 0.03
+# Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS): one step
+# of a small graph is milliseconds, where another process's time slice is noise.
+MIN_TRIAL_S = 0.5
+MAX_TRIAL_STEPS = 20
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
 
 
@@ -70,11 +72,12 @@ def trial_step(job: Job, seed: int) -> float:
 
 
 def try_candidate(name: str, job: Job, seed: int, steps: int, best_s: float | None) -> Trial:
-    """A warm-up step, then up to `steps` timed ones (fewer where the first is over `STOP`
-    times `best_s`)."""
+    """A warm-up step, then `steps` timed ones, more while they add up to less than
+    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`); only the first where it is over `STOP` times
+    `best_s`. Every rank sees the same times, so every rank stops alike."""
     trial_step(job, seed)
     times: list[float] = []
-    for _ in range(steps):
+    while len(times) < steps or (sum(times) < MIN_TRIAL_S and len(times) < MAX_TRIAL_STEPS):
         times.append(trial_step(job, seed))
         if best_s is not None and times[0] > STOP * best_s:
             return Trial(name, times, stopped=True)
@@ -111,13 +114,13 @@ def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
     sizes = {t.name: buffers.get(t.name, buffers.get(parse_candidate(t.name)[0])) for t in tied}
     known = {n: b for n, b in sizes.items() if b is not None}
     if len(tied) == 1 or len(known) < len(tied):
-        return fastest, "measured fastest"
+        return fastest, f"{MEASURED} fastest"
     lean = min(tied, key=lambda t: (known[t.name], t.median_s or 0.0))
     own = known[fastest.name]
     if lean is fastest or known[lean.name] >= own:
-        return fastest, "measured fastest"
+        return fastest, f"{MEASURED} fastest"
     saved = (own - known[lean.name]) / 1e6
-    return lean, f"measured within {TIE:.0%} of the fastest, {saved:.1f} MB less in buffers"
+    return lean, f"{MEASURED} within {TIE:.0%} of the fastest, {saved:.1f} MB less in buffers"
 
 
 def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: str) -> ModeChoice:
@@ -144,8 +147,8 @@ def train_winner(
 ) -> tuple[Job, LeoConfig]:
     """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none),
     then return the winner's job, fresh or the last trial's, and the config it trains with;
-    rank 0 records the choice in the run folder (mode-choice.json, resolved_config.yaml)
-    and the cache (`choice.wisdom`). `laps` gets the trials as `choose_s`."""
+    rank 0 records the choice in the run folder (`record`). `laps` gets the trials as
+    `choose_s`."""
 
     def candidate(name: str) -> Job:
         return build(with_mode(cfg, *parse_candidate(name, choice.levels)), None)
@@ -166,30 +169,9 @@ def train_winner(
 
 
 def record(run: RunDir, cfg: LeoConfig, chosen: ModeChoice) -> None:
-    """The measured choice in the run folder (what a resume and the summary read) and as
-    wisdom (a failed write only costs the next run its trials)."""
+    """The measured choice in the run folder: mode-choice.json (the summary reads it, and the
+    parent keeps it as wisdom: launch/choice.py) and resolved_config.yaml (what a restart and
+    a resume train), in this folder as this rank sees it."""
     write_choice(run.root, chosen)
-    write_resolved(cfg)
-    if chosen.wisdom is not None:
-        path = Path(chosen.wisdom)
-        wisdom = Wisdom(path.stem, chosen.name, chosen.rule or "", chosen.measured_s, chosen.notes)
-        with contextlib.suppress(OSError):
-            write_wisdom(path, wisdom)
-            add_samples(calibration_path(path.parent.parent), samples(cfg, chosen))
-
-
-def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
-    """A calibration sample of every mode tried as the cost model predicted it (a variant of
-    the planned mode's levels has no prediction of its own)."""
-    setting = {
-        "workers": cfg.partition.num_parts,
-        "nodes": cfg.launch.nnodes if cfg.launch.emulate is None else cfg.launch.emulate.nodes,
-        "link": None if cfg.launch.emulate is None else cfg.launch.emulate.link,
-        "model": cfg.model.name,
-    }
-    out = []
-    for name, measured in chosen.measured_s.items():
-        predicted = chosen.predicted_s.get(name)
-        if measured is not None and predicted is not None and predicted > 0:
-            out.append(Sample(name, predicted, measured, setting))
-    return out
+    here = cfg.run.model_copy(update={"out_dir": run.root})
+    write_resolved(cfg.model_copy(update={"run": here}))

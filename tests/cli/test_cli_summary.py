@@ -82,10 +82,17 @@ def test_worker_set_up_shows_a_line_per_slow_stage(tmp_path: Path) -> None:
     lines, current = setup_lines(status, printed)
     assert (
         lines == ["worker set-up (rank 0): part files 1.2 s"]
-        and current == "set-up: trials of auto's candidates..."
+        and current == "set-up: local graph..."
     )
-    status["stages"] |= {"choose_s": 0.0}  # nothing to try: a stage of no length
-    assert setup_lines(status, printed) == ([], "set-up: local graph...")
+    # where the workers try auto's candidates first, that is what runs after the part files
+    assert setup_lines(status, printed, trials=True) == (
+        [],
+        "set-up: trials of auto's candidates...",
+    )
+    status["stages"] |= {"choose_s": 3.0}
+    assert setup_lines(status, printed, trials=True)[1] == "set-up: local graph..."
+    printed.discard("choose_s")
+    status["stages"].pop("choose_s")
     status["stages"] |= {"graph_s": 19.0, "levels_s": 77.0}
     lines, current = setup_lines(status, printed)
     assert [line.split(": ")[1] for line in lines] == ["local graph 19.0 s", "cache levels 77.0 s"]

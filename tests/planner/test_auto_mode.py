@@ -359,9 +359,23 @@ def test_a_measured_choice_round_trips_and_resumes_with_its_levels(tmp_path: Pat
     assert auto_mode.from_json(json.loads(json.dumps(chosen.to_json()))) == chosen
     run = tmp_path / "run"
     write_resolved(auto_mode.with_choice(cfg(f"run.out_dir={run}"), chosen))
-    auto_mode.write_choice(run, replace(chosen, trials=["leo"]))
+    auto_mode.write_choice(run, chosen)
     again = auto_mode.resumed(cfg(), run)
     assert again is not None and again.name == "leo/no-replicas" and again.trials == []
+    # trials that never finished (no epoch ran): the resumed run's workers try them again
+    auto_mode.write_choice(run, replace(chosen, rule="to be measured", trials=["leo", "x"]))
+    pending = auto_mode.resumed(cfg(), run)
+    assert pending is not None and pending.trials == ["leo", "x"]
+    assert not pending.measured_here and chosen.measured_here
+
+
+def test_levels_set_by_name_are_kept() -> None:
+    named = cfg("pipeline.mode=leo", "pipeline.levels=no-replicas")
+    assert choose(named, None, 2).levels == "no-replicas"
+    assert auto_mode.with_choice(named, choose(named, None, 2)).pipeline.levels == "no-replicas"
+    estimate = cfg("pipeline.choose=estimate", "pipeline.levels=no-in-place")
+    assert choose(estimate, plan_with(PREDICTED), 2).levels == "no-in-place"
+    assert choose(cfg(), plan_with(PREDICTED), 2).levels == "own"  # the default
 
 
 def test_rows_read_in_place_asked_for_are_not_tried_without() -> None:

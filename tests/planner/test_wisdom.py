@@ -17,6 +17,7 @@ from leo_cli.planner.wisdom import (
     add_samples,
     calibrated,
     calibration_path,
+    content_digest,
     factors,
     read_samples,
     read_wisdom,
@@ -64,16 +65,25 @@ def test_the_key_follows_what_decides_the_trials() -> None:
     assert key("train.num_epochs=7", "run.name=x") == same
 
 
+def signed(data: dict[str, object]) -> dict[str, object]:
+    """An edit as a writer would make it, digest and all (what the other checks catch)."""
+    return {**data, "digest": content_digest(data)}
+
+
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
         (lambda d: "not json", "is not readable wisdom (JSONDecodeError)"),
-        (lambda d: {**d, "format_version": 99}, "another key or by another LEO"),
-        (lambda d: {**d, "key": "0" * 64}, "another key or by another LEO"),
-        (lambda d: {**d, "winner": "compute-only"}, "names a winner ('compute-only')"),
-        (lambda d: {**d, "winner": "blocking"}, "that was not measured here"),
+        (lambda d: {**d, "winner": "blocking"}, "was edited after it was written"),
+        (lambda d: {**d, "measured_s": {"leo": 0.2}}, "was edited after it was written"),
+        (lambda d: signed({**d, "format_version": 99}), "another key or by another LEO"),
+        (lambda d: signed({**d, "key": "0" * 64}), "another key or by another LEO"),
+        (lambda d: signed({**d, "winner": "compute-only"}), "names a winner ('compute-only')"),
+        (lambda d: signed({**d, "winner": "blocking"}), "that was not measured here"),
         (lambda d: {k: v for k, v in d.items() if k != "measured_s"}, "(KeyError)"),
         (lambda d: {**d, "measured_s": {"leo": "fast"}}, "(ValueError)"),
+        (lambda d: signed({**d, "measured_s": {"leo": float("nan")}}), "not a positive number"),
+        (lambda d: signed({**d, "measured_s": {"leo": 0.1, "blocking": -1}}), "not a positive"),
     ],
 )
 def test_edited_or_foreign_wisdom_is_refused_in_one_sentence(

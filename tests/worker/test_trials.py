@@ -4,6 +4,8 @@ winner then trains, and the levels `pipeline.levels` names stay exact."""
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -116,18 +118,33 @@ def _trials_then_train(rank: int, world: int, names: list[str], keep_last: bool)
         return assemble(run, parts[rank], info, world, cpu, cached, every_row_from=every,
                         tensors=tensors)  # fmt: skip
 
-    rng = torch.get_rng_state()
-    trials, last = measure(names, build, seed=0, steps=2)
-    same_rng = bool(torch.equal(rng, torch.get_rng_state()))
-    won = trials[-1].name if keep_last else trials[0].name
-    job = last if keep_last else build(won)
-
     def losses(j: Job) -> list[float]:
         return [train_step(j.model, j.optimizer, j.reducer, j.graph, j.data, 0, e)[0]
                 for e in range(1, 4)]  # fmt: skip
 
-    fresh = build(won, None)  # built from the part alone, nothing shared with a trial
-    return {"trials": trials, "after": losses(job), "fresh": losses(fresh), "rng": same_rng}
+    # The winner as this test names it (not by its time), trained before any trial from
+    # the part alone: nothing shared with a trial, no state a trial could have left.
+    won = names[-1] if keep_last else names[0]
+    fresh = losses(build(won, None))
+    seen = bool(shm_mappings(build("shared-memory")))  # a live job's segment is seen
+    gc.collect()
+    rng = torch.get_rng_state()
+    trials, last = measure(names, build, seed=0, steps=2)
+    same_rng = bool(torch.equal(rng, torch.get_rng_state()))
+    if not keep_last:
+        del last
+        gc.collect()
+    held = shm_mappings()  # segments of freed candidates (the last one maps none)
+    job = last if keep_last else build(won)
+    result = {"trials": trials, "after": losses(job), "fresh": fresh, "rng": same_rng}
+    return result | {"held": held, "seen": seen}
+
+
+def shm_mappings(alive: Job | None = None) -> list[str]:
+    """This process's mappings of LEO's /dev/shm segments (a segment stays mapped, unlinked,
+    while a job holds it; `alive`: a job kept alive while they are read)."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return [line for line in maps if "/dev/shm/leo-" in line]
 
 
 @pytest.mark.dist
@@ -138,6 +155,7 @@ def test_trials_leave_the_winners_numbers_unchanged(keep_last: bool) -> None:
     for r in by_rank:
         assert not isinstance(r, Exception), r
         assert r["rng"], "the trials left the torch random state changed"
+        assert r["seen"] and r["held"] == [], r["held"]  # no freed candidate's segment mapped
         assert r["after"] == r["fresh"], (r["after"], r["fresh"])  # to the last bit
     # every rank timed the same steps (the slowest rank's), so every rank picks alike
     assert by_rank[0]["trials"] == by_rank[1]["trials"]

@@ -1,0 +1,53 @@
+"""After the workers, the parent keeps what their trials measured (launch/choice.py
+keep_trials): as wisdom and calibration samples, only for a choice measured by this run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from leo_cli.config import load_config
+from leo_cli.launch.choice import keep_trials
+from leo_cli.planner.auto_mode import FROM_WISDOM, ModeChoice, write_choice
+from leo_cli.planner.wisdom import calibration_path, read_samples, read_wisdom, wisdom_path
+
+KEY = "a" * 64
+
+
+def measured(cache: Path) -> ModeChoice:
+    return ModeChoice(
+        "auto", "leo", "measured fastest", {"leo": 0.1, "blocking": 0.2}, {}, "planned", [],
+        {"leo": 0.15, "leo/no-replicas": 0.2, "blocking": None}, {"blocking": "stopped"},
+        str(wisdom_path(cache, KEY)),
+    )  # fmt: skip
+
+
+def test_a_measured_choice_is_kept_as_wisdom_and_calibration(tmp_path: Path) -> None:
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    write_choice(run, measured(cache))
+    keep_trials(load_config(None, ["partition.num_parts=4"]), run)
+    kept = read_wisdom(wisdom_path(cache, KEY), ["leo", "leo/no-replicas", "blocking"])
+    assert kept is not None and (kept.winner, kept.measured_s["leo"]) == ("leo", 0.15)
+    samples = read_samples(calibration_path(cache))
+    # a variant has no prediction of its own; a stopped trial no median
+    assert [(s.mode, s.predicted_s, s.measured_s) for s in samples] == [("leo", 0.1, 0.15)]
+    assert samples[0].setting == {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"trials": ["leo", "blocking"], "rule": "to be measured by the workers"},  # never ran
+        {"rule": f"measured fastest {FROM_WISDOM}"},  # an earlier run's
+        {"wisdom": None},  # several machines: no cache
+    ],
+)
+def test_nothing_is_kept_for_a_choice_not_measured_here(tmp_path: Path, edit: dict) -> None:
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    write_choice(run, replace(measured(cache), **edit))
+    keep_trials(load_config(None, []), run)
+    assert not (cache / "wisdom").exists()
