@@ -92,7 +92,6 @@ def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]
         "parts": cfg.partition.num_parts,
         "launch": {k: launch[k] for k in PLACEMENT_KEYS},
         "host": [platform.node(), platform.machine(), os.cpu_count()],
-        "threads": os.environ.get("OMP_NUM_THREADS"),
         "torch": torch.__version__,
         "kernels": kernels,
         "candidates": sorted(names),
