@@ -7,7 +7,7 @@ import gzip
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,31 @@ import pytest
 
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
+
+# A unit test (none of these markers) whose call takes longer fails, named: slow tests are
+# marked, so `make test-fast` stays fast. LEO_UNIT_LIMIT_S changes it (a busy machine).
+SLOW_MARKERS = ("integration", "dist", "slow")
+UNIT_LIMIT_S = float(os.environ.get("LEO_UNIT_LIMIT_S", "2"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    """Fail a passing unit test whose call phase (fixtures apart) took over UNIT_LIMIT_S."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when != "call" or not report.passed:
+        return
+    if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+        return
+    if report.duration > UNIT_LIMIT_S:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"took {report.duration:.1f} s, over the {UNIT_LIMIT_S:g} s of a unit test "
+            f"({item.nodeid}): make it faster, or mark it {' / '.join(SLOW_MARKERS)} if it "
+            "must be slow."
+        )
 
 
 def shared_datasets() -> Path:

@@ -163,6 +163,7 @@ def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
         assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_dtype", [None, torch.int64])
 @pytest.mark.parametrize("scan_share", [0.0, 2.0])
 @pytest.mark.parametrize("compact", [False, True])
@@ -188,6 +189,7 @@ def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
             assert_same_block(a, column_block(forward_only(adj), start, end, compact=compact))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_dtype", [None, torch.int64])
 def test_selected_columns_from_the_transpose_equal_sorted_ones(
     index_dtype: torch.dtype | None,

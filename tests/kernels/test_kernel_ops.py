@@ -171,6 +171,7 @@ def test_spmm_matches_dense(kind: str, index_dtype: torch.dtype, dtype: torch.dt
     torch.testing.assert_close(kernels.spmm(csr, x).double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @kind_cases
 @graph_cases
 def test_spmm_gradcheck(kind: str, index_dtype: torch.dtype) -> None:
@@ -400,6 +401,7 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
     ]
 
 
+@pytest.mark.slow
 @graph_cases
 def test_opcheck_every_op(index_dtype: torch.dtype) -> None:
     for op, args in _opcheck_cases(index_dtype):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.cli import leo
+from helpers.cli import leo, leo_here
 
 from leo_cli.config import load_config
 from leo_cli.graph.datasets import load_dataset
@@ -64,10 +64,10 @@ def test_exported_model_gives_leos_test_accuracy_in_pyg(
 
 
 def test_export_refuses_a_folder_without_a_best_model(tmp_path: Path) -> None:
-    res = leo("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
+    res = leo_here("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
     assert res.returncode == 2 and "not a run folder" in res.stderr
     RunDir(tmp_path).config.write_text("run: {name: x}\n")
-    res = leo("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
+    res = leo_here("export", str(tmp_path), "--out", str(tmp_path / "m.pt"))
     assert res.returncode == 2 and "no best-validation model" in res.stderr
     assert not (tmp_path / "m.pt").exists()
 

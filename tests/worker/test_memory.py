@@ -82,6 +82,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not has_mallinfo2(), reason="glibc only")
 def test_kept_memory_is_reused_without_page_faults() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
@@ -109,6 +110,7 @@ def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rss.hand_back_freed_memory() is False
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not has_mallinfo2(), reason="glibc only")
 def test_freed_heap_pages_are_handed_back() -> None:
     """What a process freed on its heap (small blocks below the mmap threshold, as a
