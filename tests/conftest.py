@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,47 @@ def hardware_dict(world_size: int = 2) -> dict[str, Any]:
             "overlap": 0.5 if two else None,
         },
     }
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A finished `leo train` run shared by the session's tests: its folder (read it, never
+    write it: `copy` it first) and what the command printed."""
+
+    folder: Path
+    stdout: str
+    stderr: str
+    settings: tuple[str, ...]  # the `--set` pairs it ran with
+
+    def copy(self, to: Path) -> Path:
+        """The run folder copied to `to`, partitions included (not a link to the cache)."""
+        shutil.copytree(self.folder, to, symlinks=False)
+        return to
+
+
+# The session's trained run: 2 workers on helpers.cli's TINY graph, checkpoints every 2 epochs
+# (the newest two kept: epochs 4 and 6), evaluation and TensorBoard events each epoch.
+TRAINED_SETTINGS = (
+    *("data.synthetic.num_nodes=600", "data.synthetic.num_features=16"),
+    *("model.hidden_channels=16", "train.num_epochs=6", "train.checkpoint_every=2"),
+    *("train.eval_every=1", "run.name=tiny-run", "run.tensorboard=true"),
+)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    """One 2-worker `leo train` for the whole session (pytest's own process makes it once):
+    run-folder, export, board, summary and edited-file tests read it instead of training."""
+    from helpers.cli import leo
+
+    folder = tmp_path_factory.mktemp("trained") / "run"
+    sets = [arg for item in TRAINED_SETTINGS for arg in ("--set", item)]
+    # COLUMNS: the summary table's mode line on one line
+    res = leo(
+        "train", *sets, "--set", f"run.out_dir={folder}", env={**os.environ, "COLUMNS": "200"}
+    )
+    assert res.returncode == 0, res.stderr
+    return TrainedRun(folder, res.stdout, res.stderr, TRAINED_SETTINGS)
 
 
 @pytest.fixture
