@@ -214,6 +214,7 @@ def test_selected_columns_from_the_transpose_equal_sorted_ones(
             torch.testing.assert_close(a.backward(grad), dense.t() @ grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_reading_in_place_equals_its_sorted_construction() -> None:
     """The in-place twin of a block (every row, columns at the owner's published
     positions, in any order) has the arrays the sorting construction gives, without an edge

@@ -229,6 +229,7 @@ def test_spmm_rejects_mismatched_operand() -> None:
         kernels.spmm(csr, features(csr.num_cols + 1, 2))
 
 
+@pytest.mark.slow
 def test_spmm_traces_under_torch_compile_fullgraph() -> None:
     csr = make_csr("huge_row", torch.int32, torch.float32)
     x = features(csr.num_cols, 4, torch.float32).requires_grad_()
