@@ -151,9 +151,10 @@ TRAINED_SETTINGS = (
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainedRun]:
     """One 2-worker `leo train` for the whole session (pytest's own process makes it once):
-    run-folder, export, board, summary and edited-file tests read it instead of training."""
+    run-folder, export, board, summary and edited-file tests read it instead of training; a
+    test that writes into it fails the session's end."""
     from helpers.cli import leo
 
     folder = tmp_path_factory.mktemp("trained") / "run"
@@ -163,7 +164,19 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
         "train", *sets, "--set", f"run.out_dir={folder}", env={**os.environ, "COLUMNS": "200"}
     )
     assert res.returncode == 0, res.stderr
-    return TrainedRun(folder, res.stdout, res.stderr, TRAINED_SETTINGS)
+    made = snapshot(folder)
+    yield TrainedRun(folder, res.stdout, res.stderr, TRAINED_SETTINGS)
+    assert snapshot(folder) == made, "a test wrote into the shared trained run: copy it first"
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder` (partitions through their link): size and modification time."""
+    out = {}
+    for root, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            stat = (Path(root) / name).stat()
+            out[os.path.relpath(Path(root) / name, folder)] = (stat.st_size, stat.st_mtime_ns)
+    return out
 
 
 @pytest.fixture
