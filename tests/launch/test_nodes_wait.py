@@ -61,7 +61,9 @@ class Clock:
 
 
 def patch(monkeypatch: pytest.MonkeyPatch, clock: Clock, probed: bool) -> None:
-    """Node 1's clock is `clock`; it joined a probe with node 0 or not (`probed`)."""
+    """Node 1's clock is `clock`; it joined a probe with node 0 or not (`probed`: the probe's
+    launch itself is not run; the profile given in `config` only spares the earlier launch
+    its own)."""
     fake = types.SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
     monkeypatch.setattr(launcher, "time", fake)
     monkeypatch.setattr(launcher, "join_probe", lambda cfg, run_dir: probed)
