@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,31 @@ import pytest
 
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
+
+# A unit test (none of these markers) whose call takes longer fails, named: slow tests are
+# marked, so `make test-fast` stays fast. LEO_UNIT_LIMIT_S changes it (a busy machine).
+SLOW_MARKERS = ("integration", "dist", "slow")
+UNIT_LIMIT_S = float(os.environ.get("LEO_UNIT_LIMIT_S", "2"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    """Fail a passing unit test whose call phase (fixtures apart) took over UNIT_LIMIT_S."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when != "call" or not report.passed:
+        return
+    if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+        return
+    if report.duration > UNIT_LIMIT_S:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"took {report.duration:.1f} s, over the {UNIT_LIMIT_S:g} s of a unit test "
+            f"({item.nodeid}): make it faster, or mark it {' / '.join(SLOW_MARKERS)} if it "
+            "must be slow."
+        )
 
 
 def shared_datasets() -> Path:
@@ -96,6 +123,60 @@ def hardware_dict(world_size: int = 2) -> dict[str, Any]:
             "overlap": 0.5 if two else None,
         },
     }
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A finished `leo train` run shared by the session's tests: its folder (read it, never
+    write it: `copy` it first) and what the command printed."""
+
+    folder: Path
+    stdout: str
+    stderr: str
+    settings: tuple[str, ...]  # the `--set` pairs it ran with
+
+    def copy(self, to: Path) -> Path:
+        """The run folder copied to `to`, partitions included (not a link to the cache)."""
+        shutil.copytree(self.folder, to, symlinks=False)
+        return to
+
+
+# The session's trained run: 2 workers on helpers.cli's TINY graph, checkpoints every 2 epochs
+# (the newest two kept: epochs 4 and 6), evaluation and TensorBoard events each epoch.
+TRAINED_SETTINGS = (
+    *("data.synthetic.num_nodes=600", "data.synthetic.num_features=16"),
+    *("model.hidden_channels=16", "train.num_epochs=6", "train.checkpoint_every=2"),
+    *("train.eval_every=1", "run.name=tiny-run", "run.tensorboard=true"),
+)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainedRun]:
+    """One 2-worker `leo train` for the whole session (pytest's own process makes it once):
+    run-folder, export, board, summary and edited-file tests read it instead of training; a
+    test that writes into it fails the session's end."""
+    from helpers.cli import leo
+
+    folder = tmp_path_factory.mktemp("trained") / "run"
+    sets = [arg for item in TRAINED_SETTINGS for arg in ("--set", item)]
+    # COLUMNS: the summary table's mode line on one line
+    res = leo(
+        "train", *sets, "--set", f"run.out_dir={folder}", env={**os.environ, "COLUMNS": "200"}
+    )
+    assert res.returncode == 0, res.stderr
+    made = snapshot(folder)
+    yield TrainedRun(folder, res.stdout, res.stderr, TRAINED_SETTINGS)
+    assert snapshot(folder) == made, "a test wrote into the shared trained run: copy it first"
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder` (partitions through their link): size and modification time."""
+    out = {}
+    for root, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            stat = (Path(root) / name).stat()
+            out[os.path.relpath(Path(root) / name, folder)] = (stat.st_size, stat.st_mtime_ns)
+    return out
 
 
 @pytest.fixture

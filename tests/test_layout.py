@@ -5,6 +5,7 @@ paths that exist."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -71,8 +72,22 @@ def exists(module: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
+@functools.cache
+def parsed() -> dict[str, frozenset[str]]:
+    """Module -> the leo_cli modules it imports, parsed once (the sources do not change while
+    the tests run)."""
+    return {module_name(p): frozenset(imports_of(p)) for p in PACKAGE.rglob("*.py")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def parse_once() -> None:
+    """Every test here reads the import graph: parsing the package is their shared set-up."""
+    parsed()
+
+
 def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+    """The import graph, a copy each test may change."""
+    return {module: set(imported) for module, imported in parsed().items()}
 
 
 def package_of(module: str) -> str:

@@ -127,12 +127,26 @@ def clear_run_files(run_dir: Path) -> None:
         shutil.rmtree(run / folder, ignore_errors=True)
 
 
-def wait_for_partitions(cfg: LeoConfig, run_dir: Path, timeout_s: float) -> None:
-    """Nodes other than 0 wait until node 0 has written matching partitions."""
+def written(path: Path) -> tuple[int, int, int] | None:
+    """Which write of `path` is there (inode, mtime, size): an atomic rewrite is a new inode."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+def wait_for_partitions(
+    cfg: LeoConfig, run_dir: Path, timeout_s: float, stale: tuple[int, int, int] | None = None
+) -> None:
+    """Nodes other than 0 wait until node 0 has written matching partitions, and the resolved
+    config node 0 writes last: one other than `stale` (an earlier launch's, when this node
+    knows node 0 writes it again)."""
     run = RunDir(run_dir)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ready = (run.partitions / META).is_file() and run.config.is_file()
+        config = written(run.config)
+        ready = (run.partitions / META).is_file() and config is not None and config != stale
         ready = ready and (not cfg.cache.enabled or run.plan.is_file())
         if ready and read_meta(run.partitions)["num_parts"] == cfg.partition.num_parts:
             return
@@ -158,8 +172,14 @@ def prepare(
     check_supported(cfg, allow_inexact)
     run_dir = cfg.run.folder.resolve()
     if cfg.launch.node_rank > 0:
-        join_probe(cfg, run_dir)  # node 0 probes every node at once when it needs a profile
-        wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s)
+        # An earlier launch's files (--overwrite) must not start this node's agent while node
+        # 0 prepares: it could meet node 0's probe store, still up on the same port and run
+        # id, take the probe's rank assignment and start its worker, while node 0's training
+        # agent waits for it in a store of its own. After a probe both joined, node 0 has
+        # yet to write its resolved config: the one there before it is an earlier launch's.
+        before = written(RunDir(run_dir).config)
+        probed = join_probe(cfg, run_dir)  # node 0 probes every node at once when needed
+        wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s, before if probed else None)
         return run_dir
     if resume:
         check_resumable(cfg, run_dir)

@@ -158,12 +158,13 @@ def join_probe(
     always: bool = False,
     force: bool = False,
     given: Path | None = None,
-) -> None:
+) -> bool:
     """On a node other than 0: take part in the probe node 0 is about to run, if it will
-    (`nodes_probe`). Node 0 writes the profile."""
+    (`nodes_probe`); whether it did. Node 0 writes the profile."""
     what = nodes_probe(cfg, run_dir, always, force, given)
     if what != "none":
         run_probe(cfg, run_dir, keep=what == "check")  # several machines: full sizes
+    return what != "none"
 
 
 def check_nodes_profile(

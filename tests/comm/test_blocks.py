@@ -163,6 +163,7 @@ def assert_same_block(a: blocks.ColumnBlock, b: blocks.ColumnBlock) -> None:
         assert shape_x == (y.num_rows, y.num_cols, y.max_degree, y.t_max_degree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_dtype", [None, torch.int64])
 @pytest.mark.parametrize("scan_share", [0.0, 2.0])
 @pytest.mark.parametrize("compact", [False, True])
@@ -188,6 +189,7 @@ def test_blocks_sliced_from_the_transpose_equal_sorted_ones(
             assert_same_block(a, column_block(forward_only(adj), start, end, compact=compact))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_dtype", [None, torch.int64])
 def test_selected_columns_from_the_transpose_equal_sorted_ones(
     index_dtype: torch.dtype | None,
@@ -212,6 +214,7 @@ def test_selected_columns_from_the_transpose_equal_sorted_ones(
             torch.testing.assert_close(a.backward(grad), dense.t() @ grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_reading_in_place_equals_its_sorted_construction() -> None:
     """The in-place twin of a block (every row, columns at the owner's published
     positions, in any order) has the arrays the sorting construction gives, without an edge

@@ -13,7 +13,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from helpers.cli import leo
+from helpers.cli import leo, leo_here
 
 from leo_cli.config.schema import DataConfig
 from leo_cli.errors import DataError
@@ -207,7 +207,11 @@ def test_split_is_seeded_and_disjoint() -> None:
     ],
 )  # fmt: skip
 def test_bad_input_is_one_sentence_and_leaves_nothing(
-    tmp_path: Path, files: dict[str, str | None], args: list[str], needle: str
+    tmp_path: Path,
+    files: dict[str, str | None],
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, text in files.items():
         if text is None:
@@ -216,7 +220,8 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(
             (tmp_path / name).write_text(text)
     before = sorted(p.name for p in tmp_path.iterdir())
     out = [] if "--out" in args else ["--out", "g.npz"]
-    res = leo("convert", *args, *out, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    res = leo_here("convert", *args, *out)  # refused before any work: in this process
     assert res.returncode == 2, res.stdout + res.stderr
     assert needle in " ".join(res.stderr.split()) and "Traceback" not in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -234,6 +239,7 @@ def test_normalize_features_divides_rows_by_their_sum(tmp_path: Path) -> None:
     assert np.allclose(normed, [[0.25, 0.75], [0, 0], [0.5, 0.5]])
 
 
+@pytest.mark.integration
 def test_cora_through_convert_is_the_planetoid_graph(tmp_path: Path, planetoid_root: Path) -> None:
     """Cora written as an edge list, a feature array, a label CSV and masks converts back to
     what the Planetoid loader gives (its raw features, normalised on load as there)."""

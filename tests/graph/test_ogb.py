@@ -57,6 +57,7 @@ def test_ogb_unlabelled_nodes_leave_the_splits(tmp_path: Path) -> None:
     assert (g.train_mask_N.sum(), g.val_mask_N.sum(), g.test_mask_N.sum()) == (9, 10, 9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "split"), [("ogbn-arxiv", "time"), ("ogbn-products", "sales_ranking")]
 )

@@ -204,6 +204,7 @@ def test_measured_shares_are_bounded() -> None:
     assert bounded([0.5, 0.5]) == [0.5, 0.5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["metis", "random", "range"])
 def test_a_part_left_empty_is_refused_for_every_method(tmp_path: Path, method: str) -> None:
     cfg = load_config(

@@ -89,6 +89,7 @@ def test_layer_gradcheck(kind: str, index_dtype: torch.dtype) -> None:
     assert torch.autograd.gradcheck(lambda s, d, x: layer(csr, s, d, x), inputs, fast_mode=True)
 
 
+@pytest.mark.slow
 @index_cases
 def test_opcheck(index_dtype: torch.dtype) -> None:
     csr = make("duplicates", index_dtype)

@@ -61,6 +61,7 @@ def run_check(repo: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProc
 CUDA_TORCH = {"torch": "2.13.0+cu130", "cuda": "13.0", "gpus": 0, "names": []}
 
 
+@pytest.mark.integration
 def test_a_venv_with_cuda_torch_needs_no_registry(tmp_path: Path) -> None:
     repo, env = sandbox(tmp_path, CUDA_TORCH)
     proc, summary = run_check(repo, env)
@@ -72,6 +73,7 @@ def test_a_venv_with_cuda_torch_needs_no_registry(tmp_path: Path) -> None:
     assert summary["env"]["cuda"] == "13.0"
 
 
+@pytest.mark.integration
 def test_a_venv_without_cuda_torch_is_installed_first(tmp_path: Path) -> None:
     repo, env = sandbox(tmp_path, {**CUDA_TORCH, "cuda": None})
     proc, summary = run_check(repo, env)

@@ -171,6 +171,7 @@ def test_spmm_matches_dense(kind: str, index_dtype: torch.dtype, dtype: torch.dt
     torch.testing.assert_close(kernels.spmm(csr, x).double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @kind_cases
 @graph_cases
 def test_spmm_gradcheck(kind: str, index_dtype: torch.dtype) -> None:
@@ -228,6 +229,7 @@ def test_spmm_rejects_mismatched_operand() -> None:
         kernels.spmm(csr, features(csr.num_cols + 1, 2))
 
 
+@pytest.mark.slow
 def test_spmm_traces_under_torch_compile_fullgraph() -> None:
     csr = make_csr("huge_row", torch.int32, torch.float32)
     x = features(csr.num_cols, 4, torch.float32).requires_grad_()
@@ -400,6 +402,7 @@ def _opcheck_cases(index_dtype: torch.dtype) -> list[tuple[Any, tuple[Any, ...]]
     ]
 
 
+@pytest.mark.slow
 @graph_cases
 def test_opcheck_every_op(index_dtype: torch.dtype) -> None:
     for op, args in _opcheck_cases(index_dtype):

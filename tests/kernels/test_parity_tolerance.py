@@ -23,6 +23,7 @@ def hub_csr(degree: int = 40_000, dtype: torch.dtype = torch.float32) -> kernels
     return random_csr(3000, 2000, 30_000, seed=7, dtype=dtype, huge_row_degree=degree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [64, 130, 512])
 def test_a_perfect_kernel_passes_on_a_hub_row(width: int) -> None:
     csr = hub_csr()
@@ -34,6 +35,7 @@ def test_a_perfect_kernel_passes_on_a_hub_row(width: int) -> None:
     assert_parity(perfect, ref, exact)
 
 
+@pytest.mark.slow
 def test_a_perfect_kernel_passes_on_a_100k_hub_and_in_the_fused_op() -> None:
     csr = random_csr(3000, 50, 30_000, seed=9, huge_row_degree=100_000)
     x = features(csr.num_cols, 64)
@@ -44,6 +46,7 @@ def test_a_perfect_kernel_passes_on_a_100k_hub_and_in_the_fused_op() -> None:
     assert_parity(exact.float(), fused, exact)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_a_perfect_low_precision_kernel_passes(dtype: torch.dtype) -> None:
     csr = hub_csr(dtype=dtype)

@@ -56,6 +56,7 @@ def test_cache_size_is_read_from_sysfs() -> None:
     assert slabs.last_level_cache_bytes() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "width", "cols"),
     [

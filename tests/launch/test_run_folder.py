@@ -91,7 +91,9 @@ def test_partition_and_plan_commands_leave_a_trained_run_as_it_was(
 
 
 @pytest.mark.integration
-def test_two_runs_keep_their_results_and_share_partitions(tmp_path: Path) -> None:
+def test_two_runs_keep_their_results_and_share_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for _ in range(2):
         res = leo("train", *TINY, cwd=tmp_path, timeout=300)
         assert res.returncode == 0, res.stderr
@@ -106,7 +108,8 @@ def test_two_runs_keep_their_results_and_share_partitions(tmp_path: Path) -> Non
     assert all(RunDir(r).partitions.resolve() == entries[0].resolve() for r in runs)
     second = json.loads(RunDir(runs[1]).summary.read_text())
     assert "partition_s" in second["setup_reused_s"]  # built by the first run only
-    res = leo("train", *TINY, "--set", f"run.out_dir={runs[0]}", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    res = leo_here("train", *TINY, "--set", f"run.out_dir={runs[0]}")  # refused: in this process
     assert res.returncode == 2 and "already holds a run" in res.stderr
     assert len(RunDir(runs[0]).read_metrics()) == 2  # untouched
     res = leo("train", *TINY, "--set", f"run.out_dir={runs[0]}", "--overwrite", cwd=tmp_path)

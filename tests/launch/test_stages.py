@@ -155,6 +155,7 @@ def test_plan_edited_past_its_run_is_refused(run_with_plan: tuple[Path, list[str
         plan_stage.ensure_plan(load_config(None, overrides), run)
 
 
+@pytest.mark.slow
 def test_force_replaces_an_unreadable_plan(run_with_plan: tuple[Path, list[str]]) -> None:
     run, overrides = run_with_plan
     (run / PLAN).write_bytes(b"\xff\xfe not a plan")
@@ -215,6 +216,7 @@ def test_measured_weights_without_pinning_warn(
     assert ("measured with launch.cpu_affinity=null" in err) == warned, err
 
 
+@pytest.mark.slow
 def test_runs_sharing_a_cache_plan_once(tmp_path: Path, hw_profile: HardwareProfile) -> None:
     """Run folders with one `run.cache_dir` take a plan made for the same inputs from it (with
     its plot and recorded `plan_s`, reported as reused); other inputs plan anew beside it; an

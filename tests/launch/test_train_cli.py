@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import ended_pid
+from conftest import TrainedRun, ended_pid
 from helpers.cli import TINY, leo, leo_here
 from helpers.ranks import free_port
 
@@ -23,13 +23,14 @@ from leo_cli.config import load_config
 from leo_cli.graph.storage import read_meta
 from leo_cli.kernels import backend_name
 from leo_cli.planner.auto_mode import from_json
-from leo_cli.planner.plan import read_plan
+from leo_cli.planner.plan import UNPRICED_LEVELS, read_plan
 from leo_cli.registry import auto_candidates
 from leo_cli.run_dir import RunDir
 
 pytestmark = pytest.mark.dist
 
-# Big enough that an epoch takes a noticeable time, so kills land mid-run.
+# Big enough that an epoch takes a noticeable time, so kills land mid-run and well after the
+# set-up (a restart's set-up is told apart from the first attempt's by when the kill came).
 MEDIUM = [
     "--set",
     "data.synthetic.num_nodes=60000",
@@ -75,22 +76,10 @@ def wait_for_epoch(run: Path, epoch: int, proc: subprocess.Popen[str], limit: fl
 
 
 @pytest.mark.integration
-def test_train_writes_run_folder(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    res = leo(
-        "train",
-        *TINY,
-        "--set",
-        f"run.out_dir={run}",
-        "--set",
-        "train.num_epochs=6",
-        "--set",
-        "train.checkpoint_every=3",
-        "--set",
-        "run.name=tiny-run",
-        env={**os.environ, "COLUMNS": "200"},  # the table's mode line on one line
-    )
-    assert res.returncode == 0, res.stderr
+def test_train_writes_run_folder(trained_run: TrainedRun) -> None:
+    """The session's trained run (tests/conftest.py): TINY, 2 workers, 6 epochs, checkpoints
+    every 2, named tiny-run, printed on a console 200 columns wide."""
+    run, stdout = trained_run.folder, trained_run.stdout
     rows = metrics(run)
     assert [r["epoch"] for r in rows] == list(range(1, 7))
     keys = ("loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "comm_bytes")
@@ -114,13 +103,15 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert s["setup_parts_s"]["choose_s"] > 0
     # Priced by the plan the workers ran with (made again for the chosen mode when that mode
     # reads other rows in place than the planned one): what it chose by, or that plan's.
+    # A winner without part of the plan's levels has no prediction of its own.
     plan = read_plan(run)
-    assert plan is not None and s["predicted_epoch_time_s"] == plan.predicted_run[s["mode"]]
+    priced = None if s["mode_levels"] in UNPRICED_LEVELS else plan.predicted_run[s["mode"]]
+    assert plan is not None and s["predicted_epoch_time_s"] == priced
     resolved = load_config(run / "resolved_config.yaml")
     assert resolved.pipeline.mode == s["mode"]  # what every rank read, and a resume reads
     assert resolved.pipeline.levels == s["mode_levels"]
-    stdout = " ".join(res.stdout.split())
-    assert f"{name} (auto: {s['mode_rule']}" in stdout, stdout
+    line = " ".join(stdout.split())
+    assert f"{name} (auto: {s['mode_rule']}" in line, line
     assert s["exact"] is True and s["mean_comm_transfer_s"] >= 0
     assert s["name"] == "tiny-run"
     assert s["kernels"] == backend_name() and s["total_comm_bytes"] == sum(
@@ -129,10 +120,10 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert (run / "curves.png").stat().st_size > 0
     assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
         "best.pt",
-        "epoch_000003.pt",
+        "epoch_000004.pt",  # epoch 2's deleted: the newest two are kept
         "epoch_000006.pt",
     ]
-    assert "training summary: tiny-run" in res.stdout
+    assert "training summary: tiny-run" in stdout
     # Set-up is counted: from the start of `leo train` to the first step, split in stages.
     parts = s["setup_parts_s"]
     assert 0 < s["setup_s"] < s["wall_s"]
@@ -148,26 +139,43 @@ def test_train_writes_run_folder(tmp_path: Path) -> None:
     assert max(s["peak_rss_bytes"]) < s["peak_rss_total_bytes"] < 3 * sum(s["peak_rss_bytes"])
 
 
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The rows of one process on the trained run's graph (TINY), 4 epochs, evaluated each:
+    the numbers every worker count and part shape must give."""
+    run = tmp_path_factory.mktemp("p1") / "run"
+    res = leo("train", *TINY, *["--set", "partition.num_parts=1", "--set", f"run.out_dir={run}"],
+              *["--set", "train.num_epochs=4", "--set", "train.eval_every=1"])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return metrics(run)
+
+
 @pytest.mark.integration
-def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
+def test_train_gives_same_numbers_for_1_2_4_workers(
+    tmp_path: Path, one_worker: list[dict[str, Any]], trained_run: TrainedRun
+) -> None:
     """The real path (launcher, elastic workers, read_part, build_job, META's training count):
     float32 loss curves agree to 1e-5 across P, all-reduced accuracies exactly. The 4 workers
     keep freed memory without huge pages, the others run the defaults (memory handed back,
-    huge pages), all on the same allocator (`auto`): how memory is kept changes no number."""
-    curves = {}
+    huge pages), all on the same allocator (`auto`): how memory is kept changes no number.
+    2 workers: the first 4 epochs of the session's trained run (the same graph and model;
+    an epoch's numbers do not depend on train.num_epochs)."""
+    assert set(TINY[1::2]) <= set(trained_run.settings)  # TINY's graph and width
+    curves = {1: one_worker, 2: metrics(trained_run.folder)[:4]}
+    assert ("huge pages" in summary(trained_run.folder)["allocator"]) is True
     kept = ["launch.keep_freed_memory=true", "launch.huge_pages=false"]
-    for p in (1, 2, 4):
-        run = tmp_path / f"p{p}"
-        res = leo(
-            "train",
-            *TINY,
-            *["--set", f"partition.num_parts={p}", "--set", f"run.out_dir={run}"],
-            *["--set", "train.num_epochs=4", "--set", "train.eval_every=1"],
-            *[arg for setting in kept * (p == 4) for arg in ("--set", setting)],
-        )
-        assert res.returncode == 0, res.stderr
-        curves[p] = metrics(run)
-        assert ("huge pages" in summary(run)["allocator"]) is (p != 4)
+    run = tmp_path / "p4"
+    res = leo(
+        "train",
+        *TINY,
+        *["--set", "partition.num_parts=4", "--set", f"run.out_dir={run}"],
+        *["--set", "train.num_epochs=4", "--set", "train.eval_every=1"],
+        *[arg for setting in kept for arg in ("--set", setting)],
+    )
+    assert res.returncode == 0, res.stderr
+    curves[4] = metrics(run)
+    assert ("huge pages" in summary(run)["allocator"]) is False
+    assert [r["epoch"] for r in curves[1]] == [1, 2, 3, 4]
     for p in (2, 4):
         np.testing.assert_allclose(
             [r["loss"] for r in curves[p]], [r["loss"] for r in curves[1]], rtol=1e-5
@@ -177,19 +185,20 @@ def test_train_gives_same_numbers_for_1_2_4_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_losses_do_not_depend_on_part_weights_or_owners(tmp_path: Path) -> None:
+def test_losses_do_not_depend_on_part_weights_or_owners(
+    tmp_path: Path, one_worker: list[dict[str, Any]]
+) -> None:
     """Unequal parts (explicit weights 3:1 and 2:1:1, METIS's vertex weights priced by the cost
-    model, and owners from a file) train the numbers of one process; every rank's step and
-    busy time are logged and summarised."""
+    model, and owners from a file) train the numbers of one process (its first 3 epochs);
+    every rank's step and busy time are logged and summarised."""
     owners = tmp_path / "owners.npy"
     np.save(owners, (np.arange(600) % 3 == 0).astype(np.int64))  # a third on rank 1
+    curves = {"p1": [r["loss"] for r in one_worker[:3]]}
     cases = {
-        "p1": ["--set", "partition.num_parts=1"],
         "weighted": ["--set", "partition.part_weights=[3,1]"],
         "three": ["--set", "partition.num_parts=3", "--set", "partition.part_weights=[2,1,1]"],
         "file": ["--set", "partition.method=file", "--set", f"partition.owners_path={owners}"],
     }
-    curves = {}
     for name, args in cases.items():
         run = tmp_path / name
         res = leo(
@@ -197,11 +206,10 @@ def test_losses_do_not_depend_on_part_weights_or_owners(tmp_path: Path) -> None:
         )
         assert res.returncode == 0, res.stderr
         curves[name] = [r["loss"] for r in metrics(run)]
-        if name != "p1":
-            parts = 3 if name == "three" else 2
-            assert all(len(r["rank_step_s"]) == parts for r in metrics(run))
-            s = summary(run)
-            assert len(s["rank_mean_busy_s"]) == parts and s["rank_spread"] >= 1.0
+        parts = 3 if name == "three" else 2
+        assert all(len(r["rank_step_s"]) == parts for r in metrics(run))
+        s = summary(run)
+        assert len(s["rank_mean_busy_s"]) == parts and s["rank_spread"] >= 1.0
     meta = json.loads((tmp_path / "weighted" / "partitions" / "META.json").read_text())
     assert meta["part_weights"] == [0.75, 0.25] and meta["achieved_shares"][0] > 0.6
     assert meta["vertex_weights"]["rule"] == "cost"  # unequal shares: shares of time
@@ -263,8 +271,9 @@ def test_stalled_worker_ends_job_naming_rank(tmp_path: Path) -> None:
     """A stopped worker handles no SIGTERM; the job must still end soon after launch.timeout_s
     (a bound on a hang, not a speed claim) and leave no worker behind."""
     run, timeout_s = tmp_path / "run", 6
+    endless = [*TINY, "--set", "train.checkpoint_every=2", "--set", "train.num_epochs=100000"]
     proc = start(
-        "train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", f"launch.timeout_s={timeout_s}"
+        "train", *endless, "--set", f"run.out_dir={run}", "--set", f"launch.timeout_s={timeout_s}"
     )
     wait_for_epoch(run, 3, proc)
     workers = heartbeat_pids(run)
@@ -331,19 +340,20 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
     res = leo("train", *TINY, *two, "--resume")
     assert res.returncode == 0, res.stderr
     assert [r["epoch"] for r in metrics(run)] == [1, 2]
-    res = leo("train", *TINY, *two, "--set", "partition.method=random", "--resume")
+    res = leo_here("train", *TINY, *two, "--set", "partition.method=random", "--resume")
     assert res.returncode == 2 and "partition.method" in res.stderr
 
 
 @pytest.mark.integration
-def test_resume_on_other_worker_counts_keeps_the_numbers(tmp_path: Path) -> None:
-    """2 workers to epoch 4, then 3 to epoch 7, then 1 to epoch 9: the losses of 2 workers
-    throughout (relative 1e-5), each segment's worker count in the rows and the summary."""
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    args = [*TINY, "--set", "train.checkpoint_every=2"]
-    res = leo("train", *args, "--set", f"run.out_dir={ref}", "--set", "train.num_epochs=9")
-    assert res.returncode == 0, res.stderr
-    segments = [(2, 4), (3, 7), (1, 9)]
+def test_resume_on_other_worker_counts_keeps_the_numbers(
+    tmp_path: Path, trained_run: TrainedRun
+) -> None:
+    """2 workers to epoch 4, then 3 to epoch 5, then 1 to epoch 6: the losses of 2 workers
+    throughout (the session's trained run, relative 1e-5), each segment's worker count in the
+    rows and the summary."""
+    ref, run = trained_run.folder, tmp_path / "run"
+    args = [arg for item in trained_run.settings for arg in ("--set", item)]
+    segments = [(2, 4), (3, 5), (1, 6)]
     for i, (workers, last) in enumerate(segments):
         flags = ["--set", f"partition.num_parts={workers}", "--set", f"train.num_epochs={last}"]
         res = leo("train", *args, "--set", f"run.out_dir={run}", *flags, *["--resume"] * (i > 0))
@@ -352,25 +362,26 @@ def test_resume_on_other_worker_counts_keeps_the_numbers(tmp_path: Path) -> None
             assert f"on {workers} worker" in " ".join(res.stdout.split()), res.stdout
         assert read_meta(run / "partitions")["num_parts"] == workers
     rows = metrics(run)
-    assert [r["workers"] for r in rows] == [2] * 4 + [3] * 3 + [1] * 2
+    assert [r["workers"] for r in rows] == [2] * 4 + [3] * 1 + [1] * 1
     np.testing.assert_allclose(
         [r["loss"] for r in rows], [r["loss"] for r in metrics(ref)], rtol=1e-5
     )
     assert summary(run)["segments"] == [
         {"workers": 2, "first_epoch": 1, "last_epoch": 4},
-        {"workers": 3, "first_epoch": 5, "last_epoch": 7},
-        {"workers": 1, "first_epoch": 8, "last_epoch": 9},
+        {"workers": 3, "first_epoch": 5, "last_epoch": 5},
+        {"workers": 1, "first_epoch": 6, "last_epoch": 6},
     ]
     assert summary(run)["exact"] and summary(run)["world_size"] == 1
 
 
 @pytest.mark.integration
-def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
-    """Two nodes with the default cache policy: both join one probe, then train."""
+def test_two_nodes_match_one_launch(tmp_path: Path, trained_run: TrainedRun) -> None:
+    """Two nodes with the default cache policy: both join one probe, then train; the one
+    launch is the session's trained run (TINY, 2 workers, 6 epochs)."""
     common = [
         *TINY,
         "--set",
-        "train.num_epochs=5",
+        "train.num_epochs=6",
         "--set",
         "launch.nnodes=2",
         "--set",
@@ -384,13 +395,8 @@ def test_two_nodes_match_one_launch(tmp_path: Path) -> None:
     for node in nodes:
         out, err = node.communicate(timeout=300)
         assert node.returncode == 0, err
-    single = tmp_path / "single"
-    assert (
-        leo(
-            "train", *TINY, "--set", "train.num_epochs=5", "--set", f"run.out_dir={single}"
-        ).returncode
-        == 0
-    )
+    single = trained_run.folder
+    assert "train.num_epochs=6" in trained_run.settings
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
     assert summary(run)["world_size"] == 2
     # auto: node 0 chose, node 1 started its worker with the same mode (one fingerprint)
@@ -492,17 +498,17 @@ def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    four = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=4"]
-    assert leo("train", *TINY, *four, "--set", "train.checkpoint_every=2").returncode == 0
-    newest = run / "checkpoints" / "epoch_000004.pt"
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path: Path, trained_run: TrainedRun) -> None:
+    """A copy of the session's trained run (6 epochs, checkpoints at 4 and 6)."""
+    run = trained_run.copy(tmp_path / "run")
+    newest = run / "checkpoints" / "epoch_000006.pt"
     newest.write_bytes(newest.read_bytes()[:100])
-    res = leo("train", *TINY, *four, "--set", "train.checkpoint_every=2", "--resume")
+    args = [arg for item in trained_run.settings for arg in ("--set", item)]
+    res = leo("train", *args, "--set", f"run.out_dir={run}", "--resume")
     assert res.returncode == 0, res.stderr
     assert f"checkpoint {newest} cannot be read" in " ".join(res.stderr.split())
-    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]  # 3 and 4 trained again
-    assert torch.load(newest, weights_only=True)["epoch"] == 4
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]  # 5 and 6 trained again
+    assert torch.load(newest, weights_only=True)["epoch"] == 6
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

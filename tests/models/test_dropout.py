@@ -76,6 +76,7 @@ def test_ids_differing_only_in_high_bits_get_different_masks(offset: int) -> Non
     assert not same.all(dim=1).any()
 
 
+@pytest.mark.slow
 def test_distinct_ids_never_share_a_mask() -> None:
     # 2.4M rows (ogbn-products): with 64 columns at p = 0.5 a row's mask is 64 random bits, so
     # by the birthday bound even one shared mask has probability ~1e-7. A 31-bit row hash gave
@@ -155,6 +156,7 @@ def test_no_grad_dropout_is_the_grad_paths_numbers() -> None:
     assert torch.equal(lean, graded.detach())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", [True, False])
 def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> None:
     """A linear map saves its input for the weight's gradient: under `saving()` it saves how

@@ -215,6 +215,7 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path, choose_by: str) -> Non
         assert Path(recorded["mode_wisdom"]).parent == tmp_path / "cache" / "wisdom"
 
 
+@pytest.mark.slow
 def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
     """summary.json's predicted step of a cached run is the one auto chose from, for every
     mode it can choose (the plan made for the planned mode prices the others with its levels;
@@ -248,6 +249,7 @@ def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
         assert (busy is not None) == mode_of(mode).planned
 
 
+@pytest.mark.slow
 def test_load_plan_finds_only_a_plan_made_for_this_run(tmp_path: Path) -> None:
     """One `load_plan`: the plan made for these settings; None for other settings or with no
     plan; a bad file refused with a cache, and only a missing prediction without one."""

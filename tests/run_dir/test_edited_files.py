@@ -2,7 +2,13 @@
 (plan, hardware profile, partitions' META and part files, checkpoint, metrics, config) either
 refuses in one sentence that names what to fix, or trains the numbers the untouched run gives.
 It never trains other numbers while summary.json says `exact`: each case's outcome is fixed
-here, so a change of behaviour shows as a failure to read."""
+here, so a change of behaviour shows as a failure to read.
+
+Each case is decided by the readers a resume runs before its first step; they run here in
+this process (`resume_reads`) on a copy of the session's trained run (tests/conftest.py) with
+one file edited: a refusal is a LeoError naming the file, a case that trains on reads the
+untouched run's partitions and a checkpoint that run saved. Two cases go through `leo train
+--resume` end to end: one refused by a worker, one that trains the untouched run's losses."""
 
 from __future__ import annotations
 
@@ -15,13 +21,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers.cli import TINY, leo
+from conftest import TrainedRun
+from helpers.cli import leo
 
-pytestmark = [pytest.mark.dist, pytest.mark.integration]
+from leo_cli.config import load_config
+from leo_cli.errors import LeoError
+from leo_cli.graph.storage import read_meta, read_part
+from leo_cli.graph.types import DatasetInfo
+from leo_cli.launch.launcher import prepare
+from leo_cli.planner.plan import load_plan
+from leo_cli.run_dir import RunDir, checkpoint_digest
 
-ARGS = [*TINY, "--set", "train.checkpoint_every=2"]
-FIRST, LAST = 4, 6  # the edited run stopped after epoch 4; the resume trains to 6
-OTHER: list[Path] = []  # the run of another seed (the fixture's)
+pytestmark = [pytest.mark.dist, pytest.mark.integration]  # the trained run: a `leo train`
+
+FIRST, OLDER = 6, 4  # the run's newest checkpoint (the one edited) and the one kept before it
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -29,18 +42,35 @@ def losses(run: Path) -> dict[int, float]:
     return {r["epoch"]: r["loss"] for r in rows}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
-    """A 2-worker run stopped after epoch FIRST, and the losses of one trained to LAST (and
-    beside them, `other`: a run of another seed stopped at FIRST, whose checkpoints a case
-    copies in)."""
-    root = tmp_path_factory.mktemp("corpus")
-    for name, epochs, seed in (("ref", LAST, 0), ("run", FIRST, 0), ("other", FIRST, 1)):
-        res = leo("train", *ARGS, "--set", f"run.out_dir={root / name}", "--set",
-                  f"train.num_epochs={epochs}", "--set", f"run.seed={seed}")  # fmt: skip
-        assert res.returncode == 0, res.stderr
-    OTHER.append(root / "other")
-    return root / "run", losses(root / "ref")
+def resume_reads(run: Path, trained: TrainedRun) -> dict[str, Any]:
+    """What `leo train --resume` reads before training, in this process: the launcher's
+    `prepare` (config, newest checkpoint, partitions, hardware profile, plan), then each
+    worker's reads (resolved config, META, its part's files against their checksums, the
+    newest checkpoint that checks, the plan, rank 0's metrics cut back to that checkpoint).
+
+    Returns:
+        the checkpoint state the run would go on from.
+
+    Raises:
+        LeoError: the one sentence the run refuses with.
+    """
+    cfg = load_config(None, [*trained.settings, f"run.out_dir={run}"])
+    prepare(cfg, resume=True, progress=None)
+    folder = RunDir(run)
+    resolved = load_config(folder.config)
+    meta = read_meta(folder.partitions)
+    for rank in range(int(meta["num_parts"])):
+        read_part(folder.partitions, rank, mmap=True)
+    state = folder.read_latest()
+    assert state is not None, "the run has checkpoints"
+    assert load_plan(resolved, run, meta) is not None  # a plan made for this run
+    folder.truncate_metrics(int(state["epoch"]))
+    return state
+
+
+def part_files(run: Path) -> dict[str, bytes]:
+    parts = RunDir(run).partitions.resolve()
+    return {str(p.relative_to(parts)): p.read_bytes() for p in sorted(parts.rglob("*.npy"))}
 
 
 def edit_json(path: Path, change: Callable[[Any], None]) -> None:
@@ -79,13 +109,25 @@ def _lr(state: dict[str, Any]) -> None:
 
 def _older(run: Path) -> None:
     folder = run / "checkpoints"
-    shutil.copy(folder / "epoch_000002.pt", folder / f"epoch_{FIRST:06d}.pt")
+    shutil.copy(folder / f"epoch_{OLDER:06d}.pt", folder / f"epoch_{FIRST:06d}.pt")
 
 
 def _foreign(run: Path) -> None:
-    """The same epoch's checkpoint of another run (another seed: the same shapes)."""
-    name = f"epoch_{FIRST:06d}.pt"
-    shutil.copy(OTHER[0] / "checkpoints" / name, run / "checkpoints" / name)
+    """The same epoch's checkpoint of another run: every tensor of the model and of the
+    optimizer's state drawn again (another seed: the same shapes, a well-formed file)."""
+    generator = torch.Generator().manual_seed(1)
+
+    def redraw(tree: Any) -> Any:
+        if isinstance(tree, torch.Tensor) and tree.is_floating_point():
+            return torch.randn(tree.shape, generator=generator, dtype=tree.dtype)
+        if isinstance(tree, dict):
+            return {k: redraw(v) for k, v in tree.items()}
+        if isinstance(tree, list):
+            return [redraw(v) for v in tree]
+        return tree
+
+    edit_checkpoint(run, lambda state: state.update(
+        model=redraw(state["model"]), optimizer=redraw(state["optimizer"])))  # fmt: skip
 
 
 def _garble_line(run: Path) -> None:
@@ -186,16 +228,48 @@ EDITS: dict[str, tuple[Callable[[Path], None], str, str]] = {
 
 
 @pytest.mark.parametrize("case", list(EDITS))
-def test_an_edited_run_file_is_refused_or_gives_the_same_numbers(
-    case: str, runs: tuple[Path, dict[int, float]], tmp_path: Path
+def test_an_edited_run_file_is_refused_or_read_as_the_untouched_run(
+    case: str, trained_run: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    finished, reference = runs
     edit, outcome, names = EDITS[case]
-    run = tmp_path / "run"
-    shutil.copytree(finished, run, symlinks=False)  # partitions become the copy's own
+    run = trained_run.copy(tmp_path / "run")
+    recorded = RunDir(run).recorded_digests()
     edit(run)
-    res = leo("train", *ARGS, "--set", f"run.out_dir={run}", "--set", f"train.num_epochs={LAST}",
-              "--resume")  # fmt: skip
+    capsys.readouterr()
+    if outcome == "refused":
+        with pytest.raises(LeoError) as info:  # one sentence (the CLI prints no traceback)
+            resume_reads(run, trained_run)
+        message = " ".join(str(info.value).split())
+        assert names in message, message
+        return
+    state = resume_reads(run, trained_run)
+    assert names in " ".join(capsys.readouterr().err.split())
+    # It goes on from a checkpoint the untouched run saved (the digest its metrics row
+    # recorded): the newest, or the one before when the newest was skipped.
+    epoch = int(state["epoch"])
+    assert epoch == (OLDER if names == SKIPPED else FIRST), case
+    assert checkpoint_digest(state).hex() == recorded[epoch]
+    assert [r["epoch"] for r in RunDir(run).read_metrics()] == list(range(1, epoch + 1))
+    # on the untouched run's parts and the counts of META.json training reads (a META edit
+    # elsewhere, such as the node count, is a statistic no number depends on)
+    assert part_files(run) == part_files(trained_run.folder)
+    meta = read_meta(RunDir(run).partitions)
+    untouched = read_meta(trained_run.folder / "partitions")
+    assert DatasetInfo.from_meta(meta) == DatasetInfo.from_meta(untouched)
+    assert meta["num_parts"] == untouched["num_parts"]
+
+
+@pytest.mark.parametrize("case", ["part file: a byte flipped", "checkpoint: a weight changed"])
+def test_an_edited_run_file_through_leo_train_resume(
+    case: str, trained_run: TrainedRun, tmp_path: Path
+) -> None:
+    """End to end: a worker's refusal reaches the console as one sentence; a skipped
+    checkpoint costs epochs, and the run trains the untouched run's losses to the end."""
+    edit, outcome, names = EDITS[case]
+    run = trained_run.copy(tmp_path / "run")
+    edit(run)
+    sets = [arg for item in trained_run.settings for arg in ("--set", item)]
+    res = leo("train", *sets, "--set", f"run.out_dir={run}", "--resume")
     assert "Traceback" not in res.stderr, res.stderr
     if outcome == "refused":
         assert res.returncode != 0, f"{case}: trained\n{res.stdout}"
@@ -204,10 +278,11 @@ def test_an_edited_run_file_is_refused_or_gives_the_same_numbers(
         return
     assert res.returncode == 0, f"{case}: {res.stderr}"
     assert names in " ".join(res.stderr.split()), res.stderr
-    got = losses(run)
-    assert sorted(got) == list(range(1, LAST + 1))
+    got, reference = losses(run), losses(trained_run.folder)
+    assert sorted(got) == list(range(1, FIRST + 1))
     np.testing.assert_allclose(
-        [got[e] for e in range(1, LAST + 1)], [reference[e] for e in range(1, LAST + 1)], rtol=1e-5
-    )
+        [got[e] for e in range(1, FIRST + 1)], [reference[e] for e in range(1, FIRST + 1)],
+        rtol=1e-5,
+    )  # fmt: skip
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exact"] is True

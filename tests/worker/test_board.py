@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import leo
+from conftest import TrainedRun
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.launcher import check_tensorboard
+from leo_cli.run_dir import RunDir
 from leo_cli.worker.board import Board
 
 
@@ -71,18 +72,10 @@ def test_rank_0_without_the_package_says_so(
 
 
 @pytest.mark.integration
-def test_leo_train_writes_rank_0s_events(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    result = leo(
-        "train",
-        "--set", f"run.out_dir={out}",
-        "--set", "run.tensorboard=true",
-        "--set", "data.synthetic.num_nodes=400",
-        "--set", "train.num_epochs=3",
-        "--set", "train.eval_every=1",
-        "--set", "partition.num_parts=2",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    got = scalars(out / "tensorboard")
-    assert [step for step, _ in got["loss"]] == [1, 2, 3]
-    assert [step for step, _ in got["val_acc"]] == [1, 2, 3]
+def test_leo_train_writes_rank_0s_events(trained_run: TrainedRun) -> None:
+    """The session's trained run: 2 workers, run.tensorboard=true, evaluation every epoch."""
+    assert "run.tensorboard=true" in trained_run.settings
+    epochs = len(RunDir(trained_run.folder).read_metrics())
+    got = scalars(trained_run.folder / "tensorboard")
+    assert [step for step, _ in got["loss"]] == list(range(1, epochs + 1))
+    assert [step for step, _ in got["val_acc"]] == list(range(1, epochs + 1))

@@ -82,6 +82,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not has_mallinfo2(), reason="glibc only")
 def test_kept_memory_is_reused_without_page_faults() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
@@ -100,15 +101,26 @@ def test_kept_memory_is_reused_without_page_faults() -> None:
     assert mapped >= 5 * huge_pages  # the test tells the two apart
 
 
-def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def collects(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """gc.collect recorded, not run: after a session's worth of objects a full collection
+    takes seconds, and what it frees is not what these tests check."""
+    calls: list[str] = []
+    monkeypatch.setattr(rss.gc, "collect", lambda *args: calls.append("collect") or 0)
+    return calls
+
+
+def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch, collects: list[str]) -> None:
     monkeypatch.setattr(rss.platform, "libc_ver", lambda: ("", ""))
     monkeypatch.setattr(rss.ctypes, "CDLL", lambda *a: pytest.fail("libc was loaded"))
     assert memory.fix_mmap_threshold() is False
     assert memory.keep_freed_memory() is False
     assert memory.after_setup(True) is False and memory.after_setup(False) is False
     assert rss.hand_back_freed_memory() is False
+    assert collects == ["collect"] * 3  # garbage is still collected
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not has_mallinfo2(), reason="glibc only")
 def test_freed_heap_pages_are_handed_back() -> None:
     """What a process freed on its heap (small blocks below the mmap threshold, as a
@@ -150,7 +162,9 @@ def test_worker_fixes_the_threshold_before_set_up(
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_after_setup_trims_then_keeps_or_not(keep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_setup_trims_then_keeps_or_not(
+    keep: bool, monkeypatch: pytest.MonkeyPatch, collects: list[str]
+) -> None:
     calls: list[tuple[str, int]] = []
 
     class FakeLibc:
@@ -167,3 +181,4 @@ def test_after_setup_trims_then_keeps_or_not(keep: bool, monkeypatch: pytest.Mon
     assert memory.after_setup(keep) is True
     kept = [("mallopt", memory.M_MMAP_MAX), ("mallopt", memory.M_TRIM_THRESHOLD)]
     assert calls == [("trim", 0)] + (kept if keep else [])
+    assert collects == ["collect"]  # garbage collected once
