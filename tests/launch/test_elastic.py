@@ -146,6 +146,7 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     assert json.loads((run / "regrouped.json").read_text())["regroup_s"] > 0
 
 
+@pytest.mark.integration  # spawns the partitioning child
 def test_the_regroup_partitions_in_a_child_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,7 @@ def test_a_planted_emulate_folder_link_is_replaced(tmp_path: Path) -> None:
     assert folder.is_dir() and not folder.is_symlink() and not any(elsewhere.iterdir())
 
 
+@pytest.mark.integration  # starts interpreters
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH needs Python 3.11")
 def test_nodes_never_import_a_package_planted_in_the_current_folder(tmp_path: Path) -> None:
     planted = tmp_path / "leo_cli"
