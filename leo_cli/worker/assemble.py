@@ -34,7 +34,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency, transpose_scales
-from leo_cli.planner.auto_mode import OWN_LEVELS
+from leo_cli.planner.auto_mode import OWN_LEVELS, PLANNED_LEVELS
 from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.reach import reads_in_place
 from leo_cli.registry import is_auto, mode_of, row_transport
@@ -303,9 +303,17 @@ def chosen_levels(
     or without rows read in place (those travel in bulk with the rest, as they do for a mode
     that reads nothing in place)."""
     setting = cfg.pipeline.levels
-    if setting == OWN_LEVELS:
+    if keeps_plan_levels(cfg):
         return levels, every_row
     replicas = [] if setting == "no-replicas" else levels.replica_rows
     if setting == "no-in-place" or not mode_of(cfg.pipeline.mode).reads_in_place:
         return RankLevels(levels.static_aggregate, replicas, []), None
     return RankLevels(levels.static_aggregate, replicas, levels.l3_rows), every_row
+
+
+def keeps_plan_levels(cfg: LeoConfig) -> bool:
+    """Whether `chosen_levels` leaves the plan's levels as they are: its own plan, or the
+    planned mode's taken as planned by a mode that reads in place as that mode does."""
+    setting = cfg.pipeline.levels
+    planned = setting == PLANNED_LEVELS and mode_of(cfg.pipeline.mode).reads_in_place
+    return setting == OWN_LEVELS or planned

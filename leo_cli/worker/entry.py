@@ -38,20 +38,20 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.kernels import active_backend
-from leo_cli.planner.auto_mode import (
-    OWN_LEVELS,
-    PLANNED_LEVELS,
-    read_choice,
-    refuse_unresolved,
-    summary_fields,
-)
+from leo_cli.planner.auto_mode import read_choice, refuse_unresolved, summary_fields
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of, planned_mode
 from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
-from leo_cli.worker.assemble import PartTensors, build_job, halo_plan, part_tensors
+from leo_cli.worker.assemble import (
+    PartTensors,
+    build_job,
+    halo_plan,
+    keeps_plan_levels,
+    part_tensors,
+)
 from leo_cli.worker.board import Board
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 from leo_cli.worker.report import plot_curves, summarize
@@ -183,15 +183,12 @@ def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) ->
     bytes), and whether the numbers are exact."""
     mode = mode_of(cfg.pipeline.mode)
     extras: dict[str, Any] = {"exact": mode.exact or world_size == 1, "workers": world_size}
-    as_planned = cfg.pipeline.levels == OWN_LEVELS or (
-        cfg.pipeline.levels == PLANNED_LEVELS and mode.reads_in_place
-    )  # worker/assemble.py chosen_levels: the plan's levels unchanged
     if (
         cache_plan is not None
         and cfg.cache.enabled
         and mode.cache_levels
         and not mode.per_edge_rows
-        and as_planned
+        and keeps_plan_levels(cfg)
     ):
         for level in ("L2", "L3"):
             rows = cache_plan.bytes_per_level
