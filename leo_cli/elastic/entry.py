@@ -34,9 +34,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli.comm.dist import DistEnv, all_gather_, init_process_group
-from leo_cli.comm.process import rank_entry, run_rank
+from leo_cli.comm.process import die_with_parent, rank_entry, run_rank
 from leo_cli.config import LeoConfig, load_config, write_resolved
-from leo_cli.errors import TrainError
+from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part_weigher
@@ -104,17 +104,23 @@ def partition_apart(cfg: LeoConfig, run_dir: Path, hardware: Path | None) -> Non
     threads): pymetis holds the GIL while it runs, which would stop this worker's heartbeat
     thread, and the watch would end a large graph's partitioning as a hung worker.
 
+    The child dies with this worker (a worker ended mid-regroup leaves no partitioning
+    behind to write into the run folder later).
+
     Raises:
-        TrainError: the child died (killed, out of memory); its LeoErrors come back as such.
+        TrainError: the child died or failed other than on bad input (killed, out of
+            memory); its LeoErrors come back as such.
     """
     context = multiprocessing.get_context("spawn")
     try:
-        with ProcessPoolExecutor(1, mp_context=context) as pool:
+        with ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent) as pool:
             pool.submit(_partition, cfg, run_dir, hardware).result()
-    except BrokenProcessPool:
+    except LeoError:
+        raise
+    except (BrokenProcessPool, MemoryError, OSError) as exc:
         raise TrainError(
-            f"the process re-partitioning {run_dir} for fewer workers died (out of memory?); "
-            "its log is under the run's logs/."
+            f"the process re-partitioning {run_dir} for fewer workers failed "
+            f"({type(exc).__name__}: out of memory?); its log is under the run's logs/."
         ) from None
 
 

@@ -74,6 +74,9 @@ def node_env(c: Cluster, rank: int, num_parts: int) -> dict[str, str]:
     return own_package_env(env)
 
 
+SAFE_PATH_PYTHON = (3, 11)  # the first Python that reads PYTHONSAFEPATH
+
+
 def own_package_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for Python processes started as root in a folder someone else may write: the
     current folder is not put on `sys.path` (PYTHONSAFEPATH; Python 3.11 and later), this
@@ -131,6 +134,11 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = Fals
         Interrupted: SIGINT / SIGTERM (every node is stopped first).
     """
     assert cfg.launch.emulate is not None
+    if sys.version_info < SAFE_PATH_PYTHON:  # nothing keeps the current folder off the path
+        raise ConfigError(
+            "launch.emulate starts its nodes as root and needs Python 3.11 or later (which can "
+            "keep the current folder off their module path); run it with a newer Python."
+        )
     run_dir = cfg.run.folder.resolve()
     parts = cfg.partition.num_parts
     check_split(parts, cfg.launch.emulate.nodes)

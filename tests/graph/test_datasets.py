@@ -7,6 +7,7 @@ import io
 import os
 import pickle
 import struct
+import zipfile
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -372,4 +373,19 @@ def test_npz_member_that_inflates_like_a_zip_bomb_is_refused_unread(
     monkeypatch.setattr(npz, "INFLATION_FLOOR", 1 << 30)
     monkeypatch.setattr(npz, "available_memory_bytes", lambda: 1 << 20)
     with pytest.raises(DataError, match=r"bomb\.npz inflates to 0\.0 GiB, more than the 0\.0"):
+        npz.load_npz(path)
+
+
+def test_npz_member_whose_header_declares_more_than_it_holds_is_refused(tmp_path: Path) -> None:
+    """numpy allocates the shape an .npy header declares before reading it: a member of a few
+    bytes declaring 10^12 elements is refused in one sentence, not allocated."""
+    from leo_cli.graph.datasets import npz
+
+    header = io.BytesIO()
+    fields = {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
+    np.lib.format.write_array_header_1_0(header, fields)
+    path = tmp_path / "liar.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + bytes(16))
+    with pytest.raises(DataError, match=r"liar\.npz: member x\.npy declares 8,000,000,000,000 "):
         npz.load_npz(path)

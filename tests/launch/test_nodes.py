@@ -99,3 +99,15 @@ def test_every_train_start_sweeps_what_killed_emulated_runs_left(
     common.sweep_segments()
     out = " ".join(capsys.readouterr().out.split())
     assert "removed 3 network namespaces of emulated nodes a killed run left behind" in out
+
+
+def test_emulation_is_refused_where_python_cannot_keep_the_current_folder_off_the_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from leo_cli.config import load_config
+    from leo_cli.errors import ConfigError
+
+    monkeypatch.setattr(nodes.sys, "version_info", (3, 10, 14))
+    cfg = load_config(None, ["launch.emulate={nodes: 2}"])
+    with pytest.raises(ConfigError, match="needs Python 3.11 or later"):
+        nodes.run_nodes(cfg, "train", [])

@@ -42,6 +42,8 @@ def _read(path: Path) -> dict[str, np.ndarray]:
         _check_inflation(path)
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
+    except MemoryError:
+        raise DataError(f"{path} does not fit in this machine's memory.") from None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise DataError(
             f"{path} is not a readable .npz file without pickled objects ({err})."
@@ -49,9 +51,13 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 
 
 def _check_inflation(path: Path) -> None:
-    """Refuse an archive whose declared sizes are a zip bomb or exceed the free memory."""
+    """Refuse an archive whose declared sizes are a zip bomb or exceed the free memory: the
+    zip's sizes, and each array's own header (numpy allocates the shape it declares before
+    reading a byte)."""
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
+        for info in members:
+            _check_declared(path, archive, info)
     for info in members:
         ratio = info.file_size / max(info.compress_size, 1)
         if info.file_size > INFLATION_FLOOR and ratio > MAX_INFLATION:
@@ -65,6 +71,29 @@ def _check_inflation(path: Path) -> None:
         raise DataError(
             f"{path} inflates to {total / 2**30:,.1f} GiB, more than the "
             f"{free / 2**30:,.1f} GiB of memory free here; load it on a larger machine."
+        )
+
+
+def _check_declared(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    """An .npy member's declared shape must fit in the bytes the member holds."""
+    if not info.filename.endswith(".npy"):
+        return
+    with archive.open(info) as member:
+        try:
+            version = np.lib.format.read_magic(member)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(member)
+        except ValueError:
+            return  # not an array header: np.load says what is wrong
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if declared > info.file_size:
+        raise DataError(
+            f"{path}: member {info.filename} declares {declared:,} bytes of shape "
+            f"{tuple(shape)} but holds {info.file_size:,}; write the file with numpy.savez."
         )
 
 
