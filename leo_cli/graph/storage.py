@@ -143,7 +143,7 @@ def read_meta(root: Path, stage: bool = True) -> dict[str, Any]:
     if root.is_symlink() and not root.exists():
         raise PartitionError(
             f"{root} links to {os.readlink(root)}, which is gone (a cleared run.cache_dir?); "
-            "run `leo partition` to rebuild it."
+            "`leo train` rebuilds it (with --resume for a trained run)."
         )
     if not path.is_file():
         raise PartitionError(f"{path} is missing; run `leo partition` (add --force to rebuild).")

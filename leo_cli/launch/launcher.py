@@ -131,7 +131,7 @@ def written(path: Path) -> tuple[int, int, int] | None:
     """Which write of `path` is there (inode, mtime, size): an atomic rewrite is a new inode."""
     try:
         stat = path.stat()
-    except FileNotFoundError:
+    except OSError:  # missing, or unreadable for now (a shared folder's hiccup): not there
         return None
     return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 

@@ -161,6 +161,7 @@ def test_train_gives_same_numbers_for_1_2_4_workers(
     2 workers: the first 4 epochs of the session's trained run (the same graph and model;
     an epoch's numbers do not depend on train.num_epochs)."""
     assert set(TINY[1::2]) <= set(trained_run.settings)  # TINY's graph and width
+    assert summary(trained_run.folder)["world_size"] == 2
     curves = {1: one_worker, 2: metrics(trained_run.folder)[:4]}
     assert ("huge pages" in summary(trained_run.folder)["allocator"]) is True
     kept = ["launch.keep_freed_memory=true", "launch.huge_pages=false"]
