@@ -170,6 +170,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
         "test_acc": acc,
         "final_loss": float(loss),
         "setup_s": setup_s,
+        "run_setup_s": setup_s,  # a peer reuses nothing
         "wall_s": time.time() - started,
         "peak_rss_bytes": [peak_rss_bytes()],
         "peak_rss_total_bytes": peak_rss_bytes(),  # the peer is one process

@@ -61,6 +61,7 @@ COLUMNS = (
     "vs_pyg_ci_high",
     "interval",
     "setup_s",
+    "run_setup_s",
     "wall_s",
     "cost_200_epochs_s",
     "comm_bytes_per_epoch",
@@ -156,6 +157,7 @@ def make_rows(
                 "vs_pyg_ci_high": vs_pyg.get("ci_high"),
                 "interval": (vs_blocking or vs_pyg or vs_variant).get("interval"),
                 "setup_s": setup,
+                "run_setup_s": _median(m.runs, "run_setup_s"),
                 "setup_parts_s": _median_parts(m.runs),
                 "wall_s": _median(m.runs, "wall_s"),
                 "cost_200_epochs_s": None
