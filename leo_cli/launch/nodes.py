@@ -11,12 +11,14 @@ planted there would run as root); this package's own folder is put there instead
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -85,33 +87,56 @@ def own_package_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def node_folder(run_dir: Path) -> Path:
-    """`<run>/emulate`, a real folder: a link planted under its name is removed first (so
-    nothing written there lands where it points)."""
+@dataclass
+class NodeFolder:
+    """`<run>/emulate`, opened once as a real folder: every file root makes there is made
+    through this handle (`dir_fd`), so a link swapped in for the folder (or planted under a
+    file's name) afterwards redirects nothing."""
+
+    path: Path
+    fd: int
+
+    def new_file(self, name: str) -> IO[str]:
+        """A new text file `name` here (an old one, or a link under its name, removed first).
+
+        Raises:
+            TrainError: something took the name between the removal and the opening.
+        """
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)  # the name only: a link's target stays as it is
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, 0o644, dir_fd=self.fd)
+        except OSError as exc:
+            raise TrainError(
+                f"cannot create {self.path / name} for an emulated node ({exc.strerror}); "
+                "check who else writes the run folder."
+            ) from None
+        return os.fdopen(fd, "w", encoding="utf-8")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def node_folder(run_dir: Path) -> NodeFolder:
+    """`<run>/emulate`, a real folder, opened (a link planted under its name is removed
+    first, and one swapped in while it opens is refused).
+
+    Raises:
+        TrainError: the folder cannot be opened as a folder of its own.
+    """
     folder = RunDir(run_dir).emulate
     if folder.is_symlink():
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def open_log(path: Path) -> IO[str]:
-    """A new log file at `path` (an old one removed first), never opened through a link or
-    onto a file someone linked there.
-
-    Raises:
-        TrainError: something took the name between the removal and the opening.
-    """
-    path.unlink(missing_ok=True)  # the name only: a link's target stays as it is
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        return NodeFolder(folder, os.open(folder, flags))
     except OSError as exc:
         raise TrainError(
-            f"cannot create the emulated node's log {path} ({exc.strerror}); check who else "
-            "writes the run folder."
+            f"cannot open {folder} for the emulated nodes' logs ({exc.strerror}); check who "
+            "else writes the run folder."
         ) from None
-    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def stop_with_parent() -> None:
@@ -151,11 +176,12 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = Fals
                 text = dump_config(node_config(cfg, c, node.rank, run_dir))
                 path = c.folder / f"node_{node.rank}.yaml"  # what the node reads: root's alone
                 files.write_text(path, text)
-                files.write_text(folder / path.name, text)  # the run's record of it
+                with folder.new_file(path.name) as record:  # the run's record of it
+                    record.write(text)
                 argv = [sys.executable, "-m", "leo_cli", command, "--config", str(path), *flags]
                 log: IO[str] | None = None
                 if node.rank > 0 or quiet:
-                    log = open_log(folder / f"node_{node.rank}.log")
+                    log = folder.new_file(f"node_{node.rank}.log")
                     logs.append(log)
                 procs.append(
                     subprocess.Popen(
@@ -164,11 +190,12 @@ def run_nodes(cfg: LeoConfig, command: str, flags: list[str], quiet: bool = Fals
                         start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only
                     )
                 )  # fmt: skip
-            wait_all(procs, folder, quiet)
+            wait_all(procs, folder.path, quiet)
         finally:
             stop_all(procs)
             for log in logs:
                 log.close()
+            folder.close()
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], folder: Path, quiet: bool = False) -> None:

@@ -24,7 +24,7 @@ def test_a_log_planted_as_a_link_is_replaced_not_written_through(tmp_path: Path)
     run = tmp_path / "run"
     RunDir(run).emulate.mkdir(parents=True)
     (RunDir(run).emulate / "node_1.log").symlink_to(target)
-    with nodes.open_log(nodes.node_folder(run) / "node_1.log") as log:
+    with nodes.node_folder(run).new_file("node_1.log") as log:
         log.write("node 1 says hello\n")
     assert target.read_text() == "keep me"
     assert (RunDir(run).emulate / "node_1.log").read_text() == "node 1 says hello\n"
@@ -37,8 +37,24 @@ def test_a_planted_emulate_folder_link_is_replaced(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     RunDir(run).emulate.symlink_to(elsewhere)
-    folder = nodes.node_folder(run)
+    folder = nodes.node_folder(run).path
     assert folder.is_dir() and not folder.is_symlink() and not any(elsewhere.iterdir())
+
+
+def test_a_link_swapped_in_for_the_folder_after_it_opened_redirects_nothing(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    folder = nodes.node_folder(run)
+    folder.path.rename(tmp_path / "moved")  # someone swaps the opened folder for a link
+    folder.path.symlink_to(elsewhere)
+    with folder.new_file("node_1.log") as log:
+        log.write("hello\n")
+    folder.close()
+    assert not any(elsewhere.iterdir())
+    assert (tmp_path / "moved" / "node_1.log").read_text() == "hello\n"
 
 
 @pytest.mark.integration  # starts interpreters
