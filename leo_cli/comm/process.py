@@ -9,14 +9,16 @@ for this one in a collective), and leaves without tearing gloo down (`rank_entry
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import forkserver
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from leo_cli.comm.dist import DistEnv
 from leo_cli.comm.placement import pin_rank
@@ -30,6 +32,10 @@ LINKS_ENV = "LEO_EMULATED_LINKS"  # every emulated node's uplink, comma-separate
 ALLOCATOR_ENV = "LEO_ALLOCATOR"  # the allocator the launcher preloaded, for probe ranks to record
 BEAT_S = 1.0  # how often a rank touches its heartbeat file (launch/heartbeat.py watches)
 HEARTBEATS = RunDir.HEARTBEATS  # in the folder the launcher watches (launch/heartbeat.py)
+
+# This process's environment as it imported this module: in a worker forked from the launcher's
+# server (launch/preload.py), the server's, before torch elastic added the worker's variables.
+_IMPORT_ENV = dict(os.environ)
 
 
 def die_with_parent() -> None:
@@ -71,6 +77,29 @@ def run_rank(
             files.write_text(errors_dir / f"rank_{env.rank}", str(exc))
         print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT
+
+
+def run_started(module: str, args: list[str], launch_env: dict[str, str]) -> None:
+    """A worker forked from the launcher's server (launch/preload.py): run `module`'s
+    `main(args)` as `python -m module args` would, in the launch's environment plus the
+    variables torch elastic set for this worker. A non-zero code leaves by SystemExit, as the
+    agent reads exit codes; multiprocessing ends the process without interpreter teardown."""
+    # multiprocessing hands every child the server's "alive" pipe, which keeps the server (this
+    # worker's parent) up while a child lives: closed, the server ends with the launcher, and
+    # `die_with_parent` ends this worker with the server.
+    server: Any = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    worker_vars = {k: v for k, v in os.environ.items() if _IMPORT_ENV.get(k) != v}
+    os.environ.clear()
+    os.environ.update({**launch_env, **worker_vars})
+    sys.argv = [module, *args]
+    code = importlib.import_module(module).main(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        raise SystemExit(code)
 
 
 def rank_entry(main: Callable[[], int]) -> NoReturn:

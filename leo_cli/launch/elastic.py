@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.launch.preload import ensure_server, entry_point, forks_workers
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
@@ -81,7 +81,9 @@ _SHUTDOWN: dict[str, Any] = (
 )
 
 
-def launch_config(cfg: LeoConfig, run_dir: Path, elastic: bool = False) -> LaunchConfig:
+def launch_config(
+    cfg: LeoConfig, run_dir: Path, elastic: bool = False, start_method: str = "spawn"
+) -> LaunchConfig:
     """The agent's launch config. Under `launch.nnodes: MIN:MAX` every launch rendezvouses
     through c10d hosted by node 0's agent, so the probe's ranks are numbered as training's
     (c10d orders machines by host name, not `launch.node_rank`); `elastic`: training, whose
@@ -104,7 +106,7 @@ def launch_config(cfg: LeoConfig, run_dir: Path, elastic: bool = False) -> Launc
         rdzv_timeout=int(lc.timeout_s),
         max_restarts=lc.max_restarts,
         monitor_interval=0.2,
-        start_method="spawn",
+        start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).logs), redirects=Std.ALL),
         **_SHUTDOWN,
     )
@@ -135,8 +137,7 @@ def launch_module(
     stopped the workers). Shared-memory segments of the job are removed however it ends.
     """
     # Like torchrun: workers share the cores instead of each spawning one thread per core.
-    nproc = workers_per_node(cfg)
-    os.environ["OMP_NUM_THREADS"] = worker_threads(nproc)
+    os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))
     placement = placement_env(cfg.launch.cpu_affinity, USER_THREADS)
     if placement is None:  # this process launches many jobs: no earlier job's placement
         os.environ.pop(AFFINITY_ENV, None)
@@ -148,16 +149,15 @@ def launch_module(
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     job = os.environ[JOB_ENV] = new_job()  # names this launch's shared-memory segments
-    allocator = workers_allocator(cfg.launch)
     with (
-        allocator_env(allocator),
+        allocator_env(workers_allocator(cfg.launch)),
         HeartbeatWatch(run_dir, cfg.launch.timeout_s) as watch,
         own_signal_handlers(),
     ):
         try:
-            elastic_launch(launch_config(cfg, run_dir, elastic), entrypoint=sys.executable)(
-                "-m", module, *args
-            )
+            entrypoint, entry_args, start_method = entry_point(cfg, module, args)
+            config = launch_config(cfg, run_dir, elastic, start_method)
+            elastic_launch(config, entrypoint=entrypoint)(*entry_args)
         except SignalException as exc:  # the agent stopped the workers first
             raise Interrupted(int(exc.sigval)) from None
         except ChildFailedError as exc:
@@ -168,6 +168,17 @@ def launch_module(
             raise TrainError(message) from None
         finally:
             remove_job(job)  # the segments a killed worker had not unlinked yet
+
+
+def start_early(cfg: LeoConfig, module: str = "leo_cli.worker.entry") -> None:
+    """Start the server the workers of `module` will fork from (launch/preload.py) in the
+    environment `launch_module` gives them, so its imports run beside this process's set-up.
+    A launch in another environment starts another one."""
+    if not forks_workers(cfg):
+        return
+    os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))
+    with allocator_env(workers_allocator(cfg.launch)):
+        ensure_server(module)
 
 
 @contextlib.contextmanager

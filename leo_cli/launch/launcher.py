@@ -22,7 +22,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.choice import choose_mode, keep_trials
-from leo_cli.launch.elastic import launch_module, workers_per_node
+from leo_cli.launch.elastic import launch_module, start_early, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
     accesses_kept,
@@ -170,6 +170,7 @@ def prepare(
     a reused output's making)."""
     timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
+    start_early(cfg)  # the workers' imports, beside the set-up below
     run_dir = cfg.run.folder.resolve()
     if cfg.launch.node_rank > 0:
         # An earlier launch's files (--overwrite) must not start this node's agent while node

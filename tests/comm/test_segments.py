@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from leo_cli.comm import segments
 from leo_cli.config import load_config
-from leo_cli.launch import elastic
+from leo_cli.launch import elastic, preload
 from leo_cli.util.interrupt import Interrupted
 
 
@@ -82,6 +82,7 @@ def test_launcher_removes_its_jobs_segments_when_interrupted(
         raise AssertionError("not called")
 
     monkeypatch.setattr(elastic, "elastic_launch", agent)
+    monkeypatch.setattr(preload, "ensure_server", lambda module: None)  # no agent, no workers
     cfg = load_config(None, [f"run.out_dir={tmp_path}"])
     saved = signal.signal(signal.SIGTERM, mine)
     try:

@@ -20,7 +20,7 @@ from leo_cli.comm.segments import JOB_ENV
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import CacheError, ConfigError, TrainError
 from leo_cli.launch import allocator as allocator_module
-from leo_cli.launch import elastic
+from leo_cli.launch import elastic, preload
 from leo_cli.launch import probe as probe_module
 from leo_cli.launch import stages as plan_stage
 from leo_cli.launch.allocator import (
@@ -186,6 +186,7 @@ def test_the_workers_are_launched_with_the_huge_pages_setting(
         return run
 
     monkeypatch.setattr(elastic, "elastic_launch", agent)
+    monkeypatch.setattr(preload, "ensure_server", lambda module: None)  # no agent, no workers
     cfg = load_config(None, [f"run.out_dir={tmp_path}", f"launch.huge_pages={str(huge).lower()}"])
     elastic.launch_module(cfg, tmp_path, "leo_cli.worker.entry", [])
     assert seen["value"] == ("1" if huge else None)

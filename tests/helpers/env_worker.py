@@ -1,0 +1,29 @@
+"""A stand-in worker module for launch tests: `main([dir, code])` writes what its process sees
+to `<dir>/<pid>.json` and returns `code`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from leo_cli.comm.segments import JOB_ENV
+
+
+def main(argv: list[str]) -> int:
+    seen = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "rank": os.environ.get("RANK"),
+        "job": os.environ.get(JOB_ENV),
+        "mark": os.environ.get("LEO_TEST_MARK"),
+        "argv": sys.argv[1:],
+        "cli": sorted(m for m in sys.modules if m.startswith("leo_cli.cli")),
+    }
+    Path(argv[0], f"{os.getpid()}.json").write_text(json.dumps(seen))
+    return int(argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
