@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 import typer
-
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -33,7 +32,7 @@ FORMAT_HELP = (
     "How tables print: auto (Rich tables when stdout is a terminal, plain otherwise), table, "
     "plain (each table's title, then its rows one per line with tab-separated cells, then its "
     "notes; never wrapped), tsv (a header line and tab-separated rows only; titles, notes and "
-    "progress go to stderr), json (one JSON object per row, its table's name under \"table\"; "
+    'progress go to stderr), json (one JSON object per row, its table\'s name under "table"; '
     "the rest to stderr)."
 )
 FormatOpt = Annotated[
@@ -113,14 +112,17 @@ class Format(Protocol):
 class TableFormat:
     """Rich tables, for a terminal (wrapped to its width)."""
 
-    def __init__(self) -> None:
-        self.console = console
+    def __init__(self, shown_on: Console = console) -> None:
+        self.console = shown_on
 
     def sheet(self, sheet: Sheet) -> None:
         table = Table(title=escape(sheet.title), show_header=sheet.header, show_lines=sheet.lines)
         for name in sheet.columns:
-            justify = "right" if name in sheet.right else "left"
-            table.add_column(escape(name), justify=justify, style=sheet.styles.get(name, ""))
+            table.add_column(
+                escape(name),
+                justify="right" if name in sheet.right else "left",
+                style=sheet.styles.get(name, ""),
+            )
         for row in sheet.rows:
             table.add_row(*(escape(c) for c in row))
         table.caption = escape("\n".join(sheet.notes)) or None
@@ -203,6 +205,7 @@ def output(name: str) -> Format:
         "json": JsonFormat,
     }
     return kinds[name]()
+
 
 STAGE_LABELS = {
     "load": "load dataset",
