@@ -106,7 +106,7 @@ def test_a_python_without_dgl_skips_the_row_in_one_sentence(tmp_path: Path) -> N
     said: list[str] = []
     cfg = load_config(None, [*TINY, "bench.world_sizes=[1]", "bench.peers=[dgl]"])
     rows = variants(cfg, said.append)
-    assert [r.system for r in rows] == ["leo", "leo"] and len(said) == 1
+    assert {r.system for r in rows} == {"leo"} and len(said) == 1  # LEO's rows only
     assert said[0].startswith(f"DGL does not import under {sys.executable}")
     assert said[0].endswith("bench.peer_python names an interpreter that has it: the dgl row is "
                             "skipped.")  # fmt: skip
