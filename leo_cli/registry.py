@@ -1,4 +1,5 @@
-"""The tables LEO grows along: pipeline modes, cache policies and convolutions, one record each.
+"""The tables LEO grows along: pipeline modes, cache policies, convolutions and the bench's
+peers, one record each.
 
 In the spirit of torch.distributed.pipelining's schedule table and torchtitan's `TrainSpec`:
 a record says what the rest of the code needs to know about a mode or a convolution, as
@@ -22,6 +23,7 @@ Transport = Literal["point-to-point", "all-to-all", "segment", "none"]
 # hidden share is (baseline - overlap) / (baseline - floor).
 BenchRole = Literal["baseline", "floor", "overlap"]
 EdgeWeights = Literal["symmetric", "mean", "sum", "attention"]
+Framework = Literal["pyg", "dgl"]  # whose layers a bench peer trains
 
 
 @dataclass(frozen=True)
@@ -368,6 +370,7 @@ class Conv:
             apply (both rest on aggregating raw inputs first).
         elu: ELU between layers (else ReLU).
         pyg_peer: the PyTorch Geometric layer `leo bench` compares with, or None.
+        dgl_peer: the DGL layer `leo bench` compares with, or None.
     """
 
     name: str
@@ -379,6 +382,11 @@ class Conv:
     attention: bool = False
     elu: bool = False
     pyg_peer: str | None = None
+    dgl_peer: str | None = None
+
+    def peer_layer(self, framework: Framework) -> str | None:
+        """The layer of `framework` that a peer of that framework trains for this one."""
+        return {"pyg": self.pyg_peer, "dgl": self.dgl_peer}[framework]
 
     @property
     def admits_replicas(self) -> bool:
@@ -404,14 +412,22 @@ class Conv:
 CONVS: dict[str, Conv] = {
     c.name: c
     for c in (
-        Conv("gcn", "Kipf & Welling's GCN", "symmetric", pyg_peer="GCNConv"),
-        Conv("sage", "GraphSAGE, mean aggregator", "mean", extra_gemm=True, root_map=True),
+        Conv("gcn", "Kipf & Welling's GCN", "symmetric", pyg_peer="GCNConv", dgl_peer="GraphConv"),
+        Conv(
+            "sage",
+            "GraphSAGE, mean aggregator",
+            "mean",
+            extra_gemm=True,
+            root_map=True,
+            dgl_peer="SAGEConv",
+        ),
         Conv(
             "gin",
             "GIN with a learnt eps and a 2-layer MLP",
             "sum",
             extra_gemm=True,
             learnt_self_weight=True,
+            dgl_peer="GINConv",
         ),
         Conv(
             "gat",
@@ -420,6 +436,7 @@ CONVS: dict[str, Conv] = {
             attention=True,
             elu=True,
             pyg_peer="GATConv",
+            dgl_peer="GATConv",
         ),
     )
 }
@@ -428,3 +445,41 @@ CONVS: dict[str, Conv] = {
 def conv_of(name: str) -> Conv:
     """The record of a convolution (names are validated by the config schema)."""
     return CONVS[name]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A framework `leo bench` times beside LEO (`bench.peers`): one process on the whole
+    graph, the model's layers as that framework writes them (`Conv.peer_layer`).
+
+    Attributes:
+        name: the key in `bench.peers` and the `system` of its rows.
+        help: one line for the docs.
+        framework: whose layers it trains.
+        package: the module it imports (its row is skipped where that fails).
+        script: the script file beside leo_cli/bench/peers.py that runs it under
+            `bench.peer_python`, importing only torch, numpy and its framework and reading the
+            graph LEO writes to a file; None: `python -m leo_cli.bench.peers` in LEO's
+            interpreter.
+    """
+
+    name: str
+    help: str
+    framework: Framework
+    package: str
+    script: str | None = None
+
+
+PEERS: dict[str, Peer] = {
+    p.name: p
+    for p in (
+        Peer("pyg", "PyTorch Geometric on edge_index", "pyg", "torch_geometric"),
+        Peer("pyg-csr", "PyTorch Geometric on a CSR adjacency", "pyg", "torch_geometric"),
+        Peer("dgl", "DGL on its own graph", "dgl", "dgl", script="dgl_peer.py"),
+    )
+}
+
+
+def peer_of(name: str) -> Peer:
+    """The record of a bench peer (names are validated by the config schema)."""
+    return PEERS[name]

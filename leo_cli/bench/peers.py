@@ -1,4 +1,6 @@
-"""PyTorch Geometric peers, timed on the same graph, widths, dropout and optimizer as LEO.
+"""The peers of `leo bench`: PyTorch Geometric's, timed on the same graph, widths, dropout and
+optimizer as LEO, and what the peers run as scripts under another interpreter need (the graph
+file, their model spec, whether their framework imports there: `dgl_peer.py`).
 
 `pyg` is `GCNConv` on `edge_index` with cached normalisation, trained as PyG's GCN example
 does (for `model.name=gat`, `GATConv` with LEO's heads, ELU and both dropouts); `pyg-csr` is
@@ -15,8 +17,11 @@ Legend: N nodes, F features, C classes.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,20 +31,128 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from leo_cli.bench.dgl_peer import NOT_IMPORTABLE
 from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
+from leo_cli.errors import ConfigError
 from leo_cli.graph.datasets import load_dataset
-from leo_cli.registry import conv_of
+from leo_cli.registry import PEERS, Peer, conv_of
+from leo_cli.util import files
 from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import process_start_time
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 
-PEERS = ("pyg", "pyg-csr")
+IN_PROCESS = [p.name for p in PEERS.values() if p.script is None]  # run by this module
+GRAPH_FILE = "peer-graph.npz"  # in the bench's out_dir, for the peers run as scripts
 
 
-def pyg_available() -> bool:
-    return importlib.util.find_spec("torch_geometric") is not None
+def script_path(peer: Peer) -> Path:
+    """The script file of a peer that runs under `bench.peer_python`."""
+    assert peer.script is not None
+    return Path(__file__).with_name(peer.script)
+
+
+def peer_python(cfg: LeoConfig) -> str:
+    """The interpreter of the peers run as scripts: `bench.peer_python`, or LEO's own."""
+    return str(cfg.bench.peer_python or sys.executable)
+
+
+def peer_missing(cfg: LeoConfig, peer: Peer) -> str | None:
+    """Why `peer` cannot run here, as a clause (None: it can): its framework does not import,
+    or has no layer for `model.name`.
+
+    Raises:
+        ConfigError: `bench.peer_python` cannot be run.
+    """
+    layer = conv_of(cfg.model.name).peer_layer(peer.framework)
+    if peer.script is not None:
+        if layer is None:
+            return f"{peer.framework} has no peer layer for model.name={cfg.model.name}"
+        return script_missing(peer_python(cfg), script_path(peer))
+    if importlib.util.find_spec(peer.package) is None:
+        return f"{peer.package} is not installed (make install adds it)"
+    if layer not in PEER_MODELS:
+        return (
+            f"the {peer.framework} peers compare {' and '.join(PEER_MODELS)} only; "
+            f"model.name={cfg.model.name}"
+        )
+    return None
+
+
+@functools.cache
+def script_missing(python: str, script: Path) -> str | None:
+    """Why a peer script's framework does not import under `python` (its `--check`), as a
+    clause; None when it does. Asked once per interpreter and script.
+
+    Raises:
+        ConfigError: `python` cannot be run.
+    """
+    try:
+        proc = subprocess.run(
+            [python, str(script), "--check"], capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(
+            f"bench.peer_python={python} cannot be run ({exc}); name a Python interpreter."
+        ) from None
+    if proc.returncode == 0:
+        return None
+    said = (proc.stdout.strip() or proc.stderr.strip() or "no output").splitlines()[-1]
+    if proc.returncode == NOT_IMPORTABLE:
+        return said.rstrip(".") + "; bench.peer_python names an interpreter that has it"
+    return f"{python} {script.name} --check failed ({said})"
+
+
+def write_peer_files(cfg: LeoConfig, out_dir: Path, peers: list[Peer]) -> None:
+    """The graph (`peer-graph.npz`: x_NF, y_N, train_mask_N, test_mask_N, edge_index_2E) and
+    each peer's model spec (`peer-<name>.json`) that the peers run as scripts read."""
+    scripted = [p for p in peers if p.script is not None]
+    if not scripted:
+        return
+    g = load_dataset(cfg.data, cfg.run.seed)
+    with files.atomic_file(out_dir / GRAPH_FILE) as f:
+        np.savez(
+            f, x_NF=g.x_NF, y_N=g.y_N, train_mask_N=g.train_mask_N, test_mask_N=g.test_mask_N,
+            edge_index_2E=g.edge_index_2E,
+        )  # fmt: skip
+    for peer in scripted:
+        files.write_text(spec_path(out_dir, peer), json.dumps(peer_spec(cfg, peer)))
+
+
+def spec_path(out_dir: Path, peer: Peer) -> Path:
+    return out_dir / f"peer-{peer.name}.json"
+
+
+def peer_spec(cfg: LeoConfig, peer: Peer) -> dict[str, Any]:
+    """What a peer script trains: its layer, LEO's widths, dropout and optimizer, the seed
+    and the device LEO's workers use."""
+    m, t = cfg.model, cfg.train
+    return {
+        "layer": conv_of(m.name).peer_layer(peer.framework),
+        "hidden_channels": m.hidden_channels,
+        "num_layers": m.num_layers,
+        "dropout": m.dropout,
+        "input_dropout": m.effective_input_dropout,
+        "heads": m.heads,
+        "output_heads": m.output_heads,
+        "attention_dropout": m.attention_dropout,
+        "lr": t.lr,
+        "weight_decay": t.weight_decay,
+        "seed": cfg.run.seed,
+        "device": "cuda" if uses_cuda(cfg.launch) else "cpu",
+    }
+
+
+def peer_command(cfg: LeoConfig, peer: Peer, out_dir: Path, epochs: int) -> list[str]:
+    """The command line of one peer run (before `--threads`): PyG's through this module and
+    the resolved config, a script's with the graph file and its spec."""
+    if peer.script is None:
+        config_path = out_dir / "peer_config.yaml"
+        return [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), peer.name,
+                str(epochs)]  # fmt: skip
+    graph, spec = out_dir / GRAPH_FILE, spec_path(out_dir, peer)
+    return [peer_python(cfg), str(script_path(peer)), str(graph), str(spec), str(epochs)]
 
 
 class PygGCN(nn.Module):
@@ -180,7 +293,7 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m leo_cli.bench.peers")
     parser.add_argument("config", type=Path, help="resolved config YAML of the benchmark")
-    parser.add_argument("system", choices=PEERS)
+    parser.add_argument("system", choices=IN_PROCESS)
     parser.add_argument("epochs", type=int, help="epochs to train (warm-up included)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args(argv)

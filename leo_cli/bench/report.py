@@ -513,7 +513,8 @@ FOOTNOTES = (
     "Set-up: from the start of a fresh `leo train` to its first training step (partitioning "
     "and cache plan as they cost when made; the hardware probe, once per machine and worker "
     "count, is not included); for peers from process start to the first step (graph, "
-    "adjacency, model, GCNConv's cached normalisation). 200-epoch cost = set-up + 200 x the "
+    "adjacency, model, GCNConv's cached normalisation; a peer run as a script, such as dgl, "
+    "reads the graph from the file leo bench wrote). 200-epoch cost = set-up + 200 x the "
     "epoch median. static Â·X: layer 0 aggregated once at set-up (cache level L1s).",
     "Peak GB: the largest peak resident memory of one process (a worker, or the peer) over "
     "the row's runs, set-up included (GB = 1e9 B). All GB: the peak of the job's processes "

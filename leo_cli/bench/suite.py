@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from leo_cli.bench import stats
-from leo_cli.bench.peers import PEER_MODELS, pyg_available
+from leo_cli.bench.peers import peer_command, peer_missing, write_peer_files
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.config.load import validate, with_overrides
 from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
@@ -31,11 +30,11 @@ from leo_cli.launch.launcher import check_supported, prepare, run_workers
 from leo_cli.launch.nodes import run_nodes
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.planner.plan import static_layer0
-from leo_cli.registry import conv_of, is_auto, mode_of, planned_mode
+from leo_cli.registry import is_auto, mode_of, peer_of, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import RunTimer
 
-LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr)
+LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr, dgl)
 NEVER = 10**9  # an epoch interval that never comes (no evaluation, no checkpoint mid-run)
 
 ProgressFn = Callable[[str, int, int], None]
@@ -45,7 +44,7 @@ ProgressFn = Callable[[str, int, int], None]
 class Variant:
     """One row of the benchmark."""
 
-    system: str  # leo, pyg, pyg-csr
+    system: str  # leo, or a peer (bench.peers)
     mode: str  # a bench mode for LEO rows; the system's name for peers
     world_size: int
     static_aggregate: bool | None = None  # None: as the config says; False: turned off
@@ -93,15 +92,26 @@ def variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
                     out.append(Variant(LEO, planned, 1, static_aggregate=False, variant=name))
                 continue
             out += [Variant(LEO, m, w, variant=name) for m in cfg.bench.modes]
-    if cfg.bench.peers and not pyg_available():
-        skip("PyTorch Geometric is not installed (make install adds it): peer rows skipped.")
-    elif cfg.bench.peers and conv_of(cfg.model.name).pyg_peer not in PEER_MODELS:
-        skip(
-            f"peers compare {' and '.join(PEER_MODELS)} only; model.name={cfg.model.name}: "
-            "peer rows skipped."
-        )
-    else:
-        out += [Variant(p, p, 1) for p in cfg.bench.peers]
+    return out + peer_variants(cfg, skip)
+
+
+def peer_variants(cfg: LeoConfig, skip: Callable[[str], None]) -> list[Variant]:
+    """A row per peer of `bench.peers` that can run here; one sentence per reason for those
+    that cannot (their rows skipped).
+
+    Raises:
+        ConfigError: `bench.peer_python` cannot be run.
+    """
+    out, missing = [], dict[str, list[str]]()
+    for name in cfg.bench.peers:
+        reason = peer_missing(cfg, peer_of(name))
+        if reason is None:
+            out.append(Variant(name, name, 1))
+        else:
+            missing.setdefault(reason, []).append(name)
+    for reason, names in missing.items():
+        rows = "row is" if len(names) == 1 else "rows are"
+        skip(f"{reason}: the {' and '.join(names)} {rows} skipped.")
     return out
 
 
@@ -276,13 +286,13 @@ def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def run_peer(cfg: LeoConfig, v: Variant, out_dir: Path) -> dict[str, Any]:
     """One peer run in its own process, with all the cores LEO's single worker gets."""
-    config_path = out_dir / "peer_config.yaml"
     write_resolved(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": out_dir})}))
-    os.replace(RunDir(out_dir).config, config_path)
+    os.replace(RunDir(out_dir).config, out_dir / "peer_config.yaml")
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     threads = str(os.cpu_count() or 1)
-    cmd = [sys.executable, "-m", "leo_cli.bench.peers", str(config_path), v.system, str(epochs)]
+    cmd = peer_command(cfg, peer_of(v.system), out_dir, epochs)
     env = {**os.environ, **workers_allocator(cfg.launch).env}  # the workers' allocator
+    env["OMP_NUM_THREADS"] = threads  # DGL's own kernels take their thread count from it
     proc = subprocess.run(
         [*cmd, "--threads", threads], capture_output=True, text=True, check=False, env=env
     )
@@ -311,6 +321,7 @@ def run_suite(
     an interrupted benchmark).
     """
     todo = variants(cfg, skip)
+    write_peer_files(cfg, out_dir, [peer_of(v.system) for v in todo if v.system != LEO])
     measured = {v: Measured(v) for v in todo}
     total = len(todo) * cfg.bench.repeats
     for r in range(cfg.bench.repeats):

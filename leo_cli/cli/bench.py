@@ -6,38 +6,34 @@ import shlex
 import sys
 from typing import Any
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from leo_cli.api import DEFAULT_BENCH_CONFIG, bench
 from leo_cli.bench import report
 from leo_cli.bench.suite import Variant, check_bench
-from leo_cli.cli.common import (
-    ConfigOpt,
-    SetOpt,
-    console,
-    handle_errors,
-    resolve_config,
-    sweep_segments,
-)
-from leo_cli.cli.render import STAGE_LABELS
+from leo_cli.cli.common import ConfigOpt, SetOpt, handle_errors, resolve_config, sweep_segments
+from leo_cli.cli.render import STAGE_LABELS, FormatOpt, Sheet, output
 from leo_cli.launch.run_folder import for_command
 from leo_cli.util.interrupt import Interrupted
 
 
-def results_table(rows: list[dict[str, Any]]) -> Table:
-    """The terminal table: bench.md's columns, the hidden shares below it."""
-    table = Table(title="leo bench (median epoch time; ratios paired by round)")
-    for name in report.head(rows):
-        table.add_column(name, justify="left" if name in ("system", "mode") else "right")
-    for r in rows:
-        table.add_row(*report.md_cells(r, report.with_variants(rows)))
-    table.caption = "\n".join(report.share_lines(rows)) or None
-    return table
+def results_sheet(rows: list[dict[str, Any]]) -> Sheet:
+    """bench.md's columns, the hidden shares below them; as JSON, bench.csv's columns."""
+    head = tuple(report.head(rows))
+    return Sheet(
+        name="bench",
+        title="leo bench (median epoch time; ratios paired by round)",
+        columns=head,
+        rows=[report.md_cells(r, report.with_variants(rows)) for r in rows],
+        notes=[line.replace("**", "") for line in report.share_lines(rows)],
+        records=[{k: r.get(k) for k in report.COLUMNS} for r in rows],
+        right=tuple(h for h in head if h not in ("system", "mode", "variant")),
+    )
 
 
 @handle_errors
-def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
+def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None, fmt: FormatOpt = "auto") -> None:
     """Time LEO's pipeline modes, its baselines and PyG peers on one graph, interleaved.
 
     Without --config the default bench graph is used (synthetic, 200k nodes, GCN). Every LEO
@@ -50,9 +46,10 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
     [partition.part_weights=uniform]}, {name: measured, set: [partition.part_weights=measured]}]"
     (ratios `vs first variant` are to the first; quote an item holding brackets or commas).
     """
+    shown = output(fmt)
     cfg = for_command(resolve_config(config or DEFAULT_BENCH_CONFIG, overrides))
     check_bench(cfg)
-    sweep_segments()  # every row is a `leo train`
+    sweep_segments(shown.console)  # every row is a `leo train`
     out_dir = cfg.run.folder.resolve()
     command = "leo bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     columns = (
@@ -62,7 +59,8 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console) as progress:
+    chat = shown.console
+    with Progress(*columns, console=chat, disable=not chat.is_terminal) as progress:
         runs = progress.add_task("runs", total=None)
         stages: dict[str, Any] = {}
 
@@ -77,10 +75,11 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
 
         try:
             result = bench(
-                cfg, progress=on_stage, on_run=on_run, say=console.print, command=command
-            )
+                cfg, progress=on_stage, on_run=on_run, say=lambda t: chat.print(escape(t)),
+                command=command,
+            )  # fmt: skip
         except Interrupted as exc:
             exc.note = f"runs stopped; finished rounds, if any, are in {out_dir / 'bench.md'}."
             raise
-    console.print(results_table(result.rows))
-    console.print("Wrote " + ", ".join(str(p) for p in result.written))
+    shown.sheet(results_sheet(result.rows))
+    shown.say("Wrote " + ", ".join(str(p) for p in result.written))

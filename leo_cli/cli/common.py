@@ -88,15 +88,16 @@ def resolve_config(config: Path | None, overrides: list[str] | None) -> LeoConfi
     return load_config(config, overrides or [])
 
 
-def sweep_segments() -> None:
+def sweep_segments(say: Console = console) -> None:
     """Remove shared-memory segments and emulated clusters' namespaces that ended jobs left
-    behind, saying what was freed (at the start of every `leo train` and `leo bench`)."""
+    behind, saying what was freed on `say` (at the start of every `leo train` and `leo
+    bench`)."""
     freed = segments.sweep_stale()
     if freed.count:
-        console.print(f"[yellow]Note:[/] {escape(segments.describe(freed))}")
+        say.print(f"[yellow]Note:[/] {escape(segments.describe(freed))}")
     gone = emulate.sweep()
     if gone:
-        console.print(
+        say.print(
             f"[yellow]Note:[/] removed {gone} network namespace{'s' * (gone != 1)} of emulated "
             "nodes a killed run left behind."
         )

@@ -3,13 +3,13 @@ the resolved config of a run as YAML."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
+from leo_cli.cli.common import ConfigOpt, SetOpt, handle_errors, resolve_config
+from leo_cli.cli.render import FORMATS, FormatOpt, Sheet, output
 from leo_cli.config.keys import Key, closest, config_keys, sections
 from leo_cli.config.load import dump_config
 from leo_cli.errors import ConfigError
@@ -35,6 +35,7 @@ def keys_cmd(
         bool,
         typer.Option("--markdown", help="Print a Markdown page (docs/config.md is this output)."),
     ] = False,
+    fmt: FormatOpt = "auto",
 ) -> None:
     """Every config key: its type and allowed values, default and description (from the
     schema). Set keys in a YAML file given to --config, or with --set section.key=value."""
@@ -44,30 +45,82 @@ def keys_cmd(
         raise ConfigError(
             f"{section!r} is not a config section; {guess}choose one of {', '.join(sections())}."
         )
+    shown = output(fmt)
     keys = config_keys(section)
     if markdown:
         typer.echo(keys_markdown(keys), nl=False)
         return
     for name in dict.fromkeys(k.section for k in keys):
-        console.print(keys_table(name, [k for k in keys if k.section == name]))
+        shown.sheet(keys_sheet(name, [k for k in keys if k.section == name]))
+
+
+SHOW_FORMATS = ("yaml", *FORMATS)
 
 
 @config_app.command("show")
 @handle_errors
-def show_cmd(config: ConfigOpt = None, overrides: SetOpt = None) -> None:
+def show_cmd(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            metavar="FORMAT",
+            help="yaml (the default, on a terminal or not: a file --config loads again); "
+            "or one dotted key and its value per row, as --format of the other commands "
+            "prints tables (table, plain, tsv, json; auto: table on a terminal, else plain).",
+        ),
+    ] = "yaml",
+) -> None:
     """The resolved config (built-in defaults < --config file < --set) as YAML, loadable
-    again with --config."""
-    typer.echo(dump_config(resolve_config(config, overrides)), nl=False)
+    again with --config; or, with --format, one dotted key and its value per line."""
+    if fmt not in SHOW_FORMATS:
+        raise ConfigError(
+            f"--format {fmt} is not a format of leo config show; choose one of "
+            f"{', '.join(SHOW_FORMATS)}."
+        )
+    shown = None if fmt == "yaml" else output(fmt)
+    cfg = resolve_config(config, overrides)
+    if shown is None:
+        typer.echo(dump_config(cfg), nl=False)
+        return
+    shown.sheet(config_sheet(cfg.model_dump(mode="json")))
 
 
-def keys_table(section: str, keys: list[Key]) -> Table:
-    """One section's keys as a table."""
-    table = Table(title=f"[bold]{section}[/]", title_justify="left", show_lines=True)
-    for column, style in (("key", "cyan"), ("type", ""), ("default", "green"), ("meaning", "")):
-        table.add_column(column, style=style, overflow="fold")
-    for k in keys:
-        table.add_row(*(escape(text) for text in (k.name, k.type, k.default, k.description)))
-    return table
+def keys_sheet(section: str, keys: list[Key]) -> Sheet:
+    """One section's keys: name, type, default and meaning."""
+    return Sheet(
+        name="keys",
+        title=section,
+        columns=("key", "type", "default", "meaning"),
+        rows=[[k.name, k.type, k.default, k.description] for k in keys],
+        styles={"key": "cyan", "default": "green"},
+        lines=True,
+    )
+
+
+def config_sheet(tree: dict[str, Any]) -> Sheet:
+    """The resolved config, one dotted leaf key per row (a list is one leaf): cells hold
+    strings as they are and other values as JSON writes them; records hold the values."""
+    leaves = list(leaf_items(tree))
+    return Sheet(
+        name="config",
+        title="resolved config",
+        columns=("key", "value"),
+        rows=[[k, v if isinstance(v, str) else json.dumps(v)] for k, v in leaves],
+        records=[{"key": k, "value": v} for k, v in leaves],
+        styles={"key": "cyan"},
+    )
+
+
+def leaf_items(tree: dict[str, Any], prefix: str = "") -> Any:
+    """(dotted key, value) of every leaf of a nested dict."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from leaf_items(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
 
 
 def keys_markdown(keys: list[Key]) -> str:

@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
-from leo_cli.cli.render import stage_progress
+from leo_cli.cli.common import ConfigOpt, SetOpt, handle_errors, resolve_config
+from leo_cli.cli.render import FormatOpt, Sheet, output, stage_progress
 from leo_cli.config import LeoConfig
 from leo_cli.graph.storage import read_meta
 from leo_cli.launch.choice import choose_mode, scale
@@ -34,7 +32,7 @@ from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
 
-def plan_table(plan: CachePlan) -> Table:
+def plan_sheet(plan: CachePlan) -> Sheet:
     """Per rank: its levels, bytes, how peers' rows move, and the planned mode's predicted
     step and busy time."""
     moves = {t for peers in plan.transport or [] for t in peers}
@@ -52,20 +50,15 @@ def plan_table(plan: CachePlan) -> Table:
             in_place = f"every row of the owner, for the {reading} pairs that read in place"
         elif pairs:
             in_place = f"every row for {pairs} of {reading} pairs, L3 rows for the rest"
-    table = Table(
-        title=f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; "
-        f"read in place: {in_place})"
-    )
     columns = ("rank", "static Â·X", "rows L1/L2/L3", "MB/step L2/L3", "peers' rows", "step s",
                "busy s")  # fmt: skip
-    for name in columns:
-        table.add_column(name, justify="right")
     mode = planned_mode()
     ranks = plan.ranks_s.get(mode) or [{} for _ in plan.caches]
+    rows = []
     for r, (c, b) in enumerate(zip(plan.caches, plan.bytes_per_level, strict=True)):
         levels = plan.levels[r] if plan.levels else None
         peers = plan.transport[r] if plan.transport else []
-        table.add_row(
+        rows.append([
             str(r),
             "yes" if c.static_aggregate else "no",
             f"{c.replica_rows.shape[0]}/{'-' if levels is None else levels['L2']}/"
@@ -73,14 +66,17 @@ def plan_table(plan: CachePlan) -> Table:
             f"{b['L2_bytes_per_step'] / 1e6:.1f}/{b['L3_bytes_per_step'] / 1e6:.1f}",
             peer_transports(peers),
             *(f"{ranks[r][k]:.3f}" if k in ranks[r] else "-" for k in ("step_s", "busy_s")),
-        )
+        ])  # fmt: skip
     spread = plan.spread().get(mode)
+    notes = []
     if spread is not None:
-        table.caption = (
+        notes.append(
             f"{mode}: each rank's predicted step and busy time (its own work, no waiting); "
             f"slowest busy / fastest busy = {spread:.2f}"
         )
-    return table
+    title = f"cache plan (policy {plan.policy}, chunks per layer {plan.num_chunks}; read in "
+    title += f"place: {in_place})"
+    return Sheet("plan", title, columns, rows, notes, right=columns)
 
 
 SHORT = {"process-group": "pg", "published-rows": "in place", "mixed": "mixed"}
@@ -95,26 +91,25 @@ def peer_transports(peers: list[str | None]) -> str:
     return "; ".join(f"{name} {','.join(qs)}" for name, qs in groups.items()) or "-"
 
 
-def prediction_table(plan: CachePlan, scale: dict[str, float] | None = None) -> Table:
+def prediction_sheet(plan: CachePlan, scale: dict[str, float] | None = None) -> Sheet:
+    """Per mode: the predicted step, its forward, backward and exposed wait, the ranks'
+    spread, the row buffers; with `scale`, the step as auto's trials calibrate it."""
     scale = scale or {}
-    table = Table(title="predicted training step per mode")
-    table.add_column("mode")
-    names = ["step s", "forward s", "backward s", "exposed wait s", "rank spread", "row buffers MB"]
-    names += ["calibrated s"] * bool(scale)
-    for name in names:
-        table.add_column(name, justify="right")
+    columns = ["mode", "step s", "forward s", "backward s", "exposed wait s", "rank spread",
+               "row buffers MB"] + ["calibrated s"] * bool(scale)  # fmt: skip
     spreads = plan.spread()
+    rows = []
     for mode, t in plan.predicted.items():
         buffers = plan.buffer_bytes.get(mode)
         mb = "-" if buffers is None else f"{buffers / 1e6:.1f}"
         factor = scale.get(mode)
         tail = [f"{t * factor:.3f}" if t is not None and factor else "-"] * bool(scale)
         if t is None:
-            table.add_row(mode, "-", "-", "-", "-", "-", mb, *tail)
+            rows.append([mode, "-", "-", "-", "-", "-", mb, *tail])
             continue
         st = plan.stages[mode]
         spread = spreads.get(mode)
-        table.add_row(
+        rows.append([
             mode,
             f"{t:.3f}",
             f"{st['forward_s']:.3f}",
@@ -123,20 +118,22 @@ def prediction_table(plan: CachePlan, scale: dict[str, float] | None = None) -> 
             "-" if spread is None else f"{spread:.2f}",
             mb,
             *tail,
-        )
+        ])  # fmt: skip
+    notes = []
     if plan.buffer_bytes:
-        table.caption = (
+        notes.append(
             "step columns: the modes besides leo without a cache, as leo bench runs them; row "
             "buffers: the bytes of the buffers that move rows, all ranks together, each mode "
             "run with this plan's levels, as pipeline.mode=auto weighs them with "
             "predicted_run_s"
         )
     if scale:
-        table.caption = (table.caption or "") + (
-            "; calibrated: the step times what auto's trials on this host measured over "
-            "what was predicted for that mode (the median of its newest samples)"
+        notes.append(
+            "calibrated: the step times what auto's trials on this host measured over what "
+            "was predicted for that mode (the median of its newest samples)"
         )
-    return table
+    title = "predicted training step per mode"
+    return Sheet("predictions", title, tuple(columns), rows, notes, right=tuple(columns[1:]))
 
 
 def auto_line(cfg: LeoConfig, run_dir: Path, plan: CachePlan) -> str:
@@ -192,6 +189,7 @@ def profile_cache_cmd(
             "rates (the parts are rebuilt).",
         ),
     ] = False,
+    fmt: FormatOpt = "auto",
 ) -> None:
     """Decide which halo rows to cache at which level, and predict every mode's step time.
 
@@ -199,6 +197,7 @@ def profile_cache_cmd(
     with a short probe (or reads --hardware), then writes cache-plan.json and
     cache-plan.png into run.out_dir, and says which mode pipeline.mode=auto would run.
     """
+    shown = output(fmt)
     cfg = for_command(resolve_config(config, overrides))
     check_config(cfg)
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
@@ -210,7 +209,7 @@ def profile_cache_cmd(
         join_probe(cfg, run_dir, always=True, force=force, given=hardware)
         return
     try:
-        with stage_progress() as progress:
+        with stage_progress(shown.console) as progress:
             check_nodes_profile(cfg, run_dir, True, force, hardware, progress=progress)
             if force and hardware is None and cfg.cache.hardware is None:  # once, first: the
                 # parts' weights and the plan take it (other nodes join one probe)
@@ -224,12 +223,12 @@ def profile_cache_cmd(
         exc.note = "probe workers stopped; no plan was written: run the command again."
         raise
     assert plan is not None
-    console.print(plan_table(plan))
+    shown.sheet(plan_sheet(plan))
     cache = partition_cache_dir(cfg, run_dir)
-    console.print(prediction_table(plan, None if cache is None else scale(cache)))
-    console.print(escape(auto_line(cfg, run_dir, plan)))
+    shown.sheet(prediction_sheet(plan, None if cache is None else scale(cache)))
+    shown.say(auto_line(cfg, run_dir, plan))
     if (run_dir / HARDWARE_FILE).is_file():
         hw = HardwareProfile.read(run_dir / HARDWARE_FILE)
         given = hardware is not None or cfg.cache.hardware is not None
-        console.print(escape(profile_line(hw, datetime.now(UTC), given)))
-    console.print(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")
+        shown.say(profile_line(hw, datetime.now(UTC), given))
+    shown.say(f"Wrote {run_dir / 'cache-plan.json'} and {run_dir / 'cache-plan.png'}")

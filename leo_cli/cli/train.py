@@ -8,20 +8,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from leo_cli.api import train
 from leo_cli.cli.common import (
     ConfigOpt,
     SetOpt,
-    console,
     handle_errors,
     resolve_config,
     sweep_segments,
 )
-from leo_cli.cli.render import stage_progress
+from leo_cli.cli.render import Format, FormatOpt, Sheet, output, stage_progress
 from leo_cli.config import LeoConfig
 from leo_cli.graph.partition_cache import metis_note
 from leo_cli.graph.storage import read_meta
@@ -32,8 +31,11 @@ from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
 
-def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> None:
-    """Show rank 0's metrics.jsonl as a progress bar until `stop` is set."""
+def follow_metrics(
+    run_dir: Path, num_epochs: int, stop: threading.Event, shown_on: Console
+) -> None:
+    """Show rank 0's metrics.jsonl as a progress bar on `shown_on` until `stop` is set (the
+    bar on a terminal only; the set-up lines and notes everywhere)."""
     columns = (
         TextColumn("epoch"),
         BarColumn(),
@@ -44,7 +46,7 @@ def follow_metrics(run_dir: Path, num_epochs: int, stop: threading.Event) -> Non
     run = RunDir(run_dir)
     printed: set[str] = set()
     regrouped = run.read_regrouped().get("at")  # an earlier attempt's is not news
-    with Progress(*columns, console=console) as progress:
+    with Progress(*columns, console=shown_on, disable=not shown_on.is_terminal) as progress:
         task = progress.add_task("train", total=num_epochs, info="starting workers...")
         while True:
             change = run.read_regrouped()
@@ -122,40 +124,33 @@ def mode_line(summary: dict[str, Any]) -> str:
     """`leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)`, or the mode alone (set
     by name, or a summary written before the choice was recorded)."""
     try:
-        return escape(from_json(summary).describe())
+        return from_json(summary).describe()
     except ValueError:
-        return escape(str(summary["mode"]))
+        return str(summary["mode"])
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"training summary: {escape(summary['name'])}", show_header=False)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+def summary_sheet(summary: dict[str, Any]) -> Sheet:
+    """The run's summary: mode, workers, accuracy, loss, times, bytes, allocator."""
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.2f}%"
 
+    epoch = summary["mean_epoch_time_s"]
     rows = [
-        ("mode", mode_line(summary)),
-        ("workers", str(summary["world_size"])),
-        ("epochs", str(summary["num_epochs"])),
-        ("best val acc (epoch)", f"{pct(summary['best_val_acc'])} ({summary['best_epoch']})"),
-        ("test acc at best val", pct(summary["test_acc"])),
-        ("final loss", f"{summary['final_loss']:.5f}"),
-        (
-            "mean epoch time (warm)",
-            f"{summary['mean_epoch_time_s']:.4f} s"
-            if summary["mean_epoch_time_s"] is not None
-            else "-",
-        ),
-        ("communication", f"{summary['total_comm_bytes'] / 2**20:.2f} MiB"),
-        ("set-up (start to first step)", seconds(summary.get("setup_s"))),
-        ("wall time", seconds(summary.get("wall_s"))),
-        ("allocator", escape(str(summary.get("allocator") or "-"))),
+        ["mode", mode_line(summary)],
+        ["workers", str(summary["world_size"])],
+        ["epochs", str(summary["num_epochs"])],
+        ["best val acc (epoch)", f"{pct(summary['best_val_acc'])} ({summary['best_epoch']})"],
+        ["test acc at best val", pct(summary["test_acc"])],
+        ["final loss", f"{summary['final_loss']:.5f}"],
+        ["mean epoch time (warm)", "-" if epoch is None else f"{epoch:.4f} s"],
+        ["communication", f"{summary['total_comm_bytes'] / 2**20:.2f} MiB"],
+        ["set-up (start to first step)", seconds(summary.get("setup_s"))],
+        ["wall time", seconds(summary.get("wall_s"))],
+        ["allocator", str(summary.get("allocator") or "-")],
     ]
-    for row in rows:
-        table.add_row(*row)
-    return table
+    title = f"training summary: {summary['name']}"
+    return Sheet("summary", title, ("metric", "value"), rows, header=False, right=("value",))
 
 
 @handle_errors
@@ -186,6 +181,7 @@ def train_cmd(
             "trains on wrong numbers on purpose: the floor `leo bench` compares against.",
         ),
     ] = False,
+    fmt: FormatOpt = "auto",
 ) -> None:
     """Train on the partitions with one torchrun worker per part (partitions first if needed).
 
@@ -193,24 +189,26 @@ def train_cmd(
     a new folder runs/<run.name>/<date>-<time> per run; partitions are shared through
     run.cache_dir).
     """
+    shown = output(fmt)
     given = resolve_config(config, overrides)
     cfg = for_train(given, resume, overwrite)
     made = given.run.out_dir is None and not resume  # a new folder: refused, it goes again
     with dropped_if_empty(cfg.run.folder, made):
-        run_train(cfg, resume, allow_inexact)
+        run_train(cfg, resume, allow_inexact, shown)
 
 
-def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool) -> None:
+def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool, shown: Format) -> None:
     """`leo train` in the run folder `cfg` names: set-up stages, notes, the epochs' progress
     and the summary table."""
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
         train(cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact)
         return
-    sweep_segments()
+    chat = shown.console
+    sweep_segments(chat)
     run_dir = cfg.run.folder.resolve()
     stop = threading.Event()
     follower = threading.Thread(
-        target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop), daemon=True
+        target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop, chat), daemon=True
     )
 
     def on_start(cfg: LeoConfig, run_dir: Path) -> None:
@@ -222,12 +220,12 @@ def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool) -> None:
             notes.append(fallback_note(allocator_of("auto")))
         for note in notes:
             if note is not None and cfg.launch.node_rank == 0:
-                console.print(f"[yellow]Note:[/] {note}")
+                chat.print(f"[yellow]Note:[/] {escape(note)}")
         follower.start()
 
     try:
         with contextlib.ExitStack() as bars:
-            update = bars.enter_context(stage_progress())
+            update = bars.enter_context(stage_progress(chat))
 
             def started(cfg: LeoConfig, run_dir: Path) -> None:
                 bars.close()  # the set-up bars end; the epochs' bar follows
@@ -250,5 +248,5 @@ def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool) -> None:
         if follower.is_alive():
             follower.join()
     if summary is not None:
-        console.print(summary_table(summary.raw))
-        console.print(f"Run folder: {run_dir}")
+        shown.sheet(summary_sheet(summary.raw))
+        shown.say(f"Run folder: {run_dir}")

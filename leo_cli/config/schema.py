@@ -646,7 +646,6 @@ class LaunchConfig(Section):
         return value
 
 
-BenchPeer = Literal["pyg", "pyg-csr"]
 # Keys a benchmark variant may not set: the bench sets them per row, or they are its own.
 BENCH_OWN_KEYS = ("run.", "bench.", "partition.num_parts", "launch.nproc", "pipeline.mode")
 
@@ -687,9 +686,16 @@ class BenchConfig(Section):
     ran and its epoch over the fastest exact mode's, `vs_fastest`)."""
     world_sizes: list[Annotated[int, Field(ge=1)]] = Field([4], min_length=1)
     """Worker counts to measure (at 1 worker every mode is the same single process: one row)."""
-    peers: list[BenchPeer] = ["pyg", "pyg-csr"]
-    """Single-process peers on the same graph: `pyg` (GCNConv on edge_index), `pyg-csr` (on a
-    CSR adjacency); skipped with a sentence when PyTorch Geometric is not installed."""
+    peers: list[str] = Field(["pyg", "pyg-csr"], json_schema_extra=named(registry.PEERS))
+    """Single-process peers on the same graph, widths, dropout and optimizer (leo_cli/registry.py
+    `PEERS`): `pyg` (PyG's GCNConv or GATConv on edge_index), `pyg-csr` (on a CSR adjacency),
+    `dgl` (DGL's GraphConv, SAGEConv, GINConv or GATConv, run under bench.peer_python). A row
+    whose framework does not import, or has no layer for model.name, is skipped with a
+    sentence."""
+    peer_python: Path | None = None
+    """Python interpreter that runs the peers which read the graph from a file (`dgl`): a
+    separate environment with DGL (and the torch it was built for); it needs torch, numpy and
+    DGL, not LEO. null: LEO's own interpreter. The PyG peers run in LEO's interpreter."""
     repeats: int = Field(5, ge=1)
     """Rounds; each runs every variant once, interleaved (A B C A B C ...). From 5 rounds on
     ratios get a 95% bootstrap interval, below that the range of the per-round values."""
@@ -728,6 +734,11 @@ class BenchConfig(Section):
     @classmethod
     def _known_modes(cls, value: list[str]) -> list[str]:
         return [one_of([registry.AUTO_MODE, *registry.MODES], v) for v in value]
+
+    @field_validator("peers")
+    @classmethod
+    def _known_peers(cls, value: list[str]) -> list[str]:
+        return [one_of(list(registry.PEERS), v) for v in value]
 
     @field_validator("modes", "world_sizes", "peers")
     @classmethod

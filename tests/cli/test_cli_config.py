@@ -3,6 +3,7 @@ in step with the schema, and help texts that print every character they hold."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,55 @@ def test_keys_command_prints_a_section_and_refuses_an_unknown_one() -> None:
     assert "partition.num_parts" not in res.output
     res = runner.invoke(app, ["config", "keys", "trian"])
     assert res.exit_code == 2 and "did you mean train?" in res.output
+
+
+NO_TERMINAL = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "FORCE_TERMINAL": None}
+
+
+def test_keys_off_a_terminal_are_one_line_each() -> None:
+    """Piped, `leo config keys` prints plain lines (no table wrapped at 80 columns): every key
+    starts a line with its type, default and meaning after tabs."""
+    res = runner.invoke(app, ["config", "keys"], env=NO_TERMINAL)
+    assert res.exit_code == 0, res.output
+    assert not re.search("[\u2500-\u257f]", res.stdout), "box characters in a pipe"
+    lines = {line.split("\t")[0]: line.split("\t") for line in res.stdout.splitlines()}
+    for k in config_keys():
+        assert lines[k.name] == [k.name, k.type, k.default, k.description], k.name
+
+
+def test_keys_as_tsv_list_every_key_show_prints() -> None:
+    """`leo config keys --format tsv | cut -f1` holds every leaf key of `leo config show`."""
+    res = runner.invoke(app, ["config", "keys", "--format", "tsv"])
+    assert res.exit_code == 0, res.output
+    first = [line.split("\t")[0] for line in res.stdout.splitlines()]
+    assert first[0] == "key" and first.count("key") == 1  # one header: the sections continue
+    shown = leaves(yaml.safe_load(runner.invoke(app, ["config", "show"]).stdout))
+    assert set(shown) <= set(first[1:]), set(shown) - set(first)
+    rows = runner.invoke(app, ["config", "keys", "train", "--format", "json"]).stdout
+    assert {json.loads(line)["key"] for line in rows.splitlines()} == {
+        k.name for k in config_keys("train")
+    }
+
+
+def test_show_as_lines_or_json_holds_every_value() -> None:
+    tree = LeoConfig().model_dump(mode="json")
+    res = runner.invoke(app, ["config", "show", "--format", "json", "--set", "train.lr=0.125"])
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    tree["train"]["lr"] = 0.125
+    assert {r["key"]: r["value"] for r in rows} == dict(flat(tree))
+    tsv = runner.invoke(app, ["config", "show", "--format", "tsv"]).stdout.splitlines()
+    assert tsv[0] == "key\tvalue" and "run.out_dir\tnull" in tsv and "model.name\tgcn" in tsv
+    assert len(tsv) == len(rows) + 1
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += flat(value, f"{prefix}{key}.")
+        else:
+            out.append((prefix + key, value))
+    return out
 
 
 def test_show_prints_the_resolved_config_loadable_again(tmp_path: Path) -> None:

@@ -182,3 +182,24 @@ def test_the_profile_line_says_how_old_the_rates_are() -> None:
     assert "measured at 'yesterday' on box" in profile_line(odd, datetime.now(UTC))
     # A profile named by the user is not measured again by --force.
     assert "--force" not in profile_line(hw, datetime.now(UTC), given=True)
+
+
+@pytest.mark.integration
+def test_profile_cache_as_tsv_parses_from_a_pipe(tmp_path: Path) -> None:
+    """`--format tsv`: stdout holds the per-rank plan and the per-mode predictions, a header
+    line and tab-separated rows each, a blank line between; the sentences go to stderr."""
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text(json.dumps(hardware_dict(2)))
+    sets = [*TINY, "--set", "partition.num_parts=2", "--set", f"run.out_dir={tmp_path / 'run'}"]
+    res = leo("profile-cache", *sets, "--hardware", str(hardware), "--format", "tsv")
+    assert res.returncode == 0, res.stderr
+    ranks, modes = (
+        [line.split("\t") for line in block.splitlines()] for block in res.stdout.split("\n\n")
+    )
+    assert ranks[0][:2] == ["rank", "static Â·X"] and [r[0] for r in ranks[1:]] == ["0", "1"]
+    assert all(len(r) == len(ranks[0]) for r in ranks)
+    predicted = read(tmp_path / "run" / "cache-plan.json")["predicted_epoch_time_s"]
+    assert modes[0][:2] == ["mode", "step s"] and {r[0] for r in modes[1:]} == set(predicted)
+    for mode, step, *_ in modes[1:]:
+        assert float(step) == pytest.approx(predicted[mode], abs=5e-4), mode
+    assert "pipeline.mode=auto would" in res.stderr and "Wrote" in res.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leo_cli.cli.train import SETUP_LABELS, progress_of, setup_lines, summary_table
+from leo_cli.cli.render import TableFormat
+from leo_cli.cli.train import SETUP_LABELS, progress_of, setup_lines, summary_sheet
 from leo_cli.planner.auto_mode import ModeChoice
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import WORKER_PARTS, Laps
@@ -32,7 +33,7 @@ def test_summary_and_table_name_the_run() -> None:
     assert summary["name"] == "[bold]cora-4"
     assert summary["final_loss"] == 1.5 and summary["mean_epoch_time_s"] == 0.2
     console = Console(record=True, width=100)
-    console.print(summary_table(summary))
+    TableFormat(console).sheet(summary_sheet(summary))
     assert "training summary: [bold]cora-4" in console.export_text()  # shown, not markup
 
 
@@ -51,11 +52,11 @@ def test_table_says_which_mode_auto_ran_and_why() -> None:
         ModeChoice("auto", "leo", "predicted fastest", {"leo": 0.053, "blocking": 0.062}).to_json()
     )
     console = Console(record=True, width=120)
-    console.print(summary_table(summary))
+    TableFormat(console).sheet(summary_sheet(summary))
     text = console.export_text()
     assert "leo (auto: predicted fastest, 0.053 s vs blocking 0.062 s)" in text, text
     older = summarize(ROWS, 2, "blocking", "r")  # a summary without the choice: the mode
-    console.print(summary_table(older))
+    TableFormat(console).sheet(summary_sheet(older))
     assert "blocking" in console.export_text()
 
 

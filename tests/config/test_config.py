@@ -76,7 +76,7 @@ def test_shipped_configs_load() -> None:
         ("bench.modes=[]", "'bench.modes'"),
         ("bench.world_sizes=[-5]", "'bench.world_sizes'.*greater than or equal to 1"),
         ("bench.world_sizes=[2,2]", "'bench.world_sizes'.*twice"),
-        ("bench.peers=[dgl]", "'bench.peers'.*'pyg-csr'"),
+        ("bench.peers=[dlg]", "'bench.peers'.*pyg, pyg-csr, dgl"),
         ("run.seed=18446744073709551616", "'run.seed'.*less than"),
         ("run.seed=-1", "'run.seed'.*greater than or equal to 0"),
         ("model.dropout=0.001", "'model.dropout'.*1/256"),

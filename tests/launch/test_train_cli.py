@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,6 +74,21 @@ def wait_for_epoch(run: Path, epoch: int, proc: subprocess.Popen[str], limit: fl
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     raise AssertionError(f"run did not reach epoch {epoch}")
+
+
+@pytest.mark.integration
+def test_the_summary_in_a_pipe_is_plain_lines(trained_run: TrainedRun) -> None:
+    """Off a terminal (the session's run prints into a pipe) the summary is its title, then
+    one `metric<TAB>value` line per metric; no bars or box characters."""
+    out = trained_run.stdout
+    assert not re.search("[\u2500-\u257f]", out), out
+    lines = out.splitlines()
+    start = lines.index("training summary: tiny-run")
+    end = lines.index("", start)
+    rows = dict(line.split("\t") for line in lines[start + 1 : end])
+    assert rows["workers"] == "2" and rows["epochs"] == "6", rows
+    assert rows["final loss"] == f"{summary(trained_run.folder)['final_loss']:.5f}"
+    assert lines[-1] == f"Run folder: {trained_run.folder.resolve()}"
 
 
 @pytest.mark.integration
