@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from leo_cli.comm.process import BEAT_S, HEARTBEATS
+from leo_cli.launch.preload import server_pid
 
 MIN_STALL_S = 5.0  # a few missed beats, so that scheduling jitter never kills a live worker
 
@@ -37,12 +38,14 @@ def rank_of(path: Path) -> int:
 
 def is_own_child(pid: int) -> bool:
     """Only this process's workers may be killed: the folder may be shared between nodes, and
-    a file of an earlier attempt holds a pid that may now belong to anything."""
+    a file of an earlier attempt holds a pid that may now belong to anything. Workers forked
+    from this process's server (launch/preload.py) are its children."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()  # field 4: parent pid
+    parent = int(stat.rsplit(")", 1)[1].split()[1])  # field 4
+    return parent in (os.getpid(), server_pid())
 
 
 class HeartbeatWatch:

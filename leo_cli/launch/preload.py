@@ -67,6 +67,11 @@ def ensure_server(module: str) -> None:
         _server = (env, preload, server._forkserver_pid)
 
 
+def server_pid() -> int | None:
+    """The pid of the server this process started (the parent of its forked workers)."""
+    return None if _server is None else _server[2]
+
+
 def entry_point(cfg: LeoConfig, module: str, args: list[str]) -> tuple[Any, list[Any], str]:
     """The elastic launch's entry point, its arguments and its start method: `run_started` in
     workers forked from the server, else `python -m module args` by spawn."""

@@ -4,11 +4,13 @@ A probe taken while other jobs share the cores measures the machine under their 
 several times lower: docs/results.md); saved machine-wide, it
 would price every later plan as if that load were always there. So the parent measures, over
 the launch, the CPU time the whole machine spent busy (/proc/stat) less the CPU time of this
-process and its reaped children (its workers): what remains is other processes' work.
+process, its reaped children and its living children with theirs (its workers, or the server
+they were forked from, launch/preload.py): what remains is other processes' work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
@@ -33,12 +35,32 @@ def machine_busy_s() -> float | None:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds of this process and of its children that have been waited for."""
+    """CPU seconds of this process, of its children that have been waited for, and of its
+    living children with the children they have waited for."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
-    return total
+    return total + sum(process_cpu_s(child) for child in living_children())
+
+
+def living_children() -> list[int]:
+    """This process's children that have not been waited for."""
+    found = []
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(pid) for pid in (task / "children").read_text().split()]
+    return found
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of the children it has waited for (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime .. cstime
 
 
 class LoadMeter:

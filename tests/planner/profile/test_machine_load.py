@@ -1,0 +1,35 @@
+"""The probe's load meter counts its own workers' CPU, also while they are children of a living
+server rather than of the launcher (launch/preload.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from leo_cli.planner.profile import machine_load
+
+BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+# A "server" that starts a worker, burns 0.4 s in it, waits for it, then lives on.
+SERVER = (
+    "import subprocess, sys, time\n"
+    f"subprocess.run([sys.executable, '-c', {BURN!r}], check=True)\n"
+    "print('reaped', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.integration  # starts processes
+def test_a_living_childs_reaped_children_are_our_own_cpu() -> None:
+    before = machine_load.own_cpu_s()
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "reaped"
+        assert server.pid in machine_load.living_children()
+        assert machine_load.process_cpu_s(server.pid) >= 0.4
+        assert machine_load.own_cpu_s() - before >= 0.4
+    finally:
+        server.kill()
+        server.wait()
+    assert machine_load.process_cpu_s(server.pid) == 0.0  # gone
