@@ -7,6 +7,7 @@ Both give the same sums (the order of the per-rank additions inside the collecti
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -83,9 +84,19 @@ class BucketedGradReducer:
         self.pending: dict[int, set[int]] = {}
         self.works: list[tuple[Any, Tensor, list[nn.Parameter]]] = []
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        # The hooks live in C++, out of reach of Python's cycle collector: a hook holding the
+        # reducer (which holds the parameters) would keep a freed job's model alive for good
+        # (`auto`'s trials free a job per candidate). They reach it through a weak reference.
+        me = weakref.ref(self)
+
+        def ready(p: Tensor) -> None:
+            reducer = me()
+            if reducer is not None:
+                reducer._ready(p)
+
         for bucket in self.buckets:
             for p in bucket:
-                p.register_post_accumulate_grad_hook(self._ready)  # type: ignore[no-untyped-call]
+                p.register_post_accumulate_grad_hook(ready)  # type: ignore[no-untyped-call]
 
     def start(self) -> None:
         self.pending = {i: {id(p) for p in b} for i, b in enumerate(self.buckets)}

@@ -114,16 +114,19 @@ def build_levels(
     levels: RankLevels,
     distributed: bool,
     in_place: InPlaceSetting | None = None,
+    static_NF: Tensor | None = None,
 ) -> Levels:
-    """Fetch replicas, precompute the static aggregate, lay out the exchanged halo, set up
-    the rows read in place (L3 rows of same-host owners, when `in_place` is given).
+    """Fetch replicas, precompute the static aggregate (or take `static_NF`, made before by
+    `static_aggregate` for these inputs: `auto`'s candidates share it), lay out the exchanged
+    halo, set up the rows read in place (L3 rows of same-host owners, when `in_place` is
+    given).
 
     Every worker calls this at the same point (it runs collectives) when a plan exists.
     """
     static = None
     if levels.static_aggregate:
-        full = torch.cat([x_NF, fetch_halo(x_NF, plan)]) if distributed else x_NF
-        static = kernels.spmm(adj, full)
+        static = static_NF if static_NF is not None else static_aggregate(adj, plan, x_NF,
+                                                                          distributed)  # fmt: skip
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
     in_place_H, rows = None, None
@@ -156,6 +159,14 @@ def build_levels(
         static,
         None if rows is None or in_place is None else _in_place(adj, plan, rows, x_NF, in_place),
     )
+
+
+@torch.no_grad()
+def static_aggregate(adj: kernels.CSR, plan: HaloPlan, x_NF: Tensor, distributed: bool) -> Tensor:
+    """`Â·X` of the inner rows, the halo's input rows fetched first where `distributed`
+    (collective: every worker calls it at the same point)."""
+    full = torch.cat([x_NF, fetch_halo(x_NF, plan)]) if distributed else x_NF
+    return kernels.spmm(adj, full)
 
 
 def _in_place(

@@ -68,6 +68,9 @@ class ModeChoice:
         wisdom: where the trials' result is kept (planner/wisdom.py), or was read from.
         calibrated_s: the candidates' predicted steps scaled by what trials on this host
             measured before (planner/wisdom.py `factors`; modes without samples left out).
+        trial_s: where each candidate's trial went, rank 0's seconds: freeing the candidate
+            before it (`free_s`), its assembly (`build_s`), its warm-up step (`warmup_s`)
+            and its timed steps (`steps_s`).
     """
 
     requested: str
@@ -81,6 +84,7 @@ class ModeChoice:
     notes: dict[str, str] = field(default_factory=dict)
     wisdom: str | None = None
     calibrated_s: dict[str, float | None] = field(default_factory=dict)
+    trial_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def measured_here(self) -> bool:
@@ -97,18 +101,20 @@ class ModeChoice:
         """`leo (auto: measured fastest, 0.053 s vs blocking 0.062 s)`: the rule, the step it
         chose by (measured where measured, else predicted) and the next fastest candidate's;
         the mode alone when it was set by name."""
+        label = self.mode if self.levels == OWN_LEVELS else self.name  # as the user sets it
         if self.rule is None:
-            return self.name
+            return label
         steps = self.measured_s or self.predicted_s
-        others = [(t, n) for n, t in steps.items() if n != self.name and t is not None]
-        own = steps.get(self.name)
+        mine = self.name if self.name in steps else self.mode  # a prediction names the mode
+        others = [(t, n) for n, t in steps.items() if n != mine and t is not None]
+        own = steps.get(mine)
         detail = self.rule
         if own is not None:
             detail += f", {own:.3f} s"
             if others:
                 t, name = min(others)
                 detail += f" vs {name} {t:.3f} s"
-        return f"{self.name} ({self.requested}: {detail})"
+        return f"{label} ({self.requested}: {detail})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,14 +129,18 @@ class ModeChoice:
             "mode_notes": self.notes,
             "mode_wisdom": self.wisdom,
             "mode_calibrated_s": self.calibrated_s,
+            "mode_trial_s": self.trial_s,
         }
 
 
 def candidate_name(mode: str, levels: str) -> str:
-    """`leo`, `leo/no-replicas`, `blocking`: a mode and the levels it runs with, named as
-    mode-choice.json and the tables name a candidate (the plan's own or as planned: the mode
-    alone)."""
-    return mode if levels in (OWN_LEVELS, PLANNED_LEVELS) else f"{mode}/{levels}"
+    """`leo`, `leo/no-replicas`, `blocking`, `blocking/own`: a mode and the levels it runs
+    with, named as mode-choice.json and the tables name a candidate: the mode alone for the
+    planned mode's plan as the mode can use it (`auto`'s candidates), which for the planned
+    mode is its own plan too; another mode's own plan is named (it differs)."""
+    if levels == PLANNED_LEVELS or (levels == OWN_LEVELS and mode == planned_mode()):
+        return mode
+    return f"{mode}/{levels}"
 
 
 def parse_candidate(name: str, levels: str = PLANNED_LEVELS) -> tuple[str, str]:
@@ -256,7 +266,8 @@ def by_prediction(cfg: LeoConfig, plan: CachePlan, names: list[str]) -> ModeChoi
     """`auto`'s choice among `names` by the plan's predicted steps and buffers."""
     requested = cfg.pipeline.mode
     predicted = {n: plan.predicted_run.get(n) for n in names}
-    buffers = {n: plan.buffer_bytes[n] for n in names if n in plan.buffer_bytes}
+    # (with the planned mode's variants, `pipeline.levels`, where the plan prices them)
+    buffers = {n: b for n, b in plan.buffer_bytes.items() if parse_candidate(n)[0] in names}
     best = fastest(predicted, names)
     if best is None:
         return ModeChoice(requested, names[0], "the plan predicts none of them", predicted)
@@ -293,24 +304,28 @@ def to_try(
     notes: dict[str, str] = {}
     tried: list[str] = []
     misfits = shm_misfits(cfg, plan, list(order))
+    # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
+    levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
     for mode in sorted(order, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
-        t, size = predicted.get(mode), estimate.buffer_bytes.get(mode)
+        t = predicted.get(mode)
         if mode in misfits:
             notes[mode] = f"not tried: {_size(misfits[mode])} of /dev/shm, {SHM_LEFT_OUT}"
         elif best is not None and t is not None and t > HOPELESS * best:
             notes[mode] = f"not tried: predicted {t:.3f} s, over {HOPELESS:g}x the fastest"
-        elif free_bytes is not None and size is not None and size > FREE_SHARE * free_bytes:
-            notes[mode] = (
-                f"not tried: its buffers moving rows ({_size(size)}) would not fit "
-                f"{FREE_SHARE:.0%} of the {_size(free_bytes)} of memory free"
-            )
+        elif (unfit := too_big(estimate.buffer_bytes.get(mode), free_bytes)) is not None:
+            notes[mode] = unfit
         else:
-            tried.append(mode)
+            tried.append(candidate_name(mode, levels))
             if mode == planned_mode() and plan is not None:
                 every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
                 variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
-                tried += [candidate_name(mode, v) for v in variants]
-    levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
+                for v in variants:  # checked like the modes, by their own buffers
+                    name = candidate_name(mode, v)
+                    unfit = too_big(estimate.buffer_bytes.get(name), free_bytes)
+                    if unfit is None:
+                        tried.append(name)
+                    else:
+                        notes[name] = unfit
     if len(tried) <= 1:
         if not tried:  # every candidate left out: the prediction's choice, untried
             return replace(estimate, rule=f"{estimate.rule}; none to try", notes=notes)
@@ -319,6 +334,17 @@ def to_try(
     mode, levels = parse_candidate(tried[0], levels)
     rule = "to be measured by the workers"
     return replace(estimate, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
+
+
+def too_big(size: int | None, free_bytes: int | None) -> str | None:
+    """Why a candidate with `size` predicted bytes of buffers moving rows is not tried (over
+    `FREE_SHARE` of the memory free), or None where it fits or either is unknown."""
+    if free_bytes is None or size is None or size <= FREE_SHARE * free_bytes:
+        return None
+    return (
+        f"not tried: its buffers moving rows ({_size(size)}) would not fit "
+        f"{FREE_SHARE:.0%} of the {_size(free_bytes)} of memory free"
+    )
 
 
 def plan_variants(plan: CachePlan) -> list[str]:
@@ -412,13 +438,17 @@ def from_json(data: Any) -> ModeChoice:
         levels = str(data.get("mode_levels") or OWN_LEVELS)
         wisdom = data.get("mode_wisdom")
         calibrated = _steps(data.get("mode_calibrated_s"))
-    except (AttributeError, KeyError, TypeError, OverflowError) as exc:
+        spent = {
+            str(k): {str(p): float(t) for p, t in dict(v).items()}
+            for k, v in dict(data.get("mode_trial_s") or {}).items()
+        }
+    except (AttributeError, KeyError, TypeError, OverflowError, ValueError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     rule = None if rule is None else str(rule)
     wisdom = None if wisdom is None else str(wisdom)
     return ModeChoice(
         requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom,
-        calibrated,
+        calibrated, spent,
     )  # fmt: skip
 
 

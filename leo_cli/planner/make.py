@@ -11,6 +11,7 @@ from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
 from leo_cli.planner.access import PartAccess
+from leo_cli.planner.auto_mode import candidate_name
 from leo_cli.planner.cost import (
     Buffers,
     ModelShape,
@@ -23,7 +24,7 @@ from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.reach import Reach
-from leo_cli.registry import MODES, Mode, auto_candidates, conv_of, mode_of
+from leo_cli.registry import MODES, Mode, auto_candidates, conv_of, mode_of, planned_mode
 
 
 def model_shape(
@@ -299,10 +300,23 @@ def predicted_buffers(
     """Every exact pipeline mode's bytes of buffers that move rows per rank, and of them in
     /dev/shm (cost.mode_buffers), run as `predicted_run` prices it: the planned mode with the
     decided levels and `reach`, the others with what they can use of them."""
-    return {
+    out = {
         name: mode_buffers(accesses, run_caches(mode_of(name), decision), shape, name, reach)
         for name in auto_candidates()
     }
+    # `auto`'s variants of the planned mode's levels (comm: worker/assemble.py chosen_levels),
+    # so that they are checked against free memory by their own buffers.
+    planned = planned_mode()
+    bare = [RankCache(c.static_aggregate, c.replica_rows) for c in decision.caches]
+    no_replicas = [RankCache(c.static_aggregate, l3_rows=c.l3_rows) for c in decision.caches]
+    num = len(accesses)
+    out[candidate_name(planned, "no-replicas")] = mode_buffers(
+        accesses, no_replicas, shape, planned, reach
+    )
+    out[candidate_name(planned, "no-in-place")] = mode_buffers(
+        accesses, bare, shape, planned, Reach.none(num)
+    )
+    return out
 
 
 def rows_per_level(p: PartAccess, c: RankCache, reach: Reach) -> dict[str, int]:

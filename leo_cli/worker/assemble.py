@@ -24,6 +24,7 @@ from leo_cli.comm.levels import (
     RankLevels,
     build_levels,
     levels_for_mode,
+    static_aggregate,
 )
 from leo_cli.comm.modes import Wiring, auto_chunks, make_layer_aggregators
 from leo_cli.comm.rounding import CODECS, wire_bytes
@@ -101,6 +102,7 @@ def assemble(
     laps: Laps | None = None,
     every_row_from: list[int] | None = None,
     tensors: PartTensors | None = None,
+    static_NF: Tensor | None = None,
 ) -> Job:
     """Build a job from an in-memory part (used by workers and by the single-process oracle).
 
@@ -110,7 +112,8 @@ def assemble(
     `every_row_from`: the same-host owners every row of which the plan reads in place (`auto`
     chose it for those pairs), not only their L3 rows.
     `laps` gets the seconds of each step (util/timing.py); `tensors`: the part's CSR and data
-    where already made for this config (`part_tensors`: `auto`'s candidates share them).
+    where already made for this config (`part_tensors`: `auto`'s candidates share them), and
+    `static_NF` the static aggregate where the cache has one (`shared_static`).
     """
     laps = laps or Laps()
     assert not is_auto(cfg.pipeline.mode), "pipeline.mode=auto is resolved before workers start"
@@ -137,7 +140,9 @@ def assemble(
         )
         halo_ids = torch.from_numpy(np.array(part.halo_nodes)).to(device)
         mode_cache = levels_for_mode(cache, mode)
-        levels = build_levels(adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting)
+        levels = build_levels(
+            adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting, static_NF
+        )
     laps.lap("levels_s")
     ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
     rounding = rounding_of(cfg, ids_N)
@@ -174,6 +179,24 @@ def part_tensors(
     dtype = DTYPES[cfg.train.dtype]
     adj = part_adjacency(part, cfg.model.name, dtype, device)
     return adj, WorkerData.from_part(part, dataset.num_train, dtype, device)
+
+
+def shared_static(
+    cfg: LeoConfig,
+    cache_plan: CachePlan | None,
+    part: LocalPart,
+    tensors: PartTensors,
+    world_size: int,
+) -> Tensor | None:
+    """The static aggregate every candidate of `auto` would compute alike (the plan's levels
+    keep it in every variant and mode), made once before the trials; None where the plan has
+    none (decided alike on every rank: the same plan file)."""
+    if not cfg.cache.enabled or cache_plan is None or not cache_plan.caches:
+        return None
+    if not all(c.static_aggregate for c in cache_plan.caches):
+        return None
+    adj, data = tensors
+    return static_aggregate(adj, halo_plan(part, adj.device), data.x_NF, world_size > 1)
 
 
 def aggregator_of(
@@ -270,11 +293,12 @@ def build_job(
     halo_sizes: list[int],
     laps: Laps | None = None,
     tensors: PartTensors | None = None,
+    static_NF: Tensor | None = None,
 ) -> Job:
     """The job of one part, with its share of the run's cache plan (`load_plan`: made for
     these partitions and settings; checked whole against `halo_sizes`, every rank's halo
     rows: every rank then refuses a bad plan alike, before any set-up collective);
-    `tensors` as `assemble` takes them."""
+    `tensors` and `static_NF` as `assemble` takes them."""
     dataset = DatasetInfo.from_meta(meta)
     if not cfg.cache.enabled:
         return assemble(cfg, part, dataset, world_size, device, laps=laps, tensors=tensors)
@@ -291,7 +315,7 @@ def build_job(
     levels, every_row = chosen_levels(cfg, levels, every_row)
     return assemble(
         cfg, part, dataset, world_size, device, levels, cache_plan.num_chunks, laps=laps,
-        every_row_from=every_row, tensors=tensors,
+        every_row_from=every_row, tensors=tensors, static_NF=static_NF,
     )  # fmt: skip
 
 

@@ -51,6 +51,7 @@ from leo_cli.worker.assemble import (
     halo_plan,
     keeps_plan_levels,
     part_tensors,
+    shared_static,
 )
 from leo_cli.worker.board import Board
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
@@ -349,18 +350,23 @@ def run_worker(
     cache_plan = load_plan(cfg, run_dir, meta)
     used = cache_plan if cfg.cache.enabled else None
 
-    # `auto`'s candidates share the part's CSR and data (the winner keeps them).
+    # `auto`'s candidates share the part's CSR and data and the static aggregate (the winner
+    # keeps them): made once, as a run of one mode makes them, so `choose_s` is the trials'.
     shared = part_tensors(cfg, part, DatasetInfo.from_meta(meta), device) if trials else None
+    laps.lap("graph_s")
+    static = None if shared is None else shared_static(cfg, used, part, shared, env.world_size)
+    laps.lap("levels_s")
 
     def build(
         run_cfg: LeoConfig,
         run_laps: Laps | None,
         part: LocalPart = part,
         tensors: PartTensors | None = shared,
+        static_NF: torch.Tensor | None = static,
     ) -> Job:
         return build_job(
             run.plan, run_cfg, used, meta, part, env.world_size, device, halo_sizes, run_laps,
-            tensors,
+            tensors, static_NF,
         )  # fmt: skip
 
     if choice is not None and trials:
@@ -369,7 +375,7 @@ def run_worker(
         job = build(cfg, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
-    del part, build, shared
+    del part, build, shared, static
     if state is not None:
         restore(state, job.model, job.optimizer, run.checkpoints)
     if env.rank == 0:

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import gc
 import statistics
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
+import torch.distributed as dist
 
-from leo_cli.comm.dist import all_reduce_
+from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
+from leo_cli.errors import LeoError
 from leo_cli.planner.auto_mode import (
     MEASURED,
     ModeChoice,
@@ -33,7 +36,8 @@ from leo_cli.util.timing import Laps
 from leo_cli.worker.trainer import Job, train_step
 
 # A candidate whose first timed step takes this many times the best median so far stops there
-# (a judgement: repeated steps of one candidate spread by up to 15% on a busy 2-core host).
+# at the most (a judgement: repeated steps of one candidate spread by up to 15% on a busy
+# 2-core host); where the best's own steps spread less, it stops sooner (`stop_at`).
 STOP = 1.3
 # Candidates within this fraction of the fastest median count as tied: the one with the
 # smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
@@ -43,6 +47,9 @@ TIE = 0.03
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
+# What a candidate's assembly may raise and be skipped for (the others are still tried):
+# a user-facing refusal (/dev/shm too small, ...) or memory running out.
+SKIPPED = (LeoError, MemoryError)
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,25 @@ class Trial:
     name: str
     steps_s: list[float]
     stopped: bool = False
+    failed: str | None = None  # why it could not be built (on which rank), then skipped
+    # Seconds this rank spent on it: freeing the one before, building, warming up, steps.
+    phases: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def median_s(self) -> float | None:
-        return None if self.stopped else statistics.median(self.steps_s)
+        if self.stopped or self.failed is not None:
+            return None
+        return statistics.median(self.steps_s)
+
+    @property
+    def stop_at(self) -> float | None:
+        """The first step past which a later candidate stops: this trial's median times one
+        plus its steps' spread (at least twice `TIE`, at most `STOP`)."""
+        median = self.median_s
+        if median is None:
+            return None
+        spread = (max(self.steps_s) - min(self.steps_s)) / median if median > 0 else 0.0
+        return median * min(STOP, 1 + max(2 * TIE, spread))
 
 
 def trial_step(job: Job, seed: int) -> float:
@@ -71,36 +93,87 @@ def trial_step(job: Job, seed: int) -> float:
     return float(all_reduce_(step, op="max").item())
 
 
-def try_candidate(name: str, job: Job, seed: int, steps: int, best_s: float | None) -> Trial:
+def try_candidate(name: str, job: Job, seed: int, steps: int, stop_s: float | None) -> Trial:
     """A warm-up step, then `steps` timed ones, more while they add up to less than
-    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`); only the first where it is over `STOP` times
-    `best_s`. Every rank sees the same times, so every rank stops alike."""
+    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`); only the first where it is over `stop_s` (the
+    best trial's `stop_at`). Every rank sees the same times, so every rank stops alike."""
+    start = time.perf_counter()
     trial_step(job, seed)
+    warm = time.perf_counter()
+    phases = {"warmup_s": warm - start}
     times: list[float] = []
     while len(times) < steps or (sum(times) < MIN_TRIAL_S and len(times) < MAX_TRIAL_STEPS):
         times.append(trial_step(job, seed))
-        if best_s is not None and times[0] > STOP * best_s:
-            return Trial(name, times, stopped=True)
-    return Trial(name, times)
+        if stop_s is not None and times[0] > stop_s:
+            break
+    phases["steps_s"] = time.perf_counter() - warm
+    stopped = stop_s is not None and times[0] > stop_s
+    return Trial(name, times, stopped=stopped, phases=phases)
 
 
 def measure(
     names: list[str], build: Callable[[str], Job], seed: int, steps: int
-) -> tuple[list[Trial], Job]:
+) -> tuple[list[Trial], Job | None]:
     """Try every candidate in turn, each freed before the next is built; returns the trials
-    and the last candidate's job (kept: it may be the winner)."""
+    and the last candidate's job (kept: it may be the winner; None where it failed). A
+    candidate whose assembly fails on any rank (`SKIPPED`) is skipped with the reason, unless
+    every one fails: then the first failure ends the run."""
     rng = torch.get_rng_state()
     trials: list[Trial] = []
     job: Job | None = None
+    first_error: BaseException | None = None
     for name in names:
+        start = time.perf_counter()
         job = None
         gc.collect()  # the previous candidate's buffers and segments go before the next's
-        job = build(name)
-        best = min((m for t in trials if (m := t.median_s) is not None), default=None)
-        trials.append(try_candidate(name, job, seed, steps, best))
+        freed = time.perf_counter()
+        job, error = built(build, name)
+        failed = failures(error)
+        phases = {"free_s": freed - start, "build_s": time.perf_counter() - freed}
+        if failed is not None:
+            first_error = first_error or error
+            job = None
+            trials.append(Trial(name, [], failed=failed, phases=phases))
+            continue
+        assert job is not None
+        best = min((t for t in trials if t.median_s is not None), key=lambda t: t.median_s or 0.0,
+                   default=None)  # fmt: skip
+        trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
+        trials.append(replace(trial, phases=phases | trial.phases))
     torch.set_rng_state(rng)
-    assert job is not None, "no candidate to try"
+    assert trials, "no candidate to try"
+    if all(t.failed is not None for t in trials):
+        if first_error is not None:
+            raise first_error
+        raise LeoError(f"no candidate of pipeline.mode=auto could be built: {trials[0].failed}")
     return trials, job
+
+
+def built(build: Callable[[str], Job], name: str) -> tuple[Job | None, BaseException | None]:
+    """A candidate's job, or the error its assembly raised here (`SKIPPED` kinds only)."""
+    try:
+        return build(name), None
+    except SKIPPED as exc:
+        return None, exc
+
+
+def failures(error: BaseException | None) -> str | None:
+    """Whether any rank failed to build the candidate (every rank learns it here, so every
+    rank skips it alike) and why: the first failing rank's sentence. A rank that fails
+    between two of the assembly's collectives leaves the others waiting in it (until
+    `launch.timeout_s`); a failure that every rank meets alike (a refusal agreed on, as the
+    /dev/shm segments' are) or at the end is skipped."""
+    mine = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+    ranks = [r for r, f in enumerate(all_gather_(mine)[:, 0].tolist()) if f]
+    if not ranks:
+        return None
+    reason = "" if error is None else (str(error).strip().splitlines() or [""])[0]
+    reason = reason or ("" if error is None else type(error).__name__)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[str] = [""] * dist.get_world_size()
+        dist.all_gather_object(every, reason)
+        reason = every[ranks[0]]
+    return f"rank {ranks[0]}: {reason}"
 
 
 def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
@@ -129,12 +202,16 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
     mode, levels = parse_candidate(won.name, choice.levels)
     notes = dict(choice.notes)
     for t in trials:
-        if t.stopped:
+        if t.failed is not None:
+            notes[t.name] = f"skipped: failed while being built ({t.failed})"
+        elif t.stopped:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
     measured = {t.name: t.median_s for t in trials}
+    spent = {t.name: {k: round(v, 4) for k, v in t.phases.items()} for t in trials}
     return replace(
-        choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes
-    )
+        choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes,
+        trial_s=spent,
+    )  # fmt: skip
 
 
 def train_winner(
@@ -159,7 +236,7 @@ def train_winner(
     run_cfg = with_choice(cfg, chosen)
     if rank == 0:
         record(run, run_cfg, chosen)
-    if won.name == trials[-1].name:
+    if last is not None and won.name == trials[-1].name:
         laps.lap("choose_s")
         return last, run_cfg
     del last

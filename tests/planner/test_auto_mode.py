@@ -211,7 +211,11 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path, choose_by: str) -> Non
         assert recorded["mode_trials"] == []
     else:  # nothing predicted: every candidate is tried, the workers keep their result
         assert recorded["mode_rule"] == "to be measured by the workers"
-        assert recorded["mode_trials"] == auto_candidates()
+        # each named with the levels it runs with (another mode's own are not the planned)
+        own = [auto_mode.candidate_name(m, "own") for m in auto_candidates()]
+        assert recorded["mode_trials"] == own and own[1:] == [
+            f"{m}/own" for m in auto_candidates()[1:]
+        ]
         assert Path(recorded["mode_wisdom"]).parent == tmp_path / "cache" / "wisdom"
 
 
@@ -336,6 +340,38 @@ def test_measure_skips_what_would_not_fit_and_variants_the_plan_lacks() -> None:
     assert trial.trials == ["leo", "fine-grained"]
     assert trial.notes["blocking"].startswith("not tried: its buffers moving rows (3.0 GB)")
     assert "80% of the 1.0 GB of memory free" in trial.notes["shared-memory"]
+
+
+def test_variants_are_checked_against_free_memory_by_their_own_buffers() -> None:
+    # without replicas leo moves those rows too: buffers larger than leo's own 1 kB
+    plan = plan_with_levels(True, True, PREDICTED)
+    plan.buffer_bytes = {**BUFFERS, "leo/no-replicas": 900_000_000, "leo/no-in-place": 2_000}
+    estimate = choose(cfg(), plan, 2)
+    assert estimate.buffer_bytes["leo/no-replicas"] == 900_000_000  # for the tie-break too
+    trial = auto_mode.to_try(cfg(), plan, estimate, free_bytes=1_000_000_000)
+    assert "leo/no-replicas" not in trial.trials and "leo/no-in-place" in trial.trials
+    assert trial.notes["leo/no-replicas"].startswith("not tried: its buffers moving rows (0.9 GB)")
+
+
+def test_candidate_names_tell_own_levels_from_planned() -> None:
+    name = auto_mode.candidate_name
+    assert name("blocking", "planned") == "blocking" != name("blocking", "own") == "blocking/own"
+    assert name("leo", "own") == name("leo", "planned") == "leo"  # the plan is leo's own
+    for mode, levels in [("blocking", "own"), ("blocking", "planned"), ("leo", "no-replicas")]:
+        assert auto_mode.parse_candidate(name(mode, levels)) == (mode, levels)
+    by_name = ModeChoice("blocking", "blocking")  # set by name: shown as the user set it
+    assert by_name.name == "blocking/own" and by_name.describe() == "blocking"
+
+
+def test_a_resume_keeps_no_recorded_choice_of_other_levels(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ran = ModeChoice("auto", "blocking", "measured fastest", levels="own",
+                     measured_s={"blocking/own": 0.1})  # fmt: skip
+    write_resolved(auto_mode.with_choice(cfg(f"run.out_dir={run}"), ran))
+    auto_mode.write_choice(run, replace(ran, levels="planned", measured_s={"blocking": 0.1}))
+    again = auto_mode.resumed(cfg(), run)
+    assert again is not None and (again.mode, again.levels) == ("blocking", "own")
+    assert again.rule == "resumed: the mode the run started with"
 
 
 def test_a_single_candidate_is_the_choice_untried() -> None:

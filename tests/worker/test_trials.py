@@ -17,13 +17,15 @@ from helpers.ranks import dataset_info, spawn_ranks
 
 from leo_cli.comm.levels import RankLevels
 from leo_cli.config import LeoConfig, load_config
+from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.planner.auto_mode import ModeChoice, with_mode
+from leo_cli.worker import trials as trials_module
 from leo_cli.worker.assemble import PartTensors, assemble, chosen_levels, part_tensors
 from leo_cli.worker.trainer import Job, train_step
-from leo_cli.worker.trials import Trial, measure, measured_choice, winner
+from leo_cli.worker.trials import STOP, TIE, Trial, measure, measured_choice, winner
 
 LEVELS = RankLevels(True, [0, 2], [1, 3])
 
@@ -71,6 +73,79 @@ def test_a_variants_levels_come_from_its_name() -> None:
     chosen = measured_choice(asked, [Trial("leo/no-replicas", [0.1])], Trial("leo/no-replicas",
                              [0.1]), "measured fastest")  # fmt: skip
     assert (chosen.mode, chosen.levels, chosen.name) == ("leo", "no-replicas", "leo/no-replicas")
+
+
+def test_a_later_candidate_stops_past_the_best_ones_noise() -> None:
+    steady = Trial("leo", [0.100, 0.101, 0.100])
+    assert steady.stop_at == pytest.approx(0.100 * (1 + 2 * TIE))  # its spread is below 2 ties
+    noisy = Trial("leo", [0.100, 0.112, 0.090])
+    assert noisy.stop_at == pytest.approx(0.100 * 1.22)  # one plus its spread
+    assert Trial("leo", [0.1, 0.3, 0.1]).stop_at == pytest.approx(0.1 * STOP)  # at most STOP
+    assert Trial("leo", [0.1], stopped=True).stop_at is None
+
+
+def _fake_try(name: str, job: object, seed: int, steps: int, stop_s: float | None) -> Trial:
+    return Trial(name, [0.1 if name == "leo" else 0.2] * steps)
+
+
+def test_a_candidate_that_fails_to_build_is_skipped_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trials_module, "try_candidate", _fake_try)
+
+    def build(name: str) -> Any:
+        if name == "shared-memory":
+            raise TrainError("pipeline.mode=shared-memory needs 2.0 GB of /dev/shm")
+        if name == "fine-grained":
+            raise MemoryError()
+        return object()
+
+    names = ["blocking", "shared-memory", "leo", "fine-grained"]
+    got, last = measure(names, build, seed=0, steps=3)
+    assert last is None  # the last one failed: the winner is built again
+    assert [t.name for t in got] == names and got[2].median_s == 0.1
+    assert got[1].failed == "rank 0: pipeline.mode=shared-memory needs 2.0 GB of /dev/shm"
+    assert got[3].failed == "rank 0: MemoryError" and got[3].median_s is None
+    assert set(got[0].phases) == {"free_s", "build_s"}  # (the fake try times no steps)
+    won, rule = winner(got, {})
+    asked = ModeChoice("auto", "blocking", "to be measured", levels="planned", trials=names)
+    chosen = measured_choice(asked, got, won, rule)
+    assert chosen.mode == "leo" and chosen.measured_s["shared-memory"] is None
+    why = "rank 0: pipeline.mode=shared-memory needs 2.0 GB of /dev/shm"
+    assert chosen.notes["shared-memory"] == f"skipped: failed while being built ({why})"
+    assert set(chosen.trial_s) == set(names)
+
+
+def test_when_every_candidate_fails_the_first_failure_ends_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trials_module, "try_candidate", _fake_try)
+
+    def build(name: str) -> Any:
+        raise TrainError(f"{name} does not fit")
+
+    with pytest.raises(TrainError, match="blocking does not fit"):
+        measure(["blocking", "leo"], build, seed=0, steps=3)
+
+
+def _one_rank_fails(rank: int, world: int) -> Any:
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    trials_module.try_candidate = _fake_try  # (this process only)
+
+    def build(name: str) -> Any:
+        if name == "leo" and rank == 1:  # at its end, after the assembly's collectives
+            raise MemoryError("out of memory on rank 1")
+        return object()
+
+    got, _ = measure(["blocking", "leo"], build, seed=0, steps=2)
+    return [(t.name, t.failed) for t in got]
+
+
+@pytest.mark.dist
+def test_a_candidate_that_fails_on_one_rank_is_skipped_by_every_rank() -> None:
+    by_rank = spawn_ranks(_one_rank_fails, 2)
+    for r in by_rank:
+        assert r == [("blocking", None), ("leo", "rank 1: out of memory on rank 1")], r
 
 
 @pytest.mark.parametrize(
