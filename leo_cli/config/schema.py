@@ -556,6 +556,13 @@ class LaunchConfig(Section):
     min_nodes: int | None = Field(None, ge=1)
     """The fewest machines the job goes on with (what `nnodes: MIN:MAX` sets); null: all
     `nnodes`, and a lost machine ends the job."""
+    last_call_s: int = Field(30, ge=1)
+    """Under `nnodes: MIN:MAX`: seconds the rendezvous waits for more machines once MIN are
+    in (torch's `last_call_timeout`), at start and again after a machine is lost; unused
+    otherwise."""
+    keep_alive_s: int = Field(5, ge=1)
+    """Under `nnodes: MIN:MAX`: seconds between a machine's keep-alive beats to the rendezvous
+    (torch's `keep_alive_interval`); one silent for three beats is lost. Unused otherwise."""
     node_rank: int = Field(0, ge=0)
     """Rank of this machine (torchrun's --node-rank)."""
     master_addr: str = "localhost"

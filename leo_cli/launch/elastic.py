@@ -92,7 +92,11 @@ def launch_config(
     single = lc.nnodes == 1
     ordered = lc.elastic()
     if ordered:  # node 0 hosts the store: several agents of one host must not all try
-        rdzv: dict[str, Any] = {"is_host": lc.node_rank == 0}
+        rdzv: dict[str, Any] = {
+            "is_host": lc.node_rank == 0,
+            "last_call_timeout": lc.last_call_s,
+            "keep_alive_interval": lc.keep_alive_s,
+        }
     else:  # c10d may swap node ranks on restart; static keeps node_rank: node 0 hosts rank 0
         rdzv = {"rank": lc.node_rank} if not single else {}
     return LaunchConfig(

@@ -71,6 +71,10 @@ def test_an_elastic_launch_shrinks_through_c10d_hosted_by_node_0(tmp_path: Path)
     lc = launch_config(cfg, tmp_path, elastic=True)
     assert (lc.min_nodes, lc.max_nodes, lc.nproc_per_node) == (1, 2, 2)
     assert lc.rdzv_backend == "c10d" and lc.rdzv_configs["is_host"] is True
+    assert (lc.rdzv_configs["last_call_timeout"], lc.rdzv_configs["keep_alive_interval"]) == (30, 5)
+    quick = with_overrides(cfg, ["launch.last_call_s=2", "launch.keep_alive_s=1"], "t")
+    waits = launch_config(quick, tmp_path, elastic=True).rdzv_configs
+    assert (waits["last_call_timeout"], waits["keep_alive_interval"]) == (2, 1)
     node1 = with_overrides(cfg, ["launch.node_rank=1"], "t")
     assert launch_config(node1, tmp_path, elastic=True).rdzv_configs["is_host"] is False
     probe = launch_config(cfg, tmp_path)  # a fixed membership, numbered as training's
@@ -108,6 +112,8 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     finishes with the losses of an uninterrupted 2-worker run."""
     run = tmp_path / "elastic"
     common = [*GRAPH, "--set", "launch.nnodes=1:2", "--set", "launch.max_restarts=1"]
+    # the survivor regroups after 3 missed beats of 1 s and 2 s of waiting for the lost node
+    common += ["--set", "launch.keep_alive_s=1", "--set", "launch.last_call_s=2"]
     common += ["--set", f"launch.master_port={free_port()}", "--set", f"run.out_dir={run}"]
     nodes = [
         subprocess.Popen(
