@@ -121,7 +121,7 @@ class BlockAggregator:
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
         self.rounding, self.grad_scales, self.grad_rows = rounding, grad_scales, grad_rows
         assert rounding is None or grad_rows, "rounded rows read their gradient as rows"
-        assert in_place is None or self.grad_rows, "published rows' gradients travel as rows"
+        assert in_place is None or self.grad_rows == in_place.grads_as_rows, "in-place grads"
         assert in_place is None or not attention, "attention layers gather rows, not in place"
         assert in_place is None or rounding is None, "published rows are not rounded"
         sent = (
@@ -259,10 +259,16 @@ class BlockAggregator:
     # -- backward pieces -----------------------------------------------------------------
 
     def backward_halo(self, grad_NO: Tensor, sched: Schedule, layer: int) -> Tensor:
-        """Gradient of h: the halo-gradient chunks leave for their owners first, the inner
-        block's backward runs, the gradients of this worker's sent rows are added last."""
+        """Gradient of h: the halo-gradient chunks leave for their owners first (and those of
+        the rows read in place are published), the inner block's backward runs, the gradients
+        of this worker's sent and published rows are added last."""
         pending = self.transport.send_grads(sched, lambda c: c.block.backward(grad_NO), grad_NO)
-        return self.add_returned(self.inner.backward(grad_NO), pending, sched)
+        if self.in_place is not None:
+            self.in_place.publish_grads(grad_NO, layer)
+        grad_h = self.add_returned(self.inner.backward(grad_NO), pending, sched)
+        if self.in_place is not None:
+            self.in_place.add_returned(grad_h, layer)
+        return grad_h
 
     def backward_rows(
         self, grad_NO: Tensor, sched: Schedule, layer: int, key: int | None

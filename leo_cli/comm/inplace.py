@@ -8,7 +8,9 @@ rows, read by position, with no copy; waiting for a late owner comes after the i
 SpMM. The backward reads the output gradient as rows (`Aᵀ·g` is an aggregation on a symmetric
 graph, comm/aggregate.py `backward_rows`): owners publish their boundary rows of it on the
 same stream, and readers aggregate them through the same CSRs, which therefore need no
-transpose.
+transpose. Where some worker replicates rows at layer 0 (their gradient must not reach their
+owner), readers instead publish the gradients of the rows they read as partial sums, from a
+column block per owner, for the owners to add (`grads_as_rows` False).
 
 Specification: docs/design/published-rows.md.
 Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
@@ -26,9 +28,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import ColumnBlock
+from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
-from leo_cli.comm.published import FORWARD, Layout, PublishedRows
+from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
 from leo_cli.comm.views import halo_owner
 from leo_cli.kernels.csr import compact_index_dtype
 
@@ -40,6 +42,7 @@ class OwnerRows:
     owner: int
     positions_C: Tensor  # (R_q) each row's position among the owner's published rows
     in_place: kernels.CSR  # (N x B_q) forward-only: the edges reading them, by position
+    block: ColumnBlock | None = None  # their column block (compact): partial sums' backward
 
     @property
     def num_rows(self) -> int:
@@ -56,21 +59,22 @@ class InPlace:
     reads: list[OwnerRows]  # owners this worker reads from
     read_by: dict[int, Tensor]  # reader -> this worker's local rows it reads (its order)
     stats: CommStats
+    grads_as_rows: bool = True  # else the gradients of the rows read return as partial sums
 
-    def stream(self, layer: int) -> int:
-        """One stream for every layer and both directions: every worker publishes and reads
-        the layers in the same order (forward 0, 1, ...; the gradients as rows ..., 1, 0), so
-        exchanges line up, and one area of rows serves them all (an area per layer would
-        multiply the memory by the depth)."""
+    def stream(self, layer: int, direction: int = FORWARD) -> int:
+        """One stream for every layer: every worker publishes and reads the layers in the same
+        order (forward 0, 1, ...; backward ..., 1, 0), so exchanges line up, and one area of
+        rows serves them all (an area per layer would multiply the memory by the depth).
+        Gradients as rows share the forward's stream and area; partial sums have their own."""
         del layer
-        return FORWARD
+        return FORWARD if self.grads_as_rows else direction
 
     def publish(self, rows_BF: Tensor, layer: int) -> None:
         """Make this worker's boundary rows of a layer (or of its output gradient) readable by
         its in-place readers, once they have read the previous exchange out."""
         if not self.read_by:
             return
-        s = self.stream(layer)
+        s = self.stream(layer, FORWARD)
         with self.stats.waiting(rows_BF.device):  # until readers are done with the area
             k, copy = self.rows.begin_write(s, readers=list(self.read_by))
         self.rows.forward_rows(self.rank, copy, rows_BF.shape[1]).copy_(rows_BF)
@@ -87,7 +91,7 @@ class InPlace:
         rows through their symmetric-memory mapping (comm/row_areas.py)."""
         if not self.reads:
             return inner.forward(h_NF)
-        s, width = self.stream(layer), h_NF.shape[1]
+        s, width = self.stream(layer, FORWARD), h_NF.shape[1]
         out_NF: Tensor | None = None
         if not self.rows.published(s, self.reads[0].owner):
             out_NF = inner.forward(h_NF)
@@ -103,6 +107,31 @@ class InPlace:
             self.stats.published_bytes += part.in_place.num_edges * width * h_NF.element_size()
         assert out_NF is not None
         return out_NF
+
+    def publish_grads(self, grad_NF: Tensor, layer: int) -> None:
+        """The gradients of the rows read in place, as partial sums for their owners to add
+        (`grads_as_rows` False)."""
+        if not self.reads:
+            return
+        s, width = self.stream(layer, BACKWARD), grad_NF.shape[1]
+        with self.stats.waiting(grad_NF.device):
+            k, copy = self.rows.begin_write(s, readers=[p.owner for p in self.reads])
+        for part in self.reads:
+            assert part.block is not None, "partial sums need the rows' column block"
+            region = self.rows.backward_rows(self.rank, part.owner, copy, width)
+            region.copy_(part.block.backward(grad_NF))
+            self.stats.published_bytes += region.numel() * region.element_size()
+        self.rows.end_write(s, k)
+
+    def add_returned(self, grad_NF: Tensor, layer: int) -> None:
+        """grad += what every in-place reader computed for this worker's rows."""
+        s = self.stream(layer, BACKWARD)
+        for reader, rows_R in self.read_by.items():
+            with self.stats.waiting(grad_NF.device):
+                k, copy = self.rows.begin_read(s, reader)
+            region = self.rows.backward_rows(reader, self.rank, copy, grad_NF.shape[1])
+            grad_NF.index_add_(0, rows_R, region)
+            self.rows.end_read(s, reader, k)
 
 
 def same_host_ranks(world_size: int) -> list[bool]:
@@ -122,6 +151,7 @@ def build_in_place(
     halo_local_H: Tensor,
     setting: tuple[int, torch.dtype, float],
     stats: CommStats,
+    grads_as_rows: bool = True,
 ) -> InPlace:
     """Set up the in-place reads of the halo positions `rows_H` (sorted; owners on this host).
 
@@ -135,6 +165,8 @@ def build_in_place(
         setting: (widest width, dtype, timeout in seconds); every layer shares the
             segments (see `InPlace.stream`).
         stats: where in-place bytes are counted.
+        grads_as_rows: gradients travel as rows (no backward rows in the segments, no column
+            blocks); else as partial sums (see the module docstring).
     """
     width, dtype, timeout_s = setting
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -151,10 +183,14 @@ def build_in_place(
     dist.all_gather_object(asked, wanted)
     hosts = same_host_ranks(world)
     elem = torch.empty(0, dtype=dtype).element_size()
+
+    def read_rows(q: int) -> list[int]:  # none where gradients travel as rows
+        return [0 if grads_as_rows else len(asked[q].get(o, [])) for o in range(world)]
+
     layouts: list[Layout | None] = [
-        Layout(2, world, len(boundaries[q]), [0] * world, width, elem) if hosts[q] else None
+        Layout(2, world, len(boundaries[q]), read_rows(q), width, elem) if hosts[q] else None
         for q in range(world)
-    ]  # no rows besides the published ones: gradients travel as rows too
+    ]
     published = PublishedRows(layouts, rank, dtype, timeout_s, device=device)
     owner_B = {
         q: torch.from_numpy(boundaries[q]).to(device=device, dtype=torch.int64) for q in owners
@@ -165,12 +201,18 @@ def build_in_place(
         position_R[at] = torch.searchsorted(owner_B[q], local_R[at])
         assert bool((owner_B[q][position_R[at]] == local_R[at]).all()), "L3 rows are boundary"
     reads = owners_in_place(adj, plan.num_inner, rows_H, owner_R, position_R, owner_B)
+    if not grads_as_rows:
+        reads = [
+            OwnerRows(r.owner, r.positions_C, r.in_place,
+                      selected_columns_block(adj, rows_H[owner_R == r.owner] + plan.num_inner))
+            for r in reads
+        ]  # fmt: skip
     read_by = {
         r: torch.from_numpy(asked[r][rank]).to(device=device, dtype=torch.int64)
         for r in range(world)
         if len(asked[r].get(rank, ())) > 0
     }
-    return InPlace(published, rank, boundary_B, reads, read_by, stats)
+    return InPlace(published, rank, boundary_B, reads, read_by, stats, grads_as_rows)
 
 
 def owners_in_place(

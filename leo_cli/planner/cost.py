@@ -199,6 +199,9 @@ class _Counts:
         self.in_place_edges = np.array([x.in_place_edges for x in rows])
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
         self.read_in_place = self.in_place.sum(axis=1)  # rows each rank reads in place
+        # Their gradients travel as rows unless some rank replicates rows (comm/levels.py).
+        replicas = any(c.replica_rows.shape[0] for c in caches)
+        self.in_place_rows_grads = bool(self.read_in_place.any()) and not replicas
         self.read_from = self.in_place.T.sum(axis=1)  # rows of each rank read in place
         self.publishes: np.ndarray = np.asarray((self.in_place > 0).any(axis=0))
         self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
@@ -562,7 +565,7 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.input_needs_no_gradient:
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
-    if sl.gradient_rows(mode, bool(cnt.read_in_place.any())):
+    if sl.gradient_rows(mode, cnt.in_place_rows_grads):
         return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
@@ -786,7 +789,8 @@ def mode_buffers(
     - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
       shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
       gradients' two copies), and where any rank reads rows in place, every rank's published
-      rows (`NUM_COPIES` of its boundary rows; their gradients travel as rows through them);
+      rows (`NUM_COPIES` of its boundary rows; their gradients travel as rows through them,
+      or, where some rank replicates rows, as partial sums beside them);
     - the largest layer's transfer buffers (none at a layer 0 the static aggregate serves, no
       gradients back from an aggregate-first layer 0): rows packed to send and received (per
       reading edge for per-edge rows), the halo gradients and those returned (unless
@@ -821,7 +825,7 @@ def mode_buffers(
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
             if sl.input_needs_no_gradient:
                 backward = 0
-            elif sl.gradient_rows(mode, bool(cnt.read_in_place.any())):
+            elif sl.gradient_rows(mode, cnt.in_place_rows_grads):
                 backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
             elif mode.wire.gradient_buffer:  # comm/transport.py halo_grads: the buffer
                 # and one chunk's gradient (one chunk a peer), then those of its own rows
@@ -834,8 +838,11 @@ def mode_buffers(
             moving[r] = max(moving[r], forward, backward)
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
-        for r, p in enumerate(accesses):  # its published rows; gradients travel as rows
-            shm[r] += NUM_COPIES * p.num_boundary * row
+        replicas = any(c.replica_rows.shape[0] for c in caches)
+        for r, p in enumerate(accesses):  # its published rows, and the gradients of the
+            # rows it reads unless they travel as rows (no replicas: comm/levels.py)
+            read = int(read_in_place[r]) if replicas else 0
+            shm[r] += NUM_COPIES * (p.num_boundary + read) * row
     total = [k + s + m for k, s, m in zip(kept, shm, moving, strict=True)]
     return Buffers(total, shm)
 
