@@ -5,8 +5,9 @@ the CSR, then one block per peer and chunk (comm/blocks.py), halo gradients adde
 owners' rows (or the output gradient read as rows, below). The transport (comm/transport.py)
 moves the rows, and `overlap` splits the update so rows leave early. Attention layers get the
 rows `[h | halo(h)]` instead. Where rows are rounded to `pipeline.halo_dtype`
-(comm/rounding.py), or the transport moves gradients as rows (the shared segment), the
-backward reads its output gradient as rows too (`backward_rows`).
+(comm/rounding.py), the transport moves gradients as rows (the shared segment), or rows are
+read in place (comm/inplace.py), the backward reads its output gradient as rows too
+(`backward_rows`).
 
 Specification: docs/design/aggregation.md, docs/design/rounding.md.
 Legend: N inner rows, B boundary rows, H halo rows, F in-width, O out-width.
@@ -111,8 +112,8 @@ class BlockAggregator:
         rounding: how every row the aggregation reads is rounded, inner rows included,
             and travels (`pipeline.halo_dtype`); None: as computed.
         grad_rows: the backward reads the output gradient as rows (`backward_rows`), as
-            it must where rows are rounded (comm/modes.py decides); otherwise halo gradients
-            return as partial sums.
+            it must where rows are rounded or read in place (comm/modes.py decides);
+            otherwise halo gradients return as partial sums.
         grad_scales: (r, c) of every inner row where `Aᵀ = diag(r)·A·diag(c)` needs them
             (the mean), or None (r = c = 1); read by `backward_rows` only.
         """
@@ -120,7 +121,7 @@ class BlockAggregator:
         self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
         self.rounding, self.grad_scales, self.grad_rows = rounding, grad_scales, grad_rows
         assert rounding is None or grad_rows, "rounded rows read their gradient as rows"
-        assert in_place is None or not self.grad_rows, "published rows return partial sums"
+        assert in_place is None or self.grad_rows == in_place.grads_as_rows, "in-place grads"
         assert in_place is None or not attention, "attention layers gather rows, not in place"
         assert in_place is None or rounding is None, "published rows are not rounded"
         sent = (
@@ -277,6 +278,8 @@ class BlockAggregator:
         forward's rows."""
         scales = self.grad_scales
         g_NO = grad_NO if scales is None else grad_NO * scales[1].unsqueeze(1)
+        if self.in_place is not None:  # its readers aggregate them as the forward's rows
+            self.in_place.publish(g_NO.index_select(0, self.in_place.boundary_B), layer)
         wire_NW = self.wire(g_NO, None, backward_key(key))
         pending = self.transport.send_rows(wire_NW, sched, by_position=False)
         grad_h = self.aggregate_arrivals(self.arrived(wire_NW, g_NO.dtype), pending, sched, layer)

@@ -1,10 +1,16 @@
 """L3 rows read in place: halo rows a worker reads straight out of their owner's published rows
-inside its aggregation, and whose gradients it publishes for the owner to add up.
+inside its aggregation; their gradients travel the same way, as rows.
 
 Only same-host pairs can map each other's segments (comm/published.py); an L3 row owned on
 another host is fetched per reading edge through the process group instead (comm/views.py).
-A reader's rows of one owner are a column block of its CSR that reads them by position, with
-no copy; waiting for a late owner comes after the inner block's SpMM.
+A reader's rows of one owner are a CSR over its rows whose columns are the owner's published
+rows, read by position, with no copy; waiting for a late owner comes after the inner block's
+SpMM. The backward reads the output gradient as rows (`Aᵀ·g` is an aggregation on a symmetric
+graph, comm/aggregate.py `backward_rows`): owners publish their boundary rows of it on the
+same stream, and readers aggregate them through the same CSRs, which therefore need no
+transpose. Where some worker replicates rows at layer 0 (their gradient must not reach their
+owner), readers instead publish the gradients of the rows they read as partial sums, from a
+column block per owner, for the owners to add (`grads_as_rows` False).
 
 Specification: docs/design/published-rows.md.
 Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
@@ -22,11 +28,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.blocks import ColumnBlock, segments, selected_columns_block
+from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
 from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
 from leo_cli.comm.views import halo_owner
-from leo_cli.kernels.csr import compact_index_dtype, max_degree
+from leo_cli.kernels.csr import compact_index_dtype
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,9 @@ class OwnerRows:
     """The rows this worker reads in place from one owner."""
 
     owner: int
-    block: ColumnBlock  # compact: rows reading them, columns 0..R_q-1 (backward)
-    positions_C: Tensor  # (R_q) each column's position among the owner's published rows
-    in_place: kernels.CSR  # (N x B_q) the same edges, columns indexing the published rows
+    positions_C: Tensor  # (R_q) each row's position among the owner's published rows
+    in_place: kernels.CSR  # (N x B_q) forward-only: the edges reading them, by position
+    block: ColumnBlock | None = None  # their column block (compact): partial sums' backward
 
     @property
     def num_rows(self) -> int:
@@ -53,30 +59,30 @@ class InPlace:
     reads: list[OwnerRows]  # owners this worker reads from
     read_by: dict[int, Tensor]  # reader -> this worker's local rows it reads (its order)
     stats: CommStats
+    grads_as_rows: bool = True  # else the gradients of the rows read return as partial sums
 
-    def stream(self, layer: int, direction: int) -> int:
-        """One stream per direction, not per layer: every worker publishes and reads the
-        layers in the same order (forward 0, 1, ...; backward ..., 1, 0), so exchanges line
-        up, and one pair of copies serves every layer (a copy per layer would multiply the
-        memory by the depth)."""
+    def stream(self, layer: int, direction: int = FORWARD) -> int:
+        """One stream for every layer: every worker publishes and reads the layers in the same
+        order (forward 0, 1, ...; backward ..., 1, 0), so exchanges line up, and one area of
+        rows serves them all (an area per layer would multiply the memory by the depth).
+        Gradients as rows share the forward's stream and area; partial sums have their own."""
         del layer
-        return direction
-
-    # -- forward --------------------------------------------------------------------------
+        return FORWARD if self.grads_as_rows else direction
 
     def publish(self, rows_BF: Tensor, layer: int) -> None:
-        """Make this worker's boundary rows of a layer readable by its in-place readers."""
+        """Make this worker's boundary rows of a layer (or of its output gradient) readable by
+        its in-place readers, once they have read the previous exchange out."""
         if not self.read_by:
             return
         s = self.stream(layer, FORWARD)
-        with self.stats.waiting(rows_BF.device):  # until readers are done with this copy
+        with self.stats.waiting(rows_BF.device):  # until readers are done with the area
             k, copy = self.rows.begin_write(s, readers=list(self.read_by))
         self.rows.forward_rows(self.rank, copy, rows_BF.shape[1]).copy_(rows_BF)
         self.rows.end_write(s, k)
 
     def aggregate(self, inner: ColumnBlock, h_NF: Tensor, layer: int) -> Tensor:
         """The inner block's sums plus every owner's rows read in place (waiting for each
-        owner's rows of this layer).
+        owner's rows of this exchange).
 
         Where the first owner has not published yet, the inner block is summed first, so that
         local work hides the wait; else the op sums both at once. The sums are the same either
@@ -102,16 +108,16 @@ class InPlace:
         assert out_NF is not None
         return out_NF
 
-    # -- backward -------------------------------------------------------------------------
-
     def publish_grads(self, grad_NF: Tensor, layer: int) -> None:
-        """The gradients of the rows read in place, for their owners to add."""
+        """The gradients of the rows read in place, as partial sums for their owners to add
+        (`grads_as_rows` False)."""
         if not self.reads:
             return
         s, width = self.stream(layer, BACKWARD), grad_NF.shape[1]
         with self.stats.waiting(grad_NF.device):
             k, copy = self.rows.begin_write(s, readers=[p.owner for p in self.reads])
         for part in self.reads:
+            assert part.block is not None, "partial sums need the rows' column block"
             region = self.rows.backward_rows(self.rank, part.owner, copy, width)
             region.copy_(part.block.backward(grad_NF))
             self.stats.published_bytes += region.numel() * region.element_size()
@@ -145,6 +151,7 @@ def build_in_place(
     halo_local_H: Tensor,
     setting: tuple[int, torch.dtype, float],
     stats: CommStats,
+    grads_as_rows: bool = True,
 ) -> InPlace:
     """Set up the in-place reads of the halo positions `rows_H` (sorted; owners on this host).
 
@@ -158,6 +165,8 @@ def build_in_place(
         setting: (widest width, dtype, timeout in seconds); every layer shares the
             segments (see `InPlace.stream`).
         stats: where in-place bytes are counted.
+        grads_as_rows: gradients travel as rows (no backward rows in the segments, no column
+            blocks); else as partial sums (see the module docstring).
     """
     width, dtype, timeout_s = setting
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -168,77 +177,84 @@ def build_in_place(
     dist.all_gather_object(boundaries, boundary_B.cpu().numpy())  # arrays pickle as bytes
     owner_R = halo_owner(plan, rows_H)
     owners = torch.unique(owner_R).tolist()
-    wanted = {q: halo_local_H[rows_H[owner_R == q]].cpu().numpy() for q in owners}
+    local_R = halo_local_H[rows_H]
+    wanted = {q: local_R[owner_R == q].cpu().numpy() for q in owners}
     asked: list[Any] = [None] * world
     dist.all_gather_object(asked, wanted)
     hosts = same_host_ranks(world)
+    elem = torch.empty(0, dtype=dtype).element_size()
+
+    def read_rows(q: int) -> list[int]:  # none where gradients travel as rows
+        return [0 if grads_as_rows else len(asked[q].get(o, [])) for o in range(world)]
+
     layouts: list[Layout | None] = [
-        Layout(
-            2, world, len(boundaries[q]),
-            [len(asked[q].get(owner, [])) for owner in range(world)],
-            width, torch.empty(0, dtype=dtype).element_size(),
-        ) if hosts[q] else None
+        Layout(2, world, len(boundaries[q]), read_rows(q), width, elem) if hosts[q] else None
         for q in range(world)
-    ]  # fmt: skip
-    published = PublishedRows(layouts, rank, dtype, timeout_s, device=device)
-    reads = [
-        owner_rows(
-            adj,
-            plan,
-            rows_H[owner_R == q],
-            q,
-            torch.from_numpy(boundaries[q]).to(device=device, dtype=torch.int64),
-            halo_local_H,
-        )  # fmt: skip
-        for q in sorted(wanted)
     ]
+    published = PublishedRows(layouts, rank, dtype, timeout_s, device=device)
+    owner_B = {
+        q: torch.from_numpy(boundaries[q]).to(device=device, dtype=torch.int64) for q in owners
+    }
+    position_R = torch.empty_like(rows_H)
+    for q in owners:
+        at = owner_R == q
+        position_R[at] = torch.searchsorted(owner_B[q], local_R[at])
+        assert bool((owner_B[q][position_R[at]] == local_R[at]).all()), "L3 rows are boundary"
+    reads = owners_in_place(adj, plan.num_inner, rows_H, owner_R, position_R, owner_B)
+    if not grads_as_rows:
+        reads = [
+            OwnerRows(r.owner, r.positions_C, r.in_place,
+                      selected_columns_block(adj, rows_H[owner_R == r.owner] + plan.num_inner))
+            for r in reads
+        ]  # fmt: skip
     read_by = {
         r: torch.from_numpy(asked[r][rank]).to(device=device, dtype=torch.int64)
         for r in range(world)
         if len(asked[r].get(rank, ())) > 0
     }
-    return InPlace(published, rank, boundary_B, reads, read_by, stats)
+    return InPlace(published, rank, boundary_B, reads, read_by, stats, grads_as_rows)
 
 
-def owner_rows(
+def owners_in_place(
     adj: kernels.CSR,
-    plan: HaloPlan,
-    rows_C: Tensor,
-    owner: int,
-    boundary_B: Tensor,
-    halo_local_H: Tensor,
-) -> OwnerRows:
-    """The column block of the rows read from one owner, and its in-place twin."""
-    n = plan.num_inner
-    block = selected_columns_block(adj, rows_C + n)
-    positions_C = torch.searchsorted(boundary_B, halo_local_H[rows_C])
-    assert bool((boundary_B[positions_C] == halo_local_H[rows_C]).all()), "L3 rows are boundary"
-    in_place = reading_in_place(block, positions_C, adj.num_rows, int(boundary_B.shape[0]))
-    return OwnerRows(owner, block, positions_C, in_place)
-
-
-def reading_in_place(
-    block: ColumnBlock, positions_C: Tensor, num_rows: int, num_cols: int
-) -> kernels.CSR:
-    """The block's edges over every row, reading column c at `positions_C[c]` (the owner's
-    published rows, `num_cols` of them): forward only (published rows take no gradient
-    through it; the block's own transpose serves the backward), its transpose rows taken
-    from the block's, so no edge is sorted."""
-    assert block.rows_R is not None and block.bwd is not None
-    rows_R = block.rows_R.long()
-    counts_N = torch.zeros(num_rows, dtype=torch.int64, device=rows_R.device)
-    counts_N[rows_R] = torch.diff(block.fwd.indptr).long()
-    indptr = torch.cat([counts_N.new_zeros(1), torch.cumsum(counts_N, 0)])
-    indices = positions_C.long().index_select(0, block.fwd.indices)  # to `fit` below
-    by_position = torch.argsort(positions_C)  # the transpose's rows in published order
-    at_E, _ = segments(block.bwd.indptr, by_position)
-    t_counts = torch.zeros(num_cols, dtype=torch.int64, device=rows_R.device)
-    t_counts[positions_C] = torch.diff(block.bwd.indptr).long()
-    t_indptr = torch.cat([t_counts.new_zeros(1), torch.cumsum(t_counts, 0)])
-    t_indices = rows_R.index_select(0, block.bwd.indices.index_select(0, at_E).long())
-    fit = compact_index_dtype(indptr, indices, num_cols)
-    return kernels.CSR(
-        indptr.to(fit), indices.to(fit), block.fwd.values, num_rows, num_cols,
-        t_indptr.to(fit), t_indices.to(fit), indices.new_empty(0).to(fit),
-        max_degree(indptr), max_degree(t_indptr),
-    )  # fmt: skip
+    num_inner: int,
+    rows_H: Tensor,
+    owner_R: Tensor,
+    position_R: Tensor,
+    boundaries: dict[int, Tensor],
+) -> list[OwnerRows]:
+    """Every owner's CSR of the rows read from it in place, from one pass over the part's
+    edges (not one per owner): the edges reading `rows_H` (halo positions, sorted), grouped by
+    owner by a stable sort that keeps each row's edges in the part's order, so each owner's
+    CSR holds the arrays a column block of its rows would. `position_R`: each row's position
+    among its owner's published rows (`boundaries[q]`)."""
+    device = adj.indptr.device
+    col_of_H = torch.full((adj.num_cols - num_inner,), -1, dtype=torch.int64, device=device)
+    col_of_H[rows_H] = torch.arange(rows_H.shape[0], device=device)
+    remote_E = torch.nonzero(adj.indices >= num_inner).squeeze(1)
+    read_E = col_of_H.index_select(0, adj.indices.index_select(0, remote_E).long() - num_inner)
+    kept = read_E >= 0
+    edges_E, read_E = remote_E[kept], read_E[kept]
+    del remote_E, kept
+    by_owner = torch.sort(owner_R.index_select(0, read_E), stable=True)
+    world = max(boundaries, default=-1) + 1
+    counts = torch.bincount(by_owner.values, minlength=world).tolist()
+    out, start = [], 0
+    for q, count in enumerate(counts):
+        at_E = by_owner.indices[start : start + count]
+        start += count
+        if q not in boundaries:
+            continue
+        e_E = edges_E.index_select(0, at_E)
+        rows_E = torch.searchsorted(adj.indptr, e_E.to(adj.indptr.dtype), right=True) - 1
+        per_row = torch.bincount(rows_E, minlength=adj.num_rows)
+        indptr = torch.cat([per_row.new_zeros(1), torch.cumsum(per_row, 0)])
+        cols_E = position_R.index_select(0, read_E.index_select(0, at_E))
+        num_cols = int(boundaries[q].shape[0])
+        csr = kernels.CSR.from_arrays(
+            indptr, cols_E, adj.values.index_select(0, e_E), num_cols,
+            index_dtype=compact_index_dtype(indptr, cols_E, num_cols), validate=False,
+            transpose=False,
+        )  # fmt: skip
+        out.append(OwnerRows(q, position_R[owner_R == q], csr))
+    return out

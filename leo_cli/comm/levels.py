@@ -149,15 +149,24 @@ def build_levels(
         if int(wanted.item()) == 0:
             in_place_H, rows = None, None
     level = level_of_rows(plan.num_halo, levels, adj.device, True, in_place_H)
-    layer0 = view_of_layer(adj, plan, levels, True, in_place_H)
+    # Rows read in place make every aggregator read its gradients as rows (comm/modes.py),
+    # unless some worker replicates rows (their gradients must not reach their owners):
+    # the views' CSRs then run forward only.
+    replicas = torch.tensor([len(levels.replica_rows)], device=adj.device)
+    any_replicas = int(all_reduce_(replicas, op="max").item()) > 0
+    grads_as_rows = rows is not None and not any_replicas
+    forward_only = grads_as_rows
+    layer0 = view_of_layer(adj, plan, levels, True, in_place_H, transpose=not forward_only)
     # Without replicas here the later layers' levels are layer 0's: so is their view's CSR.
     same = layer0[0] if not levels.replica_rows and layer0[0] is not adj else None
     return Levels(
         layer0,
-        view_of_layer(adj, plan, levels, False, in_place_H, same),
+        view_of_layer(adj, plan, levels, False, in_place_H, same, not forward_only),
         fetch_replicas(adj, plan, x_NF, halo_ids_H, level),
         static,
-        None if rows is None or in_place is None else _in_place(adj, plan, rows, x_NF, in_place),
+        None
+        if rows is None or in_place is None
+        else _in_place(adj, plan, rows, x_NF, in_place, grads_as_rows),
     )
 
 
@@ -170,10 +179,15 @@ def static_aggregate(adj: kernels.CSR, plan: HaloPlan, x_NF: Tensor, distributed
 
 
 def _in_place(
-    adj: kernels.CSR, plan: HaloPlan, rows_H: Tensor, x_NF: Tensor, s: InPlaceSetting
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    rows_H: Tensor,
+    x_NF: Tensor,
+    s: InPlaceSetting,
+    grads_as_rows: bool,
 ) -> InPlace:
     setting = (s.width, x_NF.dtype, s.timeout_s)
-    return build_in_place(adj, plan, rows_H, s.halo_local_H, setting, s.stats)
+    return build_in_place(adj, plan, rows_H, s.halo_local_H, setting, s.stats, grads_as_rows)
 
 
 def view_of_layer(
@@ -183,11 +197,13 @@ def view_of_layer(
     layer0: bool,
     in_place_H: Tensor | None = None,
     same_csr: kernels.CSR | None = None,
+    transpose: bool = True,
 ) -> tuple[kernels.CSR, HaloPlan]:
     """The halo view of layer 0 (replicas left out) or of the later layers (rows read in place
     left out of both): the part's own CSR and plan when no worker has a row of another level
     there (rebuilding them would hold another copy of every edge while set-up peaks, and one
-    more all run). `same_csr`: the CSR of a view with the same levels here (see `level_view`).
+    more all run). `same_csr`: the CSR of a view with the same levels here (see `level_view`);
+    without `transpose`, a view's CSR is forward-only.
 
     Collective: a view's owners answer its readers, so all workers decide together.
     """
@@ -196,7 +212,7 @@ def view_of_layer(
     if int(wanted.item()) == 0:
         return adj, plan
     level = level_of_rows(plan.num_halo, levels, adj.device, layer0, in_place_H)
-    return level_view(adj, plan, level, same_csr)
+    return level_view(adj, plan, level, same_csr, transpose)
 
 
 def fetch_replicas(

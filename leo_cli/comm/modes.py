@@ -116,10 +116,12 @@ def make_aggregator(
             rounding=wiring.rounding, grad_rows=wiring.rounding is not None,  # nothing moves
             grad_scales=wiring.grad_scales,
         )  # fmt: skip
-    # Rounded rows read gradients as rows; so does a transport that moves them so, but for
-    # attention layers (they gather `[h | halo]`) and rows read in place (partial sums).
+    # Rounded rows read gradients as rows; so do rows read in place (unless replicas ask for
+    # partial sums: comm/inplace.py) and a transport that moves them so, but for attention
+    # layers (they gather `[h | halo]`).
     grad_rows = wiring.rounding is not None or (
-        mode.wire.gradients_as_rows and not attention and in_place is None
+        not attention
+        and (mode.wire.gradients_as_rows if in_place is None else in_place.grads_as_rows)
     )
     transport = TRANSPORTS[mode.transport](plan, wiring, attention or not grad_rows)
     chunks = num_chunks if mode.chunks else [1]

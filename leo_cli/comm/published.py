@@ -33,7 +33,7 @@ from leo_cli.comm.row_areas import (
 from leo_cli.comm.segments import create_segment
 from leo_cli.errors import TrainError
 
-NUM_COPIES = 2  # copies of every row area; a writer may run this many exchanges minus 1 ahead
+NUM_COPIES = 1  # copies of every row area; a writer may run this many exchanges minus 1 ahead
 FORWARD, BACKWARD = 0, 1
 
 
@@ -47,8 +47,15 @@ class Layout:
     read_rows: list[int]  # R_q per owner q
     width: int  # W
     elem_size: int
-    copies: int = NUM_COPIES  # 1 only in tests (to show the race it lets through)
+    copies: int = NUM_COPIES
     host_rows: bool = True  # row copies in the host segment (CPU); else in device memory
+    # Exchanges a writer may run ahead of its slowest reader: `copies` (None) is safe; more
+    # only in tests (to show the race it lets through).
+    lead: int | None = None
+
+    @property
+    def ahead(self) -> int:
+        return self.copies if self.lead is None else self.lead
 
     @property
     def header(self) -> int:
@@ -154,8 +161,10 @@ class PublishedRows:
     def begin_write(self, stream: int, readers: list[int]) -> tuple[int, int]:
         """Wait until every reader is done with the copy exchange k will overwrite; (k, copy)."""
         k = self.next_exchange(stream, self.rank)
+        mine = self.layouts[self.rank]
+        assert mine is not None
         for r in readers:
-            self._wait_count(self._ack(r, stream, self.rank), k - NUM_COPIES,
+            self._wait_count(self._ack(r, stream, self.rank), k - mine.ahead,
                              f"rank {r} to finish reading", stream)  # fmt: skip
         return k, k % self._copies(self.rank)
 

@@ -5,9 +5,8 @@ its rows, all pass a barrier, then each reads its halo rows out of their owners'
 aggregates them through the same column blocks as every mode (comm/aggregate.py). Backward
 moves the output gradient as rows the same way (`Aᵀ·g` is an aggregation on a symmetric
 graph); only attention layers write halo gradients into a second segment for their owners.
-The rows' segment holds one copy: a barrier before writing (every peer has read the last
-exchange out) and one after. The gradients' segment alternates between two copies, so one
-barrier per exchange suffices there (the gradients are written as they are computed).
+Each segment holds one copy: a barrier before writing (every peer has read the last
+exchange out) and one after.
 
 Specification: docs/design/aggregation.md.
 Legend: N inner rows, H halo rows, T rows of all workers of the host, F width, S rows sent.
@@ -34,7 +33,7 @@ from leo_cli.comm.transport import GradOf, Landed, sent_slices
 from leo_cli.errors import TrainError
 
 SHM_DIR = "/dev/shm"
-GRAD_COPIES = 2  # copies of the gradients' segment, used in turn (one barrier an exchange)
+GRAD_COPIES = 1  # copies of the gradients' segment (a barrier before each write)
 
 
 def open_segment(num_elements: int, dtype: torch.dtype) -> Tensor:
@@ -149,12 +148,15 @@ class SharedMemory:
         return ReadOut(self, seg, sched, rows_XF.device)
 
     def send_grads(self, sched: Schedule, grad_of: GradOf, like_F: Tensor) -> Landed:
-        """Write my halo gradients into my region, wait, read what my readers wrote for me."""
+        """Once every peer has read the last exchange out, write my halo gradients into my
+        region, wait, read what my readers wrote for me."""
         assert self.grad_seg is not None, "built without a gradients' segment"
         width = like_F.shape[1]
         seg = self.view(self.grad_seg, self._grad_count % GRAD_COPIES, self.halo_T, width)
         self._grad_count += 1
         mine_HF = seg[self.my_halo_off : self.my_halo_off + self.plan.num_halo]
+        if GRAD_COPIES == 1:
+            self.barrier()  # one copy: nobody still reads the last exchange's gradients
         for chunks in sched.rounds:
             for c in chunks:
                 mine_HF[c.recv_start : c.recv_end].copy_(grad_of(c))

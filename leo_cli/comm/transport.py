@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-import torch
 from torch import Tensor
 
 from leo_cli import kernels
@@ -74,9 +73,14 @@ def sent_slices(rows_SF: Tensor, sched: Schedule) -> Landed:
 
 
 def halo_grads(sched: Schedule, grad_of: GradOf, like_F: Tensor) -> Tensor:
-    """The gradient of every halo row, chunk after chunk, as one (H x F) buffer."""
-    grads = [grad_of(c) for chunks in sched.rounds for c in chunks]
-    return torch.cat(grads) if grads else like_F.new_empty((0, like_F.shape[1]))
+    """The gradient of every halo row as one (H x F) buffer, each chunk's written into its
+    rows as it is computed: one chunk's gradient alive beside the buffer, not every chunk's
+    beside their concatenation."""
+    halo_HF = like_F.new_empty((sched.num_halo, like_F.shape[1]))
+    for chunks in sched.rounds:
+        for c in chunks:
+            halo_HF[c.recv_start : c.recv_end] = grad_of(c)
+    return halo_HF
 
 
 class PointToPoint:

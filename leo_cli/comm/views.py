@@ -40,7 +40,7 @@ def halo_owner(plan: HaloPlan, halo_H: Tensor) -> Tensor:
 
 
 def remap_halo(
-    adj: kernels.CSR, plan: HaloPlan, rows_K: Tensor, edge_cols: Tensor
+    adj: kernels.CSR, plan: HaloPlan, rows_K: Tensor, edge_cols: Tensor, transpose: bool = True
 ) -> tuple[kernels.CSR, HaloPlan]:
     """The view whose halo rows are `rows_K` (original halo positions, grouped by owner,
     repeats allowed) and whose remote edges read `edge_cols` (view halo column, or -1: the
@@ -52,6 +52,8 @@ def remap_halo(
         rows_K: (K) halo position behind each view halo row, owners in increasing order.
         edge_cols: (E_remote) for every edge with a halo column (CSR order), its view column
             in `0..K-1`, or -1.
+        transpose: give the view's CSR its transpose; without, a forward-only CSR (for
+            aggregators whose backward reads gradients as rows).
     """
     n, num_cols = plan.num_inner, plan.num_inner + int(rows_K.shape[0])
     # Column temporaries in the CSR's own index dtype where the view's columns fit in it.
@@ -62,11 +64,11 @@ def remap_halo(
     del remote_E
     keep_E = new_cols >= 0
     # The view's transpose from the part's (no sort), where its columns keep their order.
-    transposed = kept_transpose(adj, keep_E, new_cols, num_cols)
+    transposed = kept_transpose(adj, keep_E, new_cols, num_cols) if transpose else None
     rows_E = row_of_edges(adj.indptr, dtype)[keep_E]
     view_adj = kernels.CSR.from_coo(
         rows_E, new_cols[keep_E], adj.values[keep_E], adj.num_rows, num_cols, rows_sorted=True,
-        transpose=transposed is None,
+        transpose=transpose and transposed is None,
     )  # fmt: skip
     if transposed is not None:
         view_adj = with_transpose(view_adj, *transposed)
@@ -110,19 +112,23 @@ def remote_edges(adj: kernels.CSR, num_inner: int) -> Tensor:
 
 
 def level_view(
-    adj: kernels.CSR, plan: HaloPlan, level_H: Tensor, same_csr: kernels.CSR | None = None
+    adj: kernels.CSR,
+    plan: HaloPlan,
+    level_H: Tensor,
+    same_csr: kernels.CSR | None = None,
+    transpose: bool = True,
 ) -> tuple[kernels.CSR, HaloPlan]:
     """The view of a per-row level assignment: L2 rows once, L3 rows once per reading edge,
     L1 and in-place rows left out (their edges leave the CSR: replicas and rows read in place
     are aggregated elsewhere). Collective (`remap_plan`).
 
     `same_csr`: the CSR of a view already made from the same levels (only the plan, which
-    is collective, is made again).
+    is collective, is made again); without `transpose`, a forward-only CSR.
     """
     rows_K, edge_cols = view_layout(adj, plan, level_H)
     if same_csr is not None:
         return same_csr, remap_plan(plan, rows_K)
-    return remap_halo(adj, plan, rows_K, edge_cols)
+    return remap_halo(adj, plan, rows_K, edge_cols, transpose)
 
 
 def view_layout(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[Tensor, Tensor]:

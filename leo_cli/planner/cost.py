@@ -156,11 +156,13 @@ class ShapeLayer:
         no exchange and no SpMM, forward or backward."""
         return self.layer == 0 and self.p == 0 and static
 
-    def gradient_rows(self, mode: Mode) -> bool:
+    def gradient_rows(self, mode: Mode, in_place: bool = False) -> bool:
         """The backward reads the output gradient as rows (comm/aggregate.py backward_rows),
-        as comm/modes.py's `make_aggregator` decides: rounded rows, or a transport that moves
-        gradients so; attention layers return partial sums."""
-        return (self.rounded or mode.wire.gradients_as_rows) and not self.attention
+        as comm/modes.py's `make_aggregator` decides: rounded rows, rows read in place
+        (`in_place`: some rank reads rows so), or a transport that moves gradients so;
+        attention layers return partial sums."""
+        as_rows = self.rounded or mode.wire.gradients_as_rows or in_place
+        return as_rows and not self.attention
 
 
 class _Counts:
@@ -197,6 +199,9 @@ class _Counts:
         self.in_place_edges = np.array([x.in_place_edges for x in rows])
         self.send = self.recv.T.sum(axis=1)  # rows each rank sends (what its readers receive)
         self.read_in_place = self.in_place.sum(axis=1)  # rows each rank reads in place
+        # Their gradients travel as rows unless some rank replicates rows (comm/levels.py).
+        replicas = any(c.replica_rows.shape[0] for c in caches)
+        self.in_place_rows_grads = bool(self.read_in_place.any()) and not replicas
         self.read_from = self.in_place.T.sum(axis=1)  # rows of each rank read in place
         self.publishes: np.ndarray = np.asarray((self.in_place > 0).any(axis=0))
         self.halo = self.recv.sum(axis=1)  # rows of each rank's exchanged halo buffer
@@ -560,7 +565,7 @@ def _backward(
     dense = _dense(hw, n, sl, backward=True, self_width=_self_width(sl, backward=True))
     if sl.input_needs_no_gradient:
         return _Split({"epilogue": dense.pop("epilogue")}, {}, 0.0, dense)
-    if sl.gradient_rows(mode):
+    if sl.gradient_rows(mode, cnt.in_place_rows_grads):
         return _backward_rows(hw, p, r, cnt, sl, mode, k, dense)
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
@@ -612,16 +617,21 @@ def _backward_rows(
     k: int,
     dense: Terms,
 ) -> _Split:
-    """Backward terms where the gradient is read as rows (rounded rows; a transport that
-    moves gradients as rows: comm/aggregate.py backward_rows): the forward's exchange and
-    aggregation, over the output gradient (rounded where rows are)."""
+    """Backward terms where the gradient is read as rows (rounded rows, rows read in place;
+    a transport that moves gradients as rows: comm/aggregate.py backward_rows): the
+    forward's exchange and aggregation, over the output gradient (rounded where rows are)."""
     n, w, halo = p.num_inner, sl.w, cnt.halo[r]
     rows = p.rows_reading_blocks(k)
     pre: Terms = {"epilogue": dense.pop("epilogue")}
+    pre["pack"] = 0.0
     if mode.wire.packs:
         pre["pack"] = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
+    if cnt.publishes[r]:  # its boundary rows of the gradient, published as the forward's
+        pre["pack"] += hw.pass_seconds(min(p.num_boundary, n), w)
     inner_spmm = _spmm(hw, p.inner_edges + n * sl.diagonal, w, n, n)
-    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, halo, rows)
+    read = halo + cnt.read_in_place[r]  # rows the halo edges read, here or in place
+    halo_spmm = _blocks(hw, p.num_blocks(k), cnt.halo_edges[r], w, read, rows)
+    halo_spmm *= _in_place_factor(hw, cnt, r)
     unpack = hw.scatter_add_seconds(rows, w) + _halo_buffer_terms(hw, mode, halo, w)
     overlap = mode.overlap
     window: Terms = {"spmm": inner_spmm * overlap}
@@ -779,8 +789,8 @@ def mode_buffers(
     - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
       shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
       gradients' two copies), and where any rank reads rows in place, every rank's published
-      rows (two copies of its boundary rows and of the gradients of the rows it reads in
-      place);
+      rows (`NUM_COPIES` of its boundary rows; their gradients travel as rows through them,
+      or, where some rank replicates rows, as partial sums beside them);
     - the largest layer's transfer buffers (none at a layer 0 the static aggregate serves, no
       gradients back from an aggregate-first layer 0): rows packed to send and received (per
       reading edge for per-edge rows), the halo gradients and those returned (unless
@@ -815,8 +825,12 @@ def mode_buffers(
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
             if sl.input_needs_no_gradient:
                 backward = 0
-            elif sl.gradient_rows(mode):
+            elif sl.gradient_rows(mode, cnt.in_place_rows_grads):
                 backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
+            elif mode.wire.gradient_buffer:  # comm/transport.py halo_grads: the buffer
+                # and one chunk's gradient (one chunk a peer), then those of its own rows
+                chunk = max(float(cnt.send[r]), float(cnt.recv[r].max(initial=0.0)))
+                backward = int(cnt.halo[r] + chunk) * sl.grad_bytes
             elif mode.wire.moves_rows:  # the halo gradients, and those of its own rows
                 backward = int(cnt.halo[r] + cnt.send[r]) * sl.grad_bytes
             else:
@@ -824,8 +838,11 @@ def mode_buffers(
             moving[r] = max(moving[r], forward, backward)
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
-        for r, p in enumerate(accesses):
-            shm[r] += NUM_COPIES * (p.num_boundary + int(read_in_place[r])) * row
+        replicas = any(c.replica_rows.shape[0] for c in caches)
+        for r, p in enumerate(accesses):  # its published rows, and the gradients of the
+            # rows it reads unless they travel as rows (no replicas: comm/levels.py)
+            read = int(read_in_place[r]) if replicas else 0
+            shm[r] += NUM_COPIES * (p.num_boundary + read) * row
     total = [k + s + m for k, s, m in zip(kept, shm, moving, strict=True)]
     return Buffers(total, shm)
 

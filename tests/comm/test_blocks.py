@@ -14,7 +14,7 @@ from leo_cli.comm.blocks import (
     selected_columns_block,
 )
 from leo_cli.comm.exchange import distinct_rows
-from leo_cli.comm.inplace import reading_in_place
+from leo_cli.comm.inplace import owners_in_place
 from leo_cli.errors import KernelError
 
 
@@ -214,42 +214,50 @@ def test_selected_columns_from_the_transpose_equal_sorted_ones(
             torch.testing.assert_close(a.backward(grad), dense.t() @ grad, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.slow
-def test_reading_in_place_equals_its_sorted_construction() -> None:
-    """The in-place twin of a block (every row, columns at the owner's published
-    positions, in any order) has the arrays the sorting construction gives, without an edge
-    permutation; its product reads the published rows as the block reads its columns."""
+def test_rows_read_in_place_equal_their_sorted_construction() -> None:
+    """Every owner's in-place CSR (every row, columns at the owner's published positions, in
+    any order), made in one pass over the part's edges for all owners, has the arrays the
+    sorting construction gives from that owner's column block, forward only; its product
+    reads the published rows as the block reads its columns."""
     torch.manual_seed(2)
-    for _ in range(20):
-        adj = random_adjacency(50, 1, 300)
-        num_rows, num_cols = adj.num_rows, adj.num_cols
-        cols_C = torch.nonzero(torch.rand(num_cols) < 0.5).squeeze(1)
-        block = selected_columns_block(adj, cols_C)
-        published = 3 * cols_C.shape[0] + 2
-        positions_C = torch.randperm(published)[: cols_C.shape[0]]  # distinct, any order
-        twin = reading_in_place(block, positions_C, num_rows, published)
-        assert block.rows_R is not None
-        rows_E = torch.repeat_interleave(block.rows_R.long(), torch.diff(block.fwd.indptr.long()))
-        sorted_twin = kernels.CSR.from_coo(
-            rows_E,
-            positions_C[block.fwd.indices.long()],
-            block.fwd.values,
-            num_rows,
-            published,
-            rows_sorted=True,
-        )
-        for name in ("indptr", "indices", "values", "t_indptr", "t_indices"):
-            a, b = getattr(twin, name), getattr(sorted_twin, name)
-            assert a.dtype == b.dtype and torch.equal(a, b), name
-        assert (twin.max_degree, twin.t_max_degree) == (
-            sorted_twin.max_degree,
-            sorted_twin.t_max_degree,
-        )
-        assert twin.t_perm.numel() == 0
-        x = torch.randn(published, 2, dtype=torch.float64)
-        out = torch.zeros(num_rows, 2, dtype=torch.float64)
-        block.add_into(out, x[positions_C])
-        torch.testing.assert_close(kernels.spmm(twin, x), out, rtol=1e-12, atol=1e-12)
+    for index_dtype in (None, torch.int64):
+        for _ in range(20):
+            adj = random_adjacency(50, 1, 300, index_dtype)
+            n, num_rows, num_halo = adj.num_rows, adj.num_rows, adj.num_cols - adj.num_rows
+            rows_H = torch.nonzero(torch.rand(num_halo) < 0.5).squeeze(1)
+            cut = sorted(torch.randint(0, num_halo + 1, (2,)).tolist())  # 3 owners' halo spans
+            owner_R = torch.bucketize(rows_H, torch.tensor(cut), right=True)
+            position_R = torch.empty_like(rows_H)
+            boundaries = {}
+            for q in range(3):
+                at = owner_R == q
+                count = int(at.sum())
+                published = 3 * count + 2
+                position_R[at] = torch.randperm(published)[:count]  # distinct, any order
+                boundaries[q] = torch.arange(published)
+            reads = owners_in_place(adj, n, rows_H, owner_R, position_R, boundaries)
+            assert [r.owner for r in reads] == sorted(boundaries)
+            for read in reads:
+                q = read.owner
+                cols_C = rows_H[owner_R == q] + n
+                block = selected_columns_block(adj, cols_C)
+                assert block.rows_R is not None
+                counts = torch.diff(block.fwd.indptr.long())
+                rows_E = torch.repeat_interleave(block.rows_R.long(), counts)
+                sorted_twin = kernels.CSR.from_coo(
+                    rows_E, read.positions_C[block.fwd.indices.long()], block.fwd.values,
+                    num_rows, int(boundaries[q].shape[0]), rows_sorted=True, transpose=False,
+                )  # fmt: skip
+                twin = read.in_place
+                for name in ("indptr", "indices", "values"):
+                    a, b = getattr(twin, name), getattr(sorted_twin, name)
+                    assert a.dtype == b.dtype and torch.equal(a, b), name
+                assert twin.max_degree == sorted_twin.max_degree
+                assert twin.t_indices.numel() == 0 and twin.t_perm.numel() == 0
+                x = torch.randn(int(boundaries[q].shape[0]), 2, dtype=torch.float64)
+                out = torch.zeros(num_rows, 2, dtype=torch.float64)
+                block.add_into(out, x[read.positions_C])
+                torch.testing.assert_close(kernels.spmm(twin, x), out, rtol=1e-12, atol=1e-12)
 
 
 def test_distinct_rows_are_uniques_values() -> None:

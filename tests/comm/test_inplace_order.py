@@ -53,9 +53,7 @@ def test_a_late_owner_waits_after_the_local_sums(
     for q, rows in ((1, 4), (2, 5)):
         remote[q] = torch.rand(6, rows, generator=g, dtype=dtype) * mask(6, rows)
         published[q] = torch.randn(rows, 3, generator=g, dtype=dtype)
-        block_csr = csr(remote[q])
-        block = ColumnBlock(0, rows, None, block_csr, block_csr.transpose())
-        owners.append(OwnerRows(q, block, torch.arange(rows), block_csr))
+        owners.append(OwnerRows(q, torch.arange(rows), csr(remote[q])))
     inner_csr = csr(local_NN)
     inner = ColumnBlock(0, 6, None, inner_csr, inner_csr.transpose())
 

@@ -1,7 +1,8 @@
 """Published rows without a barrier: a reader sees every exchange whole, however slow it is,
-because writes alternate between two copies and wait for the readers' acknowledgements; with
-one copy, or a reader that skips the readiness wait, it would not (shown, so the tests have
-teeth)."""
+because a writer waits for the readers' acknowledgements of the copy it overwrites (one copy,
+the default: of the previous exchange; two: of the one before); a writer that runs further
+ahead than its copies allow, or a reader that skips the readiness wait, would not (shown, so
+the tests have teeth)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,24 @@ pytestmark = pytest.mark.dist
 ROWS, WIDTH, EXCHANGES = 64, 4, 12
 
 
-def layout(copies: int) -> Layout:
-    return Layout(2, 2, ROWS, [0, 0], WIDTH, 8, copies)
+def layout(copies: int, lead: int | None = None) -> Layout:
+    return Layout(2, 2, ROWS, [0, 0], WIDTH, 8, copies, lead=lead)
 
 
 def writer_and_slow_reader(
-    rank: int, world: int, copies: int, wait: bool, writer_pause: float = 0.0
+    rank: int,
+    world: int,
+    copies: int,
+    wait: bool,
+    writer_pause: float = 0.0,
+    lead: int | None = None,
 ) -> list[Any]:
     """Rank 0 publishes exchange k as rows full of k, as fast as it may (or pausing
     `writer_pause` seconds before each); rank 1 reads each exchange in two halves with a pause
     between them and reports what it saw."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    rows = PublishedRows([layout(copies), layout(copies)], rank, torch.float64, timeout_s=30)
+    lays = [layout(copies, lead), layout(copies, lead)]
+    rows = PublishedRows(lays, rank, torch.float64, timeout_s=30)
     stream = 2 * 0 + FORWARD
     seen: list[Any] = []
     for _ in range(EXCHANGES):
@@ -63,10 +70,16 @@ def test_every_exchange_is_read_whole_with_two_copies() -> None:
     assert len(seen) == EXCHANGES and torn(seen) == []
 
 
-def test_one_copy_lets_a_fast_writer_overwrite_a_slow_read() -> None:
+def test_every_exchange_is_read_whole_with_one_copy() -> None:
     seen = spawn_ranks(writer_and_slow_reader, 2, 1, True)[1]
     assert not isinstance(seen, Exception), seen
-    assert torn(seen), "a single copy should have let the writer overwrite a read"
+    assert len(seen) == EXCHANGES and torn(seen) == []
+
+
+def test_a_writer_ahead_of_its_copies_overwrites_a_slow_read() -> None:
+    seen = spawn_ranks(writer_and_slow_reader, 2, 1, True, 0.0, 2)[1]
+    assert not isinstance(seen, Exception), seen
+    assert torn(seen), "one copy, two exchanges ahead, should have let the writer overwrite a read"
 
 
 def test_a_reader_that_skips_the_readiness_wait_reads_stale_rows() -> None:
@@ -109,7 +122,7 @@ def test_a_reader_can_ask_whether_the_next_exchange_is_published() -> None:
 def regions_after_writes(rank: int, world: int, widths: tuple[int, int]) -> list[float]:
     """Fill copy 0's forward rows, then its backward rows, at their widths; the values left."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    rows = PublishedRows([Layout(2, 1, 5, [3], 8, 8)], rank, torch.float64, timeout_s=30)
+    rows = PublishedRows([Layout(2, 1, 5, [3], 8, 8, 2)], rank, torch.float64, timeout_s=30)
     forward, backward = widths
     for copy in (0, 1):
         rows.forward_rows(0, copy, forward).fill_(1.0 + copy)

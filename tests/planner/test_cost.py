@@ -317,8 +317,9 @@ def with_in_place(local: float, mapped: float) -> HardwareProfile:
 
 def test_reads_in_place_cost_what_the_probe_measured() -> None:
     """Rank 0 reads its peer's published rows 3x slower than local rows: the SpMM share of
-    its halo edges that read in place costs 3x, and the gradients its readers published cost
-    its owner 3x to add; a measured slowdown of 1 prices as a profile without the measurement."""
+    its halo edges that read in place costs 3x, forward and backward (gradients travel as
+    rows, aggregated as the forward's); a measured slowdown of 1 prices as a profile without
+    the measurement."""
     accesses = [part(0), part(1)]
     l3 = [RankCache(l3_rows=np.array([0, 2])), RankCache(l3_rows=np.array([0, 2]))]
     base = predict(accesses, l3, SHAPE, hardware(), "leo", [1], PUBLISHED)
@@ -329,9 +330,8 @@ def test_reads_in_place_cost_what_the_probe_measured() -> None:
     assert cnt.in_place_edges.tolist() == [3.0, 3.0]  # rows 0 (read twice) and 2
     halo_spmm = 5 / SPMM + passes(3)  # the peer's block, as in the blocking test
     extra_spmm = halo_spmm * (3 / 5) * 2  # 3 of its 5 edges read in place, at 3x
-    extra_unpack = 2 / SCATTER * 2  # rank 1 read 2 rows of rank 0 in place
     extra = slow.per_rank[0]["busy_s"] - base.per_rank[0]["busy_s"]
-    assert extra == pytest.approx(extra_spmm + extra_unpack, rel=1e-9)
+    assert extra == pytest.approx(2 * extra_spmm, rel=1e-9)  # forward and backward
     assert slow.per_rank[1]["busy_s"] == pytest.approx(base.per_rank[1]["busy_s"], rel=1e-12)
     # Nothing read in place (no reach): the measurement changes nothing.
     plain = predict(accesses, l3, SHAPE, with_in_place(2000.0, 2000.0 / 3), "leo", [1])
@@ -399,10 +399,10 @@ def test_across_hosts_a_node_link_carries_every_row_crossing_it() -> None:
         ("compute-only", None, 4 * 16),  # a halo of zeros, nothing back
         # the segment's share (its 10 rows) and one peer's rows read out; gradients as rows
         ("shared-memory", None, 10 * 16 + 4 * 16),
-        # every row in place: two copies of its 4 boundary rows and of the 4 rows it reads,
-        # nothing left to move
-        ("leo", Reach(PUBLISHED.published, every_row=True), 2 * (4 + 4) * 16),
-        ("fine-grained", PUBLISHED, 2 * (4 + 4) * 16),
+        # every row in place: one copy of its 4 boundary rows (gradients travel as rows
+        # through it), nothing left to move
+        ("leo", Reach(PUBLISHED.published, every_row=True), 4 * 16),
+        ("fine-grained", PUBLISHED, 4 * 16),
     ],
 )
 def test_buffer_bytes_count_what_each_transport_holds(
@@ -417,7 +417,7 @@ def test_buffer_bytes_take_the_widest_layer() -> None:
     deep = replace(SHAPE, widths=(16, 8, 4))
     assert buffer_bytes([part(0), part(1)], NONE, deep, "blocking") == [(4 + 4) * 32] * 2
     every = Reach(PUBLISHED.published, every_row=True)
-    assert buffer_bytes([part(0), part(1)], NONE, deep, "leo", every) == [2 * 8 * 32] * 2
+    assert buffer_bytes([part(0), part(1)], NONE, deep, "leo", every) == [4 * 32] * 2
 
 
 def test_buffer_bytes_of_levels_a_static_layer_0_and_one_reader() -> None:
@@ -432,5 +432,5 @@ def test_buffer_bytes_of_levels_a_static_layer_0_and_one_reader() -> None:
     # only rank 0 reads rank 1's rows in place: rank 1 still publishes its boundary rows
     one = Reach(np.array([[False, True], [False, False]]), every_row=True)
     rank0, rank1 = buffer_bytes(accesses, NONE, SHAPE, "leo", one)
-    assert rank0 == 2 * (4 + 4) * 16 + 4 * 16  # its copies; it still packs 4 rows for rank 1
-    assert rank1 == 2 * 4 * 16 + (4 + 0) * 16  # its copies; it receives 4 rows, sends none
+    assert rank0 == 4 * 16 + 4 * 16  # its copy; it still packs 4 rows for rank 1
+    assert rank1 == 4 * 16 + (4 + 0) * 16  # its copy; it receives 4 rows, sends none
