@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import leo_cli.cli.app  # noqa: F401  (imported once here, not inside the first unit test that runs it)
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 

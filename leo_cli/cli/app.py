@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import typer
 
 from leo_cli.cli import bench, convert, export, partition, profile_cache, train
@@ -32,9 +29,4 @@ app.add_typer(config_app, name="config")
 
 def main() -> None:
     """Console-script entry point."""
-    script = sys.modules["__main__"]
-    if getattr(script, "__spec__", None) is None:
-        # `leo` is `python -m leo_cli`: say so to multiprocessing, whose workers would
-        # otherwise run this script again and import the CLI (launch/preload.py).
-        script.__spec__ = importlib.util.find_spec("leo_cli.__main__")
     app()

@@ -15,10 +15,13 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, NoReturn
+
+import torch
 
 from leo_cli.comm.dist import DistEnv
 from leo_cli.comm.placement import pin_rank
@@ -79,11 +82,14 @@ def run_rank(
         return USER_ERROR_EXIT
 
 
-def run_started(module: str, args: list[str], launch_env: dict[str, str]) -> None:
+def run_started(module: str, args: list[str], launch_env: dict[str, str], cwd: str) -> None:
     """A worker forked from the launcher's server (launch/preload.py): run `module`'s
-    `main(args)` as `python -m module args` would, in the launch's environment plus the
-    variables torch elastic set for this worker. A non-zero code leaves by SystemExit, as the
-    agent reads exit codes; multiprocessing ends the process without interpreter teardown."""
+    `main(args)` as `python -m module args` would, in the launch's environment (plus the
+    variables torch elastic set for this worker) and working directory, in a session of its
+    own (a terminal's signals reach the launcher, which stops its workers), with the threads
+    OMP_NUM_THREADS gives. A non-zero code leaves by SystemExit (the agent reads exit codes),
+    an error with its traceback in the worker's log; multiprocessing ends the process without
+    interpreter teardown."""
     # multiprocessing hands every child the server's "alive" pipe, which keeps the server (this
     # worker's parent) up while a child lives: closed, the server ends with the launcher, and
     # `die_with_parent` ends this worker with the server.
@@ -91,13 +97,24 @@ def run_started(module: str, args: list[str], launch_env: dict[str, str]) -> Non
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
+    os.setsid()
     worker_vars = {k: v for k, v in os.environ.items() if _IMPORT_ENV.get(k) != v}
     os.environ.clear()
     os.environ.update({**launch_env, **worker_vars})
+    os.chdir(cwd)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sys.argv = [module, *args]
-    code = importlib.import_module(module).main(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        code = importlib.import_module(module).main(args)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        traceback.print_exc()  # into the worker's stderr log, as an interpreter would
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
     if code:
         raise SystemExit(code)
 

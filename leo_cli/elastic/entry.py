@@ -15,8 +15,9 @@ Every attempt checks, in a group of its own, that each rank is where its entry o
 hardware profile was measured (torch's c10d rendezvous orders machines its own way, not by
 `launch.node_rank` as the probe's launch does); where one is not, the run is re-formed the
 same way for the same count (profile measured by the group, plan made again). A worker of a
-run of fixed size starts leo_cli/worker/entry.py directly and loads none of this (the
-partitioner, the probe).
+run of fixed size starts leo_cli/worker/entry.py directly and imports none of this (the
+partitioner, the probe), though the server it may be forked from holds the probe
+(launch/preload.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
-from leo_cli.launch.preload import ensure_server, entry_point, forks_workers
+from leo_cli.launch.preload import ensure_server, entry_point, forks_workers, launching
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
@@ -159,9 +159,10 @@ def launch_module(
         own_signal_handlers(),
     ):
         try:
-            entrypoint, entry_args, start_method = entry_point(cfg, module, args)
+            entrypoint, entry_args, start_method = entry_point(module, args)
             config = launch_config(cfg, run_dir, elastic, start_method)
-            elastic_launch(config, entrypoint=entrypoint)(*entry_args)
+            with launching():
+                elastic_launch(config, entrypoint=entrypoint)(*entry_args)
         except SignalException as exc:  # the agent stopped the workers first
             raise Interrupted(int(exc.sigval)) from None
         except ChildFailedError as exc:
@@ -174,15 +175,19 @@ def launch_module(
             remove_job(job)  # the segments a killed worker had not unlinked yet
 
 
-def start_early(cfg: LeoConfig, module: str = "leo_cli.worker.entry") -> None:
-    """Start the server the workers of `module` will fork from (launch/preload.py) in the
+def worker_module(cfg: LeoConfig) -> str:
+    """What `leo train`'s workers run: under `launch.nnodes: MIN:MAX` they re-form the run
+    first when their count changes."""
+    return "leo_cli.elastic.entry" if cfg.launch.elastic() else "leo_cli.worker.entry"
+
+
+def start_early(cfg: LeoConfig) -> None:
+    """Start the server `leo train`'s workers will fork from (launch/preload.py) in the
     environment `launch_module` gives them, so its imports run beside this process's set-up.
     A launch in another environment starts another one."""
-    if not forks_workers(cfg):
-        return
-    os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))
-    with allocator_env(workers_allocator(cfg.launch)):
-        ensure_server(module)
+    if forks_workers():
+        with allocator_env(workers_allocator(cfg.launch)):
+            ensure_server(worker_module(cfg))
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.choice import choose_mode, keep_trials
-from leo_cli.launch.elastic import launch_module, start_early, workers_per_node
+from leo_cli.launch.elastic import launch_module, start_early, worker_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
     accesses_kept,
@@ -248,7 +248,7 @@ def run_workers(
     args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
     # Under `launch.nnodes: MIN:MAX` the workers re-form the run when their count changes.
     elastic = cfg.launch.elastic()
-    module = "leo_cli.elastic.entry" if elastic else "leo_cli.worker.entry"
+    module = worker_module(cfg)
     args += ["--node-rank", str(cfg.launch.node_rank)] if elastic else []
     if timer is not None and cfg.launch.node_rank == 0:  # rank 0 runs on node 0 and reads it
         stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
