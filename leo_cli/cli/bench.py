@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from leo_cli.api import DEFAULT_BENCH_CONFIG, bench
-from leo_cli.bench import report
-from leo_cli.bench.suite import Variant, check_bench
 from leo_cli.cli.common import ConfigOpt, SetOpt, handle_errors, resolve_config, sweep_segments
 from leo_cli.cli.render import STAGE_LABELS, FormatOpt, Sheet, output
 from leo_cli.launch.run_folder import for_command
 from leo_cli.util.interrupt import Interrupted
 
+if TYPE_CHECKING:
+    from leo_cli.bench.suite import Variant
+
+# The bench's modules import torch: they are imported where the command acts (after the
+# config is read), so that `leo --help` and refused inputs answer without it.
+
 
 def results_sheet(rows: list[dict[str, Any]]) -> Sheet:
     """bench.md's columns, the hidden shares below them; as JSON, bench.csv's columns."""
+    from leo_cli.bench import report
+
     head = tuple(report.head(rows))
     return Sheet(
         name="bench",
@@ -48,6 +54,8 @@ def bench_cmd(config: ConfigOpt = None, overrides: SetOpt = None, fmt: FormatOpt
     """
     shown = output(fmt)
     cfg = for_command(resolve_config(config or DEFAULT_BENCH_CONFIG, overrides))
+    from leo_cli.bench.suite import check_bench
+
     check_bench(cfg)
     sweep_segments(shown.console)  # every row is a `leo train`
     out_dir = cfg.run.folder.resolve()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -22,9 +22,12 @@ from rich.table import Table
 
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.errors import KernelError
-from leo_cli.kernel_tools import build, build_cpu, check
-from leo_cli.kernels import cpu as cpu_kernels
-from leo_cli.kernels import stamp
+
+if TYPE_CHECKING:
+    from leo_cli.kernel_tools import check
+
+# The kernels' modules import torch: they are imported where the command acts (after the
+# config is read), so that `leo --help` and refused inputs answer without it.
 
 _STATUS_STYLE = {"OK": "green", "FAIL": "bold red", "SKIP": "yellow"}
 
@@ -99,6 +102,8 @@ def compile_cmd(
     --config and --set are accepted like every command's; no config section affects compiling.
     """
     resolve_config(config, overrides)
+    from leo_cli.kernels import stamp
+
     cuda_dir = stamp.cuda_source_dir()
     if cpu and (check_only or arch or jobs):
         raise KernelError(
@@ -115,6 +120,8 @@ def compile_cmd(
 
 
 def _run_check(cuda_dir: Path, arch: Sequence[str] | None, jobs: int | None, verbose: bool) -> None:
+    from leo_cli.kernel_tools import build, check
+
     archs = [check.normalize_arch(a) for a in arch] if arch else list(check.CHECK_ARCHS)
     nvcc = build.find_nvcc()
     console.print(f"Compiling {cuda_dir} with {nvcc} for {', '.join('sm_' + a for a in archs)}")
@@ -165,6 +172,8 @@ def _results_table(results: Sequence[check.CheckResult]) -> Table:
 
 def _print_logs(results: Sequence[check.CheckResult], verbose: bool) -> None:
     """Compiler output of failures (tail) and skip reasons; every log with --verbose."""
+    from leo_cli.kernel_tools import check
+
     for r in results:
         show = r.status != "OK" or (verbose and r.log)
         if not show:
@@ -176,6 +185,8 @@ def _print_logs(results: Sequence[check.CheckResult], verbose: bool) -> None:
 
 
 def _run_build(cuda_dir: Path, force: bool, verbose: bool) -> None:
+    from leo_cli.kernel_tools import build
+
     if verbose:
         result = build.build_extension(cuda_dir, force=force, verbose=True)
     else:
@@ -193,6 +204,9 @@ def _run_build(cuda_dir: Path, force: bool, verbose: bool) -> None:
 
 
 def _run_cpu_build(cuda_dir: Path, force: bool, verbose: bool) -> None:
+    from leo_cli.kernel_tools import build_cpu
+    from leo_cli.kernels import cpu as cpu_kernels
+
     if verbose:
         result = build_cpu.build_cpu_kernels(cuda_dir, force=force, verbose=True)
     else:

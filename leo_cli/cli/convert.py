@@ -11,7 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from leo_cli.cli.common import console, handle_errors
-from leo_cli.graph.convert import convert, parse_split, read_source
 
 
 @handle_errors
@@ -88,6 +87,9 @@ def convert_cmd(
     The graph is made symmetric when loaded (duplicates merged, self-loops dropped); the file
     is checked by LEO's own loader before it takes its name.
     """
+    # here, not at the top: the graph modules import numpy, which `leo --help` does not need
+    from leo_cli.graph.convert import convert, parse_split, read_source
+
     found = read_source(edges, from_pyg, from_dgl)
     fractions = parse_split(split)
     graph, notes = convert(found, out, features, labels, masks, fractions, seed)

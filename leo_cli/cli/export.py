@@ -11,7 +11,6 @@ from rich.markup import escape
 from leo_cli.cli.common import console, handle_errors
 from leo_cli.config import load_config
 from leo_cli.errors import ConfigError, TrainError
-from leo_cli.models.export import to_pyg
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 
@@ -34,12 +33,15 @@ def export_cmd(
     torch_geometric.nn.models (GCN, GraphSAGE, GIN, GAT) load with strict=True, and print
     the call that builds the model.
     """
-    import torch
-
     folder = RunDir(run)
     if not folder.config.is_file():
         raise ConfigError(f"{run} is not a run folder of leo train (no {folder.config.name}).")
     cfg = load_config(folder.config)
+    # here, once the run folder is read: torch and the models are not needed before
+    import torch
+
+    from leo_cli.models.export import to_pyg
+
     best = folder.read_best()
     try:
         exported = to_pyg(cfg.model, best["model"])

@@ -9,9 +9,7 @@ import typer
 from leo_cli.cli.common import ConfigOpt, SetOpt, console, handle_errors, resolve_config
 from leo_cli.cli.render import partition_table, stage_progress, stats_table
 from leo_cli.config import write_resolved
-from leo_cli.graph.partition_cache import metis_note
 from leo_cli.launch.run_folder import for_command
-from leo_cli.launch.stages import run_partitions
 
 
 @handle_errors
@@ -48,6 +46,11 @@ def partition_cmd(
         (overrides or []) + ([f"partition.num_parts={num_parts}"] if num_parts is not None else []),
     )
     cfg = for_command(cfg)
+    # here, once the config is read: the partitioners import torch and numpy, which
+    # `leo --help` and refused inputs do not need
+    from leo_cli.graph.partition_cache import metis_note
+    from leo_cli.launch.stages import run_partitions
+
     run_dir = cfg.run.folder.resolve()
     with stage_progress() as progress:  # unequal part_weights probe the machine first
         result = run_partitions(cfg, run_dir, progress, force=force)

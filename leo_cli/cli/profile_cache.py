@@ -4,32 +4,26 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from leo_cli.cli.common import ConfigOpt, SetOpt, handle_errors, resolve_config
 from leo_cli.cli.render import FormatOpt, Sheet, output, stage_progress
 from leo_cli.config import LeoConfig
-from leo_cli.graph.storage import read_meta
-from leo_cli.launch.choice import choose_mode, scale
-from leo_cli.launch.nodes import run_nodes
 from leo_cli.launch.run_folder import for_command
-from leo_cli.launch.stages import (
-    check_nodes_profile,
-    ensure_plan,
-    hardware_profile,
-    join_probe,
-    partition_cache_dir,
-    run_partitions,
-)
 from leo_cli.planner.auto_mode import with_mode
-from leo_cli.planner.checks import check_config
-from leo_cli.planner.plan import CachePlan
-from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 from leo_cli.registry import AUTO_MODE, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
+
+if TYPE_CHECKING:
+    from leo_cli.planner.plan import CachePlan
+    from leo_cli.planner.profile.hardware import HardwareProfile
+
+# The launcher's and the planner's modules import torch, and the hardware profile's schema
+# is slow to build: they are imported where the command acts (after the config is read), so
+# that `leo --help` and refused inputs answer without them.
 
 
 def plan_sheet(plan: CachePlan) -> Sheet:
@@ -140,6 +134,9 @@ def auto_line(cfg: LeoConfig, run_dir: Path, plan: CachePlan) -> str:
     """What `leo train` would do under `pipeline.mode=auto` with this plan (none with
     cache.policy=none: training makes no plan then): the candidates its workers would try,
     or the mode it would run and why."""
+    from leo_cli.graph.storage import read_meta
+    from leo_cli.launch.choice import choose_mode
+
     auto = with_mode(cfg, AUTO_MODE)
     used = None if not cfg.cache.enabled else plan
     choice = choose_mode(auto, run_dir, read_meta(RunDir(run_dir).partitions), used)
@@ -199,6 +196,19 @@ def profile_cache_cmd(
     """
     shown = output(fmt)
     cfg = for_command(resolve_config(config, overrides))
+    from leo_cli.launch.choice import scale
+    from leo_cli.launch.nodes import run_nodes
+    from leo_cli.launch.stages import (
+        check_nodes_profile,
+        ensure_plan,
+        hardware_profile,
+        join_probe,
+        partition_cache_dir,
+        run_partitions,
+    )
+    from leo_cli.planner.checks import check_config
+    from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
+
     check_config(cfg)
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
         flags = ["--force"] * force + ([] if hardware is None else ["--hardware", str(hardware)])

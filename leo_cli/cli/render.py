@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
@@ -25,7 +25,9 @@ from rich.table import Table
 
 from leo_cli.cli.common import console
 from leo_cli.errors import ConfigError
-from leo_cli.graph.layout import ProgressFn
+
+if TYPE_CHECKING:
+    from leo_cli.graph.layout import ProgressFn
 
 FORMATS = ("auto", "table", "plain", "tsv", "json")
 FORMAT_HELP = (

@@ -22,13 +22,13 @@ from leo_cli.cli.common import (
 )
 from leo_cli.cli.render import Format, FormatOpt, Sheet, output, stage_progress
 from leo_cli.config import LeoConfig
-from leo_cli.graph.partition_cache import metis_note
-from leo_cli.graph.storage import read_meta
-from leo_cli.launch.allocator import allocator_of, fallback_note
 from leo_cli.launch.run_folder import dropped_if_empty, for_train, resume_note
 from leo_cli.planner.auto_mode import from_json, read_choice
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
+
+# Modules that import torch or numpy are imported where the command acts, so that
+# `leo train --help` and refused inputs answer without them.
 
 
 def follow_metrics(
@@ -213,6 +213,10 @@ def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool, shown: Format) 
 
     def on_start(cfg: LeoConfig, run_dir: Path) -> None:
         """Set-up is done: the notes, then the epochs' progress bar."""
+        from leo_cli.graph.partition_cache import metis_note
+        from leo_cli.graph.storage import read_meta
+        from leo_cli.launch.allocator import allocator_of, fallback_note
+
         notes = [metis_note(read_meta(RunDir(run_dir).partitions))]
         if resume:
             notes.append(resume_note(run_dir, cfg.partition.num_parts))

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from leo_cli.cli import profile_cache
+from leo_cli.bench import suite
 from leo_cli.cli.app import app
+from leo_cli.launch import stages
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted, raise_on_signals
 
@@ -52,8 +53,9 @@ def test_profile_cache_interrupted_is_one_line(
     signum: int,
     code: int,
 ) -> None:
-    monkeypatch.setattr(profile_cache, "run_partitions", lambda *a, **k: None)
-    monkeypatch.setattr(profile_cache, "ensure_plan", fake_interrupt(signum))
+    # (the command imports the stages where it acts: patched where they are defined)
+    monkeypatch.setattr(stages, "run_partitions", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "ensure_plan", fake_interrupt(signum))
     res = CliRunner().invoke(app, ["profile-cache", "--set", f"run.out_dir={tmp_path}"])
     assert res.exit_code == code
     lines = res.stderr.strip().splitlines()
@@ -64,7 +66,7 @@ def test_profile_cache_interrupted_is_one_line(
 def test_bench_interrupted_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_handlers: None
 ) -> None:
-    monkeypatch.setattr("leo_cli.bench.suite.run_suite", fake_interrupt(signal.SIGTERM))
+    monkeypatch.setattr(suite, "run_suite", fake_interrupt(signal.SIGTERM))
     res = CliRunner().invoke(app, ["bench", "--set", f"run.out_dir={tmp_path}"])
     assert res.exit_code == 143
     lines = res.stderr.strip().splitlines()

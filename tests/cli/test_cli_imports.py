@@ -1,0 +1,75 @@
+"""The CLI answers --help, `leo config` and refused inputs without importing torch: its
+modules import the launcher, planner, bench and kernels where the commands act."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def python(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def test_importing_the_cli_imports_no_torch() -> None:
+    res = python("-c", "import sys, leo_cli.cli.app; print('torch' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"]], ids=" ".join)
+def test_help_imports_no_torch(args: list[str]) -> None:
+    """`leo ... --help` as users run it (the console script is `python -m leo_cli`), with
+    -X importtime naming every module it imports."""
+    res = python("-X", "importtime", "-m", "leo_cli", *args)
+    assert res.returncode == 0, res.stderr
+    assert "Usage:" in res.stdout
+    imported = [line.rpartition("|")[2].strip() for line in res.stderr.splitlines()]
+    assert "leo_cli.cli.app" in imported  # importtime did list the imports
+    torch = [m for m in imported if m == "torch" or m.startswith("torch.")]
+    assert not torch, torch[:5]
+
+
+# Run in turn in one interpreter: after each, its exit code and whether torch was imported.
+CASES_SCRIPT = """
+import json, sys
+from leo_cli.cli.app import app
+
+for args in json.loads(sys.argv[1]):
+    try:
+        app(args, prog_name="leo")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    print(json.dumps([args, code, "torch" in sys.modules]), file=sys.stderr)
+"""
+
+
+def test_config_commands_and_refused_inputs_import_no_torch(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.yaml")
+    cases = {
+        ("bench", "--help"): 0,
+        ("config", "keys", "train"): 0,
+        ("config", "show"): 0,
+        ("train", "--set", "train.no_such_key=1"): 2,
+        ("train", "--config", missing): 2,
+        ("bench", "--set", "bench.no_such_key=1"): 2,
+        ("partition", "--config", missing): 2,
+        ("profile-cache", "--config", missing): 2,
+        ("export", str(tmp_path)): 2,  # not a run folder
+    }
+    res = python("-c", CASES_SCRIPT, json.dumps([list(c) for c in cases]))
+    assert res.returncode == 0, res.stderr
+    reports = [json.loads(line) for line in res.stderr.splitlines() if line.startswith("[[")]
+    assert [tuple(args) for args, _, _ in reports] == list(cases), res.stderr
+    for args, code, torch in reports:
+        assert code == cases[tuple(args)], (args, res.stderr)
+        assert not torch, f"leo {' '.join(args)} imported torch"
