@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import leo_cli.cli.app  # noqa: F401  (imported once here, not inside the first unit test that runs it)
+import leo_cli.launch.stages  # noqa: F401  (what the commands import when they act)
 from leo_cli.graph.types import Graph, symmetrize
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 

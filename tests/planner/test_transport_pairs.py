@@ -80,36 +80,36 @@ def test_equal_readers_read_every_row_in_place() -> None:
 def test_pairs_switch_one_by_one_where_the_step_gets_faster() -> None:
     """From every pair reading every row in place, with rank 0 reading in place 50x slower
     than local rows (its probe said so): its own pairs switch to the process group (it set
-    the pace), then so do its peers' reads of its rows (it no longer reads their gradients
-    back from their segments), and the pair of the two fast readers keeps reading in place."""
+    the pace); its peers keep reading its rows in place, as each reads the gradients of the
+    rows it read in the forward (gradients travel as rows), never rank 0 theirs."""
     accesses = [part3(r) for r in range(3)]
     hw = three_workers(40.0)
     decision = Decision([RankCache() for _ in range(3)], [1, 1], None)
     start = Reach(ONE_HOST.published, every_row=True)
     reach, pred = per_pair(accesses, decision, SHAPE, hw, start)
-    assert reach.every().tolist() == [[False, False, False], [False, False, True],
-                                      [False, True, False]]  # fmt: skip
+    assert reach.every().tolist() == [[False, False, False], [True, False, True],
+                                      [True, True, False]]  # fmt: skip
     before = predict(accesses, decision.caches, SHAPE, hw, "leo", [1, 1], start)
     assert pred.epoch_time_s < before.epoch_time_s / 2
     assert pred == predict(accesses, decision.caches, SHAPE, hw, "leo", [1, 1], reach)
 
 
 def test_a_slow_reader_keeps_the_process_group() -> None:
-    """Rank 0 reads in place 50x slower than local rows (its probe said so; it also reads the
-    gradients its readers publish back): the plan keeps rank 0 out of reading in place both
-    ways, and the two fast readers read every row of each other in place; the plan's
+    """Rank 0 reads in place 50x slower than local rows (its probe said so): the plan keeps
+    rank 0 from reading in place, and the two fast readers read every row of each other and
+    of rank 0 in place (the backward reads the gradients of the same rows); the plan's
     `transport` and `levels` describe the same pairs."""
     accesses = [part3(r) for r in range(3)]
     made = make_plan(NO_REPLICAS, accesses, SHAPE, three_workers(40.0), KEYS, reach=ONE_HOST)
-    assert made.every_row == [[], [2], [1]]
+    assert made.every_row == [[], [0, 2], [0, 1]]
     every = np.zeros((3, 3), dtype=bool)
     for r, owners in enumerate(made.every_row):
         every[r, owners] = True
     assert made.transport == transports(accesses, made.caches, Reach(ONE_HOST.published, every))
     assert made.transport == [[None, "process-group", "process-group"],
-                              ["process-group", None, "published-rows"],
-                              ["process-group", "published-rows", None]]  # fmt: skip
-    assert made.levels is not None and [lv["in_place"] for lv in made.levels] == [0, 2, 2]
+                              ["published-rows", None, "published-rows"],
+                              ["published-rows", "published-rows", None]]  # fmt: skip
+    assert made.levels is not None and [lv["in_place"] for lv in made.levels] == [0, 4, 4]
     # Every pair alike (all L3 rows only, or all every row) is predicted slower.
     for uniform in (False, True):
         alike = predict(accesses, made.caches, SHAPE, three_workers(40.0), "leo", made.num_chunks,
