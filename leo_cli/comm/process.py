@@ -42,7 +42,8 @@ _IMPORT_ENV = dict(os.environ)
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when its launcher dies (no orphans)."""
+    """Ask Linux to SIGKILL this worker when its parent dies (no orphans): its launcher, or
+    the server it was forked from (which ends with the launcher)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -82,30 +83,34 @@ def run_rank(
         return USER_ERROR_EXIT
 
 
-def run_started(module: str, args: list[str], launch_env: dict[str, str], cwd: str) -> None:
-    """A worker forked from the launcher's server (launch/preload.py): run `module`'s
-    `main(args)` as `python -m module args` would, in the launch's environment (plus the
-    variables torch elastic set for this worker) and working directory, in a session of its
-    own (a terminal's signals reach the launcher, which stops its workers), with the threads
-    OMP_NUM_THREADS gives. A non-zero code leaves by SystemExit (the agent reads exit codes),
-    an error with its traceback in the worker's log; multiprocessing ends the process without
-    interpreter teardown."""
-    # multiprocessing hands every child the server's "alive" pipe, which keeps the server (this
-    # worker's parent) up while a child lives: closed, the server ends with the launcher, and
-    # `die_with_parent` ends this worker with the server.
-    server: Any = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    os.setsid()
-    worker_vars = {k: v for k, v in os.environ.items() if _IMPORT_ENV.get(k) != v}
-    os.environ.clear()
-    os.environ.update({**launch_env, **worker_vars})
-    os.chdir(cwd)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    sys.argv = [module, *args]
+def run_started(module: str, args: list[str], launch_env: dict[str, str], server: int) -> None:
+    """A worker forked from the launcher's server (launch/preload.py, pid `server`): run
+    `module`'s `main(args)` as `python -m module args` would, in the launch's environment
+    (plus the variables torch elastic set for this worker; multiprocessing has set the
+    launch's working directory), in a session of its own (a terminal's signals reach the
+    launcher, which stops its workers), with the threads OMP_NUM_THREADS gives. A non-zero
+    code leaves by SystemExit (the agent reads exit codes), an error with its traceback in the
+    worker's log; multiprocessing ends the process without interpreter teardown."""
+    die_with_parent()
+    if os.getppid() != server:  # the server died before this worker could follow it
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     try:
+        # multiprocessing hands every child the server's "alive" pipe, which keeps the server
+        # up while a child lives: closed, the server ends with the launcher, and this worker
+        # with the server (`die_with_parent`).
+        forked: Any = forkserver._forkserver
+        if forked._forkserver_alive_fd is not None:
+            os.close(forked._forkserver_alive_fd)
+            forked._forkserver_alive_fd = None
+        os.setsid()
+        worker_vars = {k: v for k, v in os.environ.items() if _IMPORT_ENV.get(k) != v}
+        os.environ.clear()
+        os.environ.update({**launch_env, **worker_vars})
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        sys.argv = [module, *args]
         code = importlib.import_module(module).main(args)
     except KeyboardInterrupt:
         code = 130

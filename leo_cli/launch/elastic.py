@@ -186,6 +186,7 @@ def start_early(cfg: LeoConfig) -> None:
     environment `launch_module` gives them, so its imports run beside this process's set-up.
     A launch in another environment starts another one."""
     if forks_workers():
+        os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))  # numpy's too
         with allocator_env(workers_allocator(cfg.launch)):
             ensure_server(worker_module(cfg))
 

@@ -23,7 +23,9 @@ import contextlib
 import importlib.util
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from multiprocessing import forkserver
 from typing import Any
@@ -33,6 +35,7 @@ import torch
 from leo_cli.comm.placement import AFFINITY_ENV
 from leo_cli.comm.process import run_started
 from leo_cli.comm.segments import JOB_ENV
+from leo_cli.launch.memory_watch import descendants
 
 # Imported by the server: torch.optim imports torch._dynamo at its first use.
 PRELOAD = ("torch._dynamo", "leo_cli.worker.entry", "leo_cli.planner.profile.probe")
@@ -41,8 +44,8 @@ PRELOAD = ("torch._dynamo", "leo_cli.worker.entry", "leo_cli.planner.profile.pro
 AFTER_START = (JOB_ENV, AFFINITY_ENV, "OMP_NUM_THREADS")
 AFTER_START_PREFIX = "TORCHELASTIC_"
 
-# The server this process started: (its environment, its preload, its pid).
-_server: tuple[dict[str, str], tuple[str, ...], int | None] | None = None
+# What the server this process started holds: (its environment, its imports).
+_server: tuple[dict[str, str], tuple[str, ...]] | None = None
 
 
 def forks_workers() -> bool:
@@ -50,24 +53,43 @@ def forks_workers() -> bool:
     return torch.version.cuda is None and torch.version.hip is None
 
 
-def ensure_server(module: str) -> None:
+def ensure_server(module: str) -> bool:
     """Have a server running that this process started in its present environment, with
-    `module` among its imports (which run beside whatever this process does next). Another
-    one (a server of another environment, or one that something else in this process
-    started) is stopped first."""
+    `module` among its imports (which run beside whatever this process does next); one of
+    another environment is stopped first. False, and nothing done, where a server something
+    else in this process started still has children (stopping it waits for them)."""
     global _server
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in AFTER_START and not k.startswith(AFTER_START_PREFIX)
     }
-    preload = tuple(dict.fromkeys((*PRELOAD, module)))
+    needed = tuple(dict.fromkeys((*PRELOAD, module)))
     server: Any = forkserver._forkserver
-    if _server != (env, preload, server._forkserver_pid):
-        server._stop()  # none running: nothing to stop
-        multiprocessing.set_forkserver_preload(list(preload))
-        server.ensure_running()
-        _server = (env, preload, server._forkserver_pid)
+    others = server._forkserver_pid if _server is None else None  # another's server, running
+    if others is not None and len(descendants(others)) > 1:
+        return False
+    with sigint_ignored():  # a Ctrl-C is the launcher's to handle, not the server's
+        if _server is None or _server[0] != env or not set(needed) <= set(_server[1]):
+            server._stop()  # none running: nothing to stop
+            multiprocessing.set_forkserver_preload(list(needed))
+            _server = (env, needed)
+        server.ensure_running()  # started, or again where it died
+    return True
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored by processes started inside (an ignored signal stays ignored across
+    exec; forked workers handle it again, comm/process.py run_started)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def server_pid() -> int | None:
@@ -92,8 +114,7 @@ def launching() -> Iterator[None]:
 def entry_point(module: str, args: list[str]) -> tuple[Any, list[Any], str]:
     """The elastic launch's entry point, its arguments and its start method: `run_started` in
     workers forked from the server (run under `launching`), else `python -m module args` by
-    spawn."""
-    if forks_workers():
-        ensure_server(module)
-        return run_started, [module, args, dict(os.environ), os.getcwd()], "forkserver"
+    spawn (a CUDA build of torch, or a server of someone else's still busy)."""
+    if forks_workers() and ensure_server(module):
+        return run_started, [module, args, dict(os.environ), server_pid()], "forkserver"
     return sys.executable, ["-m", module, *args], "spawn"

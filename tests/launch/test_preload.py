@@ -6,10 +6,13 @@ environment changed, exit codes and tracebacks reach the launcher, and spawn sti
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import textwrap
+import time
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,9 @@ def test_workers_fork_from_one_server_and_run_as_their_launch_says(
 ) -> None:
     monkeypatch.syspath_prepend(os.fspath(ROOT))  # WORKER imports from any working directory
     monkeypatch.setenv("LEO_TEST_MARK", "a")
+    threads = int(elastic.worker_threads(2))
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads + 1))  # the server's; not the workers'
+    assert preload.ensure_server(WORKER)
     first, second = launched(tmp_path, "first"), launched(tmp_path, "second")
     monkeypatch.setenv("LEO_TEST_MARK", "b")
     elsewhere = tmp_path / "elsewhere"
@@ -55,7 +61,7 @@ def test_workers_fork_from_one_server_and_run_as_their_launch_says(
         assert all(s["job"] == s["launch_job"] and s["argv"][1] == "0" for s in seen)
         assert all(s["ppid"] != os.getpid() and not s["cli"] for s in seen)
         assert all(s["sid"] == s["pid"] for s in seen)  # a session of its own
-        assert all(s["threads"] == int(elastic.worker_threads(2)) for s in seen)
+        assert all(s["threads"] == threads for s in seen)
     assert first[0]["job"] != second[0]["job"]  # each launch's own
     servers = [{s["ppid"] for s in seen} for seen in (first, second, third)]
     assert servers[0] == servers[1] and len(servers[0]) == 1  # one server, reused
@@ -107,3 +113,24 @@ def test_a_launching_script_without_a_main_guard_runs_once(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "script_runs").read_text() == "run\n"
     assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def _sleep() -> None:
+    time.sleep(60)
+
+
+def test_a_busy_server_started_by_something_else_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stopping another's server waits for its children: workers start by spawn instead."""
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    monkeypatch.setattr(preload, "_server", None)
+    child = multiprocessing.get_context("forkserver").Process(target=_sleep, daemon=True)
+    child.start()
+    try:
+        assert not preload.ensure_server(WORKER)
+        assert preload.entry_point(WORKER, [])[2] == "spawn"
+    finally:
+        child.kill()
+        child.join()
+        forkserver._forkserver._stop()  # type: ignore[attr-defined]
