@@ -32,7 +32,7 @@ from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
 from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
 from leo_cli.comm.views import halo_owner
-from leo_cli.kernels.csr import compact_index_dtype
+from leo_cli.kernels.csr import compact_index_dtype, row_of_edges
 
 
 @dataclass(frozen=True)
@@ -224,32 +224,28 @@ def owners_in_place(
     boundaries: dict[int, Tensor],
 ) -> list[OwnerRows]:
     """Every owner's CSR of the rows read from it in place, from one pass over the part's
-    edges (not one per owner): the edges reading `rows_H` (halo positions, sorted), grouped by
-    owner by a stable sort that keeps each row's edges in the part's order, so each owner's
-    CSR holds the arrays a column block of its rows would. `position_R`: each row's position
-    among its owner's published rows (`boundaries[q]`)."""
+    edges (not one per owner): the edges reading `rows_H` (halo positions, sorted), at each
+    row's position among its owner's published rows (`position_R`, `boundaries[q]`), each
+    owner's in the part's order, so its CSR holds the arrays a column block of its rows
+    would. A per-column table of owners, read once per edge, finds the edges; per owner
+    only its own edges are touched (no sort, no mask over every edge)."""
     device = adj.indptr.device
-    col_of_H = torch.full((adj.num_cols - num_inner,), -1, dtype=torch.int64, device=device)
-    col_of_H[rows_H] = torch.arange(rows_H.shape[0], device=device)
-    remote_E = torch.nonzero(adj.indices >= num_inner).squeeze(1)
-    read_E = col_of_H.index_select(0, adj.indices.index_select(0, remote_E).long() - num_inner)
-    kept = read_E >= 0
-    edges_E, read_E = remote_E[kept], read_E[kept]
-    del remote_E, kept
-    by_owner = torch.sort(owner_R.index_select(0, read_E), stable=True)
     world = max(boundaries, default=-1) + 1
-    counts = torch.bincount(by_owner.values, minlength=world).tolist()
-    out, start = [], 0
-    for q, count in enumerate(counts):
-        at_E = by_owner.indices[start : start + count]
-        start += count
-        if q not in boundaries:
-            continue
+    owner_C = torch.full((adj.num_cols,), -1, dtype=owner_dtype(world), device=device)
+    owner_C[rows_H + num_inner] = owner_R.to(owner_C.dtype)
+    position_C = torch.zeros(adj.num_cols, dtype=torch.int64, device=device)
+    position_C[rows_H + num_inner] = position_R
+    owner_E = owner_C.index_select(0, adj.indices)
+    edges_E = torch.nonzero(owner_E >= 0).squeeze(1)  # every edge read in place
+    owner_E = owner_E.index_select(0, edges_E)
+    rows_E = row_of_edges(adj.indptr, adj.indices.dtype).index_select(0, edges_E)
+    out = []
+    for q in sorted(boundaries):
+        at_E = torch.nonzero(owner_E == q).squeeze(1)
         e_E = edges_E.index_select(0, at_E)
-        rows_E = torch.searchsorted(adj.indptr, e_E.to(adj.indptr.dtype), right=True) - 1
-        per_row = torch.bincount(rows_E, minlength=adj.num_rows)
+        per_row = torch.bincount(rows_E.index_select(0, at_E), minlength=adj.num_rows)
         indptr = torch.cat([per_row.new_zeros(1), torch.cumsum(per_row, 0)])
-        cols_E = position_R.index_select(0, read_E.index_select(0, at_E))
+        cols_E = position_C.index_select(0, adj.indices.index_select(0, e_E))
         num_cols = int(boundaries[q].shape[0])
         csr = kernels.CSR.from_arrays(
             indptr, cols_E, adj.values.index_select(0, e_E), num_cols,
@@ -258,3 +254,8 @@ def owners_in_place(
         )  # fmt: skip
         out.append(OwnerRows(q, position_R[owner_R == q], csr))
     return out
+
+
+def owner_dtype(world: int) -> torch.dtype:
+    """The narrowest signed dtype holding every rank and -1 (one byte per edge up to 127)."""
+    return torch.int8 if world <= 127 else torch.int16 if world <= 32767 else torch.int32

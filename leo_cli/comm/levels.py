@@ -74,22 +74,28 @@ def levels_for_mode(levels: RankLevels, mode: Mode) -> RankLevels:
 
 def level_of_rows(
     num_halo: int,
-    levels: RankLevels,
-    device: torch.device,
+    rows: tuple[Tensor, Tensor],
     layer0: bool,
     in_place_H: Tensor | None = None,
 ) -> Tensor:
     """Level of every halo row at layer 0 (replicas win) or at the other layers (replicas
     exist only for layer 0's input; there a row is L3 if the plan fetches it per edge, read
-    in place where `in_place_H` says its owner publishes to this worker)."""
-    level = torch.full((num_halo,), L2, dtype=torch.int64, device=device)
-    l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)
+    in place where `in_place_H` says its owner publishes to this worker). `rows`: the L3 and
+    the replicated halo positions (`rows_of`)."""
+    l3_H, replica_H = rows
+    level = torch.full((num_halo,), L2, dtype=torch.int64, device=l3_H.device)
     level[l3_H] = L3
     if in_place_H is not None:
         level[l3_H[in_place_H[l3_H]]] = IN_PLACE
     if layer0:
-        level[torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)] = L1
+        level[replica_H] = L1
     return level
+
+
+def rows_of(levels: RankLevels, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(L3 rows, replicated rows) of a worker's levels as tensors of halo positions."""
+    l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)
+    return l3_H, torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -129,40 +135,43 @@ def build_levels(
                                                                           distributed)  # fmt: skip
     if not distributed:
         return Levels((adj, plan), (adj, plan), None, static)
+    device = adj.device
+    l3_H, replica_H = rows_of(levels, device)  # once: the plan's lists can hold every row
     in_place_H, rows = None, None
     if in_place is not None:
         # L3 rows of same-host owners, unless replicated at layer 0 (those travel per edge at
         # the other layers: one set of rows read in place serves every layer).
-        hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=adj.device)
-        owner_H = halo_owner(plan, torch.arange(plan.num_halo, device=adj.device))
+        hosts = torch.tensor(same_host_ranks(len(plan.send_counts)), device=device)
+        owner_H = halo_owner(plan, torch.arange(plan.num_halo, device=device))
         in_place_H = hosts[owner_H]
-        in_place_H[torch.tensor(levels.replica_rows, dtype=torch.int64, device=adj.device)] = False
+        in_place_H[replica_H] = False
         if in_place.every_row_from:  # every row of these same-host owners is read in place
-            owners = torch.tensor(sorted(in_place.every_row_from), device=adj.device)
-            more = torch.nonzero(in_place_H & torch.isin(owner_H, owners)).squeeze(1).tolist()
-            levels = RankLevels(
-                levels.static_aggregate, levels.replica_rows, sorted({*levels.l3_rows, *more})
-            )
-        l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=adj.device)
+            owners = torch.tensor(sorted(in_place.every_row_from), device=device)
+            more = torch.nonzero(in_place_H & torch.isin(owner_H, owners)).squeeze(1)
+            l3_H = torch.unique(torch.cat([l3_H, more]))
         rows = l3_H[in_place_H[l3_H]].sort().values
-        wanted = all_reduce_(torch.tensor([rows.numel()], device=adj.device), op="max")
+        wanted = all_reduce_(torch.tensor([rows.numel()], device=device), op="max")
         if int(wanted.item()) == 0:
             in_place_H, rows = None, None
-    level = level_of_rows(plan.num_halo, levels, adj.device, True, in_place_H)
+    level0_H = level_of_rows(plan.num_halo, (l3_H, replica_H), True, in_place_H)
     # Rows read in place make every aggregator read its gradients as rows (comm/modes.py),
     # unless some worker replicates rows (their gradients must not reach their owners):
     # the views' CSRs then run forward only.
-    replicas = torch.tensor([len(levels.replica_rows)], device=adj.device)
+    replicas = torch.tensor([replica_H.numel()], device=device)
     any_replicas = int(all_reduce_(replicas, op="max").item()) > 0
     grads_as_rows = rows is not None and not any_replicas
-    forward_only = grads_as_rows
-    layer0 = view_of_layer(adj, plan, levels, True, in_place_H, transpose=not forward_only)
-    # Without replicas here the later layers' levels are layer 0's: so is their view's CSR.
-    same = layer0[0] if not levels.replica_rows and layer0[0] is not adj else None
+    layer0 = view_of_layer(adj, plan, level0_H, transpose=not grads_as_rows)
+    others = layer0  # no worker replicates: every layer has layer 0's levels, so its view
+    if any_replicas:
+        # Without replicas here the later layers' levels are layer 0's: so is their view's
+        # CSR (the plan is made again: peers' replicas change what they ask of this worker).
+        same = layer0[0] if replica_H.numel() == 0 and layer0[0] is not adj else None
+        level_H = level_of_rows(plan.num_halo, (l3_H, replica_H), False, in_place_H)
+        others = view_of_layer(adj, plan, level_H, same, transpose=True)
     return Levels(
         layer0,
-        view_of_layer(adj, plan, levels, False, in_place_H, same, not forward_only),
-        fetch_replicas(adj, plan, x_NF, halo_ids_H, level),
+        others,
+        fetch_replicas(adj, plan, x_NF, halo_ids_H, level0_H),
         static,
         None
         if rows is None or in_place is None
@@ -193,26 +202,23 @@ def _in_place(
 def view_of_layer(
     adj: kernels.CSR,
     plan: HaloPlan,
-    levels: RankLevels,
-    layer0: bool,
-    in_place_H: Tensor | None = None,
+    level_H: Tensor,
     same_csr: kernels.CSR | None = None,
     transpose: bool = True,
 ) -> tuple[kernels.CSR, HaloPlan]:
-    """The halo view of layer 0 (replicas left out) or of the later layers (rows read in place
-    left out of both): the part's own CSR and plan when no worker has a row of another level
-    there (rebuilding them would hold another copy of every edge while set-up peaks, and one
-    more all run). `same_csr`: the CSR of a view with the same levels here (see `level_view`);
-    without `transpose`, a view's CSR is forward-only.
+    """The halo view of a layer's levels `level_H` (`level_of_rows`: layer 0's leave replicas
+    out, every layer's the rows read in place): the part's own CSR and plan when no worker
+    has a row of another level than L2 there (rebuilding them would hold another copy of
+    every edge while set-up peaks, and one more all run). `same_csr`: the CSR of a view with
+    the same levels here (see `level_view`); without `transpose`, a view's CSR is
+    forward-only.
 
     Collective: a view's owners answer its readers, so all workers decide together.
     """
-    rows = levels.l3_rows + (levels.replica_rows if layer0 else [])
-    wanted = all_reduce_(torch.tensor([len(rows)], device=adj.device), op="max")
-    if int(wanted.item()) == 0:
+    other = torch.tensor([int((level_H != L2).sum())], device=adj.device)
+    if int(all_reduce_(other, op="max").item()) == 0:
         return adj, plan
-    level = level_of_rows(plan.num_halo, levels, adj.device, layer0, in_place_H)
-    return level_view(adj, plan, level, same_csr, transpose)
+    return level_view(adj, plan, level_H, same_csr, transpose)
 
 
 def fetch_replicas(

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.exchange import HaloPlan
-from leo_cli.kernels.csr import kept_transpose, max_degree, row_of_edges
+from leo_cli.kernels.csr import kept_transpose, max_degree, row_of_edges, through_columns
 
 L1, L2, L3 = 1, 2, 3  # replicated, deduplicated halo buffer, fetched per edge
 IN_PLACE = 4  # L3 read in place from a same-host owner's published rows (comm/inplace.py)
@@ -123,12 +123,30 @@ def level_view(
     are aggregated elsewhere). Collective (`remap_plan`).
 
     `same_csr`: the CSR of a view already made from the same levels (only the plan, which
-    is collective, is made again); without `transpose`, a forward-only CSR.
+    is collective, is made again); without `transpose`, a forward-only CSR (for L2 rows
+    alone, read through a column table: `l2_view`).
     """
+    if not transpose and not bool((level_H == L3).any()):  # L2 rows only: a table suffices
+        rows_K = torch.nonzero(level_H == L2).squeeze(1)
+        view_adj = same_csr if same_csr is not None else l2_view(adj, plan.num_inner, rows_K)
+        return view_adj, remap_plan(plan, rows_K)
     rows_K, edge_cols = view_layout(adj, plan, level_H)
     if same_csr is not None:
         return same_csr, remap_plan(plan, rows_K)
     return remap_halo(adj, plan, rows_K, edge_cols, transpose)
+
+
+def l2_view(adj: kernels.CSR, num_inner: int, rows_K: Tensor) -> kernels.CSR:
+    """The forward-only CSR of a view whose halo rows are the L2 rows `rows_K` (halo
+    positions, sorted), the other halo columns' edges left out: the arrays `remap_halo`
+    gives for them, by one gather of a column table instead of a pass per level."""
+    num_cols = num_inner + int(rows_K.shape[0])
+    col_of_C = torch.full((adj.num_cols,), -1, dtype=adj.indices.dtype, device=adj.device)
+    col_of_C[:num_inner] = torch.arange(num_inner, dtype=col_of_C.dtype, device=adj.device)
+    col_of_C[num_inner + rows_K] = torch.arange(
+        num_inner, num_cols, dtype=col_of_C.dtype, device=adj.device
+    )
+    return through_columns(adj, col_of_C, num_cols)
 
 
 def view_layout(adj: kernels.CSR, plan: HaloPlan, level_H: Tensor) -> tuple[Tensor, Tensor]:

@@ -277,6 +277,35 @@ def kept_transpose(
     return t_indptr, adj.t_indices[keep_T], t_perm
 
 
+def kept_per_row(indptr: Tensor, keep_E: Tensor) -> Tensor:
+    """(R) how many of each row's edges `keep_E` (bool, E) marks, by one running count (no
+    row id per edge)."""
+    if keep_E.numel() == 0:
+        return torch.zeros(indptr.shape[0] - 1, dtype=torch.int64, device=indptr.device)
+    seen_E = torch.cumsum(keep_E, 0, dtype=indptr.dtype)  # kept edges up to each
+    last_R = indptr.long() - 1  # the edge before each row pointer (-1: none)
+    upto_R = seen_E.index_select(0, last_R.clamp(min=0)).masked_fill(last_R < 0, 0)
+    return torch.diff(upto_R).long()
+
+
+def through_columns(adj: CSR, col_of_C: Tensor, num_cols: int) -> CSR:
+    """The forward-only CSR of `adj`'s edges whose column c has `col_of_C[c] >= 0`, at that
+    column of `num_cols`: every row of `adj`, the kept edges in their order, by one gather of
+    a per-column table and one mask over the edges (no sort, no row id per edge). Index
+    dtype as `CSR.from_coo` would pick it."""
+    cols_E = col_of_C.index_select(0, adj.indices)
+    keep_E = cols_E >= 0
+    counts_R = kept_per_row(adj.indptr, keep_E)
+    indptr = torch.cat([counts_R.new_zeros(1), torch.cumsum(counts_R, 0)])
+    kept_E = torch.nonzero(keep_E).squeeze(1)  # once for both arrays (a mask is a scan each)
+    del keep_E
+    cols_E, values_E = cols_E.index_select(0, kept_E), adj.values.index_select(0, kept_E)
+    dtype = compact_index_dtype(indptr, cols_E, num_cols)
+    return CSR.from_arrays(
+        indptr, cols_E, values_E, num_cols, index_dtype=dtype, validate=False, transpose=False
+    )
+
+
 def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
     for name, t in (("indptr", indptr), ("indices", indices)):
         if t.dtype not in _INDEX_DTYPES or t.dim() != 1:

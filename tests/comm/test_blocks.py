@@ -265,3 +265,34 @@ def test_distinct_rows_are_uniques_values() -> None:
     for size in (0, 1, 50):
         rows = torch.randint(0, max(size, 1), (size * 2,))
         assert torch.equal(distinct_rows(rows, max(size, 1)), torch.unique(rows))
+
+
+def test_a_view_of_l2_rows_is_the_one_remap_halo_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward-only view whose halo rows are L2 (the others left out: replicas, rows read
+    in place) built through a column table (`l2_view`, `level_view`'s path for it) has the
+    arrays `remap_halo` builds from `view_layout`, and the same halo rows."""
+    from leo_cli.comm import views
+    from leo_cli.comm.exchange import HaloPlan
+
+    monkeypatch.setattr(views, "remap_plan", lambda plan, rows_K: rows_K)  # no collective
+    torch.manual_seed(4)
+    for index_dtype in (None, torch.int64):
+        for _ in range(3):
+            adj = random_adjacency(50, 1, 300, index_dtype)
+            n, num_halo = adj.num_rows, adj.num_cols - adj.num_rows
+            cut = sorted(torch.randint(0, num_halo + 1, (2,)).tolist())  # 3 owners' halo spans
+            recv = [cut[0], cut[1] - cut[0], num_halo - cut[1]]
+            plan = HaloPlan(n, torch.empty(0, dtype=torch.int64), [0, 0, 0], recv)
+            choice = torch.tensor([views.L1, views.L2, views.IN_PLACE])
+            level_H = choice[torch.randint(0, 3, (num_halo,))]
+            rows_K, edge_cols = views.view_layout(adj, plan, level_H)
+            want, want_rows = views.remap_halo(adj, plan, rows_K, edge_cols, transpose=False)
+            got, got_rows = views.level_view(adj, plan, level_H, transpose=False)
+            assert torch.equal(got_rows, want_rows)  # type: ignore[arg-type]
+            for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+                a, b = getattr(got, name), getattr(want, name)
+                assert a.dtype == b.dtype and torch.equal(a, b), name
+            assert (got.num_rows, got.num_cols, got.max_degree) == (
+                want.num_rows, want.num_cols, want.max_degree,
+            )  # fmt: skip
+            assert got.t_indptr.numel() == 0  # forward-only, as asked

@@ -108,6 +108,39 @@ def test_a_kept_transpose_is_the_one_a_sort_builds(kind: str, index_dtype: torch
     assert kept_transpose(forward_only, keep_E, cols_E, 8) is None
 
 
+@kind_cases
+@graph_cases
+def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: torch.dtype) -> None:
+    """`through_columns` keeps the edges whose column the table maps, at the mapped column,
+    in their order: the arrays `from_coo` builds from the same edges (forward-only), and
+    `kept_per_row` counts them per row; none kept and every one kept too."""
+    from leo_cli.kernels.csr import kept_per_row, row_of_edges, through_columns
+
+    csr = make_csr(kind, index_dtype)  # 8 columns, mapped into 8
+    g = torch.Generator().manual_seed(5)
+    rows_E = row_of_edges(csr.indptr)
+    for table in (
+        torch.tensor([3, -1, 0, -1, 2, 1, -1, 4]),
+        torch.full((8,), -1),
+        torch.arange(8).flip(0),
+        torch.randint(-1, 5, (8,), generator=g),
+    ):
+        col_of_C = table.to(index_dtype)
+        cols_E = col_of_C[csr.indices.long()]
+        keep_E = cols_E >= 0
+        want = kernels.CSR.from_coo(
+            rows_E[keep_E], cols_E[keep_E], csr.values[keep_E], csr.num_rows, 8,
+            rows_sorted=True, transpose=False,
+        )  # fmt: skip
+        got = through_columns(csr, col_of_C, 8)
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert (got.num_rows, got.num_cols, got.max_degree) == (csr.num_rows, 8, want.max_degree)
+        counts = torch.bincount(rows_E[keep_E], minlength=csr.num_rows)
+        assert torch.equal(kept_per_row(csr.indptr, keep_E), counts)
+
+
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
     indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
     compact = kernels.CSR.from_arrays(indptr, indices, num_cols=2)

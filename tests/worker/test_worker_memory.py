@@ -17,7 +17,14 @@ from conftest import random_graph
 from helpers.ranks import spawn_ranks, spec_levels
 
 from leo_cli.comm.exchange import CommStats
-from leo_cli.comm.levels import Levels, RankLevels, build_levels, view_of_layer
+from leo_cli.comm.levels import (
+    Levels,
+    RankLevels,
+    build_levels,
+    level_of_rows,
+    rows_of,
+    view_of_layer,
+)
 from leo_cli.comm.modes import Wiring, make_layer_aggregators
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
@@ -59,7 +66,8 @@ def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
     adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
     no_levels = RankLevels(static_aggregate=False, replica_rows=[], l3_rows=[])
     for layer0 in (True, False):
-        view_adj, view_plan = view_of_layer(adj, plan, no_levels, layer0)
+        level_H = level_of_rows(plan.num_halo, rows_of(no_levels, adj.device), layer0)
+        view_adj, view_plan = view_of_layer(adj, plan, level_H)
         assert view_adj is adj and view_plan is plan
 
 
