@@ -22,6 +22,7 @@ from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan, fetch_halo
 from leo_cli.comm.inplace import InPlace, build_in_place, same_host_ranks
 from leo_cli.comm.views import IN_PLACE, L1, L2, L3, halo_owner, level_view, remap_plan
+from leo_cli.kernels.csr import with_built_transpose
 from leo_cli.registry import Mode
 
 
@@ -61,6 +62,21 @@ class Levels:
     replicas: Replicas | None
     static_agg_NF: Tensor | None
     in_place: InPlace | None = None
+
+    def transpose_whole(self, adj: kernels.CSR) -> None:
+        """Give a view that is the part's CSR `adj` itself its transpose, where `adj` was
+        built forward-only (its aggregator may run backward over it); the views that replace
+        it have their own."""
+        if adj.t_perm.shape[0] == adj.num_edges:
+            return
+        whole = [self.layer0[0] is adj, self.others[0] is adj]
+        if not any(whole):
+            return
+        full = with_built_transpose(adj)
+        if whole[0]:
+            self.layer0 = (full, self.layer0[1])
+        if whole[1]:
+            self.others = (full, self.others[1])
 
 
 def levels_for_mode(levels: RankLevels, mode: Mode) -> RankLevels:

@@ -277,6 +277,15 @@ def kept_transpose(
     return t_indptr, adj.t_indices[keep_T], t_perm
 
 
+def with_built_transpose(csr: CSR) -> CSR:
+    """A forward-only CSR with its transpose built (as `CSR.from_arrays` builds it)."""
+    t_indptr, t_indices, t_perm = build_transpose(csr.indptr, csr.indices, csr.num_cols)
+    return dataclasses.replace(
+        csr, t_indptr=t_indptr, t_indices=t_indices, t_perm=t_perm,
+        t_max_degree=max_degree(t_indptr),
+    )  # fmt: skip
+
+
 def kept_per_row(indptr: Tensor, keep_E: Tensor) -> Tensor:
     """(R) how many of each row's edges `keep_E` (bool, E) marks, by one running count (no
     row id per edge)."""

@@ -206,11 +206,16 @@ def transpose_scales(
 
 
 def part_adjacency(
-    part: LocalPart, model: str, dtype: torch.dtype, device: torch.device
+    part: LocalPart,
+    model: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    transpose: bool = True,
 ) -> kernels.CSR:
     """The part's CSR (inner rows, `[inner | halo]` columns) weighted for `model`, with each
     inner row's self-loop weight (GCN's) on its diagonal: the aggregation then sums a row's
-    own term with its neighbours' in one pass, forward and backward."""
+    own term with its neighbours' in one pass, forward and backward. Without `transpose`,
+    forward-only."""
     indptr = torch.from_numpy(np.asarray(part.indptr))
     indices = torch.from_numpy(np.asarray(part.indices))
     num_cols = part.num_inner + part.num_halo
@@ -223,7 +228,7 @@ def part_adjacency(
         assert self_weight is not None, "a diagonal convolution has self-loop weights"
         indptr, indices, values = with_diagonal(indptr, indices, values, self_weight, rows_E)
     del rows_E
-    adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=num_cols)
+    adj = kernels.CSR.from_arrays(indptr, indices, values, num_cols=num_cols, transpose=transpose)
     return adj.to(device)
 
 

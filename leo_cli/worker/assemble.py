@@ -120,8 +120,6 @@ def assemble(
     mode = mode_of(cfg.pipeline.mode)
     dtype = DTYPES[cfg.train.dtype]
     halo = halo_plan(part, device)
-    adj, data = tensors or part_tensors(cfg, part, dataset, device)
-    laps.lap("graph_s")
     stats = CommStats()  # every aggregator of this worker counts here
     if mode.per_edge_rows and world_size > 1:  # MGG: every halo row L3 (replicas excepted)
         cache = every_row_l3(cache, halo.num_halo)
@@ -130,6 +128,9 @@ def assemble(
         setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from)
     if cache is None and setting is not None and setting.every_row_from:
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
+    transpose = not views_leave_the_part(cfg, cache, setting)
+    adj, data = tensors or part_tensors(cfg, part, dataset, device, transpose)
+    laps.lap("graph_s")
     levels = None
     if cache is not None:
         assert cfg.model.admits_replicas or not (cache.replica_rows or cache.static_aggregate), (
@@ -143,6 +144,7 @@ def assemble(
         levels = build_levels(
             adj, halo, data.x_NF, halo_ids, mode_cache, world_size > 1, setting, static_NF
         )
+        levels.transpose_whole(adj)
     laps.lap("levels_s")
     ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
     rounding = rounding_of(cfg, ids_N)
@@ -171,13 +173,18 @@ PartTensors = tuple[kernels.CSR, WorkerData]
 
 
 def part_tensors(
-    cfg: LeoConfig, part: LocalPart, dataset: DatasetInfo, device: torch.device
+    cfg: LeoConfig,
+    part: LocalPart,
+    dataset: DatasetInfo,
+    device: torch.device,
+    transpose: bool = True,
 ) -> PartTensors:
     """The part's CSR, weighted for the model, and its data (features, labels, splits), in
     the training dtype: what every mode's job of this part starts from (read, never written,
-    by a job: jobs of several modes can share them)."""
+    by a job: jobs of several modes can share them). Without `transpose`, a forward-only
+    CSR (`views_leave_the_part`)."""
     dtype = DTYPES[cfg.train.dtype]
-    adj = part_adjacency(part, cfg.model.name, dtype, device)
+    adj = part_adjacency(part, cfg.model.name, dtype, device, transpose)
     return adj, WorkerData.from_part(part, dataset.num_train, dtype, device)
 
 
@@ -246,6 +253,19 @@ def rounding_of(cfg: LeoConfig, ids_N: Tensor) -> Rounding | None:
     `ids_N`: the global ids of its inner rows."""
     codec = CODECS[cfg.pipeline.halo_dtype]
     return None if codec is None else Rounding(codec, ids_N)
+
+
+def views_leave_the_part(
+    cfg: LeoConfig, cache: RankLevels | None, setting: InPlaceSetting | None
+) -> bool:
+    """Whether the cache levels' views are expected to replace the part's CSR and run
+    forward only (rows read in place, no replicas here, no attention), so that the part's
+    CSR needs no transpose: its sort of every edge is a third of a large part's set-up.
+    Where a view turns out to be the part's CSR after all, `Levels.transpose_whole` builds
+    it then."""
+    if setting is None or cache is None or cfg.model.attention:
+        return False
+    return not cache.replica_rows
 
 
 def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:

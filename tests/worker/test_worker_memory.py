@@ -71,6 +71,32 @@ def test_views_without_other_levels_are_the_parts_own(tmp_path: Path) -> None:
         assert view_adj is adj and view_plan is plan
 
 
+def test_a_part_read_forward_only_gets_its_transpose_where_a_view_is_it(
+    tmp_path: Path,
+) -> None:
+    """A part's CSR built forward-only (its views were expected to replace it) gets the
+    transpose `from_arrays` builds where a view turns out to be the CSR itself, one object
+    for both views that were; a view that replaced it is left as it is."""
+    part = mapped_part(tmp_path)
+    plan = halo_plan(part, torch.device("cpu"))
+    full = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"))
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"), transpose=False)
+    assert adj.t_perm.numel() == 0 and adj.num_edges > 0
+    levels = Levels((adj, plan), (adj, plan), None, None)
+    levels.transpose_whole(adj)
+    got = levels.layer0[0]
+    assert got is levels.others[0] and levels.layer0[1] is plan
+    for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+        a, b = getattr(got, name), getattr(full, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert got.t_max_degree == full.t_max_degree
+    view = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"), transpose=False)
+    apart = Levels((view, plan), (adj, plan), None, None)
+    apart.transpose_whole(adj)
+    assert apart.layer0[0] is view and apart.others[0] is not adj
+    assert apart.others[0].t_perm.shape[0] == adj.num_edges
+
+
 def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
     part = mapped_part(tmp_path)
     plan = halo_plan(part, torch.device("cpu"))
