@@ -19,7 +19,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
 from leo_cli.comm.dist import all_reduce_
-from leo_cli.comm.exchange import CommStats, HaloPlan, fetch_halo
+from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows, fetch_halo
 from leo_cli.comm.inplace import InPlace, build_in_place, same_host_ranks
 from leo_cli.comm.views import IN_PLACE, L1, L2, L3, halo_owner, level_view, remap_plan
 from leo_cli.kernels.csr import with_built_transpose
@@ -164,8 +164,8 @@ def build_levels(
         if in_place.every_row_from:  # every row of these same-host owners is read in place
             owners = torch.tensor(sorted(in_place.every_row_from), device=device)
             more = torch.nonzero(in_place_H & torch.isin(owner_H, owners)).squeeze(1)
-            l3_H = torch.unique(torch.cat([l3_H, more]))
-        rows = l3_H[in_place_H[l3_H]].sort().values
+            l3_H = distinct_rows(torch.cat([l3_H, more]), plan.num_halo)
+        rows = distinct_rows(l3_H[in_place_H[l3_H]], plan.num_halo)  # sorted, by a mark per row
         wanted = all_reduce_(torch.tensor([rows.numel()], device=device), op="max")
         if int(wanted.item()) == 0:
             in_place_H, rows = None, None
