@@ -18,6 +18,7 @@ from helpers.ranks import spawn_ranks, spec_levels
 
 from leo_cli.comm.exchange import CommStats
 from leo_cli.comm.levels import (
+    InPlaceSetting,
     Levels,
     RankLevels,
     build_levels,
@@ -33,7 +34,7 @@ from leo_cli.graph.storage import read_part, write_partitions
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.registry import mode_of
-from leo_cli.worker.assemble import assemble, halo_plan
+from leo_cli.worker.assemble import assemble, halo_plan, views_leave_the_part
 from leo_cli.worker.trainer import WorkerData
 
 
@@ -95,6 +96,21 @@ def test_a_part_read_forward_only_gets_its_transpose_where_a_view_is_it(
     apart.transpose_whole(adj)
     assert apart.layer0[0] is view and apart.others[0] is not adj
     assert apart.others[0].t_perm.shape[0] == adj.num_edges
+
+
+def test_the_part_is_read_forward_only_only_where_views_replace_it() -> None:
+    """`views_leave_the_part`: rows read in place, no replicas here and no attention; a
+    worker without in-place reads, without levels, with replicas or with attention keeps
+    the part's transpose."""
+    leo = load_config(None, ["pipeline.mode=leo"])
+    gat = load_config(None, ["pipeline.mode=leo", "model.name=gat"])
+    setting = InPlaceSetting(4, 30.0, torch.zeros(0, dtype=torch.int64), CommStats())
+    rows = RankLevels(False, [], [1, 2])
+    assert views_leave_the_part(leo, rows, setting)
+    assert not views_leave_the_part(leo, rows, None)
+    assert not views_leave_the_part(leo, None, setting)
+    assert not views_leave_the_part(leo, RankLevels(False, [3], [1, 2]), setting)
+    assert not views_leave_the_part(gat, rows, setting)
 
 
 def test_pipelined_layers_share_one_inner_block(tmp_path: Path) -> None:
