@@ -22,9 +22,11 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.choice import choose_mode, keep_trials
+from leo_cli.launch.cpu_kernels import ensure_cpu_kernels
 from leo_cli.launch.elastic import launch_module, start_early, worker_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
+    CACHE_FOLDER,
     accesses_kept,
     check_nodes_profile,
     ensure_plan,
@@ -170,8 +172,10 @@ def prepare(
     a reused output's making)."""
     timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
-    start_early(cfg)  # the workers' imports, beside the set-up below
     run_dir = cfg.run.folder.resolve()
+    # Built (once) before the workers' server starts: it loads the library as it imports.
+    ensure_cpu_kernels(cfg.run.cache_dir or run_dir.parent / CACHE_FOLDER)
+    start_early(cfg)  # the workers' imports, beside the set-up below
     if cfg.launch.node_rank > 0:
         # An earlier launch's files (--overwrite) must not start this node's agent while node
         # 0 prepares: it could meet node 0's probe store, still up on the same port and run
