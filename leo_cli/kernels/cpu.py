@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from leo_cli.kernels import ops, stamp
+from leo_cli.kernels import ops, stamp, variants
 from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
 
 LIBRARY = "_leo_cpu.so"
@@ -117,7 +117,10 @@ def loaded() -> Path | None:
 
 
 def _spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
-    """A @ x with the library's kernel, in the compute dtype (float32 for low precision)."""
+    """A @ x with the library's kernel, in the compute dtype (float32 for low precision); with
+    torch's where the variant in use says so (`variants.py`)."""
+    if variants.uses_torch():
+        return ops._csr_matmul(indptr, indices, values, x, num_rows)
     dtype = _compute_dtype(x.dtype)
     out: Tensor = torch.ops.leo_cpu.spmm_csr(
         indptr, indices, values.to(dtype), x.to(dtype), num_rows

@@ -55,6 +55,7 @@ RESUMABLE = {
     "train.checkpoint_every",
     "pipeline.mode",
     "pipeline.levels",  # auto's measured choice, kept on resume (every level is exact)
+    "pipeline.spmm",  # likewise (every variant computes the same sums)
     "pipeline.choose",
     "pipeline.trial_steps",
     "pipeline.auto_margin",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leo_cli.comm import segments
+from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
@@ -44,6 +45,7 @@ MEASURED = "measured"  # how the rule of a measured choice starts
 FROM_WISDOM = "by an earlier run with the same inputs (wisdom)"  # ... and ends, when kept
 # ... nor one whose predicted buffers moving rows exceed this share of the free memory.
 FREE_SHARE = 0.8
+AUTO_SPMM = "auto"  # pipeline.spmm: the variant by rule, or tried under choose=measure
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,11 @@ class ModeChoice:
         trial_s: where each candidate's trial went, rank 0's seconds: freeing the candidate
             before it (`free_s`), its assembly (`build_s`), its warm-up step (`warmup_s`)
             and its timed steps (`steps_s`).
+        spmm: the CPU SpMM variant that runs (`pipeline.spmm`; `auto`: as set, untried).
+        spmm_rule: why that variant (measured fastest, or kept as wisdom); None: not chosen.
+        spmm_trials: the variants the workers are to try on the winner (kernels/variants.py);
+            empty once tried or where there is one or none.
+        spmm_measured_s: each variant's median trial step (None: stopped early).
     """
 
     requested: str
@@ -85,12 +92,21 @@ class ModeChoice:
     wisdom: str | None = None
     calibrated_s: dict[str, float | None] = field(default_factory=dict)
     trial_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    spmm: str = AUTO_SPMM
+    spmm_rule: str | None = None
+    spmm_trials: list[str] = field(default_factory=list)
+    spmm_measured_s: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def measured_here(self) -> bool:
-        """Whether this run's workers measured the choice (not an earlier run's wisdom)."""
-        rule = self.rule or ""
-        return rule.startswith(MEASURED) and not rule.endswith(FROM_WISDOM) and not self.trials
+        """Whether this run's workers measured the choice (not an earlier run's wisdom): its
+        mode, its SpMM variant or both, and nothing is left to try."""
+        if self.trials or self.spmm_trials:
+            return False
+        return any(
+            r.startswith(MEASURED) and not r.endswith(FROM_WISDOM)
+            for r in (self.rule or "", self.spmm_rule or "")
+        )
 
     @property
     def name(self) -> str:
@@ -130,6 +146,10 @@ class ModeChoice:
             "mode_wisdom": self.wisdom,
             "mode_calibrated_s": self.calibrated_s,
             "mode_trial_s": self.trial_s,
+            "spmm": self.spmm,
+            "spmm_rule": self.spmm_rule,
+            "spmm_trials": self.spmm_trials,
+            "spmm_measured_s": self.spmm_measured_s,
         }
 
 
@@ -369,8 +389,24 @@ def with_mode(cfg: LeoConfig, mode: str, levels: str | None = None) -> LeoConfig
 
 
 def with_choice(cfg: LeoConfig, choice: ModeChoice) -> LeoConfig:
-    """The config a run of `choice` trains with: its mode and levels."""
-    return with_mode(cfg, choice.mode, choice.levels)
+    """The config a run of `choice` trains with: its mode and levels, and its SpMM variant
+    where one was chosen."""
+    run_cfg = with_mode(cfg, choice.mode, choice.levels)
+    if choice.spmm == AUTO_SPMM:
+        return run_cfg
+    pipeline = run_cfg.pipeline.model_copy(update={"spmm": choice.spmm})
+    return run_cfg.model_copy(update={"pipeline": pipeline})
+
+
+def spmm_candidates(cfg: LeoConfig, leo_loaded: bool) -> list[str]:
+    """The CPU SpMM variants the workers try (kernels/variants.py), where `pipeline.spmm` is
+    `auto` under `choose=measure` on CPU workers: LEO's where its library is loaded
+    (`leo_loaded`), torch's, torch's in slabs (tried where some SpMM of the run slabs)."""
+    if cfg.pipeline.spmm != AUTO_SPMM or cfg.pipeline.choose == "estimate":
+        return []
+    if uses_cuda(cfg.launch):
+        return []
+    return [*(["leo"] if leo_loaded else []), "torch", "torch-slabs"]
 
 
 def planning_config(cfg: LeoConfig) -> LeoConfig:
@@ -442,13 +478,18 @@ def from_json(data: Any) -> ModeChoice:
             str(k): {str(p): float(t) for p, t in dict(v).items()}
             for k, v in dict(data.get("mode_trial_s") or {}).items()
         }
+        spmm = str(data.get("spmm") or AUTO_SPMM)
+        spmm_rule = data.get("spmm_rule")
+        spmm_trials = [str(n) for n in list(data.get("spmm_trials") or [])]
+        spmm_measured = _steps(data.get("spmm_measured_s"))
     except (AttributeError, KeyError, TypeError, OverflowError, ValueError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     rule = None if rule is None else str(rule)
     wisdom = None if wisdom is None else str(wisdom)
+    spmm_rule = None if spmm_rule is None else str(spmm_rule)
     return ModeChoice(
         requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom,
-        calibrated, spent,
+        calibrated, spent, spmm, spmm_rule, spmm_trials, spmm_measured,
     )  # fmt: skip
 
 
