@@ -34,7 +34,7 @@ from leo_cli.launch.stages import (
     part_weigher,
     partition_cache_dir,
 )
-from leo_cli.planner.auto_mode import resumed, with_choice, write_choice
+from leo_cli.planner.auto_mode import resumed, resumed_spmm, with_choice, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import plan_digests
 from leo_cli.registry import is_auto
@@ -191,6 +191,7 @@ def prepare(
         check_resumable(cfg, run_dir)
         # Says here, not only in worker logs, when the newest checkpoint is corrupt.
         RunDir(run_dir).read_latest()
+        cfg = resumed_spmm(cfg, run_dir)  # the SpMM variant it started with, untried
     check_nodes_profile(cfg, run_dir, timer=timer, progress=progress)  # as the others join_probe
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
     weigher = part_weigher(cfg, run_dir, timer, progress=progress)  # unequal weights: probe first

@@ -443,6 +443,16 @@ def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
     return ModeChoice(cfg.pipeline.mode, mode, rule, levels=levels)
 
 
+def resumed_spmm(cfg: LeoConfig, run_dir: Path) -> LeoConfig:
+    """On resume under `pipeline.spmm=auto`: the config with the variant the run started
+    with (its resolved config), so a resumed run tries none and runs the one it measured."""
+    if cfg.pipeline.spmm != AUTO_SPMM:
+        return cfg
+    started = load_config(RunDir(run_dir).config).pipeline.spmm
+    pipeline = cfg.pipeline.model_copy(update={"spmm": started})
+    return cfg.model_copy(update={"pipeline": pipeline})
+
+
 def write_choice(run_dir: Path, choice: ModeChoice) -> None:
     files.write_json(run_dir / CHOICE, choice.to_json())
 

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.config import load_config
+from leo_cli.config import load_config, write_resolved
 from leo_cli.launch.choice import from_wisdom, keep_trials, kept
-from leo_cli.planner.auto_mode import FROM_WISDOM, ModeChoice, with_choice, write_choice
+from leo_cli.planner.auto_mode import (
+    FROM_WISDOM,
+    ModeChoice,
+    resumed_spmm,
+    with_choice,
+    write_choice,
+)
 from leo_cli.planner.wisdom import calibration_path, read_samples, read_wisdom, wisdom_path
 
 KEY = "a" * 64
@@ -75,3 +81,12 @@ def test_a_measured_spmm_is_kept_and_reused_without_trials(tmp_path: Path) -> No
     # an edited file is refused in one line (then measured again)
     path.write_text(path.read_text().replace('"torch"', '"leo"', 1))
     assert kept(path, [], variants) is None
+
+
+def test_a_resumed_run_keeps_the_spmm_it_started_with(tmp_path: Path) -> None:
+    started = load_config(None, [f"run.out_dir={tmp_path}", "pipeline.spmm=torch-slabs"])
+    write_resolved(started)
+    asked = load_config(None, [f"run.out_dir={tmp_path}"])
+    assert resumed_spmm(asked, tmp_path).pipeline.spmm == "torch-slabs"
+    named = load_config(None, [f"run.out_dir={tmp_path}", "pipeline.spmm=leo"])
+    assert resumed_spmm(named, tmp_path).pipeline.spmm == "leo"  # set by name: as set
