@@ -118,6 +118,22 @@ class ModeChoice:
         chose by (measured where measured, else predicted) and the next fastest candidate's;
         the mode alone when it was set by name."""
         label = self.mode if self.levels == OWN_LEVELS else self.name  # as the user sets it
+        if self.spmm_rule is not None:  # `leo (...); CPU SpMM torch (measured fastest, ...)`
+            return f"{self._describe_mode(label)}; CPU SpMM {self._describe_spmm()}"
+        return self._describe_mode(label)
+
+    def _describe_spmm(self) -> str:
+        own = self.spmm_measured_s.get(self.spmm)
+        others = [(t, n) for n, t in self.spmm_measured_s.items() if n != self.spmm and t]
+        detail = self.spmm_rule or ""
+        if own is not None:
+            detail += f", {own:.3f} s"
+            if others:
+                t, name = min(others)
+                detail += f" vs {name} {t:.3f} s"
+        return f"{self.spmm} ({detail})"
+
+    def _describe_mode(self, label: str) -> str:
         if self.rule is None:
             return label
         steps = self.measured_s or self.predicted_s

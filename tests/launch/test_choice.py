@@ -78,6 +78,10 @@ def test_a_measured_spmm_is_kept_and_reused_without_trials(tmp_path: Path) -> No
     assert (again.spmm, again.spmm_trials, again.mode) == ("torch", [], "leo")
     assert again.spmm_rule == f"measured fastest {FROM_WISDOM}" and not again.measured_here
     assert with_choice(load_config(None, []), again).pipeline.spmm == "torch"
+    assert again.describe() == (
+        "leo (auto: one worker: no rows move); "
+        f"CPU SpMM torch (measured fastest {FROM_WISDOM}, 0.300 s vs leo 0.400 s)"
+    )
     # an edited file is refused in one line (then measured again)
     path.write_text(path.read_text().replace('"torch"', '"leo"', 1))
     assert kept(path, [], variants) is None
