@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
-from leo_cli.errors import LeoError
+from leo_cli.errors import KernelError, LeoError
 from leo_cli.kernels import variants
 from leo_cli.planner.auto_mode import (
     MEASURED,
@@ -263,7 +263,9 @@ def spmm_trials(
     notes: dict[str, str] = {}
     try:
         for name in names:
-            variants.set_cpu_spmm(name)
+            if not usable(name):
+                notes[f"spmm={name}"] = "not tried: LEO's CPU library is not loaded on every rank"
+                continue
             if name == variants.TORCH_SLABS and not slabs_anywhere(job, seed):
                 notes[f"spmm={name}"] = f"not tried: {NO_SLABS}"
                 continue
@@ -275,6 +277,17 @@ def spmm_trials(
         variants.set_cpu_spmm(before)
         torch.set_rng_state(rng)
     return trials, notes
+
+
+def usable(name: str) -> bool:
+    """Set the variant `name` where every rank can (`leo` needs the library loaded); whether
+    it was (agreed by every rank, so every rank skips it alike)."""
+    try:
+        variants.set_cpu_spmm(name)
+        failed = 0
+    except KernelError:
+        failed = 1
+    return not all_reduce_(torch.tensor([failed], dtype=torch.int64), op="max").item()
 
 
 def slabs_anywhere(job: Job, seed: int) -> bool:

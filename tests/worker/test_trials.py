@@ -22,7 +22,7 @@ from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo
-from leo_cli.kernels import slabs, variants
+from leo_cli.kernels import cpu, slabs, variants
 from leo_cli.planner.auto_mode import ModeChoice, read_choice, with_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
@@ -308,9 +308,14 @@ def test_spmm_trials_leave_the_numbers_and_the_variant_as_they_were(
     rng = torch.get_rng_state()
     monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 40)  # no x wider
     monkeypatch.setattr(trials_module, "MIN_TRIAL_S", 0.0)  # one timed step
-    got, notes = spmm_trials([variants.TORCH, variants.TORCH_SLABS], job, seed=0, steps=1)
-    assert [t.name for t in got] == [variants.TORCH] and got[0].median_s is not None
-    assert notes == {"spmm=torch-slabs": f"not tried: {trials_module.NO_SLABS}"}
+    if kernels.active_backend().cpu != "leo":  # a rank without the library skips leo
+        monkeypatch.setattr(cpu, "_LOADED", None)
+    names = [variants.LEO, variants.TORCH, variants.TORCH_SLABS]
+    got, notes = spmm_trials(names, job, seed=0, steps=1)
+    assert [t.name for t in got][-1] == variants.TORCH and got[-1].median_s is not None
+    assert notes["spmm=torch-slabs"] == f"not tried: {trials_module.NO_SLABS}"
+    if kernels.active_backend().cpu != "leo":
+        assert notes["spmm=leo"] == "not tried: LEO's CPU library is not loaded on every rank"
     assert variants.cpu_spmm() == variants.AUTO and torch.equal(torch.get_rng_state(), rng)
     assert _losses(job) == fresh  # no optimizer step, no state kept: to the last bit
 
