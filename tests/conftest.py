@@ -28,6 +28,10 @@ from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 # beside pytest) do not stretch; a call that waits (sleeps, subprocesses) is held to
 # WALL_FACTOR times the limit in wall time.
 SLOW_MARKERS = ("integration", "dist", "slow")
+# `leo train` builds LEO's CPU kernels on first use (launch/cpu_kernels.py): not in every
+# test's fresh cache. The suite runs the kernels the checkout has (LEO_CPU_BUILD=auto opts in);
+# tests of the build ask for it themselves.
+os.environ.setdefault("LEO_CPU_BUILD", "never")
 UNIT_LIMIT_S = float(os.environ.get("LEO_UNIT_LIMIT_S", "2"))
 WALL_FACTOR = 5
 CPU_TIME = pytest.StashKey[float]()

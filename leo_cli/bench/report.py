@@ -79,6 +79,7 @@ COLUMNS = (
     "halo_dtype",
     "allocator",
     "kernels",
+    "spmm",
     "peak_rss_max_bytes",
     "peak_rss_total_bytes",
     "rank_spread",
@@ -180,6 +181,7 @@ def make_rows(
                 "halo_dtype": next((r["halo_dtype"] for r in m.runs if r.get("halo_dtype")), None),
                 "allocator": next((r["allocator"] for r in m.runs if r.get("allocator")), None),
                 "kernels": next((r["kernels"] for r in m.runs if r.get("kernels")), None),
+                "spmm": sorted({r["spmm"] for r in m.runs if r.get("spmm")}) or None,
                 "nodes": next((r["nodes"] for r in m.runs if r.get("nodes")), 1),
                 "link": next((r["link"] for r in m.runs if r.get("link")), None),
                 "link_bits_per_s": next(
@@ -330,9 +332,12 @@ def allocators(rows: list[dict[str, Any]]) -> str:
 
 def kernel_backends(rows: list[dict[str, Any]]) -> str:
     """The kernels that served the LEO workers beside the reference (`summary.json`'s
-    `kernels`: reference, cpu, cuda, cuda+cpu), for the machine line."""
+    `kernels`: reference, cpu, cuda, cuda+cpu) and the CPU SpMM variants their runs trained
+    with (`spmm`), for the machine line."""
     names = sorted({r["kernels"] for r in rows if r.get("kernels")})
-    return f"; LEO's kernels: {', '.join(names)}" if names else ""
+    spmm = sorted({v for r in rows for v in r.get("spmm") or []})
+    ran = f" (CPU SpMM: {', '.join(spmm)})" if spmm else ""
+    return f"; LEO's kernels: {', '.join(names)}{ran}" if names else ""
 
 
 def environment(command: str) -> dict[str, Any]:

@@ -244,6 +244,7 @@ def run_leo(
         "halo_dtype": summary.get("halo_dtype"),
         "allocator": summary.get("allocator"),
         "kernels": summary.get("kernels"),
+        "spmm": summary.get("spmm"),  # the CPU SpMM variant that trained (pipeline.spmm)
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_rss_total_bytes": summary.get("peak_rss_total_bytes"),
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),

@@ -406,6 +406,16 @@ class PipelineConfig(Section):
     later run with the same inputs trains at once), `remeasure` (measure even where wisdom
     exists) or `estimate` (the cost model's prediction alone, weighed by `auto_margin`). No
     trials with one worker, a mode set by name, or on resume."""
+    spmm: Literal["auto", "leo", "torch", "torch-slabs"] = "auto"
+    """Which sparse-dense product serves CPU tensors (kernels/variants.py): `auto` (under
+    `choose=measure`, also with one worker or a mode set by name: the workers time the
+    variants that apply for `trial_steps` steps each before the first epoch and train the
+    fastest, kept as wisdom like `auto`'s mode; under `estimate`: LEO's where its CPU library
+    is loaded, else torch's, in column slabs for a process alone on its host), `leo` (LEO's CPU
+    SpMM: its library must load), `torch` (torch's CSR SpMM, MKL's where torch has it) or
+    `torch-slabs` (torch's in column slabs that fit the last-level cache). Every variant
+    computes the same sums up to their order. GPU tensors use the CUDA kernels whatever it
+    says."""
     trial_steps: int = Field(3, ge=1, le=20)
     """`choose=measure`: timed forward and backward steps per candidate (after one warm-up
     step; more while they add up to under 0.5 s, at most 20; a candidate whose first step is

@@ -4,10 +4,17 @@ torch's JIT extension build (`torch.utils.cpp_extension.load`, ninja and the hos
 runs in a subprocess, because it also loads the library and a process can load one library per
 op namespace; the library is then copied into the package with a stamp (the fingerprint of the
 sources, torch, Python and the flags). Skipped when the stamp matches.
+
+`cached_cpu_kernels` is the same build on first use (`leo train`, launch/cpu_kernels.py): into
+a folder of the cache named by the fingerprint and the compiler, built once under a file lock
+in a temporary folder renamed into place, so several runs starting at once build it once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -15,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -117,13 +125,7 @@ def build_cpu_kernels(
         KernelError: no C++ compiler or ninja, no sources, or the build fails.
     """
     t0 = time.perf_counter()
-    compiler = (shlex.split(os.environ.get("CXX", "")) or ["c++"])[0]  # e.g. CXX="ccache g++"
-    if shutil.which(compiler) is None:
-        raise KernelError(
-            "no C++ compiler found (c++ on PATH, or $CXX): install one (g++ or clang++)"
-        )
-    if shutil.which("ninja", path=_tool_path()) is None:
-        raise KernelError("ninja not found (torch builds extensions with it): pip install ninja")
+    check_toolchain()
     pkg = pkg or package_dir()
     fingerprint = cpu.source_fingerprint(cuda_dir)
     lib = cpu.library_path(pkg)
@@ -138,6 +140,91 @@ def build_cpu_kernels(
     record = {**stamp_record(lib, fingerprint, "cpu"), "torch": torch.__version__}
     with files.atomic_file(cpu.stamp_path(pkg), "w") as f:
         f.write(json.dumps(record, indent=2))
+    return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, "cpu")
+
+
+def _compiler() -> str:
+    return (shlex.split(os.environ.get("CXX", "")) or ["c++"])[0]  # e.g. CXX="ccache g++"
+
+
+def check_toolchain() -> None:
+    """Raises KernelError (one sentence) where the build's C++ compiler or ninja is missing."""
+    if shutil.which(_compiler()) is None:
+        raise KernelError(
+            "no C++ compiler found (c++ on PATH, or $CXX): install one (g++ or clang++)"
+        )
+    if shutil.which("ninja", path=_tool_path()) is None:
+        raise KernelError("ninja not found (torch builds extensions with it): pip install ninja")
+
+
+def compiler_identity() -> str:
+    """The compiler's resolved path and the first line of its `--version` (a new compiler or
+    another one on PATH is another build)."""
+    path = shutil.which(_compiler()) or _compiler()
+    try:
+        proc = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        version = (proc.stdout.splitlines() or [""])[0]
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return f"{os.path.realpath(path)} {version}".strip()
+
+
+CACHE_FOLDER = "kernels"
+
+
+def cache_entry(cache_dir: Path, cuda_dir: Path) -> Path:
+    """`<cache_dir>/kernels/cpu-<key>`: the cached build for these sources, torch, Python,
+    flags (`cpu.source_fingerprint`) and compiler."""
+    material = f"{cpu.source_fingerprint(cuda_dir)}\0{compiler_identity()}"
+    key = hashlib.sha256(material.encode()).hexdigest()[:16]
+    return Path(cache_dir) / CACHE_FOLDER / f"cpu-{key}"
+
+
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """Hold `<target>.lock` (advisory, beside the folder) while checking and building it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def cached_cpu_kernels(
+    cache_dir: Path, cuda_dir: Path, on_build: Callable[[Path], None] | None = None
+) -> BuildResult:
+    """The library built for this checkout, torch and compiler in `cache_dir`
+    (`cache_entry`): reused where its stamp matches, else built (`on_build(folder)` is told
+    first) into a temporary folder beside it that is renamed into place; one process builds
+    while the others wait on the lock.
+
+    Raises:
+        KernelError: no C++ compiler or ninja, or the build fails (nothing is left in place).
+    """
+    t0 = time.perf_counter()
+    check_toolchain()
+    target = cache_entry(cache_dir, cuda_dir)
+    fingerprint = cpu.source_fingerprint(cuda_dir)
+    with _locked(target):
+        if _up_to_date(target, fingerprint):
+            return BuildResult(
+                cpu.library_path(target), fingerprint, True, time.perf_counter() - t0, "cpu"
+            )
+        if on_build is not None:
+            on_build(target)
+        scratch = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        build_root = target.with_name(f"{target.name}.build")  # kept on failure: its log
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        try:
+            build_cpu_kernels(cuda_dir, force=True, build_root=build_root, pkg=scratch)
+            shutil.rmtree(target, ignore_errors=True)  # a stale build of the same key
+            os.rename(scratch, target)
+            shutil.rmtree(build_root, ignore_errors=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    lib = cpu.library_path(target)
     return BuildResult(lib, fingerprint, False, time.perf_counter() - t0, "cpu")
 
 

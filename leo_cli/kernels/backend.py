@@ -17,7 +17,7 @@ import importlib
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -162,9 +162,9 @@ def _load_cpu_kernels() -> str | None:
     """Load leo_cli/_leo_cpu.so and register its kernels; None on success, else why not."""
     from leo_cli.kernels import cpu  # imports ops, which imports this module
 
-    lib = cpu.library_path()
+    lib = cpu.library_to_load()
     if not lib.is_file():
-        return f"{lib.name} is not built (run `leo compile --cpu`)"
+        return f"{lib.name} is not built ({cpu.unbuilt_reason()})"
     try:
         cuda_dir: Path | None = stamp.cuda_source_dir()
     except KernelError:
@@ -193,17 +193,38 @@ def select_backend(env: Mapping[str, str] | None = None) -> Backend:
     cpu_failure = _load_cpu_kernels()
     if cpu_failure is not None and choice == "cpu":
         raise KernelError(f"{ENV_VAR}=cpu but {cpu_failure}")
-    cpu_state = (
-        ("leo", "leo_cli/_leo_cpu.so loaded: LEO's SpMM serves CPU tensors")
-        if cpu_failure is None
-        else ("reference", cpu_failure)
-    )
+    cpu_state = _cpu_state(cpu_failure)
     failure = _import_extension()
     if failure is None:
         return Backend("cuda", f"{EXTENSION} loaded: CUDA kernels serve CUDA tensors", *cpu_state)
     if choice == "cuda":
         raise KernelError(f"{ENV_VAR}=cuda but {failure}")
     return Backend("reference", failure, *cpu_state)
+
+
+def _cpu_state(failure: str | None) -> tuple[str, str]:
+    """(Backend.cpu, Backend.cpu_reason) after loading the CPU kernels failed or not."""
+    if failure is not None:
+        return "reference", failure
+    from leo_cli.kernels import cpu
+
+    return "leo", f"{cpu.loaded()} loaded: LEO's SpMM serves CPU tensors"
+
+
+def load_cpu_kernels_again() -> Backend:
+    """Load the CPU library where the first selection found none (the launcher has since
+    built one and said where: `$LEO_CPU_KERNELS_DIR`); the backend in use either way.
+
+    Raises:
+        KernelError: as `active_backend`.
+    """
+    global _ACTIVE
+    current = active_backend()
+    if current.cpu == "leo" or requested_backend() == "ref":
+        return current
+    cpu, cpu_reason = _cpu_state(_load_cpu_kernels())
+    _ACTIVE = replace(current, cpu=cpu, cpu_reason=cpu_reason)
+    return _ACTIVE
 
 
 _FAILURE: KernelError | None = None  # why LEO_KERNELS=cuda (cpu) could not be honoured

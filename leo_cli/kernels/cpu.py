@@ -5,20 +5,23 @@ gathered rows of x; registered here as the CPU kernel of `leo::spmm_csr` and of
 `leo::fused_aggregate` (two SpMMs summed, as the reference does). Low-precision inputs are
 computed in float32 and returned in their dtype, as the reference does. `backend.py` decides
 whether to load it (`LEO_KERNELS`); a library whose stamp does not match this checkout's
-sources is not loaded. Runtime only: `leo_cli/kernel_tools/build_cpu.py` builds.
+sources is not loaded. The library is the package's (`leo compile --cpu`), else the one in
+`$LEO_CPU_KERNELS_DIR` (the cache's build that `leo train` sets for its workers). Runtime
+only: `leo_cli/kernel_tools/build_cpu.py` builds.
 
 Specification: docs/design/kernels.md.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from leo_cli.kernels import ops, stamp
+from leo_cli.kernels import ops, stamp, variants
 from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
 
 LIBRARY = "_leo_cpu.so"
@@ -28,12 +31,30 @@ STAMP = "_leo_cpu.stamp.json"
 # kernel is bound by random reads of memory, where wider vectors gain little (results.md).
 CFLAGS = ("-O3", "-fopenmp")
 
+DIR_ENV = "LEO_CPU_KERNELS_DIR"  # a folder holding a built library and its stamp
+UNBUILT_ENV = "LEO_CPU_UNBUILT"  # why the launcher built none (said where none loads)
+
 _LOADED: Path | None = None
 
 
 def library_path(pkg: Path | None = None) -> Path:
     """Where `leo compile --cpu` installs the library (beside the package's modules)."""
     return (pkg or stamp.package_dir()) / LIBRARY
+
+
+def library_to_load() -> Path:
+    """The library this process loads: the package's where it has one, else the one in
+    `$LEO_CPU_KERNELS_DIR` where that is set, else the package's (missing)."""
+    own = library_path()
+    folder = os.environ.get(DIR_ENV)
+    return own if own.is_file() or not folder else library_path(Path(folder))
+
+
+def unbuilt_reason() -> str:
+    """Why no library is there to load: what the launcher said, or how to build one."""
+    return os.environ.get(UNBUILT_ENV) or (
+        "run `leo compile --cpu`; `leo train` builds it where a C++ compiler is present"
+    )
 
 
 def stamp_path(pkg: Path | None = None) -> Path:
@@ -96,7 +117,10 @@ def loaded() -> Path | None:
 
 
 def _spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
-    """A @ x with the library's kernel, in the compute dtype (float32 for low precision)."""
+    """A @ x with the library's kernel, in the compute dtype (float32 for low precision); with
+    torch's where the variant in use says so (`variants.py`)."""
+    if variants.uses_torch():
+        return ops._csr_matmul(indptr, indices, values, x, num_rows)
     dtype = _compute_dtype(x.dtype)
     out: Tensor = torch.ops.leo_cpu.spmm_csr(
         indptr, indices, values.to(dtype), x.to(dtype), num_rows

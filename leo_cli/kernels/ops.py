@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leo_cli.kernels import variants
 from leo_cli.kernels.backend import require_cpu_kernels, require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 from leo_cli.kernels.slabs import slab_width
@@ -56,7 +57,9 @@ def _csr_matmul(
     indptr: Tensor, indices: Tensor, values_E: Tensor, x_CF: Tensor, num_rows: int
 ) -> Tensor:
     """A @ x in the compute dtype, with torch's CSR kernel (MKL on the CPU, cuSPARSE on GPUs);
-    on the CPU in column slabs when x is larger than the cache (`slab_width`)."""
+    on the CPU in column slabs when x is larger than the cache (`slab_width`) as the variant
+    in use says (`variants.py`: `auto` for a process alone on its host, `torch-slabs` always,
+    `torch` never)."""
     dtype = _compute_dtype(x_CF.dtype)
     adj = torch.sparse_csr_tensor(
         indptr,
@@ -68,9 +71,10 @@ def _csr_matmul(
         check_invariants=False,
     )
     num_cols, width = x_CF.shape
-    slab = width if x_CF.is_cuda else slab_width(num_cols, width, dtype.itemsize)
+    slab = width if x_CF.is_cuda else _cpu_slab(num_cols, width, dtype.itemsize)
     if slab >= width:
         return _addmm(adj, x_CF.to(dtype))
+    variants.note_slabs()
     # One slab of x copied out at a time, converted to the compute dtype as it is copied (its
     # rows contiguous, so gathering them reads the cache, not DRAM), and its product copied
     # into the output's columns: two slab-sized buffers. Each output element sums the same
@@ -83,6 +87,15 @@ def _csr_matmul(
         torch.addmm(part_RW, adj, x_CW, beta=0.0, out=part_RW)
         out[:, c0 : c0 + slab].copy_(part_RW)
     return out
+
+
+def _cpu_slab(num_cols: int, width: int, itemsize: int) -> int:
+    """Columns per slab of torch's CPU SpMM under the variant in use."""
+    variant = variants.cpu_spmm()
+    if variant == variants.TORCH:
+        return width
+    shared = False if variant == variants.TORCH_SLABS else None
+    return slab_width(num_cols, width, itemsize, shared)
 
 
 def _addmm(adj: Tensor, x_CF: Tensor) -> Tensor:

@@ -46,12 +46,15 @@ def _parse_size(text: str) -> int:
     return int(digits) * scale if digits.isdigit() else 0
 
 
-def slab_width(num_rows: int, width: int, itemsize: int) -> int:
+def slab_width(num_rows: int, width: int, itemsize: int, shared: bool | None = None) -> int:
     """Columns per slab for gathering from an x of `num_rows` x `width`: `width` when other
-    processes share the cache, when x fits CACHE_SHARE of it, or when no divisor of `width` of
-    at least MIN_SLAB columns fits; else the widest such divisor whose slab fits."""
+    processes share the cache (`shared`; None: `sharing_processes` decides), when x fits
+    CACHE_SHARE of it, or when no divisor of `width` of at least MIN_SLAB columns fits; else
+    the widest such divisor whose slab fits."""
     budget = CACHE_SHARE * last_level_cache_bytes()
-    if sharing_processes() > 1 or num_rows * width * itemsize <= budget:
+    if shared is None:
+        shared = sharing_processes() > 1
+    if shared or num_rows * width * itemsize <= budget:
         return width
     fitting = [
         w for w in range(MIN_SLAB, width, 1) if width % w == 0 and num_rows * w * itemsize <= budget

@@ -23,6 +23,7 @@ from leo_cli.planner.auto_mode import (
     parse_candidate,
     planning_config,
     read_choice,
+    spmm_candidates,
     to_try,
 )
 from leo_cli.planner.plan import CachePlan, plan_digests
@@ -48,31 +49,51 @@ def choose_mode(
     """The mode of a new run: set by name, predicted (`pipeline.choose=estimate`, one
     worker, a single candidate), measured before by a run with the same inputs (wisdom,
     under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
-    where their result is to be kept."""
+    where their result is to be kept; likewise the CPU SpMM variant (`pipeline.spmm=auto`:
+    `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name)."""
     num_parts = int(meta["num_parts"])
     cache = partition_cache_dir(cfg, run_dir)
     estimate = choose(cfg, plan, num_parts)
     if cache is not None:
         estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, scale(cache)))
-    if not measures(cfg, num_parts):
-        return estimate
-    trial = to_try(cfg, plan, estimate, available_memory_bytes())
-    if not trial.trials or cache is None:  # several machines share the run folder only
-        return trial
-    inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
     backend = active_backend()
+    variants = spmm_candidates(cfg, backend.cpu == "leo")
+    trial = estimate
+    if measures(cfg, num_parts):
+        trial = to_try(cfg, plan, estimate, available_memory_bytes())
+    trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
+    if (not trial.trials and not variants) or cache is None:  # several machines: no cache
+        return replace(trial, spmm_trials=[])
+    inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"
-    path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, trial.trials))
+    names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
+    path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
     if cfg.pipeline.choose == "measure":
-        known = kept(path, trial.trials)
+        known = kept(path, trial.trials, variants)
         if known is not None:
-            mode, levels = parse_candidate(known.winner, trial.levels)
-            rule = f"{known.rule} {FROM_WISDOM}"
-            return replace(
-                trial, mode=mode, levels=levels, rule=rule, trials=[],
-                measured_s=known.measured_s, notes=known.notes, wisdom=str(path),
-            )  # fmt: skip
+            return from_wisdom(trial, known, path)
     return replace(trial, wisdom=str(path))
+
+
+SPMM_PREFIX = "spmm="  # how a variant is named among the wisdom key's candidates
+
+
+def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:
+    """The choice an earlier run's trials made (`known`), for what this run would try."""
+    chosen = replace(trial, wisdom=str(path))
+    if trial.trials:
+        mode, levels = parse_candidate(known.winner, trial.levels)
+        chosen = replace(
+            chosen, mode=mode, levels=levels, rule=f"{known.rule} {FROM_WISDOM}", trials=[],
+            measured_s=known.measured_s, notes=known.notes,
+        )  # fmt: skip
+    if trial.spmm_trials:
+        chosen = replace(
+            chosen, spmm=known.spmm, spmm_rule=f"{known.spmm_rule} {FROM_WISDOM}",
+            spmm_trials=[], spmm_measured_s=known.spmm_measured_s,
+            notes={**chosen.notes, **known.notes},
+        )  # fmt: skip
+    return chosen
 
 
 def scale(cache: Path) -> dict[str, float]:
@@ -85,11 +106,11 @@ def scale(cache: Path) -> dict[str, float]:
         return {}
 
 
-def kept(path: Path, names: list[str]) -> Wisdom | None:
+def kept(path: Path, names: list[str], variants: list[str]) -> Wisdom | None:
     """The wisdom at `path`, or None where there is none or it is refused (said in one line:
     the run then measures again and replaces it)."""
     try:
-        return read_wisdom(path, names)
+        return read_wisdom(path, names, variants)
     except CacheError as exc:
         print(f"warning: {exc}; measuring the candidates again.", file=sys.stderr)
         return None
@@ -103,7 +124,10 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
     if choice is None or choice.wisdom is None or not choice.measured_here:
         return
     path = Path(choice.wisdom)
-    wisdom = Wisdom(path.stem, choice.name, choice.rule or "", choice.measured_s, choice.notes)
+    wisdom = Wisdom(
+        path.stem, choice.name, choice.rule or "", choice.measured_s, choice.notes,
+        choice.spmm, choice.spmm_rule or "", choice.spmm_measured_s,
+    )  # fmt: skip
     with contextlib.suppress(OSError):
         write_wisdom(path, wisdom)
         add_samples(calibration_path(path.parent.parent), samples(cfg, choice))

@@ -22,9 +22,11 @@ from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.choice import choose_mode, keep_trials
+from leo_cli.launch.cpu_kernels import ensure_cpu_kernels
 from leo_cli.launch.elastic import launch_module, start_early, worker_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.stages import (
+    CACHE_FOLDER,
     accesses_kept,
     check_nodes_profile,
     ensure_plan,
@@ -32,7 +34,7 @@ from leo_cli.launch.stages import (
     part_weigher,
     partition_cache_dir,
 )
-from leo_cli.planner.auto_mode import resumed, with_choice, write_choice
+from leo_cli.planner.auto_mode import resumed, resumed_spmm, with_choice, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import plan_digests
 from leo_cli.registry import is_auto
@@ -53,6 +55,7 @@ RESUMABLE = {
     "train.checkpoint_every",
     "pipeline.mode",
     "pipeline.levels",  # auto's measured choice, kept on resume (every level is exact)
+    "pipeline.spmm",  # likewise (every variant computes the same sums)
     "pipeline.choose",
     "pipeline.trial_steps",
     "pipeline.auto_margin",
@@ -170,8 +173,10 @@ def prepare(
     a reused output's making)."""
     timer = timer or RunTimer()
     check_supported(cfg, allow_inexact)
-    start_early(cfg)  # the workers' imports, beside the set-up below
     run_dir = cfg.run.folder.resolve()
+    # Built (once) before the workers' server starts: it loads the library as it imports.
+    ensure_cpu_kernels(cfg.run.cache_dir or run_dir.parent / CACHE_FOLDER)
+    start_early(cfg)  # the workers' imports, beside the set-up below
     if cfg.launch.node_rank > 0:
         # An earlier launch's files (--overwrite) must not start this node's agent while node
         # 0 prepares: it could meet node 0's probe store, still up on the same port and run
@@ -186,6 +191,7 @@ def prepare(
         check_resumable(cfg, run_dir)
         # Says here, not only in worker logs, when the newest checkpoint is corrupt.
         RunDir(run_dir).read_latest()
+        cfg = resumed_spmm(cfg, run_dir)  # the SpMM variant it started with, untried
     check_nodes_profile(cfg, run_dir, timer=timer, progress=progress)  # as the others join_probe
     # Workers verify the checksums of their own part, in parallel; no need to hash twice.
     weigher = part_weigher(cfg, run_dir, timer, progress=progress)  # unequal weights: probe first

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leo_cli.comm import segments
+from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
@@ -44,6 +45,7 @@ MEASURED = "measured"  # how the rule of a measured choice starts
 FROM_WISDOM = "by an earlier run with the same inputs (wisdom)"  # ... and ends, when kept
 # ... nor one whose predicted buffers moving rows exceed this share of the free memory.
 FREE_SHARE = 0.8
+AUTO_SPMM = "auto"  # pipeline.spmm: the variant by rule, or tried under choose=measure
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,11 @@ class ModeChoice:
         trial_s: where each candidate's trial went, rank 0's seconds: freeing the candidate
             before it (`free_s`), its assembly (`build_s`), its warm-up step (`warmup_s`)
             and its timed steps (`steps_s`).
+        spmm: the CPU SpMM variant that runs (`pipeline.spmm`; `auto`: as set, untried).
+        spmm_rule: why that variant (measured fastest, or kept as wisdom); None: not chosen.
+        spmm_trials: the variants the workers are to try on the winner (kernels/variants.py);
+            empty once tried or where there is one or none.
+        spmm_measured_s: each variant's median trial step (None: stopped early).
     """
 
     requested: str
@@ -85,12 +92,21 @@ class ModeChoice:
     wisdom: str | None = None
     calibrated_s: dict[str, float | None] = field(default_factory=dict)
     trial_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    spmm: str = AUTO_SPMM
+    spmm_rule: str | None = None
+    spmm_trials: list[str] = field(default_factory=list)
+    spmm_measured_s: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def measured_here(self) -> bool:
-        """Whether this run's workers measured the choice (not an earlier run's wisdom)."""
-        rule = self.rule or ""
-        return rule.startswith(MEASURED) and not rule.endswith(FROM_WISDOM) and not self.trials
+        """Whether this run's workers measured the choice (not an earlier run's wisdom): its
+        mode, its SpMM variant or both, and nothing is left to try."""
+        if self.trials or self.spmm_trials:
+            return False
+        return any(
+            r.startswith(MEASURED) and not r.endswith(FROM_WISDOM)
+            for r in (self.rule or "", self.spmm_rule or "")
+        )
 
     @property
     def name(self) -> str:
@@ -102,6 +118,22 @@ class ModeChoice:
         chose by (measured where measured, else predicted) and the next fastest candidate's;
         the mode alone when it was set by name."""
         label = self.mode if self.levels == OWN_LEVELS else self.name  # as the user sets it
+        if self.spmm_rule is not None:  # `leo (...); CPU SpMM torch (measured fastest, ...)`
+            return f"{self._describe_mode(label)}; CPU SpMM {self._describe_spmm()}"
+        return self._describe_mode(label)
+
+    def _describe_spmm(self) -> str:
+        own = self.spmm_measured_s.get(self.spmm)
+        others = [(t, n) for n, t in self.spmm_measured_s.items() if n != self.spmm and t]
+        detail = self.spmm_rule or ""
+        if own is not None:
+            detail += f", {own:.3f} s"
+            if others:
+                t, name = min(others)
+                detail += f" vs {name} {t:.3f} s"
+        return f"{self.spmm} ({detail})"
+
+    def _describe_mode(self, label: str) -> str:
         if self.rule is None:
             return label
         steps = self.measured_s or self.predicted_s
@@ -130,6 +162,10 @@ class ModeChoice:
             "mode_wisdom": self.wisdom,
             "mode_calibrated_s": self.calibrated_s,
             "mode_trial_s": self.trial_s,
+            "spmm": self.spmm,
+            "spmm_rule": self.spmm_rule,
+            "spmm_trials": self.spmm_trials,
+            "spmm_measured_s": self.spmm_measured_s,
         }
 
 
@@ -369,8 +405,24 @@ def with_mode(cfg: LeoConfig, mode: str, levels: str | None = None) -> LeoConfig
 
 
 def with_choice(cfg: LeoConfig, choice: ModeChoice) -> LeoConfig:
-    """The config a run of `choice` trains with: its mode and levels."""
-    return with_mode(cfg, choice.mode, choice.levels)
+    """The config a run of `choice` trains with: its mode and levels, and its SpMM variant
+    where one was chosen."""
+    run_cfg = with_mode(cfg, choice.mode, choice.levels)
+    if choice.spmm == AUTO_SPMM:
+        return run_cfg
+    pipeline = run_cfg.pipeline.model_copy(update={"spmm": choice.spmm})
+    return run_cfg.model_copy(update={"pipeline": pipeline})
+
+
+def spmm_candidates(cfg: LeoConfig, leo_loaded: bool) -> list[str]:
+    """The CPU SpMM variants the workers try (kernels/variants.py), where `pipeline.spmm` is
+    `auto` under `choose=measure` on CPU workers: LEO's where its library is loaded
+    (`leo_loaded`), torch's, torch's in slabs (tried where some SpMM of the run slabs)."""
+    if cfg.pipeline.spmm != AUTO_SPMM or cfg.pipeline.choose == "estimate":
+        return []
+    if uses_cuda(cfg.launch):
+        return []
+    return [*(["leo"] if leo_loaded else []), "torch", "torch-slabs"]
 
 
 def planning_config(cfg: LeoConfig) -> LeoConfig:
@@ -405,6 +457,16 @@ def resumed(cfg: LeoConfig, run_dir: Path) -> ModeChoice | None:
         return saved  # with its trials where they never finished (no epoch ran then)
     rule = "resumed: the mode the run started with"
     return ModeChoice(cfg.pipeline.mode, mode, rule, levels=levels)
+
+
+def resumed_spmm(cfg: LeoConfig, run_dir: Path) -> LeoConfig:
+    """On resume under `pipeline.spmm=auto`: the config with the variant the run started
+    with (its resolved config), so a resumed run tries none and runs the one it measured."""
+    if cfg.pipeline.spmm != AUTO_SPMM:
+        return cfg
+    started = load_config(RunDir(run_dir).config).pipeline.spmm
+    pipeline = cfg.pipeline.model_copy(update={"spmm": started})
+    return cfg.model_copy(update={"pipeline": pipeline})
 
 
 def write_choice(run_dir: Path, choice: ModeChoice) -> None:
@@ -442,13 +504,18 @@ def from_json(data: Any) -> ModeChoice:
             str(k): {str(p): float(t) for p, t in dict(v).items()}
             for k, v in dict(data.get("mode_trial_s") or {}).items()
         }
+        spmm = str(data.get("spmm") or AUTO_SPMM)
+        spmm_rule = data.get("spmm_rule")
+        spmm_trials = [str(n) for n in list(data.get("spmm_trials") or [])]
+        spmm_measured = _steps(data.get("spmm_measured_s"))
     except (AttributeError, KeyError, TypeError, OverflowError, ValueError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     rule = None if rule is None else str(rule)
     wisdom = None if wisdom is None else str(wisdom)
+    spmm_rule = None if spmm_rule is None else str(spmm_rule)
     return ModeChoice(
         requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom,
-        calibrated, spent,
+        calibrated, spent, spmm, spmm_rule, spmm_trials, spmm_measured,
     )  # fmt: skip
 
 

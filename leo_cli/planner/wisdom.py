@@ -24,7 +24,7 @@ import os
 import platform
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.util import files
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: with the CPU SpMM variant
 FOLDER = "wisdom"
 # Launch settings that change how fast a candidate runs (not where the run folder is).
 PLACEMENT_KEYS = (
@@ -47,13 +47,17 @@ PLACEMENT_KEYS = (
 @dataclass(frozen=True)
 class Wisdom:
     """What trials measured: the winning candidate, every candidate's median step (None:
-    stopped early), why some were not tried or stopped, and the rule the winner won by."""
+    stopped early), why some were not tried or stopped, and the rule the winner won by;
+    likewise the CPU SpMM variant (`spmm`; `auto` where none was tried)."""
 
     key: str
     winner: str
     rule: str
     measured_s: dict[str, float | None]
     notes: dict[str, str]
+    spmm: str = "auto"
+    spmm_rule: str = ""
+    spmm_measured_s: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -63,6 +67,9 @@ class Wisdom:
             "rule": self.rule,
             "measured_s": self.measured_s,
             "notes": self.notes,
+            "spmm": self.spmm,
+            "spmm_rule": self.spmm_rule,
+            "spmm_measured_s": self.spmm_measured_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         return {**data, "digest": content_digest(data)}
@@ -103,12 +110,16 @@ def wisdom_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / FOLDER / f"{key}.json"
 
 
-def read_wisdom(path: Path, names: list[str]) -> Wisdom | None:
+def _steps(data: Any) -> dict[str, float | None]:
+    return {str(k): None if v is None else float(v) for k, v in dict(data).items()}
+
+
+def read_wisdom(path: Path, names: list[str], variants: list[str] | None = None) -> Wisdom | None:
     """The wisdom kept at `path`, or None where there is none.
 
     Raises:
-        CacheError: the file is there but is not wisdom for this key and these candidates
-            (unreadable, edited, another LEO's): one sentence naming it.
+        CacheError: the file is there but is not wisdom for this key, these candidates and
+            these SpMM `variants` (unreadable, edited, another LEO's): one sentence naming it.
     """
     if not path.is_file():
         return None
@@ -118,10 +129,11 @@ def read_wisdom(path: Path, names: list[str]) -> Wisdom | None:
             key=str(data["key"]),
             winner=str(data["winner"]),
             rule=str(data["rule"]),
-            measured_s={
-                str(k): None if v is None else float(v) for k, v in dict(data["measured_s"]).items()
-            },  # fmt: skip
+            measured_s=_steps(data["measured_s"]),
             notes={str(k): str(v) for k, v in dict(data.get("notes") or {}).items()},
+            spmm=str(data["spmm"]),
+            spmm_rule=str(data["spmm_rule"]),
+            spmm_measured_s=_steps(data["spmm_measured_s"]),
         )
         version, digest = data["format_version"], data.get("digest")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
@@ -130,9 +142,14 @@ def read_wisdom(path: Path, names: list[str]) -> Wisdom | None:
         raise CacheError(f"{path} was written for another key or by another LEO")
     if digest != content_digest(data):
         raise CacheError(f"{path} was edited after it was written (its digest differs)")
-    steps = [t for t in wisdom.measured_s.values() if t is not None]
-    if wisdom.winner not in names or wisdom.measured_s.get(wisdom.winner) is None:
+    every = [*wisdom.measured_s.values(), *wisdom.spmm_measured_s.values()]
+    steps = [t for t in every if t is not None]
+    if names and (wisdom.winner not in names or wisdom.measured_s.get(wisdom.winner) is None):
         raise CacheError(f"{path} names a winner ({wisdom.winner!r}) that was not measured here")
+    if variants and (
+        wisdom.spmm not in variants or wisdom.spmm_measured_s.get(wisdom.spmm) is None
+    ):
+        raise CacheError(f"{path} names an SpMM ({wisdom.spmm!r}) that was not measured here")
     if not all(0 < t < math.inf for t in steps):
         raise CacheError(f"{path} holds a step that is not a positive number of seconds")
     return wisdom
@@ -146,6 +163,7 @@ def write_wisdom(path: Path, wisdom: Wisdom) -> None:
 
 # --- calibration: what trials measured against what the cost model predicted ---
 
+CALIBRATION_FORMAT = 1  # the calibration file's own version (wisdom's moves alone)
 CALIBRATION_KEEP = 200  # samples a host's file keeps (the newest)
 CALIBRATION_RECENT = 10  # a mode's factor is the median over its newest samples
 
@@ -184,7 +202,7 @@ def read_samples(path: Path) -> list[Sample]:
         return []
     try:
         data = json.loads(path.read_text())
-        if data["format_version"] != FORMAT_VERSION:
+        if data["format_version"] != CALIBRATION_FORMAT:
             raise ValueError("another format")
         samples = [
             Sample(str(s["mode"]), float(s["predicted_s"]), float(s["measured_s"]),
@@ -225,4 +243,4 @@ def add_samples(path: Path, samples: list[Sample]) -> None:
         kept = []
     every = [s.to_json() for s in [*kept, *samples][-CALIBRATION_KEEP:]]
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_json(path, {"format_version": FORMAT_VERSION, "samples": every})
+    files.write_json(path, {"format_version": CALIBRATION_FORMAT, "samples": every})

@@ -38,6 +38,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.kernels import active_backend
+from leo_cli.kernels.variants import set_cpu_spmm
 from leo_cli.planner.auto_mode import read_choice, refuse_unresolved, summary_fields
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import CachePlan, load_plan, predicted_busy, predicted_time
@@ -57,7 +58,7 @@ from leo_cli.worker.board import Board
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 from leo_cli.worker.report import plot_curves, summarize
 from leo_cli.worker.trainer import Job, RunLog, fit, restore
-from leo_cli.worker.trials import train_winner
+from leo_cli.worker.trials import choose_spmm, train_winner
 
 USER_ERROR_EXIT = 3
 
@@ -343,7 +344,9 @@ def run_worker(
     # resumed before it (its trials never finished: mode-choice.json still lists them).
     choice = read_choice(run_dir) if state is None else None
     trials = [] if choice is None else choice.trials
-    fingerprint = with_trials(with_plan(config_sha or config_fingerprint(cfg), cfg, run), trials)
+    spmm_trials = [] if choice is None else choice.spmm_trials
+    tried = [*trials, *(f"spmm={v}" for v in spmm_trials)]
+    fingerprint = with_trials(with_plan(config_sha or config_fingerprint(cfg), cfg, run), tried)
     loaded = checkpoint_digest(state)
     halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint, start, loaded)
     # Read once, after every rank saw the same bytes: the job, the rows' extras, the summary.
@@ -369,10 +372,13 @@ def run_worker(
             tensors, static_NF,
         )  # fmt: skip
 
+    set_cpu_spmm(cfg.pipeline.spmm)
     if choice is not None and trials:
-        job, cfg = train_winner(run, cfg, choice, build, env.rank, laps)
+        job, cfg, choice = train_winner(run, cfg, choice, build, env.rank, laps)
     else:
         job = build(cfg, laps)
+    if choice is not None and spmm_trials:
+        cfg, choice = choose_spmm(run, cfg, choice, job, env.rank, laps)
     # The job copied what it needs of the part (the features stay mapped through x_NF):
     # dropping it unmaps the edge arrays that set-up read, which would stay resident.
     del part, build, shared, static

@@ -68,6 +68,7 @@ def summarize(
         # purpose), and a run resumed in another mode is exact only if every epoch was.
         "exact": all(r.get("exact", mode_of(mode).exact or world_size == 1) for r in rows),
         "kernels": kernels.backend_name(),
+        "kernels_cpu_reason": kernels.active_backend().cpu_reason,  # why these serve CPU tensors
         "versions": {
             "leo": leo_cli.__version__,
             "torch": torch.__version__,

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
-from leo_cli.errors import LeoError
+from leo_cli.errors import KernelError, LeoError
+from leo_cli.kernels import variants
 from leo_cli.planner.auto_mode import (
     MEASURED,
     ModeChoice,
@@ -47,6 +48,7 @@ TIE = 0.03
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
+NO_SLABS = "no x of this run is wider than the cache share (it would run as torch)"
 # What a candidate's assembly may raise and be skipped for (the others are still tried):
 # a user-facing refusal (/dev/shm too small, ...) or memory running out.
 SKIPPED = (LeoError, MemoryError)
@@ -207,11 +209,15 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
         elif t.stopped:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
     measured = {t.name: t.median_s for t in trials}
-    spent = {t.name: {k: round(v, 4) for k, v in t.phases.items()} for t in trials}
+    spent = {t.name: rounded(t.phases) for t in trials}
     return replace(
         choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes,
         trial_s=spent,
     )  # fmt: skip
+
+
+def rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in phases.items()}
 
 
 def train_winner(
@@ -221,11 +227,11 @@ def train_winner(
     build: Callable[[LeoConfig, Laps | None], Job],
     rank: int,
     laps: Laps,
-) -> tuple[Job, LeoConfig]:
+) -> tuple[Job, LeoConfig, ModeChoice]:
     """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none),
-    then return the winner's job, fresh or the last trial's, and the config it trains with;
-    rank 0 records the choice in the run folder (`record`). `laps` gets the trials as
-    `choose_s`."""
+    then return the winner's job, fresh or the last trial's, the config it trains with and
+    the choice; rank 0 records the choice in the run folder (`record`). `laps` gets the
+    trials as `choose_s`."""
 
     def candidate(name: str) -> Job:
         return build(with_mode(cfg, *parse_candidate(name, choice.levels)), None)
@@ -238,11 +244,82 @@ def train_winner(
         record(run, run_cfg, chosen)
     if last is not None and won.name == trials[-1].name:
         laps.lap("choose_s")
-        return last, run_cfg
+        return last, run_cfg, chosen
     del last
     gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
     laps.lap("choose_s")
-    return build(run_cfg, laps), run_cfg
+    return build(run_cfg, laps), run_cfg, chosen
+
+
+def spmm_trials(
+    names: list[str], job: Job, seed: int, steps: int
+) -> tuple[list[Trial], dict[str, str]]:
+    """Each CPU SpMM variant timed on `job` (kernels/variants.py), as `measure` times modes;
+    a `torch-slabs` whose warm-up cut no x into slabs on any rank is left out (it runs as
+    `torch`), with a note. The variant in use is left as it was."""
+    before = variants.cpu_spmm()
+    rng = torch.get_rng_state()
+    trials: list[Trial] = []
+    notes: dict[str, str] = {}
+    try:
+        for name in names:
+            if not usable(name):
+                notes[f"spmm={name}"] = "not tried: LEO's CPU library is not loaded on every rank"
+                continue
+            if name == variants.TORCH_SLABS and not slabs_anywhere(job, seed):
+                notes[f"spmm={name}"] = f"not tried: {NO_SLABS}"
+                continue
+            done = [t for t in trials if t.median_s is not None]
+            best = min(done, key=lambda t: t.median_s or 0.0, default=None)
+            stop_s = None if best is None else best.stop_at
+            trials.append(try_candidate(name, job, seed, steps, stop_s))
+    finally:
+        variants.set_cpu_spmm(before)
+        torch.set_rng_state(rng)
+    return trials, notes
+
+
+def usable(name: str) -> bool:
+    """Set the variant `name` where every rank can (`leo` needs the library loaded); whether
+    it was (agreed by every rank, so every rank skips it alike)."""
+    try:
+        variants.set_cpu_spmm(name)
+        failed = 0
+    except KernelError:
+        failed = 1
+    return not all_reduce_(torch.tensor([failed], dtype=torch.int64), op="max").item()
+
+
+def slabs_anywhere(job: Job, seed: int) -> bool:
+    """Whether a step (the warm-up of a `torch-slabs` trial) cut x into slabs on some rank."""
+    variants.slabs_taken(reset=True)
+    trial_step(job, seed)
+    taken = torch.tensor([int(variants.slabs_taken(reset=True))], dtype=torch.int64)
+    return bool(all_reduce_(taken, op="max").item())
+
+
+def choose_spmm(
+    run: RunDir, cfg: LeoConfig, choice: ModeChoice, job: Job, rank: int, laps: Laps
+) -> tuple[LeoConfig, ModeChoice]:
+    """Try `choice.spmm_trials` on the job that trains, keep the fastest variant (in use from
+    here on) and return the config and the choice with it; rank 0 records them. `laps` gets
+    the trials as `choose_s`."""
+    trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
+    won, rule = winner(trials, {})
+    variants.set_cpu_spmm(won.name)
+    for t in trials:
+        if t.stopped:
+            notes[f"spmm={t.name}"] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
+    chosen = replace(
+        choice, spmm=won.name, spmm_rule=rule, spmm_trials=[], notes={**choice.notes, **notes},
+        spmm_measured_s={t.name: t.median_s for t in trials},
+        trial_s={**choice.trial_s, **{f"spmm={t.name}": rounded(t.phases) for t in trials}},
+    )  # fmt: skip
+    run_cfg = with_choice(cfg, chosen)
+    if rank == 0:
+        record(run, run_cfg, chosen)
+    laps.lap("choose_s")
+    return run_cfg, chosen
 
 
 def record(run: RunDir, cfg: LeoConfig, chosen: ModeChoice) -> None:

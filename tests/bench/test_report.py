@@ -83,6 +83,7 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
         jemalloc = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept"
         run["allocator"] = jemalloc if name == "uniform" else "system malloc (no jemalloc found)"
         run["kernels"] = "cpu" if name == "uniform" else "reference"
+        run["spmm"] = "leo" if name == "uniform" else "torch"
         m = Measured(Variant("leo", "leo", 2, variant=name), round_medians=rounds)
         m.epochs, m.runs = list(rounds), [run] * len(rounds)
         return m
@@ -108,7 +109,8 @@ def test_variants_pair_with_the_first_variant_and_show_each_rank(tmp_path: Path)
     both = "jemalloc (/usr/lib/libjemalloc.so.2), freed memory kept; system malloc (no jemalloc"
     # ... and which kernels served them (summary.json's `kernels`).
     assert [r["kernels"] for r in rows] == ["cpu", "reference"]
-    assert f"workers' allocator: {both} found); LEO's kernels: cpu, reference." in md
+    assert [r["spmm"] for r in rows] == [["leo"], ["torch"]]  # the variant each trained with
+    assert f"{both} found); LEO's kernels: cpu, reference (CPU SpMM: leo, torch)." in md
 
 
 def test_a_variant_lists_one_part_weight_per_worker_of_its_row(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 `LEO_KERNELS=ref python cpu_kernel_check.py LIB` computes every case with the reference, then
 loads LIB (which registers its kernels for CPU tensors in this process, for good: hence the
-subprocess),
-computes again and compares: outputs and gradients of `spmm` and `fused_aggregate` on the
+subprocess), computes again and compares (and once more with torch's SpMM, as
+`pipeline.spmm=torch` asks): outputs and gradients of `spmm` and `fused_aggregate` on the
 graphs that break sparse kernels, in float64, float32 and bfloat16, int32 and int64 indices,
 widths that exercise every column tile; then gradcheck and opcheck with the kernel in place.
 Exits non-zero (an AssertionError) on the first mismatch; prints one line per checked group.
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.kernel_tools.synthetic import power_law_csr, random_csr, split_local_remote
-from leo_cli.kernels import cpu, ops
+from leo_cli.kernels import cpu, ops, variants
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},
@@ -107,6 +107,15 @@ def main(lib: Path) -> None:
     calls = [e.count for e in prof.key_averages() if e.key == "leo_cpu::spmm_csr"]
     assert calls == [3], f"leo_cpu::spmm_csr calls recorded: {calls}"
     print("dispatch: ok")
+    # pipeline.spmm=torch with the library loaded: torch's SpMM serves, the reference's numbers.
+    variants.set_cpu_spmm(variants.TORCH)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for (name, csr, x), want in zip(table, reference, strict=True):
+            got = run_case(csr, x)
+            assert all(torch.equal(got[k], want[k]) for k in want), name
+    assert not [e for e in prof.key_averages() if e.key == "leo_cpu::spmm_csr"]
+    variants.set_cpu_spmm(variants.LEO)
+    print("variants: ok")
 
 
 if __name__ == "__main__":

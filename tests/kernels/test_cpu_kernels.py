@@ -1,18 +1,22 @@
 """LEO's CPU kernels (cuda/cpu/, `leo compile --cpu`): build, stamp, selection, parity.
 
-The library is built once into a temporary package folder (about 20 s); the parity run loads it
-in a subprocess (cpu_kernel_check.py), because loading registers its kernels for the rest of a
-process and the parity run needs a process whose reference computed first.
+The library is built once (about 20 s), as on first use: into a temporary cache by two
+processes at once. The parity run loads it in a subprocess (cpu_kernel_check.py), because
+loading registers its kernels for the rest of a process and the parity run needs a process
+whose reference computed first.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +31,14 @@ from leo_cli.kernels import backend, cpu, stamp
 from leo_cli.kernels.backend import Backend, select_backend
 
 CHECK_SCRIPT = Path(__file__).with_name("cpu_kernel_check.py")
+BUILD_SCRIPT = """
+import json, sys
+from pathlib import Path
+from leo_cli.kernel_tools.build_cpu import cached_cpu_kernels
+from leo_cli.kernels import stamp
+built = cached_cpu_kernels(Path(sys.argv[1]), stamp.cuda_source_dir())
+print(json.dumps({"path": str(built.path), "cached": built.cached}))
+"""
 
 
 def _toolchain_missing() -> str | None:
@@ -37,16 +49,34 @@ def _toolchain_missing() -> str | None:
     return "no ninja"
 
 
+@dataclass(frozen=True)
+class Built:
+    """The library as two runs starting together built it on first use into one cache."""
+
+    cache: Path
+    folder: Path
+    outcomes: list[dict[str, Any]]
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A package folder holding a fresh build of the library and its stamp."""
+def first_use(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Two processes asking the cache for the library at once (`cached_cpu_kernels`)."""
     missing = _toolchain_missing()
     if missing:
         pytest.skip(f"{missing}: the CPU kernels cannot be built here")
-    pkg = tmp_path_factory.mktemp("pkg")
-    result = build_cpu_kernels(stamp.cuda_source_dir(), pkg=pkg, build_root=pkg / "build")
-    assert not result.cached and result.path == cpu.library_path(pkg)
-    return pkg
+    cache = tmp_path_factory.mktemp("cache")
+    cmd = [sys.executable, "-c", BUILD_SCRIPT, str(cache)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    outcomes = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    return Built(cache, Path(outcomes[0]["path"]).parent, outcomes)
+
+
+@pytest.fixture(scope="module")
+def built(first_use: Built) -> Path:
+    """A folder holding a fresh build of the library and its stamp."""
+    return first_use.folder
 
 
 @pytest.mark.integration
@@ -60,7 +90,7 @@ def test_kernel_matches_the_reference_and_serves_both_ops(built: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for line in ("parity: ", "gradcheck: ok", "opcheck: ok", "dispatch: ok"):
+    for line in ("parity: ", "gradcheck: ok", "opcheck: ok", "dispatch: ok", "variants: ok"):
         assert line in proc.stdout
 
 
@@ -174,3 +204,60 @@ def test_a_missing_tool_is_one_sentence_before_anything_builds(
     with pytest.raises(KernelError, match=message):
         build_cpu_kernels(stamp.cuda_source_dir(), pkg=tmp_path, build_root=tmp_path / "b")
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.integration
+def test_first_use_build_is_cached_and_built_once_by_runs_starting_together(
+    first_use: Built,
+) -> None:
+    outs, lib = first_use.outcomes, cpu.library_path(first_use.folder)
+    assert sorted(o["cached"] for o in outs) == [False, True]  # one built, one waited
+    assert {o["path"] for o in outs} == {str(lib)}
+    assert lib.parent.parent == first_use.cache / "kernels"
+    assert cpu.stale_library(lib.parent, stamp.cuda_source_dir()) is None
+    # Nothing half-built is left beside it: the folder, its lock, no scratch or build folder.
+    assert sorted(p.name for p in lib.parent.parent.iterdir()) == [
+        lib.parent.name,
+        f"{lib.parent.name}.lock",
+    ]
+    cmd = [sys.executable, "-c", BUILD_SCRIPT, str(first_use.cache)]
+    again = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["cached"] is True
+
+
+def test_without_a_compiler_the_reference_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from leo_cli.launch import cpu_kernels
+
+    monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
+    monkeypatch.setenv("LEO_CPU_BUILD", "auto")
+    monkeypatch.delenv("LEO_KERNELS", raising=False)
+    monkeypatch.delenv(cpu.UNBUILT_ENV, raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, path=None: None if name == "c++" else real_which(name)
+    )
+    said = cpu_kernels.ensure_cpu_kernels(tmp_path)
+    assert said is not None and "the reference kernels serve CPU tensors" in said
+    assert "no C++ compiler" in said and capsys.readouterr().err.strip() == said
+    assert not (tmp_path / "kernels").exists() and cpu.DIR_ENV not in os.environ
+    # A worker that finds no library says why in its backend (summary.json kernels_cpu_reason).
+    monkeypatch.setattr(cpu, "library_path", lambda pkg=None: tmp_path / cpu.LIBRARY)
+    chosen = select_backend({})
+    assert chosen.cpu == "reference" and "no C++ compiler" in chosen.cpu_reason
+
+
+def test_the_suite_and_ref_skip_the_first_use_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leo_cli.launch import cpu_kernels
+
+    monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
+    monkeypatch.setattr(cpu_kernels, "cached_cpu_kernels", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setenv("LEO_CPU_BUILD", "never")
+    assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None
+    monkeypatch.setenv("LEO_CPU_BUILD", "auto")
+    monkeypatch.setenv("LEO_KERNELS", "ref")
+    assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None

@@ -3,12 +3,15 @@ LEO's CPU SpMM; with MKL's, no more than its summation order does)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
 from leo_cli import kernels
+from leo_cli.errors import KernelError
 from leo_cli.kernel_tools.synthetic import random_csr
-from leo_cli.kernels import slabs
+from leo_cli.kernels import slabs, variants
 
 
 @pytest.fixture
@@ -100,3 +103,45 @@ def test_slabs_change_no_number(
     tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype)
     for got, expected in zip(sliced, whole, strict=True):
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def variant() -> Iterator[None]:
+    """Restores the process's CPU SpMM variant after the test."""
+    before = variants.cpu_spmm()
+    yield
+    variants.set_cpu_spmm(before)
+
+
+def test_each_torch_variant_slabs_as_named_and_computes_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch, variant: None
+) -> None:
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(slabs, "sharing_processes", lambda: 2)  # auto: no slabs
+    csr = random_csr(600, 2000, 8000, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2000, 64, generator=gen).requires_grad_()
+    grad = torch.randn(600, 64, generator=gen)
+    assert slabs.slab_width(2000, 64, 4, shared=False) < 64  # the premise: 512 kB of x
+    results, taken = {}, {}
+    for name in (variants.TORCH, variants.TORCH_SLABS):
+        variants.set_cpu_spmm(name)
+        variants.slabs_taken(reset=True)
+        x.grad = None
+        out = kernels.spmm(csr, x)
+        out.backward(grad)
+        assert x.grad is not None
+        results[name], taken[name] = (out.detach(), x.grad.clone()), variants.slabs_taken()
+    assert taken == {variants.TORCH: False, variants.TORCH_SLABS: True}
+    for got, expected in zip(results[variants.TORCH_SLABS], results[variants.TORCH], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_leo_variant_needs_the_library(monkeypatch: pytest.MonkeyPatch, variant: None) -> None:
+    from leo_cli.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_LOADED", None)
+    with pytest.raises(KernelError, match="pipeline.spmm=leo but LEO's CPU kernels"):
+        variants.set_cpu_spmm(variants.LEO)
+    with pytest.raises(KernelError, match="not one of"):
+        variants.set_cpu_spmm("mkl")

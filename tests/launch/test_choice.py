@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.config import load_config
-from leo_cli.launch.choice import keep_trials
-from leo_cli.planner.auto_mode import FROM_WISDOM, ModeChoice, write_choice
+from leo_cli.config import load_config, write_resolved
+from leo_cli.launch.choice import from_wisdom, keep_trials, kept
+from leo_cli.planner.auto_mode import (
+    FROM_WISDOM,
+    ModeChoice,
+    resumed_spmm,
+    with_choice,
+    write_choice,
+)
 from leo_cli.planner.wisdom import calibration_path, read_samples, read_wisdom, wisdom_path
 
 KEY = "a" * 64
@@ -51,3 +57,40 @@ def test_nothing_is_kept_for_a_choice_not_measured_here(tmp_path: Path, edit: di
     write_choice(run, replace(measured(cache), **edit))
     keep_trials(load_config(None, []), run)
     assert not (cache / "wisdom").exists()
+
+
+def test_a_measured_spmm_is_kept_and_reused_without_trials(tmp_path: Path) -> None:
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    variants = ["leo", "torch", "torch-slabs"]
+    one_worker = ModeChoice(
+        "auto", "leo", "one worker: no rows move", wisdom=str(wisdom_path(cache, KEY)),
+        spmm="torch", spmm_rule="measured fastest", notes={"spmm=torch-slabs": "not tried"},
+        spmm_measured_s={"leo": 0.4, "torch": 0.3},
+    )  # fmt: skip
+    write_choice(run, one_worker)
+    keep_trials(load_config(None, ["partition.num_parts=1"]), run)
+    path = wisdom_path(cache, KEY)
+    known = kept(path, [], variants)
+    assert known is not None and known.spmm == "torch"
+    asked = ModeChoice("auto", "leo", "one worker: no rows move", spmm_trials=variants)
+    again = from_wisdom(asked, known, path)
+    assert (again.spmm, again.spmm_trials, again.mode) == ("torch", [], "leo")
+    assert again.spmm_rule == f"measured fastest {FROM_WISDOM}" and not again.measured_here
+    assert with_choice(load_config(None, []), again).pipeline.spmm == "torch"
+    assert again.describe() == (
+        "leo (auto: one worker: no rows move); "
+        f"CPU SpMM torch (measured fastest {FROM_WISDOM}, 0.300 s vs leo 0.400 s)"
+    )
+    # an edited file is refused in one line (then measured again)
+    path.write_text(path.read_text().replace('"torch"', '"leo"', 1))
+    assert kept(path, [], variants) is None
+
+
+def test_a_resumed_run_keeps_the_spmm_it_started_with(tmp_path: Path) -> None:
+    started = load_config(None, [f"run.out_dir={tmp_path}", "pipeline.spmm=torch-slabs"])
+    write_resolved(started)
+    asked = load_config(None, [f"run.out_dir={tmp_path}"])
+    assert resumed_spmm(asked, tmp_path).pipeline.spmm == "torch-slabs"
+    named = load_config(None, [f"run.out_dir={tmp_path}", "pipeline.spmm=leo"])
+    assert resumed_spmm(named, tmp_path).pipeline.spmm == "leo"  # set by name: as set

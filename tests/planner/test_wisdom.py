@@ -4,6 +4,7 @@ key that changes with what decides the trials."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,22 @@ def test_a_calibration_file_without_samples_is_refused_and_replaced(
         read_samples(path)
     add_samples(path, [sample("leo", 0.1, 0.2)])  # the next trials start it afresh
     assert [s.mode for s in read_samples(path)] == ["leo"]
+
+
+def test_the_spmm_variant_reads_back_and_is_checked(tmp_path: Path) -> None:
+    path = wisdom_path(tmp_path, key())
+    steps = {"leo": 0.2, "torch": 0.1, "torch-slabs": None}
+    wisdom = Wisdom(key(), "leo", "one worker", {}, {}, "torch", "measured fastest", steps)
+    write_wisdom(path, wisdom)
+    got = read_wisdom(path, [], list(steps))
+    assert got is not None and (got.spmm, got.spmm_measured_s) == ("torch", steps)
+    for edit, needle in (
+        ({"spmm": "torch-slabs"}, "names an SpMM ('torch-slabs') that was not measured here"),
+        ({"spmm": "mkl"}, "names an SpMM ('mkl')"),
+        ({"spmm_measured_s": {"torch": 0.0}}, "not a positive number"),
+    ):
+        data = {k: v for k, v in json.loads(path.read_text()).items() if k != "digest"}
+        path.write_text(json.dumps(signed({**data, **edit})))
+        with pytest.raises(CacheError, match=re.escape(needle)):
+            read_wisdom(path, [], list(steps))
+        write_wisdom(path, wisdom)

@@ -15,17 +15,30 @@ import torch.distributed as dist
 from conftest import random_graph
 from helpers.ranks import dataset_info, spawn_ranks
 
+from leo_cli import kernels
 from leo_cli.comm.levels import RankLevels
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import TrainError
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.graph.types import DatasetInfo
-from leo_cli.planner.auto_mode import ModeChoice, with_mode
+from leo_cli.kernels import cpu, slabs, variants
+from leo_cli.planner.auto_mode import ModeChoice, read_choice, with_mode
+from leo_cli.run_dir import RunDir
+from leo_cli.util.timing import Laps
 from leo_cli.worker import trials as trials_module
 from leo_cli.worker.assemble import PartTensors, assemble, chosen_levels, part_tensors
 from leo_cli.worker.trainer import Job, train_step
-from leo_cli.worker.trials import STOP, TIE, Trial, measure, measured_choice, winner
+from leo_cli.worker.trials import (
+    STOP,
+    TIE,
+    Trial,
+    choose_spmm,
+    measure,
+    measured_choice,
+    spmm_trials,
+    winner,
+)
 
 LEVELS = RankLevels(True, [0, 2], [1, 3])
 
@@ -267,3 +280,90 @@ def test_every_levels_setting_trains_one_processs_numbers() -> None:
         assert not isinstance(result, Exception), result
         for (mode, setting), losses in zip(settings, result, strict=True):
             np.testing.assert_allclose(losses, ref, rtol=1e-10, err_msg=f"{mode} {setting}")
+
+
+def _one_worker_job() -> Job:
+    """One worker's job whose middle layer aggregates 64 columns (slabs can cut them)."""
+    parts, info = _parts(1)
+    run = cfg(
+        "train.dtype=float64", "model.input_dropout=0.5", "cache.static_aggregate=false",
+        "pipeline.mode=leo", "model.num_layers=3", "model.hidden_channels=64",
+    )  # fmt: skip
+    return assemble(run, parts[0], info, 1, torch.device("cpu"))
+
+
+def _losses(job: Job, epochs: int = 3) -> list[float]:
+    return [
+        train_step(job.model, job.optimizer, job.reducer, job.graph, job.data, 0, e)[0]
+        for e in range(1, epochs + 1)
+    ]
+
+
+@pytest.mark.slow  # a job's first steps (torch.compile of the masks): seconds of CPU
+def test_spmm_trials_leave_the_numbers_and_the_variant_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fresh = _losses(_one_worker_job())
+    job = _one_worker_job()
+    rng = torch.get_rng_state()
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 40)  # no x wider
+    monkeypatch.setattr(trials_module, "MIN_TRIAL_S", 0.0)  # one timed step
+    if kernels.active_backend().cpu != "leo":  # a rank without the library skips leo
+        monkeypatch.setattr(cpu, "_LOADED", None)
+    names = [variants.LEO, variants.TORCH, variants.TORCH_SLABS]
+    got, notes = spmm_trials(names, job, seed=0, steps=1)
+    assert [t.name for t in got][-1] == variants.TORCH and got[-1].median_s is not None
+    assert notes["spmm=torch-slabs"] == f"not tried: {trials_module.NO_SLABS}"
+    if kernels.active_backend().cpu != "leo":
+        assert notes["spmm=leo"] == "not tried: LEO's CPU library is not loaded on every rank"
+    assert variants.cpu_spmm() == variants.AUTO and torch.equal(torch.get_rng_state(), rng)
+    assert _losses(job) == fresh  # no optimizer step, no state kept: to the last bit
+
+
+@pytest.mark.slow
+def test_every_spmm_variant_trains_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # x of the middle layer (300 x 64 float64, 154 kB) over a fifth of the cache: slabs of 16
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 200_000)
+    monkeypatch.setattr(slabs, "sharing_processes", lambda: 1)
+    names = [variants.TORCH, variants.TORCH_SLABS]
+    if kernels.active_backend().cpu == "leo":
+        names.append(variants.LEO)
+    by_variant = {}
+    try:
+        for name in names:
+            variants.set_cpu_spmm(name)
+            variants.slabs_taken(reset=True)
+            by_variant[name] = _losses(_one_worker_job())
+            assert variants.slabs_taken() == (name == variants.TORCH_SLABS)
+    finally:
+        variants.set_cpu_spmm(variants.AUTO)
+    for name, losses in by_variant.items():  # float64: the exactness tolerance of the modes
+        np.testing.assert_allclose(losses, by_variant[variants.TORCH], rtol=1e-10, err_msg=name)
+
+
+def test_the_fastest_variant_is_kept_recorded_and_in_the_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = {variants.TORCH: 0.3, variants.TORCH_SLABS: 0.2}
+    monkeypatch.setattr(trials_module, "slabs_anywhere", lambda job, seed: True)
+    monkeypatch.setattr(
+        trials_module,
+        "try_candidate",
+        lambda name, job, seed, steps, stop_s: Trial(
+            name, [fake[name]] * steps, phases={"steps_s": 1.0}
+        ),
+    )
+    asked = ModeChoice("leo", "leo", spmm_trials=list(fake))
+    run = RunDir(tmp_path)
+    laps = Laps()
+    try:
+        run_cfg, chosen = choose_spmm(run, cfg("pipeline.mode=leo"), asked, object(), 0, laps)  # type: ignore[arg-type]
+        assert variants.cpu_spmm() == variants.TORCH_SLABS  # in use from here on
+    finally:
+        variants.set_cpu_spmm(variants.AUTO)
+    assert run_cfg.pipeline.spmm == variants.TORCH_SLABS and chosen.spmm_trials == []
+    assert chosen.spmm_measured_s == fake and chosen.spmm_rule == "measured fastest"
+    recorded = read_choice(tmp_path)
+    assert recorded is not None and recorded.spmm == variants.TORCH_SLABS and recorded.measured_here
+    assert load_config(run.config).pipeline.spmm == variants.TORCH_SLABS
+    assert "choose_s" in laps.seconds
