@@ -71,11 +71,21 @@ def ensure_server(module: str) -> bool:
         return False
     with sigint_ignored():  # a Ctrl-C is the launcher's to handle, not the server's
         if _server is None or _server[0] != env or not set(needed) <= set(_server[1]):
-            server._stop()  # none running: nothing to stop
+            stop(server)
             multiprocessing.set_forkserver_preload(list(needed))
             _server = (env, needed)
         server.ensure_running()  # started, or again where it died
     return True
+
+
+def stop(server: Any) -> None:
+    """Stop this process's server (none running: nothing to do). One without workers is
+    killed rather than asked, so stopping it never waits for its imports to finish."""
+    pid = server._forkserver_pid
+    if pid is not None and len(descendants(pid)) == 1:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    server._stop()
 
 
 @contextlib.contextmanager

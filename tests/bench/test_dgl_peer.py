@@ -130,7 +130,9 @@ def test_bench_prints_the_dgl_row_beside_leo_as_json_lines(tmp_path: Path) -> No
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(STAND_IN), os.environ.get("PYTHONPATH", "")]),
     }
-    res = leo("bench", "--format", "json", *(a for s in sets for a in ("--set", s)), env=env)
+    # a fresh interpreter: PYTHONPATH is read as a process starts
+    args = ("bench", "--format", "json", *(a for s in sets for a in ("--set", s)))
+    res = leo(*args, env=env, fresh=True)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
     assert [(r["table"], r["system"]) for r in rows] == [("bench", "leo")] * 2 + [("bench", "dgl")]

@@ -1,6 +1,6 @@
-"""The `leo` command in tests: `leo` runs it in a fresh interpreter, as a user would;
-`leo_here` runs it in the test process, for a command refused before any worker starts.
-Both report as `subprocess.run` does (`returncode`, `stdout`, `stderr`)."""
+"""The `leo` command in tests, run in the test process (`leo_here`) or, where a process start
+matters, in a fresh interpreter (`leo(..., fresh=True)`); both report as `subprocess.run`
+does (`returncode`, `stdout`, `stderr`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
 
 # A small synthetic graph and model for end-to-end runs of a few seconds (`--set` pairs).
 TINY = [
@@ -21,24 +20,42 @@ TINY = [
 ]
 
 
-def leo(*args: str, timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """`leo args` in a subprocess (`python -m leo_cli`), its output captured as text; a failing
-    exit is returned, not raised. `kwargs` go to `subprocess.run` (env, cwd, ...)."""
-    return subprocess.run(
-        [sys.executable, "-m", "leo_cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        **kwargs,
-    )
+def leo(
+    *args: str,
+    fresh: bool = False,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`leo args`, its output captured as text; a failing exit is returned, not raised.
+
+    In this process by default (`leo_here`): a launch forks its workers from the preloading
+    server this pytest process keeps (`launch/preload.py`), as a user's Python session calling
+    `leo_cli.api` would, without a fresh interpreter's imports and server per call. `fresh`: a
+    new interpreter (`python -m leo_cli`, `timeout` applies), for what a process start decides
+    (imports, the environment read at import, the exit code a signal gives)."""
+    if fresh:
+        return subprocess.run(
+            [sys.executable, "-m", "leo_cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+            cwd=cwd,
+        )
+    return leo_here(*args, env=env, cwd=cwd)
 
 
-def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
-    """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it:
-    for a command refused before any worker starts, without a fresh interpreter's ~4 s of
-    imports. An exception other than the command's exit propagates (with its traceback); the
-    environment and the signal handlers the command sets are put back."""
+def leo_here(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it,
+    in `env` (else this process's environment) and `cwd`. An exception other than the
+    command's exit propagates (with its traceback); the environment, the working directory and
+    the signal handlers the command sets are put back."""
     from unittest import mock
 
     from typer.testing import CliRunner
@@ -47,10 +64,15 @@ def leo_here(*args: str) -> subprocess.CompletedProcess[str]:
 
     signals = (signal.SIGINT, signal.SIGTERM)
     saved = {sig: signal.getsignal(sig) for sig in signals}
+    here = os.getcwd()
     try:
-        with mock.patch.dict(os.environ):
+        with mock.patch.dict(os.environ, clear=env is not None):
+            os.environ.update(env or {})
+            if cwd is not None:
+                os.chdir(cwd)
             res = CliRunner().invoke(app, list(args), catch_exceptions=False)
     finally:
+        os.chdir(here)
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)

@@ -192,10 +192,13 @@ def test_prepare_records_the_no_plan_rule(tmp_path: Path, choose_by: str) -> Non
     from leo_cli.launch.launcher import prepare
 
     run = tmp_path / "run"
+    hardware = tmp_path / "hardware.json"  # a given profile: no probe in a unit test
+    hardware.write_text(json.dumps(hardware_dict()))
     config = cfg(
         "data.synthetic.num_nodes=300",
         "data.synthetic.num_features=8",
         "cache.policy=none",
+        f"cache.hardware={hardware}",
         f"run.out_dir={run}",
         f"run.cache_dir={tmp_path / 'cache'}",
         f"pipeline.choose={choose_by}",
