@@ -111,25 +111,23 @@ def train(
     Raises:
         LeoError: bad input or a failed run (one sentence).
     """
-    from leo_cli.launch.launcher import check_supported, prepare, run_workers
     from leo_cli.launch.nodes import run_nodes
     from leo_cli.launch.run_folder import dropped_if_empty, for_train
+    from leo_cli.launch.setup import Ask, run_setup
     from leo_cli.util.timing import RunTimer, process_start_time
 
     timer = RunTimer(started_at=process_start_time())
     given = resolve(config, overrides)
     cfg = for_train(given, resume, overwrite)
-    run_dir = cfg.run.folder.resolve()
+    ask = Ask.train(cfg, resume, allow_inexact, progress, timer, on_start)
+    run_dir = ask.run_dir
     with dropped_if_empty(run_dir, made=given.run.out_dir is None and not resume):
+        checked = run_setup(ask, last="checks")
         if cfg.launch.emulate is not None:  # every emulated node runs `leo train` itself
-            check_supported(cfg, allow_inexact)  # before any namespace: the nodes check again
             flags = ["--resume" if resume else "--overwrite"]
             run_nodes(cfg, "train", flags + ["--allow-inexact"] * allow_inexact)
             return RunSummary.read(run_dir)
-        prepare(cfg, resume, progress, allow_inexact, timer)
-        if on_start is not None:
-            on_start(cfg, run_dir)
-        run_workers(cfg, run_dir, resume, allow_inexact, timer)
+        run_setup(ask, done=checked)  # partitions, profile, plan, mode, the workers
     return RunSummary.read(run_dir) if cfg.launch.node_rank == 0 else None
 
 

@@ -26,13 +26,13 @@ from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.emulate import bits_per_second, check_split
-from leo_cli.launch.launcher import check_supported, prepare, run_workers
+from leo_cli.launch.launcher import check_supported
 from leo_cli.launch.nodes import run_nodes
+from leo_cli.launch.setup import Ask, run_setup
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.planner.plan import static_layer0
 from leo_cli.registry import is_auto, mode_of, peer_of, planned_mode
 from leo_cli.run_dir import RunDir
-from leo_cli.util.timing import RunTimer
 
 LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr, dgl)
 NEVER = 10**9  # an epoch interval that never comes (no evaluation, no checkpoint mid-run)
@@ -219,9 +219,7 @@ def run_leo(
         run_nodes(run_cfg, "train", flags, quiet=True)
         run_dir = run_cfg.run.folder.resolve()
     else:
-        timer = RunTimer()
-        run_dir = prepare(run_cfg, False, progress, allow_inexact=inexact, timer=timer)
-        run_workers(run_cfg, run_dir, resume=False, allow_inexact=inexact, timer=timer)
+        run_dir = run_setup(Ask.train(run_cfg, allow_inexact=inexact, progress=progress)).run_dir
     rows = RunDir(run_dir).read_metrics()[cfg.bench.warmup_epochs :]
     summary = RunDir(run_dir).read_summary()
     reused = summary.get("setup_reused_s", {})

@@ -49,11 +49,11 @@ def partition_cmd(
     # here, once the config is read: the partitioners import torch and numpy, which
     # `leo --help` and refused inputs do not need
     from leo_cli.graph.partition_cache import metis_note
-    from leo_cli.launch.stages import run_partitions
+    from leo_cli.launch.setup import Ask, run_setup
 
-    run_dir = cfg.run.folder.resolve()
     with stage_progress() as progress:  # unequal part_weights probe the machine first
-        result = run_partitions(cfg, run_dir, progress, force=force)
+        result = run_setup(Ask.partition(cfg, force, progress), last="partitions").parts
+    assert result is not None
     write_resolved(cfg)
     if result.reused:
         console.print(f"[green]Up to date:[/] reusing {result.path} (use --force to rebuild).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -198,37 +199,24 @@ def profile_cache_cmd(
     cfg = for_command(resolve_config(config, overrides))
     from leo_cli.launch.choice import scale
     from leo_cli.launch.nodes import run_nodes
-    from leo_cli.launch.stages import (
-        check_nodes_profile,
-        ensure_plan,
-        hardware_profile,
-        join_probe,
-        partition_cache_dir,
-        run_partitions,
-    )
-    from leo_cli.planner.checks import check_config
+    from leo_cli.launch.setup import Ask, run_setup
+    from leo_cli.launch.stages import partition_cache_dir
     from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 
-    check_config(cfg)
+    ask = Ask.profile_cache(cfg, force, hardware, progress=None)
+    checked = run_setup(ask, last="checks")
     if cfg.launch.emulate is not None:  # every emulated node runs this command itself
         flags = ["--force"] * force + ([] if hardware is None else ["--hardware", str(hardware)])
         run_nodes(cfg, "profile-cache", flags)
         return
-    run_dir = cfg.run.folder.resolve()
+    run_dir = ask.run_dir
     if cfg.launch.node_rank > 0:  # node 0 partitions, plans and reports; the others probe
-        join_probe(cfg, run_dir, always=True, force=force, given=hardware)
+        run_setup(ask, last="plan", done=checked)
         return
     try:
         with stage_progress(shown.console) as progress:
-            check_nodes_profile(cfg, run_dir, True, force, hardware, progress=progress)
-            if force and hardware is None and cfg.cache.hardware is None:  # once, first: the
-                # parts' weights and the plan take it (other nodes join one probe)
-                num = cfg.partition.num_parts
-                hardware_profile(cfg, run_dir, None, num, reprobe=True, progress=progress)
-            run_partitions(cfg, run_dir, progress, hardware=hardware)
-            plan = ensure_plan(
-                cfg, run_dir, hardware, force, always=True, progress=progress, reprobe=False
-            )
+            ask = replace(ask, progress=progress)
+            plan = run_setup(ask, last="plan", done=checked).plan
     except Interrupted as exc:
         exc.note = "probe workers stopped; no plan was written: run the command again."
         raise

@@ -1,5 +1,6 @@
-"""The parent side of `leo train`: prepare the run folder, start workers with torch's elastic
-launcher (what torchrun uses), follow rank 0's metrics, and turn failures into clear errors.
+"""The parent side of `leo train`: the checks and run-folder steps its set-up runs (in the
+order launch/setup.py gives them), then the workers started with torch's elastic launcher
+(what torchrun uses), followed to the end, their failures turned into clear errors.
 """
 
 from __future__ import annotations
@@ -13,31 +14,16 @@ from typing import Any
 import torch
 
 from leo_cli.comm.dist import uses_cuda
-from leo_cli.config import LeoConfig, config_fingerprint, load_config, write_resolved
+from leo_cli.config import LeoConfig, config_fingerprint, load_config
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError, tensorboard_missing
-from leo_cli.graph.layout import ProgressFn
-from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
 from leo_cli.launch.allocator import workers_allocator
-from leo_cli.launch.choice import choose_mode, keep_trials
-from leo_cli.launch.cpu_kernels import ensure_cpu_kernels
-from leo_cli.launch.elastic import launch_module, start_early, worker_module, workers_per_node
+from leo_cli.launch.choice import keep_trials
+from leo_cli.launch.elastic import launch_module, worker_module, workers_per_node
 from leo_cli.launch.memory_watch import MemoryWatch
-from leo_cli.launch.stages import (
-    CACHE_FOLDER,
-    accesses_kept,
-    check_nodes_profile,
-    ensure_plan,
-    join_probe,
-    part_weigher,
-    partition_cache_dir,
-)
-from leo_cli.planner.auto_mode import resumed, resumed_spmm, with_choice, write_choice
 from leo_cli.planner.checks import check_backend, check_config, check_transport
-from leo_cli.planner.plan import plan_digests
-from leo_cli.registry import is_auto
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted
@@ -158,79 +144,6 @@ def wait_for_partitions(
         f"Node {cfg.launch.node_rank} waited {timeout_s:.0f} s for node 0 to write "
         f"{run.partitions} (and {run.PLAN}); is the run folder shared between nodes?"
     )
-
-
-def prepare(
-    cfg: LeoConfig,
-    resume: bool,
-    progress: ProgressFn | None,
-    allow_inexact: bool = False,
-    timer: RunTimer | None = None,
-) -> Path:
-    """Partition if needed, check resume consistency, make the cache plan if needed, choose
-    the mode under `pipeline.mode=auto` (planner/auto_mode.py), write the resolved config (with
-    the mode that runs) and mode-choice.json; `timer` receives the time of each stage (or of
-    a reused output's making)."""
-    timer = timer or RunTimer()
-    check_supported(cfg, allow_inexact)
-    run_dir = cfg.run.folder.resolve()
-    # Built (once) before the workers' server starts: it loads the library as it imports.
-    ensure_cpu_kernels(cfg.run.cache_dir or run_dir.parent / CACHE_FOLDER)
-    start_early(cfg)  # the workers' imports, beside the set-up below
-    if cfg.launch.node_rank > 0:
-        # An earlier launch's files (--overwrite) must not start this node's agent while node
-        # 0 prepares: it could meet node 0's probe store, still up on the same port and run
-        # id, take the probe's rank assignment and start its worker, while node 0's training
-        # agent waits for it in a store of its own. After a probe both joined, node 0 has
-        # yet to write its resolved config: the one there before it is an earlier launch's.
-        before = written(RunDir(run_dir).config)
-        probed = join_probe(cfg, run_dir)  # node 0 probes every node at once when needed
-        wait_for_partitions(cfg, run_dir, cfg.launch.timeout_s, before if probed else None)
-        return run_dir
-    if resume:
-        check_resumable(cfg, run_dir)
-        # Says here, not only in worker logs, when the newest checkpoint is corrupt.
-        RunDir(run_dir).read_latest()
-        cfg = resumed_spmm(cfg, run_dir)  # the SpMM variant it started with, untried
-    check_nodes_profile(cfg, run_dir, timer=timer, progress=progress)  # as the others join_probe
-    # Workers verify the checksums of their own part, in parallel; no need to hash twice.
-    weigher = part_weigher(cfg, run_dir, timer, progress=progress)  # unequal weights: probe first
-    t0 = time.perf_counter()
-    parts = ensure_partitions(
-        cfg.data, cfg.partition, cfg.run.seed, run_dir, progress=progress, verify=False,
-        weigher=weigher, cache_dir=partition_cache_dir(cfg, run_dir),
-    )  # fmt: skip
-    made = sum(parts.meta.get("timings_s", {}).values())
-    timer.add("partition_s", made if parts.reused else time.perf_counter() - t0, not parts.reused)
-    if not parts.reused:  # a plan made from the parts before a rebuild is made again
-        RunDir(run_dir).plan.unlink(missing_ok=True)
-    if not resume:
-        clear_run_files(run_dir)
-    shutil.rmtree(RunDir(run_dir).errors, ignore_errors=True)
-    RunDir(run_dir).status.unlink(missing_ok=True)  # `leo train` shows this attempt's set-up
-    # Under auto, a resumed run keeps the mode it started with, and plans for it alone.
-    started = resumed(cfg, run_dir) if resume and is_auto(cfg.pipeline.mode) else None
-    plan_cfg = cfg if started is None else with_choice(cfg, started)
-    with accesses_kept():  # the parts are profiled once for both plans
-        plan = ensure_plan(
-            plan_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
-            shared=parts.reused,
-        )  # fmt: skip
-        choice = started or choose_mode(cfg, run_dir, parts.meta, plan)
-        run_cfg = with_choice(cfg, choice)
-        num_parts = int(parts.meta["num_parts"])
-        if plan is not None and plan.inputs != plan_digests(run_cfg, parts.meta, num_parts)[0]:
-            # auto chose a mode that reads rows in place otherwise: the plan of its own levels
-            ensure_plan(
-                run_cfg, run_dir, timer=timer, verify_parts=False, progress=progress,
-                shared=parts.reused,
-            )  # fmt: skip
-    write_choice(run_dir, choice)
-    # Last: other nodes start once it is there (wait_for_partitions), and read the mode in it.
-    write_resolved(
-        run_cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run_dir})})
-    )
-    return run_dir
 
 
 def run_workers(

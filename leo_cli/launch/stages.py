@@ -1,10 +1,12 @@
-"""The cache-plan stage of a run: part accesses + hardware profile + policy -> cache-plan.json.
+"""The hardware profile, part weights and cache plan of a run: part accesses + hardware
+profile + policy -> cache-plan.json.
 
-`leo profile-cache` runs it on its own; `leo train` runs it before starting workers when the
-plan is missing or stale. The hardware profile comes from `--hardware` or `cache.hardware`, a
-saved profile measured under the same conditions, or a short probe through the training
-launcher (every node joins it on several machines: `join_probe`); it also weighs the parts
-when their weights are unequal (`part_weigher`).
+launch/setup.py runs these steps in order as stages of the set-up pipeline (`find_profile` or
+`new_profile`, `weigher_for`, `plan_for`); `part_weigher`, `run_partitions` and `ensure_plan`
+chain them for callers outside it (the elastic workers' re-forming of a run). The hardware
+profile comes from `--hardware` or `cache.hardware`, a saved profile measured under the same
+conditions, or a short probe through the training launcher (every node joins it on several
+machines: `join_probe`); it also weighs the parts when their weights are unequal.
 
 Specification: docs/design/planning.md.
 """
@@ -173,19 +175,17 @@ def check_nodes_profile(
     always: bool = False,
     force: bool = False,
     given: Path | None = None,
-    timer: RunTimer | None = None,
     progress: ProgressFn | None = None,
-) -> None:
+) -> bool:
     """Node 0's half of `join_probe`, before any stage looks for a profile: on several
-    machines, the "check" launch of `nodes_probe` (the other nodes join it). Where a full
-    probe is due, the stage that needs the profile runs it, as the other nodes expect.
-    Nothing on one machine."""
+    machines, the "check" launch of `nodes_probe` (the other nodes join it); whether it ran.
+    Where a full probe is due, the stage that needs the profile runs it, as the other nodes
+    expect. Nothing on one machine."""
     if cfg.launch.nnodes == 1 or nodes_probe(cfg, run_dir, always, force, given) != "check":
-        return
-    t0 = time.perf_counter()
+        return False
     with stage(progress, "probe"):
         run_probe(cfg, run_dir, keep=True)
-    (timer or RunTimer()).add("probe_s", time.perf_counter() - t0, ran=True)
+    return True
 
 
 @contextlib.contextmanager
@@ -205,24 +205,24 @@ def hardware_profile(
     given: Path | None,
     num_workers: int,
     reprobe: bool = False,
-    timer: RunTimer | None = None,
     progress: ProgressFn | None = None,
 ) -> HardwareProfile:
     """The given profile (kept as the run folder's); else the run folder's profile when it was
     measured with as many workers (on several machines, where node 0 has first run
     `check_nodes_profile`, as the others `join_probe`); else this machine's saved one for as
-    many workers and threads; else a probe (saved in both places). `--force` probes again.
-    `timer` gets the probe's seconds (spent now, or when a reused profile was measured);
-    `progress` shows it."""
-    timer = timer or RunTimer()
+    many workers and threads; else a probe (`new_profile`). `reprobe` (`--force`) probes
+    again; `progress` shows the probe."""
     hw = find_profile(cfg, run_dir, given, num_workers, reprobe)
-    if hw is not None:
-        timer.add("probe_s", hw.probe_s, ran=False)
-        return hw
-    t0 = time.perf_counter()
+    return hw if hw is not None else new_profile(cfg, run_dir, num_workers, progress)
+
+
+def new_profile(
+    cfg: LeoConfig, run_dir: Path, num_workers: int, progress: ProgressFn | None = None
+) -> HardwareProfile:
+    """A probe of this machine, kept in the run folder and, measured on a quiet machine of
+    one node, in this machine's store for later runs."""
     with stage(progress, "probe"):
         hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
-    timer.add("probe_s", time.perf_counter() - t0, ran=True)
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
         return hw  # kept in the run folder only
@@ -273,21 +273,25 @@ def unpinned_rates(cfg: LeoConfig) -> bool:
 def part_weigher(
     cfg: LeoConfig,
     run_dir: Path,
-    timer: RunTimer | None = None,
     hardware: Path | None = None,
     progress: ProgressFn | None = None,
 ) -> Weigher | None:
     """For unequal part weights (`measured` or a list): the weigher of the partition stage,
     from the run's hardware profile (`hardware`, or found, or probed now, before
-    partitioning): the shares (`measured` only) and what each node weighs; None otherwise.
+    partitioning; see `weigher_for`); None otherwise."""
+    if not weighted(cfg.partition):
+        return None
+    num = cfg.partition.num_parts
+    return weigher_for(cfg, hardware_profile(cfg, run_dir, hardware, num, progress=progress))
+
+
+def weigher_for(cfg: LeoConfig, hw: HardwareProfile) -> Weigher:
+    """The weigher of unequal part weights priced with `hw`: the shares (`measured` only)
+    and what each node weighs.
 
     Its key covers the profile and what the work is priced for (model, dtype, layer 0's
     level), so new rates or another model rebuild the parts.
     """
-    if not weighted(cfg.partition):
-        return None
-    num = cfg.partition.num_parts
-    hw = hardware_profile(cfg, run_dir, hardware, num, timer=timer, progress=progress)
     if cfg.partition.part_weights == "measured" and unpinned_rates(cfg):
         print(
             "warning: partition.part_weights=measured with launch.cpu_affinity=null: unpinned "
@@ -361,26 +365,46 @@ def ensure_plan(
     shared: bool = True,
     reprobe: bool | None = None,
 ) -> CachePlan | None:
-    """The run's cache plan, made when missing or stale.
+    """The run's cache plan, made when missing or stale, with its hardware profile found or
+    probed (`hardware_profile`), for callers outside the set-up pipeline (launch/setup.py,
+    which takes the two stages apart).
 
     Training needs none with `cache.policy=none` (None is returned); `always` makes one
-    anyway (`leo profile-cache` shows the predictions of every mode). Under
-    `pipeline.mode=auto` it is the planned mode's plan (planner/auto_mode.py). `timer` gets the
-    probe's and the plan's seconds (`plan_s`: accesses, policy, predictions, plot).
-    `verify_parts=False` leaves the parts' checksums to the workers (see `part_accesses`);
-    `progress` shows the probe and the plan while they run; `shared=False` makes a new plan
-    rather than take the shared cache's (the parts were just rebuilt), and keeps it there;
-    `reprobe` (default: `force`) measures the machine again first.
+    anyway. `timer` gets the plan's seconds (`plan_s`, see `plan_for`); `reprobe` (default:
+    `force`) measures the machine again first; the other arguments are `plan_for`'s.
     """
-    timer = timer or RunTimer()
     if not cfg.cache.enabled and not always:
         return None
+    again = force if reprobe is None else reprobe
+    num_parts = int(read_meta(RunDir(run_dir).partitions)["num_parts"])
+    hw = hardware_profile(cfg, run_dir, hardware, num_parts, reprobe=again, progress=progress)
+    plan, reused_s = plan_for(cfg, run_dir, hw, force, verify_parts, progress, shared)
+    seconds = plan.plan_s or 0.0 if reused_s is None else reused_s
+    (timer or RunTimer()).add("plan_s", seconds, ran=reused_s is None)
+    return plan
+
+
+def plan_for(
+    cfg: LeoConfig,
+    run_dir: Path,
+    hw: HardwareProfile,
+    force: bool = False,
+    verify_parts: bool = True,
+    progress: ProgressFn | None = None,
+    shared: bool = True,
+) -> tuple[CachePlan, float | None]:
+    """The run's cache plan for the rates of `hw`: the run folder's or the shared cache's
+    when made for the same inputs, else made now; and None when made now, else what the
+    reused plan cost when it was made (its `plan_s`: accesses, policy, predictions, plot).
+
+    Under `pipeline.mode=auto` it is the planned mode's plan (planner/auto_mode.py).
+    `force` makes it again; `verify_parts=False` leaves the parts' checksums to the workers
+    (see `part_accesses`); `progress` shows the plan while it is made; `shared=False` makes
+    a new plan rather than take the shared cache's (the parts were just rebuilt), and keeps
+    it there.
+    """
     meta = read_meta(RunDir(run_dir).partitions)
     num_parts = int(meta["num_parts"])
-    again = force if reprobe is None else reprobe
-    hw = hardware_profile(
-        cfg, run_dir, hardware, num_parts, reprobe=again, timer=timer, progress=progress
-    )
     t0 = time.perf_counter()
     reach = reach_of(cfg, num_parts)
     inputs, graph_key = plan_digests(cfg, meta, num_parts)
@@ -391,8 +415,7 @@ def ensure_plan(
         existing.check_fits(
             RunDir(run_dir).plan, halo_sizes(meta), layers, attention, cfg.pipeline.rounds_rows
         )
-        timer.add("plan_s", existing.plan_s or 0.0, ran=False)
-        return existing
+        return existing, existing.plan_s or 0.0
     entry = plan_cache_entry(cfg, run_dir, key)
     cached = None if force or not shared or entry is None else _shared_plan(entry, key)
     if entry is not None and cached is not None:
@@ -401,18 +424,16 @@ def ensure_plan(
             cfg.pipeline.rounds_rows,
         )  # fmt: skip
         _copy_plan(entry, run_dir, cached)
-        timer.add("plan_s", cached.plan_s or 0.0, ran=False)
-        return cached
+        return cached, cached.plan_s or 0.0
     with stage(progress, "plan"):
         plan = _new_plan(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
-    plan.plan_s = round(time.perf_counter() - t0, 4)
+    plan.plan_s = round(time.perf_counter() - t0, 4)  # kept in the file: a reuse's cost
     data = plan_bytes(plan)
     write_plan(run_dir, plan, data)
-    timer.add("plan_s", plan.plan_s, ran=True)
     if entry is not None:
         with contextlib.suppress(OSError, CacheError):  # an unwritable cache costs a plan later
             _copy_plan(run_dir, entry, plan, data)
-    return plan
+    return plan, None
 
 
 def plan_cache_entry(cfg: LeoConfig, run_dir: Path, key: str) -> Path | None:

@@ -16,7 +16,7 @@ from conftest import hardware_dict
 
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.errors import TrainError
-from leo_cli.launch import launcher
+from leo_cli.launch import launcher, setup
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.run_dir import RunDir
 
@@ -33,7 +33,7 @@ def earlier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("earlier")
     given = root / "hardware.json"
     HardwareProfile.model_validate(hardware_dict()).write(given)
-    launcher.prepare(config(root / "run", given), resume=False, progress=None)
+    setup.prepare(config(root / "run", given), resume=False, progress=None)
     return root
 
 
@@ -66,7 +66,7 @@ def patch(monkeypatch: pytest.MonkeyPatch, clock: Clock, probed: bool) -> None:
     its own)."""
     fake = types.SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep)
     monkeypatch.setattr(launcher, "time", fake)
-    monkeypatch.setattr(launcher, "join_probe", lambda cfg, run_dir: probed)
+    monkeypatch.setattr(setup, "join_probe", lambda cfg, run_dir, *how: probed)
 
 
 def test_node1_waits_for_node0s_config_after_the_probe_they_joined(
@@ -85,7 +85,7 @@ def test_node1_waits_for_node0s_config_after_the_probe_they_joined(
 
     clock = Clock(node0)
     patch(monkeypatch, clock, probed=True)
-    assert launcher.prepare(cfg, resume=False, progress=None) == cfg.run.folder.resolve()
+    assert setup.prepare(cfg, resume=False, progress=None) == cfg.run.folder.resolve()
     assert rewritten == [3] and clock.sleeps == 3  # not before node 0's write, nor long after
     assert run.config.stat().st_ino != before  # node 0's, not the earlier launch's
 
@@ -96,7 +96,7 @@ def test_node1_waiting_for_a_config_that_never_comes_names_the_folder(
     cfg = node1(earlier, tmp_path)
     patch(monkeypatch, Clock(lambda sleeps: None), probed=True)
     with pytest.raises(TrainError, match="waited 30 s for node 0"):
-        launcher.prepare(cfg, resume=False, progress=None)
+        setup.prepare(cfg, resume=False, progress=None)
 
 
 def test_node1_without_a_probe_takes_the_files_there(
@@ -107,7 +107,7 @@ def test_node1_without_a_probe_takes_the_files_there(
     cfg = node1(earlier, tmp_path)
     clock = Clock(lambda sleeps: None)
     patch(monkeypatch, clock, probed=False)
-    launcher.prepare(cfg, resume=False, progress=None)
+    setup.prepare(cfg, resume=False, progress=None)
     assert clock.sleeps == 0
 
 
@@ -124,5 +124,5 @@ def test_node1_waits_while_the_folder_is_empty(
 
     clock = Clock(node0)
     patch(monkeypatch, clock, probed=False)
-    launcher.prepare(cfg, resume=False, progress=None)
+    setup.prepare(cfg, resume=False, progress=None)
     assert clock.sleeps == 2

@@ -189,7 +189,7 @@ def test_workers_refuse_an_unresolved_config() -> None:
 
 @pytest.mark.parametrize("choose_by", ["estimate", "measure"])
 def test_prepare_records_the_no_plan_rule(tmp_path: Path, choose_by: str) -> None:
-    from leo_cli.launch.launcher import prepare
+    from leo_cli.launch.setup import prepare
 
     run = tmp_path / "run"
     hardware = tmp_path / "hardware.json"  # a given profile: no probe in a unit test
@@ -227,7 +227,7 @@ def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
     """summary.json's predicted step of a cached run is the one auto chose from, for every
     mode it can choose (the plan made for the planned mode prices the others with its levels;
     through the process group every mode reads nothing in place, so it serves them all)."""
-    from leo_cli.launch.launcher import prepare
+    from leo_cli.launch.setup import prepare
     from leo_cli.planner.plan import load_plan, predicted_busy, predicted_time, read_plan
 
     hw = tmp_path / "hw.json"
@@ -260,7 +260,7 @@ def test_the_summary_prices_the_mode_auto_chose(tmp_path: Path) -> None:
 def test_load_plan_finds_only_a_plan_made_for_this_run(tmp_path: Path) -> None:
     """One `load_plan`: the plan made for these settings; None for other settings or with no
     plan; a bad file refused with a cache, and only a missing prediction without one."""
-    from leo_cli.launch.launcher import prepare
+    from leo_cli.launch.setup import prepare
     from leo_cli.planner.plan import load_plan
 
     hw = tmp_path / "hw.json"

@@ -28,7 +28,7 @@ from leo_cli.config import load_config
 from leo_cli.errors import LeoError
 from leo_cli.graph.storage import read_meta, read_part
 from leo_cli.graph.types import DatasetInfo
-from leo_cli.launch.launcher import prepare
+from leo_cli.launch.setup import prepare
 from leo_cli.planner.plan import load_plan
 from leo_cli.run_dir import RunDir, checkpoint_digest
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from typer.testing import CliRunner
 
 from leo_cli.bench import suite
 from leo_cli.cli.app import app
-from leo_cli.launch import stages
+from leo_cli.graph.partition_cache import PartitionResult
+from leo_cli.launch import setup
 from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted, raise_on_signals
 
@@ -53,9 +55,11 @@ def test_profile_cache_interrupted_is_one_line(
     signum: int,
     code: int,
 ) -> None:
-    # (the command imports the stages where it acts: patched where they are defined)
-    monkeypatch.setattr(stages, "run_partitions", lambda *a, **k: None)
-    monkeypatch.setattr(stages, "ensure_plan", fake_interrupt(signum))
+    # (the command imports the set-up where it acts: its stages' calls patched there)
+    reused = PartitionResult(tmp_path, {}, reused=True)
+    monkeypatch.setattr(setup, "ensure_partitions", lambda *a, **k: reused)
+    monkeypatch.setattr(setup, "find_profile", lambda *a: types.SimpleNamespace(probe_s=1.0))
+    monkeypatch.setattr(setup, "plan_for", fake_interrupt(signum))
     res = CliRunner().invoke(app, ["profile-cache", "--set", f"run.out_dir={tmp_path}"])
     assert res.exit_code == code
     lines = res.stderr.strip().splitlines()

@@ -19,7 +19,7 @@ from leo_cli.comm.dist import DistEnv, pick_backend
 from leo_cli.comm.exchange import HaloPlan
 from leo_cli.config import load_config
 from leo_cli.errors import TrainError
-from leo_cli.launch.launcher import prepare
+from leo_cli.launch.setup import prepare
 from leo_cli.run_dir import RunDir
 from leo_cli.worker import entry as worker
 
