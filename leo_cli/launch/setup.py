@@ -1,7 +1,7 @@
 """A run's set-up as one pipeline of named stages, in the order they happen:
 
     checks -> preload -> resume -> nodes_probe -> [hardware] -> part_weights -> partitions
-    -> attempt -> [hardware] -> plan -> mode -> mode_plan -> resolved -> launch
+    -> attempt -> started -> [hardware] -> plan -> mode -> mode_plan -> resolved -> launch
 
 Each stage is a function that takes the record of the stages before it (`Setup`) and returns
 it with its own result filled in, and what its output cost (`Cost`: made now, or reused and
@@ -288,14 +288,17 @@ def _plan(s: Setup, cfg: LeoConfig) -> tuple[CachePlan, Cost]:
     return made[0], Cost(made[1])
 
 
+def started(s: Setup) -> tuple[Setup, Cost | None]:
+    """A resumed run under `pipeline.mode=auto` keeps the mode it started with."""
+    return replace(s, started=resumed(s.cfg, s.run_dir)), None
+
+
 def plan(s: Setup) -> tuple[Setup, Cost | None]:
     """The cache plan: the planned mode's under `pipeline.mode=auto`, or the mode a
-    resumed auto run started with (it keeps it, and plans for it alone)."""
-    cfg = s.cfg
-    auto_resumed = s.ask.resume and is_auto(cfg.pipeline.mode)
-    started = resumed(cfg, s.run_dir) if auto_resumed else None
-    made, cost = _plan(s, cfg if started is None else with_choice(cfg, started))
-    return replace(s, started=started, plan=made), cost
+    resumed auto run started with (it plans for it alone)."""
+    begun = s.started
+    made, cost = _plan(s, s.cfg if begun is None else with_choice(s.cfg, begun))
+    return replace(s, plan=made), cost
 
 
 def mode(s: Setup) -> tuple[Setup, Cost | None]:
@@ -345,6 +348,10 @@ def _launching(ask: Ask) -> bool:
     return ask.launching
 
 
+def _resumed_auto(ask: Ask) -> bool:
+    return ask.resume and is_auto(ask.cfg.pipeline.mode)
+
+
 HARDWARE = Stage("hardware", hardware, "probe_s", wants_profile, owned=True)
 STAGES = (
     Stage("checks", checks),
@@ -355,6 +362,7 @@ STAGES = (
     Stage("part_weights", part_weights, when=lambda a: weighted(a.cfg.partition), owned=True),
     Stage("partitions", partitions, "partition_s", owned=True),
     Stage("attempt", attempt, when=_launching, owned=True),
+    Stage("started", started, when=_resumed_auto, owned=True),
     HARDWARE,  # here otherwise
     Stage("plan", plan, "plan_s", lambda a: a.always_plan or a.cfg.cache.enabled, owned=True),
     Stage("mode", mode, when=_launching, owned=True),

@@ -29,7 +29,21 @@ def names(stages: list[Stage]) -> list[str]:
     ("settings", "resume", "want"),
     [
         ((), False, ["nodes_probe", "partitions", "attempt", "hardware", *TAIL]),
-        ((), True, ["resume", "nodes_probe", "partitions", "attempt", "hardware", *TAIL]),
+        (  # under auto, the mode it started with
+            (),
+            True,
+            ["resume", "nodes_probe", "partitions", "attempt", "started", "hardware", *TAIL],
+        ),
+        (
+            ("pipeline.mode=leo",),
+            True,
+            ["resume", "nodes_probe", "partitions", "attempt", "hardware", *TAIL],
+        ),
+        (  # a resumed auto run keeps its mode without a plan too
+            ("cache.policy=none",),
+            True,
+            ["resume", "nodes_probe", "partitions", "attempt", "started", *TAIL[1:]],
+        ),
         (  # unequal weights are priced with the profile: it comes first
             ("partition.part_weights=measured",),
             False,
