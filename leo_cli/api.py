@@ -111,14 +111,15 @@ def train(
     Raises:
         LeoError: bad input or a failed run (one sentence).
     """
-    from leo_cli.launch.nodes import run_nodes
     from leo_cli.launch.run_folder import dropped_if_empty, for_train
-    from leo_cli.launch.setup import Ask, run_setup
     from leo_cli.util.timing import RunTimer, process_start_time
 
     timer = RunTimer(started_at=process_start_time())
     given = resolve(config, overrides)
-    cfg = for_train(given, resume, overwrite)
+    cfg = for_train(given, resume, overwrite)  # a refused folder is said without torch
+    from leo_cli.launch.nodes import run_nodes
+    from leo_cli.launch.setup import Ask, run_setup
+
     ask = Ask.train(cfg, resume, allow_inexact, progress, timer, on_start)
     run_dir = ask.run_dir
     with dropped_if_empty(run_dir, made=given.run.out_dir is None and not resume):

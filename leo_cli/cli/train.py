@@ -22,7 +22,7 @@ from leo_cli.cli.common import (
 )
 from leo_cli.cli.render import Format, FormatOpt, Sheet, output, stage_progress
 from leo_cli.config import LeoConfig
-from leo_cli.launch.run_folder import dropped_if_empty, for_train, resume_note
+from leo_cli.launch.run_folder import resume_note
 from leo_cli.planner.auto_mode import from_json, read_choice
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
@@ -190,26 +190,22 @@ def train_cmd(
     run.cache_dir).
     """
     shown = output(fmt)
-    given = resolve_config(config, overrides)
-    cfg = for_train(given, resume, overwrite)
-    made = given.run.out_dir is None and not resume  # a new folder: refused, it goes again
-    with dropped_if_empty(cfg.run.folder, made):
-        run_train(cfg, resume, allow_inexact, shown)
+    run_train(resolve_config(config, overrides), resume, overwrite, allow_inexact, shown)
 
 
-def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool, shown: Format) -> None:
-    """`leo train` in the run folder `cfg` names: set-up stages, notes, the epochs' progress
-    and the summary table."""
-    if cfg.launch.emulate is not None:  # every emulated node runs this command itself
-        train(cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact)
+def run_train(
+    given: LeoConfig, resume: bool, overwrite: bool, allow_inexact: bool, shown: Format
+) -> None:
+    """`leo train` as `api.train` runs it (run folder, checks, emulated nodes, set-up stages,
+    workers), shown: the set-up bars, notes, the epochs' progress and the summary table."""
+    if given.launch.emulate is not None:  # every emulated node runs `leo train` and shows it
+        train(given, resume=resume, overwrite=overwrite, allow_inexact=allow_inexact)
         return
     chat = shown.console
     sweep_segments(chat)
-    run_dir = cfg.run.folder.resolve()
     stop = threading.Event()
-    follower = threading.Thread(
-        target=follow_metrics, args=(run_dir, cfg.train.num_epochs, stop, chat), daemon=True
-    )
+    followers: list[threading.Thread] = []  # the epochs' progress, once set-up is done
+    folder: list[Path] = []  # the run folder, named once set-up is done
 
     def on_start(cfg: LeoConfig, run_dir: Path) -> None:
         """Set-up is done: the notes, then the epochs' progress bar."""
@@ -225,7 +221,10 @@ def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool, shown: Format) 
         for note in notes:
             if note is not None and cfg.launch.node_rank == 0:
                 chat.print(f"[yellow]Note:[/] {escape(note)}")
-        follower.start()
+        args = (run_dir, cfg.train.num_epochs, stop, chat)
+        folder.append(run_dir)
+        followers.append(threading.Thread(target=follow_metrics, args=args, daemon=True))
+        followers[0].start()
 
     try:
         with contextlib.ExitStack() as bars:
@@ -236,21 +235,21 @@ def run_train(cfg: LeoConfig, resume: bool, allow_inexact: bool, shown: Format) 
                 on_start(cfg, run_dir)
 
             summary = train(
-                cfg, resume=resume, overwrite=True, allow_inexact=allow_inexact,
+                given, resume=resume, overwrite=overwrite, allow_inexact=allow_inexact,
                 progress=update, on_start=started,
             )  # fmt: skip
     except Interrupted as exc:
         exc.note = (
-            f"workers stopped; {run_dir} keeps the checkpoints written so far: continue with "
+            f"workers stopped; {folder[0]} keeps the checkpoints written so far: continue with "
             "the same command and --resume."
-            if follower.is_alive()
+            if followers and followers[0].is_alive()
             else "nothing was half-written; run the command again."
         )
         raise
     finally:
         stop.set()
-        if follower.is_alive():
+        for follower in followers:
             follower.join()
     if summary is not None:
         shown.sheet(summary_sheet(summary.raw))
-        shown.say(f"Run folder: {run_dir}")
+        shown.say(f"Run folder: {summary.run_dir}")
