@@ -37,7 +37,7 @@ cuda-check: install
 # Byte-compiled first: with PYTHONDONTWRITEBYTECODE set (CI images often set it) every
 # `python -m leo_cli` and worker of the suite would compile LEO's sources again.
 pytest: install
-	$(PY) -m compileall -q -j 0 leo_cli tests >/dev/null
+	$(PY) -m compileall -q -j 0 leo_cli tests
 	$(VENV)/bin/pytest -q
 
 # The checks run side by side once installed: mypy and the single-threaded CUDA compile check
@@ -49,7 +49,7 @@ test: install
 # The unit tests: none that starts a subprocess (integration), torch.distributed ranks (dist)
 # or a long run (slow); under 3 minutes on 2 cores. CI runs `make test`.
 test-fast: install lint
-	$(PY) -m compileall -q -j 0 leo_cli tests >/dev/null
+	$(PY) -m compileall -q -j 0 leo_cli tests
 	$(VENV)/bin/pytest -q -m "not integration and not dist and not slow"
 
 # A CUDA build of torch (the registry's default Linux x86_64 wheel: CUDA 13 for torch 2.13.0,

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leo_cli.comm import segments
-from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
@@ -418,6 +417,8 @@ def spmm_candidates(cfg: LeoConfig, leo_loaded: bool) -> list[str]:
     """The CPU SpMM variants the workers try (kernels/variants.py), where `pipeline.spmm` is
     `auto` under `choose=measure` on CPU workers: LEO's where its library is loaded
     (`leo_loaded`), torch's, torch's in slabs (tried where some SpMM of the run slabs)."""
+    from leo_cli.comm.dist import uses_cuda  # torch: not when the CLI imports this module
+
     if cfg.pipeline.spmm != AUTO_SPMM or cfg.pipeline.choose == "estimate":
         return []
     if uses_cuda(cfg.launch):

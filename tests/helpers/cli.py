@@ -4,6 +4,7 @@ does (`returncode`, `stdout`, `stderr`)."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -32,8 +33,9 @@ def leo(
     In this process by default (`leo_here`): a launch forks its workers from the preloading
     server this pytest process keeps (`launch/preload.py`), as a user's Python session calling
     `leo_cli.api` would, without a fresh interpreter's imports and server per call. `fresh`: a
-    new interpreter (`python -m leo_cli`, `timeout` applies), for what a process start decides
-    (imports, the environment read at import, the exit code a signal gives)."""
+    new interpreter (`python -m leo_cli`), for what a process start decides
+    (imports, the environment read at import, the exit code a signal gives). A launch still
+    running after `timeout` seconds ends the pytest process with every thread's traceback."""
     if fresh:
         return subprocess.run(
             [sys.executable, "-m", "leo_cli", *args],
@@ -44,7 +46,11 @@ def leo(
             env=env,
             cwd=cwd,
         )
-    return leo_here(*args, env=env, cwd=cwd)
+    faulthandler.dump_traceback_later(timeout, exit=True)  # a hung launch ends the session
+    try:
+        return leo_here(*args, env=env, cwd=cwd)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def leo_here(
