@@ -3,9 +3,10 @@ inputs trains the winner at once (FFTW's wisdom, cuDNN's benchmark cache).
 
 One file per key, `<cache>/wisdom/<key>.json`. The key (`wisdom_key`) covers what decides the
 trials: the partitions and the plan (graph, parts, model, cache settings, hardware profile),
-the model's shape and dtypes, the halo dtype and transport, the workers and their placement,
-this host, torch and the kernels, and the candidates. The parent computes it and reads the
-file (`read_wisdom`); rank 0 of the workers writes it after the trials (`write_wisdom`).
+the model's shape and dtypes, the halo dtype and transport, the SpMM (`pipeline.spmm`), the
+workers and their placement, this host, torch and the kernels, and the candidates. The
+parent computes it and reads the file (`read_wisdom`); rank 0 of the workers writes it after
+the trials (`write_wisdom`).
 
 Calibration: every trial of a mode the cost model predicted adds a sample (predicted and
 measured step) to this host's file in the same folder; a mode's factor (measured over
@@ -94,7 +95,7 @@ def wisdom_key(cfg: LeoConfig, inputs: list[str], kernels: str, names: list[str]
         "model": cfg.model.model_dump(mode="json"),
         "dtype": cfg.train.dtype,
         "pipeline": cfg.pipeline.model_dump(
-            mode="json", include={"halo_dtype", "transport", "num_chunks", "trial_steps"}
+            mode="json", include={"halo_dtype", "transport", "num_chunks", "trial_steps", "spmm"}
         ),
         "parts": cfg.partition.num_parts,
         "launch": {k: launch[k] for k in PLACEMENT_KEYS},

@@ -61,6 +61,11 @@ def test_the_key_follows_what_decides_the_trials() -> None:
         key(names=["leo", "blocking", "shared-memory"]),
     ):
         assert other != same
+    # the SpMM set by name: a ranking measured under one SpMM is not another's
+    spmms = [key(f"pipeline.spmm={s}") for s in ("auto", "leo", "torch", "torch-slabs")]
+    assert len(set(spmms)) == 4
+    for other in spmms[1:]:
+        assert other != same
     assert key(names=["blocking", "leo"]) == same  # the set of candidates, in any order
     # not what only names the run or its length
     assert key("train.num_epochs=7", "run.name=x") == same
