@@ -31,7 +31,12 @@ def ensure_cpu_kernels(cache_dir: Path) -> str | None:
         KernelError: as `kernels.active_backend` (`LEO_KERNELS` asks for what did not load).
     """
     active = backend.active_backend()
-    if active.cpu == "leo" or backend.requested_backend() == "ref":
+    if backend.requested_backend() == "ref":
+        return None
+    if active.cpu == "leo":
+        # Loaded already (an earlier launch in this process): name it to these workers too,
+        # or they would serve CPU tensors with the reference under a run keyed on `leo`.
+        _name_to_workers(cpu.loaded())
         return None
     if os.environ.get(BUILD_ENV, "").strip().lower() == "never":
         return None
@@ -45,8 +50,7 @@ def ensure_cpu_kernels(cache_dir: Path) -> str | None:
         reason = str(exc).splitlines()[0]
         os.environ[cpu.UNBUILT_ENV] = reason
         return _say(f"LEO's CPU kernels were not built ({reason}): {REFERENCE}.")
-    os.environ[cpu.DIR_ENV] = str(built.path.parent)
-    os.environ.pop(cpu.UNBUILT_ENV, None)
+    _name_to_workers(built.path)
     now = backend.load_cpu_kernels_again()
     if now.cpu != "leo":
         return _say(
@@ -55,6 +59,15 @@ def ensure_cpu_kernels(cache_dir: Path) -> str | None:
     if built.cached:
         return None
     return _say(f"LEO's CPU kernels built in {built.seconds:.0f} s: {built.path}")
+
+
+def _name_to_workers(lib: Path | None) -> None:
+    """Tell the workers this process starts where the library is (`$LEO_CPU_KERNELS_DIR`),
+    unless it is the package's, which they find themselves."""
+    if lib is None or lib.parent == stamp.package_dir():
+        return
+    os.environ[cpu.DIR_ENV] = str(lib.parent)
+    os.environ.pop(cpu.UNBUILT_ENV, None)
 
 
 def _say_building(folder: Path) -> None:

@@ -225,6 +225,14 @@ def test_first_use_build_is_cached_and_built_once_by_runs_starting_together(
     assert json.loads(again.stdout.strip().splitlines()[-1])["cached"] is True
 
 
+def unset(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Unset `names` for the test, restored after it even where the code under test sets
+    them (`delenv(..., raising=False)` of an absent variable records nothing to undo)."""
+    for name in names:
+        monkeypatch.setenv(name, "unset by the test")
+        monkeypatch.delenv(name)
+
+
 def test_without_a_compiler_the_reference_is_named_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,7 +241,7 @@ def test_without_a_compiler_the_reference_is_named_in_one_line(
     monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
     monkeypatch.setenv("LEO_CPU_BUILD", "auto")
     monkeypatch.delenv("LEO_KERNELS", raising=False)
-    monkeypatch.delenv(cpu.UNBUILT_ENV, raising=False)
+    unset(monkeypatch, cpu.UNBUILT_ENV, cpu.DIR_ENV)  # ensure_cpu_kernels sets them
     monkeypatch.delenv("CXX", raising=False)
     real_which = shutil.which
     monkeypatch.setattr(
@@ -261,3 +269,27 @@ def test_the_suite_and_ref_skip_the_first_use_build(
     monkeypatch.setenv("LEO_CPU_BUILD", "auto")
     monkeypatch.setenv("LEO_KERNELS", "ref")
     assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None
+
+
+def test_a_second_launch_names_the_loaded_library_to_its_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An earlier launch in this process loaded the cache's build: a later one returns early
+    but still tells its workers where it is, or they would run the reference."""
+    from leo_cli.launch import cpu_kernels
+
+    folder = tmp_path / "kernels" / "build"
+    monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "leo", "loaded"))
+    monkeypatch.setattr(cpu, "_LOADED", folder / cpu.LIBRARY)
+    monkeypatch.setattr(cpu_kernels, "cached_cpu_kernels", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setenv("LEO_CPU_BUILD", "auto")
+    monkeypatch.delenv("LEO_KERNELS", raising=False)
+    unset(monkeypatch, cpu.DIR_ENV)
+    monkeypatch.setenv(cpu.UNBUILT_ENV, "an earlier reason")
+    assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None
+    assert os.environ[cpu.DIR_ENV] == str(folder) and cpu.UNBUILT_ENV not in os.environ
+    # The package's own library: the workers find it without being told.
+    unset(monkeypatch, cpu.DIR_ENV)
+    monkeypatch.setattr(cpu, "_LOADED", cpu.library_path())
+    assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None
+    assert cpu.DIR_ENV not in os.environ
