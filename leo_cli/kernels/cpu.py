@@ -5,8 +5,8 @@ gathered rows of x; registered here as the CPU kernel of `leo::spmm_csr` and of
 `leo::fused_aggregate` (two SpMMs summed, as the reference does). Low-precision inputs are
 computed in float32 and returned in their dtype, as the reference does. `backend.py` decides
 whether to load it (`LEO_KERNELS`); a library whose stamp does not match this checkout's
-sources is not loaded. The library is the package's (`leo compile --cpu`), else the one in
-`$LEO_CPU_KERNELS_DIR` (the cache's build that `leo train` sets for its workers). Runtime
+sources is not loaded. The library is the package's (`leo compile --cpu`) unless stale, else the
+one in `$LEO_CPU_KERNELS_DIR` (the cache's build that `leo train` sets for its workers). Runtime
 only: `leo_cli/kernel_tools/build_cpu.py` builds.
 
 Specification: docs/design/kernels.md.
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from leo_cli.errors import KernelError
 from leo_cli.kernels import ops, stamp, variants
 from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
 
@@ -43,11 +44,22 @@ def library_path(pkg: Path | None = None) -> Path:
 
 
 def library_to_load() -> Path:
-    """The library this process loads: the package's where it has one, else the one in
-    `$LEO_CPU_KERNELS_DIR` where that is set, else the package's (missing)."""
+    """The library this process loads: the package's where it has one that is not stale, else
+    the one in `$LEO_CPU_KERNELS_DIR` where that is set, else the package's (missing or stale:
+    the loader says which). A stale package library does not hide the cache's build."""
     own = library_path()
     folder = os.environ.get(DIR_ENV)
-    return own if own.is_file() or not folder else library_path(Path(folder))
+    if not folder or (own.is_file() and stale_library(own.parent, _cuda_dir()) is None):
+        return own
+    return library_path(Path(folder))
+
+
+def _cuda_dir() -> Path | None:
+    """This checkout's cuda/, or None (an installed package without one)."""
+    try:
+        return stamp.cuda_source_dir()
+    except KernelError:
+        return None
 
 
 def unbuilt_reason() -> str:

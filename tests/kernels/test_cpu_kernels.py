@@ -141,6 +141,24 @@ def test_a_stale_library_is_never_loaded(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
 
 
+def test_a_stale_package_library_does_not_hide_the_cache_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pkg, cache = tmp_path / "pkg", tmp_path / "cache"
+    for folder in (pkg, cache):
+        folder.mkdir()
+        (folder / cpu.LIBRARY).write_bytes(b"not a library")
+    monkeypatch.setattr(stamp, "package_dir", lambda: pkg)  # no cuda/ beside it either
+    unset(monkeypatch, cpu.DIR_ENV)
+    assert cpu.library_to_load() == pkg / cpu.LIBRARY  # stale, but nothing else: said so
+    monkeypatch.setenv(cpu.DIR_ENV, str(cache))
+    assert cpu.library_to_load() == cache / cpu.LIBRARY  # no stamp: stale
+    cpu.stamp_path(pkg).write_text(json.dumps({"torch": "0.0.1"}))
+    assert cpu.library_to_load() == cache / cpu.LIBRARY  # built for another torch: stale
+    cpu.stamp_path(pkg).write_text(json.dumps({"torch": torch.__version__}))
+    assert cpu.library_to_load() == pkg / cpu.LIBRARY  # current: the package's first
+
+
 def test_unhonoured_cpu_choice_does_not_fail_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = KernelError("LEO_KERNELS=cpu but _leo_cpu.so is not built")
     monkeypatch.setenv("LEO_KERNELS", "cpu")
