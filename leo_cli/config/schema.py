@@ -404,8 +404,10 @@ class PipelineConfig(Section):
     replicas or rows read in place, for `trial_steps` forward and backward steps each before
     the first epoch, and train the fastest; the result is kept as wisdom in run.cache_dir, so a
     later run with the same inputs trains at once), `remeasure` (measure even where wisdom
-    exists) or `estimate` (the cost model's prediction alone, weighed by `auto_margin`). No
-    trials with one worker, a mode set by name, or on resume."""
+    exists) or `estimate` (the cost model's prediction alone, weighed by `auto_margin`). Mode
+    trials: none with one worker, a mode set by name, or on resume. SpMM variant trials (see
+    `spmm`): whenever `spmm=auto` under `measure` or `remeasure` on CPU workers with more than
+    one variant to try, with one worker or a mode set by name too."""
     spmm: Literal["auto", "leo", "torch", "torch-slabs"] = "auto"
     """Which sparse-dense product serves CPU tensors (kernels/variants.py): `auto` (under
     `choose=measure`, also with one worker or a mode set by name: the workers time the
