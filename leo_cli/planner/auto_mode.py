@@ -47,6 +47,18 @@ FREE_SHARE = 0.8
 AUTO_SPMM = "auto"  # pipeline.spmm: the variant by rule, or tried under choose=measure
 
 
+def versus(rule: str, steps: Mapping[str, float | None], mine: str) -> str:
+    """`rule, 0.123 s vs other 0.234 s`: why `mine` was chosen, its time, the fastest other's."""
+    own = steps.get(mine)
+    if own is None:
+        return rule
+    others = [(t, n) for n, t in steps.items() if n != mine and t is not None]
+    if not others:
+        return f"{rule}, {own:.3f} s"
+    t, name = min(others)
+    return f"{rule}, {own:.3f} s vs {name} {t:.3f} s"
+
+
 @dataclass(frozen=True)
 class ModeChoice:
     """The mode a run uses and why.
@@ -122,30 +134,14 @@ class ModeChoice:
         return self._describe_mode(label)
 
     def _describe_spmm(self) -> str:
-        own = self.spmm_measured_s.get(self.spmm)
-        others = [(t, n) for n, t in self.spmm_measured_s.items() if n != self.spmm and t]
-        detail = self.spmm_rule or ""
-        if own is not None:
-            detail += f", {own:.3f} s"
-            if others:
-                t, name = min(others)
-                detail += f" vs {name} {t:.3f} s"
-        return f"{self.spmm} ({detail})"
+        return f"{self.spmm} ({versus(self.spmm_rule or '', self.spmm_measured_s, self.spmm)})"
 
     def _describe_mode(self, label: str) -> str:
         if self.rule is None:
             return label
         steps = self.measured_s or self.predicted_s
         mine = self.name if self.name in steps else self.mode  # a prediction names the mode
-        others = [(t, n) for n, t in steps.items() if n != mine and t is not None]
-        own = steps.get(mine)
-        detail = self.rule
-        if own is not None:
-            detail += f", {own:.3f} s"
-            if others:
-                t, name = min(others)
-                detail += f" vs {name} {t:.3f} s"
-        return f"{label} ({self.requested}: {detail})"
+        return f"{label} ({self.requested}: {versus(self.rule, steps, mine)})"
 
     def to_json(self) -> dict[str, Any]:
         return {
