@@ -350,6 +350,27 @@ def row_transport(name: str) -> RowTransport:
 
 
 @dataclass(frozen=True)
+class PygModel:
+    """The PyTorch Geometric model (`torch_geometric.nn.models`) a trained convolution's weights
+    load into (`leo export`, models/export.py): the same function, parameters named apart.
+
+    Attributes:
+        cls: the model class.
+        keys: per layer (under `convs.<i>.`), PyG's parameter name and LEO's.
+        weight: PyG's name of the first linear map's weight `[out, in]` (its `in_channels`).
+        width: PyG's name of the parameter whose first dimension is a layer's output width.
+        unsqueezed: PyG's names of parameters with one more leading dimension than LEO's
+            (GAT's attention vectors: `[1, H, C]` for `[H, C]`).
+    """
+
+    cls: str
+    keys: tuple[tuple[str, str], ...]
+    weight: str
+    width: str
+    unsqueezed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Conv:
     """One convolution (`model.name`).
 
@@ -371,6 +392,7 @@ class Conv:
         elu: ELU between layers (else ReLU).
         pyg_peer: the PyTorch Geometric layer `leo bench` compares with, or None.
         dgl_peer: the DGL layer `leo bench` compares with, or None.
+        pyg_model: the PyTorch Geometric model its weights export to, or None.
     """
 
     name: str
@@ -383,6 +405,7 @@ class Conv:
     elu: bool = False
     pyg_peer: str | None = None
     dgl_peer: str | None = None
+    pyg_model: PygModel | None = None
 
     def peer_layer(self, framework: Framework) -> str | None:
         """The layer of `framework` that a peer of that framework trains for this one."""
@@ -412,7 +435,16 @@ class Conv:
 CONVS: dict[str, Conv] = {
     c.name: c
     for c in (
-        Conv("gcn", "Kipf & Welling's GCN", "symmetric", pyg_peer="GCNConv", dgl_peer="GraphConv"),
+        Conv(
+            "gcn",
+            "Kipf & Welling's GCN",
+            "symmetric",
+            pyg_peer="GCNConv",
+            dgl_peer="GraphConv",
+            pyg_model=PygModel(
+                "GCN", (("lin.weight", "lin.weight"), ("bias", "bias")), "lin.weight", "lin.weight"
+            ),
+        ),
         Conv(
             "sage",
             "GraphSAGE, mean aggregator",
@@ -420,6 +452,16 @@ CONVS: dict[str, Conv] = {
             extra_gemm=True,
             root_map=True,
             dgl_peer="SAGEConv",
+            pyg_model=PygModel(
+                "GraphSAGE",
+                (
+                    ("lin_l.weight", "lin_l.weight"),
+                    ("lin_l.bias", "lin_r.bias"),  # PyG's bias sits on the neighbours' map
+                    ("lin_r.weight", "lin_r.weight"),
+                ),
+                "lin_l.weight",
+                "lin_l.weight",
+            ),
         ),
         Conv(
             "gin",
@@ -428,6 +470,18 @@ CONVS: dict[str, Conv] = {
             extra_gemm=True,
             learnt_self_weight=True,
             dgl_peer="GINConv",
+            pyg_model=PygModel(
+                "GIN",
+                (
+                    ("eps", "eps"),
+                    ("nn.lins.0.weight", "lin1.weight"),
+                    ("nn.lins.0.bias", "bias1"),  # LEO keeps the first bias apart
+                    ("nn.lins.1.weight", "lin2.weight"),
+                    ("nn.lins.1.bias", "lin2.bias"),
+                ),
+                "nn.lins.0.weight",
+                "nn.lins.1.weight",
+            ),
         ),
         Conv(
             "gat",
@@ -437,6 +491,18 @@ CONVS: dict[str, Conv] = {
             elu=True,
             pyg_peer="GATConv",
             dgl_peer="GATConv",
+            pyg_model=PygModel(
+                "GAT",
+                (
+                    ("lin.weight", "lin.weight"),
+                    ("att_src", "att_src"),
+                    ("att_dst", "att_dst"),
+                    ("bias", "bias"),
+                ),
+                "lin.weight",
+                "bias",  # lin.weight's rows are every head's
+                unsqueezed=("att_src", "att_dst"),
+            ),
         ),
     )
 }
@@ -461,6 +527,7 @@ class Peer:
             `bench.peer_python`, importing only torch, numpy and its framework and reading the
             graph LEO writes to a file; None: `python -m leo_cli.bench.peers` in LEO's
             interpreter.
+        adjacency: what its layers aggregate over: `edge_index`, or a sparse CSR adjacency.
     """
 
     name: str
@@ -468,13 +535,20 @@ class Peer:
     framework: Framework
     package: str
     script: str | None = None
+    adjacency: Literal["edge_index", "csr"] = "edge_index"
 
 
 PEERS: dict[str, Peer] = {
     p.name: p
     for p in (
         Peer("pyg", "PyTorch Geometric on edge_index", "pyg", "torch_geometric"),
-        Peer("pyg-csr", "PyTorch Geometric on a CSR adjacency", "pyg", "torch_geometric"),
+        Peer(
+            "pyg-csr",
+            "PyTorch Geometric on a CSR adjacency",
+            "pyg",
+            "torch_geometric",
+            adjacency="csr",
+        ),
         Peer("dgl", "DGL on its own graph", "dgl", "dgl", script="dgl_peer.py"),
     )
 }

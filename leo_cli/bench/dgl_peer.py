@@ -104,7 +104,7 @@ class DglNet(nn.Module):
 
     def __init__(self, dglnn: Any, spec: dict[str, Any], in_channels: int, out_channels: int):
         super().__init__()
-        self.attention = spec["layer"] == "GATConv"
+        self.attention = spec["attention"]  # heads: [N, heads, C] out of every layer
         hidden, num = spec["hidden_channels"], spec["num_layers"]
         convs, width = [], in_channels
         for i in range(num):

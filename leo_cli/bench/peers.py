@@ -23,8 +23,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import ModelConfig
 from leo_cli.errors import ConfigError
 from leo_cli.graph.datasets import load_dataset
-from leo_cli.registry import PEERS, Peer, conv_of
+from leo_cli.registry import PEERS, Peer, conv_of, peer_of
 from leo_cli.util import files
 from leo_cli.util.rss import peak_rss_bytes
 from leo_cli.util.timing import process_start_time
@@ -130,6 +131,7 @@ def peer_spec(cfg: LeoConfig, peer: Peer) -> dict[str, Any]:
     m, t = cfg.model, cfg.train
     return {
         "layer": conv_of(m.name).peer_layer(peer.framework),
+        "attention": conv_of(m.name).attention,
         "hidden_channels": m.hidden_channels,
         "num_layers": m.num_layers,
         "dropout": m.dropout,
@@ -155,8 +157,22 @@ def peer_command(cfg: LeoConfig, peer: Peer, out_dir: Path, epochs: int) -> list
     return [peer_python(cfg), str(script_path(peer)), str(graph), str(spec), str(epochs)]
 
 
-class PygGCN(nn.Module):
+class PygPeer(nn.Module):
+    """A peer's model: PyG's layers for one convolution (`Conv.pyg_peer`), called on the
+    features and the adjacency (`adjacency`).
+
+    Attributes:
+        normalises_once: the layers compute their normalisation on the first call and keep it
+            (GCNConv's `cached=True`): one forward pass belongs to the set-up.
+    """
+
+    normalises_once: ClassVar[bool] = False
+
+
+class PygGCN(PygPeer):
     """`num_layers` GCNConv layers, ReLU and dropout between them, as in PyG's GCN example."""
+
+    normalises_once = True
 
     def __init__(self, cfg: ModelConfig, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -180,7 +196,7 @@ class PygGCN(nn.Module):
         return h
 
 
-class PygGAT(nn.Module):
+class PygGAT(PygPeer):
     """GATConv layers as in PyG's GAT example: heads concatenated, then averaged at the output;
     ELU, dropout on every layer's input and on the attention weights."""
 
@@ -217,16 +233,20 @@ class PygGAT(nn.Module):
         return h
 
 
-# The PyG layer each convolution compares with (registry: `Conv.pyg_peer`).
-PEER_MODELS: dict[str, type[nn.Module]] = {"GCNConv": PygGCN, "GATConv": PygGAT}
+# The model of each PyG layer a convolution compares with (registry: `Conv.pyg_peer`).
+PEER_MODELS: dict[str, Callable[[ModelConfig, int, int], PygPeer]] = {
+    "GCNConv": PygGCN,
+    "GATConv": PygGAT,
+}
 
 
 def adjacency(
-    edge_index_2E: np.ndarray, num_nodes: int, system: str, dtype: torch.dtype = torch.float32
+    edge_index_2E: np.ndarray, num_nodes: int, peer: Peer, dtype: torch.dtype = torch.float32
 ) -> Any:
-    """`edge_index` for `pyg`, a sparse CSR adjacency (adj_t, values of `dtype`) for `pyg-csr`."""
+    """What `peer`'s layers aggregate over (`Peer.adjacency`): `edge_index`, or a sparse CSR
+    adjacency (adj_t, values of `dtype`)."""
     edge_index = torch.from_numpy(np.ascontiguousarray(edge_index_2E, dtype=np.int64))
-    if system == "pyg":
+    if peer.adjacency == "edge_index":
         return edge_index
     from torch_geometric.utils import to_torch_csr_tensor
 
@@ -241,7 +261,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
+def train_peer(cfg: LeoConfig, peer: Peer, num_epochs: int) -> dict[str, Any]:
     """Train `num_epochs` full-graph epochs; per-epoch step seconds, final test accuracy,
     set-up and wall seconds."""
     started = process_start_time()
@@ -251,12 +271,12 @@ def train_peer(cfg: LeoConfig, system: str, num_epochs: int) -> dict[str, Any]:
     x = torch.from_numpy(g.x_NF).to(device)
     y = torch.from_numpy(g.y_N).to(device)
     train = torch.from_numpy(g.train_mask_N).to(device)
-    adj = adjacency(g.edge_index_2E, g.num_nodes, system).to(device)
-    peer = conv_of(cfg.model.name).pyg_peer
-    assert peer is not None, "leo bench runs peers only for models that have one"
-    model = PEER_MODELS[peer](cfg.model, g.num_features, g.num_classes).to(device)
+    adj = adjacency(g.edge_index_2E, g.num_nodes, peer).to(device)
+    layer = conv_of(cfg.model.name).peer_layer(peer.framework)
+    assert layer is not None, "leo bench runs peers only for models that have one"
+    model = PEER_MODELS[layer](cfg.model, g.num_features, g.num_classes).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    if peer == "GCNConv":  # cached=True normalises on its first call
+    if model.normalises_once:
         model.eval()
         with torch.no_grad():
             model(x, adj)
@@ -300,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     fix_mmap_threshold()  # the workers' allocator settings (worker/memory.py)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    result = train_peer(load_config(args.config), args.system, args.epochs)
+    result = train_peer(load_config(args.config), peer_of(args.system), args.epochs)
     print(json.dumps(result))
 
 

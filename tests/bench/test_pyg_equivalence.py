@@ -12,6 +12,7 @@ from leo_cli.bench.peers import PygGAT, PygGCN, adjacency
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.types import DatasetInfo
+from leo_cli.registry import peer_of
 from leo_cli.worker.assemble import assemble
 
 pytest.importorskip("torch_geometric")
@@ -41,7 +42,9 @@ def test_leo_gcn_equals_pyg_gcnconv(system: str) -> None:
     x = torch.from_numpy(g.x_NF).double()
     with torch.no_grad():
         leo_logits = job.model(x, job.graph)
-        pyg_logits = peer(x, adjacency(g.edge_index_2E, g.num_nodes, system, torch.float64))
+        pyg_logits = peer(
+            x, adjacency(g.edge_index_2E, g.num_nodes, peer_of(system), torch.float64)
+        )
     torch.testing.assert_close(leo_logits, pyg_logits, rtol=1e-12, atol=1e-12)
 
 
@@ -75,5 +78,7 @@ def test_leo_gat_equals_pyg_gatconv(system: str) -> None:
     x = torch.from_numpy(g.x_NF).double()
     with torch.no_grad():
         leo_logits = job.model(x, job.graph)
-        pyg_logits = peer(x, adjacency(g.edge_index_2E, g.num_nodes, system, torch.float64))
+        pyg_logits = peer(
+            x, adjacency(g.edge_index_2E, g.num_nodes, peer_of(system), torch.float64)
+        )
     torch.testing.assert_close(leo_logits, pyg_logits, rtol=1e-12, atol=1e-12)
