@@ -1,12 +1,17 @@
-"""The tables LEO grows along: pipeline modes, cache policies, convolutions and the bench's
-peers, one record each.
+"""The tables LEO grows along: pipeline modes, the runs a cache plan prices, cache policies,
+convolutions and the bench's peers, one record each.
 
 In the spirit of torch.distributed.pipelining's schedule table and torchtitan's `TrainSpec`:
 a record says what the rest of the code needs to know about a mode or a convolution, as
-fields, and code asks the record (`mode_of("leo").overlap`) instead of comparing names. Only this
-module spells mode and model names; the implementations register beside their code (the
-transports in comm/modes.py, the layers in models/layers.py and models/gat.py) under the
-names given here, and tests/test_registry.py checks that every record has one.
+fields, and code asks the record (`mode_of("leo").overlap`) instead of comparing names. Only
+the registries spell mode and model names (this module; the bench's roles in
+bench/modes.py); the implementations register beside their code (the transports in
+comm/modes.py, the layers in models/layers.py and models/gat.py) under the names given here,
+and tests/test_registry.py checks that every record has one.
+
+A `Mode` says what the runtime does; a `Priced` run is what the planner predicts (a mode with
+or without the plan's levels), derived from the modes; a `Conv` names the PyG layer the bench
+compares with and the PyG model its weights export to (`PygModel`).
 
 Pure data (no torch), so the config schema, at the bottom of the imports, validates against it.
 Adding a mode: its transport module, one `Mode` line here and its cost terms (planner/cost.py).
@@ -18,10 +23,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Transport = Literal["point-to-point", "all-to-all", "segment", "none"]
-# What `leo bench` measures against: the exact reference of every ratio (`baseline`), the
-# computation with no transfer (`floor`) and the pipeline without a cache (`overlap`); the
-# hidden share is (baseline - overlap) / (baseline - floor).
-BenchRole = Literal["baseline", "floor", "overlap"]
 EdgeWeights = Literal["symmetric", "mean", "sum", "attention"]
 Framework = Literal["pyg", "dgl"]  # whose layers a bench peer trains
 
@@ -45,6 +46,7 @@ class Wire:
         gradients_as_rows: the backward moves the output gradient as rows, the forward's way
             (`Aᵀ·g` is an aggregation on a symmetric graph: comm/aggregate.py
             `backward_rows`), not halo gradients as partial sums; attention layers excepted.
+        one_host: it reaches the workers of one host only (a host's shared segment).
     """
 
     name: Transport
@@ -55,6 +57,7 @@ class Wire:
     fills_zeros: bool = False
     gradient_buffer: bool = False
     gradients_as_rows: bool = False
+    one_host: bool = False
 
     @property
     def moves_rows(self) -> bool:
@@ -66,7 +69,7 @@ WIRES: dict[str, Wire] = {
     for w in (
         Wire("point-to-point", "per-peer", packs=True, receives_fresh=True),
         Wire("all-to-all", "collective", packs=True, receives_fresh=True, gradient_buffer=True),
-        Wire("segment", "segment", reads_out=True, gradients_as_rows=True),
+        Wire("segment", "segment", reads_out=True, gradients_as_rows=True, one_host=True),
         Wire("none", "none", fills_zeros=True),
     )
 }
@@ -74,47 +77,36 @@ WIRES: dict[str, Wire] = {
 
 @dataclass(frozen=True)
 class Mode:
-    """One pipeline mode (`pipeline.mode`), or a benchmark variant of one (`bench.modes`).
+    """One pipeline mode (`pipeline.mode`): what moves halo rows at run time, and how.
 
     Attributes:
         name: the key in configs and tables.
         help: one line for `--help` and the README.
-        exact: its numbers equal one process (otherwise `leo train` needs --allow-inexact).
-        transport: how halo rows move (comm/transport.py): asynchronous point-to-point
-            chunks, one all-to-all, a shared-memory segment per host, or not at all.
+        transport: how halo rows move (`WIRES`; comm/transport.py): asynchronous
+            point-to-point chunks, one all-to-all, a shared-memory segment per host, or not
+            at all.
         overlap: the update is split boundary-first and arriving rows are aggregated while
             later ones travel (the LEO pipeline).
         chunks: transfers are cut into `pipeline.num_chunks` chunks per peer.
         cache_levels: can hold replicas (L1) and rows fetched per edge (L3); every mode can
             use the static aggregate (L1s).
         per_edge_rows: every remote edge brings its own row (MGG's scheme).
-        one_host: every worker must be on one host.
         reads_in_place: rows of same-host owners can be read in place from their published
             rows (comm/inplace.py): the L3 rows (`pipeline.transport=auto`; every row for a
             per-edge mode) or every row (`shared-memory`).
         bucketed_grads: weight gradients are all-reduced per layer, asynchronously, during
             the backward pass (else one all-reduce after it).
-        planned: the cache plan's levels are priced for it (the others without a cache).
-        runs_as: for a benchmark variant, the pipeline mode it runs.
-        cache_policy: for a benchmark variant, the `cache.policy` it forces.
-        bench_role: the part it plays in `leo bench` (`BenchRole`), one mode per role.
     """
 
     name: str
     help: str
-    exact: bool
     transport: Transport
     overlap: bool = False
     chunks: bool = False
     cache_levels: bool = False
     per_edge_rows: bool = False
-    one_host: bool = False
     reads_in_place: bool = False
     bucketed_grads: bool = False
-    planned: bool = False
-    runs_as: str | None = None
-    cache_policy: str | None = None
-    bench_role: BenchRole | None = None
 
     @property
     def wire(self) -> Wire:
@@ -122,25 +114,26 @@ class Mode:
         return WIRES[self.transport]
 
     @property
-    def pipeline_mode(self) -> str:
-        """The `pipeline.mode` a run of this record uses."""
-        return self.runs_as or self.name
+    def exact(self) -> bool:
+        """Its numbers equal one process's (otherwise `leo train` needs --allow-inexact): the
+        halo rows arrive."""
+        return self.wire.moves_rows
 
     @property
-    def bench_policy(self) -> str | None:
-        """The `cache.policy` `leo bench` runs it with: its own, none for the baselines (what
-        the paper compares against has no cache), or None: the config's (the planned mode)."""
-        return self.cache_policy or (None if self.planned else NO_CACHE)
+    def one_host(self) -> bool:
+        """Every worker must be on one host."""
+        return self.wire.one_host
 
     @property
-    def cache_free(self) -> bool:
-        """A benchmark variant that forces a policy without cache levels."""
-        return self.cache_policy is not None and not POLICIES[self.cache_policy].caches
+    def planned(self) -> bool:
+        """The cache plan's levels are priced for it (the others without a cache)."""
+        return self.name == PLANNED_MODE
 
 
 AUTO_MODE = "auto"  # what `pipeline.mode` may also say: a mode chosen per run, not a Mode
 DEFAULT_MODE = AUTO_MODE
 DEFAULT_CONV = "gcn"
+PLANNED_MODE = "leo"  # the mode the cache plan's levels are made for
 
 MODES: dict[str, Mode] = {
     m.name: m
@@ -149,27 +142,22 @@ MODES: dict[str, Mode] = {
             "leo",
             "the pipeline: boundary rows first, chunks in flight while the inner rows are "
             "aggregated, each chunk aggregated as it lands; per-layer gradient all-reduce",
-            exact=True,
             transport="point-to-point",
             overlap=True,
             chunks=True,
             cache_levels=True,
             reads_in_place=True,
             bucketed_grads=True,
-            planned=True,
         ),
         Mode(
             "blocking",
             "the whole halo in one all-to-all, wait, then aggregate (DGL/PyG-style)",
-            exact=True,
             transport="all-to-all",
             cache_levels=True,
-            bench_role="baseline",
         ),
         Mode(
             "fine-grained",
             "no deduplication: every remote edge brings its own row (MGG's scheme)",
-            exact=True,
             transport="all-to-all",
             cache_levels=True,
             per_edge_rows=True,
@@ -179,30 +167,13 @@ MODES: dict[str, Mode] = {
             "shared-memory",
             "rows written to one shared segment per host between two barriers, halo rows read "
             "out of it (the unified-memory baseline; one host)",
-            exact=True,
             transport="segment",
-            one_host=True,
         ),
         Mode(
             "compute-only",
             "the same computation with the transfers removed (wrong numbers on purpose): the "
             "floor perfect overlap would reach",
-            exact=False,
             transport="none",
-            bench_role="floor",
-        ),
-        Mode(
-            "leo-no-cache",
-            "leo with cache.policy=none (benchmarks: the pipeline's overlap alone)",
-            exact=True,
-            transport="point-to-point",
-            overlap=True,
-            chunks=True,
-            reads_in_place=True,
-            bucketed_grads=True,
-            runs_as="leo",
-            cache_policy="none",
-            bench_role="overlap",
         ),
     )
 }
@@ -214,8 +185,8 @@ def mode_of(name: str) -> Mode:
 
 
 def pipeline_modes() -> list[str]:
-    """The modes a run can use (not benchmark variants, not `auto`)."""
-    return [m.name for m in MODES.values() if m.runs_as is None]
+    """The modes a run can use (not `auto`)."""
+    return list(MODES)
 
 
 def mode_settings() -> list[str]:
@@ -230,48 +201,70 @@ def is_auto(setting: str) -> bool:
 
 
 def auto_candidates() -> list[str]:
-    """The modes `auto` chooses among: the exact pipeline modes (no benchmark variant, not
-    compute-only), the planned mode first (it wins ties and runs when nothing is predicted)."""
+    """The modes `auto` chooses among: the exact ones (not compute-only), the planned mode
+    first (it wins ties and runs when nothing is predicted)."""
     exact = [m for m in pipeline_modes() if MODES[m].exact]
     return sorted(exact, key=lambda m: not MODES[m].planned)
 
 
 def planned_mode() -> str:
     """The mode the cache plan's levels are made for."""
-    return next(m.name for m in MODES.values() if m.planned)
+    return PLANNED_MODE
 
 
-def bench_role(role: BenchRole) -> str:
-    """The mode that plays `role` in `leo bench` (exactly one does: tests/test_registry.py)."""
-    return next(m.name for m in MODES.values() if m.bench_role == role)
+@dataclass(frozen=True)
+class Priced:
+    """One run the cache plan predicts (the keys of plan.json's `predicted`, `stages` and
+    `ranks_s`; `bench.modes` times the same runs): a mode with the plan's levels, or without
+    a cache.
+
+    Attributes:
+        name: the key of its prediction.
+        mode: the pipeline mode it runs (`MODES`).
+        cached: it runs with the plan's levels (the planned mode); else without a cache, cut
+            into the chunks a run without a plan chooses.
+    """
+
+    name: str
+    mode: str
+    cached: bool
+
+    @property
+    def runs(self) -> Mode:
+        """The mode it runs."""
+        return MODES[self.mode]
+
+    @property
+    def label(self) -> str:
+        """How a plot names it: the plain mode's name says `(no cache)`."""
+        return self.name if self.name != self.mode else f"{self.name} (no cache)"
 
 
-def baseline_mode() -> str:
-    """The exact reference every ratio of `leo bench` is against: one all-to-all of the
-    deduplicated halo, no overlap."""
-    return bench_role("baseline")
+UNCACHED_PLANNED = "leo-no-cache"  # the planned mode priced without a cache
 
 
-def floor_mode() -> str:
-    """The computation without any transfer: the floor of the hidden share."""
-    return bench_role("floor")
+def priced_runs() -> list[Priced]:
+    """What a cache plan predicts, in the tables' order: every mode (the planned one with the
+    plan's levels, the others without a cache), then the planned mode without a cache."""
+    runs = [Priced(m, m, cached=MODES[m].planned) for m in MODES]
+    return [*runs, Priced(UNCACHED_PLANNED, PLANNED_MODE, cached=False)]
 
 
-def overlap_mode() -> str:
-    """The pipeline without a cache: what the hidden share measures (same computation as the
-    floor, plus the transfers)."""
-    return bench_role("overlap")
+def priced_names() -> list[str]:
+    """The keys of a plan's predictions: the names `bench.modes` accepts (but `auto`)."""
+    return [p.name for p in priced_runs()]
+
+
+def priced_of(name: str) -> Priced:
+    """The record of a priced run (`bench.modes` names are validated by the config schema)."""
+    return next(p for p in priced_runs() if p.name == name)
 
 
 def prediction_key(pipeline_mode: str, cached: bool) -> str:
     """The plan's prediction a run in `pipeline_mode` is compared with: the planned mode
-    without a cache is predicted under its benchmark variant's name."""
-    if cached:
-        return pipeline_mode
-    for m in MODES.values():
-        if m.runs_as == pipeline_mode and m.cache_free:
-            return m.name
-    return pipeline_mode
+    without a cache is predicted under its own key; every other mode under its name."""
+    same = (p.name for p in priced_runs() if p.mode == pipeline_mode and p.cached == cached)
+    return next(same, pipeline_mode)
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,10 @@ import torch
 
 import leo_cli
 from leo_cli.bench import stats
+from leo_cli.bench.modes import baseline_mode, bench_mode_of, floor_mode, overlap_mode
 from leo_cli.bench.suite import LEO, Measured, Variant, bench_variants, run_folder
 from leo_cli.config import LeoConfig
-from leo_cli.registry import (
-    baseline_mode,
-    floor_mode,
-    is_auto,
-    mode_of,
-    overlap_mode,
-    planned_mode,
-)
+from leo_cli.registry import is_auto, planned_mode
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 from leo_cli.util.files import write_json
@@ -211,7 +205,8 @@ def regret_columns(m: Measured, measured: list[Measured]) -> dict[str, Any]:
         o for o in measured
         if o.variant.system == LEO and o.variant.world_size == v.world_size
         and o.variant.variant == v.variant and o.variant.static_aggregate is None
-        and not is_auto(o.variant.mode) and mode_of(o.variant.mode).exact and o.epochs
+        and not is_auto(o.variant.mode) and bench_mode_of(o.variant.mode).runs.exact
+        and o.epochs
     ]  # fmt: skip
     if not exact:
         return out

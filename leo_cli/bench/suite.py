@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from leo_cli.bench import stats
+from leo_cli.bench.modes import bench_mode_of
 from leo_cli.bench.peers import peer_command, peer_missing, write_peer_files
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.config.load import validate, with_overrides
@@ -31,7 +32,7 @@ from leo_cli.launch.nodes import run_nodes
 from leo_cli.launch.setup import Ask, run_setup
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.planner.plan import static_layer0
-from leo_cli.registry import is_auto, mode_of, peer_of, planned_mode
+from leo_cli.registry import is_auto, peer_of, planned_mode, policy_of
 from leo_cli.run_dir import RunDir
 
 LEO = "leo"  # the system of LEO's rows (the peers' are theirs: pyg, pyg-csr, dgl)
@@ -164,15 +165,15 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     if is_auto(v.mode):  # a user's default run, its candidates measured every round
         pipeline = {"mode": v.mode, "choose": "remeasure"}
         return row_config(cfg, v, out_dir, epochs, {}, pipeline)
-    mode = mode_of(v.mode)
-    cache: dict[str, Any] = {"policy": mode.bench_policy or cfg.cache.policy}
-    if cache["policy"] == "none":  # settings of the levels a run without a cache refuses
+    mode = bench_mode_of(v.mode)
+    cache: dict[str, Any] = {"policy": mode.policy or cfg.cache.policy}
+    if not policy_of(cache["policy"]).caches:  # level settings a run without a cache refuses
         for key in ("static_aggregate", "replica_budget_mb"):
             cache[key] = CacheConfig.model_fields[key].default
     if v.static_aggregate is False:
         cache["static_aggregate"] = False
-    pipeline = {"mode": mode.pipeline_mode}
-    if not mode_of(mode.pipeline_mode).chunks:
+    pipeline = {"mode": mode.runs.name}
+    if not mode.runs.chunks:
         pipeline["num_chunks"] = "auto"
     return row_config(cfg, v, out_dir, epochs, cache, pipeline)
 
@@ -212,7 +213,7 @@ def run_leo(
 ) -> dict[str, Any]:
     """One `leo train` run; per-epoch times of the timed epochs and the run's summary."""
     run_cfg = leo_config(cfg, v, out_dir)
-    inexact = not is_auto(v.mode) and not mode_of(v.mode).exact
+    inexact = not is_auto(v.mode) and not bench_mode_of(v.mode).runs.exact
     emulated = run_cfg.launch.emulate
     if emulated is not None:  # every node runs `leo train`, as on a cluster
         flags = ["--overwrite"] + ["--allow-inexact"] * inexact  # rounds reuse the folder

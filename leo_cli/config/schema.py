@@ -694,11 +694,12 @@ class BenchVariant(Section):
 
 class BenchConfig(Section):
     modes: list[str] = Field(
-        list(registry.MODES),
+        registry.priced_names(),
         min_length=1,
-        json_schema_extra=named([registry.AUTO_MODE, *registry.MODES]),
+        json_schema_extra=named([registry.AUTO_MODE, *registry.priced_names()]),
     )
-    """Modes to compare (leo_cli/registry.py): `leo`, `leo-no-cache` (pipeline, cache.policy
+    """Modes to compare (the runs a cache plan prices, leo_cli/registry.py; their roles in
+    leo_cli/bench/modes.py): `leo`, `leo-no-cache` (pipeline, cache.policy
     none), `blocking`, `fine-grained`, `shared-memory`, `compute-only` (no exchange: the
     overlap floor), and `auto` (a user's default run: its candidates measured again every
     round, `pipeline.choose=remeasure`, the trials in its set-up; the row names the modes it
@@ -752,7 +753,7 @@ class BenchConfig(Section):
     @field_validator("modes")
     @classmethod
     def _known_modes(cls, value: list[str]) -> list[str]:
-        return [one_of([registry.AUTO_MODE, *registry.MODES], v) for v in value]
+        return [one_of([registry.AUTO_MODE, *registry.priced_names()], v) for v in value]
 
     @field_validator("peers")
     @classmethod

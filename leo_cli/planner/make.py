@@ -24,7 +24,7 @@ from leo_cli.planner.plan import CachePlan, RankCache, digest
 from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.reach import Reach
-from leo_cli.registry import MODES, Mode, auto_candidates, conv_of, mode_of, planned_mode
+from leo_cli.registry import Mode, auto_candidates, conv_of, mode_of, planned_mode, priced_runs
 
 
 def model_shape(
@@ -167,13 +167,12 @@ def _make_plan(
     predicted: dict[str, float | None] = {}
     stages: dict[str, dict[str, float]] = {}
     ranks_s: dict[str, list[dict[str, float]]] = {}
-    for name, mode in MODES.items():
-        caches = decision.caches if mode.planned else none
-        chunks = chunks_run(mode, decision.num_chunks, num_chunks, accesses, shape)
+    for priced in priced_runs():  # the planned mode with the levels, every mode without
+        name, cached = priced.name, priced.cached
+        chunks = chunks_run(priced.runs, decision.num_chunks, num_chunks, accesses, shape, cached)
+        caches, rows = (decision.caches, reach) if cached else (none, asked)
         try:
-            pred = predict(
-                accesses, caches, shape, hw, name, chunks, reach if mode.planned else asked
-            )
+            pred = predict(accesses, caches, shape, hw, priced.mode, chunks, rows)
         except CacheError:  # the profile lacks that link (e.g. shared memory across hosts)
             predicted[name] = None
             continue
@@ -358,14 +357,15 @@ def chunks_run(
     setting: str | int,
     accesses: list[PartAccess],
     shape: ModelShape,
+    with_plan: bool = True,
 ) -> list[int]:
     """The chunk counts a run of `mode` cuts its transfers into (worker/assemble.py
     chunk_counts): none for a mode that does not chunk; the `pipeline.num_chunks` setting; the
-    plan's; or for a mode run without a plan (cache.policy none) the 4 MiB heuristic of
-    comm/modes.py, whose count every worker agrees on (the largest)."""
+    plan's; or for a run without a plan (`with_plan` False: cache.policy none) the 4 MiB
+    heuristic of comm/modes.py, whose count every worker agrees on (the largest)."""
     if not mode.chunks:
         return [1]
-    if setting != "auto" or not mode.cache_free:
+    if setting != "auto" or with_plan:
         return planned
     width = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
     rows = max(max([*p.send_counts, *p.recv_counts, 0]) for p in accesses)

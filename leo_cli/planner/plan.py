@@ -328,7 +328,7 @@ def predicted_time(plan: CachePlan | None, cfg: LeoConfig) -> float | None:
     """The predicted step time of this run's mode from the plan `load_plan` found for it.
     With a cache, the planned mode's is the plan's own prediction and another exact mode's
     the one priced with what it can use of the plan's levels (`predicted_run`); without a
-    cache, every mode's (the planned mode under its cache-free benchmark name,
+    cache, every mode's (the planned mode under the key of its run without a cache,
     registry.prediction_key); None for levels the plan does not price (`UNPRICED_LEVELS`)."""
     if plan is None or cfg.pipeline.levels in UNPRICED_LEVELS:
         return None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from leo_cli.planner.plan import CachePlan
-from leo_cli.registry import MODES, planned_mode
+from leo_cli.registry import planned_mode, priced_runs
 from leo_cli.util import files
 
 LEVEL_COLOURS = {"L1": "tab:green", "L2": "tab:blue", "L3": "tab:orange", "in place": "tab:purple"}
@@ -67,13 +67,11 @@ def sweep_panel(ax: Any, plan: CachePlan) -> None:
             ax.plot([100 * replica_mb / 2**20 / halo_mb], [chosen], marker="*", markersize=16,
                     color="red", linestyle="none", label="the plan")  # fmt: skip
     ax.set_xlim(-3, 103)
-    baselines = [n for n, m in MODES.items() if m.exact and not m.planned]
-    for mode, style in zip(baselines, ("--", ":", "-.", (0, (1, 4))), strict=False):
-        t = plan.predicted.get(mode)
+    baselines = [p for p in priced_runs() if p.runs.exact and not p.cached]
+    for run, style in zip(baselines, ("--", ":", "-.", (0, (1, 4))), strict=False):
+        t = plan.predicted.get(run.name)
         if t is not None:
-            cache_free = MODES[mode].cache_free
-            label = mode if cache_free else f"{mode} (no cache)"
-            ax.axhline(t, linestyle=style, color="gray", label=label)
+            ax.axhline(t, linestyle=style, color="gray", label=run.label)
     title = "predicted step against replicated rows"
     if not plan.sweep:
         title += "\n(replicas do not apply: static aggregate, attention or no cache)"

@@ -48,7 +48,7 @@ def cfg(*overrides: str) -> LeoConfig:
 def test_auto_is_the_default_and_not_a_mode_that_runs() -> None:
     assert cfg().pipeline.mode == "auto"
     assert "auto" not in pipeline_modes()
-    assert all(mode_of(m).exact and mode_of(m).runs_as is None for m in auto_candidates())
+    assert all(mode_of(m).exact for m in auto_candidates())
     assert auto_candidates()[0] == "leo"  # the planned mode wins ties
 
 

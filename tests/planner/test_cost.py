@@ -244,7 +244,7 @@ def test_blocking_combine_waits_for_every_rank() -> None:
 
 def test_pipelined_step_uses_point_to_point_chunks() -> None:
     hw = hardware(overlap=1.0)
-    pred = predict([part(0), part(1)], NONE, SHAPE, hw, "leo-no-cache", [2])
+    pred = predict([part(0), part(1)], NONE, SHAPE, hw, "leo", [2])  # without a cache
     # Two chunks of 4 rows of 16 B: 64 B at 1 MB/s + 2 messages of 1 ms, per direction.
     assert pred.stages["comm_s"] == pytest.approx(2 * (64 / 1e6 + 2e-3), rel=1e-12)
 
@@ -338,7 +338,7 @@ def test_reads_in_place_cost_what_the_probe_measured() -> None:
     assert plain.per_rank == predict(accesses, l3, SHAPE, hardware(), "leo", [1]).per_rank
 
 
-@pytest.mark.parametrize("mode", ["blocking", "leo-no-cache"])
+@pytest.mark.parametrize("mode", ["blocking", "leo"])
 def test_each_rank_is_priced_with_its_own_rates(mode: str) -> None:
     """Rank 1 measured at half rank 0's compute rates: its own work takes twice as long, and
     the step, which waits for the slowest rank, grows with it."""

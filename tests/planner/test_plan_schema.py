@@ -14,7 +14,7 @@ import pytest
 from leo_cli.config.schema import MAX_CHUNKS
 from leo_cli.errors import CacheError
 from leo_cli.planner.plan import PLAN, CachePlan, RankCache, read_plan, write_plan
-from leo_cli.registry import MODES
+from leo_cli.registry import priced_names
 
 HALO = [6, 4]  # halo rows of rank 0 and rank 1
 
@@ -32,7 +32,8 @@ def plan() -> CachePlan:
         "a" * 64, "b" * 64, "c" * 64, "leo",
         [RankCache(False, np.array([0, 5]), np.array([], dtype=np.int64)),
          RankCache(False, np.array([], dtype=np.int64), np.array([3]))],
-        [2, 1], {m: 0.5 for m in MODES}, {m: dict(stages) for m in MODES}, [level, level],
+        [2, 1], dict.fromkeys(priced_names(), 0.5), {m: dict(stages) for m in priced_names()},
+        [level, level],
         [{"replica_share": 0.0, "replica_budget_mb": 0.0, "predicted_epoch_time_s": 0.5,
           "within_budget": True}], 1.0, 2.5,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from leo_cli.config.schema import CacheConfig
 from leo_cli.planner import make as plan_module
 from leo_cli.planner import policy as policy_module
 from leo_cli.planner.cost import ModelShape
-from leo_cli.registry import MODES, auto_candidates
+from leo_cli.registry import auto_candidates, priced_runs
 
 # Two layers, 16 -> 8 -> 4, input dropout on: replicas apply (no static aggregate).
 SHAPE = ModelShape((16, 8, 4), 0.5, 0.5, 4, extra_gemm=False)
@@ -33,9 +33,11 @@ def test_plan_prices_the_sweep_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ranks, layers = len(accesses), SHAPE.num_layers
     replicas = 2 * ranks * (len(policy_module.REPLICA_FRACTIONS) + 1)  # two passes
     chunks = layers * len(policy_module.CHUNK_CHOICES)
-    # every mode's prediction, then the auto candidates' but the planned one's, with the plan
+    # every priced run's prediction, then the auto candidates' but the planned one's, with the plan
     run_with_plan = len(auto_candidates()) - 1
-    budget = len(policy_module.SWEEP_SHARES) + replicas + chunks + 1 + len(MODES) + run_with_plan
+    budget = (
+        len(policy_module.SWEEP_SHARES) + replicas + chunks + 1 + len(priced_runs()) + run_with_plan
+    )
     assert len(calls) <= budget  # re-running the policy per sweep point took ~6x as many
     shares = [p["replica_share"] for p in made.sweep]
     assert shares == list(policy_module.SWEEP_SHARES)
