@@ -236,8 +236,10 @@ class Priced:
 
     @property
     def label(self) -> str:
-        """How a plot names it: the plain mode's name says `(no cache)`."""
-        return self.name if self.name != self.mode else f"{self.name} (no cache)"
+        """How a plot names it: a mode priced without a cache under the mode's own name is
+        marked `(no cache)`."""
+        marked = not self.cached and self.name == self.mode
+        return f"{self.name} (no cache)" if marked else self.name
 
 
 UNCACHED_PLANNED = "leo-no-cache"  # the planned mode priced without a cache

@@ -73,6 +73,8 @@ def test_every_priced_run_runs_a_mode_and_only_the_planned_one_has_the_levels() 
     uncached = registry.prediction_key(registry.planned_mode(), cached=False)
     assert registry.priced_of(uncached).runs.planned and uncached != registry.planned_mode()
     assert uncached not in registry.MODES  # a priced run, not a mode to train in
+    assert registry.priced_of(uncached).label == uncached  # its name says it
+    assert registry.priced_of(baseline_mode()).label == f"{baseline_mode()} (no cache)"
 
 
 def test_every_bench_mode_is_a_priced_run_of_a_runtime_mode() -> None:
