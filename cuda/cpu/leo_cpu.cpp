@@ -1,13 +1,17 @@
-// The torch binding of LEO's CPU kernels: the op leo_cpu::spmm_csr, loaded with
-// torch.ops.load_library by leo_cli.kernels.cpu, which registers it as the CPU kernel of
-// leo::spmm_csr (the Python side converts low-precision inputs, as the reference does).
+// The torch binding of LEO's CPU kernels: the ops leo_cpu::spmm_csr and leo_cpu::keyed_dropout,
+// loaded with torch.ops.load_library by leo_cli.kernels.cpu, which registers them as the CPU
+// kernels of leo::spmm_csr and leo::keyed_dropout (the Python side converts low-precision
+// inputs of the SpMM, as the reference does).
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
+#include "keyed_cpu.h"
 #include "spmm_csr_cpu.h"
 
 namespace {
@@ -72,10 +76,75 @@ at::Tensor spmm_csr(const at::Tensor& indptr, const at::Tensor& indices, const a
   return out;
 }
 
+// x's row-major rows [r0, r1) times their keyed multipliers (`kept` or 0 by each entry's random
+// byte) into out. A group of eight columns shares one 64-bit hash, a byte per column. Each row's
+// multipliers go to a buffer first, so the product is a plain loop the compiler vectorises.
+template <typename T>
+void keyed_dropout_rows(const T* x, const int64_t* ids, const uint64_t* column, int64_t cols,
+                        uint64_t key, int thr, at::opmath_type<T> kept, T* out, int64_t r0,
+                        int64_t r1) {
+  using opmath_t = at::opmath_type<T>;
+  const int64_t groups = (cols + 7) / 8;
+  std::vector<opmath_t> mult(8 * groups);
+  opmath_t* m = mult.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t row = leo_cpu::splitmix64(static_cast<uint64_t>(ids[r]) ^ key);
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint64_t bytes = leo_cpu::mix64(row ^ column[g]);  // byte k: column 8g + k
+      for (int k = 0; k < 8; ++k) {
+        const bool keep = static_cast<int>((bytes >> (8 * k)) & 0xff) >= thr;
+        m[8 * g + k] = kept * static_cast<opmath_t>(keep);  // no branch: the bytes are random
+      }
+    }
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      yr[j] = static_cast<T>(static_cast<opmath_t>(xr[j]) * m[j]);
+    }
+  }
+}
+
+// x with entry (i, j) times `scale` where the random byte of (ids[i], j) under `key` is at
+// least `threshold`, else times 0: leo::keyed_dropout's reference, in one pass over x.
+at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key,
+                         int64_t threshold, double scale) {
+  TORCH_CHECK(x.device().is_cpu() && ids.device().is_cpu(),
+              "leo_cpu::keyed_dropout: every tensor must be on the CPU");
+  TORCH_CHECK(x.dim() == 2 && ids.dim() == 1 && ids.size(0) == x.size(0),
+              "leo_cpu::keyed_dropout: x (N x F) and ids (N) must match");
+  const auto xc = x.contiguous();
+  const auto id = ids.to(at::kLong).contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t rows = xc.size(0);
+  const int64_t cols = xc.size(1);
+  if (rows == 0 || cols == 0) return out;
+  std::vector<uint64_t> column((cols + 7) / 8);  // the groups' column hashes, made once
+  for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);
+  const int thr = static_cast<int>(threshold);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(),
+                                  "leo_cpu_keyed_dropout", [&] {
+    const scalar_t* src = xc.data_ptr<scalar_t>();
+    const int64_t* row_ids = id.data_ptr<int64_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    // the multiplier as the reference holds it: `scale` in x's dtype
+    const auto kept = static_cast<at::opmath_type<scalar_t>>(static_cast<scalar_t>(scale));
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      keyed_dropout_rows(src, row_ids, column.data(), cols, static_cast<uint64_t>(key), thr, kept,
+                         dst, r0, r1);
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(leo_cpu, m) {
   m.def("spmm_csr(Tensor indptr, Tensor indices, Tensor values, Tensor x, int num_rows) -> Tensor");
+  m.def("keyed_dropout(Tensor x, Tensor ids, int key, int threshold, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(leo_cpu, CPU, m) { m.impl("spmm_csr", &spmm_csr); }
+TORCH_LIBRARY_IMPL(leo_cpu, CPU, m) {
+  m.impl("spmm_csr", &spmm_csr);
+  m.impl("keyed_dropout", &keyed_dropout);
+}

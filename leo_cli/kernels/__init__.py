@@ -34,6 +34,7 @@ __all__ = [
     "gat_scores",
     "gat_spmm",
     "gather_rows",
+    "keyed_dropout",
     "scatter_add_rows",
     "sddmm",
     "spmm",
@@ -140,6 +141,18 @@ def bias_relu_dropout(
     if bias_F is not None and bias_F.shape != (h_NF.shape[1],):
         raise ValueError(f"bias must have {h_NF.shape[1]} entries, got {tuple(bias_F.shape)}")
     out: Tensor = ops.bias_relu_dropout(h_NF, bias_F, ids_N, key, threshold, scale)
+    return out
+
+
+def keyed_dropout(x_NF: Tensor, ids_N: Tensor, key: int, threshold: int, scale: float) -> Tensor:
+    """Inverted dropout of a tensor without a gradient (`ops.keyed_dropout`): entry (i, j) kept
+    (times `scale`) where the random byte of (ids_N[i], j) under `key` is at least
+    `threshold`, else 0."""
+    if x_NF.dim() != 2 or ids_N.shape != (x_NF.shape[0],):
+        raise ValueError(
+            f"x (N x F) and ids (N) must match, got {tuple(x_NF.shape)} and {tuple(ids_N.shape)}"
+        )
+    out: Tensor = ops.keyed_dropout(x_NF, ids_N, key, threshold, scale)
     return out
 
 

@@ -117,8 +117,10 @@ def load(lib: Path) -> None:
     if _LOADED is not None:
         return
     torch.ops.load_library(str(lib))  # type: ignore[no-untyped-call]
-    torch.ops.leo_cpu.spmm_csr.default  # noqa: B018  (raises when the op is missing)
+    torch.ops.leo_cpu.spmm_csr.default  # noqa: B018  (raises when an op is missing)
+    torch.ops.leo_cpu.keyed_dropout.default  # noqa: B018
     ops.spmm_csr.register_kernel("cpu")(_spmm_csr_cpu)
+    ops.keyed_dropout.register_kernel("cpu")(_keyed_dropout_cpu)
     ops.fused_aggregate.register_kernel("cpu")(_fused_aggregate_cpu)
     _LOADED = lib
 
@@ -154,6 +156,11 @@ def _spmm_csr_cpu(
 ) -> Tensor:
     _require(values.dtype == x.dtype, lambda: "spmm_csr: values and x must share a dtype")
     return _spmm(indptr, indices, values, x, num_rows).to(x.dtype)
+
+
+def _keyed_dropout_cpu(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
+    out: Tensor = torch.ops.leo_cpu.keyed_dropout(x, ids, key, threshold, scale)
+    return out
 
 
 def _fused_aggregate_cpu(

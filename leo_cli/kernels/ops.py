@@ -486,6 +486,32 @@ fused_aggregate.register_autograd(_fused_backward, setup_context=_fused_setup_co
 
 
 # ---------------------------------------------------------------------------------------------
+# leo::keyed_dropout — x ⊙ keyed dropout mask, for tensors without a gradient (the input features)
+
+_DROPOUT_CHUNK_ROWS = 1 << 15  # bounds the reference's int64 temporaries to a few MB per chunk
+
+
+@torch.library.custom_op("leo::keyed_dropout", mutates_args=())
+def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
+    """x with entry (i, j) times `scale` where the random byte of (ids[i], j) under `key`
+    (util/keyed.py) is at least `threshold`, else times 0 (inverted dropout). The reference on
+    every device, a chunk of rows at a time, so no multiplier as large as x is allocated;
+    LEO's CPU library serves CPU tensors in one pass (`cpu.py`), with the same bits."""
+    out = torch.empty_like(x)
+    for s in range(0, x.shape[0], _DROPOUT_CHUNK_ROWS):
+        e = s + _DROPOUT_CHUNK_ROWS
+        mult = (random_bytes(ids[s:e], x.shape[1], key) >= threshold).to(x.dtype).mul_(scale)
+        torch.mul(x[s:e], mult, out=out[s:e])
+    return out
+
+
+@keyed_dropout.register_fake
+def _keyed_dropout_fake(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
+    _require(x.dim() == 2 and ids.dim() == 1, lambda: "keyed_dropout: x 2-D, ids 1-D")
+    return torch.empty_like(x)
+
+
+# ---------------------------------------------------------------------------------------------
 # leo::bias_relu_dropout — relu(h + b) ⊙ keyed dropout mask, one cache-sized chunk at a time
 
 _EPILOGUE_CHUNK_BYTES = 4 << 20  # rows per chunk: about 4 MB of h, in the last-level cache

@@ -55,27 +55,18 @@ def keep_scale(p: float, dtype: torch.dtype) -> float:
 
 def counter_dropout(x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
     """Inverted dropout with a mask that only depends on global row ids and the key. Without
-    a gradient to x (the input features) the mask is applied a chunk of rows at a time, so no
-    multiplier as large as x is allocated."""
+    a gradient to x (the input features) in one op (`kernels.keyed_dropout`) that allocates no
+    multiplier as large as x."""
     if p == 0.0:
         return x_NF
     scale = keep_scale(p, x_NF.dtype)
     if not (x_NF.requires_grad and torch.is_grad_enabled()):
-        out_NF = torch.empty_like(x_NF)
-        for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
-            mult = _multiplier(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p, x_NF.dtype)
-            torch.mul(x_NF[s : s + _CHUNK_ROWS], mult.mul_(scale), out=out_NF[s : s + _CHUNK_ROWS])
-        return out_NF
+        return kernels.keyed_dropout(x_NF, ids_N, key, threshold(p), scale)
     mult_NF = torch.empty_like(x_NF)
     for s in range(0, ids_N.shape[0], _CHUNK_ROWS):
         mult_NF[s : s + _CHUNK_ROWS] = keep_mask(ids_N[s : s + _CHUNK_ROWS], x_NF.shape[1], key, p)
     out: Tensor = _Scale.apply(x_NF, mult_NF.mul_(scale))  # type: ignore[no-untyped-call]
     return out
-
-
-def _multiplier(ids_N: Tensor, num_cols: int, key: int, p: float, dtype: torch.dtype) -> Tensor:
-    """The mask of `ids_N`'s rows as 0/1 entries of `dtype`."""
-    return keep_mask(ids_N, num_cols, key, p).to(dtype)
 
 
 class Recomputed:

@@ -5,7 +5,9 @@ loads LIB (which registers its kernels for CPU tensors in this process, for good
 subprocess), computes again and compares (and once more with torch's SpMM, as
 `pipeline.spmm=torch` asks): outputs and gradients of `spmm` and `fused_aggregate` on the
 graphs that break sparse kernels, in float64, float32 and bfloat16, int32 and int64 indices,
-widths that exercise every column tile; then gradcheck and opcheck with the kernel in place.
+widths that exercise every column tile; then gradcheck and opcheck with the kernel in place;
+then `keyed_dropout` to the bit against the reference (every dtype, widths around whole
+groups of eight columns, infinities, NaN and signed zeros in x).
 Exits non-zero (an AssertionError) on the first mismatch; prints one line per checked group.
 """
 
@@ -20,6 +22,7 @@ from torch import Tensor
 from leo_cli import kernels
 from leo_cli.kernel_tools.synthetic import power_law_csr, random_csr, split_local_remote
 from leo_cli.kernels import cpu, ops, variants
+from leo_cli.models import dropout
 
 KINDS = {
     "empty_rows": {"empty_fraction": 0.4},
@@ -81,10 +84,47 @@ def compare(name: str, got: dict[str, Tensor], want: dict[str, Tensor], tol: flo
         assert err <= tol * scale, f"{name} {key}: max error {err:.3e} > {tol:.0e} x {scale:.3g}"
 
 
+def dropout_cases() -> list[tuple[str, Tensor, Tensor, int, int, float]]:
+    """(name, x, ids, key, threshold, scale): widths below, at and past groups of eight,
+    negative keys and ids beyond int32, special values in x, a strided x, no rows."""
+    out = []
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        for width in (1, 7, 8, 9, 16, 67, 1433):
+            gen = torch.Generator().manual_seed(width)
+            x = torch.randn(300, width, generator=gen, dtype=torch.float64).to(dtype)
+            special = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 0.0])
+            x[1, : min(width, 5)] = special[: min(width, 5)].to(dtype)
+            ids = torch.randint(0, 1 << 40, (300,), generator=gen)
+            for key, p in ((-(1 << 62) + 7, 0.5), (12345, 0.1), (3, 0.9)):
+                t = dropout.threshold(p)
+                scale = dropout.keep_scale(p, dtype)
+                out.append((f"dropout/{dtype}/{width}/{p}", x, ids, key, t, scale))
+    wide = torch.randn(40, 32)
+    out.append(("dropout/strided", wide[:, ::2], torch.arange(40), 9, 128, 2.0))
+    out.append(("dropout/no_rows", torch.randn(0, 8), torch.arange(0), 9, 128, 2.0))
+    out.append(("dropout/int32_ids", wide, torch.arange(40, dtype=torch.int32), 9, 128, 2.0))
+    return out
+
+
+def same_bits(a: Tensor, b: Tensor) -> bool:
+    """Equal to the bit, but for NaN payloads (torch's own kernels make different ones)."""
+    nan = torch.isnan(a)
+    return (
+        a.dtype == b.dtype
+        and torch.equal(nan, torch.isnan(b))
+        and torch.equal(
+            torch.where(nan, 0, a).view(-1).view(torch.uint8),
+            torch.where(nan, 0, b).view(-1).view(torch.uint8),
+        )
+    )
+
+
 def main(lib: Path) -> None:
     assert cpu.loaded() is None, "run with LEO_KERNELS=ref: the reference must compute first"
     table = cases()
     reference = [run_case(csr, x) for _, csr, x in table]
+    drops = dropout_cases()
+    dropped = [kernels.keyed_dropout(x, ids, key, t, scale) for _, x, ids, key, t, scale in drops]
     cpu.load(lib)
     assert cpu.loaded() == lib
     for (name, csr, x), want in zip(table, reference, strict=True):
@@ -116,6 +156,14 @@ def main(lib: Path) -> None:
     assert not [e for e in prof.key_averages() if e.key == "leo_cpu::spmm_csr"]
     variants.set_cpu_spmm(variants.LEO)
     print("variants: ok")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for (name, x, ids, key, t, scale), want in zip(drops, dropped, strict=True):
+            assert same_bits(kernels.keyed_dropout(x, ids, key, t, scale), want), name
+    calls = [e.count for e in prof.key_averages() if e.key == "leo_cpu::keyed_dropout"]
+    assert calls == [len(drops)], f"leo_cpu::keyed_dropout calls recorded: {calls}"
+    finite = torch.randn(30, 20)  # opcheck compares outputs with NaN != NaN
+    torch.library.opcheck(ops.keyed_dropout, (finite, torch.arange(30), 5, 128, 2.0))
+    print(f"dropout: {len(drops)} cases")
 
 
 if __name__ == "__main__":
