@@ -36,9 +36,14 @@ cuda-check: install
 
 # Byte-compiled first: with PYTHONDONTWRITEBYTECODE set (CI images often set it) every
 # `python -m leo_cli` and worker of the suite would compile LEO's sources again.
+# PYTEST_WORKERS pytest processes (pytest-xdist) share the test files: the suite's launches
+# wait on processes, timeouts and sockets much of the time, so one pytest keeps about one
+# core busy. A file's tests stay in one process (its module fixtures are built once).
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS := -q -n $(PYTEST_WORKERS) --dist loadfile
 pytest: install
 	$(PY) -m compileall -q -j 0 leo_cli tests
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The checks run side by side once installed: mypy and the single-threaded CUDA compile check
 # take the core pytest's two-rank tests leave idle (about 2 minutes less on 2 cores); their
@@ -50,7 +55,7 @@ test: install
 # or a long run (slow); under 3 minutes on 2 cores. CI runs `make test`.
 test-fast: install lint
 	$(PY) -m compileall -q -j 0 leo_cli tests
-	$(VENV)/bin/pytest -q -m "not integration and not dist and not slow"
+	$(VENV)/bin/pytest $(PYTEST_ARGS) -m "not integration and not dist and not slow"
 
 # A CUDA build of torch (the registry's default Linux x86_64 wheel: CUDA 13 for torch 2.13.0,
 # ~5 GB with its nvidia-* packages) in a virtual environment of its own, never the one

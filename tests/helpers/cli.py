@@ -61,18 +61,25 @@ def leo_here(
     """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it,
     in `env` (else this process's environment) and `cwd`. An exception other than the
     command's exit propagates (with its traceback); the environment, the working directory and
-    the signal handlers the command sets are put back."""
+    the signal handlers the command sets are put back. The CLI's consoles follow the call's
+    COLUMNS, as a new process's would (Rich fixes a console's width to the COLUMNS it was made
+    under, which would be the first call's that imported the CLI)."""
     from unittest import mock
 
     from typer.testing import CliRunner
 
+    from leo_cli.cli import common
     from leo_cli.cli.app import app
 
     signals = (signal.SIGINT, signal.SIGTERM)
     saved = {sig: signal.getsignal(sig) for sig in signals}
     here = os.getcwd()
     try:
-        with mock.patch.dict(os.environ, clear=env is not None):
+        with (
+            mock.patch.dict(os.environ, clear=env is not None),
+            mock.patch.object(common.console, "_width", None),
+            mock.patch.object(common.err_console, "_width", None),
+        ):
             os.environ.update(env or {})
             if cwd is not None:
                 os.chdir(cwd)
