@@ -392,27 +392,32 @@ def test_resume_on_other_worker_counts_keeps_the_numbers(
     assert summary(run)["exact"] and summary(run)["world_size"] == 1
 
 
+def two_nodes(flags: list[str], log: Path) -> None:
+    """Node 1 as a process of its own (its output into `log`), node 0 in this one: its workers
+    fork from this process's preloading server, as they would in a Python session."""
+    with log.open("w") as out:
+        node1 = subprocess.Popen(
+            [sys.executable, "-m", "leo_cli", "train", *flags, "--set", "launch.node_rank=1"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            res = leo("train", *flags, "--set", "launch.node_rank=0", timeout=300)
+            assert res.returncode == 0, res.stderr
+            assert node1.wait(timeout=300) == 0, log.read_text()
+        finally:
+            if node1.poll() is None:
+                os.killpg(node1.pid, signal.SIGKILL)
+                node1.wait()
+
+
 @pytest.mark.integration
 def test_two_nodes_match_one_launch(tmp_path: Path, trained_run: TrainedRun) -> None:
     """Two nodes with the default cache policy: both join one probe, then train; the one
     launch is the session's trained run (TINY, 2 workers, 6 epochs)."""
-    common = [
-        *TINY,
-        "--set",
-        "train.num_epochs=6",
-        "--set",
-        "launch.nnodes=2",
-        "--set",
-        f"launch.master_port={free_port()}",
-    ]
+    common = [*TINY, "--set", "train.num_epochs=6", "--set", "launch.nnodes=2"]
     run = tmp_path / "multi"
-    nodes = [
-        start("train", *common, "--set", f"run.out_dir={run}", "--set", f"launch.node_rank={r}")
-        for r in (0, 1)
-    ]
-    for node in nodes:
-        out, err = node.communicate(timeout=300)
-        assert node.returncode == 0, err
+    flags = [*common, "--set", f"launch.master_port={free_port()}", "--set", f"run.out_dir={run}"]
+    two_nodes(flags, tmp_path / "node1.log")
     single = trained_run.folder
     assert "train.num_epochs=6" in trained_run.settings
     assert summary(run)["final_loss"] == pytest.approx(summary(single)["final_loss"], rel=1e-6)
@@ -428,27 +433,16 @@ def test_two_nodes_match_one_launch(tmp_path: Path, trained_run: TrainedRun) -> 
     # Again on the same folder: every probe rank finds its entry measured where it runs (a
     # short check, no probe); then with rank 1's host edited, as if another machine were node
     # 1: only node 1 knows, and both measure again.
-    def again() -> None:
-        flags = [
-            *common,
-            "--set",
-            f"launch.master_port={free_port()}",
-            "--set",
-            f"run.out_dir={run}",
-        ]
-        nodes = [
-            start("train", *flags, "--overwrite", "--set", f"launch.node_rank={r}") for r in (0, 1)
-        ]
-        for node in nodes:
-            _, err = node.communicate(timeout=300)
-            assert node.returncode == 0, err
+    def again(log: str) -> None:
+        port = ["--set", f"launch.master_port={free_port()}"]
+        two_nodes([*common, *port, "--set", f"run.out_dir={run}", "--overwrite"], tmp_path / log)
 
     kept = (run / "hardware.json").read_bytes()
-    again()
+    again("again.log")
     assert (run / "hardware.json").read_bytes() == kept
     hw["ranks"][1]["hostname"] = "elsewhere"
     (run / "hardware.json").write_text(json.dumps(hw))
-    again()
+    again("edited.log")
     remade = json.loads((run / "hardware.json").read_text())
     assert remade["ranks"][1]["hostname"] == socket.gethostname()
 
