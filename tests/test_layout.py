@@ -24,7 +24,7 @@ LAYERS = {
     "kernels": 3,
     "graph": 4, "kernel_tools": 4,
     "comm": 5,
-    "models": 6,
+    "models": 6, "harness": 6,
     "planner": 7,
     "worker": 8, "launch": 8,
     "bench": 9, "elastic": 9,
@@ -46,7 +46,11 @@ PARENT_ONLY = {
 # The read side of the planner, the only part of it a worker imports.
 PLANNER_READ = ("plan", "plan_schema", "auto_mode", "checks", "reach")
 WORKER_MAY_IMPORT = ("comm", "models", "graph", "config", "run_dir", "kernels", "registry",
-                     "errors", "util", "worker")  # fmt: skip
+                     "errors", "util", "worker", "harness")  # fmt: skip
+# The rank harness wraps a rank's work and knows nothing of it: it reads where the rank sits
+# (comm.dist) and writes into the run folder, nothing more.
+HARNESS_MAY_IMPORT = ("leo_cli.comm.dist", "leo_cli.errors", "leo_cli.run_dir", "leo_cli.util",
+                      "leo_cli.harness")  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -141,6 +145,23 @@ def test_the_worker_imports_its_layers_and_the_planner_read_side_only() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_harness_imports_where_a_rank_sits_and_nothing_of_its_work() -> None:
+    wrong = [
+        f"{module} imports {other}"
+        for module, imported in graph().items()
+        if package_of(module) == "harness"
+        for other in imported
+        if not other.startswith(HARNESS_MAY_IMPORT)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_rank_harness_in_comm() -> None:
+    """Process lifecycle, heartbeats, error files and CPU pinning live in `harness/`."""
+    comm = {p.stem for p in (PACKAGE / "comm").glob("*.py")}
+    assert not comm & {"process", "placement"}, sorted(comm & {"process", "placement"})
+
+
 def closure(start: str, edges: dict[str, set[str]]) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -202,7 +223,7 @@ DOC_PATH = re.compile(
     r"(?<![\w/.-])((?:leo_cli|tests|docs|configs|scripts|cuda|datasets)/[\w./-]*[\w])"
 )
 IN_PACKAGE = re.compile(
-    r"(?<![\w/.-])((?:bench|cache|cli|comm|config|graph|kernel_tools|kernels|launch|models|"
+    r"(?<![\w/.-])((?:bench|cache|cli|comm|config|graph|harness|kernel_tools|kernels|launch|models|"
     r"planner|train|util|worker)/[\w/]+\.py)"
 )
 

@@ -8,8 +8,9 @@ group itself where the plan or the part sizes need one and the run folder has no
 (the probe's own launch cannot run inside workers), then partitions, a cache plan and the
 resolved config, made by node 0's first worker (node 0 hosts the rendezvous, so it is always
 there, and the config's data and run paths are its own) while the others wait. Then each
-runs the worker (leo_cli/worker/entry.py), which resumes from the last checkpoint: every
-mode gives one process's numbers whatever the worker count, so the run keeps its numbers.
+trains as a worker does (a `Trainer`, leo_cli/worker/trainer.py), resuming from the last
+checkpoint: every mode gives one process's numbers whatever the worker count, so the run keeps
+its numbers.
 
 Every attempt checks, in a group of its own, that each rank is where its entry of the
 hardware profile was measured (torch's c10d rendezvous orders machines its own way, not by
@@ -28,18 +29,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli.comm.dist import DistEnv, all_gather_, init_process_group
-from leo_cli.comm.process import die_with_parent, rank_entry, run_rank
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.errors import LeoError, TrainError
 from leo_cli.graph.partition_cache import ensure_partitions
 from leo_cli.graph.storage import read_meta
+from leo_cli.harness.process import Harness, die_with_parent, leave
 from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part_weigher
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.profile.measure import DEFAULT_SIZES, QUICK_SIZES
@@ -48,8 +49,9 @@ from leo_cli.planner.profile.store import quick_probe, saved_profile
 from leo_cli.registry import mode_of
 from leo_cli.run_dir import RunDir, read_json
 from leo_cli.util import files
-from leo_cli.worker.entry import worker_body
+from leo_cli.worker.entry import parse_args
 from leo_cli.worker.memory import fix_mmap_threshold
+from leo_cli.worker.trainer import Trainer
 
 
 def regrouped_config(cfg: LeoConfig, env: DistEnv, run_dir: Path) -> LeoConfig:
@@ -223,17 +225,18 @@ def main(argv: list[str] | None = None) -> int:
         stamp = read_json(run.setup_file).get("launched_at")
         flags += ["--launched-at", repr(stamp)] if isinstance(stamp, float) else []
 
-    def body(env: DistEnv) -> int:
-        regroup(run, env, args.node_rank)
-        _, work = worker_body([str(args.run_dir), *rest, *flags])
-        return work(env)
-
-    return run_rank(body, heartbeat_dir=run.root, errors_dir=run.errors)
+    with Harness(heartbeat_dir=run.root, errors_dir=run.errors) as rank:
+        regroup(run, rank.env, args.node_rank)
+        fix_mmap_threshold()  # the worker's set-up starts here, after the regroup's
+        trainer = Trainer(parse_args([str(args.run_dir), *rest, *flags]), rank.env)
+        trainer.train()
+        trainer.finish()
+    return rank.code
 
 
 @record
-def entry() -> None:
-    rank_entry(main)
+def entry() -> NoReturn:
+    leave(main())
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from leo_cli.comm.process import ALLOCATOR_ENV
 from leo_cli.errors import TrainError
+from leo_cli.harness.process import ALLOCATOR_ENV
 
 if TYPE_CHECKING:
     from leo_cli.config.schema import LaunchConfig

@@ -1,6 +1,6 @@
 """Starting worker processes with torch's elastic launcher (what torchrun uses), for training
-and for the hardware probe: one launch config, threads per worker, stall watch, and failures
-turned into one sentence.
+(`run_workers`: the training workers, followed to the end) and for the hardware probe: one
+launch config, threads per worker, stall watch, and failures turned into one sentence.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,15 +21,19 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from leo_cli.comm.placement import AFFINITY_ENV, check_affinity, placement_env
 from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
-from leo_cli.config import LeoConfig
+from leo_cli.config import LeoConfig, config_fingerprint
 from leo_cli.errors import ConfigError, TrainError
+from leo_cli.harness.placement import AFFINITY_ENV, check_affinity, placement_env
 from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
+from leo_cli.launch.memory_watch import MemoryWatch
 from leo_cli.launch.preload import ensure_server, entry_point, forks_workers, launching
 from leo_cli.run_dir import RunDir
+from leo_cli.util import files
 from leo_cli.util.interrupt import Interrupted
+from leo_cli.util.rss import hand_back_freed_memory
+from leo_cli.util.timing import RunTimer
 
 # The signals the elastic agent takes over while it runs (TORCHELASTIC_SIGNALS_TO_HANDLE).
 AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -145,7 +150,7 @@ def launch_module(
     placement = placement_env(cfg.launch.cpu_affinity, USER_THREADS)
     if placement is None:  # this process launches many jobs: no earlier job's placement
         os.environ.pop(AFFINITY_ENV, None)
-    else:  # each worker pins itself and sets its threads (comm/placement.py)
+    else:  # each worker pins itself and sets its threads (harness/placement.py)
         os.environ[AFFINITY_ENV] = placement
     # The agent logs each failed worker (and a signal it got) with its own formatting; our
     # message replaces that. Its modules set their own levels, so each logger is quietened.
@@ -173,6 +178,71 @@ def launch_module(
             raise TrainError(message) from None
         finally:
             remove_job(job)  # the segments a killed worker had not unlinked yet
+
+
+def run_workers(
+    cfg: LeoConfig,
+    run_dir: Path,
+    resume: bool,
+    allow_inexact: bool = False,
+    timer: RunTimer | None = None,
+) -> None:
+    """Start the training workers and block until they finish; failures become TrainError.
+
+    With the parent's `timer`, workers report the set-up since the run started and the
+    summary gets the run's `wall_s` (util/timing.py). status.json never stays "running" once
+    they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
+    "failed" with the reason after any other failure.
+    """
+    # The fingerprint of the config as given (`auto` unresolved): every node's is the same when
+    # their configs are, whenever each reads the run folder; the workers read the mode node 0
+    # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
+    args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
+    args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
+    # Under `launch.nnodes: MIN:MAX` the workers re-form the run when their count changes.
+    elastic = cfg.launch.elastic()
+    module = worker_module(cfg)
+    args += ["--node-rank", str(cfg.launch.node_rank)] if elastic else []
+    if timer is not None and cfg.launch.node_rank == 0:  # rank 0 runs on node 0 and reads it
+        stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
+        RunDir(run_dir).write_setup(stamp)
+        args += ["--launched-at", repr(stamp["launched_at"])]
+    hand_back_freed_memory()  # planning's freed memory, before the workers' peaks count
+    watch = MemoryWatch()
+    try:
+        with watch:
+            launch_module(cfg, run_dir, module, args, elastic)
+    except Interrupted as exc:
+        mark_status(cfg, run_dir, "interrupted", exc.name)
+        raise
+    except BaseException as exc:
+        mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
+        raise
+    finally:
+        sweep_run_files(cfg, run_dir)
+    if timer is not None and cfg.launch.node_rank == 0:
+        RunDir(run_dir).update_summary({
+            "wall_s": round(time.time() - timer.started_at, 4),
+            "allocator": workers_allocator(cfg.launch).described,
+            "peak_rss_total_bytes": watch.peak_bytes or None,  # this node's processes
+        })  # fmt: skip
+
+
+def sweep_run_files(cfg: LeoConfig, run_dir: Path) -> None:
+    """Remove the temporary files of writers that are gone (a worker killed by a signal in
+    the middle of a checkpoint or a run file runs no clean-up of its own). One machine only:
+    whether a writer lives is known for this host's processes alone, and a run folder shared
+    by several machines holds the others' (checkpoint saves sweep their own folder)."""
+    if cfg.launch.nnodes == 1:
+        for folder in (run_dir, RunDir(run_dir).checkpoints):
+            files.sweep_temporaries(folder)
+
+
+def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:
+    """status.json after the workers ended without finishing (node 0 writes it: the folder
+    may be shared between nodes)."""
+    if cfg.launch.node_rank == 0:
+        RunDir(run_dir).write_status(state, reason)
 
 
 def worker_module(cfg: LeoConfig) -> str:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from leo_cli.comm.process import BEAT_S, HEARTBEATS
+from leo_cli.harness.process import BEAT_S, HEARTBEATS
 from leo_cli.launch.preload import server_pid
 
 MIN_STALL_S = 5.0  # a few missed beats, so that scheduling jitter never kills a live worker

@@ -1,6 +1,6 @@
 """The parent side of `leo train`: the checks and run-folder steps its set-up runs (in the
-order launch/setup.py gives them), then the workers started with torch's elastic launcher
-(what torchrun uses), followed to the end, their failures turned into clear errors.
+order launch/setup.py gives them); the workers are started by launch/elastic.py
+(`run_workers`).
 """
 
 from __future__ import annotations
@@ -14,21 +14,14 @@ from typing import Any
 import torch
 
 from leo_cli.comm.dist import uses_cuda
-from leo_cli.config import LeoConfig, config_fingerprint, load_config
+from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError, tensorboard_missing
 from leo_cli.graph.storage import META, read_meta
 from leo_cli.kernels import active_backend
-from leo_cli.launch.allocator import workers_allocator
-from leo_cli.launch.choice import keep_trials
-from leo_cli.launch.elastic import launch_module, worker_module, workers_per_node
-from leo_cli.launch.memory_watch import MemoryWatch
+from leo_cli.launch.elastic import workers_per_node
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.run_dir import RunDir
-from leo_cli.util import files
-from leo_cli.util.interrupt import Interrupted
-from leo_cli.util.rss import hand_back_freed_memory
-from leo_cli.util.timing import RunTimer
 
 # Keys that may change when resuming; anything else must match the run folder. The worker
 # count may: every mode gives one process's numbers whatever the parts (dropout and rounding
@@ -144,70 +137,3 @@ def wait_for_partitions(
         f"Node {cfg.launch.node_rank} waited {timeout_s:.0f} s for node 0 to write "
         f"{run.partitions} (and {run.PLAN}); is the run folder shared between nodes?"
     )
-
-
-def run_workers(
-    cfg: LeoConfig,
-    run_dir: Path,
-    resume: bool,
-    allow_inexact: bool = False,
-    timer: RunTimer | None = None,
-) -> None:
-    """Start the training workers and block until they finish; failures become TrainError.
-
-    With the parent's `timer`, workers report the set-up since the run started and the
-    summary gets the run's `wall_s` (util/timing.py). status.json never stays "running" once
-    they are gone: "interrupted" after SIGINT / SIGTERM (checkpoints kept, resumable),
-    "failed" with the reason after any other failure.
-    """
-    # The fingerprint of the config as given (`auto` unresolved): every node's is the same when
-    # their configs are, whenever each reads the run folder; the workers read the mode node 0
-    # chose from resolved_config.yaml after the rendezvous, when node 0 has written it.
-    args = [str(run_dir), "--config-sha", config_fingerprint(cfg)]
-    args += (["--resume"] if resume else []) + (["--allow-inexact"] if allow_inexact else [])
-    # Under `launch.nnodes: MIN:MAX` the workers re-form the run when their count changes.
-    elastic = cfg.launch.elastic()
-    module = worker_module(cfg)
-    args += ["--node-rank", str(cfg.launch.node_rank)] if elastic else []
-    if timer is not None and cfg.launch.node_rank == 0:  # rank 0 runs on node 0 and reads it
-        stamp = timer.stamp()  # (the folder is shared: another node's stamp would replace it)
-        RunDir(run_dir).write_setup(stamp)
-        args += ["--launched-at", repr(stamp["launched_at"])]
-    hand_back_freed_memory()  # planning's freed memory, before the workers' peaks count
-    watch = MemoryWatch()
-    try:
-        with watch:
-            launch_module(cfg, run_dir, module, args, elastic)
-    except Interrupted as exc:
-        mark_status(cfg, run_dir, "interrupted", exc.name)
-        raise
-    except BaseException as exc:
-        mark_status(cfg, run_dir, "failed", str(exc) or type(exc).__name__)
-        raise
-    finally:
-        sweep_run_files(cfg, run_dir)
-        if cfg.launch.node_rank == 0:  # rank 0 wrote what the trials measured
-            keep_trials(cfg, run_dir)
-    if timer is not None and cfg.launch.node_rank == 0:
-        RunDir(run_dir).update_summary({
-            "wall_s": round(time.time() - timer.started_at, 4),
-            "allocator": workers_allocator(cfg.launch).described,
-            "peak_rss_total_bytes": watch.peak_bytes or None,  # this node's processes
-        })  # fmt: skip
-
-
-def sweep_run_files(cfg: LeoConfig, run_dir: Path) -> None:
-    """Remove the temporary files of writers that are gone (a worker killed by a signal in
-    the middle of a checkpoint or a run file runs no clean-up of its own). One machine only:
-    whether a writer lives is known for this host's processes alone, and a run folder shared
-    by several machines holds the others' (checkpoint saves sweep their own folder)."""
-    if cfg.launch.nnodes == 1:
-        for folder in (run_dir, RunDir(run_dir).checkpoints):
-            files.sweep_temporaries(folder)
-
-
-def mark_status(cfg: LeoConfig, run_dir: Path, state: str, reason: str) -> None:
-    """status.json after the workers ended without finishing (node 0 writes it: the folder
-    may be shared between nodes)."""
-    if cfg.launch.node_rank == 0:
-        RunDir(run_dir).write_status(state, reason)

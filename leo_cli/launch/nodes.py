@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from leo_cli.comm.process import LINK_ENV, LINKS_ENV
 from leo_cli.config import LeoConfig, dump_config
 from leo_cli.errors import ConfigError, TrainError
+from leo_cli.harness.process import LINK_ENV, LINKS_ENV
 from leo_cli.launch.elastic import USER_THREADS
 from leo_cli.launch.emulate import IFNAME, MASTER_PORT, Cluster, check_split, cluster
 from leo_cli.run_dir import RunDir

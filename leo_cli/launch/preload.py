@@ -5,7 +5,7 @@ imports (torch; torch._dynamo, which torch.optim imports; LEO: seconds of a core
 first collective. torch elastic starts a callable entry point through multiprocessing; under
 the `forkserver` start method one server per launching process imports those modules once, and
 the workers of every launch from that process (the probe's, training's, restarts) are forked
-from it. A worker then runs as `python -m` would have run it (`comm/process.py run_started`):
+from it. A worker then runs as `python -m` would have run it (`harness/process.py run_started`):
 in the launch's environment and working directory, in a session of its own, with its threads
 set from the launch's OMP_NUM_THREADS, and without running the launching script again
 (`launching`).
@@ -32,15 +32,16 @@ from typing import Any
 
 import torch
 
-from leo_cli.comm.placement import AFFINITY_ENV
-from leo_cli.comm.process import run_started
 from leo_cli.comm.segments import JOB_ENV
+from leo_cli.harness.placement import AFFINITY_ENV
+from leo_cli.harness.process import run_started
 from leo_cli.launch.memory_watch import descendants
 
 # Imported by the server: torch.optim imports torch._dynamo at its first use.
 PRELOAD = ("torch._dynamo", "leo_cli.worker.entry", "leo_cli.planner.profile.probe")
-# Read after a worker started: by the worker itself (comm/segments.py, comm/placement.py,
-# comm/process.py sets its threads) or by torch elastic, which sets its own per worker and launch.
+# Read after a worker started: by the worker itself (comm/segments.py, harness/placement.py;
+# harness/process.py sets its threads) or by torch elastic, which sets its own per worker and
+# launch.
 AFTER_START = (JOB_ENV, AFFINITY_ENV, "OMP_NUM_THREADS")
 AFTER_START_PREFIX = "TORCHELASTIC_"
 
@@ -91,7 +92,7 @@ def stop(server: Any) -> None:
 @contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
     """SIGINT ignored by processes started inside (an ignored signal stays ignored across
-    exec; forked workers handle it again, comm/process.py run_started)."""
+    exec; forked workers handle it again, harness/process.py run_started)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

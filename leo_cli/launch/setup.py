@@ -29,14 +29,13 @@ from typing import Any, Literal
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import PartitionResult, Weigher, ensure_partitions, weighted
-from leo_cli.launch.choice import choose_mode
+from leo_cli.launch.choice import choose_mode, keep_trials
 from leo_cli.launch.cpu_kernels import ensure_cpu_kernels
-from leo_cli.launch.elastic import start_early
+from leo_cli.launch.elastic import run_workers, start_early
 from leo_cli.launch.launcher import (
     check_resumable,
     check_supported,
     clear_run_files,
-    run_workers,
     wait_for_partitions,
     written,
 )
@@ -340,7 +339,11 @@ def launch(s: Setup) -> tuple[Setup, Cost | None]:
     a = s.ask
     if a.on_start is not None:
         a.on_start(a.cfg, s.run_dir)
-    run_workers(a.cfg, s.run_dir, a.resume, a.allow_inexact, a.timer)
+    try:
+        run_workers(a.cfg, s.run_dir, a.resume, a.allow_inexact, a.timer)
+    finally:
+        if a.cfg.launch.node_rank == 0:  # rank 0 wrote what `auto`'s trials measured
+            keep_trials(a.cfg, s.run_dir)
     return s, None
 
 

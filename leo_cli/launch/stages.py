@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import torch
 
-from leo_cli.comm.placement import affinity_tag, machine_cores
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.graph.layout import ProgressFn
@@ -38,6 +37,7 @@ from leo_cli.graph.partition_cache import (
 from leo_cli.graph.partitioners import WorkMeasure
 from leo_cli.graph.storage import META, read_meta, read_part
 from leo_cli.graph.types import Graph
+from leo_cli.harness.placement import affinity_tag, machine_cores
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import worker_threads, workers_per_node
 from leo_cli.launch.probe import run_probe

@@ -1,10 +1,14 @@
-"""Rank 0's report of a finished run: summary.json's numbers from the metrics rows, and the
-loss and accuracy curves (curves.png)."""
+"""What a worker reports: its set-up's parts (status.json while it runs, summary.json's
+set-up fields), what every metrics row carries, and rank 0's report of a finished run
+(summary.json's numbers from the metrics rows, the loss and accuracy curves: curves.png)."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +16,15 @@ import torch
 
 import leo_cli
 from leo_cli import kernels
+from leo_cli.comm.dist import all_reduce_
+from leo_cli.config import LeoConfig
+from leo_cli.planner.auto_mode import summary_fields
+from leo_cli.planner.plan import CachePlan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of
+from leo_cli.run_dir import RunDir
 from leo_cli.util import files
+from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
+from leo_cli.worker.assemble import keeps_plan_levels
 
 
 def git_sha() -> str | None:
@@ -132,3 +143,90 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     with files.atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
+
+
+def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) -> dict[str, Any]:
+    """What every metrics row of the run carries besides the epoch's own numbers: the worker
+    count (a run resumed on another one has segments, summary.json's `segments`), the bytes
+    per cache level of one step, all workers (from the plan; modes that hold its levels and
+    move one row per halo node move exactly these, a test checks them against the measured
+    bytes), and whether the numbers are exact."""
+    mode = mode_of(cfg.pipeline.mode)
+    extras: dict[str, Any] = {"exact": mode.exact or world_size == 1, "workers": world_size}
+    if (
+        cache_plan is not None
+        and cfg.cache.enabled
+        and mode.cache_levels
+        and not mode.per_edge_rows
+        and keeps_plan_levels(cfg)
+    ):
+        for level in ("L2", "L3"):
+            rows = cache_plan.bytes_per_level
+            extras[f"step_{level}_bytes"] = sum(r[f"{level}_bytes_per_step"] for r in rows)
+    return extras
+
+
+def reduce_setup(laps: Laps, entered_at: float, launched_at: float | None) -> dict[str, float]:
+    """This worker's set-up parts, each the slowest rank's, and when the slowest rank starts
+    its first step (`first_step_at`, wall clock)."""
+    now = time.time()
+    mine = {k: laps.seconds.get(k, 0.0) for k in WORKER_PARTS}
+    mine["worker_setup_s"] = now - entered_at
+    mine["launch_s"] = entered_at - launched_at if launched_at is not None else 0.0
+    mine["first_step_at"] = now
+    values = torch.tensor(list(mine.values()), dtype=torch.float64)
+    return dict(zip(mine, all_reduce_(values, op="max").tolist(), strict=True))
+
+
+def attempt_setup(
+    run: RunDir, restart: int, launched_at: float | None, worker: dict[str, float]
+) -> dict[str, Any]:
+    """summary.json's set-up fields, on rank 0 before the first step: the first attempt's
+    (kept in the run folder), and for an attempt the elastic agent restarted (a failure, a
+    lost machine) the first attempt's with this one's set-up added to `restart_setup_s`."""
+    first_step_at = worker.pop("first_step_at")
+    earlier = run.read_first_setup(launched_at) if restart > 0 else {}
+    if not earlier:
+        earlier = setup_summary(run.read_setup(launched_at), worker, first_step_at)
+        if restart > 0:  # the first attempt never reached its first step
+            earlier["restart_setup_s"] = []
+    if restart > 0:
+        earlier["restart_setup_s"] = [*earlier.get("restart_setup_s", []), worker["worker_setup_s"]]
+    with contextlib.suppress(OSError):  # costs only a restart's accounting
+        run.write_first_setup(launched_at, earlier)
+    return earlier
+
+
+def finish(
+    cfg: LeoConfig,
+    run: RunDir,
+    cache_plan: CachePlan | None,
+    world_size: int,
+    setup: dict[str, Any],
+) -> None:
+    """Rank 0 at the end: summary.json, curves.png and the final status."""
+    rows = run.read_metrics()
+    predicted = predicted_time(cache_plan, cfg)
+    summary = summarize(rows, world_size, cfg.pipeline.mode, cfg.run.name, predicted)
+    summary["predicted_rank_busy_s"] = predicted_busy(cache_plan, cfg)
+    summary["halo_dtype"] = cfg.pipeline.halo_dtype
+    summary.update(summary_fields(run.root, cfg.pipeline.mode))  # mode_requested and why
+    run.write_summary({**summary, **setup})
+    plot_curves(rows, run.curves)
+    run.write_status("done")
+
+
+def setup_progress(run: RunDir) -> Callable[[dict[str, float]], None]:
+    """Rank 0's finished set-up stages in status.json (state `setup`), for the parent's
+    display (cli/train.py); a write that fails only costs the display."""
+
+    def show(seconds: dict[str, float]) -> None:
+        with contextlib.suppress(OSError):
+            run.write_status("setup", stages=rounded(seconds))
+
+    return show
+
+
+def rounded(seconds: dict[str, float]) -> dict[str, float]:
+    """Set-up stages as status.json records them (ms)."""
+    return {k: round(v, 3) for k, v in seconds.items()}

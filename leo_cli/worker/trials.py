@@ -34,7 +34,7 @@ from leo_cli.planner.auto_mode import (
 )
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
-from leo_cli.worker.trainer import Job, train_step
+from leo_cli.worker.step import Job, train_step
 
 # A candidate whose first timed step takes this many times the best median so far stops there
 # at the most (a judgement: repeated steps of one candidate spread by up to 15% on a busy

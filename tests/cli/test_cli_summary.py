@@ -12,8 +12,7 @@ from leo_cli.cli.train import SETUP_LABELS, progress_of, setup_lines, summary_sh
 from leo_cli.planner.auto_mode import ModeChoice
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import WORKER_PARTS, Laps
-from leo_cli.worker.entry import setup_progress
-from leo_cli.worker.report import summarize
+from leo_cli.worker.report import setup_progress, summarize
 
 ROWS = [
     {"epoch": 1, "loss": 2.0, "epoch_time_s": 0.5, "comm_bytes": 10, "cold": True},

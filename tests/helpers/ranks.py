@@ -25,7 +25,7 @@ from leo_cli.graph.types import DatasetInfo, Graph
 from leo_cli.planner.auto_mode import choose, with_mode
 from leo_cli.registry import mode_of
 from leo_cli.worker.assemble import Job, assemble
-from leo_cli.worker.trainer import evaluate, train_step
+from leo_cli.worker.step import evaluate, train_step
 
 # Ranks fork from a server that imported torch (and, with a CPU-only torch, the trainer) once:
 # a spawned rank imports them again, about 3 s of a core per rank and test, and 2 s more for
@@ -38,7 +38,7 @@ from leo_cli.worker.trainer import evaluate, train_step
 # `start_method="spawn"`. Each rank gets the calling test's environment when it starts.
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy"]
 if torch.version.cuda is None and torch.version.hip is None:
-    PRELOAD += ["leo_cli.worker.assemble", "leo_cli.worker.trainer"]
+    PRELOAD += ["leo_cli.worker.assemble", "leo_cli.worker.step"]
 mp.set_forkserver_preload(PRELOAD)
 
 

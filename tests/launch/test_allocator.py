@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import hardware_dict
 
-from leo_cli.comm.placement import AFFINITY_ENV
-from leo_cli.comm.process import ALLOCATOR_ENV
 from leo_cli.comm.segments import JOB_ENV
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import CacheError, ConfigError, TrainError
+from leo_cli.harness.placement import AFFINITY_ENV
+from leo_cli.harness.process import ALLOCATOR_ENV
 from leo_cli.launch import allocator as allocator_module
 from leo_cli.launch import elastic, preload
 from leo_cli.launch import probe as probe_module

@@ -282,7 +282,7 @@ def test_a_profile_of_other_links_is_not_reused(monkeypatch: pytest.MonkeyPatch)
     """hardware.json records each rank's link; a node reuses it only for the same links."""
     from conftest import hardware_dict
 
-    from leo_cli.comm.process import LINKS_ENV
+    from leo_cli.harness.process import LINKS_ENV
     from leo_cli.planner.profile.hardware import HardwareProfile
     from leo_cli.planner.profile.store import fits_nodes, rank_links
 

@@ -167,7 +167,7 @@ def test_reach_is_computed_inside_a_pinned_worker(monkeypatch: pytest.MonkeyPatc
     """Workers compute the plan's digests after pinning themselves: the reach must not check
     the placement against the cores the worker now sees (it did, and every placed run
     failed in its workers)."""
-    from leo_cli.comm import placement
+    from leo_cli.harness import placement
     from leo_cli.planner.reach import reach_of
 
     monkeypatch.setattr(placement, "machine_cores", lambda: {0})

@@ -574,7 +574,7 @@ def test_plan_edited_for_one_rank_stops_every_worker_in_seconds(
     static aggregate on rank 1 only used to hang rank 0 until launch.timeout_s."""
     from leo_cli.config import load_config
     from leo_cli.errors import TrainError
-    from leo_cli.launch.launcher import run_workers
+    from leo_cli.launch.elastic import run_workers
     from leo_cli.launch.setup import prepare
 
     given = tmp_path / "hardware.json"

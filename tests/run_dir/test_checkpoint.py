@@ -74,7 +74,7 @@ def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
     """A worker killed in the middle of a save leaves its temporary file (nothing of its own
     runs); the launcher removes it once the workers are gone, and only a dead writer's."""
     from leo_cli.config import load_config
-    from leo_cli.launch import launcher
+    from leo_cli.launch import elastic
 
     folder = RunDir(tmp_path).checkpoints
     folder.mkdir()
@@ -88,11 +88,11 @@ def test_launcher_sweeps_a_checkpoint_cut_by_a_signal(
         if ending is not None:
             raise ending
 
-    monkeypatch.setattr(launcher, "launch_module", launched)
+    monkeypatch.setattr(elastic, "launch_module", launched)
     cfg = load_config(None, [f"launch.nnodes={nnodes}"])
     if ending is None:
-        launcher.run_workers(cfg, tmp_path, resume=False)
+        elastic.run_workers(cfg, tmp_path, resume=False)
     else:
         with pytest.raises(type(ending)):
-            launcher.run_workers(cfg, tmp_path, resume=False)
+            elastic.run_workers(cfg, tmp_path, resume=False)
     assert cut.exists() != swept and live.exists() and huge.exists()

@@ -13,7 +13,7 @@ import torch
 
 from leo_cli.errors import TrainError
 from leo_cli.run_dir import RunDir, checkpoint_digest
-from leo_cli.worker.trainer import restore
+from leo_cli.worker.checkpoint import restore
 
 
 def row(epoch: int, **extra: Any) -> dict[str, Any]:

@@ -60,9 +60,10 @@ def test_busy_time_is_the_step_less_the_steps_own_waits(tmp_path: Path) -> None:
 
     import torch
 
+    from leo_cli.comm.dist import DistEnv
     from leo_cli.comm.exchange import CommStats
     from leo_cli.config import load_config
-    from leo_cli.worker.trainer import Job, RunLog, fit
+    from leo_cli.worker.trainer import Trainer
 
     stats = CommStats()
     model = torch.nn.Linear(2, 2)
@@ -82,7 +83,12 @@ def test_busy_time_is_the_step_less_the_steps_own_waits(tmp_path: Path) -> None:
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
     )
-    train = load_config(None, ["train.num_epochs=1"]).train
-    fit(cast(Job, job), train, seed=0, start=0, log=RunLog(RunDir(tmp_path), 0, {}))
+    # A trainer around the stand-in job, as its constructor would leave it on rank 0.
+    trainer = Trainer.__new__(Trainer)
+    trainer.job = cast(Any, job)
+    trainer.cfg = load_config(None, ["train.num_epochs=1"])
+    trainer.env, trainer.run, trainer.start = DistEnv(0, 1, 0, 0), RunDir(tmp_path), 0
+    trainer.extras, trainer.board = {}, None
+    trainer.train()
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert row["rank_busy_s"] == [pytest.approx(0.75)] and row["rank_step_s"] == [1.0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from leo_cli.run_dir import RunDir
-from leo_cli.worker.trainer import keep_best_of
+from leo_cli.worker.checkpoint import keep_best_of
 
 
 def model(value: float) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from leo_cli.comm.exchange import CommStats
-from leo_cli.worker.trainer import PhaseClock
+from leo_cli.worker.step import PhaseClock
 
 CUDA = torch.device("cuda", 0)
 

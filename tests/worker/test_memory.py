@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.comm import process as rank
+from leo_cli.harness import process as rank
 from leo_cli.util import rss
 from leo_cli.worker import entry as worker
 from leo_cli.worker import memory
@@ -155,7 +155,7 @@ def test_worker_fixes_the_threshold_before_set_up(
 
     monkeypatch.setattr(rank, "die_with_parent", lambda: None)
     monkeypatch.setattr(worker, "fix_mmap_threshold", lambda: calls.append("mallopt"))
-    monkeypatch.setattr(worker.DistEnv, "from_env", staticmethod(stop))
+    monkeypatch.setattr(rank.DistEnv, "from_env", staticmethod(stop))
     with pytest.raises(RuntimeError, match="stop before set-up"):
         worker.main([str(tmp_path)])
     assert calls == ["mallopt", "env"]

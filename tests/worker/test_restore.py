@@ -13,7 +13,7 @@ import torch
 
 from leo_cli.errors import TrainError
 from leo_cli.run_dir import checkpoint_digest
-from leo_cli.worker.trainer import optimizer_problem, restore
+from leo_cli.worker.checkpoint import optimizer_problem, restore
 
 EPOCH = 3
 

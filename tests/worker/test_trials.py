@@ -28,7 +28,7 @@ from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
 from leo_cli.worker import trials as trials_module
 from leo_cli.worker.assemble import PartTensors, assemble, chosen_levels, part_tensors
-from leo_cli.worker.trainer import Job, train_step
+from leo_cli.worker.step import Job, train_step
 from leo_cli.worker.trials import (
     STOP,
     TIE,

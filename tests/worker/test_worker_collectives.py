@@ -21,7 +21,8 @@ from leo_cli.config import load_config
 from leo_cli.errors import TrainError
 from leo_cli.launch.setup import prepare
 from leo_cli.run_dir import RunDir
-from leo_cli.worker import entry as worker
+from leo_cli.worker import agree, trainer
+from leo_cli.worker.trainer import Trainer, WorkerArgs
 
 pytestmark = pytest.mark.dist
 
@@ -40,9 +41,12 @@ def test_cuda_group_serves_cpu_tensors(backend: str) -> None:
 
 
 def _worker_as_on_cuda(rank: int, world: int, run_dir: Path) -> int:
-    worker.pick_backend = lambda device, backend: served_as_on_cuda(backend)  # type: ignore[assignment]
+    trainer.pick_backend = lambda device, backend: served_as_on_cuda(backend)  # type: ignore[assignment]
     env = DistEnv(rank, world, rank, 0, local_world_size=world)
-    return worker.run_worker(run_dir, env, resume=False)
+    job = Trainer(WorkerArgs(run_dir), env)
+    job.train()
+    job.finish()
+    return 0
 
 
 @pytest.mark.parametrize("mode", ["blocking", "leo", "fine-grained", "shared-memory"])
@@ -83,7 +87,7 @@ def _cross_check(rank: int, world: int) -> dict[str, str]:
     for name, (send, recv, digests, loaded) in CASES.items():
         plan = HaloPlan(0, torch.zeros(0, dtype=torch.int64), send[rank], recv[rank])
         try:
-            worker.check_consistent(plan, digests[rank], start=4, loaded=loaded[rank])
+            agree.check_consistent(plan, digests[rank], start=4, loaded=loaded[rank])
             out[name] = "ok"
         except TrainError as exc:
             out[name] = str(exc)

@@ -35,7 +35,7 @@ from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.registry import mode_of
 from leo_cli.worker.assemble import assemble, halo_plan, views_leave_the_part
-from leo_cli.worker.trainer import WorkerData
+from leo_cli.worker.step import WorkerData
 
 
 def layered(first, rest, chunks, **kwargs):  # type: ignore[no-untyped-def]

@@ -1,7 +1,7 @@
 """The hardware probe's ranks: `python -m leo_cli.planner.profile.probe OUT`.
 
 The probe sees what training sees: the same worker count, the same threads
-per worker (OMP_NUM_THREADS), the same cores (`launch.cpu_affinity`, applied by comm/process.py),
+per worker (OMP_NUM_THREADS), the same cores (`launch.cpu_affinity`, applied by harness/process.py),
 the same process group, on every node of a multi-node job (each node's launcher starts its
 probe workers, as it starts training workers). Every rank measures the compute rates at the
 same moments as the others (on a machine with fewer cores than workers, they share them as in
@@ -25,8 +25,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from leo_cli import kernels
 from leo_cli.comm.dist import DistEnv, init_process_group
-from leo_cli.comm.placement import AFFINITY_ENV
-from leo_cli.comm.process import ALLOCATOR_ENV, LINK_ENV, rank_entry, run_rank
+from leo_cli.harness.placement import AFFINITY_ENV
+from leo_cli.harness.process import ALLOCATOR_ENV, LINK_ENV, rank_entry, run_rank
 from leo_cli.models.dropout import counter_dropout
 from leo_cli.planner.profile.hardware import (
     FORMAT_VERSION,

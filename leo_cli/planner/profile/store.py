@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from leo_cli.comm.placement import affinity_tag
-from leo_cli.comm.process import LINKS_ENV
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
+from leo_cli.harness.placement import affinity_tag
+from leo_cli.harness.process import LINKS_ENV
 from leo_cli.kernels import backend_name
 from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
 from leo_cli.run_dir import RunDir

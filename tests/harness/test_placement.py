@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from leo_cli.comm.placement import AFFINITY_ENV, check_affinity, describe, placement_env
 from leo_cli.errors import ConfigError
+from leo_cli.harness.placement import AFFINITY_ENV, check_affinity, describe, placement_env
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -42,7 +42,7 @@ def test_placements_that_fit_and_no_placement_pass() -> None:
 def pinned(user_threads: str | None) -> dict[str, object]:
     """What a rank process sees after pinning itself to the first core."""
     code = (
-        "import json, os, torch; from leo_cli.comm.placement import pin_rank; "
+        "import json, os, torch; from leo_cli.harness.placement import pin_rank; "
         "cores = pin_rank(1); print(json.dumps({'cores': cores, "
         "'mask': sorted(os.sched_getaffinity(0)), 'threads': torch.get_num_threads()}))"
     )

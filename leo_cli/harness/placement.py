@@ -2,7 +2,7 @@
 
 The launcher checks the lists against this machine (`check_affinity`) and hands them to its
 workers in one environment variable (`placement_env`); every rank process, training and
-hardware probe alike, pins itself as its first act (`pin_rank`, from comm/process.py), before
+hardware probe alike, pins itself as its first act (`pin_rank`, from harness/process.py), before
 the process group, the heartbeat or torch's thread pools start threads, which inherit the
 mask. Threads already running (torch starts one at import) are pinned too. A pinned worker
 gets as many intra-op threads as it has cores, unless the user set OMP_NUM_THREADS.

@@ -3,7 +3,9 @@
 A rank dies with its launcher (no orphans), pins itself to its cores (`launch.cpu_affinity`),
 beats a heartbeat the launcher watches, turns a user error into one sentence the launcher
 shows (and a non-zero exit that makes the elastic agent stop the other ranks, which may wait
-for this one in a collective), and leaves without tearing gloo down (`rank_entry`).
+for this one in a collective), and leaves without tearing gloo down (`leave`). `Harness`
+wraps the rank's work where it is written (`with Harness(...) as rank:`), so the work is
+called by its own entry point, not passed in as a callback.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Any, NoReturn
 import torch
 
 from leo_cli.comm.dist import DistEnv
-from leo_cli.comm.placement import pin_rank
 from leo_cli.errors import LeoError
+from leo_cli.harness.placement import pin_rank
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
 
@@ -63,24 +65,45 @@ def start_heartbeat(run_dir: Path, rank: int) -> None:
     threading.Thread(target=beat, daemon=True, name="leo-heartbeat").start()
 
 
+class Harness:
+    """The rank around the work done inside `with Harness(heartbeat_dir, errors_dir) as rank`:
+    dying with the launcher, pinned, beating into `heartbeat_dir`; a `LeoError` raised
+    inside is written to `errors_dir/rank_<r>` (read by the launcher), printed, and leaves
+    the block with `rank.code` 3 (`USER_ERROR_EXIT`). `rank.env` is this rank's place."""
+
+    def __init__(self, heartbeat_dir: Path | None, errors_dir: Path | None) -> None:
+        self.heartbeat_dir = heartbeat_dir
+        self.errors_dir = errors_dir
+        self.code = 0
+
+    def __enter__(self) -> Harness:
+        die_with_parent()
+        self.env = DistEnv.from_env()
+        pin_rank(self.env.local_rank)  # before any thread of ours starts (launch.cpu_affinity)
+        if self.heartbeat_dir is not None:
+            start_heartbeat(self.heartbeat_dir, self.env.rank)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        if not isinstance(exc, LeoError):
+            return False
+        if self.errors_dir is not None:
+            self.errors_dir.mkdir(parents=True, exist_ok=True)
+            files.write_text(self.errors_dir / f"rank_{self.env.rank}", str(exc))
+        print(f"leo worker rank {self.env.rank}: {exc}", file=sys.stderr)
+        self.code = USER_ERROR_EXIT
+        return True
+
+
 def run_rank(
     body: Callable[[DistEnv], int], heartbeat_dir: Path | None, errors_dir: Path | None
 ) -> int:
-    """Run `body` as this rank: dying with the launcher, beating into `heartbeat_dir`, a user
-    error written to `errors_dir/rank_<r>` (read by the launcher) and exit code 3."""
-    die_with_parent()
-    env = DistEnv.from_env()
-    pin_rank(env.local_rank)  # before any thread of ours starts (launch.cpu_affinity)
-    if heartbeat_dir is not None:
-        start_heartbeat(heartbeat_dir, env.rank)
-    try:
-        return body(env)
-    except LeoError as exc:
-        if errors_dir is not None:
-            errors_dir.mkdir(parents=True, exist_ok=True)
-            files.write_text(errors_dir / f"rank_{env.rank}", str(exc))
-        print(f"leo worker rank {env.rank}: {exc}", file=sys.stderr)
-        return USER_ERROR_EXIT
+    """Run `body` as this rank, inside a `Harness`; its code, or 3 on a user error."""
+    with Harness(heartbeat_dir, errors_dir) as rank:
+        rank.code = body(rank.env)
+    return rank.code
 
 
 def run_started(module: str, args: list[str], launch_env: dict[str, str], server: int) -> None:
@@ -124,12 +147,16 @@ def run_started(module: str, args: list[str], launch_env: dict[str, str], server
         raise SystemExit(code)
 
 
-def rank_entry(main: Callable[[], int]) -> NoReturn:
-    """Run `main` and leave with its code, skipping destroy_process_group and interpreter
-    teardown: gloo's threads sometimes abort a process there ("terminate called without an
-    active exception") after a clean finish. The kernel closes the sockets; every rank has
-    passed its final barrier."""
-    code = main()
+def leave(code: int) -> NoReturn:
+    """Leave with `code`, skipping destroy_process_group and interpreter teardown: gloo's
+    threads sometimes abort a process there ("terminate called without an active
+    exception") after a clean finish. The kernel closes the sockets; every rank has passed
+    its final barrier."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def rank_entry(main: Callable[[], int]) -> NoReturn:
+    """Run `main` and `leave` with its code."""
+    leave(main())

@@ -1,0 +1,211 @@
+"""One full-graph training step of a worker, its evaluation and what it measured.
+
+`train_step` is the step (forward, backward, gradient all-reduce, optimizer), `evaluate` the
+all-reduced accuracies, `Job` everything a worker trains with (worker/assemble.py builds it),
+`reduce_epoch_stats` and `rank_times` an epoch's numbers over every rank. Works with and
+without a process group: a single process (P = 1) is the same code path with identity
+collectives, and is the oracle the distributed runs are compared against. Legend: N inner
+rows, F features, C classes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from leo_cli.comm.dist import all_gather_, all_reduce_
+from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.grads import GradReducer
+from leo_cli.graph.layout import LocalPart
+from leo_cli.models.gnn import GNN
+from leo_cli.models.local_graph import LocalGraph
+
+
+@dataclass
+class WorkerData:
+    """A worker's tensors: features, labels, split masks and the global training-set size."""
+
+    x_NF: Tensor
+    y_N: Tensor
+    train_N: Tensor
+    val_N: Tensor
+    test_N: Tensor
+    num_train_global: int
+
+    @classmethod
+    def from_part(
+        cls, part: LocalPart, num_train_global: int, dtype: torch.dtype, device: torch.device
+    ) -> WorkerData:
+        def t(a: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.array(a)).to(device)
+
+        # The features, the largest array a worker reads, stay on the part's (copy-on-write)
+        # file map when nothing converts them: pages come from the file, not anonymous memory.
+        x = np.asarray(part.x)
+        x_NF = torch.from_numpy(x if x.flags.writeable else np.array(x))
+        return cls(
+            x_NF.to(device=device, dtype=dtype),
+            t(part.y),
+            t(part.train_mask),
+            t(part.val_mask),
+            t(part.test_mask),
+            num_train_global,
+        )
+
+
+class PhaseClock:
+    """Phases of a step: wall clock on the CPU; on CUDA, events on the current stream (a kernel
+    launch returns before its work is done), read once at the end of the step: the step's one
+    wait for the device, instead of one at every stamp."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list[tuple[str, Any]] = [("start", self._mark())]
+        self._seconds: list[float] | None = None
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def stamp(self, phase: str) -> None:
+        self._marks.append((phase, self._mark()))
+        self._seconds = None
+
+    def _since_start(self) -> list[float]:
+        """Seconds from the start to each mark (on CUDA: waits for the last event, once)."""
+        if self._seconds is None:
+            first = self._marks[0][1]
+            if self.cuda:
+                self._marks[-1][1].synchronize()
+                self._seconds = [first.elapsed_time(m) / 1000.0 for _, m in self._marks]
+            else:
+                self._seconds = [m - first for _, m in self._marks]
+        return self._seconds
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds of each stamped phase, by name."""
+        t = self._since_start()
+        return {name: t[i] - t[i - 1] for i, (name, _) in enumerate(self._marks) if i > 0}
+
+    def total(self) -> float:
+        return self._since_start()[-1]
+
+
+def train_step(
+    model: GNN,
+    opt: torch.optim.Optimizer,
+    reducer: GradReducer,
+    g: LocalGraph,
+    data: WorkerData,
+    seed: int,
+    epoch: int,
+    update: bool = True,
+) -> tuple[float, dict[str, float]]:
+    """One full-graph step; returns the global mean training loss and phase times. Without
+    `update` the optimizer does not step (`auto`'s trials: worker/trials.py)."""
+    model.train()
+    opt.zero_grad(set_to_none=True)
+    reducer.start()
+    clock = PhaseClock(data.x_NF.device)
+    logits = model(data.x_NF, g, seed=seed, epoch=epoch)
+    # Each worker's sum is scaled by the global count, so summed gradients are the global mean's.
+    loss = F.cross_entropy(logits[data.train_N], data.y_N[data.train_N], reduction="sum")
+    loss = loss / data.num_train_global
+    clock.stamp("forward_s")
+    loss.backward()  # type: ignore[no-untyped-call]
+    clock.stamp("backward_s")
+    reducer.finish()
+    clock.stamp("allreduce_s")
+    if update:
+        opt.step()
+        clock.stamp("optimizer_s")
+    total = all_reduce_(loss.detach().clone().to(torch.float64))
+    clock.stamp("loss_sync_s")  # waits for the slowest rank, like the all-reduce
+    times = {**clock.phases, "step_s": clock.total()}
+    return float(total.item()), times
+
+
+@torch.no_grad()
+def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float | None]:
+    """Train/val/test accuracy from all-reduced correct and total counts (None: empty split)."""
+    model.eval()
+    pred = model(data.x_NF, g).argmax(dim=1)
+    correct = pred == data.y_N
+    masks = (data.train_N, data.val_N, data.test_N)
+    counts = torch.tensor(
+        [[int((correct & m).sum()), int(m.sum())] for m in masks], dtype=torch.float64
+    )
+    all_reduce_(counts)
+    accs = [float(c / n) if n > 0 else None for c, n in counts.tolist()]
+    return {"train_acc": accs[0], "val_acc": accs[1], "test_acc": accs[2]}
+
+
+@dataclass
+class Job:
+    """Everything one worker trains with (worker/assemble.py builds it)."""
+
+    halo: HaloPlan
+    graph: LocalGraph
+    reducer: GradReducer
+    data: WorkerData
+    model: GNN
+    optimizer: torch.optim.Optimizer
+    static_layer0: bool = False  # layer 0 trains on the static aggregate (cache level L1s)
+
+    def step(self, seed: int, epoch: int) -> tuple[float, dict[str, float]]:
+        return train_step(
+            self.model, self.optimizer, self.reducer, self.graph, self.data, seed, epoch
+        )
+
+    def evaluate(self) -> dict[str, float | None]:
+        return evaluate(self.model, self.graph, self.data)
+
+
+def rank_times(times: dict[str, float], wait_s: float) -> dict[str, list[float]]:
+    """Every rank's step time (`rank_step_s`) and its busy time (`rank_busy_s`: the step less
+    the time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum).
+
+    Steps end together (the all-reduces wait for the slowest rank), so the busy times are
+    what tells a fast rank from a slow one.
+    """
+    waited = wait_s + times.get("allreduce_s", 0.0) + times.get("loss_sync_s", 0.0)
+    mine = torch.tensor([times["step_s"], max(0.0, times["step_s"] - waited)], dtype=torch.float64)
+    every = all_gather_(mine)
+    return {"rank_step_s": every[:, 0].tolist(), "rank_busy_s": every[:, 1].tolist()}
+
+
+def reduce_epoch_stats(
+    step_s: float,
+    wait_s: float,
+    transfer_s: float,
+    step_bytes: int,
+    published_bytes: int,
+    all_bytes: int,
+) -> dict[str, Any]:
+    """The slowest worker's step time, communication times of the training step (mean over
+    workers, and the longest wait), remote bytes summed over workers (step, of which through
+    published rows, and whole epoch)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
+    counts = [wait_s, transfer_s, step_bytes, all_bytes, published_bytes]
+    s = all_reduce_(torch.tensor(counts, dtype=torch.float64))
+    return {
+        "epoch_time_s": float(t[0]),
+        "comm_wait_s": float(s[0]) / world,
+        "comm_wait_max_s": float(t[1]),
+        "comm_transfer_s": float(s[1]) / world,
+        "step_comm_bytes": int(s[2]),
+        "comm_bytes": int(s[3]),
+        "step_published_bytes": int(s[4]),
+    }
