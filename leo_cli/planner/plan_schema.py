@@ -4,7 +4,7 @@ Workers build their exchange from the plan, so an edited, truncated or foreign p
 refused wherever it would break exactness or safety. The file is validated, not digested:
 schema and types, intrinsic bounds (chunk counts 1..`MAX_CHUNKS`, rows, one entry per rank, the
 static aggregate on every rank or none) and its fit to the run (`check_fits`). Workers check
-every rank's entries after comparing the plan's bytes across ranks (worker/entry.py).
+every rank's entries after comparing the plan's bytes across ranks (worker/agree.py).
 
 Specification: docs/design/planning.md.
 """
