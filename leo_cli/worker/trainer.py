@@ -76,6 +76,7 @@ class Trainer:
         self.env = env
         self.run = run = RunDir(args.run_dir)
         laps = Laps(on_lap=setup_progress(run) if env.rank == 0 else None)
+        # 1. The config the parent resolved, and the device and process group it asks for.
         self.cfg = cfg = checked_config(run, env, args.allow_inexact)
         meta = read_meta(run.partitions)
         if meta["num_parts"] != env.world_size:
@@ -86,28 +87,33 @@ class Trainer:
         self.device = pick_device(cfg.launch, env)
         join_group(cfg, env, self.device)
         laps.lap("process_group_s")
-        # Mapped, not read: the part's files serve as page cache while set-up copies what it
-        # needs.
+        # 2. This rank's part. Mapped, not read: the part's files serve as page cache while
+        # set-up copies what it needs.
         part = read_part(run.partitions, env.rank, mmap=True)
         laps.lap("read_part_s")
+        # 3. Where it starts: the checkpoint it resumes from, `auto`'s candidates to try, and
+        # every rank alike.
         state = run.load_latest() if args.resume or env.restart > 0 else None
         self.start = 0 if state is None else int(state["epoch"])
-        # `auto`'s candidates to try, if any: before the first epoch, also in a run restarted
-        # or resumed before it (its trials never finished: mode-choice.json still lists them).
+        # The candidates run before the first epoch, also in a run restarted or resumed
+        # before it (its trials never finished: mode-choice.json still lists them).
         choice = read_choice(run.root) if state is None else None
-        # Every rank starts alike, checked before any set-up collective: mismatched ranks
-        # must fail with a sentence, not hang in the first exchange.
+        # Checked before any set-up collective: mismatched ranks must fail with a sentence,
+        # not hang in the first exchange.
         fingerprint = with_plan(args.config_sha or config_fingerprint(cfg), cfg, run)
         fingerprint = with_trials(fingerprint, tried(choice))
         digest = checkpoint_digest(state)
         halo_sizes = check_consistent(halo_plan(part, torch.device("cpu")), fingerprint,
                                       self.start, digest)  # fmt: skip
-        # Read once, after every rank saw the same bytes: the job, the rows' extras, the summary.
+        # 4. The cache plan, read once after every rank saw the same bytes (the job, the rows'
+        # extras and the summary read it), then the job: cache levels, the mode's aggregator,
+        # the model and its optimizer.
         self.cache_plan = load_plan(cfg, run.root, meta)
         self.job = self.assemble(part, meta, choice, halo_sizes, laps)
         # The job copied what it needs of the part (the features stay mapped through x_NF):
         # dropping it unmaps the edge arrays that set-up read, which would stay resident.
         del part
+        # 5. The checkpoint restored, the run folder ready for this attempt's rows.
         if state is not None:
             restore(state, self.job.model, self.job.optimizer, run.checkpoints)
         if env.rank == 0:
@@ -117,7 +123,9 @@ class Trainer:
             run.set_aside_checkpoints_after(self.start)
             run.truncate_metrics(self.start)
             run.write_status("running", stages=rounded(laps.seconds))
-        after_setup(self.cfg.launch.keep_freed_memory)  # set-up's temporaries go back
+        # 6. Set-up's temporaries handed back and its seconds reported; TensorBoard and what
+        # every metrics row carries.
+        after_setup(self.cfg.launch.keep_freed_memory)
         worker = reduce_setup(laps, args.entered_at, args.launched_at)
         self.setup = (
             attempt_setup(run, env.restart, args.launched_at, worker) if env.rank == 0 else {}
