@@ -7,7 +7,9 @@ sources, torch, Python and the flags). Skipped when the stamp matches.
 
 `cached_cpu_kernels` is the same build on first use (`leo train`, launch/cpu_kernels.py): into
 a folder of the cache named by the fingerprint and the compiler, built once under a file lock
-in a temporary folder renamed into place, so several runs starting at once build it once.
+in a temporary folder renamed into place, so several runs starting at once build it once. A
+build that fails is remembered beside it (`cpu-<key>.failed`): later runs with the same key
+say so without building again; temporary folders of builds killed midway are removed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -84,11 +87,12 @@ def _run_build(cuda_dir: Path, root: Path, verbose: bool) -> Path:
         out = None if verbose else log
         proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
-        where = "output above" if verbose else f"compiler output in {log_path}"
+        # The first line is whole on its own (the launcher says it alone); the compiler's
+        # error lines follow it.
+        where = "its output above" if verbose else f"compiler output in {log_path}"
         errors = [] if verbose else _error_lines(log_path.read_text())
-        detail = ":\n" + "\n".join(errors) if errors else ""
         raise KernelError(
-            f"building {cpu.LIBRARY} failed (exit {proc.returncode}); {where}{detail}"
+            "\n".join([f"building {cpu.LIBRARY} failed (exit {proc.returncode}; {where})", *errors])
         )
     built = root / f"{_NAME}.so"
     if not built.is_file():
@@ -183,12 +187,68 @@ def cache_entry(cache_dir: Path, cuda_dir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(target: Path) -> Iterator[None]:
-    """Hold `<target>.lock` (advisory, beside the folder) while checking and building it."""
+def _locked(target: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold `<target>.lock` (advisory, beside the folder) while checking and building it;
+    yields whether it is held (always, unless `wait` is False and another process holds it)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_name(target.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+FAILED = ".failed"  # beside a build's folder: the failure of its key, not retried
+_SCRATCH = re.compile(r"^(cpu-[0-9a-f]+)\.tmp-([0-9]+)$")
+
+
+def failure_path(target: Path) -> Path:
+    """Where a failed build of `target`'s key is remembered (`cpu-<key>.failed`)."""
+    return target.with_name(target.name + FAILED)
+
+
+def _remembered_failure(target: Path) -> KernelError | None:
+    """The failure an earlier build of this key recorded, or None."""
+    path = failure_path(target)
+    try:
+        first = path.read_text().strip()
+    except OSError:
+        return None
+    first = first or f"building {cpu.LIBRARY} failed"
+    return KernelError(
+        f"{first}; not tried again until the sources, torch or the compiler change "
+        f"(delete {path} to try now)"
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def clean_stale_scratch(kernels_dir: Path, held: Path) -> list[Path]:
+    """Remove the temporary folders (`cpu-<key>.tmp-<pid>`) that builds killed midway left
+    in `kernels_dir`: those whose process is gone, of the key whose lock (`held`) this process
+    holds, or of another key whose lock is free. The folders removed."""
+    removed = []
+    for path in sorted(kernels_dir.glob("cpu-*.tmp-*")):
+        found = _SCRATCH.match(path.name)
+        if found is None or not path.is_dir() or _pid_alive(int(found[2])):
+            continue
+        target = kernels_dir / found[1]
+        with contextlib.ExitStack() as stack:
+            if target != held and not stack.enter_context(_locked(target, wait=False)):
+                continue  # its key is being built right now
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def cached_cpu_kernels(
@@ -207,10 +267,14 @@ def cached_cpu_kernels(
     target = cache_entry(cache_dir, cuda_dir)
     fingerprint = cpu.source_fingerprint(cuda_dir)
     with _locked(target):
+        clean_stale_scratch(target.parent, target)
         if _up_to_date(target, fingerprint):
             return BuildResult(
                 cpu.library_path(target), fingerprint, True, time.perf_counter() - t0, "cpu"
             )
+        remembered = _remembered_failure(target)
+        if remembered is not None:
+            raise remembered
         if on_build is not None:
             on_build(target)
         scratch = target.with_name(f"{target.name}.tmp-{os.getpid()}")
@@ -222,6 +286,10 @@ def cached_cpu_kernels(
             shutil.rmtree(target, ignore_errors=True)  # a stale build of the same key
             os.rename(scratch, target)
             shutil.rmtree(build_root, ignore_errors=True)
+        except KernelError as exc:  # remembered: the next run does not pay it again
+            with contextlib.suppress(OSError), files.atomic_file(failure_path(target), "w") as f:
+                f.write(str(exc).splitlines()[0] + "\n")
+            raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     lib = cpu.library_path(target)

@@ -218,7 +218,10 @@ def load_cpu_kernels_again() -> Backend:
     Raises:
         KernelError: as `active_backend`.
     """
-    global _ACTIVE
+    global _ACTIVE, _FAILURE, _FAILED_CHOICE
+    if _FAILED_CHOICE == "cpu":  # LEO_KERNELS=cpu found none before: select again (or raise)
+        _ACTIVE = _FAILURE = _FAILED_CHOICE = None
+        return active_backend()
     current = active_backend()
     if current.cpu == "leo" or requested_backend() == "ref":
         return current

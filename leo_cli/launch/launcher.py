@@ -18,7 +18,7 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError, tensorboard_missing
 from leo_cli.graph.storage import META, read_meta
-from leo_cli.kernels import active_backend
+from leo_cli.launch.cpu_kernels import check_cpu_kernels
 from leo_cli.launch.elastic import workers_per_node
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.run_dir import RunDir
@@ -43,12 +43,13 @@ RESUMABLE = {
 
 
 def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Devices as the parent sees them, the kernels `LEO_KERNELS` asks for (an unbuilt
-    extension under `LEO_KERNELS=cuda` is said before partitioning), then the config checks
-    that every worker repeats."""
+    """Devices as the parent sees them, the kernels `LEO_KERNELS` and `pipeline.spmm` ask for
+    (an unbuilt extension under `LEO_KERNELS=cuda` is said before partitioning; LEO's CPU
+    library is checked as far as known before the build on first use), then the config
+    checks that every worker repeats."""
     check_device(cfg.launch, workers_per_node(cfg))
     check_tensorboard(cfg.run.tensorboard and cfg.launch.node_rank == 0)  # node 0 holds rank 0
-    active_backend()
+    check_cpu_kernels(cfg)
     check_config(cfg, allow_inexact)
     check_transport(cfg, uses_cuda(cfg.launch))
 

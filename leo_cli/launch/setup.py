@@ -29,8 +29,9 @@ from typing import Any, Literal
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import PartitionResult, Weigher, ensure_partitions, weighted
+from leo_cli.kernels import active_backend
 from leo_cli.launch.choice import choose_mode, keep_trials
-from leo_cli.launch.cpu_kernels import ensure_cpu_kernels
+from leo_cli.launch.cpu_kernels import check_cpu_spmm, ensure_cpu_kernels
 from leo_cli.launch.elastic import run_workers, start_early
 from leo_cli.launch.launcher import (
     check_resumable,
@@ -197,6 +198,7 @@ def preload(s: Setup) -> tuple[Setup, Cost | None]:
     """LEO's CPU SpMM built (once, before the server loads it as it imports), then the server
     the workers fork from starts: its imports run beside set-up."""
     ensure_cpu_kernels(s.cfg.run.cache_dir or s.run_dir.parent / CACHE_FOLDER)
+    check_cpu_spmm(s.cfg, active_backend().cpu == "leo")  # before any expensive stage
     start_early(s.cfg)
     return s, None
 

@@ -167,7 +167,8 @@ class Trainer:
                 halo_sizes, run_laps, tensors, static_NF,
             )  # fmt: skip
 
-        set_cpu_spmm(cfg.pipeline.spmm)
+        if self.device.type == "cpu":  # CUDA tensors use the CUDA kernels whatever it says
+            set_cpu_spmm(cfg.pipeline.spmm)
         if choice is not None and trials:
             job, self.cfg, choice = train_winner(self.run, cfg, choice, build, env.rank, laps)
         else:

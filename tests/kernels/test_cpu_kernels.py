@@ -312,3 +312,228 @@ def test_a_second_launch_names_the_loaded_library_to_its_workers(
     monkeypatch.setattr(cpu, "_LOADED", cpu.library_path())
     assert cpu_kernels.ensure_cpu_kernels(tmp_path) is None
     assert cpu.DIR_ENV not in os.environ
+
+
+def _failing_build(calls: list[Path]) -> Any:
+    def build(cuda_dir: Path, **kwargs: Any) -> None:
+        calls.append(kwargs["build_root"])
+        raise KernelError(
+            f"building {cpu.LIBRARY} failed (exit 1; compiler output in "
+            f"{kwargs['build_root'] / 'build.log'})\nx.cpp:1: error: boom"
+        )
+
+    return build
+
+
+def test_a_failed_build_is_remembered_for_its_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leo_cli.kernel_tools import build_cpu
+
+    calls: list[Path] = []
+    monkeypatch.setattr(build_cpu, "check_toolchain", lambda: None)
+    monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 1")
+    monkeypatch.setattr(build_cpu, "build_cpu_kernels", _failing_build(calls))
+    cuda_dir = stamp.cuda_source_dir()
+    with pytest.raises(KernelError) as first:
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    target = build_cpu.cache_entry(tmp_path, cuda_dir)
+    log = target.with_name(f"{target.name}.build") / "build.log"
+    assert str(first.value).splitlines()[0].endswith(f"compiler output in {log})")
+    # The next run with the same key says so without building again, naming what to do.
+    with pytest.raises(KernelError) as again:
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    assert len(calls) == 1 and len(str(again.value).splitlines()) == 1
+    assert str(again.value).startswith(str(first.value).splitlines()[0])
+    assert f"delete {build_cpu.failure_path(target)} to try now" in str(again.value)
+    # Another key (here: another compiler) builds again.
+    monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 2")
+    with pytest.raises(KernelError):
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    assert len(calls) == 2
+    # The launcher's line names the log whole (no dangling "build.log:").
+    from leo_cli.launch import cpu_kernels
+
+    monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
+    monkeypatch.setenv("LEO_CPU_BUILD", "auto")
+    monkeypatch.delenv("LEO_KERNELS", raising=False)
+    unset(monkeypatch, cpu.UNBUILT_ENV, cpu.DIR_ENV)
+    said = cpu_kernels.ensure_cpu_kernels(tmp_path)
+    other = build_cpu.cache_entry(tmp_path, cuda_dir)
+    log = other.with_name(f"{other.name}.build") / "build.log"
+    assert said is not None and f"compiler output in {log}); not tried again" in said
+    assert len(calls) == 2
+
+
+def test_the_build_error_names_its_log_in_a_whole_first_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leo_cli.kernel_tools import build_cpu
+
+    def compiler_fails(cmd: Any, stdout: Any = None, **kwargs: Any) -> Any:
+        stdout.write("x.cpp:3:1: error: expected ';'\nTraceback (most recent call last)\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(build_cpu.subprocess, "run", compiler_fails)
+    with pytest.raises(KernelError) as failed:
+        build_cpu._run_build(stamp.cuda_source_dir(), tmp_path, verbose=False)
+    lines = str(failed.value).splitlines()
+    assert lines == [
+        f"building {cpu.LIBRARY} failed (exit 1; compiler output in {tmp_path / 'build.log'})",
+        "x.cpp:3:1: error: expected ';'",
+    ]
+
+
+def test_killed_builds_leave_no_scratch_folder_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leo_cli.kernel_tools import build_cpu
+
+    monkeypatch.setattr(build_cpu, "check_toolchain", lambda: None)
+    monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 1")
+    monkeypatch.setattr(build_cpu, "build_cpu_kernels", _failing_build([]))
+    cuda_dir = stamp.cuda_source_dir()
+    target = build_cpu.cache_entry(tmp_path, cuda_dir)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kernels_dir = target.parent
+        kernels_dir.mkdir(parents=True)
+        dead_own = kernels_dir / f"{target.name}.tmp-{gone.pid}"
+        dead_other = kernels_dir / f"cpu-0123456789abcdef.tmp-{gone.pid}"
+        busy_other = kernels_dir / f"cpu-fedcba9876543210.tmp-{gone.pid}"
+        live = kernels_dir / f"{target.name}.tmp-{alive.pid}"
+        for folder in (dead_own, dead_other, busy_other, live):
+            (folder / "build").mkdir(parents=True)
+        # Another process builds that key (flock: another open file conflicts alike); the
+        # build itself fails here, which is not the point.
+        with build_cpu._locked(kernels_dir / "cpu-fedcba9876543210"), pytest.raises(KernelError):
+            build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+        assert not dead_own.exists() and not dead_other.exists()
+        assert busy_other.exists() and live.exists()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def _cpu_asked_but_unbuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's selection under LEO_KERNELS=cpu found no library (as at import)."""
+    monkeypatch.setenv("LEO_KERNELS", "cpu")
+    monkeypatch.setattr(backend, "_ACTIVE", None)
+    monkeypatch.setattr(backend, "_FAILURE", KernelError("LEO_KERNELS=cpu but not built"))
+    monkeypatch.setattr(backend, "_FAILED_CHOICE", "cpu")
+    unset(monkeypatch, cpu.UNBUILT_ENV, cpu.DIR_ENV)
+
+
+def test_leo_kernels_cpu_builds_on_first_use_then_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from leo_cli.config import load_config
+    from leo_cli.kernel_tools.build import BuildResult
+    from leo_cli.launch import cpu_kernels
+
+    _cpu_asked_but_unbuilt(monkeypatch)
+    monkeypatch.setenv("LEO_CPU_BUILD", "auto")
+    monkeypatch.setattr(cpu_kernels, "not_built_here", lambda toolchain=True: None)
+    cfg = load_config(None, ["pipeline.spmm=leo"])
+    cpu_kernels.check_cpu_kernels(cfg)  # not refused: the launch builds it next
+    lib = tmp_path / "kernels" / "cpu-k" / cpu.LIBRARY
+    built = BuildResult(lib, "fp", False, 21.0, "cpu")
+    monkeypatch.setattr(cpu_kernels, "cached_cpu_kernels", lambda *a, **k: built)
+    monkeypatch.setattr(backend, "_load_cpu_kernels", lambda: None)  # the build loads
+    monkeypatch.setattr(backend, "_import_extension", lambda: "no CUDA extension")
+    monkeypatch.setattr(cpu, "_LOADED", lib)
+    said = cpu_kernels.ensure_cpu_kernels(tmp_path)
+    assert said == f"LEO's CPU kernels built in 21 s: {lib}"
+    assert backend.active_backend().cpu == "leo" and os.environ[cpu.DIR_ENV] == str(lib.parent)
+    cpu_kernels.check_cpu_spmm(cfg, backend.active_backend().cpu == "leo")
+
+
+@pytest.mark.parametrize("why", ["never", "fails"])
+def test_leo_kernels_cpu_refuses_exactly_where_none_is_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, why: str
+) -> None:
+    from leo_cli.config import load_config
+    from leo_cli.launch import cpu_kernels
+
+    _cpu_asked_but_unbuilt(monkeypatch)
+    monkeypatch.setenv("LEO_CPU_BUILD", "never" if why == "never" else "auto")
+    monkeypatch.setattr(cpu_kernels, "check_toolchain", lambda: None)
+
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise KernelError("building _leo_cpu.so failed (exit 1; compiler output in x.log)\ne")
+
+    monkeypatch.setattr(cpu_kernels, "cached_cpu_kernels", fails)
+    cause = "LEO_CPU_BUILD=never" if why == "never" else "compiler output in x.log)"
+    refusals = [lambda: cpu_kernels.ensure_cpu_kernels(tmp_path)]
+    if why == "never":  # known before any work
+        refusals.append(lambda: cpu_kernels.check_cpu_kernels(load_config(None, [])))
+    for refused in refusals:
+        with pytest.raises(KernelError) as exc:
+            refused()
+        message = str(exc.value)
+        assert message.startswith("LEO_KERNELS=cpu but LEO's CPU kernels are not built and were")
+        assert cause in message and "`leo train` builds" not in message
+        assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "refused"),
+    [
+        ({"LEO_KERNELS": "ref"}, "cpu", "LEO_KERNELS=ref"),
+        ({"LEO_CPU_BUILD": "never"}, "cpu", "LEO_CPU_BUILD=never"),
+        ({"LEO_CPU_BUILD": "auto"}, "cpu", None),  # built next, checked again after
+        ({"LEO_KERNELS": "ref"}, "cuda", None),  # CUDA workers: the CUDA kernels serve
+    ],
+)
+def test_spmm_leo_is_refused_before_any_work_where_it_cannot_load(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], device: str, refused: str | None
+) -> None:
+    import leo_cli.comm.dist as dist_module
+    from leo_cli.config import load_config
+    from leo_cli.errors import ConfigError
+    from leo_cli.launch import cpu_kernels, launcher
+
+    monkeypatch.delenv("LEO_KERNELS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cpu_kernels, "check_toolchain", lambda: None)
+    monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
+    monkeypatch.setattr(launcher, "check_device", lambda launch, nproc: None)
+    on_cuda = lambda launch: device == "cuda"  # noqa: E731
+    monkeypatch.setattr(launcher, "uses_cuda", on_cuda)
+    monkeypatch.setattr(dist_module, "uses_cuda", on_cuda)  # (read where it is called)
+    cfg = load_config(None, ["pipeline.spmm=leo", f"launch.device={device}"])
+    if refused is None:
+        launcher.check_supported(cfg)
+        return
+    with pytest.raises(ConfigError) as exc:
+        launcher.check_supported(cfg)
+    assert str(exc.value) == (
+        f"pipeline.spmm=leo needs LEO's CPU kernels, which are not loaded ({refused}); set "
+        "pipeline.spmm=auto (or torch), or build them with `leo compile --cpu`."
+    )
+
+
+@pytest.mark.integration
+def test_leo_train_under_leo_kernels_cpu_builds_instead_of_refusing(
+    first_use: Built, tmp_path: Path
+) -> None:
+    """A package without its own library: `LEO_KERNELS=cpu leo train` takes the cache's build
+    (the one `first_use` made; an empty cache builds it the same way) instead of refusing."""
+    from helpers.cli import TINY, leo
+
+    if cpu.library_path().is_file():
+        pytest.skip("the package holds its own library: nothing to build on first use")
+    env = {**os.environ, "LEO_KERNELS": "cpu", "LEO_CPU_BUILD": "auto"}
+    env.pop(cpu.DIR_ENV, None)
+    run = tmp_path / "run"
+    res = leo(
+        "train", *TINY, "--set", "partition.num_parts=1", "--set", "train.num_epochs=1",
+        "--set", "pipeline.spmm=leo", "--set", f"run.out_dir={run}",
+        "--set", f"run.cache_dir={first_use.cache}", fresh=True, env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["kernels"] == "cpu" and str(first_use.folder) in summary["kernels_cpu_reason"]
