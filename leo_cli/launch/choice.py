@@ -17,6 +17,7 @@ from leo_cli.kernels import active_backend
 from leo_cli.launch.stages import partition_cache_dir
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
+    SPMM_NOTE,
     ModeChoice,
     choose,
     measures,
@@ -62,8 +63,11 @@ def choose_mode(
     if measures(cfg, num_parts):
         trial = to_try(cfg, plan, estimate, available_memory_bytes())
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
-    if (not trial.trials and not variants) or cache is None:  # several machines: no cache
-        return replace(trial, spmm_trials=[])
+    if not trial.trials and not variants:
+        return trial
+    if cache is None:  # several machines: no cache, so no wisdom; the rule's variant runs
+        notes = {f"{SPMM_PREFIX}{v}": NO_CACHE for v in variants}
+        return replace(trial, spmm_trials=[], notes={**trial.notes, **notes})
     inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"
     names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
@@ -75,7 +79,11 @@ def choose_mode(
     return replace(trial, wisdom=str(path))
 
 
-SPMM_PREFIX = "spmm="  # how a variant is named among the wisdom key's candidates
+SPMM_PREFIX = SPMM_NOTE  # how a variant is named among the wisdom key's candidates
+NO_CACHE = (
+    "not tried: several machines (launch.nnodes > 1) keep no cache for the result, so "
+    "pipeline.spmm=auto runs its rule's variant (set pipeline.spmm to choose one)"
+)
 
 
 def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:

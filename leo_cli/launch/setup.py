@@ -54,6 +54,7 @@ from leo_cli.launch.stages import (
 )
 from leo_cli.planner.auto_mode import (
     ModeChoice,
+    kept_spmm,
     resumed,
     resumed_spmm,
     with_choice,
@@ -306,6 +307,8 @@ def mode(s: Setup) -> tuple[Setup, Cost | None]:
     """The mode that runs: set by name, chosen by `auto` (planner/auto_mode.py), or the
     candidates the workers try first (launch/choice.py)."""
     choice = s.started or choose_mode(s.cfg, s.run_dir, s.meta, s.plan)
+    if s.ask.resume:  # the SpMM variant it started with, and why (also with a mode by name)
+        choice = kept_spmm(choice, s.ask.cfg, s.run_dir)
     return replace(s, choice=choice, run_cfg=with_choice(s.cfg, choice)), None
 
 

@@ -466,6 +466,28 @@ def resumed_spmm(cfg: LeoConfig, run_dir: Path) -> LeoConfig:
     return cfg.model_copy(update={"pipeline": pipeline})
 
 
+def kept_spmm(choice: ModeChoice, cfg: LeoConfig, run_dir: Path) -> ModeChoice:
+    """On resume under `pipeline.spmm=auto` (`cfg` as asked, before `resumed_spmm`), whatever
+    the mode: `choice` with the variant the run started with and why, its trials' medians,
+    notes and times, as its recorded choice says (mode-choice.json), where that variant was
+    chosen (not left to try)."""
+    if cfg.pipeline.spmm != AUTO_SPMM:
+        return choice
+    saved = read_choice(run_dir)
+    if saved is None or saved.spmm == AUTO_SPMM or saved.spmm_rule is None or saved.spmm_trials:
+        return choice
+    mine = {k: v for k, v in saved.notes.items() if k.startswith(SPMM_NOTE)}
+    spent = {k: v for k, v in saved.trial_s.items() if k.startswith(SPMM_NOTE)}
+    return replace(
+        choice, spmm=saved.spmm, spmm_rule=saved.spmm_rule, spmm_trials=[],
+        spmm_measured_s=saved.spmm_measured_s, notes={**choice.notes, **mine},
+        trial_s={**choice.trial_s, **spent},
+    )  # fmt: skip
+
+
+SPMM_NOTE = "spmm="  # how notes and trial times name a variant (`spmm=torch`)
+
+
 def write_choice(run_dir: Path, choice: ModeChoice) -> None:
     files.write_json(run_dir / CHOICE, choice.to_json())
 

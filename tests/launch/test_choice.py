@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from leo_cli.config import load_config, write_resolved
-from leo_cli.launch.choice import from_wisdom, keep_trials, kept
+from leo_cli.launch.choice import NO_CACHE, choose_mode, from_wisdom, keep_trials, kept
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     ModeChoice,
+    kept_spmm,
+    read_choice,
     resumed_spmm,
     with_choice,
     write_choice,
@@ -94,3 +96,34 @@ def test_a_resumed_run_keeps_the_spmm_it_started_with(tmp_path: Path) -> None:
     assert resumed_spmm(asked, tmp_path).pipeline.spmm == "torch-slabs"
     named = load_config(None, [f"run.out_dir={tmp_path}", "pipeline.spmm=leo"])
     assert resumed_spmm(named, tmp_path).pipeline.spmm == "leo"  # set by name: as set
+
+
+def test_a_resumed_run_keeps_why_its_spmm_was_chosen(tmp_path: Path) -> None:
+    """Whatever the mode (set by name here): the variant's rule, medians, notes and times."""
+    started = ModeChoice(
+        "blocking", "blocking", spmm="torch", spmm_rule="measured fastest",
+        spmm_measured_s={"torch": 0.3, "leo": 0.4}, notes={"spmm=torch-slabs": "not tried"},
+        trial_s={"spmm=torch": {"steps_s": 1.0}},
+    )  # fmt: skip
+    write_choice(tmp_path, started)
+    # What the mode stage makes of a resumed config (`resumed_spmm`: spmm=torch, untried).
+    again = ModeChoice("blocking", "blocking", spmm="torch")
+    asked = load_config(None, ["pipeline.mode=blocking"])
+    kept_again = kept_spmm(again, asked, tmp_path)
+    assert kept_again == started
+    # A variant set by name on resume is the user's, not the trials'.
+    named = load_config(None, ["pipeline.mode=blocking", "pipeline.spmm=torch"])
+    assert kept_spmm(again, named, tmp_path) == again
+    # Trials that never finished (no epoch ran) are tried again, not taken as chosen.
+    write_choice(tmp_path, replace(started, spmm="auto", spmm_rule=None, spmm_trials=["torch"]))
+    assert kept_spmm(again, asked, tmp_path) == again
+    assert read_choice(tmp_path) is not None
+
+
+def test_spmm_variants_untried_on_several_machines_say_why(tmp_path: Path) -> None:
+    cfg = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking"])
+    choice = choose_mode(cfg, tmp_path / "run", {"num_parts": 2}, None)
+    assert choice.spmm_trials == [] and choice.spmm == "auto"
+    assert {"spmm=torch", "spmm=torch-slabs"} <= set(choice.notes)  # (leo where loaded)
+    assert set(choice.notes.values()) == {NO_CACHE}
+    assert choice.to_json()["mode_notes"] == choice.notes  # mode-choice.json, summary.json

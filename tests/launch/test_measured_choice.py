@@ -99,6 +99,18 @@ def test_a_measured_run_resumes_with_its_mode_and_levels(tmp_path: Path) -> None
     assert losses(run)[:3] == before and len(losses(run)) == 5
     resolved = load_config(run / "resolved_config.yaml").pipeline
     assert (resolved.mode, resolved.levels) == (first["mode"], first["mode_levels"])
+    assert more["spmm_rule"] == first["spmm_rule"] and more["spmm"] == first["spmm"]
+
+
+def test_a_run_of_a_mode_by_name_resumes_with_its_spmm_and_why(tmp_path: Path) -> None:
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    first = train(run, cache, "--set", "pipeline.mode=blocking")
+    assert first["spmm"] != "auto" and first["spmm_rule"].startswith("measured ")
+    more = train(run, cache, "--resume", "--set", "pipeline.mode=blocking",
+                 "--set", "train.num_epochs=5")  # fmt: skip
+    kept = ("spmm", "spmm_rule", "spmm_measured_s")
+    assert {k: more[k] for k in kept} == {k: first[k] for k in kept}  # no trials on resume
+    assert len(losses(run)) == 5
 
 
 def test_estimate_tries_nothing(tmp_path: Path) -> None:
