@@ -191,16 +191,19 @@ def make_rows(
 
 
 def regret_columns(m: Measured, measured: list[Measured]) -> dict[str, Any]:
-    """For an `auto` row: what it ran in each round (`mode_ran`, e.g. `leo x3`), and its
-    epoch over the fastest exact mode's of the same workers and bench variant, paired by
-    round (`vs_fastest`: its regret)."""
+    """For an `auto` row: what it ran in each round (`mode_ran`, e.g. `leo x3`), the
+    calibrated prediction of the mode it ran (median over rounds; `predicted_epoch_time_s` is
+    the probe's), and its epoch over the fastest exact mode's of the same workers and bench
+    variant, paired by round (`vs_fastest`: its regret)."""
     v = m.variant
-    keys = ("mode_ran", "fastest_mode", "vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high")
+    keys = ("mode_ran", "fastest_mode", "vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high",
+            "calibrated_epoch_time_s")  # fmt: skip
     out: dict[str, Any] = dict.fromkeys(keys)
     if not is_auto(v.mode):
         return out
     ran = Counter(r.get("mode_ran") or "?" for r in m.runs)
     out["mode_ran"] = ", ".join(f"{n} x{k}" for n, k in ran.most_common())
+    out["calibrated_epoch_time_s"] = _median(m.runs, "calibrated_epoch_time_s")
     exact = [
         o for o in measured
         if o.variant.system == LEO and o.variant.world_size == v.world_size

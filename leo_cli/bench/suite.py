@@ -249,6 +249,10 @@ def run_leo(
         "rank_busy_s": rank_medians(rows, "rank_busy_s"),
         "predicted_rank_busy_s": summary.get("predicted_rank_busy_s"),
         "mode_ran": ran_name(summary),
+        # the cost model's prediction of the mode that ran, scaled by earlier trials here
+        "calibrated_epoch_time_s": dict(summary.get("mode_calibrated_s") or {}).get(
+            str(summary.get("mode"))
+        ),
         **link_fields(emulated),
     }
 

@@ -140,7 +140,11 @@ def test_an_auto_row_says_what_it_ran_and_its_regret(tmp_path: Path) -> None:
         return m
 
     auto = measured("auto", [1.1, 2.2, 1.0], ran="leo/no-replicas")
-    auto.runs = [*auto.runs[:2], {"mode_ran": "blocking"}]
+    auto.runs = [
+        {"mode_ran": "leo/no-replicas", "calibrated_epoch_time_s": 0.9},
+        {"mode_ran": "leo/no-replicas", "calibrated_epoch_time_s": None},
+        {"mode_ran": "blocking", "calibrated_epoch_time_s": 1.3},
+    ]
     rows = make_rows(cfg, [
         measured("blocking", [1.2, 2.4, 1.2]), measured("leo", [1.0, 2.0, 1.0]),
         measured("compute-only", [0.1, 0.2, 0.1]), measured("leo", [0.1, 0.1, 0.1], world=4),
@@ -149,6 +153,7 @@ def test_an_auto_row_says_what_it_ran_and_its_regret(tmp_path: Path) -> None:
     row = rows[-1]
     assert row["mode_ran"] == "leo/no-replicas x2, blocking x1" and row["fastest_mode"] == "leo"
     assert row["vs_fastest"] == pytest.approx(1.1) and row["vs_fastest_ci_low"] == 1.0
+    assert row["calibrated_epoch_time_s"] == pytest.approx(1.1)  # of the rounds that had one
     assert rows[0]["vs_fastest"] is None and rows[0]["mode_ran"] is None
     env = {"cpu": "c", "cores": 2, "gpu": None, "versions": {"torch": "t"}, "command": "leo"}
     md = markdown(rows, env)
