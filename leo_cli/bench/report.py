@@ -193,17 +193,29 @@ def make_rows(
 def regret_columns(m: Measured, measured: list[Measured]) -> dict[str, Any]:
     """For an `auto` row: what it ran in each round (`mode_ran`, e.g. `leo x3`), the
     calibrated prediction of the mode it ran (median over rounds; `predicted_epoch_time_s` is
-    the probe's), and its epoch over the fastest exact mode's of the same workers and bench
-    variant, paired by round (`vs_fastest`: its regret)."""
+    the probe's), each round's choice and trials (`auto_rounds`, bench.json), and its epoch
+    over the fastest exact mode's of the same workers and bench variant, paired by round
+    (`vs_fastest`: its regret)."""
     v = m.variant
     keys = ("mode_ran", "fastest_mode", "vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high",
-            "calibrated_epoch_time_s")  # fmt: skip
+            "calibrated_epoch_time_s", "auto_rounds")  # fmt: skip
     out: dict[str, Any] = dict.fromkeys(keys)
     if not is_auto(v.mode):
         return out
     ran = Counter(r.get("mode_ran") or "?" for r in m.runs)
     out["mode_ran"] = ", ".join(f"{n} x{k}" for n, k in ran.most_common())
     out["calibrated_epoch_time_s"] = _median(m.runs, "calibrated_epoch_time_s")
+    out["auto_rounds"] = [
+        {
+            "mode_ran": r.get("mode_ran"),
+            "epoch_time_s": t,
+            "choose_s": (r.get("setup_parts_s") or {}).get("choose_s"),
+            "predicted_epoch_time_s": r.get("predicted_epoch_time_s"),
+            "calibrated_epoch_time_s": r.get("calibrated_epoch_time_s"),
+            **(r.get("trials") or {}),
+        }
+        for r, t in zip(m.runs, m.round_medians, strict=False)
+    ]
     exact = [
         o for o in measured
         if o.variant.system == LEO and o.variant.world_size == v.world_size

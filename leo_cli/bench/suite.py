@@ -254,7 +254,17 @@ def run_leo(
             str(summary.get("mode"))
         ),
         **link_fields(emulated),
+        **(trial_fields(summary) if is_auto(v.mode) else {}),
     }
+
+
+def trial_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """What an `auto` run's trials measured (its round in bench.json `auto_rounds`): each
+    candidate's median trial step, why one was not tried or stopped, the SpMM variant's, and
+    the predictions it chose from."""
+    keys = ("mode_measured_s", "mode_notes", "mode_predicted_s", "mode_calibrated_s",
+            "spmm_measured_s")  # fmt: skip
+    return {"trials": {k: summary.get(k) for k in keys}}
 
 
 def ran_name(summary: dict[str, Any]) -> str | None:

@@ -154,6 +154,9 @@ def test_an_auto_row_says_what_it_ran_and_its_regret(tmp_path: Path) -> None:
     assert row["mode_ran"] == "leo/no-replicas x2, blocking x1" and row["fastest_mode"] == "leo"
     assert row["vs_fastest"] == pytest.approx(1.1) and row["vs_fastest_ci_low"] == 1.0
     assert row["calibrated_epoch_time_s"] == pytest.approx(1.1)  # of the rounds that had one
+    assert [(r["mode_ran"], r["epoch_time_s"]) for r in row["auto_rounds"]] == [
+        ("leo/no-replicas", 1.1), ("leo/no-replicas", 2.2), ("blocking", 1.0)
+    ]  # fmt: skip
     assert rows[0]["vs_fastest"] is None and rows[0]["mode_ran"] is None
     env = {"cpu": "c", "cores": 2, "gpu": None, "versions": {"torch": "t"}, "command": "leo"}
     md = markdown(rows, env)
