@@ -199,7 +199,8 @@ def preload(s: Setup) -> tuple[Setup, Cost | None]:
     """LEO's CPU SpMM built (once, before the server loads it as it imports), then the server
     the workers fork from starts: its imports run beside set-up."""
     ensure_cpu_kernels(s.cfg.run.cache_dir or s.run_dir.parent / CACHE_FOLDER)
-    check_cpu_spmm(s.cfg, active_backend().cpu == "leo")  # before any expensive stage
+    backend = active_backend()
+    check_cpu_spmm(s.cfg, backend.cpu == "leo")  # before any expensive stage
     start_early(s.cfg)
     return s, None
 
