@@ -223,16 +223,6 @@ def _remembered_failure(target: Path) -> KernelError | None:
     )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
 def clean_stale_scratch(kernels_dir: Path, held: Path) -> list[Path]:
     """Remove the temporary folders (`cpu-<key>.tmp-<pid>`) that builds killed midway left
     in `kernels_dir`: those whose process is gone, of the key whose lock (`held`) this process
@@ -240,7 +230,7 @@ def clean_stale_scratch(kernels_dir: Path, held: Path) -> list[Path]:
     removed = []
     for path in sorted(kernels_dir.glob("cpu-*.tmp-*")):
         found = _SCRATCH.match(path.name)
-        if found is None or not path.is_dir() or _pid_alive(int(found[2])):
+        if found is None or not path.is_dir() or files.pid_alive(int(found[2])):
             continue
         target = kernels_dir / found[1]
         with contextlib.ExitStack() as stack:
