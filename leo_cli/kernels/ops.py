@@ -496,8 +496,9 @@ def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float
     """x with entry (i, j) times `scale` where the random byte of (ids[i], j) under `key`
     (util/keyed.py) is at least `threshold`, else times 0 (inverted dropout). The reference on
     every device, a chunk of rows at a time, so no multiplier as large as x is allocated;
-    LEO's CPU library serves CPU tensors in one pass (`cpu.py`), with the same bits."""
-    out = torch.empty_like(x)
+    LEO's CPU library serves CPU tensors in one pass (`cpu.py`), with the same bits. The
+    output is row-major whatever x's strides, as the library's."""
+    out = x.new_empty(x.shape)
     for s in range(0, x.shape[0], _DROPOUT_CHUNK_ROWS):
         e = s + _DROPOUT_CHUNK_ROWS
         mult = (random_bytes(ids[s:e], x.shape[1], key) >= threshold).to(x.dtype).mul_(scale)
@@ -508,7 +509,7 @@ def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float
 @keyed_dropout.register_fake
 def _keyed_dropout_fake(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
     _require(x.dim() == 2 and ids.dim() == 1, lambda: "keyed_dropout: x 2-D, ids 1-D")
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------

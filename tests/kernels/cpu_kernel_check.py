@@ -101,16 +101,19 @@ def dropout_cases() -> list[tuple[str, Tensor, Tensor, int, int, float]]:
                 out.append((f"dropout/{dtype}/{width}/{p}", x, ids, key, t, scale))
     wide = torch.randn(40, 32)
     out.append(("dropout/strided", wide[:, ::2], torch.arange(40), 9, 128, 2.0))
+    out.append(("dropout/transposed", torch.randn(32, 40).t(), torch.arange(40), 9, 128, 2.0))
     out.append(("dropout/no_rows", torch.randn(0, 8), torch.arange(0), 9, 128, 2.0))
     out.append(("dropout/int32_ids", wide, torch.arange(40, dtype=torch.int32), 9, 128, 2.0))
     return out
 
 
 def same_bits(a: Tensor, b: Tensor) -> bool:
-    """Equal to the bit, but for NaN payloads (torch's own kernels make different ones)."""
+    """Equal to the bit and in layout, but for NaN payloads (torch's own kernels make
+    different ones)."""
     nan = torch.isnan(a)
     return (
         a.dtype == b.dtype
+        and a.stride() == b.stride()
         and torch.equal(nan, torch.isnan(b))
         and torch.equal(
             torch.where(nan, 0, a).view(-1).view(torch.uint8),
@@ -163,6 +166,7 @@ def main(lib: Path) -> None:
     assert calls == [len(drops)], f"leo_cpu::keyed_dropout calls recorded: {calls}"
     finite = torch.randn(30, 20)  # opcheck compares outputs with NaN != NaN
     torch.library.opcheck(ops.keyed_dropout, (finite, torch.arange(30), 5, 128, 2.0))
+    torch.library.opcheck(ops.keyed_dropout, (finite.t(), torch.arange(20), 5, 128, 2.0))
     print(f"dropout: {len(drops)} cases")
 
 
