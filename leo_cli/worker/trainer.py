@@ -182,8 +182,8 @@ class Trainer:
         the model of the first epoch with the best validation accuracy."""
         job, train, seed = self.job, self.cfg.train, self.cfg.run.seed
         stats = job.graph.aggregator.stats
-        best = keep_best_of(self.run, self.start) if self.env.rank == 0 else None
         try:
+            best = keep_best_of(self.run, self.start) if self.env.rank == 0 else None
             for epoch in range(self.start + 1, train.num_epochs + 1):
                 stats.reset()
                 loss, times = job.step(seed, epoch)
