@@ -52,7 +52,7 @@ test: install
 	$(MAKE) --no-print-directory -j4 lint typecheck cuda-check pytest
 
 # The unit tests: none that starts a subprocess (integration), torch.distributed ranks (dist)
-# or a long run (slow); under 3 minutes on 2 cores. CI runs `make test`.
+# or a long run (slow); about a minute on 2 cores. CI runs `make test`.
 test-fast: install lint
 	$(PY) -m compileall -q -j 0 leo_cli tests
 	$(VENV)/bin/pytest $(PYTEST_ARGS) -m "not integration and not dist and not slow"

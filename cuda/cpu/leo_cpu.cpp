@@ -105,7 +105,8 @@ void keyed_dropout_rows(const T* x, const int64_t* ids, const uint64_t* column, 
 }
 
 // x with entry (i, j) times `scale` where the random byte of (ids[i], j) under `key` is at
-// least `threshold`, else times 0: leo::keyed_dropout's reference, in one pass over x.
+// least `threshold`, else times 0: the kernel of leo::keyed_dropout (the same bits as its
+// reference), in one pass over x.
 at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key,
                          int64_t threshold, double scale) {
   TORCH_CHECK(x.device().is_cpu() && ids.device().is_cpu(),
