@@ -365,6 +365,12 @@ class PygModel:
     unsqueezed: tuple[str, ...] = ()
 
 
+# Layer 0's dropped features are kept from the forward to the backward where a worker's copy
+# is under this many bytes, else drawn again as often as `Conv.input_reads` says
+# (models/dropout.py `Recomputed`; the cost model prices the same rule).
+KEPT_DROPPED_BYTES = 32 << 20
+
+
 @dataclass(frozen=True)
 class Conv:
     """One convolution (`model.name`).

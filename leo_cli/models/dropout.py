@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.registry import KEPT_DROPPED_BYTES
 from leo_cli.util.keyed import random_bytes, salted, splitmix64
 
 _ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
@@ -74,15 +75,23 @@ class Recomputed:
     between the forward and the backward: inside `saving()`, a layer that saves such a copy
     for its backward (a linear map's weight gradient needs its input) saves how to draw it
     instead, and the backward draws it again from the same keyed masks, the same numbers.
-    The hooks are Python's: a compiled model would not trace them."""
+    The hooks are Python's: a compiled model would not trace them.
+
+    A copy under `KEPT_BYTES` is kept as it is: drawing it again costs a pass over x in every
+    backward, which on a small graph (Cora: 8 MB of features a worker) is time that holding it
+    would not cost."""
+
+    KEPT_BYTES = KEPT_DROPPED_BYTES  # small beside a worker's memory, large beside Cora's x
 
     def __init__(self) -> None:
         self._drawn: list[tuple[weakref.ref[Tensor], int, tuple[Tensor, Tensor, float, int]]] = []
 
     def dropout(self, x_NF: Tensor, ids_N: Tensor, p: float, key: int) -> Tensor:
-        """`counter_dropout(x_NF, ids_N, p, key)`, remembered when x needs no gradient."""
+        """`counter_dropout(x_NF, ids_N, p, key)`, remembered when x needs no gradient and the
+        copy is not under `KEPT_BYTES`."""
         out_NF = counter_dropout(x_NF, ids_N, p, key)
-        if out_NF is not x_NF and not x_NF.requires_grad:
+        large = out_NF.numel() * out_NF.element_size() >= self.KEPT_BYTES
+        if out_NF is not x_NF and not x_NF.requires_grad and large:
             self._drawn.append((weakref.ref(out_NF), out_NF._version, (x_NF, ids_N, p, key)))
         return out_NF
 

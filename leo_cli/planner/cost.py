@@ -28,7 +28,7 @@ from leo_cli.planner.plan import RankCache
 from leo_cli.planner.profile.hardware import HardwareProfile, Link
 from leo_cli.planner.profile.rates import Rates
 from leo_cli.planner.reach import Reach
-from leo_cli.registry import Mode, mode_of
+from leo_cli.registry import KEPT_DROPPED_BYTES, Mode, mode_of
 
 SELF_TERM_PASSES = 2  # the self-loop term: a scaling and an addition, forward and backward
 # Bias and ReLU with the next layer's dropout mask applied, one pass (leo::bias_relu_dropout;
@@ -139,6 +139,7 @@ class ShapeLayer:
     diagonal: bool = False  # self-loops on the CSR's diagonal (ModelShape.diagonal)
     attention: bool = False  # gathers `[h | halo]`: halo gradients return as partial sums
     redraws: int = 0  # layer 0: the dropped features drawn again by the backward
+    input_row_bytes: int = 0  # layer 0: bytes of a dropped feature row (kept when small)
 
     @property
     def fused(self) -> bool:
@@ -371,8 +372,10 @@ def _dense(hw: Rates, n: int, sl: ShapeLayer, backward: bool, self_width: int) -
         drop = hw.mask_seconds(n, a) if sl.p > 0 else 0.0
         return {"dropout": drop, "gemm": gemms * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
     drop = hw.mask_seconds(n, a, backward=True) if sl.p > 0 and sl.layer > 0 else 0.0
-    # Layer 0: its dropped features are drawn again wherever the backward reads them.
-    drop += sl.redraws * hw.mask_seconds(n, a) if sl.p > 0 and sl.layer == 0 else 0.0
+    # Layer 0: its dropped features are drawn again wherever the backward reads them, unless
+    # the copy is small enough to be kept (registry.py `KEPT_DROPPED_BYTES`).
+    redraws = sl.redraws if n * sl.input_row_bytes >= KEPT_DROPPED_BYTES else 0
+    drop += redraws * hw.mask_seconds(n, a) if sl.p > 0 and sl.layer == 0 else 0.0
     grads = 2 if sl.layer > 0 else 1  # weight gradient; input gradient past layer 0
     return {"dropout": drop, "gemm": gemms * grads * hw.gemm_seconds(n, a, b), "epilogue": epilogue}
 
@@ -684,7 +687,7 @@ def _shape_layer(shape: ModelShape, layer: int) -> ShapeLayer:
         layer, a, b, w, p, w < a, shape.extra_gemm, last,
         shape.wire_row(w), shape.wire_row(w, gradient=True), rounded,
         shape.halo_stochastic, shape.halo_row_bytes > 0, shape.diagonal, shape.attention,
-        shape.input_reads[0 if w < a else 1] if layer == 0 else 0,
+        shape.input_reads[0 if w < a else 1] if layer == 0 else 0, a * shape.dtype_bytes,
     )  # fmt: skip
 
 

@@ -158,9 +158,12 @@ def test_no_grad_dropout_is_the_grad_paths_numbers() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", [True, False])
-def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> None:
+def test_recomputed_keeps_no_dropped_copy_for_the_backward(
+    recompute: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A linear map saves its input for the weight's gradient: under `saving()` it saves how
     to draw the dropped features again, and the gradient is the same to the bit."""
+    monkeypatch.setattr(Recomputed, "KEPT_BYTES", 0)
     x = torch.randn(70000, 9, dtype=torch.float64)
     ids, key = torch.arange(70000), stream_key(3, 4, 0)
     weight = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
@@ -181,6 +184,7 @@ def test_recomputed_keeps_no_dropped_copy_for_the_backward(recompute: bool) -> N
 def test_a_copy_written_since_it_was_drawn_is_saved_as_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(Recomputed, "KEPT_BYTES", 0)
     x = torch.randn(300, 9, dtype=torch.float64)
     ids, key = torch.arange(300), stream_key(1, 1, 0)
     weight = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
@@ -198,6 +202,33 @@ def test_a_copy_written_since_it_was_drawn_is_saved_as_it_is(
     torch.testing.assert_close(weight.grad, dropped.sum(0).expand(5, 9), rtol=1e-12, atol=1e-12)
 
 
+def test_a_copy_under_the_bound_is_kept_not_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below `KEPT_BYTES` the dropped copy is saved as it is (no second draw), at the bound
+    it is drawn again; the gradients are the same to the bit."""
+    x = torch.randn(300, 9, dtype=torch.float64)  # 21600 bytes
+    ids, key = torch.arange(300) * 5, stream_key(2, 7, 0)
+    grads, redraws, alive = [], [], []
+    unpack = Recomputed._unpack
+    saved: list[object] = []
+    monkeypatch.setattr(Recomputed, "_unpack", staticmethod(lambda s: saved.append(s) or unpack(s)))
+    for bound in (x.numel() * 8 + 1, x.numel() * 8):
+        monkeypatch.setattr(Recomputed, "KEPT_BYTES", bound)
+        saved.clear()
+        weight = torch.ones(4, 9, dtype=torch.float64, requires_grad=True)
+        drawn = Recomputed()
+        dropped = drawn.dropout(x, ids, 0.5, key)
+        copy = weakref.ref(dropped)
+        with drawn.saving():
+            out = F.linear(dropped, weight).square().sum()
+        del dropped
+        alive.append(copy() is not None)
+        out.backward()
+        grads.append(weight.grad)
+        redraws.append(sum(type(s).__name__ == "_Redraw" for s in saved))
+    assert alive == [True, False] and redraws == [0, 1]
+    assert torch.equal(grads[0], grads[1])
+
+
 @pytest.mark.parametrize("name", ["gcn", "sage", "gin", "gat"])
 @pytest.mark.parametrize("hidden", [2, 16])  # 7 features: update first, aggregate first
 def test_models_redraw_the_dropped_features_with_the_same_gradients(
@@ -206,6 +237,7 @@ def test_models_redraw_the_dropped_features_with_the_same_gradients(
     """Layer 0 keeps no dropped copy from its forward to its backward, which draws it as
     often as the registry tells the cost model (`Conv.input_reads`); gradients are the same
     to the bit as with the copy kept."""
+    monkeypatch.setattr(Recomputed, "KEPT_BYTES", 0)
     g = random_graph(num_nodes=90, num_edges=400, num_features=7, num_classes=3, seed=2)
     heads = ["model.heads=2"] if name == "gat" else []
     cfg = load_config(

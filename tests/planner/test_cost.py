@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import rank_rates
 
+from leo_cli.planner import cost
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import (
     ModelShape,
@@ -144,13 +145,21 @@ def test_self_loops_on_the_diagonal_are_priced_as_inner_edges() -> None:
     ("widths", "reads", "draws"),
     [((16, 4), (1, 0), 2), ((4, 16), (1, 0), 1), ((16, 4), (2, 1), 3), ((4, 16), (2, 1), 2)],
 )
+@pytest.mark.parametrize("kept", [False, True])
 def test_input_dropout_is_drawn_again_where_the_backward_reads_it(
-    widths: tuple[int, int], reads: tuple[int, int], draws: int
+    widths: tuple[int, int],
+    reads: tuple[int, int],
+    draws: int,
+    kept: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Layer 0's dropped features are not kept for the backward: drawn once forward, then
     as often as the layer's backward reads its input (`input_reads`: GCN's update-first layer
     (16 -> 4) once for the weight gradient, aggregating first (4 -> 16) never; a root map as
-    SAGE's once more either way)."""
+    SAGE's once more either way). A copy under `KEPT_DROPPED_BYTES` is kept: drawn once."""
+    bound = 10 * widths[0] * SHAPE.dtype_bytes  # a rank's copy: 10 rows
+    monkeypatch.setattr(cost, "KEPT_DROPPED_BYTES", bound + 1 if kept else bound)
+    draws = 1 if kept else draws
     parts = [part(0), part(1)]
     shape = replace(SHAPE, widths=widths, input_reads=reads)
     plain = predict(parts, NONE, shape, hardware(), "blocking", [1]).epoch_time_s
