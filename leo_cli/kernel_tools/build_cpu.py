@@ -200,7 +200,13 @@ def _locked(target: Path, wait: bool = True) -> Iterator[bool]:
         yield True
 
 
-FAILED = ".failed"  # beside a build's folder: the failure of its key, not retried
+FAILED = ".failed"  # beside a build's folder: the failure of its key
+# A failure the compiler reported in LEO's own sources (`path:line:col: error:`) holds for its
+# key; any other (a compiler killed for memory, a full disk, a missing header or tool) may not
+# hold later, so it is tried again after this long.
+RETRY_AFTER_S = 3600
+_SOURCE_ERROR = re.compile(r"\.(?:cpp|h):\d+:(?:\d+:)? error:")
+_RETRY = "retry-after "
 _SCRATCH = re.compile(r"^(cpu-[0-9a-f]+)\.tmp-([0-9]+)$")
 
 
@@ -209,14 +215,35 @@ def failure_path(target: Path) -> Path:
     return target.with_name(target.name + FAILED)
 
 
+def _remember_failure(target: Path, exc: KernelError, cuda_dir: Path) -> None:
+    """Record the failure: for good where the compiler reported an error in a file of
+    `cuda_dir`'s CPU sources, else with the time after which it is tried again."""
+    lines = str(exc).splitlines()
+    ours = str(cpu.source_dir(cuda_dir).resolve())
+    lasting = any(_SOURCE_ERROR.search(line) and ours in line for line in lines[1:])
+    until = "" if lasting else f"{_RETRY}{int(time.time() + RETRY_AFTER_S)}\n"
+    with contextlib.suppress(OSError), files.atomic_file(failure_path(target), "w") as f:
+        f.write(lines[0] + "\n" + until)
+
+
 def _remembered_failure(target: Path) -> KernelError | None:
-    """The failure an earlier build of this key recorded, or None."""
+    """The failure an earlier build of this key recorded, or None (none, or one whose time to
+    try again has come: its record is removed)."""
     path = failure_path(target)
     try:
-        first = path.read_text().strip()
+        lines = path.read_text().splitlines()
     except OSError:
         return None
+    retry = [line for line in lines if line.startswith(_RETRY)]
+    first = lines[0].strip() if lines and not lines[0].startswith(_RETRY) else ""
     first = first or f"building {cpu.LIBRARY} failed"
+    if retry:
+        at = int(retry[0][len(_RETRY) :].strip() or 0)
+        if time.time() >= at:
+            path.unlink(missing_ok=True)
+            return None
+        when = time.strftime("%H:%M", time.localtime(at))
+        return KernelError(f"{first}; tried again after {when} (delete {path} to try now)")
     return KernelError(
         f"{first}; not tried again until the sources, torch or the compiler change "
         f"(delete {path} to try now)"
@@ -277,8 +304,7 @@ def cached_cpu_kernels(
             os.rename(scratch, target)
             shutil.rmtree(build_root, ignore_errors=True)
         except KernelError as exc:  # remembered: the next run does not pay it again
-            with contextlib.suppress(OSError), files.atomic_file(failure_path(target), "w") as f:
-                f.write(str(exc).splitlines()[0] + "\n")
+            _remember_failure(target, exc, cuda_dir)
             raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -314,15 +314,52 @@ def test_a_second_launch_names_the_loaded_library_to_its_workers(
     assert cpu.DIR_ENV not in os.environ
 
 
-def _failing_build(calls: list[Path]) -> Any:
+def _failing_build(calls: list[Path], error: str | None = None) -> Any:
+    """A build that fails as the compiler does on an error in LEO's own sources, or with
+    `error` as the compiler's line."""
+
     def build(cuda_dir: Path, **kwargs: Any) -> None:
         calls.append(kwargs["build_root"])
+        ours = cpu.source_dir(cuda_dir).resolve() / "leo_cpu.cpp"
         raise KernelError(
             f"building {cpu.LIBRARY} failed (exit 1; compiler output in "
-            f"{kwargs['build_root'] / 'build.log'})\nx.cpp:1: error: boom"
+            f"{kwargs['build_root'] / 'build.log'})\n{error or f'{ours}:1:2: error: boom'}"
         )
 
     return build
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "c++: fatal error: Killed signal terminated program cc1plus",
+        "/usr/include/x.h:1:2: error: no space left on device",
+        "leo_cpu.cpp:3:10: fatal error: torch/extension.h: No such file or directory",
+    ],
+)
+def test_a_failure_outside_leos_sources_is_tried_again_later(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: str
+) -> None:
+    """A compiler killed, a full disk or a missing header may not hold later: the failure
+    is remembered for `RETRY_AFTER_S` (said in the message), then built again."""
+    from leo_cli.kernel_tools import build_cpu
+
+    calls: list[Path] = []
+    monkeypatch.setattr(build_cpu, "check_toolchain", lambda: None)
+    monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 1")
+    monkeypatch.setattr(build_cpu, "build_cpu_kernels", _failing_build(calls, error))
+    cuda_dir = stamp.cuda_source_dir()
+    now = 1_000_000.0
+    monkeypatch.setattr(build_cpu.time, "time", lambda: now)
+    with pytest.raises(KernelError):
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    with pytest.raises(KernelError, match="tried again after") as again:
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    assert len(calls) == 1 and "to try now" in str(again.value)
+    now += build_cpu.RETRY_AFTER_S
+    with pytest.raises(KernelError, match="exit 1"):
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    assert len(calls) == 2
 
 
 def test_a_failed_build_is_remembered_for_its_key(
@@ -346,6 +383,7 @@ def test_a_failed_build_is_remembered_for_its_key(
     assert len(calls) == 1 and len(str(again.value).splitlines()) == 1
     assert str(again.value).startswith(str(first.value).splitlines()[0])
     assert f"delete {build_cpu.failure_path(target)} to try now" in str(again.value)
+    assert "not tried again until the sources, torch or the compiler change" in str(again.value)
     # Another key (here: another compiler) builds again.
     monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 2")
     with pytest.raises(KernelError):
