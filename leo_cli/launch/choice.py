@@ -56,7 +56,8 @@ def choose_mode(
     cache = partition_cache_dir(cfg, run_dir)
     estimate = choose(cfg, plan, num_parts)
     if cache is not None:
-        estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, scale(cache)))
+        here = scale(cache, setting_of(cfg))
+        estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, here))
     backend = active_backend()
     variants = spmm_candidates(cfg, backend.cpu == "leo")
     trial = estimate
@@ -104,11 +105,12 @@ def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:
     return chosen
 
 
-def scale(cache: Path) -> dict[str, float]:
-    """Per mode, what trials on this host measured over what was predicted (none where
-    nothing was measured; a file that is not calibration is said in one line and left out)."""
+def scale(cache: Path, setting: dict[str, Any] | None = None) -> dict[str, float]:
+    """Per mode, what trials on this host measured over what was predicted, in the closest
+    setting to `setting` that has any (none where nothing was measured; a file that is not
+    calibration is said in one line and left out)."""
     try:
-        return factors(read_samples(calibration_path(cache)))
+        return factors(read_samples(calibration_path(cache)), setting)
     except CacheError as exc:
         print(f"warning: {exc}; predictions are not calibrated.", file=sys.stderr)
         return {}
@@ -144,15 +146,21 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
     the planned mode's levels has no prediction of its own)."""
-    setting = {
-        "workers": cfg.partition.num_parts,
-        "nodes": cfg.launch.nnodes if cfg.launch.emulate is None else cfg.launch.emulate.nodes,
-        "link": None if cfg.launch.emulate is None else cfg.launch.emulate.link,
-        "model": cfg.model.name,
-    }
+    setting = setting_of(cfg)
     out = []
     for name, measured in chosen.measured_s.items():
         predicted = chosen.predicted_s.get(name)
         if measured is not None and predicted is not None and predicted > 0:
             out.append(Sample(name, predicted, measured, setting))
     return out
+
+
+def setting_of(cfg: LeoConfig) -> dict[str, Any]:
+    """What a calibration sample records of the run it came from (planner/wisdom.py
+    `factors` compares on it)."""
+    return {
+        "workers": cfg.partition.num_parts,
+        "nodes": cfg.launch.nnodes if cfg.launch.emulate is None else cfg.launch.emulate.nodes,
+        "link": None if cfg.launch.emulate is None else cfg.launch.emulate.link,
+        "model": cfg.model.name,
+    }

@@ -219,13 +219,35 @@ def read_samples(path: Path) -> list[Sample]:
     return samples
 
 
-def factors(samples: list[Sample]) -> dict[str, float]:
+# What a setting is compared on, from the closest match down: the whole setting, then
+# without the worker count (the same model across the same links), then any of the mode's.
+SETTING_TIERS: tuple[tuple[str, ...] | None, ...] = (None, ("model", "nodes", "link"), ())
+
+
+def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:
     """Per mode, measured over predicted step: the median over its newest samples (what the
-    cost model's prediction of that mode is multiplied by on this host)."""
-    by_mode: dict[str, list[float]] = {}
+    cost model's prediction of that mode is multiplied by on this host); with `setting`, over
+    the samples of the closest setting the mode has any of (`SETTING_TIERS`): how far the
+    cost model misses differs with the model, the links and the workers."""
+    by_mode: dict[str, list[Sample]] = {}
     for s in samples:
-        by_mode.setdefault(s.mode, []).append(s.measured_s / s.predicted_s)
-    return {m: statistics.median(r[-CALIBRATION_RECENT:]) for m, r in by_mode.items()}
+        by_mode.setdefault(s.mode, []).append(s)
+    out = {}
+    for mode, kept in by_mode.items():
+        for keys in SETTING_TIERS if setting is not None else ((),):
+            close = [s for s in kept if _matches(s.setting, setting or {}, keys)]
+            if close:
+                ratios = [s.measured_s / s.predicted_s for s in close]
+                out[mode] = statistics.median(ratios[-CALIBRATION_RECENT:])
+                break
+    return out
+
+
+def _matches(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] | None) -> bool:
+    """Whether two settings agree on `keys` (None: on every key)."""
+    if keys is None:
+        return a == b
+    return all(a.get(k) == b.get(k) for k in keys)
 
 
 def calibrated(

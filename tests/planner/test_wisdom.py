@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,26 @@ def test_calibration_scales_each_mode_by_its_newest_samples(tmp_path: Path) -> N
     add_samples(path, [sample("leo", 1.0, 5.0)] * (CALIBRATION_KEEP + 5))
     kept = read_samples(path)
     assert len(kept) == CALIBRATION_KEEP and factors(kept)["leo"] == pytest.approx(5.0)
+
+
+def test_calibration_prefers_the_closest_setting_with_samples() -> None:
+    """The same setting first, then the same model across the same links (any worker count),
+    then any of the mode's samples; without a setting, all of them."""
+
+    def at(mode: str, ratio: float, **setting: Any) -> Sample:
+        return Sample(mode, 1.0, ratio, {"workers": 2, "nodes": 1, "link": None, **setting})
+
+    kept = [
+        at("leo", 2.0, model="gcn"),
+        at("leo", 3.0, model="gcn", workers=4),
+        at("leo", 5.0, model="sage"),
+        at("blocking", 7.0, model="sage", nodes=2, link="1gbit"),
+    ]
+    gcn2 = {"workers": 2, "nodes": 1, "link": None, "model": "gcn"}
+    assert factors(kept, gcn2) == {"leo": 2.0, "blocking": 7.0}
+    assert factors(kept, {**gcn2, "workers": 3}) == {"leo": 2.5, "blocking": 7.0}
+    assert factors(kept, {**gcn2, "model": "gat"}) == {"leo": 3.0, "blocking": 7.0}
+    assert factors(kept) == {"leo": 3.0, "blocking": 7.0}
 
 
 @pytest.mark.parametrize(
