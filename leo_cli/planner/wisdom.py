@@ -9,9 +9,10 @@ parent computes it and reads the file (`read_wisdom`); rank 0 of the workers wri
 the trials (`write_wisdom`).
 
 Calibration: every trial of a mode the cost model predicted adds a sample (predicted and
-measured step) to this host's file in the same folder; a mode's factor (measured over
-predicted, the median of its newest samples) scales its later predictions on this host, in
-any setting (`calibrated`): a factor per mode, not a refit of the probe's stage rates.
+measured step, and the setting) to this host's file in the same folder; a mode's factor
+(measured over predicted, the median of its newest samples of the closest setting: `factors`)
+scales its later predictions on this host (`calibrated`): a factor per mode and setting, not a
+refit of the probe's stage rates.
 
 Specification: docs/design/planning.md.
 """
