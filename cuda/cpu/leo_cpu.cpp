@@ -1,7 +1,7 @@
-// The torch binding of LEO's CPU kernels: the ops leo_cpu::spmm_csr and leo_cpu::keyed_dropout,
-// loaded with torch.ops.load_library by leo_cli.kernels.cpu, which registers them as the CPU
-// kernels of leo::spmm_csr and leo::keyed_dropout (the Python side converts low-precision
-// inputs of the SpMM, as the reference does).
+// The torch binding of LEO's CPU kernels: the ops leo_cpu::spmm_csr, leo_cpu::keyed_dropout and
+// leo_cpu::bias_relu_dropout, loaded with torch.ops.load_library by leo_cli.kernels.cpu, which
+// registers them as the CPU kernels of the leo:: ops of the same names (the Python side
+// converts low-precision inputs of the SpMM, as the reference does).
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -138,14 +138,93 @@ at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key
   return out;
 }
 
+// relu(h + bias) of h's row-major rows [r0, r1), times `scale` where the entry's random byte is
+// at least `thr` and times 0 where it is not (thr 0: no mask), into out; each step rounded as
+// the reference's tensor ops round it (the sum to T, then the masked product to T).
+template <typename T>
+void bias_relu_dropout_rows(const T* h, const T* bias, const int64_t* ids, const uint64_t* column,
+                            int64_t cols, uint64_t key, int thr, at::opmath_type<T> scale, T* out,
+                            int64_t r0, int64_t r1) {
+  using opmath_t = at::opmath_type<T>;
+  const int64_t groups = (cols + 7) / 8;
+  std::vector<opmath_t> keep(8 * groups, opmath_t(1));
+  opmath_t* m = keep.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    if (thr > 0) {
+      const uint64_t row = leo_cpu::splitmix64(static_cast<uint64_t>(ids[r]) ^ key);
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint64_t bytes = leo_cpu::mix64(row ^ column[g]);  // byte k: column 8g + k
+        for (int k = 0; k < 8; ++k) {
+          m[8 * g + k] = static_cast<opmath_t>(static_cast<int>((bytes >> (8 * k)) & 0xff) >= thr);
+        }
+      }
+    }
+    const T* hr = h + r * cols;
+    T* yr = out + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const opmath_t sum = bias ? static_cast<opmath_t>(hr[j]) + static_cast<opmath_t>(bias[j])
+                                : static_cast<opmath_t>(hr[j]);
+      opmath_t v = static_cast<opmath_t>(static_cast<T>(sum));
+      v = v < opmath_t(0) ? opmath_t(0) : v;  // clamp(min=0): -0 and NaN pass as they are
+      yr[j] = thr > 0 ? static_cast<T>(v * m[j] * scale) : static_cast<T>(v);
+    }
+  }
+}
+
+// relu(h + bias) with entry (i, j) times `scale` where the random byte of (ids[i], j) under
+// `key` is at least `threshold`, else times 0: the kernel of leo::bias_relu_dropout (the same
+// bits as its reference), in one pass over h.
+at::Tensor bias_relu_dropout(const at::Tensor& h, const c10::optional<at::Tensor>& bias,
+                             const at::Tensor& ids, int64_t key, int64_t threshold,
+                             double scale) {
+  TORCH_CHECK(h.device().is_cpu() && ids.device().is_cpu() &&
+                  (!bias.has_value() || bias->device().is_cpu()),
+              "leo_cpu::bias_relu_dropout: every tensor must be on the CPU");
+  TORCH_CHECK(h.dim() == 2 && ids.dim() == 1 && ids.size(0) == h.size(0),
+              "leo_cpu::bias_relu_dropout: h (N x F) and ids (N) must match");
+  TORCH_CHECK(!bias.has_value() ||
+                  (bias->dim() == 1 && bias->size(0) == h.size(1) &&
+                   bias->scalar_type() == h.scalar_type()),
+              "leo_cpu::bias_relu_dropout: bias must have F entries of h's dtype");
+  const auto hc = h.contiguous();
+  const auto id = ids.to(at::kLong).contiguous();
+  const auto b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  auto out = at::empty_like(hc);
+  const int64_t rows = hc.size(0);
+  const int64_t cols = hc.size(1);
+  if (rows == 0 || cols == 0) return out;
+  std::vector<uint64_t> column((cols + 7) / 8);
+  for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);
+  const int thr = static_cast<int>(threshold);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, hc.scalar_type(),
+                                  "leo_cpu_bias_relu_dropout", [&] {
+    const scalar_t* src = hc.data_ptr<scalar_t>();
+    const scalar_t* add = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+    const int64_t* row_ids = id.data_ptr<int64_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    // a Python float scalar as torch's mul_ takes it: in the op's compute type
+    const auto s = static_cast<at::opmath_type<scalar_t>>(scale);
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      bias_relu_dropout_rows(src, add, row_ids, column.data(), cols, static_cast<uint64_t>(key),
+                             thr, s, dst, r0, r1);
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(leo_cpu, m) {
   m.def("spmm_csr(Tensor indptr, Tensor indices, Tensor values, Tensor x, int num_rows) -> Tensor");
   m.def("keyed_dropout(Tensor x, Tensor ids, int key, int threshold, float scale) -> Tensor");
+  m.def(
+      "bias_relu_dropout(Tensor h, Tensor? bias, Tensor ids, int key, int threshold, float scale)"
+      " -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(leo_cpu, CPU, m) {
   m.impl("spmm_csr", &spmm_csr);
   m.impl("keyed_dropout", &keyed_dropout);
+  m.impl("bias_relu_dropout", &bias_relu_dropout);
 }

@@ -119,8 +119,10 @@ def load(lib: Path) -> None:
     torch.ops.load_library(str(lib))  # type: ignore[no-untyped-call]
     torch.ops.leo_cpu.spmm_csr.default  # noqa: B018  (raises when an op is missing)
     torch.ops.leo_cpu.keyed_dropout.default  # noqa: B018
+    torch.ops.leo_cpu.bias_relu_dropout.default  # noqa: B018
     ops.spmm_csr.register_kernel("cpu")(_spmm_csr_cpu)
     ops.keyed_dropout.register_kernel("cpu")(_keyed_dropout_cpu)
+    ops.bias_relu_dropout.register_kernel("cpu")(_bias_relu_dropout_cpu)
     ops.fused_aggregate.register_kernel("cpu")(_fused_aggregate_cpu)
     _LOADED = lib
 
@@ -160,6 +162,13 @@ def _spmm_csr_cpu(
 
 def _keyed_dropout_cpu(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
     out: Tensor = torch.ops.leo_cpu.keyed_dropout(x, ids, key, threshold, scale)
+    return out
+
+
+def _bias_relu_dropout_cpu(
+    h: Tensor, bias: Tensor | None, ids: Tensor, key: int, threshold: int, scale: float
+) -> Tensor:
+    out: Tensor = torch.ops.leo_cpu.bias_relu_dropout(h, bias, ids, key, threshold, scale)
     return out
 
 

@@ -535,9 +535,11 @@ def bias_relu_dropout(
     """relu(h + bias), then entry (i, j) times `scale` where the random byte of (ids[i], j)
     under `key` (util/keyed.py) is at least `threshold`, else 0 (inverted dropout;
     threshold 0: none). The reference on every device (no CUDA kernel: torch's own serve the
-    GPU); on the CPU row chunks that stay in the cache, so each entry is read and written once.
+    GPU), on the CPU in row chunks that stay in the cache; LEO's CPU library serves CPU
+    tensors in one pass (`cpu.py`), with the same bits. The output is row-major whatever h's
+    strides, as the library's.
     """
-    out = torch.empty_like(h)
+    out = h.new_empty(h.shape)
     for s, e in _row_chunks(h):
         o = out[s:e]
         if bias is None:
@@ -555,7 +557,7 @@ def _bias_relu_dropout_fake(
     h: Tensor, bias: Tensor | None, ids: Tensor, key: int, threshold: int, scale: float
 ) -> Tensor:
     _require(h.dim() == 2 and ids.dim() == 1, lambda: "bias_relu_dropout: h 2-D, ids 1-D")
-    return torch.empty_like(h)
+    return h.new_empty(h.shape)
 
 
 def _bias_relu_dropout_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

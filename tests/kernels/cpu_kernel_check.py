@@ -6,8 +6,9 @@ subprocess), computes again and compares (and once more with torch's SpMM, as
 `pipeline.spmm=torch` asks): outputs and gradients of `spmm` and `fused_aggregate` on the
 graphs that break sparse kernels, in float64, float32 and bfloat16, int32 and int64 indices,
 widths that exercise every column tile; then gradcheck and opcheck with the kernel in place;
-then `keyed_dropout` to the bit against the reference (every dtype, widths around whole
-groups of eight columns, infinities, NaN and signed zeros in x).
+then `keyed_dropout` and `bias_relu_dropout` to the bit against the reference (every dtype,
+widths around whole groups of eight columns, infinities, NaN and signed zeros in x and the
+bias, with and without a bias and a mask).
 Exits non-zero (an AssertionError) on the first mismatch; prints one line per checked group.
 """
 
@@ -107,6 +108,22 @@ def dropout_cases() -> list[tuple[str, Tensor, Tensor, int, int, float]]:
     return out
 
 
+def epilogue_cases() -> list[tuple[str, Tensor, Tensor | None, Tensor, int, int, float]]:
+    """(name, h, bias, ids, key, threshold, scale) of `bias_relu_dropout`: the dropout cases'
+    tensors as h, with a bias (special values in it too) and without, and without a mask."""
+    out = []
+    for name, x, ids, key, t, scale in dropout_cases():
+        if x.dim() != 2 or x.shape[1] == 0:
+            continue
+        gen = torch.Generator().manual_seed(x.shape[1])
+        bias = torch.randn(x.shape[1], generator=gen, dtype=torch.float64).to(x.dtype)
+        bias[:2] = torch.tensor([float("nan"), -float("inf")])[: min(2, x.shape[1])].to(x.dtype)
+        out.append((f"epilogue{name[7:]}", x, bias, ids, key, t, scale))
+        out.append((f"epilogue{name[7:]}/no_bias", x, None, ids, key, t, scale))
+        out.append((f"epilogue{name[7:]}/no_mask", x, bias, ids, key, 0, 1.0))
+    return out
+
+
 def same_bits(a: Tensor, b: Tensor) -> bool:
     """Equal to the bit and in layout, but for NaN payloads (torch's own kernels make
     different ones)."""
@@ -128,6 +145,8 @@ def main(lib: Path) -> None:
     reference = [run_case(csr, x) for _, csr, x in table]
     drops = dropout_cases()
     dropped = [kernels.keyed_dropout(x, ids, key, t, scale) for _, x, ids, key, t, scale in drops]
+    epilogues = epilogue_cases()
+    relued = [ops.bias_relu_dropout(h, b, ids, k, t, sc) for _, h, b, ids, k, t, sc in epilogues]
     cpu.load(lib)
     assert cpu.loaded() == lib
     for (name, csr, x), want in zip(table, reference, strict=True):
@@ -168,6 +187,17 @@ def main(lib: Path) -> None:
     torch.library.opcheck(ops.keyed_dropout, (finite, torch.arange(30), 5, 128, 2.0))
     torch.library.opcheck(ops.keyed_dropout, (finite.t(), torch.arange(20), 5, 128, 2.0))
     print(f"dropout: {len(drops)} cases")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for (name, h, b, ids, key, t, scale), want in zip(epilogues, relued, strict=True):
+            assert same_bits(ops.bias_relu_dropout(h, b, ids, key, t, scale), want), name
+    calls = [e.count for e in prof.key_averages() if e.key == "leo_cpu::bias_relu_dropout"]
+    assert calls == [len(epilogues)], f"leo_cpu::bias_relu_dropout calls recorded: {calls}"
+    h, bias = torch.randn(30, 20, requires_grad=True), torch.randn(20, requires_grad=True)
+    torch.library.opcheck(ops.bias_relu_dropout, (h, bias, torch.arange(30), 5, 128, 2.0))
+    torch.library.opcheck(
+        ops.bias_relu_dropout, (h.detach().t(), None, torch.arange(20), 5, 0, 1.0)
+    )
+    print(f"epilogue: {len(epilogues)} cases")
 
 
 if __name__ == "__main__":

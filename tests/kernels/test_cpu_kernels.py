@@ -91,7 +91,7 @@ def test_kernel_matches_the_reference_and_serves_both_ops(built: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("parity: ", "gradcheck: ok", "opcheck: ok", "dispatch: ok", "variants: ok",
-                 "dropout: "):  # fmt: skip
+                 "dropout: ", "epilogue: "):  # fmt: skip
         assert line in proc.stdout
 
 
