@@ -6,12 +6,18 @@ Parent: cli/train.py -> api.py -> launch/setup.py -> launch/elastic.py -> torch'
 torch starts each rank in harness/process.py (`run_started`, workers forked from the
 launcher's server) or in worker/entry.py itself (`python -m`); the rank: worker/entry.py ->
 worker/trainer.py -> worker/step.py. That is 8 file-to-file calls (7 for a spawned rank).
+
+Set-up goes down the layers in order: scripts/setup_trace.py follows `prepare` call by call
+and counts the calls that climb back to a higher layer (those launch/setup.py makes apart).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,6 +26,7 @@ from leo_cli.config import load_config
 from leo_cli.harness import process
 from leo_cli.kernels import variants
 from leo_cli.launch import elastic, setup
+from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.worker import entry, step, trainer
 
 PACKAGE = Path(entry.__file__).resolve().parent.parent
@@ -34,6 +41,8 @@ SMALL = [
     "pipeline.spmm=torch",
     "train.num_epochs=1",
 ]
+
+FIRST_CLIMBS, ALL_CLIMBS = 12, 29  # in the first 77 entries of set-up, in all
 
 
 def leo_files(stack: traceback.StackSummary) -> list[str]:
@@ -105,3 +114,35 @@ def test_a_rank_reaches_its_first_step_through_two_files(
     finally:
         variants.set_cpu_spmm(spmm)  # the variant in use is process-wide
     assert stacks == [["worker/entry.py", "worker/trainer.py", "worker/step.py"]]
+
+
+def setup_trace() -> ModuleType:
+    """scripts/setup_trace.py, loaded by its path (once)."""
+    path = PACKAGE.parent / "scripts" / "setup_trace.py"
+    if path.stem not in sys.modules:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # its dataclass looks its module up
+        spec.loader.exec_module(module)
+    return sys.modules[path.stem]
+
+
+def test_the_trace_knows_the_layers_of_the_layout_test() -> None:
+    from test_layout import LAYERS
+
+    assert setup_trace().LAYERS == LAYERS
+
+
+@pytest.mark.slow  # partitions and a plan made, then set-up traced call by call
+@pytest.mark.usefixtures("no_preload")
+def test_set_up_goes_down_the_layers(tmp_path: Path, hw_profile: HardwareProfile) -> None:
+    """Set-up to the resolved config, profile, partitions and plan reused: few calls go back
+    to a file of a higher layer than the call before them (scripts/setup_trace.py)."""
+    trace = setup_trace()
+    hw_profile.write(tmp_path / "hw.json")
+    settings = ["data.synthetic.num_nodes=600", f"cache.hardware={tmp_path / 'hw.json'}"]
+    entries = trace.traced_setup(tmp_path, settings)
+    assert entries[0].caller == "launch/setup.py"
+    first, every = trace.climbs(entries[:77]), trace.climbs(entries)
+    assert first <= FIRST_CLIMBS and every <= ALL_CLIMBS, trace.report(entries, 77)

@@ -27,7 +27,7 @@ from leo_cli.planner.auto_mode import (
     spmm_candidates,
     to_try,
 )
-from leo_cli.planner.plan import CachePlan, plan_digests
+from leo_cli.planner.plan import CachePlan, PlanInputs
 from leo_cli.planner.wisdom import (
     Sample,
     Wisdom,
@@ -45,13 +45,18 @@ from leo_cli.util.rss import available_memory_bytes
 
 
 def choose_mode(
-    cfg: LeoConfig, run_dir: Path, meta: dict[str, Any], plan: CachePlan | None
+    cfg: LeoConfig,
+    run_dir: Path,
+    meta: dict[str, Any],
+    plan: CachePlan | None,
+    made_for: PlanInputs | None = None,
 ) -> ModeChoice:
     """The mode of a new run: set by name, predicted (`pipeline.choose=estimate`, one
     worker, a single candidate), measured before by a run with the same inputs (wisdom,
     under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
     where their result is to be kept; likewise the CPU SpMM variant (`pipeline.spmm=auto`:
-    `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name)."""
+    `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name). `made_for`:
+    what the plan stage planned for (worked out here where it did not run)."""
     num_parts = int(meta["num_parts"])
     cache = partition_cache_dir(cfg, run_dir)
     estimate = choose(cfg, plan, num_parts)
@@ -69,7 +74,8 @@ def choose_mode(
     if cache is None:  # several machines: no cache, so no wisdom; the rule's variant runs
         notes = {f"{SPMM_PREFIX}{v}": NO_CACHE for v in variants}
         return replace(trial, spmm_trials=[], notes={**trial.notes, **notes})
-    inputs = [*plan_digests(planning_config(cfg), meta, num_parts), plan.key if plan else ""]
+    made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
+    inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"
     names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
     path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))

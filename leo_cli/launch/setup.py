@@ -61,7 +61,7 @@ from leo_cli.planner.auto_mode import (
     write_choice,
 )
 from leo_cli.planner.checks import check_config
-from leo_cli.planner.plan import CachePlan, plan_digests
+from leo_cli.planner.plan import CachePlan, PlanInputs
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.registry import is_auto
 from leo_cli.run_dir import RunDir
@@ -139,6 +139,7 @@ class Setup:
     weigher: Weigher | None = None
     parts: PartitionResult | None = None
     started: ModeChoice | None = None  # a resumed auto run's mode, planned for alone
+    made_for: PlanInputs | None = None  # what the plan is made for
     plan: CachePlan | None = None
     choice: ModeChoice | None = None
     run_cfg: LeoConfig | None = None  # the config with the mode that runs
@@ -283,11 +284,13 @@ def attempt(s: Setup) -> tuple[Setup, Cost | None]:
     return s, None
 
 
-def _plan(s: Setup, cfg: LeoConfig) -> tuple[CachePlan, Cost]:
+def _plan(s: Setup, cfg: LeoConfig, made_for: PlanInputs) -> tuple[CachePlan, Cost]:
     """`plan_for` with the stage's inputs."""
     assert s.hardware is not None and s.parts is not None
-    a = s.ask
-    made = plan_for(cfg, s.run_dir, s.hardware, a.force, a.verify_parts, a.progress, s.parts.reused)
+    a, shared = s.ask, s.parts.reused
+    made = plan_for(
+        cfg, s.run_dir, s.hardware, a.force, a.verify_parts, a.progress, shared, made_for
+    )
     return made[0], Cost(made[1])
 
 
@@ -299,15 +302,16 @@ def started(s: Setup) -> tuple[Setup, Cost | None]:
 def plan(s: Setup) -> tuple[Setup, Cost | None]:
     """The cache plan: the planned mode's under `pipeline.mode=auto`, or the mode a
     resumed auto run started with (it plans for it alone)."""
-    begun = s.started
-    made, cost = _plan(s, s.cfg if begun is None else with_choice(s.cfg, begun))
-    return replace(s, plan=made), cost
+    cfg = s.cfg if s.started is None else with_choice(s.cfg, s.started)
+    made_for = PlanInputs.of(cfg, s.meta)
+    made, cost = _plan(s, cfg, made_for)
+    return replace(s, made_for=made_for, plan=made), cost
 
 
 def mode(s: Setup) -> tuple[Setup, Cost | None]:
     """The mode that runs: set by name, chosen by `auto` (planner/auto_mode.py), or the
     candidates the workers try first (launch/choice.py)."""
-    choice = s.started or choose_mode(s.cfg, s.run_dir, s.meta, s.plan)
+    choice = s.started or choose_mode(s.cfg, s.run_dir, s.meta, s.plan, s.made_for)
     if s.ask.resume:  # the SpMM variant it started with, and why (also with a mode by name)
         choice = kept_spmm(choice, s.ask.cfg, s.run_dir)
     return replace(s, choice=choice, run_cfg=with_choice(s.cfg, choice)), None
@@ -317,11 +321,13 @@ def mode_plan(s: Setup) -> tuple[Setup, Cost | None]:
     """The plan of the chosen mode's own levels, where auto chose a mode that reads rows in
     place otherwise than the planned one."""
     assert s.run_cfg is not None
-    num_parts = int(s.meta["num_parts"])
-    if s.plan is None or s.plan.inputs == plan_digests(s.run_cfg, s.meta, num_parts)[0]:
+    if s.plan is None:
         return s, None
-    made, cost = _plan(s, s.run_cfg)
-    return replace(s, plan=made), cost
+    made_for = PlanInputs.of(s.run_cfg, s.meta)
+    if s.plan.inputs == made_for.inputs:
+        return s, None
+    made, cost = _plan(s, s.run_cfg, made_for)
+    return replace(s, made_for=made_for, plan=made), cost
 
 
 def resolved(s: Setup) -> tuple[Setup, Cost | None]:

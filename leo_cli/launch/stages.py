@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -48,11 +48,11 @@ from leo_cli.planner.plan import (
     DTYPE_BYTES,
     PLAN,
     CachePlan,
+    PlanInputs,
     dtype_key,
     halo_bytes,
     halo_sizes,
     plan_bytes,
-    plan_digests,
     read_plan,
     static_layer0,
     write_plan,
@@ -69,7 +69,6 @@ from leo_cli.planner.profile.store import (
     quick_probe,
     saved_profile,
 )
-from leo_cli.planner.reach import Reach, reach_of
 from leo_cli.planner.weights import measured_weights, work_costs
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -392,6 +391,7 @@ def plan_for(
     verify_parts: bool = True,
     progress: ProgressFn | None = None,
     shared: bool = True,
+    made_for: PlanInputs | None = None,
 ) -> tuple[CachePlan, float | None]:
     """The run's cache plan for the rates of `hw`: the run folder's or the shared cache's
     when made for the same inputs, else made now; and None when made now, else what the
@@ -401,14 +401,12 @@ def plan_for(
     `force` makes it again; `verify_parts=False` leaves the parts' checksums to the workers
     (see `part_accesses`); `progress` shows the plan while it is made; `shared=False` makes
     a new plan rather than take the shared cache's (the parts were just rebuilt), and keeps
-    it there.
+    it there; `made_for`: what it is made for, where the caller has worked it out.
     """
-    meta = read_meta(RunDir(run_dir).partitions)
-    num_parts = int(meta["num_parts"])
     t0 = time.perf_counter()
-    reach = reach_of(cfg, num_parts)
-    inputs, graph_key = plan_digests(cfg, meta, num_parts)
-    key = plan_key(inputs, hw)
+    made_for = made_for or PlanInputs.of(cfg, read_meta(RunDir(run_dir).partitions))
+    meta = made_for.meta
+    key = plan_key(made_for.inputs, hw)
     existing = None if force else read_plan(run_dir)
     if existing is not None and existing.key == key:
         attention, layers = cfg.model.attention, cfg.model.num_layers
@@ -426,7 +424,7 @@ def plan_for(
         _copy_plan(entry, run_dir, cached)
         return cached, cached.plan_s or 0.0
     with stage(progress, "plan"):
-        plan = _new_plan(cfg, run_dir, meta, hw, verify_parts, (key, inputs, graph_key), reach)
+        plan = _new_plan(cfg, run_dir, hw, verify_parts, key, made_for)
     plan.plan_s = round(time.perf_counter() - t0, 4)  # kept in the file: a reuse's cost
     data = plan_bytes(plan)
     write_plan(run_dir, plan, data)
@@ -469,13 +467,13 @@ def _copy_plan(source: Path, target: Path, plan: CachePlan, data: bytes | None =
 def _new_plan(
     cfg: LeoConfig,
     run_dir: Path,
-    meta: dict[str, Any],
     hw: HardwareProfile,
     verify_parts: bool,
-    keys: tuple[str, str, str],
-    reach: Reach,
+    key: str,
+    made_for: PlanInputs,
 ) -> CachePlan:
     """A new plan for the run's parts (accesses, policy, predictions) and its plot."""
+    meta, reach = made_for.meta, made_for.reach
     dataset = meta["dataset"]
     accesses = part_accesses(run_dir, int(meta["num_parts"]), verify_parts)
     shape = model_shape(
@@ -485,6 +483,7 @@ def _new_plan(
         DTYPE_BYTES[cfg.train.dtype],
         halo_bytes(cfg),
     )
+    keys = (key, made_for.inputs, made_for.graph)
     plan = make_plan(cfg.cache, accesses, shape, hw, keys, cfg.pipeline.num_chunks, reach)
     plot_plan(plan, RunDir(run_dir).plan_plot)
     return plan

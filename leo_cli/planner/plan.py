@@ -74,9 +74,12 @@ def plan_inputs(
 
     Workers check it, so a plan made for other partitions or settings is never used.
     """
-    settings = cache.model_dump(mode="json", exclude={"hardware"})
-    graph = graph_inputs(partition_meta, model, dtype, num_chunks, reach)
-    return digest({"graph": graph, "cache": settings})
+    return _with_cache(graph_inputs(partition_meta, model, dtype, num_chunks, reach), cache)
+
+
+def _with_cache(graph: str, cache: CacheConfig) -> str:
+    """`plan_inputs` from the graph inputs' digest."""
+    return digest({"graph": graph, "cache": cache.model_dump(mode="json", exclude={"hardware"})})
 
 
 @dataclass(frozen=True)
@@ -305,14 +308,32 @@ def static_layer0(cfg: LeoConfig) -> bool:
     return c.enabled and c.static_aggregate and no_input_dropout and cfg.model.admits_replicas
 
 
-def plan_digests(cfg: LeoConfig, meta: dict[str, Any], num_parts: int) -> tuple[str, str]:
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made for, worked out of a config once: the partitions (`meta`, their
+    META.json), which rows each rank reads in place (`reach`), and the digests the plan is
+    made for and checked against (`inputs`: its levels'; `graph`: every mode's
+    predictions')."""
+
+    meta: dict[str, Any]
+    reach: Reach
+    inputs: str
+    graph: str
+
+    @classmethod
+    def of(cls, cfg: LeoConfig, meta: dict[str, Any]) -> PlanInputs:
+        """For the run of `cfg` on the partitions of `meta` (under `pipeline.mode=auto`, the
+        planned mode's, as `reach_of`)."""
+        reach = reach_of(cfg, int(meta["num_parts"]))
+        graph = graph_inputs(meta, cfg.model, dtype_key(cfg), cfg.pipeline.num_chunks, reach)
+        return cls(meta, reach, _with_cache(graph, cfg.cache), graph)
+
+
+def plan_digests(cfg: LeoConfig, meta: dict[str, Any]) -> tuple[str, str]:
     """The digests a plan is made for and checked against, (inputs, graph inputs): one place,
     so the plan stage, the workers and the summary agree."""
-    reach, chunks = reach_of(cfg, num_parts), cfg.pipeline.num_chunks
-    return (
-        plan_inputs(meta, cfg.model, cfg.cache, dtype_key(cfg), chunks, reach),
-        graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, reach),
-    )
+    made_for = PlanInputs.of(cfg, meta)
+    return made_for.inputs, made_for.graph
 
 
 def halo_sizes(meta: dict[str, Any]) -> list[int]:
@@ -378,7 +399,7 @@ def load_plan(
         except LeoError:
             return None
     num_parts = int(meta["num_parts"])
-    inputs, graph_key = plan_digests(cfg, meta, num_parts)
+    inputs, graph_key = plan_digests(cfg, meta)
     if not cfg.cache.enabled:
         return plan if plan.graph_inputs == graph_key else None
     if plan.inputs != inputs or len(plan.caches) != num_parts:
