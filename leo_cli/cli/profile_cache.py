@@ -197,10 +197,9 @@ def profile_cache_cmd(
     """
     shown = output(fmt)
     cfg = for_command(resolve_config(config, overrides))
-    from leo_cli.launch.choice import scale, setting_of
+    from leo_cli.launch.choice import scale, setting_of, wisdom_dir
     from leo_cli.launch.nodes import run_nodes
     from leo_cli.launch.setup import Ask, run_setup
-    from leo_cli.launch.stages import partition_cache_dir
     from leo_cli.planner.profile.hardware import HARDWARE_FILE, HardwareProfile
 
     ask = Ask.profile_cache(cfg, force, hardware, progress=None)
@@ -222,8 +221,7 @@ def profile_cache_cmd(
         raise
     assert plan is not None
     shown.sheet(plan_sheet(plan))
-    cache = partition_cache_dir(cfg, run_dir)
-    shown.sheet(prediction_sheet(plan, None if cache is None else scale(cache, setting_of(cfg))))
+    shown.sheet(prediction_sheet(plan, scale(wisdom_dir(cfg, run_dir), setting_of(cfg))))
     shown.say(auto_line(cfg, run_dir, plan))
     if (run_dir / HARDWARE_FILE).is_file():
         hw = HardwareProfile.read(run_dir / HARDWARE_FILE)

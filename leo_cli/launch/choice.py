@@ -14,7 +14,7 @@ from typing import Any
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.kernels import active_backend
-from leo_cli.launch.stages import partition_cache_dir
+from leo_cli.launch.stages import CACHE_FOLDER
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     SPMM_NOTE,
@@ -58,11 +58,10 @@ def choose_mode(
     `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name). `made_for`:
     what the plan stage planned for (worked out here where it did not run)."""
     num_parts = int(meta["num_parts"])
-    cache = partition_cache_dir(cfg, run_dir)
+    cache = wisdom_dir(cfg, run_dir)
     estimate = choose(cfg, plan, num_parts)
-    if cache is not None:
-        here = scale(cache, setting_of(cfg))
-        estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, here))
+    here = scale(cache, setting_of(cfg))
+    estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, here))
     backend = active_backend()
     variants = spmm_candidates(cfg, backend.cpu == "leo")
     trial = estimate
@@ -71,9 +70,6 @@ def choose_mode(
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
     if not trial.trials and not variants:
         return trial
-    if cache is None:  # several machines: no cache, so no wisdom; the rule's variant runs
-        notes = {f"{SPMM_PREFIX}{v}": NO_CACHE for v in variants}
-        return replace(trial, spmm_trials=[], notes={**trial.notes, **notes})
     made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
     inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"
@@ -87,10 +83,14 @@ def choose_mode(
 
 
 SPMM_PREFIX = SPMM_NOTE  # how a variant is named among the wisdom key's candidates
-NO_CACHE = (
-    "not tried: several machines (launch.nnodes > 1) keep no cache for the result, so "
-    "pipeline.spmm=auto runs its rule's variant (set pipeline.spmm to choose one)"
-)
+
+
+def wisdom_dir(cfg: LeoConfig, run_dir: Path) -> Path:
+    """The cache that keeps the trials' wisdom and calibration: this machine's (`run.cache_dir`,
+    null: `leo-cache` beside the run folder). On several machines too: node 0 alone chooses
+    the mode and keeps what its workers measured (the key names the machines' link profile),
+    while the partitions and plan stay in the run folder the nodes share."""
+    return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
 
 
 def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from leo_cli.config import load_config, write_resolved
-from leo_cli.launch.choice import NO_CACHE, choose_mode, from_wisdom, keep_trials, kept
+from leo_cli.launch.choice import choose_mode, from_wisdom, keep_trials, kept
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     ModeChoice,
@@ -120,10 +120,16 @@ def test_a_resumed_run_keeps_why_its_spmm_was_chosen(tmp_path: Path) -> None:
     assert read_choice(tmp_path) is not None
 
 
-def test_spmm_variants_untried_on_several_machines_say_why(tmp_path: Path) -> None:
-    cfg = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking"])
+def test_several_machines_keep_wisdom_in_node_0s_cache(tmp_path: Path) -> None:
+    """Node 0 alone chooses: its own cache keeps what the trials measured, as on one
+    machine (the partitions and plan stay in the shared run folder)."""
+    cache = tmp_path / "cache"
+    cfg = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking", f"run.cache_dir={cache}"])
     choice = choose_mode(cfg, tmp_path / "run", {"num_parts": 2}, None)
-    assert choice.spmm_trials == [] and choice.spmm == "auto"
-    assert {"spmm=torch", "spmm=torch-slabs"} <= set(choice.notes)  # (leo where loaded)
-    assert set(choice.notes.values()) == {NO_CACHE}
-    assert choice.to_json()["mode_notes"] == choice.notes  # mode-choice.json, summary.json
+    assert {"torch", "torch-slabs"} <= set(choice.spmm_trials)  # (leo where loaded)
+    assert choice.wisdom is not None and Path(choice.wisdom).parent == cache / "wisdom"
+    default = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking"])
+    run = tmp_path / "runs" / "r"
+    unset = choose_mode(default, run, {"num_parts": 2}, None)
+    assert unset.wisdom is not None
+    assert Path(unset.wisdom).parent == run.parent / "leo-cache" / "wisdom"
