@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import TrainedRun, ended_pid
-from helpers.cli import TINY, leo, leo_here
-from helpers.ranks import free_port
+from helpers.cli import TINY, leo, leo_here, start_tied
+from helpers.ports import free_port
 
 from leo_cli.config import load_config
 from leo_cli.graph.storage import read_meta
@@ -394,11 +394,12 @@ def test_resume_on_other_worker_counts_keeps_the_numbers(
 
 def two_nodes(flags: list[str], log: Path) -> None:
     """Node 1 as a process of its own (its output into `log`), node 0 in this one: its workers
-    fork from this process's preloading server, as they would in a Python session."""
+    fork from this process's preloading server, as they would in a Python session. Node 1 dies
+    with this process (a hung node 0 ends pytest without the `finally`)."""
     with log.open("w") as out:
-        node1 = subprocess.Popen(
+        node1 = start_tied(
             [sys.executable, "-m", "leo_cli", "train", *flags, "--set", "launch.node_rank=1"],
-            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
             res = leo("train", *flags, "--set", "launch.node_rank=0", timeout=300)
