@@ -3,8 +3,16 @@ location of ../shared/datasets."""
 
 from __future__ import annotations
 
-import gzip
 import os
+
+# Idle OpenMP threads sleep instead of spinning: the suite keeps both cores of a 2-core machine
+# busy, and torch's threads spinning in every parallel region's barrier burned CPU the other
+# processes waited for (the CPU library's parity check on a loaded host: 57 s of CPU spinning,
+# 15 s sleeping, the same kernels and threads). Read when torch (libgomp) loads: before any
+# import of it, and inherited by every process the suite starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import gzip
 import shutil
 import subprocess
 import sys

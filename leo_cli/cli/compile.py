@@ -125,7 +125,7 @@ def _run_check(cuda_dir: Path, arch: Sequence[str] | None, jobs: int | None, ver
     archs = [check.normalize_arch(a) for a in arch] if arch else list(check.CHECK_ARCHS)
     nvcc = build.find_nvcc()
     console.print(f"Compiling {cuda_dir} with {nvcc} for {', '.join('sm_' + a for a in archs)}")
-    total = len(build.kernel_sources(cuda_dir)) * len(archs) + len(build.binding_sources(cuda_dir))
+    total = len(build.kernel_sources(cuda_dir)) + len(build.binding_sources(cuda_dir))
     with _check_progress(total) as on_result:
         results = check.check_sources(cuda_dir, archs, jobs=jobs, on_result=on_result)
     console.print(_results_table(results))

@@ -44,7 +44,7 @@ from leo_cli.harness.process import Harness, die_with_parent, leave
 from leo_cli.launch.stages import ensure_plan, find_profile, needs_profile, part_weigher
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.profile.measure import DEFAULT_SIZES, QUICK_SIZES
-from leo_cli.planner.profile.probe import all_ranks_same, probe
+from leo_cli.planner.profile.probe import agreed_quick, all_ranks_same, probe
 from leo_cli.planner.profile.store import quick_probe, saved_profile
 from leo_cli.registry import mode_of
 from leo_cli.run_dir import RunDir, read_json
@@ -82,11 +82,12 @@ def remake(cfg: LeoConfig, run: RunDir, env: DistEnv, leader: int, store: Any) -
         found = [None if hw is None else hw.model_dump(mode="json")]
     dist.broadcast_object_list(found, src=leader)
     measure = False
+    quick = agreed_quick(env, quick_probe(), src=leader)  # the sizes the leader's node asks
     if needs_profile(new) and new.cache.hardware is None:  # alike on every rank
         hw = None if found[0] is None else HardwareProfile.model_validate(found[0])
+        hw = hw if hw is not None and hw.quick == quick else None
         measure = not all_ranks_same(env, hw)  # each rank knows its own host only
     if measure:  # every rank measures, as the probe's own workers would
-        quick = quick_probe(new.launch.nnodes)
         profile = probe(env, QUICK_SIZES if quick else DEFAULT_SIZES, quick)
         if env.rank == leader:
             profile.write(run.hardware)

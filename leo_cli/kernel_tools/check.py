@@ -1,9 +1,11 @@
 """`leo compile --check`: prove that the CUDA sources compile, without a GPU.
 
 nvcc compiles every `cuda/kernels/*.cu` (`-c`, into a temporary folder, nothing lands in the
-repository) for each architecture with warnings as errors and the defines torch's extension
-build uses, and the host compiler syntax-checks the torch binding (cuda/binding/) against
-torch's headers. Needs nvcc and a host compiler; not a GPU, not a CUDA build of torch.
+repository) for every architecture with warnings as errors and the defines torch's extension
+build uses (one nvcc run per source: the device code once per architecture, the host code,
+which no architecture changes, once), and the host compiler syntax-checks the torch binding
+(cuda/binding/) against torch's headers. Needs nvcc and a host compiler; not a GPU, not a CUDA
+build of torch.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ def log_tail(log: str, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(kept)
 
 
-def nvcc_check_command(nvcc: Path, source: Path, arch: str, include: Path, out: Path) -> list[str]:
-    """nvcc arguments compiling one kernel source for one architecture, warnings as errors."""
+def nvcc_check_command(
+    nvcc: Path, source: Path, archs: Sequence[str], include: Path, out: Path
+) -> list[str]:
+    """nvcc arguments compiling one kernel source for the architectures, warnings as errors."""
     return [
         str(nvcc),
         "-c",
         "-std=c++17",
         "-O3",
-        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        *(f"-gencode=arch=compute_{arch},code=sm_{arch}" for arch in archs),
         "-Xcompiler",
         "-Werror",
         "-Werror",
@@ -169,12 +173,11 @@ def _kernel_jobs(cuda_dir: Path, nvcc: Path, archs: Sequence[str], work: Path) -
     include = cuda_dir / "include"
     return [
         _Job(
-            tuple(nvcc_check_command(nvcc, src, arch, include, work / f"{src.stem}.{arch}.o")),
+            tuple(nvcc_check_command(nvcc, src, archs, include, work / f"{src.stem}.o")),
             _rel(src, cuda_dir),
-            f"sm_{arch}",
+            ", ".join(f"sm_{arch}" for arch in archs),
         )
         for src in kernel_sources(cuda_dir)
-        for arch in archs
     ]
 
 
@@ -190,7 +193,8 @@ def check_sources(
     with_binding: bool = True,
     on_result: ResultCallback | None = None,
 ) -> list[CheckResult]:
-    """Compile every kernel source for every arch (and syntax-check the binding) in a temp dir.
+    """Compile every kernel source for every arch (one nvcc run per source) and syntax-check
+    the binding, in a temp dir.
 
     Args:
         cuda_dir: the cuda/ source folder.
@@ -200,7 +204,8 @@ def check_sources(
         on_result: called with each result as it completes (progress display).
 
     Returns:
-        One CheckResult per (source, target), kernels first, in source order.
+        One CheckResult per source (a kernel's target names every arch), kernels first, in
+        source order.
 
     Raises:
         KernelError: nvcc or the sources are missing. Failed compilations are results.

@@ -164,7 +164,7 @@ def join_probe(
     (`nodes_probe`); whether it did. Node 0 writes the profile."""
     what = nodes_probe(cfg, run_dir, always, force, given)
     if what != "none":
-        run_probe(cfg, run_dir, keep=what == "check")  # several machines: full sizes
+        run_probe(cfg, run_dir, quick=quick_probe(), keep=what == "check")  # node 0's sizes
     return what != "none"
 
 
@@ -183,7 +183,7 @@ def check_nodes_profile(
     if cfg.launch.nnodes == 1 or nodes_probe(cfg, run_dir, always, force, given) != "check":
         return False
     with stage(progress, "probe"):
-        run_probe(cfg, run_dir, keep=True)
+        run_probe(cfg, run_dir, quick=quick_probe(), keep=True)
     return True
 
 
@@ -221,7 +221,7 @@ def new_profile(
     """A probe of this machine, kept in the run folder and, measured on a quiet machine of
     one node, in this machine's store for later runs."""
     with stage(progress, "probe"):
-        hw = run_probe(cfg, run_dir, quick=quick_probe(cfg.launch.nnodes))
+        hw = run_probe(cfg, run_dir, quick=quick_probe())
     if hw.load is not None and hw.load.high(load_limit()):
         print(busy_note(hw.load, run_dir), file=sys.stderr)
         return hw  # kept in the run folder only

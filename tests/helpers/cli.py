@@ -4,11 +4,14 @@ does (`returncode`, `stdout`, `stderr`)."""
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 # A small synthetic graph and model for end-to-end runs of a few seconds (`--set` pairs).
 TINY = [
@@ -19,6 +22,26 @@ TINY = [
     "--set",
     "model.hidden_channels=16",
 ]
+
+
+# Loaded here: a forked child must not load a library (another thread may hold a lock).
+LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def start_tied(cmd: Sequence[str], **popen: Any) -> subprocess.Popen[str]:
+    """`subprocess.Popen(cmd, text=True, **popen)` whose process Linux SIGKILLs when this
+    thread's process ends, however it ends: a launch hung past `leo`'s timeout ends pytest
+    through faulthandler, which runs no `finally`, and a node started beside it would wait at
+    its rendezvous for good (a process of its own session, it gets no terminal signal)."""
+    parent = os.getpid()
+
+    def tie() -> None:
+        if LIBC is not None:
+            LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the tie was made
+            os._exit(1)
+
+    return subprocess.Popen(list(cmd), text=True, preexec_fn=tie, **popen)
 
 
 def leo(

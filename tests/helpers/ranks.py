@@ -6,7 +6,6 @@ exactness tests)."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from helpers.ports import free_port
 from leo_cli.comm.levels import RankLevels
 from leo_cli.config import LeoConfig
 from leo_cli.graph.layout import LocalPart, build_parts
@@ -40,12 +40,6 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy"]
 if torch.version.cuda is None and torch.version.hip is None:
     PRELOAD += ["leo_cli.worker.assemble", "leo_cli.worker.step"]
 mp.set_forkserver_preload(PRELOAD)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn_ranks(

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers.cli import leo, leo_here
-from helpers.ranks import free_port
+from helpers.cli import leo, leo_here, start_tied
+from helpers.ports import free_port
 
 from leo_cli.config import load_config
 from leo_cli.config.load import load_yaml, with_overrides
@@ -116,11 +116,10 @@ def test_a_lost_node_leaves_the_survivor_training_with_the_same_numbers(tmp_path
     common += ["--set", "launch.keep_alive_s=1", "--set", "launch.last_call_s=2"]
     common += ["--set", f"launch.master_port={free_port()}", "--set", f"run.out_dir={run}"]
     nodes = [
-        subprocess.Popen(
+        start_tied(
             [sys.executable, "-m", "leo_cli", "train", *common, "--set", f"launch.node_rank={r}"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
             start_new_session=True,
         )  # fmt: skip
         for r in (0, 1)

@@ -334,10 +334,16 @@ def test_nodes_decide_the_probe_alike(
     )
     assert got == want
     launched: list[bool] = []
-    monkeypatch.setattr(plan_stage, "run_probe", lambda c, d, keep: launched.append(keep))
+    monkeypatch.setattr(
+        plan_stage,
+        "run_probe",
+        lambda c, d, quick, keep: launched.append(keep) or quicks.add(quick),
+    )
+    quicks: set[bool] = set()
     plan_stage.join_probe(cfg, tmp_path, case.get("always", False), case.get("force", False), given)
     plan_stage.check_nodes_profile(
         cfg, tmp_path, case.get("always", False), case.get("force", False), given
     )
     # The others join every launch node 0 runs: node 0's check here, its full probe later.
     assert launched == {"none": [], "check": [True, True], "full": [False]}[want]
+    assert quicks <= {True}  # the suite's tiny sizes (LEO_PROBE_QUICK=1), whatever the nodes

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import TrainedRun, ended_pid
-from helpers.cli import TINY, leo, leo_here
-from helpers.ranks import free_port
+from helpers.cli import TINY, leo, leo_here, start_tied
+from helpers.ports import free_port
 
 from leo_cli.config import load_config
 from leo_cli.graph.storage import read_meta
@@ -394,11 +394,12 @@ def test_resume_on_other_worker_counts_keeps_the_numbers(
 
 def two_nodes(flags: list[str], log: Path) -> None:
     """Node 1 as a process of its own (its output into `log`), node 0 in this one: its workers
-    fork from this process's preloading server, as they would in a Python session."""
+    fork from this process's preloading server, as they would in a Python session. Node 1 dies
+    with this process (a hung node 0 ends pytest without the `finally`)."""
     with log.open("w") as out:
-        node1 = subprocess.Popen(
+        node1 = start_tied(
             [sys.executable, "-m", "leo_cli", "train", *flags, "--set", "launch.node_rank=1"],
-            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
             res = leo("train", *flags, "--set", "launch.node_rank=0", timeout=300)
@@ -449,14 +450,24 @@ def test_two_nodes_match_one_launch(tmp_path: Path, trained_run: TrainedRun) -> 
 
 @pytest.mark.integration
 def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
-    """Node 1 runs node 0's resolved config; it must not silently replace its own."""
+    """Node 1 runs node 0's resolved config; it must not silently replace its own. Node 0 in
+    this process (as in `two_nodes`), node 1 a process of its own, dying with this one."""
     common = [*TINY, "--set", "launch.nnodes=2", "--set", f"launch.master_port={free_port()}"]
     common += ["--set", f"run.out_dir={tmp_path / 'run'}", "--set", "cache.policy=none"]
-    node0 = start("train", *common, "--set", "launch.node_rank=0")
-    node1 = start("train", *common, "--set", "launch.node_rank=1", "--set", "train.lr=0.5")
-    for node in (node0, node1):
-        out, err = node.communicate(timeout=300)
-        assert node.returncode == 2, err
+    node1 = start_tied(
+        [sys.executable, "-m", "leo_cli", "train", *common, "--set", "launch.node_rank=1",
+         "--set", "train.lr=0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        node0 = leo("train", *common, "--set", "launch.node_rank=0", timeout=300)
+        _, err1 = node1.communicate(timeout=300)
+    finally:
+        if node1.poll() is None:
+            os.killpg(node1.pid, signal.SIGKILL)
+            node1.wait()
+    for code, err in ((node0.returncode, node0.stderr), (node1.returncode, err1)):
+        assert code == 2, err
         err = " ".join(err.split())
         assert "ranks [1] were started with another config than rank 0" in err, err
         assert "Traceback" not in err

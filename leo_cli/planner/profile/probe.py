@@ -100,6 +100,17 @@ def gather_ranks(env: DistEnv, compute: ComputeRates) -> list[RankRates]:
     return [RankRates.model_validate(r) for r in everyone]
 
 
+def agreed_quick(env: DistEnv, quick: bool, src: int = 0) -> bool:
+    """Rank `src`'s `quick` (the tiny sizes), on every rank: ranks of several machines read
+    their own environments (`LEO_PROBE_QUICK`), and ranks measuring other sizes would wait
+    for each other's collectives (collective)."""
+    if env.world_size == 1:
+        return quick
+    flag = torch.tensor([int(quick)])
+    dist.broadcast(flag, src=src)
+    return bool(flag)
+
+
 def all_ranks_same(env: DistEnv, hw: HardwareProfile | None) -> bool:
     """Whether every rank finds its entry of `hw` measured where it runs now (`same_rank`),
     decided alike on every rank."""
@@ -112,7 +123,9 @@ def all_ranks_same(env: DistEnv, hw: HardwareProfile | None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m leo_cli.planner.profile.probe")
     parser.add_argument("out", type=Path, help="where rank 0 writes the hardware profile (JSON)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (tests): rough rates")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (tests): rough rates; rank 0's decides"
+    )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
     parser.add_argument("--heartbeat-dir", type=Path, help="folder the launcher watches")
     parser.add_argument(
@@ -125,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     def body(env: DistEnv) -> int:
         if env.world_size > 1:
             init_process_group(env, "gloo", args.timeout_s)
-        if args.keep_if_same and all_ranks_same(env, saved_profile(args.out)):
-            if env.world_size > 1:
-                dist.barrier()
-            return 0
-        profile = probe(env, QUICK_SIZES if args.quick else DEFAULT_SIZES, args.quick)
+        quick = agreed_quick(env, args.quick)  # node 0's rank 0 decides
+        if args.keep_if_same:
+            kept = saved_profile(args.out)
+            if all_ranks_same(env, kept if kept is not None and kept.quick == quick else None):
+                if env.world_size > 1:
+                    dist.barrier()
+                return 0
+        profile = probe(env, QUICK_SIZES if quick else DEFAULT_SIZES, quick)
         if env.rank == 0:
             profile.write(args.out)
         if env.world_size > 1:

@@ -69,15 +69,16 @@ def cpu_kernels(kernels_backend: str) -> bool:
     return "cpu" in kernels_backend.split("+")
 
 
-def quick_probe(nnodes: int = 1) -> bool:
+def quick_probe() -> bool:
     """`LEO_PROBE_QUICK=1`: probe with the tiny sizes (a few seconds, rough rates; the test
-    suite's setting: its plans need rates, not good ones). Profiles say `quick`. One machine
-    only: nodes reading their own environments could disagree on the sizes and wait for
-    each other's probe collectives."""
+    suite's setting: its plans need rates, not good ones). Profiles say `quick`. On several
+    machines the probe's rank 0 (on node 0) decides for every rank (`probe.agreed_quick`):
+    nodes reading their own environments could disagree on the sizes and wait for each
+    other's probe collectives."""
     raw = os.environ.get("LEO_PROBE_QUICK", "0")
     if raw not in ("0", "1"):
         raise CacheError(f"LEO_PROBE_QUICK={raw!r} must be 1 (tiny probe sizes) or 0.")
-    return raw == "1" and nnodes == 1
+    return raw == "1"
 
 
 def fits_nodes(hw: HardwareProfile, cfg: LeoConfig, num_workers: int) -> bool:

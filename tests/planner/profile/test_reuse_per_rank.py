@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from helpers.ranks import spawn_ranks
 
+from leo_cli.comm.dist import DistEnv
 from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.profile.probe import agreed_quick
 from leo_cli.planner.profile.store import same_rank
 
 
@@ -54,3 +58,23 @@ def test_the_probe_keeps_a_profile_only_when_every_rank_is_where_it_was(tmp_path
     probe(out, "--keep-if-same")
     again = HardwareProfile.read(out)
     assert again.ranks[0].hostname == socket.gethostname()
+
+    data = json.loads(out.read_text())
+    data["quick"] = False  # measured with the full sizes: not this probe's
+    out.write_text(json.dumps(data))
+    probe(out, "--keep-if-same")
+    assert HardwareProfile.read(out).quick
+
+
+def _agree(rank: int, world: int) -> tuple[bool, bool]:
+    """Rank 0 asks for the tiny sizes, rank 1 (another node's environment) does not."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    env = DistEnv(rank=rank, world_size=world, local_rank=0, restart=0)
+    return agreed_quick(env, rank == 0), agreed_quick(env, rank == 0, src=1)
+
+
+@pytest.mark.dist
+def test_every_probe_rank_measures_the_sizes_rank_0_asks_for() -> None:
+    """Nodes read their own LEO_PROBE_QUICK: one rank measuring other sizes than the others
+    would wait for collectives they never make."""
+    assert spawn_ranks(_agree, 2) == [(True, False), (True, False)]
