@@ -113,8 +113,8 @@ def test_a_kept_transpose_is_the_one_a_sort_builds(kind: str, index_dtype: torch
 def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: torch.dtype) -> None:
     """`through_columns` keeps the edges whose column the table maps, at the mapped column,
     in their order: the arrays `from_coo` builds from the same edges (forward-only), and
-    `kept_per_row` counts them per row; none kept and every one kept too."""
-    from leo_cli.kernels.csr import kept_per_row, row_of_edges, through_columns
+    `kept_row_pointers` finds their rows' pointers; none kept and every one kept too."""
+    from leo_cli.kernels.csr import kept_row_pointers, row_of_edges, through_columns
 
     csr = make_csr(kind, index_dtype)  # 8 columns, mapped into 8
     g = torch.Generator().manual_seed(5)
@@ -138,7 +138,9 @@ def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: to
             assert a.dtype == b.dtype and torch.equal(a, b), name
         assert (got.num_rows, got.num_cols, got.max_degree) == (csr.num_rows, 8, want.max_degree)
         counts = torch.bincount(rows_E[keep_E], minlength=csr.num_rows)
-        assert torch.equal(kept_per_row(csr.indptr, keep_E), counts)
+        pointers = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        kept = kept_row_pointers(csr.indptr, torch.nonzero(keep_E).squeeze(1))
+        assert kept.dtype == torch.int64 and torch.equal(kept, pointers)
 
 
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
