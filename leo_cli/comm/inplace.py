@@ -246,9 +246,9 @@ def owners_in_place(
     edges (not one per owner): the edges reading `rows_H` (halo positions, sorted), at each
     row's position among its owner's published rows (`position_R`; owner q publishes
     `published_rows[q]`), each owner's in the part's order, so its CSR holds the arrays a
-    column block of its rows would. A per-column table of owners, read once per edge, finds
-    the edges; per owner only its own edges are touched (no sort, no row id per edge: its
-    row pointers are where the part's fall among its edges)."""
+    column block of its rows would. A per-column table of owners, read once per edge that
+    reads the halo, finds them; per owner only its own edges are touched (no sort, no row id
+    per edge: its row pointers are where the part's fall among its edges)."""
     device = adj.indptr.device
     world = max(published_rows, default=-1) + 1
     owner_C = torch.full((adj.num_cols,), -1, dtype=owner_dtype(world), device=device)
@@ -256,9 +256,12 @@ def owners_in_place(
     widest = max(published_rows.values(), default=0)
     position_C = torch.zeros(adj.num_cols, dtype=position_dtype(widest), device=device)
     position_C[rows_H + num_inner] = position_R.to(position_C.dtype)
-    owner_E = owner_C.index_select(0, adj.indices)
-    edges_E = torch.nonzero(owner_E >= 0).squeeze(1)  # every edge read in place
-    owner_E = owner_E.index_select(0, edges_E)
+    edges_E = torch.nonzero(adj.indices >= num_inner).squeeze(1)  # every edge reading the halo
+    owner_E = owner_C.index_select(0, adj.indices.index_select(0, edges_E))
+    read_E = owner_E >= 0
+    if not bool(read_E.all()):  # every edge read in place (all of them where every row is)
+        kept_E = torch.nonzero(read_E).squeeze(1)
+        edges_E, owner_E = edges_E.index_select(0, kept_E), owner_E.index_select(0, kept_E)
     out = []
     for q in sorted(published_rows):
         e_E = edges_E.index_select(0, torch.nonzero(owner_E == q).squeeze(1))

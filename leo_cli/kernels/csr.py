@@ -310,6 +310,19 @@ def through_columns(adj: CSR, col_of_C: Tensor, num_cols: int) -> CSR:
     )
 
 
+def columns_below(adj: CSR, num_cols: int) -> CSR:
+    """The forward-only CSR of `adj`'s edges whose column is below `num_cols`, at their own
+    columns: `through_columns` with the identity table on those columns, by one comparison
+    per edge (no table to gather)."""
+    kept_E = torch.nonzero(adj.indices < num_cols).squeeze(1)
+    indptr = kept_row_pointers(adj.indptr, kept_E)
+    cols_E, values_E = adj.indices.index_select(0, kept_E), adj.values.index_select(0, kept_E)
+    dtype = compact_index_dtype(indptr, cols_E, num_cols)
+    return CSR.from_arrays(
+        indptr, cols_E, values_E, num_cols, index_dtype=dtype, validate=False, transpose=False
+    )
+
+
 def _check_index_arrays(indptr: Tensor, indices: Tensor) -> None:
     for name, t in (("indptr", indptr), ("indices", indices)):
         if t.dtype not in _INDEX_DTYPES or t.dim() != 1:

@@ -143,6 +143,26 @@ def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: to
         assert kept.dtype == torch.int64 and torch.equal(kept, pointers)
 
 
+@kind_cases
+@graph_cases
+def test_columns_below_a_bound_are_those_an_identity_table_keeps(
+    kind: str, index_dtype: torch.dtype
+) -> None:
+    """`columns_below` gives the arrays `through_columns` gives with the identity table on the
+    columns below the bound (and -1 past it): none, some and every column kept."""
+    from leo_cli.kernels.csr import columns_below, through_columns
+
+    csr = make_csr(kind, index_dtype)  # 8 columns
+    for bound in (0, 3, 8):
+        table = torch.where(torch.arange(8) < bound, torch.arange(8), -1).to(index_dtype)
+        want, got = through_columns(csr, table, bound), columns_below(csr, bound)
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert (got.num_rows, got.num_cols) == (csr.num_rows, bound)
+        assert got.max_degree == want.max_degree
+
+
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:
     indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
     compact = kernels.CSR.from_arrays(indptr, indices, num_cols=2)
