@@ -29,10 +29,11 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.blocks import ColumnBlock, selected_columns_block
+from leo_cli.comm.dist import all_gather_
 from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows
 from leo_cli.comm.published import BACKWARD, FORWARD, Layout, PublishedRows
 from leo_cli.comm.views import halo_owner
-from leo_cli.kernels.csr import compact_index_dtype, row_of_edges
+from leo_cli.kernels.csr import compact_index_dtype, kept_row_pointers
 
 
 @dataclass(frozen=True)
@@ -148,20 +149,20 @@ def build_in_place(
     adj: kernels.CSR,
     plan: HaloPlan,
     rows_H: Tensor,
-    halo_local_H: Tensor,
     setting: tuple[int, torch.dtype, float],
     stats: CommStats,
     grads_as_rows: bool = True,
 ) -> InPlace:
     """Set up the in-place reads of the halo positions `rows_H` (sorted; owners on this host).
 
-    Collective: every worker calls it, with its own rows (possibly none).
+    Collective: every worker calls it, with its own rows (possibly none). Each reader tells
+    its owners which rows of their blocks it reads, and each owner answers with their
+    positions among its published rows (one exchange each way, of those rows only).
 
     Args:
         adj: the part's CSR (inner rows, `[inner | halo]` columns).
         plan: its halo plan.
         rows_H: halo positions read in place.
-        halo_local_H: owner-local row of every halo position.
         setting: (widest width, dtype, timeout in seconds); every layer shares the
             segments (see `InPlace.stream`).
         stats: where in-place bytes are counted.
@@ -171,48 +172,66 @@ def build_in_place(
     width, dtype, timeout_s = setting
     world, rank = dist.get_world_size(), dist.get_rank()
     device = adj.indptr.device  # index tensors follow the part's CSR (CPU or its GPU)
-    rows_H, halo_local_H = rows_H.to(device), halo_local_H.to(device)
+    rows_H = rows_H.to(device)
     boundary_B = distinct_rows(plan.send_idx_S, plan.num_inner)
-    boundaries: list[Any] = [None] * world
-    dist.all_gather_object(boundaries, boundary_B.cpu().numpy())  # arrays pickle as bytes
     owner_R = halo_owner(plan, rows_H)
-    owners = torch.unique(owner_R).tolist()
-    local_R = halo_local_H[rows_H]
-    wanted = {q: local_R[owner_R == q].cpu().numpy() for q in owners}
-    asked: list[Any] = [None] * world
-    dist.all_gather_object(asked, wanted)
+    read_counts = torch.bincount(owner_R, minlength=world)
+    # Every rank's published rows and the rows it reads from each owner (q, 1 + o).
+    counts = all_gather_(torch.cat([read_counts.new_tensor([boundary_B.shape[0]]), read_counts]))
+    published_rows, reads_from = counts[:, 0].tolist(), counts[:, 1:]
+    read_by, position_R = answer_readers(plan, rows_H, owner_R, boundary_B, reads_from)
     hosts = same_host_ranks(world)
     elem = torch.empty(0, dtype=dtype).element_size()
 
     def read_rows(q: int) -> list[int]:  # none where gradients travel as rows
-        return [0 if grads_as_rows else len(asked[q].get(o, [])) for o in range(world)]
+        return [0 if grads_as_rows else int(c) for c in reads_from[q].tolist()]
 
     layouts: list[Layout | None] = [
-        Layout(2, world, len(boundaries[q]), read_rows(q), width, elem) if hosts[q] else None
+        Layout(2, world, published_rows[q], read_rows(q), width, elem) if hosts[q] else None
         for q in range(world)
     ]
     published = PublishedRows(layouts, rank, dtype, timeout_s, device=device)
-    owner_B = {
-        q: torch.from_numpy(boundaries[q]).to(device=device, dtype=torch.int64) for q in owners
-    }
-    position_R = torch.empty_like(rows_H)
-    for q in owners:
-        at = owner_R == q
-        position_R[at] = torch.searchsorted(owner_B[q], local_R[at])
-        assert bool((owner_B[q][position_R[at]] == local_R[at]).all()), "L3 rows are boundary"
-    reads = owners_in_place(adj, plan.num_inner, rows_H, owner_R, position_R, owner_B)
+    owners = {q: published_rows[q] for q in torch.nonzero(read_counts).squeeze(1).tolist()}
+    reads = owners_in_place(adj, plan.num_inner, rows_H, owner_R, position_R, owners)
     if not grads_as_rows:
         reads = [
             OwnerRows(r.owner, r.positions_C, r.in_place,
                       selected_columns_block(adj, rows_H[owner_R == r.owner] + plan.num_inner))
             for r in reads
         ]  # fmt: skip
-    read_by = {
-        r: torch.from_numpy(asked[r][rank]).to(device=device, dtype=torch.int64)
-        for r in range(world)
-        if len(asked[r].get(rank, ())) > 0
-    }
     return InPlace(published, rank, boundary_B, reads, read_by, stats, grads_as_rows)
+
+
+def answer_readers(
+    plan: HaloPlan, rows_H: Tensor, owner_R: Tensor, boundary_B: Tensor, reads_from: Tensor
+) -> tuple[dict[int, Tensor], Tensor]:
+    """(reader -> this worker's local rows it reads, in its order; the position of each of
+    this worker's rows `rows_H` among its owner's published rows). Collective.
+
+    Readers send owners the rows they read as places in the owner's block of their halo
+    (owner_R sorted: blocks go out in rank order); an owner finds the local row through its
+    send list and the position through a table of its published rows `boundary_B`, and
+    sends the positions back. `reads_from[q, o]`: how many rows rank q reads from rank o.
+    """
+    rank, device = dist.get_rank(), rows_H.device
+    sent = reads_from[rank].tolist()
+    asked = reads_from[:, rank].tolist()
+    block_R = rows_H - torch.tensor(plan.recv_offsets(), device=device)[owner_R]
+    places = block_R.new_empty(sum(asked))
+    dist.all_to_all_single(places, block_R, asked, sent)
+    reader_S = torch.repeat_interleave(
+        torch.arange(len(asked), device=device), torch.tensor(asked, device=device)
+    )
+    send_offsets = torch.tensor(plan.send_offsets(), device=device)
+    local_S = plan.send_idx_S.index_select(0, send_offsets[reader_S] + places)
+    position_N = torch.full((plan.num_inner,), -1, dtype=torch.int64, device=device)
+    position_N[boundary_B] = torch.arange(boundary_B.shape[0], device=device)
+    answer_S = position_N.index_select(0, local_S)
+    assert bool((answer_S >= 0).all()), "rows read in place are published (boundary) rows"
+    position_R = torch.empty_like(rows_H)
+    dist.all_to_all_single(position_R, answer_S, sent, asked)
+    read_by = dict(zip(range(len(asked)), torch.split(local_S, asked), strict=True))
+    return {r: rows for r, rows in read_by.items() if rows.numel() > 0}, position_R
 
 
 def owners_in_place(
@@ -221,32 +240,34 @@ def owners_in_place(
     rows_H: Tensor,
     owner_R: Tensor,
     position_R: Tensor,
-    boundaries: dict[int, Tensor],
+    published_rows: dict[int, int],
 ) -> list[OwnerRows]:
     """Every owner's CSR of the rows read from it in place, from one pass over the part's
     edges (not one per owner): the edges reading `rows_H` (halo positions, sorted), at each
-    row's position among its owner's published rows (`position_R`, `boundaries[q]`), each
-    owner's in the part's order, so its CSR holds the arrays a column block of its rows
-    would. A per-column table of owners, read once per edge, finds the edges; per owner
-    only its own edges are touched (no sort, no mask over every edge)."""
+    row's position among its owner's published rows (`position_R`; owner q publishes
+    `published_rows[q]`), each owner's in the part's order, so its CSR holds the arrays a
+    column block of its rows would. A per-column table of owners, read once per edge that
+    reads the halo, finds them; per owner only its own edges are touched (no sort, no row id
+    per edge: its row pointers are where the part's fall among its edges)."""
     device = adj.indptr.device
-    world = max(boundaries, default=-1) + 1
+    world = max(published_rows, default=-1) + 1
     owner_C = torch.full((adj.num_cols,), -1, dtype=owner_dtype(world), device=device)
     owner_C[rows_H + num_inner] = owner_R.to(owner_C.dtype)
-    position_C = torch.zeros(adj.num_cols, dtype=torch.int64, device=device)
-    position_C[rows_H + num_inner] = position_R
-    owner_E = owner_C.index_select(0, adj.indices)
-    edges_E = torch.nonzero(owner_E >= 0).squeeze(1)  # every edge read in place
-    owner_E = owner_E.index_select(0, edges_E)
-    rows_E = row_of_edges(adj.indptr, adj.indices.dtype).index_select(0, edges_E)
+    widest = max(published_rows.values(), default=0)
+    position_C = torch.zeros(adj.num_cols, dtype=position_dtype(widest), device=device)
+    position_C[rows_H + num_inner] = position_R.to(position_C.dtype)
+    edges_E = torch.nonzero(adj.indices >= num_inner).squeeze(1)  # every edge reading the halo
+    owner_E = owner_C.index_select(0, adj.indices.index_select(0, edges_E))
+    read_E = owner_E >= 0
+    if not bool(read_E.all()):  # every edge read in place (all of them where every row is)
+        kept_E = torch.nonzero(read_E).squeeze(1)
+        edges_E, owner_E = edges_E.index_select(0, kept_E), owner_E.index_select(0, kept_E)
     out = []
-    for q in sorted(boundaries):
-        at_E = torch.nonzero(owner_E == q).squeeze(1)
-        e_E = edges_E.index_select(0, at_E)
-        per_row = torch.bincount(rows_E.index_select(0, at_E), minlength=adj.num_rows)
-        indptr = torch.cat([per_row.new_zeros(1), torch.cumsum(per_row, 0)])
+    for q in sorted(published_rows):
+        e_E = edges_E.index_select(0, torch.nonzero(owner_E == q).squeeze(1))
+        indptr = kept_row_pointers(adj.indptr, e_E)
         cols_E = position_C.index_select(0, adj.indices.index_select(0, e_E))
-        num_cols = int(boundaries[q].shape[0])
+        num_cols = published_rows[q]
         csr = kernels.CSR.from_arrays(
             indptr, cols_E, adj.values.index_select(0, e_E), num_cols,
             index_dtype=compact_index_dtype(indptr, cols_E, num_cols), validate=False,
@@ -254,6 +275,11 @@ def owners_in_place(
         )  # fmt: skip
         out.append(OwnerRows(q, position_R[owner_R == q], csr))
     return out
+
+
+def position_dtype(rows: int) -> torch.dtype:
+    """int32 where every position among `rows` published rows fits in it, else int64."""
+    return torch.int32 if rows <= torch.iinfo(torch.int32).max else torch.int64
 
 
 def owner_dtype(world: int) -> torch.dtype:

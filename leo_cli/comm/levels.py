@@ -120,7 +120,6 @@ class InPlaceSetting:
 
     width: int  # the widest row any layer moves
     timeout_s: float
-    halo_local_H: Tensor  # owner-local row of every halo position
     stats: CommStats  # the worker's communication statistics
     # Same-host owners every row of which is read in place, not only the L3 ones (all of them
     # under pipeline.transport=shared-memory; the plan's pairs under auto).
@@ -212,7 +211,7 @@ def _in_place(
     grads_as_rows: bool,
 ) -> InPlace:
     setting = (s.width, x_NF.dtype, s.timeout_s)
-    return build_in_place(adj, plan, rows_H, s.halo_local_H, setting, s.stats, grads_as_rows)
+    return build_in_place(adj, plan, rows_H, setting, s.stats, grads_as_rows)
 
 
 def view_of_layer(

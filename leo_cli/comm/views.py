@@ -19,7 +19,13 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.comm.exchange import HaloPlan
-from leo_cli.kernels.csr import kept_transpose, max_degree, row_of_edges, through_columns
+from leo_cli.kernels.csr import (
+    columns_below,
+    kept_transpose,
+    max_degree,
+    row_of_edges,
+    through_columns,
+)
 
 L1, L2, L3 = 1, 2, 3  # replicated, deduplicated halo buffer, fetched per edge
 IN_PLACE = 4  # L3 read in place from a same-host owner's published rows (comm/inplace.py)
@@ -141,6 +147,8 @@ def l2_view(adj: kernels.CSR, num_inner: int, rows_K: Tensor) -> kernels.CSR:
     positions, sorted), the other halo columns' edges left out: the arrays `remap_halo`
     gives for them, by one gather of a column table instead of a pass per level."""
     num_cols = num_inner + int(rows_K.shape[0])
+    if rows_K.numel() == 0:  # the inner columns alone (every halo row read elsewhere)
+        return columns_below(adj, num_inner)
     col_of_C = torch.full((adj.num_cols,), -1, dtype=adj.indices.dtype, device=adj.device)
     col_of_C[:num_inner] = torch.arange(num_inner, dtype=col_of_C.dtype, device=adj.device)
     col_of_C[num_inner + rows_K] = torch.arange(

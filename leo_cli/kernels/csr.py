@@ -286,29 +286,37 @@ def with_built_transpose(csr: CSR) -> CSR:
     )  # fmt: skip
 
 
-def kept_per_row(indptr: Tensor, keep_E: Tensor) -> Tensor:
-    """(R) how many of each row's edges `keep_E` (bool, E) marks, by one running count (no
-    row id per edge)."""
-    if keep_E.numel() == 0:
-        return torch.zeros(indptr.shape[0] - 1, dtype=torch.int64, device=indptr.device)
-    seen_E = torch.cumsum(keep_E, 0, dtype=indptr.dtype)  # kept edges up to each
-    last_R = indptr.long() - 1  # the edge before each row pointer (-1: none)
-    upto_R = seen_E.index_select(0, last_R.clamp(min=0)).masked_fill(last_R < 0, 0)
-    return torch.diff(upto_R).long()
+def kept_row_pointers(indptr: Tensor, kept_E: Tensor) -> Tensor:
+    """(R+1) int64 row pointers of the CSR of a matrix's edges `kept_E` (their positions,
+    increasing), from its row pointers `indptr`: where each row's end falls among the kept
+    edges (one search per row; no pass over every edge, no row id per edge)."""
+    ends_R = torch.searchsorted(kept_E, indptr[1:].to(kept_E.dtype))
+    return torch.cat([ends_R.new_zeros(1), ends_R])
 
 
 def through_columns(adj: CSR, col_of_C: Tensor, num_cols: int) -> CSR:
     """The forward-only CSR of `adj`'s edges whose column c has `col_of_C[c] >= 0`, at that
     column of `num_cols`: every row of `adj`, the kept edges in their order, by one gather of
-    a per-column table and one mask over the edges (no sort, no row id per edge). Index
+    a per-column table and one mask over the edges (no sort, no row id per edge, no count
+    over every edge). Index
     dtype as `CSR.from_coo` would pick it."""
     cols_E = col_of_C.index_select(0, adj.indices)
-    keep_E = cols_E >= 0
-    counts_R = kept_per_row(adj.indptr, keep_E)
-    indptr = torch.cat([counts_R.new_zeros(1), torch.cumsum(counts_R, 0)])
-    kept_E = torch.nonzero(keep_E).squeeze(1)  # once for both arrays (a mask is a scan each)
-    del keep_E
+    kept_E = torch.nonzero(cols_E >= 0).squeeze(1)  # once for both arrays (a mask is a scan each)
+    indptr = kept_row_pointers(adj.indptr, kept_E)
     cols_E, values_E = cols_E.index_select(0, kept_E), adj.values.index_select(0, kept_E)
+    dtype = compact_index_dtype(indptr, cols_E, num_cols)
+    return CSR.from_arrays(
+        indptr, cols_E, values_E, num_cols, index_dtype=dtype, validate=False, transpose=False
+    )
+
+
+def columns_below(adj: CSR, num_cols: int) -> CSR:
+    """The forward-only CSR of `adj`'s edges whose column is below `num_cols`, at their own
+    columns: `through_columns` with the identity table on those columns, by one comparison
+    per edge (no table to gather)."""
+    kept_E = torch.nonzero(adj.indices < num_cols).squeeze(1)
+    indptr = kept_row_pointers(adj.indptr, kept_E)
+    cols_E, values_E = adj.indices.index_select(0, kept_E), adj.values.index_select(0, kept_E)
     dtype = compact_index_dtype(indptr, cols_E, num_cols)
     return CSR.from_arrays(
         indptr, cols_E, values_E, num_cols, index_dtype=dtype, validate=False, transpose=False

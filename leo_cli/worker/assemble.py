@@ -290,7 +290,6 @@ def in_place_setting(
     CUDA workers unless `pipeline.transport=shared-memory` (planner/reach.py)."""
     if not reads_in_place(cfg, device):
         return None
-    local_H = torch.from_numpy(np.array(part.halo_owner_local, dtype=np.int64))
     width = exchange_width(cfg.model, dataset)
     every: set[int] = set()
     transport = row_transport(cfg.pipeline.transport)
@@ -299,7 +298,7 @@ def in_place_setting(
     elif transport.in_place == "planned":
         every = set(planned_every_row or [])
     timeout = cfg.launch.timeout_s
-    return InPlaceSetting(width, timeout, local_H, stats, frozenset(every))
+    return InPlaceSetting(width, timeout, stats, frozenset(every))
 
 
 def build_job(

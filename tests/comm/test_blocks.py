@@ -228,15 +228,15 @@ def test_rows_read_in_place_equal_their_sorted_construction() -> None:
             cut = sorted(torch.randint(0, num_halo + 1, (2,)).tolist())  # 3 owners' halo spans
             owner_R = torch.bucketize(rows_H, torch.tensor(cut), right=True)
             position_R = torch.empty_like(rows_H)
-            boundaries = {}
+            published_rows = {}
             for q in range(3):
                 at = owner_R == q
                 count = int(at.sum())
                 published = 3 * count + 2
                 position_R[at] = torch.randperm(published)[:count]  # distinct, any order
-                boundaries[q] = torch.arange(published)
-            reads = owners_in_place(adj, n, rows_H, owner_R, position_R, boundaries)
-            assert [r.owner for r in reads] == sorted(boundaries)
+                published_rows[q] = published
+            reads = owners_in_place(adj, n, rows_H, owner_R, position_R, published_rows)
+            assert [r.owner for r in reads] == sorted(published_rows)
             for read in reads:
                 q = read.owner
                 cols_C = rows_H[owner_R == q] + n
@@ -246,7 +246,7 @@ def test_rows_read_in_place_equal_their_sorted_construction() -> None:
                 rows_E = torch.repeat_interleave(block.rows_R.long(), counts)
                 sorted_twin = kernels.CSR.from_coo(
                     rows_E, read.positions_C[block.fwd.indices.long()], block.fwd.values,
-                    num_rows, int(boundaries[q].shape[0]), rows_sorted=True, transpose=False,
+                    num_rows, published_rows[q], rows_sorted=True, transpose=False,
                 )  # fmt: skip
                 twin = read.in_place
                 for name in ("indptr", "indices", "values"):
@@ -254,7 +254,7 @@ def test_rows_read_in_place_equal_their_sorted_construction() -> None:
                     assert a.dtype == b.dtype and torch.equal(a, b), name
                 assert twin.max_degree == sorted_twin.max_degree
                 assert twin.t_indices.numel() == 0 and twin.t_perm.numel() == 0
-                x = torch.randn(int(boundaries[q].shape[0]), 2, dtype=torch.float64)
+                x = torch.randn(published_rows[q], 2, dtype=torch.float64)
                 out = torch.zeros(num_rows, 2, dtype=torch.float64)
                 block.add_into(out, x[read.positions_C])
                 torch.testing.assert_close(kernels.spmm(twin, x), out, rtol=1e-12, atol=1e-12)

@@ -113,8 +113,8 @@ def test_a_kept_transpose_is_the_one_a_sort_builds(kind: str, index_dtype: torch
 def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: torch.dtype) -> None:
     """`through_columns` keeps the edges whose column the table maps, at the mapped column,
     in their order: the arrays `from_coo` builds from the same edges (forward-only), and
-    `kept_per_row` counts them per row; none kept and every one kept too."""
-    from leo_cli.kernels.csr import kept_per_row, row_of_edges, through_columns
+    `kept_row_pointers` finds their rows' pointers; none kept and every one kept too."""
+    from leo_cli.kernels.csr import kept_row_pointers, row_of_edges, through_columns
 
     csr = make_csr(kind, index_dtype)  # 8 columns, mapped into 8
     g = torch.Generator().manual_seed(5)
@@ -138,7 +138,29 @@ def test_columns_through_a_table_are_the_masked_edges(kind: str, index_dtype: to
             assert a.dtype == b.dtype and torch.equal(a, b), name
         assert (got.num_rows, got.num_cols, got.max_degree) == (csr.num_rows, 8, want.max_degree)
         counts = torch.bincount(rows_E[keep_E], minlength=csr.num_rows)
-        assert torch.equal(kept_per_row(csr.indptr, keep_E), counts)
+        pointers = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        kept = kept_row_pointers(csr.indptr, torch.nonzero(keep_E).squeeze(1))
+        assert kept.dtype == torch.int64 and torch.equal(kept, pointers)
+
+
+@kind_cases
+@graph_cases
+def test_columns_below_a_bound_are_those_an_identity_table_keeps(
+    kind: str, index_dtype: torch.dtype
+) -> None:
+    """`columns_below` gives the arrays `through_columns` gives with the identity table on the
+    columns below the bound (and -1 past it): none, some and every column kept."""
+    from leo_cli.kernels.csr import columns_below, through_columns
+
+    csr = make_csr(kind, index_dtype)  # 8 columns
+    for bound in (0, 3, 8):
+        table = torch.where(torch.arange(8) < bound, torch.arange(8), -1).to(index_dtype)
+        want, got = through_columns(csr, table, bound), columns_below(csr, bound)
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices", "t_perm"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert (got.num_rows, got.num_cols) == (csr.num_rows, bound)
+        assert got.max_degree == want.max_degree
 
 
 def test_default_index_dtype_is_compact_and_explicit_is_kept() -> None:

@@ -104,7 +104,7 @@ def test_the_part_is_read_forward_only_only_where_views_replace_it() -> None:
     the part's transpose."""
     leo = load_config(None, ["pipeline.mode=leo"])
     gat = load_config(None, ["pipeline.mode=leo", "model.name=gat"])
-    setting = InPlaceSetting(4, 30.0, torch.zeros(0, dtype=torch.int64), CommStats())
+    setting = InPlaceSetting(4, 30.0, CommStats())
     rows = RankLevels(False, [], [1, 2])
     assert views_leave_the_part(leo, rows, setting)
     assert not views_leave_the_part(leo, rows, None)
