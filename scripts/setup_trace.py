@@ -57,8 +57,10 @@ class Entry:
 
 
 def layer(file: str) -> int:
-    """The layer of a file of the package (`launch/setup.py` -> launch's)."""
-    return LAYERS[file.split("/")[0].removesuffix(".py")]
+    """The layer of a file of the package (`launch/setup.py` -> launch's); the package's
+    `__init__.py` (its lazy attributes) counts as the top layer."""
+    name = file.split("/")[0].removesuffix(".py")
+    return LAYERS.get(name, max(LAYERS.values()))
 
 
 def _inside(path: str) -> str:

@@ -113,11 +113,13 @@ at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key
               "leo_cpu::keyed_dropout: every tensor must be on the CPU");
   TORCH_CHECK(x.dim() == 2 && ids.dim() == 1 && ids.size(0) == x.size(0),
               "leo_cpu::keyed_dropout: x (N x F) and ids (N) must match");
+  TORCH_CHECK(threshold >= 0 && threshold <= 255,
+              "leo_cpu::keyed_dropout: threshold must be a byte (0 to 255)");
   const auto xc = x.contiguous();
   const auto id = ids.to(at::kLong).contiguous();
-  auto out = at::empty_like(xc);
   const int64_t rows = xc.size(0);
   const int64_t cols = xc.size(1);
+  auto out = at::empty({rows, cols}, xc.options());  // row-major, as the reference's
   if (rows == 0 || cols == 0) return out;
   std::vector<uint64_t> column((cols + 7) / 8);  // the groups' column hashes, made once
   for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);
@@ -182,6 +184,8 @@ at::Tensor bias_relu_dropout(const at::Tensor& h, const c10::optional<at::Tensor
               "leo_cpu::bias_relu_dropout: every tensor must be on the CPU");
   TORCH_CHECK(h.dim() == 2 && ids.dim() == 1 && ids.size(0) == h.size(0),
               "leo_cpu::bias_relu_dropout: h (N x F) and ids (N) must match");
+  TORCH_CHECK(threshold >= 0 && threshold <= 255,
+              "leo_cpu::bias_relu_dropout: threshold must be a byte (0 to 255)");
   TORCH_CHECK(!bias.has_value() ||
                   (bias->dim() == 1 && bias->size(0) == h.size(1) &&
                    bias->scalar_type() == h.scalar_type()),
@@ -189,9 +193,9 @@ at::Tensor bias_relu_dropout(const at::Tensor& h, const c10::optional<at::Tensor
   const auto hc = h.contiguous();
   const auto id = ids.to(at::kLong).contiguous();
   const auto b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  auto out = at::empty_like(hc);
   const int64_t rows = hc.size(0);
   const int64_t cols = hc.size(1);
+  auto out = at::empty({rows, cols}, hc.options());  // row-major, as the reference's
   if (rows == 0 || cols == 0) return out;
   std::vector<uint64_t> column((cols + 7) / 8);
   for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);

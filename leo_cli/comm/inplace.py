@@ -227,9 +227,12 @@ def answer_readers(
     position_N = torch.full((plan.num_inner,), -1, dtype=torch.int64, device=device)
     position_N[boundary_B] = torch.arange(boundary_B.shape[0], device=device)
     answer_S = position_N.index_select(0, local_S)
-    assert bool((answer_S >= 0).all()), "rows read in place are published (boundary) rows"
     position_R = torch.empty_like(rows_H)
     dist.all_to_all_single(position_R, answer_S, sent, asked)
+    # Checked after the exchange, by owners and readers alike: no rank waits in it for one
+    # that stopped.
+    published = bool((answer_S >= 0).all()) and bool((position_R >= 0).all())
+    assert published, "rows read in place are published (boundary) rows"
     read_by = dict(zip(range(len(asked)), torch.split(local_S, asked), strict=True))
     return {r: rows for r, rows in read_by.items() if rows.numel() > 0}, position_R
 

@@ -202,8 +202,9 @@ def _locked(target: Path, wait: bool = True) -> Iterator[bool]:
 
 FAILED = ".failed"  # beside a build's folder: the failure of its key
 # A failure the compiler reported in LEO's own sources (`path:line:col: error:`) holds for its
-# key; any other (a compiler killed for memory, a full disk, a missing header or tool) may not
-# hold later, so it is tried again after this long.
+# key; any other (a compiler killed for memory, a full disk, a missing header or tool, and an
+# error inside a header, even where LEO's code caused it) may not hold later, so it is tried
+# again after this long.
 RETRY_AFTER_S = 3600
 _SOURCE_ERROR = re.compile(r"\.(?:cpp|h):\d+:(?:\d+:)? error:")
 _RETRY = "retry-after "
@@ -238,7 +239,10 @@ def _remembered_failure(target: Path) -> KernelError | None:
     first = lines[0].strip() if lines and not lines[0].startswith(_RETRY) else ""
     first = first or f"building {cpu.LIBRARY} failed"
     if retry:
-        at = int(retry[0][len(_RETRY) :].strip() or 0)
+        try:
+            at = int(retry[0][len(_RETRY) :].strip())
+        except ValueError:  # an unreadable time: try now
+            at = 0
         if time.time() >= at:
             path.unlink(missing_ok=True)
             return None

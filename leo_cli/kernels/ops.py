@@ -491,6 +491,11 @@ fused_aggregate.register_autograd(_fused_backward, setup_context=_fused_setup_co
 _DROPOUT_CHUNK_ROWS = 1 << 15  # bounds the reference's int64 temporaries to a few MB per chunk
 
 
+def _require_byte(threshold: int) -> None:
+    """A dropout threshold is compared with random bytes: 0 (keep all) to 255."""
+    _require(0 <= threshold <= 255, lambda: f"dropout threshold {threshold} is not 0 to 255")
+
+
 @torch.library.custom_op("leo::keyed_dropout", mutates_args=())
 def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
     """x with entry (i, j) times `scale` where the random byte of (ids[i], j) under `key`
@@ -498,6 +503,7 @@ def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float
     every device, a chunk of rows at a time, so no multiplier as large as x is allocated;
     LEO's CPU library serves CPU tensors in one pass (`cpu.py`), with the same bits. The
     output is row-major whatever x's strides, as the library's."""
+    _require_byte(threshold)
     out = x.new_empty(x.shape)
     for s in range(0, x.shape[0], _DROPOUT_CHUNK_ROWS):
         e = s + _DROPOUT_CHUNK_ROWS
@@ -509,6 +515,7 @@ def keyed_dropout(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float
 @keyed_dropout.register_fake
 def _keyed_dropout_fake(x: Tensor, ids: Tensor, key: int, threshold: int, scale: float) -> Tensor:
     _require(x.dim() == 2 and ids.dim() == 1, lambda: "keyed_dropout: x 2-D, ids 1-D")
+    _require_byte(threshold)
     return x.new_empty(x.shape)
 
 
@@ -539,6 +546,7 @@ def bias_relu_dropout(
     tensors in one pass (`cpu.py`), with the same bits. The output is row-major whatever h's
     strides, as the library's.
     """
+    _require_byte(threshold)
     out = h.new_empty(h.shape)
     for s, e in _row_chunks(h):
         o = out[s:e]
@@ -557,6 +565,7 @@ def _bias_relu_dropout_fake(
     h: Tensor, bias: Tensor | None, ids: Tensor, key: int, threshold: int, scale: float
 ) -> Tensor:
     _require(h.dim() == 2 and ids.dim() == 1, lambda: "bias_relu_dropout: h 2-D, ids 1-D")
+    _require_byte(threshold)
     return h.new_empty(h.shape)
 
 

@@ -70,6 +70,8 @@ def choose_mode(
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
     if not trial.trials and not variants:
         return trial
+    if cfg.launch.nnodes > 1 and not cfg.cache.enabled:
+        return trial  # no plan, so no profile of the links in the key: kept nowhere
     made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
     inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"

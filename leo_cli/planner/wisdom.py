@@ -221,8 +221,11 @@ def read_samples(path: Path) -> list[Sample]:
 
 
 # What a setting is compared on, from the closest match down: the whole setting, then
-# without the worker count (the same model across the same links), then any of the mode's.
-SETTING_TIERS: tuple[tuple[str, ...] | None, ...] = (None, ("model", "nodes", "link"), ())
+# without the worker count (the same model across the same links), then any model across the
+# same links, then any of the mode's.
+SETTING_TIERS: tuple[tuple[str, ...] | None, ...] = (
+    None, ("model", "nodes", "link"), ("nodes", "link"), ()
+)  # fmt: skip
 
 
 def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:

@@ -29,8 +29,9 @@ LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linu
 
 
 def start_tied(cmd: Sequence[str], **popen: Any) -> subprocess.Popen[str]:
-    """`subprocess.Popen(cmd, text=True, **popen)` whose process Linux SIGKILLs when this
-    thread's process ends, however it ends: a launch hung past `leo`'s timeout ends pytest
+    """`subprocess.Popen(cmd, text=True, **popen)` whose process Linux SIGKILLs when the
+    thread that started it ends (call it from the main thread: then when this process ends,
+    however it ends): a launch hung past `leo`'s timeout ends pytest
     through faulthandler, which runs no `finally`, and a node started beside it would wait at
     its rendezvous for good (a process of its own session, it gets no terminal signal)."""
     parent = os.getpid()

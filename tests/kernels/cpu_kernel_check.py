@@ -197,6 +197,22 @@ def main(lib: Path) -> None:
     torch.library.opcheck(
         ops.bias_relu_dropout, (h.detach().t(), None, torch.arange(20), 5, 0, 1.0)
     )
+    odd = torch.randn(37, 1).as_strided((37, 1), (1, 111))  # a size-1 column, odd stride
+    assert ops.bias_relu_dropout(odd, None, torch.arange(37), 5, 128, 2.0).stride() == (1, 1)
+    assert kernels.keyed_dropout(odd, torch.arange(37), 5, 128, 2.0).stride() == (1, 1)
+    ids = torch.arange(30)
+    for bad in (-1, 256):  # a threshold is a byte: refused, not wrapped or clipped
+        for op, args in (
+            (ops.bias_relu_dropout, (finite, None, ids, 5, bad, 2.0)),
+            (torch.ops.leo_cpu.bias_relu_dropout, (finite, None, ids, 5, bad, 2.0)),
+            (torch.ops.leo_cpu.keyed_dropout, (finite, ids, 5, bad, 2.0)),
+        ):
+            try:
+                op(*args)
+            except RuntimeError as exc:
+                assert "threshold" in str(exc), exc
+            else:
+                raise AssertionError(f"threshold {bad} was not refused")
     print(f"epilogue: {len(epilogues)} cases")
 
 

@@ -133,3 +133,7 @@ def test_several_machines_keep_wisdom_in_node_0s_cache(tmp_path: Path) -> None:
     unset = choose_mode(default, run, {"num_parts": 2}, None)
     assert unset.wisdom is not None
     assert Path(unset.wisdom).parent == run.parent / "leo-cache" / "wisdom"
+    # Without a plan, nothing in the key names the links between the machines: kept nowhere.
+    bare = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking", "cache.policy=none"])
+    planless = choose_mode(bare, tmp_path / "run", {"num_parts": 2}, None)
+    assert planless.spmm_trials and planless.wisdom is None

@@ -454,14 +454,17 @@ def test_two_nodes_with_different_configs_fail(tmp_path: Path) -> None:
     this process (as in `two_nodes`), node 1 a process of its own, dying with this one."""
     common = [*TINY, "--set", "launch.nnodes=2", "--set", f"launch.master_port={free_port()}"]
     common += ["--set", f"run.out_dir={tmp_path / 'run'}", "--set", "cache.policy=none"]
-    node1 = start_tied(
-        [sys.executable, "-m", "leo_cli", "train", *common, "--set", "launch.node_rank=1",
-         "--set", "train.lr=0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    log = tmp_path / "node1.log"  # a file, not a pipe nobody reads while node 0 runs
+    with log.open("w") as out:
+        node1 = start_tied(
+            [sys.executable, "-m", "leo_cli", "train", *common, "--set", "launch.node_rank=1",
+             "--set", "train.lr=0.5"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     try:
         node0 = leo("train", *common, "--set", "launch.node_rank=0", timeout=300)
-        _, err1 = node1.communicate(timeout=300)
+        node1.wait(timeout=300)
+        err1 = log.read_text()
     finally:
         if node1.poll() is None:
             os.killpg(node1.pid, signal.SIGKILL)

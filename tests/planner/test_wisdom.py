@@ -126,7 +126,8 @@ def test_calibration_scales_each_mode_by_its_newest_samples(tmp_path: Path) -> N
 
 def test_calibration_prefers_the_closest_setting_with_samples() -> None:
     """The same setting first, then the same model across the same links (any worker count),
-    then any of the mode's samples; without a setting, all of them."""
+    then any model across the same links, then any of the mode's samples; without a setting,
+    all of them."""
 
     def at(mode: str, ratio: float, **setting: Any) -> Sample:
         return Sample(mode, 1.0, ratio, {"workers": 2, "nodes": 1, "link": None, **setting})
@@ -136,12 +137,17 @@ def test_calibration_prefers_the_closest_setting_with_samples() -> None:
         at("leo", 3.0, model="gcn", workers=4),
         at("leo", 5.0, model="sage"),
         at("blocking", 7.0, model="sage", nodes=2, link="1gbit"),
+        at("leo", 11.0, model="gat", nodes=2, link="1gbit"),
     ]
     gcn2 = {"workers": 2, "nodes": 1, "link": None, "model": "gcn"}
     assert factors(kept, gcn2) == {"leo": 2.0, "blocking": 7.0}
     assert factors(kept, {**gcn2, "workers": 3}) == {"leo": 2.5, "blocking": 7.0}
     assert factors(kept, {**gcn2, "model": "gat"}) == {"leo": 3.0, "blocking": 7.0}
-    assert factors(kept) == {"leo": 3.0, "blocking": 7.0}
+    assert factors(kept, {**gcn2, "model": "gin", "nodes": 2, "link": "1gbit"}) == {
+        "leo": 11.0,
+        "blocking": 7.0,
+    }  # across the same links first, whatever the model
+    assert factors(kept) == {"leo": 4.0, "blocking": 7.0}
 
 
 @pytest.mark.parametrize(

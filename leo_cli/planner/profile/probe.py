@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     def body(env: DistEnv) -> int:
         if env.world_size > 1:
             init_process_group(env, "gloo", args.timeout_s)
-        quick = agreed_quick(env, args.quick)  # node 0's rank 0 decides
+        quick = agreed_quick(env, args.quick)  # the probe's rank 0 decides
         if args.keep_if_same:
             kept = saved_profile(args.out)
             if all_ranks_same(env, kept if kept is not None and kept.quick == quick else None):

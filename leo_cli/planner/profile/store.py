@@ -72,7 +72,8 @@ def cpu_kernels(kernels_backend: str) -> bool:
 def quick_probe() -> bool:
     """`LEO_PROBE_QUICK=1`: probe with the tiny sizes (a few seconds, rough rates; the test
     suite's setting: its plans need rates, not good ones). Profiles say `quick`. On several
-    machines the probe's rank 0 (on node 0) decides for every rank (`probe.agreed_quick`):
+    machines the probe's rank 0 (node 0's, but under `launch.nnodes: MIN:MAX` whichever node
+    the rendezvous ranks first) decides for every rank (`probe.agreed_quick`):
     nodes reading their own environments could disagree on the sizes and wait for each
     other's probe collectives."""
     raw = os.environ.get("LEO_PROBE_QUICK", "0")
