@@ -23,9 +23,10 @@ import torch.distributed as dist
 from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import KernelError, LeoError
-from leo_cli.kernels import variants
+from leo_cli.kernels import spmm_calls, variants
 from leo_cli.planner.auto_mode import (
     MEASURED,
+    SPMM_NOTE,
     ModeChoice,
     parse_candidate,
     with_choice,
@@ -49,6 +50,8 @@ MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
 NO_SLABS = "no x of this run is wider than the cache share (it would run as torch)"
+NO_LIBRARY = "LEO's CPU library is not loaded on every rank"
+NO_SPMM = "no CPU SpMM in this run's step (every variant runs alike)"
 # What a candidate's assembly may raise and be skipped for (the others are still tried):
 # a user-facing refusal (/dev/shm too small, ...) or memory running out.
 SKIPPED = (LeoError, MemoryError)
@@ -254,29 +257,51 @@ def train_winner(
 def spmm_trials(
     names: list[str], job: Job, seed: int, steps: int
 ) -> tuple[list[Trial], dict[str, str]]:
-    """Each CPU SpMM variant timed on `job` (kernels/variants.py), as `measure` times modes;
-    a `torch-slabs` whose warm-up cut no x into slabs on any rank is left out (it runs as
-    `torch`), with a note. The variant in use is left as it was."""
+    """Each CPU SpMM variant timed on `job`'s own SpMMs (kernels/spmm_calls.py): one step
+    records them, forward and backward, then every variant runs them again (`steps` passes,
+    more while under `MIN_TRIAL_S`); a variant's time is the slowest rank's seconds of SpMM
+    in one step. A `torch-slabs` that would cut no x into slabs on any rank is left out (it
+    runs as `torch`), with a note. The variant in use is left as it was."""
     before = variants.cpu_spmm()
     rng = torch.get_rng_state()
     trials: list[Trial] = []
     notes: dict[str, str] = {}
+    start = time.perf_counter()
     try:
+        with spmm_calls.recording() as calls:
+            trial_step(job, seed)
+        recorded = {"record_s": time.perf_counter() - start}
+        if not agreed(bool(calls)):
+            notes.update({f"{SPMM_NOTE}{n}": f"not tried: {NO_SPMM}" for n in names})
+            return trials, notes
+        slabbed = agreed(any(c.slabbed() for c in calls))
+        replay = spmm_calls.Replay(calls)
         for name in names:
             if not usable(name):
-                notes[f"spmm={name}"] = "not tried: LEO's CPU library is not loaded on every rank"
+                notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_LIBRARY}"
                 continue
-            if name == variants.TORCH_SLABS and not slabs_anywhere(job, seed):
-                notes[f"spmm={name}"] = f"not tried: {NO_SLABS}"
+            if name == variants.TORCH_SLABS and not slabbed:
+                notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_SLABS}"
                 continue
-            done = [t for t in trials if t.median_s is not None]
-            best = min(done, key=lambda t: t.median_s or 0.0, default=None)
-            stop_s = None if best is None else best.stop_at
-            trials.append(try_candidate(name, job, seed, steps, stop_s))
+            trials.append(spmm_trial(name, replay, steps, recorded if not trials else {}))
     finally:
         variants.set_cpu_spmm(before)
         torch.set_rng_state(rng)
     return trials, notes
+
+
+def spmm_trial(name: str, replay: spmm_calls.Replay, steps: int, phases: dict[str, float]) -> Trial:
+    """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds."""
+    start = time.perf_counter()
+    mine, passes = replay.time(steps, MIN_TRIAL_S, MAX_TRIAL_STEPS)
+    seconds = float(all_reduce_(torch.tensor([mine], dtype=torch.float64), op="max").item())
+    spent = {"steps_s": time.perf_counter() - start, "passes": float(passes)}
+    return Trial(name, [seconds], phases=phases | spent)
+
+
+def agreed(mine: bool) -> bool:
+    """Whether `mine` holds on some rank (every rank learns it alike)."""
+    return bool(all_reduce_(torch.tensor([int(mine)], dtype=torch.int64), op="max").item())
 
 
 def usable(name: str) -> bool:
@@ -284,18 +309,10 @@ def usable(name: str) -> bool:
     it was (agreed by every rank, so every rank skips it alike)."""
     try:
         variants.set_cpu_spmm(name)
-        failed = 0
+        failed = False
     except KernelError:
-        failed = 1
-    return not all_reduce_(torch.tensor([failed], dtype=torch.int64), op="max").item()
-
-
-def slabs_anywhere(job: Job, seed: int) -> bool:
-    """Whether a step (the warm-up of a `torch-slabs` trial) cut x into slabs on some rank."""
-    variants.slabs_taken(reset=True)
-    trial_step(job, seed)
-    taken = torch.tensor([int(variants.slabs_taken(reset=True))], dtype=torch.int64)
-    return bool(all_reduce_(taken, op="max").item())
+        failed = True
+    return not agreed(failed)
 
 
 def choose_spmm(
@@ -305,16 +322,16 @@ def choose_spmm(
     here on) and return the config and the choice with it; rank 0 records them. `laps` gets
     the trials as `choose_s`."""
     trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
-    won, rule = winner(trials, {})
-    variants.set_cpu_spmm(won.name)
-    for t in trials:
-        if t.stopped:
-            notes[f"spmm={t.name}"] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
-    chosen = replace(
-        choice, spmm=won.name, spmm_rule=rule, spmm_trials=[], notes={**choice.notes, **notes},
-        spmm_measured_s={t.name: t.median_s for t in trials},
-        trial_s={**choice.trial_s, **{f"spmm={t.name}": rounded(t.phases) for t in trials}},
-    )  # fmt: skip
+    chosen = replace(choice, spmm_trials=[], notes={**choice.notes, **notes})
+    if trials:  # (none where a step makes no CPU SpMM: the variant stays as set)
+        won, rule = winner(trials, {})
+        variants.set_cpu_spmm(won.name)
+        chosen = replace(
+            chosen, spmm=won.name, spmm_rule=rule,
+            spmm_measured_s={t.name: t.median_s for t in trials},
+            trial_s={**choice.trial_s, **{f"{SPMM_NOTE}{t.name}": rounded(t.phases)
+                                          for t in trials}},
+        )  # fmt: skip
     run_cfg = with_choice(cfg, chosen)
     if rank == 0:
         record(run, run_cfg, chosen)

@@ -311,7 +311,12 @@ def test_spmm_trials_leave_the_numbers_and_the_variant_as_they_were(
     if kernels.active_backend().cpu != "leo":  # a rank without the library skips leo
         monkeypatch.setattr(cpu, "_LOADED", None)
     names = [variants.LEO, variants.TORCH, variants.TORCH_SLABS]
+    stepped: list[int] = []
+    step = trials_module.trial_step
+    monkeypatch.setattr(trials_module, "trial_step", lambda *a: stepped.append(1) or step(*a))
     got, notes = spmm_trials(names, job, seed=0, steps=1)
+    assert len(stepped) == 1  # one step records the SpMMs; the variants time those alone
+    assert got[0].phases["record_s"] > 0 and got[-1].phases["passes"] >= 1
     assert [t.name for t in got][-1] == variants.TORCH and got[-1].median_s is not None
     assert notes["spmm=torch-slabs"] == f"not tried: {trials_module.NO_SLABS}"
     if kernels.active_backend().cpu != "leo":
@@ -345,12 +350,12 @@ def test_the_fastest_variant_is_kept_recorded_and_in_the_config(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake = {variants.TORCH: 0.3, variants.TORCH_SLABS: 0.2}
-    monkeypatch.setattr(trials_module, "slabs_anywhere", lambda job, seed: True)
     monkeypatch.setattr(
         trials_module,
-        "try_candidate",
-        lambda name, job, seed, steps, stop_s: Trial(
-            name, [fake[name]] * steps, phases={"steps_s": 1.0}
+        "spmm_trials",
+        lambda names, job, seed, steps: (
+            [Trial(n, [fake[n]], phases={"steps_s": 1.0}) for n in names],
+            {},
         ),
     )
     asked = ModeChoice("leo", "leo", spmm_trials=list(fake))
