@@ -14,7 +14,8 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -48,6 +49,10 @@ TIE = 0.03
 # of a small graph is milliseconds, where another process's time slice is noise.
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
+# The SpMM variants' passes (each call's fastest counts, so a time slice lost to another
+# process spoils one call of one pass, not the sum) need less: a step's SpMMs can be
+# milliseconds of it.
+MIN_SPMM_S = 0.1
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
 NO_SLABS = "no x of this run is wider than the cache share (it would run as torch)"
 NO_LIBRARY = "LEO's CPU library is not loaded on every rank"
@@ -127,24 +132,15 @@ def measure(
     trials: list[Trial] = []
     job: Job | None = None
     first_error: BaseException | None = None
-    for name in names:
-        start = time.perf_counter()
-        job = None
-        gc.collect()  # the previous candidate's buffers and segments go before the next's
-        freed = time.perf_counter()
-        job, error = built(build, name)
-        failed = failures(error)
-        phases = {"free_s": freed - start, "build_s": time.perf_counter() - freed}
-        if failed is not None:
-            first_error = first_error or error
+    with frozen_heap():
+        for name in names:
+            start = time.perf_counter()
             job = None
-            trials.append(Trial(name, [], failed=failed, phases=phases))
-            continue
-        assert job is not None
-        best = min((t for t in trials if t.median_s is not None), key=lambda t: t.median_s or 0.0,
-                   default=None)  # fmt: skip
-        trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
-        trials.append(replace(trial, phases=phases | trial.phases))
+            gc.collect()  # the previous candidate's buffers and segments go before the next's
+            freed = {"free_s": time.perf_counter() - start}
+            job, trial, error = one_trial(name, build, seed, steps, trials)
+            trials.append(replace(trial, phases=freed | trial.phases))
+            first_error = first_error or error
     torch.set_rng_state(rng)
     assert trials, "no candidate to try"
     if all(t.failed is not None for t in trials):
@@ -152,6 +148,36 @@ def measure(
             raise first_error
         raise LeoError(f"no candidate of pipeline.mode=auto could be built: {trials[0].failed}")
     return trials, job
+
+
+def one_trial(
+    name: str, build: Callable[[str], Job], seed: int, steps: int, trials: list[Trial]
+) -> tuple[Job | None, Trial, BaseException | None]:
+    """`name` built and tried after `trials`: its job (None where it failed), its trial and
+    the error that kept it from being built."""
+    start = time.perf_counter()
+    job, error = built(build, name)
+    failed = failures(error)
+    phases = {"build_s": time.perf_counter() - start}
+    if failed is not None:
+        return None, Trial(name, [], failed=failed, phases=phases), error
+    assert job is not None
+    done = [t for t in trials if t.median_s is not None]
+    best = min(done, key=lambda t: t.median_s or 0.0, default=None)
+    trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
+    return job, replace(trial, phases=phases | trial.phases), None
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The objects alive before the trials left out of the collections between them
+    (`gc.freeze`): a full collection walks every object of the process (0.2 s with torch
+    loaded, before each candidate), while what a candidate leaves behind is its own."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def built(build: Callable[[str], Job], name: str) -> tuple[Job | None, BaseException | None]:
@@ -249,7 +275,8 @@ def train_winner(
         laps.lap("choose_s")
         return last, run_cfg, chosen
     del last
-    gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
+    with frozen_heap():
+        gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
     laps.lap("choose_s")
     return build(run_cfg, laps), run_cfg, chosen
 
@@ -259,7 +286,7 @@ def spmm_trials(
 ) -> tuple[list[Trial], dict[str, str]]:
     """Each CPU SpMM variant timed on `job`'s own SpMMs (kernels/spmm_calls.py): one step
     records them, forward and backward, then every variant runs them again (`steps` passes,
-    more while under `MIN_TRIAL_S`); a variant's time is the slowest rank's seconds of SpMM
+    more while under `MIN_SPMM_S`); a variant's time is the slowest rank's seconds of SpMM
     in one step. A `torch-slabs` that would cut no x into slabs on any rank is left out (it
     runs as `torch`), with a note. The variant in use is left as it was."""
     before = variants.cpu_spmm()
@@ -293,7 +320,7 @@ def spmm_trials(
 def spmm_trial(name: str, replay: spmm_calls.Replay, steps: int, phases: dict[str, float]) -> Trial:
     """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds."""
     start = time.perf_counter()
-    mine, passes = replay.time(steps, MIN_TRIAL_S, MAX_TRIAL_STEPS)
+    mine, passes = replay.time(steps, MIN_SPMM_S, MAX_TRIAL_STEPS)
     seconds = float(all_reduce_(torch.tensor([mine], dtype=torch.float64), op="max").item())
     spent = {"steps_s": time.perf_counter() - start, "passes": float(passes)}
     return Trial(name, [seconds], phases=phases | spent)
