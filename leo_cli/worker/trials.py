@@ -40,7 +40,8 @@ from leo_cli.worker.step import Job, train_step
 
 # A candidate whose first timed step takes this many times the best median so far stops there
 # at the most (a judgement: repeated steps of one candidate spread by up to 15% on a busy
-# 2-core host); where the best's own steps spread less, it stops sooner (`stop_at`).
+# 2-core host); where the best's own slowest step is closer to its median, it stops sooner
+# (`stop_at`).
 STOP = 1.3
 # Candidates within this fraction of the fastest median count as tied: the one with the
 # smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
@@ -82,13 +83,14 @@ class Trial:
 
     @property
     def stop_at(self) -> float | None:
-        """The first step past which a later candidate stops: this trial's median times one
-        plus its steps' spread (at least twice `TIE`, at most `STOP`)."""
+        """The first step past which a later candidate stops: this trial's slowest step (a
+        candidate as fast as this one steps within this one's range), as a multiple of its
+        median at least one plus twice `TIE` and at most `STOP`."""
         median = self.median_s
         if median is None:
             return None
-        spread = (max(self.steps_s) - min(self.steps_s)) / median if median > 0 else 0.0
-        return median * min(STOP, 1 + max(2 * TIE, spread))
+        over = max(self.steps_s) / median - 1 if median > 0 else 0.0
+        return median * min(STOP, 1 + max(2 * TIE, over))
 
 
 def trial_step(job: Job, seed: int) -> float:
