@@ -45,3 +45,24 @@ def test_a_replay_times_every_call_and_leaves_the_rng(
         variants.set_cpu_spmm(variants.AUTO)
     assert seconds > 0 and passes == 2 and torch.equal(torch.get_rng_state(), rng)
     assert replay.time(1, min_s=1e9, max_passes=3)[1] == 3  # more passes while short
+
+
+def test_the_static_aggregate_uses_the_rules_variant_whatever_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Made once before `auto`'s trials choose the SpMM, the static aggregate must be made by
+    the same variant in a run that sets one by name, or the two runs differ in the last bit."""
+    from leo_cli.comm import levels
+
+    used: list[str] = []
+    spmm = kernels.spmm
+    monkeypatch.setattr(kernels, "spmm", lambda *a: used.append(variants.cpu_spmm()) or spmm(*a))
+    csr = random_csr(600, 600, 3000, seed=5)
+    x = torch.randn(600, 8)
+    variants.set_cpu_spmm(variants.TORCH)
+    try:
+        out = levels.static_aggregate(csr, None, x, distributed=False)  # type: ignore[arg-type]
+        assert variants.cpu_spmm() == variants.TORCH  # as it was
+    finally:
+        variants.set_cpu_spmm(variants.AUTO)
+    assert used == [variants.AUTO] and out.shape == (600, 8)
