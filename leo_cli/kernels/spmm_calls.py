@@ -14,7 +14,7 @@ Shape suffixes: E edges, C columns of a CSR, F features.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -95,14 +95,23 @@ class Replay:
             seconds.append(time.perf_counter() - start)
         return seconds
 
-    def time(self, passes: int, min_s: float = 0.0, max_passes: int = 20) -> tuple[float, int]:
+    def time(
+        self,
+        passes: int,
+        min_s: float = 0.0,
+        max_passes: int = 20,
+        stop: Callable[[float], bool] = lambda first_s: False,
+    ) -> tuple[float, int]:
         """The calls' SpMM seconds under the variant in use (the sum of each call's fastest
         pass) over `passes` passes, more while they add up to under `min_s` (at most
-        `max_passes`); and the passes made."""
+        `max_passes`), or the first pass alone where `stop` says so of its seconds; and the
+        passes made."""
         fastest: list[float] | None = None
         done, spent = 0, 0.0
         while done < passes or (spent < min_s and done < max_passes):
             seconds = self.one_pass()
             fastest = seconds if fastest is None else list(map(min, fastest, seconds))
             done, spent = done + 1, spent + sum(seconds)
+            if done == 1 and stop(spent):
+                break
         return sum(fastest or []), done

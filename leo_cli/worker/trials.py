@@ -312,20 +312,38 @@ def spmm_trials(
             if name == variants.TORCH_SLABS and not slabbed:
                 notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_SLABS}"
                 continue
-            trials.append(spmm_trial(name, replay, steps, recorded if not trials else {}))
+            best = min((t.median_s for t in trials if t.median_s is not None), default=None)
+            phases = recorded if not trials else {}
+            trials.append(spmm_trial(name, replay, steps, phases, best))
     finally:
         variants.set_cpu_spmm(before)
         torch.set_rng_state(rng)
     return trials, notes
 
 
-def spmm_trial(name: str, replay: spmm_calls.Replay, steps: int, phases: dict[str, float]) -> Trial:
-    """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds."""
+def spmm_trial(
+    name: str,
+    replay: spmm_calls.Replay,
+    steps: int,
+    phases: dict[str, float],
+    best_s: float | None = None,
+) -> Trial:
+    """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds;
+    stopped after its first pass where that pass took over `STOP` times the best variant's
+    seconds so far (`best_s`) on the slowest rank (every rank stops alike)."""
+
+    def far_off(first_s: float) -> bool:
+        if best_s is None:
+            return False
+        slowest = all_reduce_(torch.tensor([first_s], dtype=torch.float64), op="max").item()
+        return bool(slowest > STOP * best_s)
+
     start = time.perf_counter()
-    mine, passes = replay.time(steps, MIN_SPMM_S, MAX_TRIAL_STEPS)
+    mine, passes = replay.time(steps, MIN_SPMM_S, MAX_TRIAL_STEPS, far_off)
     seconds = float(all_reduce_(torch.tensor([mine], dtype=torch.float64), op="max").item())
     spent = {"steps_s": time.perf_counter() - start, "passes": float(passes)}
-    return Trial(name, [seconds], phases=phases | spent)
+    stopped = passes == 1 and best_s is not None and seconds > STOP * best_s
+    return Trial(name, [seconds], stopped=stopped, phases=phases | spent)
 
 
 def agreed(mine: bool) -> bool:
@@ -351,6 +369,9 @@ def choose_spmm(
     here on) and return the config and the choice with it; rank 0 records them. `laps` gets
     the trials as `choose_s`."""
     trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
+    for t in trials:
+        if t.stopped:
+            notes[f"{SPMM_NOTE}{t.name}"] = f"stopped after its first pass: {t.steps_s[0]:.3f} s"
     chosen = replace(choice, spmm_trials=[], notes={**choice.notes, **notes})
     if trials:  # (none where a step makes no CPU SpMM: the variant stays as set)
         won, rule = winner(trials, {})
