@@ -22,6 +22,7 @@ from leo_cli.comm.dist import all_reduce_
 from leo_cli.comm.exchange import CommStats, HaloPlan, distinct_rows, fetch_halo
 from leo_cli.comm.inplace import InPlace, build_in_place, same_host_ranks
 from leo_cli.comm.views import IN_PLACE, L1, L2, L3, halo_owner, level_view, remap_plan
+from leo_cli.kernels import variants
 from leo_cli.kernels.csr import with_built_transpose
 from leo_cli.registry import Mode
 
@@ -197,9 +198,12 @@ def build_levels(
 @torch.no_grad()
 def static_aggregate(adj: kernels.CSR, plan: HaloPlan, x_NF: Tensor, distributed: bool) -> Tensor:
     """`Â·X` of the inner rows, the halo's input rows fetched first where `distributed`
-    (collective: every worker calls it at the same point)."""
+    (collective: every worker calls it at the same point). Always with the rule's CPU SpMM
+    (`pipeline.spmm=auto` untried): it is made once, before `auto`'s trials choose the
+    variant, so a run whose variant they choose holds the bits of one that sets it by name."""
     full = torch.cat([x_NF, fetch_halo(x_NF, plan)]) if distributed else x_NF
-    return kernels.spmm(adj, full)
+    with variants.serving(variants.AUTO):
+        return kernels.spmm(adj, full)
 
 
 def _in_place(

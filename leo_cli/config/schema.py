@@ -411,9 +411,10 @@ class PipelineConfig(Section):
     spmm: Literal["auto", "leo", "torch", "torch-slabs"] = "auto"
     """Which sparse-dense product serves CPU tensors (kernels/variants.py): `auto` (under
     `choose=measure`, also with one worker or a mode set by name: the workers time the
-    variants that apply for `trial_steps` steps each before the first epoch and train the
-    fastest, kept as wisdom like `auto`'s mode; under `estimate`: LEO's where its CPU library
-    is loaded, else torch's, in column slabs for a process alone on its host), `leo` (LEO's CPU
+    variants that apply on the SpMMs one step makes, `trial_steps` passes each, before the
+    first epoch and train the fastest, kept as wisdom like `auto`'s mode; under `estimate`:
+    LEO's where its CPU library is loaded, else torch's, in column slabs for a process alone
+    on its host), `leo` (LEO's CPU
     SpMM: its library must load), `torch` (torch's CSR SpMM, MKL's where torch has it) or
     `torch-slabs` (torch's in column slabs that fit the last-level cache). Every variant
     computes the same sums up to their order. GPU tensors use the CUDA kernels whatever it

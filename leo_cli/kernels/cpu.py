@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from leo_cli.errors import KernelError
-from leo_cli.kernels import ops, stamp, variants
+from leo_cli.kernels import ops, spmm_calls, stamp, variants
 from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
 
 LIBRARY = "_leo_cpu.so"
@@ -135,8 +135,9 @@ def loaded() -> Path | None:
 def _spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int) -> Tensor:
     """A @ x with the library's kernel, in the compute dtype (float32 for low precision); with
     torch's where the variant in use says so (`variants.py`)."""
+    spmm_calls.note(indptr, indices, x, num_rows)
     if variants.uses_torch():
-        return ops._csr_matmul(indptr, indices, values, x, num_rows)
+        return ops._csr_matmul(indptr, indices, values, x, num_rows, noted=True)
     dtype = _compute_dtype(x.dtype)
     out: Tensor = torch.ops.leo_cpu.spmm_csr(
         indptr, indices, values.to(dtype), x.to(dtype), num_rows

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leo_cli.kernels import variants
+from leo_cli.kernels import spmm_calls, variants
 from leo_cli.kernels.backend import require_cpu_kernels, require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 from leo_cli.kernels.slabs import slab_width
@@ -54,12 +54,19 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _csr_matmul(
-    indptr: Tensor, indices: Tensor, values_E: Tensor, x_CF: Tensor, num_rows: int
+    indptr: Tensor,
+    indices: Tensor,
+    values_E: Tensor,
+    x_CF: Tensor,
+    num_rows: int,
+    noted: bool = False,
 ) -> Tensor:
     """A @ x in the compute dtype, with torch's CSR kernel (MKL on the CPU, cuSPARSE on GPUs);
     on the CPU in column slabs when x is larger than the cache (`slab_width`) as the variant
     in use says (`variants.py`: `auto` for a process alone on its host, `torch-slabs` always,
-    `torch` never)."""
+    `torch` never). `noted`: the caller has told `spmm_calls` of this product already."""
+    if not noted:
+        spmm_calls.note(indptr, indices, x_CF, num_rows)
     dtype = _compute_dtype(x_CF.dtype)
     adj = torch.sparse_csr_tensor(
         indptr,

@@ -12,6 +12,9 @@ row's sum by the width it computes; the test tolerance of tests/kernels/test_sla
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from leo_cli.errors import KernelError
 
 AUTO = "auto"
@@ -41,6 +44,17 @@ def set_cpu_spmm(name: str) -> None:
             f"({cpu.unbuilt_reason()}); set pipeline.spmm=auto or torch"
         )
     _current = name
+
+
+@contextmanager
+def serving(name: str) -> Iterator[None]:
+    """`with serving(name):` CPU SpMMs inside use `name`; the variant before, after."""
+    before = _current
+    set_cpu_spmm(name)
+    try:
+        yield
+    finally:
+        set_cpu_spmm(before)
 
 
 def cpu_spmm() -> str:

@@ -61,7 +61,10 @@ from leo_cli.planner.plot import plot_plan
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.profile.store import (
     allocator_tag,
+    busy_cache,
     busy_note,
+    busy_now,
+    busy_reuse_note,
     fits_nodes,
     load_limit,
     machine_cache,
@@ -222,13 +225,14 @@ def new_profile(
     one node, in this machine's store for later runs."""
     with stage(progress, "probe"):
         hw = run_probe(cfg, run_dir, quick=quick_probe())
-    if hw.load is not None and hw.load.high(load_limit()):
+    busy = hw.load is not None and hw.load.high(load_limit())
+    if busy and hw.load is not None:
         print(busy_note(hw.load, run_dir), file=sys.stderr)
-        return hw  # kept in the run folder only
     if cfg.launch.nnodes > 1:
         return hw  # several machines: the run folder's alone
+    store = machine_cache(num_workers, placement(cfg), cfg.run.cache_dir)
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
-        hw.write(machine_cache(num_workers, placement(cfg), cfg.run.cache_dir))
+        hw.write(busy_cache(store) if busy else store)  # busy: for busy times only
     return hw
 
 
@@ -253,6 +257,13 @@ def find_profile(
     if machine is not None and matches(machine, num_workers, threads):
         machine.write(RunDir(run_dir).hardware)
         return machine
+    busy = None if reprobe else saved_profile(busy_cache(store))
+    if busy is not None and matches(busy, num_workers, threads):
+        load = busy_now()  # a probe now would be taken under load as well
+        if load is not None:
+            print(busy_reuse_note(load, busy_cache(store)), file=sys.stderr)
+            busy.write(RunDir(run_dir).hardware)
+            return busy
     if cfg.launch.device == "cuda" or (cfg.launch.device == "auto" and torch.cuda.is_available()):
         print(
             "warning: the hardware probe measures CPU kernels and the process group on the "

@@ -14,7 +14,8 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -23,9 +24,10 @@ import torch.distributed as dist
 from leo_cli.comm.dist import all_gather_, all_reduce_
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import KernelError, LeoError
-from leo_cli.kernels import variants
+from leo_cli.kernels import spmm_calls, variants
 from leo_cli.planner.auto_mode import (
     MEASURED,
+    SPMM_NOTE,
     ModeChoice,
     parse_candidate,
     with_choice,
@@ -38,7 +40,8 @@ from leo_cli.worker.step import Job, train_step
 
 # A candidate whose first timed step takes this many times the best median so far stops there
 # at the most (a judgement: repeated steps of one candidate spread by up to 15% on a busy
-# 2-core host); where the best's own steps spread less, it stops sooner (`stop_at`).
+# 2-core host); where the best's own slowest step is closer to its median, it stops sooner
+# (`stop_at`).
 STOP = 1.3
 # Candidates within this fraction of the fastest median count as tied: the one with the
 # smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
@@ -47,8 +50,14 @@ TIE = 0.03
 # of a small graph is milliseconds, where another process's time slice is noise.
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
+# The SpMM variants' passes (each call's fastest counts, so a time slice lost to another
+# process spoils one call of one pass, not the sum) need less: a step's SpMMs can be
+# milliseconds of it.
+MIN_SPMM_S = 0.1
 TRIAL_EPOCH = 1  # the masks of the first epoch (any epoch draws alike; no state is kept)
 NO_SLABS = "no x of this run is wider than the cache share (it would run as torch)"
+NO_LIBRARY = "LEO's CPU library is not loaded on every rank"
+NO_SPMM = "no CPU SpMM in this run's step (every variant runs alike)"
 # What a candidate's assembly may raise and be skipped for (the others are still tried):
 # a user-facing refusal (/dev/shm too small, ...) or memory running out.
 SKIPPED = (LeoError, MemoryError)
@@ -74,13 +83,14 @@ class Trial:
 
     @property
     def stop_at(self) -> float | None:
-        """The first step past which a later candidate stops: this trial's median times one
-        plus its steps' spread (at least twice `TIE`, at most `STOP`)."""
+        """The first step past which a later candidate stops: this trial's slowest step (a
+        candidate as fast as this one steps within this one's range), as a multiple of its
+        median at least one plus twice `TIE` and at most `STOP`."""
         median = self.median_s
         if median is None:
             return None
-        spread = (max(self.steps_s) - min(self.steps_s)) / median if median > 0 else 0.0
-        return median * min(STOP, 1 + max(2 * TIE, spread))
+        over = max(self.steps_s) / median - 1 if median > 0 else 0.0
+        return median * min(STOP, 1 + max(2 * TIE, over))
 
 
 def trial_step(job: Job, seed: int) -> float:
@@ -124,24 +134,15 @@ def measure(
     trials: list[Trial] = []
     job: Job | None = None
     first_error: BaseException | None = None
-    for name in names:
-        start = time.perf_counter()
-        job = None
-        gc.collect()  # the previous candidate's buffers and segments go before the next's
-        freed = time.perf_counter()
-        job, error = built(build, name)
-        failed = failures(error)
-        phases = {"free_s": freed - start, "build_s": time.perf_counter() - freed}
-        if failed is not None:
-            first_error = first_error or error
+    with frozen_heap():
+        for name in names:
+            start = time.perf_counter()
             job = None
-            trials.append(Trial(name, [], failed=failed, phases=phases))
-            continue
-        assert job is not None
-        best = min((t for t in trials if t.median_s is not None), key=lambda t: t.median_s or 0.0,
-                   default=None)  # fmt: skip
-        trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
-        trials.append(replace(trial, phases=phases | trial.phases))
+            gc.collect()  # the previous candidate's buffers and segments go before the next's
+            freed = {"free_s": time.perf_counter() - start}
+            job, trial, error = one_trial(name, build, seed, steps, trials)
+            trials.append(replace(trial, phases=freed | trial.phases))
+            first_error = first_error or error
     torch.set_rng_state(rng)
     assert trials, "no candidate to try"
     if all(t.failed is not None for t in trials):
@@ -149,6 +150,36 @@ def measure(
             raise first_error
         raise LeoError(f"no candidate of pipeline.mode=auto could be built: {trials[0].failed}")
     return trials, job
+
+
+def one_trial(
+    name: str, build: Callable[[str], Job], seed: int, steps: int, trials: list[Trial]
+) -> tuple[Job | None, Trial, BaseException | None]:
+    """`name` built and tried after `trials`: its job (None where it failed), its trial and
+    the error that kept it from being built."""
+    start = time.perf_counter()
+    job, error = built(build, name)
+    failed = failures(error)
+    phases = {"build_s": time.perf_counter() - start}
+    if failed is not None:
+        return None, Trial(name, [], failed=failed, phases=phases), error
+    assert job is not None
+    done = [t for t in trials if t.median_s is not None]
+    best = min(done, key=lambda t: t.median_s or 0.0, default=None)
+    trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
+    return job, replace(trial, phases=phases | trial.phases), None
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The objects alive before the trials left out of the collections between them
+    (`gc.freeze`): a full collection walks every object of the process (0.2 s with torch
+    loaded, before each candidate), while what a candidate leaves behind is its own."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def built(build: Callable[[str], Job], name: str) -> tuple[Job | None, BaseException | None]:
@@ -246,7 +277,8 @@ def train_winner(
         laps.lap("choose_s")
         return last, run_cfg, chosen
     del last
-    gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
+    with frozen_heap():
+        gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
     laps.lap("choose_s")
     return build(run_cfg, laps), run_cfg, chosen
 
@@ -254,29 +286,69 @@ def train_winner(
 def spmm_trials(
     names: list[str], job: Job, seed: int, steps: int
 ) -> tuple[list[Trial], dict[str, str]]:
-    """Each CPU SpMM variant timed on `job` (kernels/variants.py), as `measure` times modes;
-    a `torch-slabs` whose warm-up cut no x into slabs on any rank is left out (it runs as
-    `torch`), with a note. The variant in use is left as it was."""
+    """Each CPU SpMM variant timed on `job`'s own SpMMs (kernels/spmm_calls.py): one step
+    records them, forward and backward, then every variant runs them again (`steps` passes,
+    more while under `MIN_SPMM_S`); a variant's time is the slowest rank's seconds of SpMM
+    in one step. A `torch-slabs` that would cut no x into slabs on any rank is left out (it
+    runs as `torch`), with a note. The variant in use is left as it was."""
     before = variants.cpu_spmm()
     rng = torch.get_rng_state()
     trials: list[Trial] = []
     notes: dict[str, str] = {}
+    start = time.perf_counter()
     try:
+        with spmm_calls.recording() as calls:
+            trial_step(job, seed)
+        recorded = {"record_s": time.perf_counter() - start}
+        if not agreed(bool(calls)):
+            notes.update({f"{SPMM_NOTE}{n}": f"not tried: {NO_SPMM}" for n in names})
+            return trials, notes
+        slabbed = agreed(any(c.slabbed() for c in calls))
+        replay = spmm_calls.Replay(calls)
         for name in names:
             if not usable(name):
-                notes[f"spmm={name}"] = "not tried: LEO's CPU library is not loaded on every rank"
+                notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_LIBRARY}"
                 continue
-            if name == variants.TORCH_SLABS and not slabs_anywhere(job, seed):
-                notes[f"spmm={name}"] = f"not tried: {NO_SLABS}"
+            if name == variants.TORCH_SLABS and not slabbed:
+                notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_SLABS}"
                 continue
-            done = [t for t in trials if t.median_s is not None]
-            best = min(done, key=lambda t: t.median_s or 0.0, default=None)
-            stop_s = None if best is None else best.stop_at
-            trials.append(try_candidate(name, job, seed, steps, stop_s))
+            best = min((t.median_s for t in trials if t.median_s is not None), default=None)
+            phases = recorded if not trials else {}
+            trials.append(spmm_trial(name, replay, steps, phases, best))
     finally:
         variants.set_cpu_spmm(before)
         torch.set_rng_state(rng)
     return trials, notes
+
+
+def spmm_trial(
+    name: str,
+    replay: spmm_calls.Replay,
+    steps: int,
+    phases: dict[str, float],
+    best_s: float | None = None,
+) -> Trial:
+    """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds;
+    stopped after its first pass where that pass took over `STOP` times the best variant's
+    seconds so far (`best_s`) on the slowest rank (every rank stops alike)."""
+
+    def far_off(first_s: float) -> bool:
+        if best_s is None:
+            return False
+        slowest = all_reduce_(torch.tensor([first_s], dtype=torch.float64), op="max").item()
+        return bool(slowest > STOP * best_s)
+
+    start = time.perf_counter()
+    mine, passes = replay.time(steps, MIN_SPMM_S, MAX_TRIAL_STEPS, far_off)
+    seconds = float(all_reduce_(torch.tensor([mine], dtype=torch.float64), op="max").item())
+    spent = {"steps_s": time.perf_counter() - start, "passes": float(passes)}
+    stopped = passes == 1 and best_s is not None and seconds > STOP * best_s
+    return Trial(name, [seconds], stopped=stopped, phases=phases | spent)
+
+
+def agreed(mine: bool) -> bool:
+    """Whether `mine` holds on some rank (every rank learns it alike)."""
+    return bool(all_reduce_(torch.tensor([int(mine)], dtype=torch.int64), op="max").item())
 
 
 def usable(name: str) -> bool:
@@ -284,18 +356,10 @@ def usable(name: str) -> bool:
     it was (agreed by every rank, so every rank skips it alike)."""
     try:
         variants.set_cpu_spmm(name)
-        failed = 0
+        failed = False
     except KernelError:
-        failed = 1
-    return not all_reduce_(torch.tensor([failed], dtype=torch.int64), op="max").item()
-
-
-def slabs_anywhere(job: Job, seed: int) -> bool:
-    """Whether a step (the warm-up of a `torch-slabs` trial) cut x into slabs on some rank."""
-    variants.slabs_taken(reset=True)
-    trial_step(job, seed)
-    taken = torch.tensor([int(variants.slabs_taken(reset=True))], dtype=torch.int64)
-    return bool(all_reduce_(taken, op="max").item())
+        failed = True
+    return not agreed(failed)
 
 
 def choose_spmm(
@@ -305,16 +369,19 @@ def choose_spmm(
     here on) and return the config and the choice with it; rank 0 records them. `laps` gets
     the trials as `choose_s`."""
     trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
-    won, rule = winner(trials, {})
-    variants.set_cpu_spmm(won.name)
     for t in trials:
         if t.stopped:
-            notes[f"spmm={t.name}"] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
-    chosen = replace(
-        choice, spmm=won.name, spmm_rule=rule, spmm_trials=[], notes={**choice.notes, **notes},
-        spmm_measured_s={t.name: t.median_s for t in trials},
-        trial_s={**choice.trial_s, **{f"spmm={t.name}": rounded(t.phases) for t in trials}},
-    )  # fmt: skip
+            notes[f"{SPMM_NOTE}{t.name}"] = f"stopped after its first pass: {t.steps_s[0]:.3f} s"
+    chosen = replace(choice, spmm_trials=[], notes={**choice.notes, **notes})
+    if trials:  # (none where a step makes no CPU SpMM: the variant stays as set)
+        won, rule = winner(trials, {})
+        variants.set_cpu_spmm(won.name)
+        chosen = replace(
+            chosen, spmm=won.name, spmm_rule=rule,
+            spmm_measured_s={t.name: t.median_s for t in trials},
+            trial_s={**choice.trial_s, **{f"{SPMM_NOTE}{t.name}": rounded(t.phases)
+                                          for t in trials}},
+        )  # fmt: skip
     run_cfg = with_choice(cfg, chosen)
     if rank == 0:
         record(run, run_cfg, chosen)

@@ -1,5 +1,6 @@
-"""The plan stage: a probe taken under load stays in the run folder, --force probes and plans
-again whatever is on disk, and a plan edited past its run's bounds is refused."""
+"""The plan stage: a probe taken under load stays in the run folder and serves other runs only
+while the machine is busy too, --force probes and plans again whatever is on disk, and a plan
+edited past its run's bounds is refused."""
 
 from __future__ import annotations
 
@@ -68,12 +69,39 @@ def test_probe_under_load_is_kept_in_the_run_folder_only(
     cfg = load_config(None, [f"run.out_dir={run}"])
     hw = plan_stage.hardware_profile(cfg, run, None, num_workers=2)
     assert hw.load is not None and (run / HARDWARE_FILE).is_file()
-    assert not (tmp_path / "machine").exists()  # not saved for later runs
+    saved = [p.name for p in (tmp_path / "machine").iterdir()]
+    assert len(saved) == 1 and saved[0].endswith("-busy.json")  # not the machine's profile
     err = " ".join(capsys.readouterr().err.split())
     assert "1.4 of 2 cores busy" in err and str(run / HARDWARE_FILE) in err and "--force" in err
     monkeypatch.setenv("LEO_PROBE_LOAD_LIMIT", "1.0")  # a machine always shared accepts it
     plan_stage.hardware_profile(cfg, tmp_path / "other", None, num_workers=2)
-    assert len(list((tmp_path / "machine").iterdir())) == 1
+    assert len(list((tmp_path / "machine").iterdir())) == 2
+
+
+def test_a_busy_profile_serves_later_runs_while_the_machine_stays_busy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    probes: list[Path],
+) -> None:
+    """Probed under load, a profile is kept beside the machine's store: a later run reuses it
+    while other processes keep the machine busy (the same profile, so the same plan and the
+    trials' wisdom), and probes again on a quiet machine."""
+    monkeypatch.delenv("LEO_PROBE_LOAD_LIMIT")
+    busy = ProbeLoad(load_avg_1m=4.0, other_cpu=1.2, num_cpus=2)
+    monkeypatch.setattr(plan_stage, "busy_now", lambda: busy)
+    cfg = load_config(None, [f"run.out_dir={tmp_path / 'a'}"])
+    first = plan_stage.hardware_profile(cfg, tmp_path / "a", None, num_workers=2)
+    capsys.readouterr()
+    again = plan_stage.hardware_profile(cfg, tmp_path / "b", None, num_workers=2)
+    assert probes == [tmp_path / "a"] and again.fingerprint() == first.fingerprint()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1.2 of 2 cores busy" in err and "measured under load too" in err
+    assert (tmp_path / "b" / HARDWARE_FILE).is_file()
+    monkeypatch.setattr(plan_stage, "busy_now", lambda: None)  # quiet now: measured again
+    plan_stage.hardware_profile(cfg, tmp_path / "c", None, num_workers=2)
+    assert probes == [tmp_path / "a", tmp_path / "c"]
+    assert [p.name.endswith("-busy.json") for p in (tmp_path / "machine").iterdir()] == [True]
 
 
 def test_force_probes_again_despite_saved_profiles(

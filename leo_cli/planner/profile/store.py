@@ -1,13 +1,17 @@
 """The hardware profile store: where a profile is kept between runs and when one may be
 reused (measured here, with this torch and kernels, as many workers, threads, placement and
 allocator),
-and the load rule that keeps a profile measured on a busy machine out of the store.
+and the load rule that keeps a profile measured on a busy machine out of the store: such a
+profile is kept beside it (`busy_cache`) and serves later runs only while the machine is
+busy too (`busy_now`), so runs on a machine that stays shared plan alike (and reuse their
+trials' wisdom) instead of probing, and so planning, anew each time.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import torch
@@ -18,6 +22,7 @@ from leo_cli.harness.placement import affinity_tag
 from leo_cli.harness.process import LINKS_ENV
 from leo_cli.kernels import backend_name
 from leo_cli.planner.profile.hardware import HIGH_LOAD_SHARE, HardwareProfile, ProbeLoad
+from leo_cli.planner.profile.machine_load import LoadMeter
 from leo_cli.run_dir import RunDir
 
 
@@ -37,6 +42,23 @@ def machine_cache(num_workers: int, threads: str, cache_dir: Path | None = None)
         f"{quick}.json"
     )
     return Path(root) / name
+
+
+def busy_cache(store: Path) -> Path:
+    """Where the profile of a probe taken under load is kept beside `store`'s."""
+    return store.with_name(f"{store.stem}-busy{store.suffix}")
+
+
+BUSY_SAMPLE_S = 0.5  # how long `busy_now` watches the machine
+
+
+def busy_now(seconds: float = BUSY_SAMPLE_S) -> ProbeLoad | None:
+    """The other processes' load over the next `seconds` where it is over `load_limit` (as a
+    probe's would be judged), else None."""
+    with LoadMeter() as meter:
+        time.sleep(seconds)
+    load = meter.result()
+    return load if load.high(load_limit()) else None
 
 
 def placement_of(hw: HardwareProfile) -> str:
@@ -159,6 +181,15 @@ def busy_note(load: ProbeLoad, run_dir: Path) -> str:
     )
     return (
         f"note: {what} while the hardware probe ran, so its rates are this machine's under "
-        f"load: kept in {RunDir(run_dir).hardware} only, not saved for later runs; probe again "
-        "on a quiet machine with `leo profile-cache --force`."
+        f"load: kept in {RunDir(run_dir).hardware}, and for later runs only while the machine "
+        "is busy too; probe again on a quiet machine with `leo profile-cache --force`."
+    )
+
+
+def busy_reuse_note(load: ProbeLoad, path: Path) -> str:
+    """The sentence for a later run that reuses a profile measured under load."""
+    return (
+        f"note: other processes keep {load.other_cpu or load.load_avg_1m:.1f} of "
+        f"{load.num_cpus} cores busy, so this run reuses {path}, measured under load too "
+        "(probe again on a quiet machine with `leo profile-cache --force`)."
     )
