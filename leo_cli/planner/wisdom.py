@@ -148,8 +148,11 @@ def read_wisdom(path: Path, names: list[str], variants: list[str] | None = None)
     steps = [t for t in every if t is not None]
     if names and (wisdom.winner not in names or wisdom.measured_s.get(wisdom.winner) is None):
         raise CacheError(f"{path} names a winner ({wisdom.winner!r}) that was not measured here")
-    if variants and (
-        wisdom.spmm not in variants or wisdom.spmm_measured_s.get(wisdom.spmm) is None
+    # (no variant measured: the step made no CPU SpMM, and the variant stayed as set)
+    if (
+        variants
+        and wisdom.spmm_measured_s
+        and (wisdom.spmm not in variants or wisdom.spmm_measured_s.get(wisdom.spmm) is None)
     ):
         raise CacheError(f"{path} names an SpMM ({wisdom.spmm!r}) that was not measured here")
     if not all(0 < t < math.inf for t in steps):

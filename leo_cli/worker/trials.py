@@ -170,16 +170,24 @@ def one_trial(
     return job, replace(trial, phases=phases | trial.phases), None
 
 
+_FROZEN = [0]  # how many `frozen_heap` blocks are open: the outermost freezes
+
+
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """The objects alive before the trials left out of the collections between them
     (`gc.freeze`): a full collection walks every object of the process (0.2 s with torch
-    loaded, before each candidate), while what a candidate leaves behind is its own."""
-    gc.freeze()
+    loaded, before each candidate), while what a candidate leaves behind is its own. Nested,
+    the outermost block alone freezes (a second freeze would take in what the trials made)."""
+    if _FROZEN[0] == 0:
+        gc.freeze()
+    _FROZEN[0] += 1
     try:
         yield
     finally:
-        gc.unfreeze()
+        _FROZEN[0] -= 1
+        if _FROZEN[0] == 0:
+            gc.unfreeze()
 
 
 def built(build: Callable[[str], Job], name: str) -> tuple[Job | None, BaseException | None]:
@@ -267,17 +275,19 @@ def train_winner(
     def candidate(name: str) -> Job:
         return build(with_mode(cfg, *parse_candidate(name, choice.levels)), None)
 
-    trials, last = measure(choice.trials, candidate, cfg.run.seed, cfg.pipeline.trial_steps)
-    won, rule = winner(trials, choice.buffer_bytes)
-    chosen = measured_choice(choice, trials, won, rule)
-    run_cfg = with_choice(cfg, chosen)
-    if rank == 0:
-        record(run, run_cfg, chosen)
-    if last is not None and won.name == trials[-1].name:
-        laps.lap("choose_s")
-        return last, run_cfg, chosen
-    del last
+    # One freeze over the trials and the last candidate's collection: what the candidates
+    # made stays collectable (a freeze after them would keep the last one's cycles).
     with frozen_heap():
+        trials, last = measure(choice.trials, candidate, cfg.run.seed, cfg.pipeline.trial_steps)
+        won, rule = winner(trials, choice.buffer_bytes)
+        chosen = measured_choice(choice, trials, won, rule)
+        run_cfg = with_choice(cfg, chosen)
+        if rank == 0:
+            record(run, run_cfg, chosen)
+        if last is not None and won.name == trials[-1].name:
+            laps.lap("choose_s")
+            return last, run_cfg, chosen
+        del last
         gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
     laps.lap("choose_s")
     return build(run_cfg, laps), run_cfg, chosen

@@ -58,7 +58,7 @@ def probes(
     return done
 
 
-def test_probe_under_load_is_kept_in_the_run_folder_only(
+def test_probe_under_load_is_kept_as_a_busy_profile_beside_the_quiet_one(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,7 @@ def test_the_spmm_variant_reads_back_and_is_checked(tmp_path: Path) -> None:
         with pytest.raises(CacheError, match=re.escape(needle)):
             read_wisdom(path, [], list(steps))
         write_wisdom(path, wisdom)
+    # A step without a CPU SpMM (GAT's heads) measured no variant: the setting is kept as is.
+    write_wisdom(path, replace(wisdom, spmm="auto", spmm_rule="", spmm_measured_s={}))
+    got = read_wisdom(path, [], list(steps))
+    assert got is not None and (got.spmm, got.spmm_measured_s) == ("auto", {})

@@ -5,6 +5,7 @@ winner then trains, and the levels `pipeline.levels` names stay exact."""
 from __future__ import annotations
 
 import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from leo_cli.worker.trials import (
     TIE,
     Trial,
     choose_spmm,
+    frozen_heap,
     measure,
     measured_choice,
     spmm_trials,
@@ -116,6 +118,24 @@ def test_candidates_are_freed_without_walking_the_objects_alive_before_the_trial
     got, _ = measure(["leo", "blocking"], build, seed=0, steps=2)
     assert all(n > 1000 for n in frozen) and gc.get_freeze_count() == 0
     assert all(t.phases["free_s"] >= 0 and t.phases["build_s"] >= 0 for t in got)
+
+
+def test_a_freeze_over_the_trials_keeps_what_they_made_collectable() -> None:
+    """`train_winner` frees the last candidate inside the freeze the trials ran under: a
+    nested block does not freeze again, which would keep that candidate's cycles."""
+
+    class Cycle:
+        me: Any = None
+
+    with frozen_heap():
+        made = Cycle()
+        made.me = made
+        ref = weakref.ref(made)
+        del made
+        with frozen_heap():
+            gc.collect()
+        assert ref() is None
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_candidate_that_fails_to_build_is_skipped_with_its_reason(
