@@ -420,9 +420,11 @@ class PipelineConfig(Section):
     computes the same sums up to their order. GPU tensors use the CUDA kernels whatever it
     says."""
     trial_steps: int = Field(3, ge=1, le=20)
-    """`choose=measure`: timed forward and backward steps per candidate (after one warm-up
-    step; more while they add up to under 0.5 s, at most 20; a candidate whose first step is
-    far slower than the best so far stops there)."""
+    """`choose=measure`: timed forward and backward steps per mode candidate (after one
+    warm-up step; more while they add up to under 0.5 s, at most 20; a candidate whose first
+    step is slower than the best's slowest stops there), and passes over one step's recorded
+    SpMMs per SpMM variant (more while under 0.1 s; a variant whose first pass is over 1.3x
+    the best's stops there)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
     made for leo as this mode can use it (`planned`; a mode that reads nothing in place

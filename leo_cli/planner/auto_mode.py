@@ -88,7 +88,8 @@ class ModeChoice:
         spmm_rule: why that variant (measured fastest, or kept as wisdom); None: not chosen.
         spmm_trials: the variants the workers are to try on the winner (kernels/variants.py);
             empty once tried or where there is one or none.
-        spmm_measured_s: each variant's median trial step (None: stopped early).
+        spmm_measured_s: each variant's seconds of SpMM in one step, the median pass over the
+            step's recorded SpMMs (None: stopped early).
     """
 
     requested: str
