@@ -54,9 +54,14 @@ def versus(rule: str, steps: Mapping[str, float | None], mine: str) -> str:
         return rule
     others = [(t, n) for n, t in steps.items() if n != mine and t is not None]
     if not others:
-        return f"{rule}, {own:.3f} s"
+        return f"{rule}, {seconds(own)}"
     t, name = min(others)
-    return f"{rule}, {own:.3f} s vs {name} {t:.3f} s"
+    return f"{rule}, {seconds(own)} vs {name} {seconds(t)}"
+
+
+def seconds(t: float) -> str:
+    """`0.123 s`, or `0.45 ms` under 10 ms (a small graph's SpMMs in one step)."""
+    return f"{t:.3f} s" if t >= 0.01 else f"{t * 1e3:.2f} ms"
 
 
 @dataclass(frozen=True)

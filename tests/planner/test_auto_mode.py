@@ -451,3 +451,11 @@ def test_modes_whose_segments_do_not_fit_dev_shm_are_left_out_or_refused(
     assert choose(cfg("pipeline.mode=leo"), fast_shm, world_size=2).mode == "leo"
     two = cfg("launch.nnodes=2", "launch.master_port=29511", "pipeline.mode=shared-memory")
     assert auto_mode.host_shm_bytes(two, fast_shm, "shared-memory") == 40 * 2**20
+
+
+def test_a_choice_says_small_times_in_milliseconds() -> None:
+    from leo_cli.planner.auto_mode import versus
+
+    steps = {"leo": 0.00042, "torch": 0.0031}
+    assert versus("measured fastest", steps, "leo") == "measured fastest, 0.42 ms vs torch 3.10 ms"
+    assert versus("r", {"leo": 0.25}, "leo") == "r, 0.250 s"
