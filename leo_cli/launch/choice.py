@@ -14,7 +14,7 @@ from typing import Any
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.kernels import active_backend
-from leo_cli.launch.stages import CACHE_FOLDER
+from leo_cli.launch.stages import machine_cache_dir
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     SPMM_NOTE,
@@ -88,11 +88,11 @@ SPMM_PREFIX = SPMM_NOTE  # how a variant is named among the wisdom key's candida
 
 
 def wisdom_dir(cfg: LeoConfig, run_dir: Path) -> Path:
-    """The cache that keeps the trials' wisdom and calibration: this machine's (`run.cache_dir`,
-    null: `leo-cache` beside the run folder). On several machines too: node 0 alone chooses
-    the mode and keeps what its workers measured (the key names the machines' link profile),
-    while the partitions and plan stay in the run folder the nodes share."""
-    return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
+    """The cache that keeps the trials' wisdom and calibration: this machine's, on several
+    machines too: node 0 alone chooses the mode and keeps what its workers measured (the key
+    names the machines' link profile), while the partitions and plan stay in the run folder
+    the nodes share."""
+    return machine_cache_dir(cfg, run_dir)
 
 
 def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:

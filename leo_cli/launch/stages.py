@@ -339,8 +339,12 @@ def partition_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path | None:
     """Where the partitions of the run in `run_dir` are kept: `run.cache_dir` (null:
     `leo-cache` beside the run folder); None (inside the run folder) for several machines,
     which share the run folder only."""
-    if cfg.launch.nnodes > 1:
-        return None
+    return None if cfg.launch.nnodes > 1 else machine_cache_dir(cfg, run_dir)
+
+
+def machine_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path:
+    """This machine's cache for the run in `run_dir`: `run.cache_dir`, null: `leo-cache`
+    beside the run folder."""
     return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
 
 
