@@ -111,24 +111,26 @@ def train(
     Raises:
         LeoError: bad input or a failed run (one sentence).
     """
-    from leo_cli.launch.run_folder import dropped_if_empty, for_train
+    from leo_cli.launch import early
+    from leo_cli.launch.run_folder import dropped_if_empty, for_train, machine_cache_dir
     from leo_cli.util.timing import RunTimer, process_start_time
 
     timer = RunTimer(started_at=process_start_time())
     given = resolve(config, overrides)
     cfg = for_train(given, resume, overwrite)  # a refused folder is said without torch
-    from leo_cli.launch.nodes import run_nodes
-    from leo_cli.launch.setup import Ask, run_setup
+    run_dir = cfg.run.folder.resolve()
+    with early.server(cfg, machine_cache_dir(cfg, run_dir)):  # its imports beside ours
+        from leo_cli.launch.nodes import run_nodes
+        from leo_cli.launch.setup import Ask, run_setup
 
-    ask = Ask.train(cfg, resume, allow_inexact, progress, timer, on_start)
-    run_dir = ask.run_dir
-    with dropped_if_empty(run_dir, made=given.run.out_dir is None and not resume):
-        checked = run_setup(ask, last="checks")
-        if cfg.launch.emulate is not None:  # every emulated node runs `leo train` itself
-            flags = ["--resume" if resume else "--overwrite"]
-            run_nodes(cfg, "train", flags + ["--allow-inexact"] * allow_inexact)
-            return RunSummary.read(run_dir)
-        run_setup(ask, done=checked)  # partitions, profile, plan, mode, the workers
+        ask = Ask.train(cfg, resume, allow_inexact, progress, timer, on_start)
+        with dropped_if_empty(run_dir, made=given.run.out_dir is None and not resume):
+            checked = run_setup(ask, last="checks")
+            if cfg.launch.emulate is not None:  # every emulated node runs `leo train` itself
+                flags = ["--resume" if resume else "--overwrite"]
+                run_nodes(cfg, "train", flags + ["--allow-inexact"] * allow_inexact)
+                return RunSummary.read(run_dir)
+            run_setup(ask, done=checked)  # partitions, profile, plan, mode, the workers
     return RunSummary.read(run_dir) if cfg.launch.node_rank == 0 else None
 
 

@@ -15,8 +15,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 from leo_cli.errors import ConfigError
 
 AFFINITY_ENV = "LEO_CPU_AFFINITY"
@@ -91,6 +89,8 @@ def pin_rank(local_rank: int) -> list[int] | None:
     pin_process(cores)
     threads = placement.get("threads") or str(len(cores))
     os.environ["OMP_NUM_THREADS"] = threads
+    import torch  # a rank has it already; the launcher reads AFFINITY_ENV without it
+
     torch.set_num_threads(int(threads))
     return cores
 

@@ -14,7 +14,7 @@ from typing import Any
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.kernels import active_backend
-from leo_cli.launch.stages import machine_cache_dir
+from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     SPMM_NOTE,

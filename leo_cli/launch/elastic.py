@@ -25,6 +25,7 @@ from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig, config_fingerprint
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.harness.placement import AFFINITY_ENV, check_affinity, placement_env
+from leo_cli.launch import early
 from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
 from leo_cli.launch.memory_watch import MemoryWatch
@@ -251,14 +252,16 @@ def worker_module(cfg: LeoConfig) -> str:
     return "leo_cli.elastic.entry" if cfg.launch.elastic() else "leo_cli.worker.entry"
 
 
-def start_early(cfg: LeoConfig) -> None:
+def start_early(cfg: LeoConfig, cache_dir: Path) -> None:
     """Start the server `leo train`'s workers will fork from (launch/preload.py) in the
-    environment `launch_module` gives them, so its imports run beside this process's set-up.
-    A launch in another environment starts another one."""
+    environment `launch_module` gives them, so its imports run beside this process's set-up
+    (kept where launch/early.py started it in that environment), and write that environment
+    down for the next run. A launch in another environment starts another one."""
     if forks_workers():
         os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))  # numpy's too
         with allocator_env(workers_allocator(cfg.launch)):
-            ensure_server(worker_module(cfg))
+            if ensure_server(worker_module(cfg)):
+                early.remember(cache_dir)
 
 
 @contextlib.contextmanager

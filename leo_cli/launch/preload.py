@@ -26,15 +26,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from multiprocessing import forkserver
 from typing import Any
 
-import torch
-
 from leo_cli.comm.segments import JOB_ENV
 from leo_cli.harness.placement import AFFINITY_ENV
-from leo_cli.harness.process import run_started
 from leo_cli.launch.memory_watch import descendants
 
 # Imported by the server: torch.optim imports torch._dynamo at its first use.
@@ -51,21 +48,34 @@ _server: tuple[dict[str, str], tuple[str, ...]] | None = None
 
 def forks_workers() -> bool:
     """Whether workers are forked from the server: torch here is a CPU-only build."""
+    import torch  # this module starts the server without it (launch/early.py)
+
     return torch.version.cuda is None and torch.version.hip is None
 
 
-def ensure_server(module: str) -> bool:
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What of `environ` a server's workers get from the server (the rest they get as they
+    start)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in AFTER_START and not k.startswith(AFTER_START_PREFIX)
+    }
+
+
+def held_environment() -> tuple[dict[str, str], tuple[str, ...]] | None:
+    """The environment and imports of the server this process started (None: none)."""
+    return None if _server is None else (dict(_server[0]), _server[1])
+
+
+def ensure_server(*modules: str) -> bool:
     """Have a server running that this process started in its present environment, with
-    `module` among its imports (which run beside whatever this process does next); one of
+    `modules` among its imports (which run beside whatever this process does next); one of
     another environment is stopped first. False, and nothing done, where a server something
     else in this process started still has children (stopping it waits for them)."""
     global _server
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in AFTER_START and not k.startswith(AFTER_START_PREFIX)
-    }
-    needed = tuple(dict.fromkeys((*PRELOAD, module)))
+    env = server_environment(os.environ)
+    needed = tuple(dict.fromkeys((*PRELOAD, *modules)))
     server: Any = forkserver._forkserver
     others = server._forkserver_pid if _server is None else None  # another's server, running
     if others is not None and len(descendants(others)) > 1:
@@ -127,5 +137,7 @@ def entry_point(module: str, args: list[str]) -> tuple[Any, list[Any], str]:
     workers forked from the server (run under `launching`), else `python -m module args` by
     spawn (a CUDA build of torch, or a server of someone else's still busy)."""
     if forks_workers() and ensure_server(module):
+        from leo_cli.harness.process import run_started
+
         return run_started, [module, args, dict(os.environ), server_pid()], "forkserver"
     return sys.executable, ["-m", module, *args], "spawn"

@@ -14,6 +14,7 @@ from leo_cli.errors import ConfigError
 from leo_cli.run_dir import RunDir
 
 RUNS = Path("runs")  # where unnamed run folders go: runs/<name>/<date>-<time>
+CACHE_FOLDER = "leo-cache"  # beside the run folder, where `run.cache_dir` is null
 STAMP = "%Y%m%d-%H%M%S"
 STAMPED = re.compile(r"(?P<stamp>\d{8}-\d{6})(?:-(?P<k>\d+))?")
 
@@ -21,6 +22,12 @@ STAMPED = re.compile(r"(?P<stamp>\d{8}-\d{6})(?:-(?P<k>\d+))?")
 def named(cfg: LeoConfig) -> Path:
     """`runs/<name>` (the name made safe for a folder)."""
     return RUNS / (re.sub(r"[^A-Za-z0-9_.+-]+", "-", cfg.run.name).strip("-.") or "run")
+
+
+def machine_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path:
+    """This machine's cache for the run in `run_dir`: `run.cache_dir`, null: `leo-cache`
+    beside the run folder."""
+    return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
 
 
 def with_folder(cfg: LeoConfig, folder: Path) -> LeoConfig:

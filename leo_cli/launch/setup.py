@@ -40,8 +40,8 @@ from leo_cli.launch.launcher import (
     wait_for_partitions,
     written,
 )
+from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.launch.stages import (
-    CACHE_FOLDER,
     accesses_kept,
     check_nodes_profile,
     find_profile,
@@ -199,10 +199,11 @@ def checks(s: Setup) -> tuple[Setup, Cost | None]:
 def preload(s: Setup) -> tuple[Setup, Cost | None]:
     """LEO's CPU SpMM built (once, before the server loads it as it imports), then the server
     the workers fork from starts: its imports run beside set-up."""
-    ensure_cpu_kernels(s.cfg.run.cache_dir or s.run_dir.parent / CACHE_FOLDER)
+    cache = machine_cache_dir(s.cfg, s.run_dir)
+    ensure_cpu_kernels(cache)
     backend = active_backend()
     check_cpu_spmm(s.cfg, backend.cpu == "leo")  # before any expensive stage
-    start_early(s.cfg)
+    start_early(s.cfg, cache)
     return s, None
 
 

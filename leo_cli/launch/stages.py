@@ -41,6 +41,7 @@ from leo_cli.harness.placement import affinity_tag, machine_cores
 from leo_cli.launch.allocator import allocator_of
 from leo_cli.launch.elastic import worker_threads, workers_per_node
 from leo_cli.launch.probe import run_probe
+from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import ModelShape
 from leo_cli.planner.make import make_plan, model_shape, plan_key
@@ -332,20 +333,11 @@ def weigher_for(cfg: LeoConfig, hw: HardwareProfile) -> Weigher:
     return Weigher(key, weigh if measured else None, work)
 
 
-CACHE_FOLDER = "leo-cache"  # beside the run folder, where `run.cache_dir` is null
-
-
 def partition_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path | None:
     """Where the partitions of the run in `run_dir` are kept: `run.cache_dir` (null:
     `leo-cache` beside the run folder); None (inside the run folder) for several machines,
     which share the run folder only."""
     return None if cfg.launch.nnodes > 1 else machine_cache_dir(cfg, run_dir)
-
-
-def machine_cache_dir(cfg: LeoConfig, run_dir: Path) -> Path:
-    """This machine's cache for the run in `run_dir`: `run.cache_dir`, null: `leo-cache`
-    beside the run folder."""
-    return cfg.run.cache_dir or Path(run_dir).resolve().parent / CACHE_FOLDER
 
 
 def run_partitions(

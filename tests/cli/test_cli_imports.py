@@ -19,8 +19,10 @@ def python(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_importing_the_cli_imports_no_torch() -> None:
-    res = python("-c", "import sys, leo_cli.cli.app; print('torch' in sys.modules)")
+@pytest.mark.parametrize("module", ["leo_cli.cli.app", "leo_cli.launch.early"])
+def test_importing_imports_no_torch(module: str) -> None:
+    """The CLI; the workers' server started before `leo train` imports torch."""
+    res = python("-c", f"import sys, {module}; print('torch' in sys.modules)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 
