@@ -76,30 +76,25 @@ at::Tensor spmm_csr(const at::Tensor& indptr, const at::Tensor& indices, const a
   return out;
 }
 
-// x's row-major rows [r0, r1) times their keyed multipliers (`kept` or 0 by each entry's random
-// byte) into out. A group of eight columns shares one 64-bit hash, a byte per column. Each row's
-// multipliers go to a buffer first, so the product is a plain loop the compiler vectorises.
+// x's row-major rows [r0, r1) times their keyed multipliers (`table`'s: `kept` or 0 by each
+// entry's random byte) into out: a group of eight columns shares one 64-bit hash, whose keep
+// bits pick eight multipliers from the table, so the product is a plain loop of eight.
 template <typename T>
 void keyed_dropout_rows(const T* x, const int64_t* ids, const uint64_t* column, int64_t cols,
-                        uint64_t key, int thr, at::opmath_type<T> kept, T* out, int64_t r0,
+                        uint64_t key, int thr, const at::opmath_type<T>* table, T* out, int64_t r0,
                         int64_t r1) {
   using opmath_t = at::opmath_type<T>;
-  const int64_t groups = (cols + 7) / 8;
-  std::vector<opmath_t> mult(8 * groups);
-  opmath_t* m = mult.data();
+  const uint64_t thr8 = static_cast<uint64_t>(thr) * 0x0101010101010101ULL;
   for (int64_t r = r0; r < r1; ++r) {
     const uint64_t row = leo_cpu::splitmix64(static_cast<uint64_t>(ids[r]) ^ key);
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint64_t bytes = leo_cpu::mix64(row ^ column[g]);  // byte k: column 8g + k
-      for (int k = 0; k < 8; ++k) {
-        const bool keep = static_cast<int>((bytes >> (8 * k)) & 0xff) >= thr;
-        m[8 * g + k] = kept * static_cast<opmath_t>(keep);  // no branch: the bytes are random
-      }
-    }
     const T* xr = x + r * cols;
     T* yr = out + r * cols;
-    for (int64_t j = 0; j < cols; ++j) {
-      yr[j] = static_cast<T>(static_cast<opmath_t>(xr[j]) * m[j]);
+    for (int64_t j = 0; j < cols; j += 8) {
+      const opmath_t* m = table + 8 * leo_cpu::keep_bits(leo_cpu::mix64(row ^ column[j / 8]), thr8);
+      const int64_t n = std::min<int64_t>(8, cols - j);
+      for (int64_t k = 0; k < n; ++k) {
+        yr[j + k] = static_cast<T>(static_cast<opmath_t>(xr[j + k]) * m[k]);
+      }
     }
   }
 }
@@ -121,8 +116,7 @@ at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key
   const int64_t cols = xc.size(1);
   auto out = at::empty({rows, cols}, xc.options());  // row-major, as the reference's
   if (rows == 0 || cols == 0) return out;
-  std::vector<uint64_t> column((cols + 7) / 8);  // the groups' column hashes, made once
-  for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);
+  const auto column = leo_cpu::column_hashes(cols);  // made once
   const int thr = static_cast<int>(threshold);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(),
@@ -132,9 +126,10 @@ at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key
     scalar_t* dst = out.data_ptr<scalar_t>();
     // the multiplier as the reference holds it: `scale` in x's dtype
     const auto kept = static_cast<at::opmath_type<scalar_t>>(static_cast<scalar_t>(scale));
+    const auto table = leo_cpu::multiplier_table(kept);
     at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      keyed_dropout_rows(src, row_ids, column.data(), cols, static_cast<uint64_t>(key), thr, kept,
-                         dst, r0, r1);
+      keyed_dropout_rows(src, row_ids, column.data(), cols, static_cast<uint64_t>(key), thr,
+                         table.data(), dst, r0, r1);
     });
   });
   return out;
@@ -145,22 +140,14 @@ at::Tensor keyed_dropout(const at::Tensor& x, const at::Tensor& ids, int64_t key
 // the reference's tensor ops round it (the sum to T, then the masked product to T).
 template <typename T>
 void bias_relu_dropout_rows(const T* h, const T* bias, const int64_t* ids, const uint64_t* column,
-                            int64_t cols, uint64_t key, int thr, at::opmath_type<T> scale, T* out,
-                            int64_t r0, int64_t r1) {
+                            int64_t cols, uint64_t key, int thr, const at::opmath_type<T>* ones,
+                            at::opmath_type<T> scale, T* out, int64_t r0, int64_t r1) {
   using opmath_t = at::opmath_type<T>;
   const int64_t groups = (cols + 7) / 8;
   std::vector<opmath_t> keep(8 * groups, opmath_t(1));
   opmath_t* m = keep.data();
   for (int64_t r = r0; r < r1; ++r) {
-    if (thr > 0) {
-      const uint64_t row = leo_cpu::splitmix64(static_cast<uint64_t>(ids[r]) ^ key);
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint64_t bytes = leo_cpu::mix64(row ^ column[g]);  // byte k: column 8g + k
-        for (int k = 0; k < 8; ++k) {
-          m[8 * g + k] = static_cast<opmath_t>(static_cast<int>((bytes >> (8 * k)) & 0xff) >= thr);
-        }
-      }
-    }
+    if (thr > 0) leo_cpu::row_multipliers(ids[r], key, column, groups, thr, ones, m);
     const T* hr = h + r * cols;
     T* yr = out + r * cols;
     for (int64_t j = 0; j < cols; ++j) {
@@ -197,8 +184,7 @@ at::Tensor bias_relu_dropout(const at::Tensor& h, const c10::optional<at::Tensor
   const int64_t cols = hc.size(1);
   auto out = at::empty({rows, cols}, hc.options());  // row-major, as the reference's
   if (rows == 0 || cols == 0) return out;
-  std::vector<uint64_t> column((cols + 7) / 8);
-  for (size_t g = 0; g < column.size(); ++g) column[g] = leo_cpu::column_hash(g);
+  const auto column = leo_cpu::column_hashes(cols);
   const int thr = static_cast<int>(threshold);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / cols);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, hc.scalar_type(),
@@ -209,9 +195,10 @@ at::Tensor bias_relu_dropout(const at::Tensor& h, const c10::optional<at::Tensor
     scalar_t* dst = out.data_ptr<scalar_t>();
     // a Python float scalar as torch's mul_ takes it: in the op's compute type
     const auto s = static_cast<at::opmath_type<scalar_t>>(scale);
+    const auto ones = leo_cpu::multiplier_table(at::opmath_type<scalar_t>(1));  // the mask: 1 or 0
     at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
       bias_relu_dropout_rows(src, add, row_ids, column.data(), cols, static_cast<uint64_t>(key),
-                             thr, s, dst, r0, r1);
+                             thr, ones.data(), s, dst, r0, r1);
     });
   });
   return out;

@@ -87,7 +87,8 @@ def compare(name: str, got: dict[str, Tensor], want: dict[str, Tensor], tol: flo
 
 def dropout_cases() -> list[tuple[str, Tensor, Tensor, int, int, float]]:
     """(name, x, ids, key, threshold, scale): widths below, at and past groups of eight,
-    negative keys and ids beyond int32, special values in x, a strided x, no rows."""
+    negative keys and ids beyond int32, special values in x, every byte threshold, a strided
+    x, no rows."""
     out = []
     for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
         for width in (1, 7, 8, 9, 16, 67, 1433):
@@ -100,6 +101,8 @@ def dropout_cases() -> list[tuple[str, Tensor, Tensor, int, int, float]]:
                 t = dropout.threshold(p)
                 scale = dropout.keep_scale(p, dtype)
                 out.append((f"dropout/{dtype}/{width}/{p}", x, ids, key, t, scale))
+    few = torch.randn(4, 67)  # every byte threshold: the keep bits are made 8 at a time
+    out += [(f"dropout/threshold/{t}", few, torch.arange(4), t, t, 2.0) for t in range(256)]
     wide = torch.randn(40, 32)
     out.append(("dropout/strided", wide[:, ::2], torch.arange(40), 9, 128, 2.0))
     out.append(("dropout/transposed", torch.randn(32, 40).t(), torch.arange(40), 9, 128, 2.0))
