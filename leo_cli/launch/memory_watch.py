@@ -19,22 +19,12 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from leo_cli.util.procs import descendants
+
 _PROC = Path("/proc")
+__all__ = ["MemoryWatch", "descendants", "resident_bytes"]
 COST_RATIO = 20  # seconds of waiting after a sample, at least, per CPU second it took
 MAX_WAIT_S = 5.0  # but never longer than this between samples
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it, from each task's `children` list."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        with contextlib.suppress(OSError):
-            for task in (_PROC / str(current) / "task").iterdir():
-                text = (task / "children").read_text()
-                todo.extend(int(child) for child in text.split())
-    return found
 
 
 def resident_bytes(pid: int) -> int:

@@ -4,13 +4,12 @@ A probe taken while other jobs share the cores measures the machine under their 
 several times lower: docs/results.md); saved machine-wide, it
 would price every later plan as if that load were always there. So the parent measures, over
 the launch, the CPU time the whole machine spent busy (/proc/stat) less the CPU time of this
-process, its reaped children and its living children with theirs (its workers, or the server
-they were forked from, launch/preload.py): what remains is other processes' work.
+process, its reaped children and every living process below it (its workers, the server they
+were forked from, launch/preload.py): what remains is other processes' work.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from leo_cli.planner.profile.hardware import ProbeLoad
+from leo_cli.util.procs import descendants
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (not idle, iowait)
 
@@ -35,23 +35,19 @@ def machine_busy_s() -> float | None:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds of this process, of its children that have been waited for, and of its
-    living children with the children they have waited for."""
+    """CPU seconds of this process, of its children that have been waited for, and of every
+    living process below it (workers forked from a server are its grandchildren) with the
+    children each has waited for."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
-    return total + sum(process_cpu_s(child) for child in living_children())
+    return total + sum(process_cpu_s(pid) for pid in living_descendants())
 
 
-def living_children() -> list[int]:
-    """This process's children that have not been waited for."""
-    found = []
-    with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += [int(pid) for pid in (task / "children").read_text().split()]
-    return found
+def living_descendants() -> list[int]:
+    """The processes below this one that have not been waited for."""
+    return descendants(os.getpid())[1:]
 
 
 def process_cpu_s(pid: int) -> float:
