@@ -211,6 +211,11 @@ _RETRY = "retry-after "
 _SCRATCH = re.compile(r"^(cpu-[0-9a-f]+)\.tmp-([0-9]+)$")
 
 
+def torch_headers() -> Path:
+    """The folder of the torch headers a build includes."""
+    return (Path(torch.__file__).parent / "include").resolve()
+
+
 def failure_path(target: Path) -> Path:
     """Where a failed build of `target`'s key is remembered (`cpu-<key>.failed`)."""
     return target.with_name(target.name + FAILED)
@@ -218,10 +223,13 @@ def failure_path(target: Path) -> Path:
 
 def _remember_failure(target: Path, exc: KernelError, cuda_dir: Path) -> None:
     """Record the failure: for good where the compiler reported an error in a file of
-    `cuda_dir`'s CPU sources, else with the time after which it is tried again."""
+    `cuda_dir`'s CPU sources or of torch's headers they include (the key names both: the
+    same inputs fail the same way), else with the time after which it is tried again."""
     lines = str(exc).splitlines()
-    ours = str(cpu.source_dir(cuda_dir).resolve())
-    lasting = any(_SOURCE_ERROR.search(line) and ours in line for line in lines[1:])
+    ours = (str(cpu.source_dir(cuda_dir).resolve()), str(torch_headers()))
+    lasting = any(
+        _SOURCE_ERROR.search(line) and any(folder in line for folder in ours) for line in lines[1:]
+    )
     until = "" if lasting else f"{_RETRY}{int(time.time() + RETRY_AFTER_S)}\n"
     with contextlib.suppress(OSError), files.atomic_file(failure_path(target), "w") as f:
         f.write(lines[0] + "\n" + until)

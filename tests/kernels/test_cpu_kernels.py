@@ -362,15 +362,21 @@ def test_a_failure_outside_leos_sources_is_tried_again_later(
     assert len(calls) == 2
 
 
+TORCH_HEADER_ERROR = "{}/ATen/core/TensorBody.h:9:1: error: no matching function for call"
+
+
+@pytest.mark.parametrize("error", [None, TORCH_HEADER_ERROR], ids=["ours", "torch_header"])
 def test_a_failed_build_is_remembered_for_its_key(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, error: str | None
 ) -> None:
+    """An error in LEO's sources, or in a torch header they include (LEO's call made it)."""
     from leo_cli.kernel_tools import build_cpu
 
     calls: list[Path] = []
     monkeypatch.setattr(build_cpu, "check_toolchain", lambda: None)
     monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 1")
-    monkeypatch.setattr(build_cpu, "build_cpu_kernels", _failing_build(calls))
+    said = error and error.format(build_cpu.torch_headers())
+    monkeypatch.setattr(build_cpu, "build_cpu_kernels", _failing_build(calls, said))
     cuda_dir = stamp.cuda_source_dir()
     with pytest.raises(KernelError) as first:
         build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
