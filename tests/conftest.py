@@ -12,12 +12,15 @@ import os
 # import of it, and inherited by every process the suite starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import fcntl
 import gzip
+import json
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,13 +83,35 @@ def shared_datasets() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder every pytest process of this run shares: under pytest-xdist, the
+    parent of each process's own base folder; else the base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (made where missing) for the block: one pytest
+    process of the run at a time."""
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def hardware_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One machine profile per worker count for the whole session (never ~/.cache), probed
+    """One machine profile per worker count for the whole run (never ~/.cache), probed
     with the tiny sizes (about 4 s against 13) and saved however busy the machine is: tests
     check behaviour, not rates, and the suite shares its cores with other jobs (a test of
-    the load rule sets its own limit)."""
-    folder = tmp_path_factory.mktemp("hardware-cache")
+    the load rule sets its own limit). The pytest processes of one run share the folder, as
+    runs on one machine share ~/.cache/leo/hardware (profiles are written atomically): a
+    worker count one of them probed is not probed again by the other."""
+    folder = shared_tmp(tmp_path_factory) / "hardware-cache"
+    folder.mkdir(exist_ok=True)
     wanted = {
         "LEO_HARDWARE_CACHE": str(folder),
         "LEO_PROBE_LOAD_LIMIT": "1000",
@@ -182,17 +207,24 @@ TRAINED_SETTINGS = (
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainedRun]:
-    """One 2-worker `leo train` for the whole session (pytest's own process makes it once):
-    run-folder, export, board, summary and edited-file tests read it instead of training; a
-    test that writes into it fails the session's end."""
+    """One 2-worker `leo train` for the whole pytest run: the first pytest process that asks
+    makes it in its own process (the other, under pytest-xdist, waits for it and reads what
+    it printed); run-folder, export, board, summary and edited-file tests read it instead of
+    training; a test that writes into it fails its process's session end."""
     from helpers.cli import leo
 
-    folder = tmp_path_factory.mktemp("trained") / "run"
-    sets = [arg for item in TRAINED_SETTINGS for arg in ("--set", item)]
-    # COLUMNS: the summary table's mode line on one line
-    res = leo(
-        "train", *sets, "--set", f"run.out_dir={folder}", env={**os.environ, "COLUMNS": "200"}
-    )
+    shared = shared_tmp(tmp_path_factory) / "trained"
+    shared.mkdir(exist_ok=True)
+    folder, printed = shared / "run", shared / "printed.json"
+    with locked(shared / "lock"):
+        if not printed.is_file():
+            sets = [arg for item in TRAINED_SETTINGS for arg in ("--set", item)]
+            # COLUMNS: the summary table's mode line on one line
+            env = {**os.environ, "COLUMNS": "200"}
+            res = leo("train", *sets, "--set", f"run.out_dir={folder}", env=env)
+            made = {"returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+            printed.write_text(json.dumps(made))
+        res = subprocess.CompletedProcess(["leo"], **json.loads(printed.read_text()))
     assert res.returncode == 0, res.stderr
     made = snapshot(folder)
     yield TrainedRun(folder, res.stdout, res.stderr, TRAINED_SETTINGS)

@@ -239,17 +239,27 @@ def test_losses_do_not_depend_on_part_weights_or_owners(
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def medium(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """MEDIUM with one cache for the module's runs of it (`run.cache_dir`): the reference run
+    makes the partitions, the plan and auto's measured choice (its wisdom), which the runs
+    that are killed reuse; their set-up is not what those tests check."""
+    return [*MEDIUM, "--set", f"run.cache_dir={tmp_path_factory.mktemp('medium-cache')}"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, medium: list[str]) -> dict[str, Any]:
     run = tmp_path_factory.mktemp("ref") / "run"
-    res = leo("train", *MEDIUM, "--set", f"run.out_dir={run}")
+    res = leo("train", *medium, "--set", f"run.out_dir={run}")
     assert res.returncode == 0, res.stderr
     return summary(run)
 
 
 @pytest.mark.integration
-def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, Any]) -> None:
+def test_killed_job_resumes_to_same_result(
+    tmp_path: Path, medium: list[str], reference: dict[str, Any]
+) -> None:
     run = tmp_path / "run"
-    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}")
+    proc = start("train", *medium, "--set", f"run.out_dir={run}")
     wait_for_epoch(run, 5, proc)
     workers = list(heartbeat_pids(run).values())
     os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
@@ -260,7 +270,7 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
         time.sleep(0.1)
     assert not any(pid_alive(w) for w in workers), "orphan workers survived the launcher"
     started = load_config(run / "resolved_config.yaml").pipeline.mode  # what auto chose
-    res = leo("train", *MEDIUM, "--set", f"run.out_dir={run}", "--resume")
+    res = leo("train", *medium, "--set", f"run.out_dir={run}", "--resume")
     assert res.returncode == 0, res.stderr
     assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
     assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
@@ -268,10 +278,12 @@ def test_killed_job_resumes_to_same_result(tmp_path: Path, reference: dict[str, 
 
 
 @pytest.mark.integration
-def test_killed_worker_is_restarted(tmp_path: Path, reference: dict[str, Any]) -> None:
+def test_killed_worker_is_restarted(
+    tmp_path: Path, medium: list[str], reference: dict[str, Any]
+) -> None:
     run = tmp_path / "run"
     began = time.time()
-    proc = start("train", *MEDIUM, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
+    proc = start("train", *medium, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
     wait_for_epoch(run, 5, proc)
     os.kill(heartbeat_pids(run)[1], signal.SIGKILL)
     killed_after = time.time() - began
