@@ -113,9 +113,9 @@ def train(
     """
     from leo_cli.launch import early
     from leo_cli.launch.run_folder import dropped_if_empty, for_train, machine_cache_dir
-    from leo_cli.util.timing import RunTimer, process_start_time
+    from leo_cli.util.timing import RunTimer, run_start_time
 
-    timer = RunTimer(started_at=process_start_time())
+    timer = RunTimer(started_at=run_start_time())
     given = resolve(config, overrides)
     cfg = for_train(given, resume, overwrite)  # a refused folder is said without torch
     run_dir = cfg.run.folder.resolve()

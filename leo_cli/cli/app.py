@@ -29,4 +29,7 @@ app.add_typer(config_app, name="config")
 
 def main() -> None:
     """Console-script entry point."""
+    from leo_cli.util.timing import started_as_command
+
+    started_as_command()
     app()

@@ -29,6 +29,23 @@ WORKER_PARTS = (
 )
 
 
+# Set by the `leo` command as it starts: this process runs one command, so a run's clock starts
+# with the process (interpreter start and imports count); unset in a longer-lived process (a
+# user's Python, a test) that calls the API, where a run's clock starts with the call.
+_COMMAND_PROCESS = False
+
+
+def started_as_command() -> None:
+    """This process runs one `leo` command: runs count from the process's start."""
+    global _COMMAND_PROCESS
+    _COMMAND_PROCESS = True
+
+
+def run_start_time() -> float:
+    """When a run started: the process's start for the `leo` command, else now."""
+    return process_start_time() if _COMMAND_PROCESS else time.time()
+
+
 def process_start_time() -> float:
     """When this process started (wall clock), so interpreter start and imports count;
     now where /proc is missing."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from leo_cli.run_dir import RunDir
+from leo_cli.util import timing
 from leo_cli.util.timing import RunTimer, process_start_time, setup_summary
 
 WORKER = {"launch_s": 2.0, "worker_setup_s": 3.0, "process_group_s": 1.0, "levels_s": 1.5}
@@ -18,6 +19,18 @@ IMPORTED = time.time()  # this process started before it imported this file
 
 def test_process_start_is_before_now() -> None:
     assert IMPORTED - 3600 < process_start_time() <= IMPORTED
+
+
+def test_a_run_counts_from_the_process_start_only_under_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run the API starts in a longer-lived process (a user's Python, a test) counts from
+    the call; the `leo` command's from the process's start (its imports count)."""
+    before = time.time()
+    assert timing.run_start_time() >= before
+    monkeypatch.setattr(timing, "_COMMAND_PROCESS", False)
+    timing.started_as_command()
+    assert timing.run_start_time() == process_start_time() <= IMPORTED
 
 
 def test_setup_spans_start_to_first_step_and_splits_into_stages(tmp_path: Path) -> None:
