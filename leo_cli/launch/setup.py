@@ -11,6 +11,10 @@ stages that have a key in summary.json's `setup_parts_s` (`partition_s`, `probe_
 they need it (unequal weights; `leo profile-cache --force`), else after the partitions, so
 that a bad dataset is said before a probe runs.
 
+A stage calls its steps in turn (the launch checks, the profile's look-ups, the mode choice),
+each going down the layers on its own with what the stage hands it: what several steps need
+of the lower layers is read once (`Workers`: this node's worker count, device and module).
+
 `leo train` and `leo bench` run the whole list, `leo partition` the prefix up to
 `partitions`, `leo profile-cache` the prefix up to `plan` (`Ask` says what each asks). On
 nodes other than 0 of several machines, the stages node 0 owns are replaced by waits: the
