@@ -27,9 +27,8 @@ from leo_cli.config.schema import BenchVariant, CacheConfig, EmulateConfig
 from leo_cli.errors import ConfigError, TrainError
 from leo_cli.launch.allocator import workers_allocator
 from leo_cli.launch.emulate import bits_per_second, check_split
-from leo_cli.launch.launcher import check_supported
 from leo_cli.launch.nodes import run_nodes
-from leo_cli.launch.setup import Ask, run_setup
+from leo_cli.launch.setup import Ask, check_supported, run_setup
 from leo_cli.planner.auto_mode import from_json
 from leo_cli.planner.plan import static_layer0
 from leo_cli.registry import is_auto, peer_of, planned_mode, policy_of

@@ -136,7 +136,7 @@ def auto_line(cfg: LeoConfig, run_dir: Path, plan: CachePlan) -> str:
     cache.policy=none: training makes no plan then): the candidates its workers would try,
     or the mode it would run and why."""
     from leo_cli.graph.storage import read_meta
-    from leo_cli.launch.choice import choose_mode
+    from leo_cli.launch.setup import choose_mode
 
     auto = with_mode(cfg, AUTO_MODE)
     used = None if not cfg.cache.enabled else plan

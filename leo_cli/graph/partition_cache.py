@@ -103,10 +103,6 @@ def weighted(part: PartitionConfig) -> bool:
     return unequal and (part.method != "random" or part.part_weights == "measured")
 
 
-def partition_dir(out_dir: Path) -> Path:
-    return RunDir(out_dir).partitions
-
-
 def source_key(
     data: DataConfig,
     part: PartitionConfig,
@@ -225,12 +221,13 @@ def ensure_partitions(
     readers verify each part themselves (training workers do). `weigher`: how
     `partition.part_weights=measured` becomes numbers (needed then, unused otherwise).
     """
-    link = partition_dir(out_dir)
-    sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
+    # The source's key first (the datasets' files, then their digests), then the folders.
     store = (Path(cache_dir) / "partitions" if cache_dir is not None else Path(out_dir)) / (
         RunDir.SOURCE_DIGESTS
     )
     key = source_key(data, part, seed, weigher, store)
+    link = Path(out_dir) / RunDir.PARTITIONS
+    sweep_temporaries(Path(out_dir))  # files and folders of writers killed mid-write
     own = link.is_dir() and not link.is_symlink()
     target = link if cache_dir is None or own else cache_entry(cache_dir, data, part, key)
     shared = target != link  # a second run wanting the same entry waits, then reuses it

@@ -35,20 +35,29 @@ def check_affinity(affinity: Affinity | None, nproc: int) -> None:
     Raises:
         ConfigError: not one core list per local worker, or a core id the machine lacks.
     """
+    problem = affinity_problem(affinity, nproc)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def affinity_problem(affinity: Affinity | None, nproc: int) -> str | None:
+    """Why this node cannot honour a placement (the sentence `check_affinity` raises), or
+    None: not one core list per local worker, or a core id the machine lacks."""
     if affinity is None:
-        return
+        return None
     if len(affinity) != nproc:
-        raise ConfigError(
+        return (
             f"launch.cpu_affinity lists {len(affinity)} core sets but this node starts {nproc} "
             "workers; give one list of core ids per worker."
         )
     cores = machine_cores()
     missing = sorted({c for worker in affinity for c in worker} - cores)
     if missing:
-        raise ConfigError(
+        return (
             f"launch.cpu_affinity names core {missing[0]}, which this machine does not offer "
             f"(cores {describe(cores)}); use those ids."
         )
+    return None
 
 
 def describe(cores: set[int]) -> str:

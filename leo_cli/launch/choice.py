@@ -1,6 +1,7 @@
-"""The mode-choice stage of `leo train`: which mode a run of `pipeline.mode=auto` uses, or
-which candidates its workers try first (planner/auto_mode.py decides, worker/trials.py tries),
-and the wisdom of an earlier run with the same inputs (planner/wisdom.py).
+"""The steps of `leo train`'s mode-choice stage (launch/setup.py `choose_mode` calls them in
+turn): which mode a run of `pipeline.mode=auto` uses, or which candidates its workers try first
+(planner/auto_mode.py decides, worker/trials.py tries), and the wisdom of an earlier run with
+the same inputs (planner/wisdom.py); after the workers, what their trials measured, kept.
 """
 
 from __future__ import annotations
@@ -13,76 +14,24 @@ from typing import Any
 
 from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
-from leo_cli.kernels import active_backend
 from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     SPMM_NOTE,
     ModeChoice,
-    choose,
-    measures,
     parse_candidate,
-    planning_config,
     read_choice,
-    spmm_candidates,
-    to_try,
 )
-from leo_cli.planner.plan import CachePlan, PlanInputs
 from leo_cli.planner.wisdom import (
     Sample,
     Wisdom,
     add_samples,
-    calibrated,
     calibration_path,
     factors,
     read_samples,
     read_wisdom,
-    wisdom_key,
-    wisdom_path,
     write_wisdom,
 )
-from leo_cli.util.rss import available_memory_bytes
-
-
-def choose_mode(
-    cfg: LeoConfig,
-    run_dir: Path,
-    meta: dict[str, Any],
-    plan: CachePlan | None,
-    made_for: PlanInputs | None = None,
-) -> ModeChoice:
-    """The mode of a new run: set by name, predicted (`pipeline.choose=estimate`, one
-    worker, a single candidate), measured before by a run with the same inputs (wisdom,
-    under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
-    where their result is to be kept; likewise the CPU SpMM variant (`pipeline.spmm=auto`:
-    `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name). `made_for`:
-    what the plan stage planned for (worked out here where it did not run)."""
-    num_parts = int(meta["num_parts"])
-    cache = wisdom_dir(cfg, run_dir)
-    estimate = choose(cfg, plan, num_parts)
-    here = scale(cache, setting_of(cfg))
-    estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, here))
-    backend = active_backend()
-    variants = spmm_candidates(cfg, backend.cpu == "leo")
-    trial = estimate
-    if measures(cfg, num_parts):
-        trial = to_try(cfg, plan, estimate, available_memory_bytes())
-    trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
-    if not trial.trials and not variants:
-        return trial
-    if cfg.launch.nnodes > 1 and not cfg.cache.enabled:
-        return trial  # no plan, so no profile of the links in the key: kept nowhere
-    made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
-    inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
-    kernels = f"{backend.name}/{backend.cpu}"
-    names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
-    path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
-    if cfg.pipeline.choose == "measure":
-        known = kept(path, trial.trials, variants)
-        if known is not None:
-            return from_wisdom(trial, known, path)
-    return replace(trial, wisdom=str(path))
-
 
 SPMM_PREFIX = SPMM_NOTE  # how a variant is named among the wisdom key's candidates
 

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from leo_cli.comm.segments import JOB_ENV, new_job, remove_job
 from leo_cli.config import LeoConfig, config_fingerprint
 from leo_cli.errors import ConfigError, TrainError
-from leo_cli.harness.placement import AFFINITY_ENV, check_affinity, placement_env
+from leo_cli.harness.placement import AFFINITY_ENV, affinity_problem, placement_env
 from leo_cli.launch import early
 from leo_cli.launch.allocator import allocator_env, workers_allocator
 from leo_cli.launch.heartbeat import HeartbeatWatch, stalled_ranks
@@ -40,8 +41,21 @@ from leo_cli.util.timing import RunTimer
 AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+@dataclass(frozen=True)
+class Workers:
+    """This node's training workers as the config asks for them, worked out once by set-up's
+    checks stage (launch/setup.py) and handed to the stages after it: how many
+    (`workers_per_node`), whether they train on CUDA devices, and the module they run
+    (`worker_module`)."""
+
+    per_node: int
+    cuda: bool
+    module: str
+
+
 def workers_per_node(cfg: LeoConfig) -> int:
-    """launch.nproc, defaulting to num_parts / nnodes; every part needs exactly one worker."""
+    """launch.nproc, defaulting to num_parts / nnodes; every part needs exactly one worker.
+    The placement is looked at before the elastic settings and refused after them."""
     lc, parts = cfg.launch, cfg.partition.num_parts
     nproc = lc.nproc if lc.nproc is not None else parts // lc.nnodes
     if nproc * lc.nnodes != parts:
@@ -55,9 +69,11 @@ def workers_per_node(cfg: LeoConfig) -> int:
         )
     if lc.nnodes > 1 and lc.master_port == 0:
         raise ConfigError("launch.master_port must be set (non-zero) when launch.nnodes > 1.")
+    misplaced = affinity_problem(lc.cpu_affinity, nproc)
     if lc.elastic():
         check_elastic(cfg)
-    check_affinity(lc.cpu_affinity, nproc)
+    if misplaced is not None:
+        raise ConfigError(misplaced)
     return nproc
 
 
@@ -252,15 +268,15 @@ def worker_module(cfg: LeoConfig) -> str:
     return "leo_cli.elastic.entry" if cfg.launch.elastic() else "leo_cli.worker.entry"
 
 
-def start_early(cfg: LeoConfig, cache_dir: Path) -> None:
-    """Start the server `leo train`'s workers will fork from (launch/preload.py) in the
+def start_early(cfg: LeoConfig, workers: Workers, cache_dir: Path) -> None:
+    """Start the server `leo train`'s `workers` will fork from (launch/preload.py) in the
     environment `launch_module` gives them, so its imports run beside this process's set-up
     (kept where launch/early.py started it in that environment), and write that environment
-    down for the next run. A launch in another environment starts another one."""
+    down for the next run in `cache_dir`. A launch in another environment starts another one."""
     if forks_workers():
-        os.environ["OMP_NUM_THREADS"] = worker_threads(workers_per_node(cfg))  # numpy's too
+        os.environ["OMP_NUM_THREADS"] = worker_threads(workers.per_node)  # numpy's too
         with allocator_env(workers_allocator(cfg.launch)):
-            if ensure_server(worker_module(cfg)):
+            if ensure_server(workers.module):
                 early.remember(cache_dir)
 
 

@@ -1,6 +1,6 @@
 """The parent side of `leo train`: the checks and run-folder steps its set-up runs (in the
-order launch/setup.py gives them); the workers are started by launch/elastic.py
-(`run_workers`).
+order launch/setup.py gives them: its `checks` stage calls the checks in turn); the workers are
+started by launch/elastic.py (`run_workers`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from typing import Any
 
 import torch
 
-from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.config.schema import LaunchConfig as LaunchConfigSection
 from leo_cli.errors import ConfigError, TrainError, tensorboard_missing
 from leo_cli.graph.storage import META, read_meta
-from leo_cli.launch.cpu_kernels import check_cpu_kernels
-from leo_cli.launch.elastic import workers_per_node
-from leo_cli.planner.checks import check_backend, check_config, check_transport
+from leo_cli.planner.checks import check_backend
 from leo_cli.run_dir import RunDir
 
 # Keys that may change when resuming; anything else must match the run folder. The worker
@@ -42,25 +39,14 @@ RESUMABLE = {
 }
 
 
-def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> None:
-    """Devices as the parent sees them, the kernels `LEO_KERNELS` and `pipeline.spmm` ask for
-    (an unbuilt extension under `LEO_KERNELS=cuda` is said before partitioning; LEO's CPU
-    library is checked as far as known before the build on first use), then the config
-    checks that every worker repeats."""
-    check_device(cfg.launch, workers_per_node(cfg))
-    check_tensorboard(cfg.run.tensorboard and cfg.launch.node_rank == 0)  # node 0 holds rank 0
-    check_cpu_kernels(cfg)
-    check_config(cfg, allow_inexact)
-    check_transport(cfg, uses_cuda(cfg.launch))
-
-
 def check_tensorboard(wanted: bool) -> None:
     if wanted and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(tensorboard_missing())
 
 
-def check_device(launch: LaunchConfigSection, nproc: int) -> None:
-    cuda = uses_cuda(launch)
+def check_device(launch: LaunchConfigSection, nproc: int, cuda: bool) -> None:
+    """Devices as the parent sees them for `nproc` workers per node (`cuda`: on CUDA devices,
+    comm/dist.py `uses_cuda`), and the backend that moves their tensors."""
     if launch.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "launch.device=cuda but no CUDA device is visible; use launch.device=cpu."

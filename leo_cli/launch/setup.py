@@ -11,6 +11,10 @@ stages that have a key in summary.json's `setup_parts_s` (`partition_s`, `probe_
 they need it (unequal weights; `leo profile-cache --force`), else after the partitions, so
 that a bad dataset is said before a probe runs.
 
+A stage calls its steps in turn (the launch checks, the profile's look-ups, the mode choice),
+each going down the layers on its own with what the stage hands it: what several steps need
+of the lower layers is read once (`Workers`: this node's worker count, device and module).
+
 `leo train` and `leo bench` run the whole list, `leo partition` the prefix up to
 `partitions`, `leo profile-cache` the prefix up to `plan` (`Ask` says what each asks). On
 nodes other than 0 of several machines, the stages node 0 owns are replaced by waits: the
@@ -26,16 +30,32 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.graph.layout import ProgressFn
 from leo_cli.graph.partition_cache import PartitionResult, Weigher, ensure_partitions, weighted
 from leo_cli.kernels import active_backend
-from leo_cli.launch.choice import choose_mode, keep_trials
-from leo_cli.launch.cpu_kernels import check_cpu_spmm, ensure_cpu_kernels
-from leo_cli.launch.elastic import run_workers, start_early
+from leo_cli.launch.choice import (
+    SPMM_PREFIX,
+    from_wisdom,
+    keep_trials,
+    kept,
+    scale,
+    setting_of,
+    wisdom_dir,
+)
+from leo_cli.launch.cpu_kernels import check_cpu_kernels, check_cpu_spmm, ensure_cpu_kernels
+from leo_cli.launch.elastic import (
+    Workers,
+    run_workers,
+    start_early,
+    worker_module,
+    workers_per_node,
+)
 from leo_cli.launch.launcher import (
+    check_device,
     check_resumable,
-    check_supported,
+    check_tensorboard,
     clear_run_files,
     wait_for_partitions,
     written,
@@ -44,27 +64,36 @@ from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.launch.stages import (
     accesses_kept,
     check_nodes_profile,
-    find_profile,
+    given_profile,
     join_probe,
     needs_profile,
     new_profile,
     partition_cache_dir,
+    placement,
     plan_for,
+    saved_profile_for,
     weigher_for,
 )
 from leo_cli.planner.auto_mode import (
     ModeChoice,
+    choose,
     kept_spmm,
+    measures,
+    planning_config,
     resumed,
     resumed_spmm,
+    spmm_candidates,
+    to_try,
     with_choice,
     write_choice,
 )
-from leo_cli.planner.checks import check_config
+from leo_cli.planner.checks import check_config, check_transport
 from leo_cli.planner.plan import CachePlan, PlanInputs
 from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.wisdom import calibrated, wisdom_key, wisdom_path
 from leo_cli.registry import is_auto
 from leo_cli.run_dir import RunDir
+from leo_cli.util.rss import available_memory_bytes
 from leo_cli.util.timing import RunTimer
 
 OnStart = Callable[[LeoConfig, Path], None]
@@ -134,6 +163,7 @@ class Setup:
 
     ask: Ask
     seconds: dict[str, float] = field(default_factory=dict)  # per stage run, the pipeline's
+    workers: Workers | None = None  # this node's workers, as the launch checks found them
     stale: tuple[int, int, int] | None = None  # node > 0: the resolved config to outwait
     hardware: HardwareProfile | None = None
     weigher: Weigher | None = None
@@ -186,12 +216,30 @@ class Stage:
     wait: StageFn | None = None
 
 
+def check_supported(cfg: LeoConfig, allow_inexact: bool = False) -> Workers:
+    """Devices as the parent sees them, the kernels `LEO_KERNELS` and `pipeline.spmm` ask for
+    (an unbuilt extension under `LEO_KERNELS=cuda` is said before partitioning; LEO's CPU
+    library is checked as far as known before the build on first use), then the config
+    checks that every worker repeats; this node's workers, as they were found.
+
+    What the checks need of the lower layers (the worker count, CUDA or not) is read once,
+    into `Workers`; each check then goes down the layers on its own, called in turn here.
+    """
+    workers = Workers(workers_per_node(cfg), uses_cuda(cfg.launch), worker_module(cfg))
+    check_device(cfg.launch, workers.per_node, workers.cuda)
+    check_tensorboard(cfg.run.tensorboard and cfg.launch.node_rank == 0)  # node 0 holds rank 0
+    check_cpu_kernels(cfg)
+    check_config(cfg, allow_inexact)
+    check_transport(cfg, workers.cuda)
+    return workers
+
+
 def checks(s: Setup) -> tuple[Setup, Cost | None]:
     """Devices, kernels and the config as the workers will check it (`leo train`), or the
     config alone (`leo profile-cache`): refused inputs are said before any work."""
     if s.ask.checks == "launch":
-        check_supported(s.cfg, s.ask.allow_inexact)
-    elif s.ask.checks == "config":
+        return replace(s, workers=check_supported(s.cfg, s.ask.allow_inexact)), None
+    if s.ask.checks == "config":
         check_config(s.cfg)
     return s, None
 
@@ -199,11 +247,12 @@ def checks(s: Setup) -> tuple[Setup, Cost | None]:
 def preload(s: Setup) -> tuple[Setup, Cost | None]:
     """LEO's CPU SpMM built (once, before the server loads it as it imports), then the server
     the workers fork from starts: its imports run beside set-up."""
+    assert s.workers is not None, "the launch checks run first"
     cache = machine_cache_dir(s.cfg, s.run_dir)
     ensure_cpu_kernels(cache)
     backend = active_backend()
     check_cpu_spmm(s.cfg, backend.cpu == "leo")  # before any expensive stage
-    start_early(s.cfg, cache)
+    start_early(s.cfg, s.workers, cache)
     return s, None
 
 
@@ -246,12 +295,17 @@ def wants_profile(ask: Ask) -> bool:
 
 
 def hardware(s: Setup) -> tuple[Setup, Cost | None]:
-    """The hardware profile: given, saved (run folder, this machine's store), or probed."""
-    a, num = s.ask, s.cfg.partition.num_parts
-    found = find_profile(s.cfg, s.run_dir, a.hardware, num, a.reprobe)
+    """The hardware profile: given, saved (run folder, this machine's store), or probed
+    (launch/stages.py `find_profile`, its steps in turn)."""
+    a, cfg, num = s.ask, s.cfg, s.cfg.partition.num_parts
+    own = RunDir(s.run_dir).hardware
+    found = given_profile(cfg, own, a.hardware)
+    if found is None:  # one machine: saved ones are measured as this run's workers sit
+        threads = None if cfg.launch.nnodes > 1 else placement(cfg, workers_per_node(cfg))
+        found = saved_profile_for(cfg, own, num, threads, a.reprobe)
     if found is not None:
         return replace(s, hardware=found), Cost(found.probe_s)
-    return replace(s, hardware=new_profile(s.cfg, s.run_dir, num, a.progress)), MADE
+    return replace(s, hardware=new_profile(cfg, s.run_dir, num, a.progress)), MADE
 
 
 def part_weights(s: Setup) -> tuple[Setup, Cost | None]:
@@ -307,6 +361,49 @@ def plan(s: Setup) -> tuple[Setup, Cost | None]:
     made_for = PlanInputs.of(cfg, s.meta)
     made, cost = _plan(s, cfg, made_for)
     return replace(s, made_for=made_for, plan=made), cost
+
+
+def choose_mode(
+    cfg: LeoConfig,
+    run_dir: Path,
+    meta: dict[str, Any],
+    plan: CachePlan | None,
+    made_for: PlanInputs | None = None,
+) -> ModeChoice:
+    """The mode of a new run: set by name, predicted (`pipeline.choose=estimate`, one
+    worker, a single candidate), measured before by a run with the same inputs (wisdom,
+    under `measure`), or the candidates the workers are to try (`ModeChoice.trials`), with
+    where their result is to be kept; likewise the CPU SpMM variant (`pipeline.spmm=auto`:
+    `ModeChoice.spmm_trials`, tried also with one worker or a mode set by name). `made_for`:
+    what the plan stage planned for (worked out here where it did not run).
+
+    The `mode` stage's steps, called in turn (launch/choice.py, planner/auto_mode.py,
+    planner/wisdom.py); `leo profile-cache` runs them for its auto line."""
+    num_parts = int(meta["num_parts"])
+    cache = wisdom_dir(cfg, run_dir)
+    estimate = choose(cfg, plan, num_parts)
+    here = scale(cache, setting_of(cfg))
+    estimate = replace(estimate, calibrated_s=calibrated(estimate.predicted_s, here))
+    backend = active_backend()
+    variants = spmm_candidates(cfg, backend.cpu == "leo")
+    trial = estimate
+    if measures(cfg, num_parts):
+        trial = to_try(cfg, plan, estimate, available_memory_bytes())
+    trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
+    if not trial.trials and not variants:
+        return trial
+    if cfg.launch.nnodes > 1 and not cfg.cache.enabled:
+        return trial  # no plan, so no profile of the links in the key: kept nowhere
+    made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
+    inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
+    kernels = f"{backend.name}/{backend.cpu}"
+    names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
+    path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
+    if cfg.pipeline.choose == "measure":
+        known = kept(path, trial.trials, variants)
+        if known is not None:
+            return from_wisdom(trial, known, path)
+    return replace(trial, wisdom=str(path))
 
 
 def mode(s: Setup) -> tuple[Setup, Cost | None]:

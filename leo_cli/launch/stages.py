@@ -1,9 +1,11 @@
 """The hardware profile, part weights and cache plan of a run: part accesses + hardware
 profile + policy -> cache-plan.json.
 
-launch/setup.py runs these steps in order as stages of the set-up pipeline (`find_profile` or
-`new_profile`, `weigher_for`, `plan_for`); `part_weigher`, `run_partitions` and `ensure_plan`
-chain them for callers outside it (the elastic workers' re-forming of a run). The hardware
+launch/setup.py runs these steps in order as stages of the set-up pipeline (`given_profile`,
+`saved_profile_for` or `new_profile`, `weigher_for`, `plan_for`), each going down the layers
+with what the stage hands it (paths, placement); `find_profile`, `part_weigher`,
+`run_partitions` and `ensure_plan` chain them for callers outside it (the elastic workers'
+re-forming of a run). The hardware
 profile comes from `--hardware` or `cache.hardware`, a saved profile measured under the same
 conditions, or a short probe through the training launcher (every node joins it on several
 machines: `join_probe`); it also weighs the parts when their weights are unequal.
@@ -121,13 +123,14 @@ def part_accesses(run_dir: Path, num_parts: int, verify: bool = True) -> list[Pa
     return found
 
 
-def placement(cfg: LeoConfig) -> str:
-    """Rank 0's threads, when pinned a tag of every worker's cores (`launch.cpu_affinity`), and
-    the allocator unless the system's: what a profile must have been measured with to be
-    reused."""
+def placement(cfg: LeoConfig, nproc: int) -> str:
+    """Rank 0's threads (of `nproc` workers on this node: `workers_per_node`), when pinned a
+    tag of every worker's cores (`launch.cpu_affinity`), and the allocator unless the
+    system's: what a profile must have been measured with to be reused."""
     affinity = cfg.launch.cpu_affinity
-    threads = worker_threads(workers_per_node(cfg), affinity[0] if affinity else None)
-    return threads + affinity_tag(affinity) + allocator_tag(allocator_of(cfg.launch.allocator).name)
+    threads = worker_threads(nproc, affinity[0] if affinity else None)
+    allocator = allocator_tag(allocator_of(cfg.launch.allocator).name)
+    return threads + affinity_tag(affinity) + allocator
 
 
 def needs_profile(cfg: LeoConfig) -> bool:
@@ -231,7 +234,7 @@ def new_profile(
         print(busy_note(hw.load, run_dir), file=sys.stderr)
     if cfg.launch.nnodes > 1:
         return hw  # several machines: the run folder's alone
-    store = machine_cache(num_workers, placement(cfg), cfg.run.cache_dir)
+    store = machine_cache(num_workers, placement(cfg, workers_per_node(cfg)), cfg.run.cache_dir)
     with contextlib.suppress(OSError):  # an unwritable home only costs a probe next time
         hw.write(busy_cache(store) if busy else store)  # busy: for busy times only
     return hw
@@ -240,30 +243,52 @@ def new_profile(
 def find_profile(
     cfg: LeoConfig, run_dir: Path, given: Path | None, num_workers: int, reprobe: bool = False
 ) -> HardwareProfile | None:
-    """A profile that needs no probe (see `hardware_profile`), or None."""
+    """A profile that needs no probe (see `hardware_profile`), or None: `given_profile`,
+    else `saved_profile_for` (the hardware stage of launch/setup.py calls them in turn)."""
+    own = RunDir(run_dir).hardware
+    found = given_profile(cfg, own, given)
+    if found is not None:
+        return found
+    threads = None if cfg.launch.nnodes > 1 else placement(cfg, workers_per_node(cfg))
+    return saved_profile_for(cfg, own, num_workers, threads, reprobe)
+
+
+def given_profile(cfg: LeoConfig, own: Path, given: Path | None) -> HardwareProfile | None:
+    """The profile `given` (`--hardware`) or `cache.hardware` names, kept as the run folder's
+    (`own`) too, so later stages use the same one; None where neither names one."""
     path = given or cfg.cache.hardware
-    if path is not None:  # kept in the run folder too, so later stages use the same one
-        hw = HardwareProfile.read(Path(path))
-        if Path(path).resolve() != (RunDir(run_dir).hardware).resolve():
-            hw.write(RunDir(run_dir).hardware)
-        return hw
-    own = None if reprobe else saved_profile(RunDir(run_dir).hardware)
+    if path is None:
+        return None
+    hw = HardwareProfile.read(Path(path))
+    if Path(path).resolve() != own.resolve():
+        hw.write(own)
+    return hw
+
+
+def saved_profile_for(
+    cfg: LeoConfig, own: Path, num_workers: int, threads: str | None, reprobe: bool = False
+) -> HardwareProfile | None:
+    """A saved profile measured as this run would measure it, or None: the run folder's
+    (`own`); on several machines the one every node agrees to reuse (`threads` None: each
+    node's may differ); else this machine's store's for `num_workers` and `threads`
+    (`placement`), copied to `own`. `reprobe` takes none."""
+    hw = None if reprobe else saved_profile(own)
     if cfg.launch.nnodes > 1:  # what every node decides alike (join_probe)
-        return own if own is not None and fits_nodes(own, cfg, num_workers) else None
-    threads = placement(cfg)
-    if own is not None and matches(own, num_workers, threads):  # this host and torch too
-        return own
+        return hw if hw is not None and fits_nodes(hw, cfg, num_workers) else None
+    assert threads is not None, "one machine's profiles are stored by placement"
+    if hw is not None and matches(hw, num_workers, threads):  # this host and torch too
+        return hw
     store = machine_cache(num_workers, threads, cfg.run.cache_dir)
     machine = None if reprobe else saved_profile(store)
     if machine is not None and matches(machine, num_workers, threads):
-        machine.write(RunDir(run_dir).hardware)
+        machine.write(own)
         return machine
     busy = None if reprobe else saved_profile(busy_cache(store))
     if busy is not None and matches(busy, num_workers, threads):
         load = busy_now()  # a probe now would be taken under load as well
         if load is not None:
             print(busy_reuse_note(load, busy_cache(store)), file=sys.stderr)
-            busy.write(RunDir(run_dir).hardware)
+            busy.write(own)
             return busy
     if cfg.launch.device == "cuda" or (cfg.launch.device == "auto" and torch.cuda.is_available()):
         print(
@@ -415,11 +440,10 @@ def plan_for(
     meta = made_for.meta
     key = plan_key(made_for.inputs, hw)
     existing = None if force else read_plan(run_dir)
-    if existing is not None and existing.key == key:
-        attention, layers = cfg.model.attention, cfg.model.num_layers
-        existing.check_fits(
-            RunDir(run_dir).plan, halo_sizes(meta), layers, attention, cfg.pipeline.rounds_rows
-        )
+    if existing is not None and existing.key == key:  # (the plan's facts, then the config's)
+        sizes, rounded, attention = halo_sizes(meta), cfg.pipeline.rounds_rows, cfg.model.attention
+        path, layers = RunDir(run_dir).plan, cfg.model.num_layers
+        existing.check_fits(path, sizes, layers, attention, rounded)
         return existing, existing.plan_s or 0.0
     entry = plan_cache_entry(cfg, run_dir, key)
     cached = None if force or not shared or entry is None else _shared_plan(entry, key)

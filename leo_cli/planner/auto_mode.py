@@ -244,21 +244,21 @@ def host_shm_bytes(cfg: LeoConfig, plan: CachePlan, mode: str) -> int:
     return max((sum(ranks[i : i + per_node]) for i in range(0, len(ranks), per_node)), default=0)
 
 
-def shm_misfits(cfg: LeoConfig, plan: CachePlan | None, names: list[str]) -> dict[str, int]:
-    """Of `names`, the modes whose /dev/shm segments do not fit the free /dev/shm here, with
-    the bytes each needs."""
-    free = segments.free_bytes()
+def shm_misfits(
+    cfg: LeoConfig, plan: CachePlan | None, names: list[str], free: int | None
+) -> dict[str, int]:
+    """Of `names`, the modes whose /dev/shm segments do not fit the `free` bytes of /dev/shm
+    here (comm/segments.py `free_bytes`; None: unknown, all fit), with the bytes each needs."""
     if plan is None or free is None:
         return {}
     need = {n: host_shm_bytes(cfg, plan, n) for n in names}
     return {n: b for n, b in need.items() if b > free}
 
 
-def _shm_refusal(mode: str, need: int, requested: str) -> ConfigError:
-    free = segments.free_bytes() or 0
+def _shm_refusal(mode: str, need: int, requested: str, free: int | None) -> ConfigError:
     return ConfigError(
         f"pipeline.mode={requested} needs {_size(need)} of /dev/shm on this host for {mode}'s "
-        f"segments, which has {_size(free)} free; set pipeline.mode=blocking (or "
+        f"segments, which has {_size(free or 0)} free; set pipeline.mode=blocking (or "
         "pipeline.transport=process-group), or give /dev/shm more room (docker: --shm-size)."
     )
 
@@ -278,11 +278,12 @@ def choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoic
 
 
 def _choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoice:
+    free = segments.free_bytes()  # this host's, before the registry's records are read
     requested = cfg.pipeline.mode
     if not is_auto(requested):
-        misfit = shm_misfits(cfg, plan, [requested])
+        misfit = shm_misfits(cfg, plan, [requested], free)
         if misfit:
-            raise _shm_refusal(requested, misfit[requested], requested)
+            raise _shm_refusal(requested, misfit[requested], requested, free)
         return ModeChoice(requested, requested)
     names = candidates(cfg)
     assert names and names[0] == planned_mode(), f"auto candidates {names}"
@@ -290,9 +291,9 @@ def _choose(cfg: LeoConfig, plan: CachePlan | None, world_size: int) -> ModeChoi
         return ModeChoice(requested, names[0], "one worker: no rows move, every mode runs alike")
     if plan is None:
         return ModeChoice(requested, names[0], "no cache plan with cache.policy=none")
-    misfits = shm_misfits(cfg, plan, names)
+    misfits = shm_misfits(cfg, plan, names, free)
     if len(misfits) == len(names):
-        raise _shm_refusal(names[0], misfits[names[0]], requested)
+        raise _shm_refusal(names[0], misfits[names[0]], requested, free)
     choice = by_prediction(cfg, plan, [n for n in names if n not in misfits])
     if not misfits:
         return choice
@@ -333,6 +334,9 @@ def to_try(
     `FREE_SHARE` of the `free_bytes` this machine has, and after the planned mode its plan
     without replicas and without rows read in place, where the plan has them. A single
     candidate is the choice itself, untried."""
+    shm_free = segments.free_bytes()  # this host's, then the config's, then the registry's
+    # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
+    levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
     order = {n: i for i, n in enumerate(candidates(cfg))}
     predicted = estimate.predicted_s
     ranked = {**predicted, **estimate.calibrated_s}
@@ -340,9 +344,7 @@ def to_try(
     best = min(timed) if timed else None
     notes: dict[str, str] = {}
     tried: list[str] = []
-    misfits = shm_misfits(cfg, plan, list(order))
-    # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
-    levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
+    misfits = shm_misfits(cfg, plan, list(order), shm_free)
     for mode in sorted(order, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
         t = predicted.get(mode)
         if mode in misfits:

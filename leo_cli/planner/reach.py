@@ -31,11 +31,12 @@ def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
     asked for (`pipeline.transport=shared-memory`: this path has not yet run on a GPU here, so
     `auto` keeps GPUs on the process group) and where this torch can map it
     (comm/row_areas.py)."""
+    rounded, attention = cfg.pipeline.rounds_rows, cfg.model.attention  # (then the registry's)
     mode = mode_of(cfg.pipeline.mode)
+    transport = row_transport(cfg.pipeline.transport)
     kind = torch.device(device).type
     x86 = platform.machine().lower() in ORDERED_STORES
-    in_place = mode.reads_in_place and not cfg.model.attention and not cfg.pipeline.rounds_rows
-    transport = row_transport(cfg.pipeline.transport)
+    in_place = mode.reads_in_place and not attention and not rounded
     gpu = kind == "cuda" and transport.gpu and peer_memory_available()
     return in_place and transport.in_place != "none" and (kind == "cpu" or gpu) and x86
 

@@ -537,23 +537,23 @@ def test_spmm_leo_is_refused_before_any_work_where_it_cannot_load(
     import leo_cli.comm.dist as dist_module
     from leo_cli.config import load_config
     from leo_cli.errors import ConfigError
-    from leo_cli.launch import cpu_kernels, launcher
+    from leo_cli.launch import cpu_kernels, setup
 
     monkeypatch.delenv("LEO_KERNELS", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(cpu_kernels, "check_toolchain", lambda: None)
     monkeypatch.setattr(backend, "_ACTIVE", Backend("reference", "", "reference", "not built"))
-    monkeypatch.setattr(launcher, "check_device", lambda launch, nproc: None)
+    monkeypatch.setattr(setup, "check_device", lambda launch, nproc, cuda: None)
     on_cuda = lambda launch: device == "cuda"  # noqa: E731
-    monkeypatch.setattr(launcher, "uses_cuda", on_cuda)
+    monkeypatch.setattr(setup, "uses_cuda", on_cuda)
     monkeypatch.setattr(dist_module, "uses_cuda", on_cuda)  # (read where it is called)
     cfg = load_config(None, ["pipeline.spmm=leo", f"launch.device={device}"])
     if refused is None:
-        launcher.check_supported(cfg)
+        setup.check_supported(cfg)
         return
     with pytest.raises(ConfigError) as exc:
-        launcher.check_supported(cfg)
+        setup.check_supported(cfg)
     assert str(exc.value) == (
         f"pipeline.spmm=leo needs LEO's CPU kernels, which are not loaded ({refused}); set "
         "pipeline.spmm=auto (or torch), or build them with `leo compile --cpu`."

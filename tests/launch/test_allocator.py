@@ -254,8 +254,8 @@ def test_profiles_are_kept_per_allocator(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("LEO_JEMALLOC", raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setattr(allocator_module, "find_jemalloc", lambda: LIB)
-    jemalloc = plan_stage.placement(load_config(None, []))
-    system = plan_stage.placement(load_config(None, ["launch.allocator=system"]))
+    jemalloc = plan_stage.placement(load_config(None, []), 2)
+    system = plan_stage.placement(load_config(None, ["launch.allocator=system"]), 2)
     assert jemalloc == system + "-jemalloc" and system == worker_threads(2)
     hw = HardwareProfile.model_validate(hardware_dict())
     assert store.placement_of(hw) == system

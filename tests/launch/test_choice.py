@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from leo_cli.config import load_config, write_resolved
-from leo_cli.launch.choice import choose_mode, from_wisdom, keep_trials, kept
+from leo_cli.launch.choice import from_wisdom, keep_trials, kept
+from leo_cli.launch.setup import choose_mode
 from leo_cli.planner.auto_mode import (
     FROM_WISDOM,
     ModeChoice,

@@ -26,6 +26,11 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[forkserver.ForkServer]:
     preload.stop(server)
 
 
+def workers(cfg: LeoConfig) -> elastic.Workers:
+    """As the checks stage works them out, on CPU."""
+    return elastic.Workers(elastic.workers_per_node(cfg), False, elastic.worker_module(cfg))
+
+
 def run(cfg: LeoConfig, cache: Path, mark: str, monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """A run's two steps: as it begins, and at its `preload` stage (where set-up has changed
     the environment: `mark`); the server's pid and environment after each."""
@@ -33,7 +38,7 @@ def run(cfg: LeoConfig, cache: Path, mark: str, monkeypatch: pytest.MonkeyPatch)
     with early.server(cfg, cache):
         seen += [preload.server_pid(), preload.held_environment()]
         monkeypatch.setenv("LEO_TEST_MARK", mark)
-        elastic.start_early(cfg, cache)
+        elastic.start_early(cfg, workers(cfg), cache)
         seen += [preload.server_pid(), preload.held_environment()]
     monkeypatch.delenv("LEO_TEST_MARK")
     return seen
@@ -96,6 +101,7 @@ def test_a_run_outside_early_server_writes_nothing_down(
     tmp_path: Path, fresh: forkserver.ForkServer
 ) -> None:
     """`leo bench`'s runs and direct launches start their server at `preload` as before."""
-    elastic.start_early(load_config(None, ["partition.num_parts=2"]), tmp_path)
+    cfg = load_config(None, ["partition.num_parts=2"])
+    elastic.start_early(cfg, workers(cfg), tmp_path)
     assert preload.server_pid() is not None
     assert not (tmp_path / early.FOLDER).exists()

@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from leo_cli.cli.app import app
+from leo_cli.comm.dist import uses_cuda
 from leo_cli.config import LeoConfig, load_config, write_resolved
 from leo_cli.errors import ConfigError
 from leo_cli.launch.launcher import check_device
@@ -100,7 +101,7 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gloo_with_cuda_tensors_is_refused_in_one_sentence(two_gpus: None, device: str) -> None:
     cfg = load_config(None, [f"launch.device={device}", "launch.backend=gloo"])
     with pytest.raises(ConfigError, match=r"launch\.backend=gloo cannot move the CUDA tensors"):
-        check_device(cfg.launch, 2)
+        check_device(cfg.launch, 2, uses_cuda(cfg.launch))
     result = CliRunner().invoke(
         app, ["train", "--set", f"launch.device={device}", "--set", "launch.backend=gloo"]
     )
@@ -110,11 +111,13 @@ def test_gloo_with_cuda_tensors_is_refused_in_one_sentence(two_gpus: None, devic
 
 @pytest.mark.parametrize("setting", ["launch.backend=auto", "launch.backend=nccl"])
 def test_gpu_backends_pass_the_device_check(two_gpus: None, setting: str) -> None:
-    check_device(load_config(None, [setting]).launch, 2)
+    launch = load_config(None, [setting]).launch
+    check_device(launch, 2, uses_cuda(launch))
 
 
 def test_gloo_on_the_cpu_passes_even_beside_gpus(two_gpus: None) -> None:
-    check_device(load_config(None, ["launch.device=cpu", "launch.backend=gloo"]).launch, 2)
+    launch = load_config(None, ["launch.device=cpu", "launch.backend=gloo"]).launch
+    check_device(launch, 2, uses_cuda(launch))
 
 
 def test_a_worker_refuses_gloo_on_its_gpu() -> None:

@@ -58,7 +58,7 @@ def test_profile_cache_interrupted_is_one_line(
     # (the command imports the set-up where it acts: its stages' calls patched there)
     reused = PartitionResult(tmp_path, {}, reused=True)
     monkeypatch.setattr(setup, "ensure_partitions", lambda *a, **k: reused)
-    monkeypatch.setattr(setup, "find_profile", lambda *a: types.SimpleNamespace(probe_s=1.0))
+    monkeypatch.setattr(setup, "given_profile", lambda *a: types.SimpleNamespace(probe_s=1.0))
     monkeypatch.setattr(setup, "PlanInputs", types.SimpleNamespace(of=lambda *a: None))
     monkeypatch.setattr(setup, "plan_for", fake_interrupt(signum))
     res = CliRunner().invoke(app, ["profile-cache", "--set", f"run.out_dir={tmp_path}"])

@@ -29,7 +29,7 @@ from leo_cli.run_dir import RunDir
 def machine_cache(num_workers: int, threads: str, cache_dir: Path | None = None) -> Path:
     """Where this machine's profile for a worker count and placement is kept between runs.
 
-    `threads` is `placement(cfg)`. The folder: `LEO_HARDWARE_CACHE`, else `hardware/` in
+    `threads` is launch/stages.py `placement`. The folder: `LEO_HARDWARE_CACHE`, else `hardware/` in
     `cache_dir` (`run.cache_dir`, when set), else ~/.cache/leo/hardware.
     """
     home = Path.home() / ".cache" / "leo" / "hardware"
