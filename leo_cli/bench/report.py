@@ -13,7 +13,9 @@ set-up (`setup_s`), its `wall_s` and `cost_200_epochs_s` = set-up + 200 x the ep
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib.metadata
 import io
 import json
 import math
@@ -354,12 +356,8 @@ def environment(command: str) -> dict[str, Any]:
     """Hardware and versions, so a table can be read without the machine."""
     versions = {"leo": leo_cli.__version__, "torch": torch.__version__}
     versions["python"] = platform.python_version()
-    try:
-        import torch_geometric
-
-        versions["torch_geometric"] = torch_geometric.__version__
-    except ImportError:
-        pass
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # read, not imported
+        versions["torch_geometric"] = importlib.metadata.version("torch_geometric")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu": cpu_model(),
