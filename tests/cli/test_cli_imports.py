@@ -75,3 +75,18 @@ def test_config_commands_and_refused_inputs_import_no_torch(tmp_path: Path) -> N
     for args, code, torch in reports:
         assert code == cases[tuple(args)], (args, res.stderr)
         assert not torch, f"leo {' '.join(args)} imported torch"
+
+
+def test_the_bench_environment_names_pyg_without_importing_it() -> None:
+    """Its version is read from the installed package's metadata (an import costs seconds)."""
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "from leo_cli.bench import report\n"
+        "v = report.environment('x')['versions'].get('torch_geometric')\n"
+        "try:\n    want = m.version('torch_geometric')\nexcept m.PackageNotFoundError:\n"
+        "    want = None\n"
+        "print(v == want, 'torch_geometric' in sys.modules)"
+    )
+    res = python("-c", code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "False"]
