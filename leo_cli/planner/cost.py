@@ -767,13 +767,16 @@ POSITION_BYTES = 8  # an int64 row list (chunks' send positions, rows read out, 
 @dataclass(frozen=True)
 class Buffers:
     """Bytes each rank of a mode holds beyond what every mode holds, at its peak (`total`:
-    `kept` + `shm` + `structures` + `lift`), and of what:
+    `shm` and the larger of two phases, set-up making the static aggregate with `setup`
+    beside it, or the steps with `kept` + `structures` + `lift`), and of what:
 
     - `kept`: the replicas' input rows;
     - `shm`: mapped from /dev/shm (a shared-memory segment's rows, published rows);
     - `structures`: the column blocks and row lists its aggregator keeps for the run;
     - `moving`: the rows moving in its largest phase (a layer's exchange, one direction);
-    - `lift`: what they add to the step's peak, above the activations every mode holds.
+    - `lift`: what they add to the step's peak, above the activations every mode holds;
+    - `setup`: what set-up holds beside the static aggregate's inputs: the part's CSR's
+      transpose, a per-edge mode's list of every halo row.
     """
 
     total: list[int]
@@ -782,6 +785,7 @@ class Buffers:
     structures: list[int] = dataclasses.field(default_factory=list)
     moving: list[int] = dataclasses.field(default_factory=list)
     lift: list[int] = dataclasses.field(default_factory=list)
+    setup: list[int] = dataclasses.field(default_factory=list)
 
 
 def buffer_bytes(
@@ -874,12 +878,54 @@ def mode_buffers(
             # rows it reads unless they travel as rows (no replicas: comm/levels.py)
             read = int(read_in_place[r]) if replicas else 0
             shm[r] += NUM_COPIES * (p.num_boundary + read) * row
-    lift = [
-        max(0, phase - _activation_peak(shape, p.num_inner, static))
-        for phase, p in zip(peak_phase, accesses, strict=True)
-    ]
-    total = [k + s + h + m for k, s, h, m in zip(kept, shm, structures, lift, strict=True)]
-    return Buffers(total, shm, kept, structures, moving, lift)
+    total, setup, lift = [], [], []
+    for r, p in enumerate(accesses):
+        steps = _activation_peak(shape, p.num_inner, static) + static * _static_bytes(p, shape)
+        lift.append(max(0, peak_phase[r] - _activation_peak(shape, p.num_inner, static)))
+        fetch = static * _fetch_bytes(p, shape)  # the static aggregate's inputs, made first
+        csr = _part_csr_bytes(p, shape)
+        reads = mode.reads_in_place and bool(read_in_place[r])
+        alone = reads and not caches[r].replica_rows.shape[0] and not shape.attention
+        setup.append((0 if alone else _transpose_bytes(p, shape)) + _listed_bytes(p, mode))
+        training = steps + kept[r] + structures[r] + lift[r]
+        common = max(fetch + csr, steps)  # every mode's peak: the smaller of these phases
+        total.append(shm[r] + max(fetch + csr + setup[r], training) - common)
+    return Buffers(total, shm, kept, structures, moving, lift, setup)
+
+
+def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes of the static aggregate `Â·X` (comm/levels.py), kept for the run."""
+    return p.num_inner * shape.widths[0] * shape.dtype_bytes
+
+
+def _fetch_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes alive while set-up makes the static aggregate (comm/levels.py
+    `static_aggregate`): the halo's input rows fetched, `[x | halo]` beside them."""
+    return (p.num_inner + 2 * p.num_halo) * shape.widths[0] * shape.dtype_bytes
+
+
+def _part_csr_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes of the part's CSR built forward-only (models/local_graph.py): pointers, and
+    every edge's column and weight (the self-loops too where they are entries)."""
+    edges = p.inner_edges + p.num_inner * shape.diagonal + p.halo_edges
+    return (p.num_inner + 1) * INDEX_BYTES + edges * (INDEX_BYTES + shape.dtype_bytes)
+
+
+def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes the part's CSR adds with its transpose (pointers, rows and positions), which
+    it is built with unless the views of rows read in place replace it (worker/assemble.py
+    `views_leave_the_part`)."""
+    edges = p.inner_edges + p.num_inner * shape.diagonal + p.halo_edges
+    return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
+
+
+PYTHON_ROW_BYTES = 36  # an int in a Python list: its object and the list's pointer
+
+
+def _listed_bytes(p: PartAccess, mode: Mode) -> int:
+    """Bytes of the halo rows a per-edge mode lists one by one as L3 rows for set-up (a
+    Python list of ints: worker/assemble.py `every_row_l3`)."""
+    return p.num_halo * PYTHON_ROW_BYTES if mode.per_edge_rows else 0
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:

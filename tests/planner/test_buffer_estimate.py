@@ -16,8 +16,9 @@ from helpers.ranks import dataset_info, spawn_ranks
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
+from leo_cli.models.local_graph import part_adjacency
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import mode_buffers
+from leo_cli.planner.cost import _part_csr_bytes, _transpose_bytes, mode_buffers
 from leo_cli.planner.make import model_shape
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.reach import Reach
@@ -92,3 +93,19 @@ def test_structures_of_each_mode_match_its_assembled_aggregator(num_edges: int) 
             really = held[r][i] - held[r][0]
             estimated = estimates[i][r] - estimates[0][r]
             assert abs(estimated - really) <= 0.01 * abs(really) + 64, (mode, extra, r)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_the_parts_csr_is_what_set_up_holds_of_it(model: str) -> None:
+    """Set-up's part CSR (forward-only where the views of rows read in place replace it,
+    else with its transpose) against `_part_csr_bytes` and `_transpose_bytes`."""
+    g = random_graph(num_nodes=600, num_edges=3000, num_features=8, seed=2)
+    part = build_parts(g, assign_parts(g, 2, "range", 0), 2)[0]
+    cfg = load_config(None, [f"model.name={model}"])
+    shape = model_shape(cfg.model, 8, 3, 4)
+    access = PartAccess.from_part(part)
+    cpu = torch.device("cpu")
+    alone = held_bytes(part_adjacency(part, model, torch.float32, cpu, transpose=False))
+    both = held_bytes(part_adjacency(part, model, torch.float32, cpu, transpose=True))
+    assert alone == _part_csr_bytes(access, shape)
+    assert both - alone == _transpose_bytes(access, shape)
