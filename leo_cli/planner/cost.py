@@ -919,7 +919,7 @@ def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
     return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
 
 
-PYTHON_ROW_BYTES = 36  # an int in a Python list: its object and the list's pointer
+PYTHON_ROW_BYTES = 40  # an int in a Python list: its object (28 B in a 32 B block) and the pointer
 
 
 def _listed_bytes(p: PartAccess, mode: Mode) -> int:
