@@ -806,28 +806,31 @@ def mode_buffers(
     mode_name: str,
     reach: Reach | None = None,
 ) -> Buffers:
-    """Bytes each rank of a mode holds at its peak beyond what every mode holds, as comm/
-    allocates them, and which of them are mapped from /dev/shm:
+    """Bytes each rank of a mode holds at its peak beyond what every mode holds there, as
+    comm/ allocates them, and which of them are mapped from /dev/shm (see `Buffers`).
 
-    - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
-      shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
-      gradients' copy), and where any rank reads rows in place, every rank's published
-      rows (`NUM_COPIES` of its boundary rows; their gradients travel as rows through them,
-      or, where some rank replicates rows, as partial sums beside them); the aggregator's
-      column blocks (`_structure_bytes`: their CSRs, transposed where halo gradients return
-      as partial sums) and row lists;
-    - the rows moving in one phase (a layer's exchange, forward or backward; none at a
-      layer 0 the static aggregate serves, no gradients back from an aggregate-first layer
-      0): rows packed to send and received (per reading edge for per-edge rows), the halo
-      gradients and those returned (unless gradients move as rows), or one peer's rows read
-      out of a segment at a time. They count only as far as they lift the step's peak: the
-      phase's activations (`_activations`, the same in every mode) and its moving rows,
-      above the largest phase of activations alone.
+    The larger of two phases, each against the same phase of a mode holding nothing of its
+    own: set-up making the static aggregate (its inputs beside the part's CSR, with the
+    CSR's transpose unless the views of rows read in place replace it, and a per-edge mode's
+    list of every halo row), or the steps: the activations' peak, the replicas' input rows
+    (L1), the aggregator's column blocks and row lists (`_structure_bytes`: their CSRs,
+    transposed where halo gradients return as partial sums), and the rows moving in one
+    phase (a layer's exchange, forward or backward; none at a layer 0 the static aggregate
+    serves, no gradients back from an aggregate-first layer 0: rows packed to send and
+    received, per reading edge for per-edge rows, the halo gradients and those returned
+    unless gradients move as rows, or one peer's rows read out of a segment at a time) only
+    as far as they lift that peak: the phase's activations (`_activations`) and its moving
+    rows, above the largest phase of activations alone. On top, whatever the phase, the
+    segments reserved in /dev/shm at the widest exchanged width: a shared-memory segment's
+    rows (its share: the rank's inner rows; attention adds the halo gradients' copy), and
+    where any rank reads rows in place, every rank's published rows (`NUM_COPIES` of its
+    boundary rows; their gradients travel as rows through them, or, where some rank
+    replicates rows, as partial sums beside them).
 
     `reach`: the rows read in place (default: none). An estimate for ranking modes by memory
-    (`pipeline.auto_margin`), not a worker's memory: the graph, features, activations and
-    weights every mode holds alike are left out, and so are temporaries of set-up and
-    allocator slack."""
+    (`pipeline.auto_margin`), not a worker's memory: what every mode holds alike (the graph,
+    features, activations, weights) is left out, and so are allocator slack and set-up's
+    other phases."""
     mode = mode_of(mode_name)
     num = len(accesses)
     widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
@@ -888,7 +891,7 @@ def mode_buffers(
         alone = reads and not caches[r].replica_rows.shape[0] and not shape.attention
         setup.append((0 if alone else _transpose_bytes(p, shape)) + _listed_bytes(p, mode))
         training = steps + kept[r] + structures[r] + lift[r]
-        common = max(fetch + csr, steps)  # every mode's peak: the smaller of these phases
+        common = max(fetch + csr, steps)  # the peak of a mode holding nothing of its own
         total.append(shm[r] + max(fetch + csr + setup[r], training) - common)
     return Buffers(total, shm, kept, structures, moving, lift, setup)
 
