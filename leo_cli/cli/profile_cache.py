@@ -118,8 +118,9 @@ def prediction_sheet(plan: CachePlan, scale: dict[str, float] | None = None) -> 
     if plan.buffer_bytes:
         notes.append(
             "step columns: the modes besides leo without a cache, as leo bench runs them; row "
-            "buffers: the bytes of the buffers that move rows, all ranks together, each mode "
-            "run with this plan's levels, as pipeline.mode=auto weighs them with "
+            "buffers: the bytes each mode holds at its peak beyond what every mode holds "
+            "(segments, blocks, set-up's transpose, moving rows), all ranks together, each "
+            "mode run with this plan's levels, as pipeline.mode=auto weighs them with "
             "predicted_run_s"
         )
     if scale:

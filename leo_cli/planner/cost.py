@@ -13,6 +13,7 @@ E edges, a/b a layer's input/output width, w the width it exchanges, k chunks pe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -759,13 +760,32 @@ def predict(
     return Prediction(float(total), stages, per_rank)
 
 
+INDEX_BYTES = 4  # an index of a block's CSR: int32 where it fits (kernels/csr.py)
+POSITION_BYTES = 8  # an int64 row list (chunks' send positions, rows read out, interior rows)
+
+
 @dataclass(frozen=True)
 class Buffers:
-    """Bytes of each rank's buffers that hold and move halo rows (`total`), and the part of
-    them mapped from /dev/shm (`shm`: a shared-memory segment's rows, published rows)."""
+    """Bytes each rank of a mode holds beyond what every mode holds, at its peak (`total`:
+    `shm` and the larger of two phases, set-up making the static aggregate with `setup`
+    beside it, or the steps with `kept` + `structures` + `lift`), and of what:
+
+    - `kept`: the replicas' input rows;
+    - `shm`: mapped from /dev/shm (a shared-memory segment's rows, published rows);
+    - `structures`: the column blocks and row lists its aggregator keeps for the run;
+    - `moving`: the rows moving in its largest phase (a layer's exchange, one direction);
+    - `lift`: what they add to the step's peak, above the activations every mode holds;
+    - `setup`: what set-up holds beside the static aggregate's inputs: the part's CSR's
+      transpose, a per-edge mode's list of every halo row.
+    """
 
     total: list[int]
     shm: list[int]
+    kept: list[int] = dataclasses.field(default_factory=list)
+    structures: list[int] = dataclasses.field(default_factory=list)
+    moving: list[int] = dataclasses.field(default_factory=list)
+    lift: list[int] = dataclasses.field(default_factory=list)
+    setup: list[int] = dataclasses.field(default_factory=list)
 
 
 def buffer_bytes(
@@ -786,23 +806,31 @@ def mode_buffers(
     mode_name: str,
     reach: Reach | None = None,
 ) -> Buffers:
-    """Bytes each rank of a mode holds at once in the buffers that hold and move halo rows,
-    as comm/ allocates them, and which of them are mapped from /dev/shm:
+    """Bytes each rank of a mode holds at its peak beyond what every mode holds there, as
+    comm/ allocates them, and which of them are mapped from /dev/shm (see `Buffers`).
 
-    - kept for the run: the replicas' input rows (L1); at the widest exchanged width, a
-      shared-memory segment's rows (its share: the rank's inner rows; attention adds the halo
-      gradients' two copies), and where any rank reads rows in place, every rank's published
-      rows (`NUM_COPIES` of its boundary rows; their gradients travel as rows through them,
-      or, where some rank replicates rows, as partial sums beside them);
-    - the largest layer's transfer buffers (none at a layer 0 the static aggregate serves, no
-      gradients back from an aggregate-first layer 0): rows packed to send and received (per
-      reading edge for per-edge rows), the halo gradients and those returned (unless
-      gradients move as rows), or one peer's rows read out of a segment at a time.
+    The larger of two phases, each against the same phase of a mode holding nothing of its
+    own: set-up making the static aggregate (its inputs beside the part's CSR, with the
+    CSR's transpose unless the views of rows read in place replace it, and a per-edge mode's
+    list of every halo row), or the steps: the activations' peak, the replicas' input rows
+    (L1), the aggregator's column blocks and row lists (`_structure_bytes`: their CSRs,
+    transposed where halo gradients return as partial sums), and the rows moving in one
+    phase (a layer's exchange, forward or backward; none at a layer 0 the static aggregate
+    serves, no gradients back from an aggregate-first layer 0: rows packed to send and
+    received, per reading edge for per-edge rows, the halo gradients and those returned
+    unless gradients move as rows, or one peer's rows read out of a segment at a time) only
+    as far as they lift that peak: the phase's activations (`_activations`) and its moving
+    rows, above the largest phase of activations alone. On top, whatever the phase, the
+    segments reserved in /dev/shm at the widest exchanged width: a shared-memory segment's
+    rows (its share: the rank's inner rows; attention adds the halo gradients' copy), and
+    where any rank reads rows in place, every rank's published rows (`NUM_COPIES` of its
+    boundary rows; their gradients travel as rows through them, or, where some rank
+    replicates rows, as partial sums beside them).
 
     `reach`: the rows read in place (default: none). An estimate for ranking modes by memory
-    (`pipeline.auto_margin`), not a worker's memory: the graph, features, activations and
-    weights are left out, and so are what differs besides buffers (the CSR views of cache
-    levels, the second CSR of rows read in place), temporaries and allocator slack."""
+    (`pipeline.auto_margin`), not a worker's memory: what every mode holds alike (the graph,
+    features, activations, weights) is left out, and so are allocator slack and set-up's
+    other phases."""
     mode = mode_of(mode_name)
     num = len(accesses)
     widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
@@ -813,7 +841,9 @@ def mode_buffers(
             shm[r] += p.num_inner * shape.wire_row(widest)
             if shape.attention:  # halo gradients return as partial sums through a segment
                 shm[r] += GRAD_COPIES * p.num_halo * widest * shape.dtype_bytes
+    peak_phase = [0] * num
     moving = [0] * num
+    structures = [0] * num
     read_in_place = np.zeros(num)
     static = _every_static(caches)
     for layer in range(shape.num_layers):
@@ -824,11 +854,12 @@ def mode_buffers(
             accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
         )
         read_in_place = np.maximum(read_in_place, cnt.read_in_place)
-        for r in range(num):
+        as_rows = sl.gradient_rows(mode, cnt.in_place_rows_grads)
+        for r, p in enumerate(accesses):
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
             if sl.input_needs_no_gradient:
                 backward = 0
-            elif sl.gradient_rows(mode, cnt.in_place_rows_grads):
+            elif as_rows:
                 backward = _layer_buffers(mode, cnt, r, sl.grad_bytes)
             elif mode.wire.gradient_buffer:  # comm/transport.py halo_grads: the buffer
                 # and one chunk's gradient (one chunk a peer), then those of its own rows
@@ -838,7 +869,11 @@ def mode_buffers(
                 backward = int(cnt.halo[r] + cnt.send[r]) * sl.grad_bytes
             else:
                 backward = 0
+            before, after = _activations(shape, p.num_inner, layer)
+            peak_phase[r] = max(peak_phase[r], before + forward, after + backward)
             moving[r] = max(moving[r], forward, backward)
+            held = _structure_bytes(p, cnt, r, mode, shape, transpose=not as_rows)
+            structures[r] = max(structures[r], held)
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
         replicas = any(c.replica_rows.shape[0] for c in caches)
@@ -846,8 +881,54 @@ def mode_buffers(
             # rows it reads unless they travel as rows (no replicas: comm/levels.py)
             read = int(read_in_place[r]) if replicas else 0
             shm[r] += NUM_COPIES * (p.num_boundary + read) * row
-    total = [k + s + m for k, s, m in zip(kept, shm, moving, strict=True)]
-    return Buffers(total, shm)
+    total, setup, lift = [], [], []
+    for r, p in enumerate(accesses):
+        steps = _activation_peak(shape, p.num_inner, static) + static * _static_bytes(p, shape)
+        lift.append(max(0, peak_phase[r] - _activation_peak(shape, p.num_inner, static)))
+        fetch = static * _fetch_bytes(p, shape)  # the static aggregate's inputs, made first
+        csr = _part_csr_bytes(p, shape)
+        reads = mode.reads_in_place and bool(read_in_place[r])
+        alone = reads and not caches[r].replica_rows.shape[0] and not shape.attention
+        setup.append((0 if alone else _transpose_bytes(p, shape)) + _listed_bytes(p, mode))
+        training = steps + kept[r] + structures[r] + lift[r]
+        common = max(fetch + csr, steps)  # the peak of a mode holding nothing of its own
+        total.append(shm[r] + max(fetch + csr + setup[r], training) - common)
+    return Buffers(total, shm, kept, structures, moving, lift, setup)
+
+
+def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes of the static aggregate `Â·X` (comm/levels.py), kept for the run."""
+    return p.num_inner * shape.widths[0] * shape.dtype_bytes
+
+
+def _fetch_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes alive while set-up makes the static aggregate (comm/levels.py
+    `static_aggregate`): the halo's input rows fetched, `[x | halo]` beside them."""
+    return (p.num_inner + 2 * p.num_halo) * shape.widths[0] * shape.dtype_bytes
+
+
+def _part_csr_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes of the part's CSR built forward-only (models/local_graph.py): pointers, and
+    every edge's column and weight (the self-loops too where they are entries)."""
+    edges = p.inner_edges + p.num_inner * shape.diagonal + p.halo_edges
+    return (p.num_inner + 1) * INDEX_BYTES + edges * (INDEX_BYTES + shape.dtype_bytes)
+
+
+def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
+    """Bytes the part's CSR adds with its transpose (pointers, rows and positions), which
+    it is built with unless the views of rows read in place replace it (worker/assemble.py
+    `views_leave_the_part`)."""
+    edges = p.inner_edges + p.num_inner * shape.diagonal + p.halo_edges
+    return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
+
+
+PYTHON_ROW_BYTES = 40  # an int in a Python list: its object (28 B in a 32 B block) and the pointer
+
+
+def _listed_bytes(p: PartAccess, mode: Mode) -> int:
+    """Bytes of the halo rows a per-edge mode lists one by one as L3 rows for set-up (a
+    Python list of ints: worker/assemble.py `every_row_l3`)."""
+    return p.num_halo * PYTHON_ROW_BYTES if mode.per_edge_rows else 0
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:
@@ -859,3 +940,77 @@ def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:
     if wire.reads_out:  # read out one peer's rows at a time (comm/shm.py ReadOut)
         rows += float(cnt.recv[r].max(initial=0.0))
     return int(rows) * row
+
+
+def _structure_bytes(
+    p: PartAccess, cnt: _Counts, r: int, mode: Mode, shape: ModelShape, transpose: bool
+) -> int:
+    """Bytes of what rank r's aggregator keeps for the run at one layer's counts, as
+    comm/blocks.py and comm/inplace.py build it: the inner column block, a block per peer
+    of the rows that travel (compact: the rows reading them), a forward-only CSR per owner
+    of the rows read in place, each CSR's transpose where halo gradients return as partial
+    sums (`transpose`: the inner block's then keeps the part's transposed rows of every
+    edge, of which it is a slice), and the row lists: rows sent (the plan's and the chunks'
+    positions), a segment's rows read out (`halo_rows_H`), rows read in place (their
+    positions), rows published (theirs, their positions, each reader's) and the pipeline's
+    interior rows."""
+    n, value = p.num_inner, shape.dtype_bytes
+    edge = INDEX_BYTES + value  # an edge's column (or row) and its weight
+    inner_edges = p.inner_edges + n * shape.diagonal
+    per_csr = 2 if transpose else 1
+    held = per_csr * ((n + 1) * INDEX_BYTES + inner_edges * edge)  # the inner block
+    if transpose:  # its transpose's rows are a slice of the part's, which holds every edge's
+        held += int(p.halo_edges) * INDEX_BYTES
+    travel_edges = float(cnt.halo_edges[r] - cnt.in_place_edges[r])
+    if travel_edges > 0:  # halo blocks: their rows, pointers (both ways) and edges
+        rows = min(p.rows_reading_blocks(1), travel_edges)
+        held += int(2 * rows * INDEX_BYTES + per_csr * travel_edges * edge)
+        if transpose:
+            held += int(cnt.halo[r]) * INDEX_BYTES  # the transposes' pointers
+        held += 2 * int(cnt.send[r]) * POSITION_BYTES  # the plan's send list, the chunks'
+        if mode.wire.reads_out:  # where each halo row sits in the segment
+            held += int(cnt.halo[r]) * POSITION_BYTES
+    owners = int((cnt.in_place[r] > 0).sum())
+    if owners:  # one forward-only CSR over every inner row per owner, and the rows' positions
+        held += owners * (n + 1) * INDEX_BYTES + int(cnt.in_place_edges[r] * edge)
+        held += int(cnt.read_in_place[r]) * POSITION_BYTES
+    if cnt.publishes[r]:  # its published rows, where they sit among its boundary rows, and
+        # the rows each reader reads of them
+        held += (2 * p.num_boundary + int(cnt.read_from[r])) * POSITION_BYTES
+    if mode.overlap:
+        held += max(0, n - p.num_boundary) * POSITION_BYTES
+    return held
+
+
+def _activations(shape: ModelShape, n: int, layer: int) -> tuple[int, int]:
+    """Bytes of activations alive while `layer` exchanges rows, forward and backward, on
+    `n` inner rows (the same in every mode): the layers before it saved what their
+    backward reads (each its input and its output, `_saved`), and the layer itself its
+    input and the rows it sends (forward) or also its output's gradient (backward)."""
+    a = shape.widths[layer]
+    b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
+    w = shape.exchanged_width(layer)
+    earlier = sum(_saved(shape, n, j) for j in range(layer))
+    forward = earlier + n * (a + (w if w < a else 0)) * shape.dtype_bytes
+    backward = earlier + _saved(shape, n, layer) + n * b * shape.dtype_bytes
+    return forward, backward
+
+
+def _saved(shape: ModelShape, n: int, layer: int) -> int:
+    """Bytes a layer keeps for its backward: its input and its output, `n` rows each."""
+    b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
+    return n * (shape.widths[layer] + b) * shape.dtype_bytes
+
+
+def _activation_peak(shape: ModelShape, n: int, static: bool) -> int:
+    """The step's largest phase of activations alone (`_activations`), or the backward of
+    a layer past the first that makes its input's gradient: what it saved up to it, the
+    gradient through the weights and again through the activation and dropout."""
+    peak = 0
+    for layer in range(shape.num_layers):
+        if not _shape_layer(shape, layer).served_by_static(static):
+            peak = max(peak, *_activations(shape, n, layer))
+        if layer > 0:
+            saved = sum(_saved(shape, n, j) for j in range(layer + 1))
+            peak = max(peak, saved + 2 * n * shape.widths[layer] * shape.dtype_bytes)
+    return peak

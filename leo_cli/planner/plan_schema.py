@@ -109,8 +109,9 @@ class PlanFile(_Strict):
     """Per exact pipeline mode, its predicted step run with this plan's levels (what
     `pipeline.mode=auto` chooses from)."""
     predicted_buffer_bytes: dict[str, Count] = {}
-    """Per exact pipeline mode, the bytes of the buffers that move rows, all ranks together
-    (what `pipeline.mode=auto` also weighs: `pipeline.auto_margin`)."""
+    """Per exact pipeline mode, the bytes it holds at its peak beyond what every mode holds
+    (planner/cost.py `mode_buffers`: segments, blocks, set-up's transpose, moving rows), all
+    ranks together (what `pipeline.mode=auto` also weighs: `pipeline.auto_margin`)."""
     predicted_shm_bytes: dict[str, list[Count]] = {}
     """Per exact pipeline mode, each rank's bytes of them in /dev/shm (checked against the
     host's free /dev/shm before workers start)."""

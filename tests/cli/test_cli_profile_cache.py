@@ -62,7 +62,7 @@ def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     assert "leo/no-replicas" in tried and "leo" in tried, line
     ranked = [n for n in tried if "/" not in n]
     assert ranked == sorted(ranked, key=lambda m: run_s[m]), (ranked, run_s)
-    assert "row buffers: the bytes of the buffers that move rows" in " ".join(res.stdout.split())
+    assert "row buffers: the bytes each mode holds at its peak" in " ".join(res.stdout.split())
     # Each rank's predicted step and busy time, and their spread, per mode; printed per rank.
     leo_ranks = plan["predicted_ranks_s"]["leo"]
     assert len(leo_ranks) == 3 and all(r["busy_s"] > 0 for r in leo_ranks)

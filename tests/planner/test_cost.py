@@ -20,7 +20,7 @@ from leo_cli.planner.cost import (
     Phases,
     _combine,
     _Counts,
-    buffer_bytes,
+    mode_buffers,
     predict,
 )
 from leo_cli.planner.plan import RankCache
@@ -397,7 +397,20 @@ def test_across_hosts_a_node_link_carries_every_row_crossing_it() -> None:
     assert one_host.hosts() is None  # every rank on one host: priced as before
 
 
-# Buffers that move rows (`buffer_bytes`), on the two parts above: 10 inner rows (4 boundary),
+def buffer_bytes(
+    accesses: list[PartAccess],
+    caches: list[RankCache],
+    shape: cost.ModelShape,
+    mode: str,
+    reach: Reach | None = None,
+) -> list[int]:
+    """What `mode_buffers` counts of rows: kept replicas, /dev/shm, the largest phase's
+    moving rows (its structures and their weighing against activations: below)."""
+    b = mode_buffers(accesses, caches, shape, mode, reach)
+    return [k + s + m for k, s, m in zip(b.kept, b.shm, b.moving, strict=True)]
+
+
+# Buffers that move rows (`mode_buffers`), on the two parts above: 10 inner rows (4 boundary),
 # 4 halo rows read by 5 edges, 4 rows sent; rows of 4 float32 cross the wire (16 B).
 @pytest.mark.parametrize(
     ("mode", "reach", "each"),
@@ -443,3 +456,19 @@ def test_buffer_bytes_of_levels_a_static_layer_0_and_one_reader() -> None:
     rank0, rank1 = buffer_bytes(accesses, NONE, SHAPE, "leo", one)
     assert rank0 == 4 * 16 + 4 * 16  # its copy; it still packs 4 rows for rank 1
     assert rank1 == 4 * 16 + (4 + 0) * 16  # its copy; it receives 4 rows, sends none
+
+
+def test_moving_rows_count_as_far_as_they_lift_the_steps_peak() -> None:
+    accesses = [part(0), part(1)]
+    # One layer: its backward exchange is the step's largest phase of activations, so the
+    # rows moving then add to the peak one for one.
+    one = mode_buffers(accesses, NONE, SHAPE, "blocking")
+    assert one.moving[0] > 0 and one.lift == one.moving
+    # 16 -> 64 -> 4: layer 1 exchanges 4 columns while the backward of its 64-wide input
+    # (its gradient, through the weights and the activation) holds far more: no lift.
+    wide = replace(SHAPE, widths=(16, 64, 4))
+    deep = mode_buffers(accesses, NONE, wide, "blocking")
+    assert deep.moving[0] > 0 and deep.lift == [0, 0]
+    for b in (one, deep):
+        parts = zip(b.kept, b.shm, b.structures, b.lift, strict=True)
+        assert b.total == [k + s + h + m for k, s, h, m in parts]
