@@ -162,3 +162,19 @@ def test_chunk_choices_stay_within_the_bound() -> None:
     from leo_cli.planner.policy import CHUNK_CHOICES
 
     assert max(CHUNK_CHOICES) <= MAX_CHUNKS and AUTO_MAX_CHUNKS <= MAX_CHUNKS
+
+
+def test_a_plan_made_by_other_planner_code_is_not_read_as_this_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan's inputs digest names the planner's sources: a changed cost model makes the
+    cached plan stale (made again) instead of serving its old predictions."""
+    from leo_cli.config.schema import ModelConfig
+    from leo_cli.planner import plan
+
+    assert len(plan.planner_code()) == 64
+    meta = {"files": {"part_0": "abc"}}
+    one = plan.graph_inputs(meta, ModelConfig(), "float32", 1)
+    assert plan.graph_inputs(meta, ModelConfig(), "float32", 1) == one
+    monkeypatch.setattr(plan, "planner_code", lambda: "another cost model")
+    assert plan.graph_inputs(meta, ModelConfig(), "float32", 1) != one
