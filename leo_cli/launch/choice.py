@@ -16,6 +16,7 @@ from leo_cli.errors import CacheError
 from leo_cli.kernels import active_backend
 from leo_cli.launch.stages import machine_cache_dir
 from leo_cli.planner.auto_mode import (
+    FIRST_STEP,
     FROM_WISDOM,
     SPMM_NOTE,
     ModeChoice,
@@ -34,6 +35,7 @@ from leo_cli.planner.wisdom import (
     add_samples,
     calibrated,
     calibration_path,
+    errors,
     factors,
     read_samples,
     read_wisdom,
@@ -66,7 +68,8 @@ def choose_mode(
     variants = spmm_candidates(cfg, backend.cpu == "leo")
     trial = estimate
     if measures(cfg, num_parts):
-        trial = to_try(cfg, plan, estimate, available_memory_bytes())
+        missed = calibration_errors(cache, setting_of(cfg))
+        trial = to_try(cfg, plan, estimate, available_memory_bytes(), missed)
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
     if not trial.trials and not variants:
         return trial
@@ -124,6 +127,15 @@ def scale(cache: Path, setting: dict[str, Any] | None = None) -> dict[str, float
         return {}
 
 
+def calibration_errors(cache: Path, setting: dict[str, Any]) -> dict[str, float]:
+    """Per mode, how far its calibrated prediction missed its own samples on this host
+    (planner/wisdom.py `errors`; none where the file is not calibration: `scale` says so)."""
+    try:
+        return errors(read_samples(calibration_path(cache)), setting)
+    except CacheError:
+        return {}
+
+
 def kept(path: Path, names: list[str], variants: list[str]) -> Wisdom | None:
     """The wisdom at `path`, or None where there is none or it is refused (said in one line:
     the run then measures again and replaces it)."""
@@ -153,11 +165,13 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
-    the planned mode's levels has no prediction of its own)."""
+    the planned mode's levels has no prediction of its own): its median step, or where it
+    stopped after its first timed step, that step."""
     setting = setting_of(cfg)
     out = []
-    for name, measured in chosen.measured_s.items():
+    for name, median in chosen.measured_s.items():
         predicted = chosen.predicted_s.get(name)
+        measured = median if median is not None else chosen.trial_s.get(name, {}).get(FIRST_STEP)
         if measured is not None and predicted is not None and predicted > 0:
             out.append(Sample(name, predicted, measured, setting))
     return out
