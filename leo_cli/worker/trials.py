@@ -45,8 +45,9 @@ from leo_cli.worker.step import Job, train_step
 # 2-core host); where the best's own slowest step is closer to its median, it stops sooner
 # (`stop_at`).
 STOP = 1.3
-# Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS): one step
-# of a small graph is milliseconds, where another process's time slice is noise.
+# Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS), unless
+# they are `settled`: one step of a small graph is milliseconds, where another process's time
+# slice is noise (and would keep two steps from agreeing).
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
 # The SpMM variants' passes (each call's fastest counts, so a time slice lost to another
