@@ -400,7 +400,9 @@ class PipelineConfig(Section):
     the exchange (wrong numbers; `leo bench`)."""
     choose: Literal["measure", "estimate", "remeasure"] = "measure"
     """How `auto` picks among its candidates (docs/design/planning.md): `measure` (the workers
-    try the candidates the cost model keeps, the exact modes and leo's plan with and without
+    try the candidates the cost model keeps (not those its calibrated predictions, by this
+    host's earlier trials, put slower than another beyond their errors), the exact modes and
+    leo's plan with and without
     replicas or rows read in place, for `trial_steps` forward and backward steps each before
     the first epoch, and train the fastest; the result is kept as wisdom in run.cache_dir, so a
     later run with the same inputs trains at once), `remeasure` (measure even where wisdom
@@ -421,8 +423,10 @@ class PipelineConfig(Section):
     says."""
     trial_steps: int = Field(3, ge=1, le=20)
     """`choose=measure`: timed forward and backward steps per mode candidate (after one
-    warm-up step; more while they add up to under 0.5 s, at most 20; a candidate whose first
-    step is slower than the best's slowest stops there), and passes over one step's recorded
+    warm-up step; more while they add up to under 0.5 s, at most 20; fewer once two agree
+    within 3%; a candidate whose first step is slower than the best's slowest stops there, one
+    whose warm-up step is past that by as much as any warm-up so far stops before it), and
+    passes over one step's recorded
     SpMMs per SpMM variant (more while under 0.1 s; a variant whose first pass is over 1.3x
     the best's stops there)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"

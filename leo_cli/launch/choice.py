@@ -16,6 +16,7 @@ from leo_cli.config import LeoConfig
 from leo_cli.errors import CacheError
 from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.planner.auto_mode import (
+    FIRST_STEP,
     FROM_WISDOM,
     SPMM_NOTE,
     ModeChoice,
@@ -27,6 +28,7 @@ from leo_cli.planner.wisdom import (
     Wisdom,
     add_samples,
     calibration_path,
+    errors,
     factors,
     read_samples,
     read_wisdom,
@@ -73,6 +75,15 @@ def scale(cache: Path, setting: dict[str, Any] | None = None) -> dict[str, float
         return {}
 
 
+def calibration_errors(cache: Path, setting: dict[str, Any]) -> dict[str, float]:
+    """Per mode, how far its calibrated prediction missed its own samples on this host
+    (planner/wisdom.py `errors`; none where the file is not calibration: `scale` says so)."""
+    try:
+        return errors(read_samples(calibration_path(cache)), setting)
+    except CacheError:
+        return {}
+
+
 def kept(path: Path, names: list[str], variants: list[str]) -> Wisdom | None:
     """The wisdom at `path`, or None where there is none or it is refused (said in one line:
     the run then measures again and replaces it)."""
@@ -102,11 +113,13 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
-    the planned mode's levels has no prediction of its own)."""
+    the planned mode's levels has no prediction of its own): its median step, or where it
+    stopped after its first timed step, that step."""
     setting = setting_of(cfg)
     out = []
-    for name, measured in chosen.measured_s.items():
+    for name, median in chosen.measured_s.items():
         predicted = chosen.predicted_s.get(name)
+        measured = median if median is not None else chosen.trial_s.get(name, {}).get(FIRST_STEP)
         if measured is not None and predicted is not None and predicted > 0:
             out.append(Sample(name, predicted, measured, setting))
     return out

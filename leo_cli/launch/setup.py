@@ -388,7 +388,8 @@ def choose_mode(
     variants = spmm_candidates(cfg, backend.cpu == "leo")
     trial = estimate
     if measures(cfg, num_parts):
-        trial = to_try(cfg, plan, estimate, available_memory_bytes())
+        missed = calibration_errors(cache, setting_of(cfg))
+        trial = to_try(cfg, plan, estimate, available_memory_bytes(), missed)
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
     if not trial.trials and not variants:
         return trial

@@ -45,6 +45,11 @@ FROM_WISDOM = "by an earlier run with the same inputs (wisdom)"  # ... and ends,
 # ... nor one whose predicted buffers moving rows exceed this share of the free memory.
 FREE_SHARE = 0.8
 AUTO_SPMM = "auto"  # pipeline.spmm: the variant by rule, or tried under choose=measure
+# Candidates measured within this fraction of the fastest median count as tied: the one with
+# the smaller predicted buffers moving rows wins (worker/trials.py; memory is the tie-break,
+# never the reason).
+TIE = 0.03
+FIRST_STEP = "first_step_s"  # in `ModeChoice.trial_s`: a stopped trial's one timed step
 
 
 def versus(rule: str, steps: Mapping[str, float | None], mine: str) -> str:
@@ -88,7 +93,10 @@ class ModeChoice:
             measured before (planner/wisdom.py `factors`; modes without samples left out).
         trial_s: where each candidate's trial went, rank 0's seconds: freeing the candidate
             before it (`free_s`), its assembly (`build_s`), its warm-up step (`warmup_s`)
-            and its timed steps (`steps_s`).
+            and its timed steps (`steps_s`), by set-up step of its assembly (`build_graph_s`,
+            `build_levels_s`, `build_aggregator_s`, `build_model_s`), and for a candidate
+            stopped after its first timed step, that step (`first_step_s`, the slowest
+            rank's seconds).
         spmm: the CPU SpMM variant that runs (`pipeline.spmm`; `auto`: as set, untried).
         spmm_rule: why that variant (measured fastest, or kept as wisdom); None: not chosen.
         spmm_trials: the variants the workers are to try on the winner (kernels/variants.py);
@@ -325,14 +333,19 @@ def measures(cfg: LeoConfig, world_size: int) -> bool:
 
 
 def to_try(
-    cfg: LeoConfig, plan: CachePlan | None, estimate: ModeChoice, free_bytes: int | None
+    cfg: LeoConfig,
+    plan: CachePlan | None,
+    estimate: ModeChoice,
+    free_bytes: int | None,
+    errors: Mapping[str, float] | None = None,
 ) -> ModeChoice:
     """The candidates the workers try (`ModeChoice.trials`), fastest predicted first (by the
     calibrated prediction where `estimate` has one, else the cost model's): the modes `auto`
-    may run but those the cost model predicts over `HOPELESS` times the fastest (one factor
-    per mode is too coarse to drop a mode by) or whose predicted buffers would not fit
-    `FREE_SHARE` of the `free_bytes` this machine has, and after the planned mode its plan
-    without replicas and without rows read in place, where the plan has them. A single
+    may run but those the cost model predicts over `HOPELESS` times the fastest, whose
+    predicted buffers would not fit `FREE_SHARE` of the `free_bytes` this machine has, or
+    whose calibrated prediction is slower than another candidate's beyond both calibrations'
+    `errors` (`surely_slower`), and after the planned mode (where it fits, tried or not) its
+    plan without replicas and without rows read in place, where the plan has them. A single
     candidate is the choice itself, untried."""
     shm_free = segments.free_bytes()  # this host's, then the config's, then the registry's
     # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
@@ -345,7 +358,7 @@ def to_try(
     notes: dict[str, str] = {}
     tried: list[str] = []
     misfits = shm_misfits(cfg, plan, list(order), shm_free)
-    for mode in sorted(order, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
+    for mode in order:
         t = predicted.get(mode)
         if mode in misfits:
             notes[mode] = f"not tried: {_size(misfits[mode])} of /dev/shm, {SHM_LEFT_OUT}"
@@ -353,26 +366,54 @@ def to_try(
             notes[mode] = f"not tried: predicted {t:.3f} s, over {HOPELESS:g}x the fastest"
         elif (unfit := too_big(estimate.buffer_bytes.get(mode), free_bytes)) is not None:
             notes[mode] = unfit
+    fits = {m: estimate.calibrated_s.get(m) for m in order if m not in notes}
+    slower = surely_slower(fits, errors or {})
+    for mode in sorted(fits, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
+        if mode in slower:
+            notes[mode] = slower[mode]
         else:
             tried.append(candidate_name(mode, levels))
-            if mode == planned_mode() and plan is not None:
-                every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
-                variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
-                for v in variants:  # checked like the modes, by their own buffers
-                    name = candidate_name(mode, v)
-                    unfit = too_big(estimate.buffer_bytes.get(name), free_bytes)
-                    if unfit is None:
-                        tried.append(name)
-                    else:
-                        notes[name] = unfit
+        if mode == planned_mode() and plan is not None:  # (its variants have no calibration)
+            every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
+            variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
+            for v in variants:  # checked like the modes, by their own buffers
+                name = candidate_name(mode, v)
+                unfit = too_big(estimate.buffer_bytes.get(name), free_bytes)
+                if unfit is None:
+                    tried.append(name)
+                else:
+                    notes[name] = unfit
     if len(tried) <= 1:
         if not tried:  # every candidate left out: the prediction's choice, untried
             return replace(estimate, rule=f"{estimate.rule}; none to try", notes=notes)
         rule = "the only candidate the cost model keeps"
-        return replace(estimate, mode=parse_candidate(tried[0])[0], rule=rule, notes=notes)
+        mode, variant = parse_candidate(tried[0], estimate.levels)
+        return replace(estimate, mode=mode, levels=variant, rule=rule, notes=notes)
     mode, levels = parse_candidate(tried[0], levels)
     rule = "to be measured by the workers"
     return replace(estimate, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
+
+
+def surely_slower(
+    calibrated: Mapping[str, float | None], errors: Mapping[str, float]
+) -> dict[str, str]:
+    """Of the candidates with a calibrated prediction and its error (planner/wisdom.py
+    `errors`: how far that calibration missed its own samples), those slower than another
+    beyond both errors and a measured tie (`TIE`): even missing by its whole error, each
+    would lose to it. Why each is not tried, by candidate; none where fewer than two are
+    known."""
+    known = {m: (t, errors[m]) for m, t in calibrated.items() if t is not None and m in errors}
+    if len(known) < 2:
+        return {}
+    best = min(known, key=lambda m: known[m][0] * (1 + known[m][1]))
+    fast, fast_error = known[best]
+    bound = fast * (1 + fast_error) * (1 + TIE)
+    return {
+        m: f"not tried: calibrated {t:.3f} s (error {e:.0%}), slower than {best}'s "
+        f"{fast:.3f} s (error {fast_error:.0%}) beyond both errors"
+        for m, (t, e) in known.items()
+        if m != best and t * (1 - e) > bound
+    }
 
 
 def too_big(size: int | None, free_bytes: int | None) -> str | None:

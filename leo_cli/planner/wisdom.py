@@ -12,7 +12,9 @@ Calibration: every trial of a mode the cost model predicted adds a sample (predi
 measured step, and the setting) to this host's file in the same folder; a mode's factor
 (measured over predicted, the median of its newest samples of the closest setting: `factors`)
 scales its later predictions on this host (`calibrated`): a factor per mode and setting, not a
-refit of the probe's stage rates.
+refit of the probe's stage rates. How far those samples stray from their median is the
+calibrated prediction's error (`errors`): under `measure` a candidate slower than another
+beyond both errors is not tried (planner/auto_mode.py `surely_slower`).
 
 Specification: docs/design/planning.md.
 """
@@ -236,6 +238,29 @@ def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dic
     cost model's prediction of that mode is multiplied by on this host); with `setting`, over
     the samples of the closest setting the mode has any of (`SETTING_TIERS`): how far the
     cost model misses differs with the model, the links and the workers."""
+    return {m: statistics.median(r) for m, r in _ratios(samples, setting).items()}
+
+
+# The fewest samples whose spread is taken as a factor's error (`errors`): one sample has no
+# spread, two deviate from their median by the same amount.
+ERROR_SAMPLES = 3
+
+
+def errors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:
+    """Per mode with `ERROR_SAMPLES` samples at least among those its factor is the median
+    of (`factors`), how far they stray from it: the largest |ratio / median - 1|. A
+    prediction calibrated by that factor missed the measured step by as much."""
+    out = {}
+    for mode, ratios in _ratios(samples, setting).items():
+        if len(ratios) >= ERROR_SAMPLES:
+            median = statistics.median(ratios)
+            out[mode] = max(abs(r / median - 1) for r in ratios)
+    return out
+
+
+def _ratios(samples: list[Sample], setting: dict[str, Any] | None) -> dict[str, list[float]]:
+    """Per mode, measured over predicted step of its newest samples of the closest setting
+    it has any of (`SETTING_TIERS`; any setting without `setting`)."""
     by_mode: dict[str, list[Sample]] = {}
     for s in samples:
         by_mode.setdefault(s.mode, []).append(s)
@@ -244,8 +269,7 @@ def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dic
         for keys in SETTING_TIERS if setting is not None else ((),):
             close = [s for s in kept if _matches(s.setting, setting or {}, keys)]
             if close:
-                ratios = [s.measured_s / s.predicted_s for s in close]
-                out[mode] = statistics.median(ratios[-CALIBRATION_RECENT:])
+                out[mode] = [s.measured_s / s.predicted_s for s in close][-CALIBRATION_RECENT:]
                 break
     return out
 

@@ -26,8 +26,10 @@ from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import KernelError, LeoError
 from leo_cli.kernels import spmm_calls, variants
 from leo_cli.planner.auto_mode import (
+    FIRST_STEP,
     MEASURED,
     SPMM_NOTE,
+    TIE,
     ModeChoice,
     parse_candidate,
     with_choice,
@@ -43,11 +45,9 @@ from leo_cli.worker.step import Job, train_step
 # 2-core host); where the best's own slowest step is closer to its median, it stops sooner
 # (`stop_at`).
 STOP = 1.3
-# Candidates within this fraction of the fastest median count as tied: the one with the
-# smaller predicted buffers moving rows wins (memory is the tie-break, never the reason).
-TIE = 0.03
-# Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS): one step
-# of a small graph is milliseconds, where another process's time slice is noise.
+# Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS), unless
+# they are `settled`: one step of a small graph is milliseconds, where another process's time
+# slice is noise (and would keep two steps from agreeing).
 MIN_TRIAL_S = 0.5
 MAX_TRIAL_STEPS = 20
 # The SpMM variants' passes (each call's fastest counts, so a time slice lost to another
@@ -66,12 +66,14 @@ SKIPPED = (LeoError, MemoryError)
 @dataclass(frozen=True)
 class Trial:
     """One candidate's timed steps (the slowest rank's seconds), and whether it stopped after
-    its first for being far slower than the best so far."""
+    its first (or after its warm-up step: no timed step) for being far slower than the best
+    so far."""
 
     name: str
     steps_s: list[float]
     stopped: bool = False
     failed: str | None = None  # why it could not be built (on which rank), then skipped
+    warmup_s: float | None = None  # its warm-up step, the slowest rank's seconds
     # Seconds this rank spent on it: freeing the one before, building, warming up, steps.
     phases: dict[str, float] = field(default_factory=dict, compare=False)
 
@@ -92,6 +94,35 @@ class Trial:
         over = max(self.steps_s) / median - 1 if median > 0 else 0.0
         return median * min(STOP, 1 + max(2 * TIE, over))
 
+    @property
+    def warmup_over(self) -> float | None:
+        """How many times its median step its warm-up step took (None: not known)."""
+        median = self.median_s
+        if median is None or self.warmup_s is None or median <= 0:
+            return None
+        return self.warmup_s / median
+
+
+def warmup_stop_at(done: list[Trial]) -> float | None:
+    """The warm-up step past which a later candidate stops before any timed step: the best
+    trial's `stop_at` times the most any finished trial's warm-up took over its own median
+    (at least 1): a candidate as fast as the best, warmed up as slowly as any so far, would
+    stay under it. None before a finished trial with a timed warm-up."""
+    timed = [t for t in done if t.median_s is not None]
+    overs = [o for t in timed if (o := t.warmup_over) is not None]
+    if not overs:
+        return None
+    best = min(timed, key=lambda t: t.median_s or 0.0)
+    stop = best.stop_at
+    return None if stop is None else stop * max(1.0, *overs)
+
+
+def settled(times: list[float]) -> bool:
+    """Whether a candidate's timed steps already agree within `TIE` of each other (two at
+    least): its median cannot move by more than the tie the winner is chosen within, so
+    further steps are not taken."""
+    return len(times) >= 2 and max(times) <= min(times) * (1 + TIE)
+
 
 def trial_step(job: Job, seed: int) -> float:
     """A forward and backward step without the optimizer's update, its gradients dropped;
@@ -105,22 +136,33 @@ def trial_step(job: Job, seed: int) -> float:
     return float(all_reduce_(step, op="max").item())
 
 
-def try_candidate(name: str, job: Job, seed: int, steps: int, stop_s: float | None) -> Trial:
+def try_candidate(
+    name: str,
+    job: Job,
+    seed: int,
+    steps: int,
+    stop_s: float | None,
+    warm_stop_s: float | None = None,
+) -> Trial:
     """A warm-up step, then `steps` timed ones, more while they add up to less than
-    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`); only the first where it is over `stop_s` (the
-    best trial's `stop_at`). Every rank sees the same times, so every rank stops alike."""
+    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`), fewer once they are `settled`; none where the
+    warm-up step is over `warm_stop_s` (`warmup_stop_at`), only the first where it is over
+    `stop_s` (the best trial's `stop_at`). Every rank sees the same times, so every rank
+    stops alike."""
     start = time.perf_counter()
-    trial_step(job, seed)
+    warm_s = trial_step(job, seed)
     warm = time.perf_counter()
     phases = {"warmup_s": warm - start}
     times: list[float] = []
+    if warm_stop_s is not None and warm_s > warm_stop_s:
+        return Trial(name, [], stopped=True, warmup_s=warm_s, phases=phases)
     while len(times) < steps or (sum(times) < MIN_TRIAL_S and len(times) < MAX_TRIAL_STEPS):
         times.append(trial_step(job, seed))
-        if stop_s is not None and times[0] > stop_s:
+        if (stop_s is not None and times[0] > stop_s) or settled(times):
             break
     phases["steps_s"] = time.perf_counter() - warm
     stopped = stop_s is not None and times[0] > stop_s
-    return Trial(name, times, stopped=stopped, phases=phases)
+    return Trial(name, times, stopped=stopped, warmup_s=warm_s, phases=phases)
 
 
 def measure(
@@ -166,7 +208,8 @@ def one_trial(
     assert job is not None
     done = [t for t in trials if t.median_s is not None]
     best = min(done, key=lambda t: t.median_s or 0.0, default=None)
-    trial = try_candidate(name, job, seed, steps, None if best is None else best.stop_at)
+    stop_s = None if best is None else best.stop_at
+    trial = try_candidate(name, job, seed, steps, stop_s, warmup_stop_at(done))
     return job, replace(trial, phases=phases | trial.phases), None
 
 
@@ -245,14 +288,22 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
     for t in trials:
         if t.failed is not None:
             notes[t.name] = f"skipped: failed while being built ({t.failed})"
+        elif t.stopped and not t.steps_s:
+            notes[t.name] = f"stopped after its warm-up step: {t.warmup_s or 0.0:.3f} s"
         elif t.stopped:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
     measured = {t.name: t.median_s for t in trials}
-    spent = {t.name: rounded(t.phases) for t in trials}
+    spent = {t.name: rounded(t.phases | first_step(t)) for t in trials}
     return replace(
         choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes,
         trial_s=spent,
     )  # fmt: skip
+
+
+def first_step(trial: Trial) -> dict[str, float]:
+    """A trial stopped after its first timed step: that step, the slowest rank's seconds
+    (`first_step_s`: the step calibration samples where there is no median)."""
+    return {FIRST_STEP: trial.steps_s[0]} if trial.stopped and trial.steps_s else {}
 
 
 def rounded(phases: dict[str, float]) -> dict[str, float]:
@@ -272,13 +323,19 @@ def train_winner(
     the choice; rank 0 records the choice in the run folder (`record`). `laps` gets the
     trials as `choose_s`."""
 
+    split: dict[str, dict[str, float]] = {}  # each candidate's build by set-up step
+
     def candidate(name: str) -> Job:
-        return build(with_mode(cfg, *parse_candidate(name, choice.levels)), None)
+        parts = Laps()
+        job = build(with_mode(cfg, *parse_candidate(name, choice.levels)), parts)
+        split[name] = {f"build_{k}": v for k, v in parts.seconds.items()}
+        return job
 
     # One freeze over the trials and the last candidate's collection: what the candidates
     # made stays collectable (a freeze after them would keep the last one's cycles).
     with frozen_heap():
         trials, last = measure(choice.trials, candidate, cfg.run.seed, cfg.pipeline.trial_steps)
+        trials = [replace(t, phases=t.phases | split.get(t.name, {})) for t in trials]
         won, rule = winner(trials, choice.buffer_bytes)
         chosen = measured_choice(choice, trials, won, rule)
         run_cfg = with_choice(cfg, chosen)

@@ -12,6 +12,7 @@ from leo_cli.config import load_config, write_resolved
 from leo_cli.launch.choice import from_wisdom, keep_trials, kept
 from leo_cli.launch.setup import choose_mode
 from leo_cli.planner.auto_mode import (
+    FIRST_STEP,
     FROM_WISDOM,
     ModeChoice,
     kept_spmm,
@@ -138,3 +139,19 @@ def test_several_machines_keep_wisdom_in_node_0s_cache(tmp_path: Path) -> None:
     bare = load_config(None, ["launch.nnodes=2", "pipeline.mode=blocking", "cache.policy=none"])
     planless = choose_mode(bare, tmp_path / "run", {"num_parts": 2}, None)
     assert planless.spmm_trials and planless.wisdom is None
+
+
+def test_a_trial_stopped_after_its_first_step_calibrates_by_that_step(tmp_path: Path) -> None:
+    """A candidate stopped after one timed step has no median, but that step (the slowest
+    rank's, `first_step_s`) is a measurement of the mode: it is a calibration sample, so a
+    mode that always stops early gets a factor too (and can be left out by it later)."""
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    spent = {"blocking": {"warmup_s": 0.3, FIRST_STEP: 0.25}}
+    write_choice(run, replace(measured(cache), trial_s=spent))
+    keep_trials(load_config(None, ["partition.num_parts=4"]), run)
+    samples = read_samples(calibration_path(cache))
+    assert [(s.mode, s.predicted_s, s.measured_s) for s in samples] == [
+        ("leo", 0.1, 0.15),
+        ("blocking", 0.2, 0.25),
+    ]

@@ -55,10 +55,12 @@ def test_measured_run_trains_its_winner_and_keeps_wisdom(tmp_path: Path) -> None
     # no mode trials (the SpMM variants are still tried under pipeline.spmm=auto)
     assert by_name["mode_measured_s"] == {} and by_name["mode_rule"] is None
 
-    # What was measured against what was predicted calibrates later predictions here.
+    # What was measured against what was predicted calibrates later predictions here: a
+    # median, or the one timed step of a trial stopped there.
     samples = json.loads(calibration_path(cache).read_text())["samples"]
-    predicted = s["mode_predicted_s"]
-    assert {x["mode"] for x in samples} == {n for n in tried if n in predicted and tried[n]}
+    predicted, spent = s["mode_predicted_s"], s["mode_trial_s"]
+    stepped = {n for n in tried if tried[n] or "first_step_s" in spent[n]}
+    assert {x["mode"] for x in samples} == {n for n in stepped if n in predicted}
     assert all(x["setting"]["workers"] == 2 for x in samples)
 
     # Same inputs again: the wisdom decides, nothing is tried.

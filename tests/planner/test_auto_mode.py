@@ -459,3 +459,31 @@ def test_a_choice_says_small_times_in_milliseconds() -> None:
     steps = {"leo": 0.00042, "torch": 0.0031}
     assert versus("measured fastest", steps, "leo") == "measured fastest, 0.42 ms vs torch 3.10 ms"
     assert versus("r", {"leo": 0.25}, "leo") == "r, 0.250 s"
+
+
+def test_measure_leaves_out_what_calibration_says_is_slower_beyond_its_error() -> None:
+    """A candidate whose calibrated prediction, less its calibration's error, is past the
+    best one's plus its error and a measured tie is not tried (noted why); one without an
+    error (too few samples) or within the errors is; the planned mode's variants have no
+    calibration of their own and are tried even where the planned mode is not."""
+    plan = plan_with_levels(True, True, PREDICTED)
+    calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.2}
+    estimate = replace(choose(cfg(), plan, 2), calibrated_s=calibrated)
+    missed = {"leo": 0.05, "blocking": 0.1, "shared-memory": 0.1}
+    trial = auto_mode.to_try(cfg(), plan, estimate, None, missed)
+    names = ["leo", "leo/no-replicas", "leo/no-in-place", "shared-memory", "fine-grained"]
+    assert trial.trials == names
+    assert trial.notes == {
+        "blocking": "not tried: calibrated 0.090 s (error 10%), slower than leo's 0.050 s "
+        "(error 5%) beyond both errors"
+    }
+    assert "blocking" in auto_mode.to_try(cfg(), plan, estimate, None).trials  # no errors
+    # within both errors and a tie: 0.09 * 0.9 = 0.081 is not past 0.05 * 1.6 * 1.03
+    wide = {**missed, "leo": 0.6, "shared-memory": 0.6}
+    assert auto_mode.surely_slower(calibrated, wide) == {}
+    # the planned mode left out, its variants still tried
+    slow_leo = replace(estimate, calibrated_s={**calibrated, "leo": 0.2})
+    trial = auto_mode.to_try(cfg(), plan, slow_leo, None, missed)
+    assert "leo" not in trial.trials and "leo/no-in-place" in trial.trials
+    assert trial.notes["leo"].startswith("not tried: calibrated 0.200 s")
+    assert auto_mode.surely_slower({"leo": 0.05, "blocking": 0.5}, {"blocking": 0.0}) == {}

@@ -15,12 +15,14 @@ from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.planner.wisdom import (
     CALIBRATION_KEEP,
+    ERROR_SAMPLES,
     Sample,
     Wisdom,
     add_samples,
     calibrated,
     calibration_path,
     content_digest,
+    errors,
     factors,
     read_samples,
     read_wisdom,
@@ -191,3 +193,20 @@ def test_the_spmm_variant_reads_back_and_is_checked(tmp_path: Path) -> None:
     write_wisdom(path, replace(wisdom, spmm="auto", spmm_rule="", spmm_measured_s={}))
     got = read_wisdom(path, [], list(steps))
     assert got is not None and (got.spmm, got.spmm_measured_s) == ("auto", {})
+
+
+def test_a_factors_error_is_how_far_its_own_samples_stray_from_it() -> None:
+    """The error a calibrated prediction carries (`errors`): the largest relative distance of
+    the samples its factor is the median of, from that median; none under ERROR_SAMPLES."""
+    gcn = {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+
+    def at(mode: str, ratio: float) -> Sample:
+        return Sample(mode, 1.0, ratio, gcn)
+
+    kept = [at("leo", 0.5), at("leo", 0.6), at("leo", 0.45), at("blocking", 0.7)]
+    assert factors(kept, gcn) == {"leo": 0.5, "blocking": 0.7}
+    assert ERROR_SAMPLES == 3
+    got = errors(kept, gcn)
+    assert list(got) == ["leo"]  # blocking has one sample: no error to tell
+    assert got["leo"] == pytest.approx(0.2)  # 0.6 is 20% over the median 0.5
+    assert errors(kept[:2], gcn) == {}

@@ -99,7 +99,63 @@ def test_a_later_candidate_stops_past_the_best_ones_noise() -> None:
     assert Trial("leo", [0.1], stopped=True).stop_at is None
 
 
-def _fake_try(name: str, job: object, seed: int, steps: int, stop_s: float | None) -> Trial:
+def _stepping(monkeypatch: pytest.MonkeyPatch, times: dict[str, list[float]]) -> list[str]:
+    """`trial_step` replaced: each job (a candidate's name) steps through its `times`, the
+    first being its warm-up step; returns the names of the steps taken, in order."""
+    taken: list[str] = []
+
+    def step(job: Any, seed: int) -> float:
+        taken.append(job)
+        return times[job][taken.count(job) - 1]
+
+    monkeypatch.setattr(trials_module, "trial_step", step)
+    return taken
+
+
+def test_steps_that_agree_within_a_tie_are_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two timed steps within `TIE` of each other settle a candidate's median (it cannot
+    move by more than the tie the winner is chosen within): no third step."""
+    taken = _stepping(monkeypatch, {"leo": [0.4, 0.30, 0.305, 0.3], "fg": [0.4, 0.3, 0.4, 0.3]})
+    steady = trials_module.try_candidate("leo", "leo", 0, 3, None)  # type: ignore[arg-type]
+    assert steady.steps_s == [0.30, 0.305] and steady.median_s == pytest.approx(0.3025)
+    spread = trials_module.try_candidate("fg", "fg", 0, 3, None)  # type: ignore[arg-type]
+    assert spread.steps_s == [0.3, 0.4, 0.3]  # 33% apart: all the steps asked for
+    assert taken == ["leo"] * 3 + ["fg"] * 4
+    assert not trials_module.settled([0.3]) and trials_module.settled([0.3, 0.3 * (1 + TIE)])
+
+
+def test_a_warm_up_past_the_best_by_the_warm_ups_seen_stops_before_any_timed_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A later candidate whose warm-up step alone is past the best's `stop_at` times the most
+    a finished candidate's warm-up took over its median stops there (noted, never wins, no
+    calibration step); one under it takes its steps, and its first decides as before."""
+    taken = _stepping(monkeypatch, {
+        "leo": [0.15, 0.10, 0.101],  # warm-up 1.5x its median
+        "blocking": [0.25, 0.2],  # 0.25 > 0.1005 * 1.06 * 1.49: stopped
+        "fine-grained": [0.15, 0.2],  # under: a step, past the best's stop_at
+    })  # fmt: skip
+    names = ["leo", "blocking", "fine-grained"]
+    trials, _ = measure(names, lambda name: name, seed=0, steps=2)  # type: ignore[arg-type,return-value]
+    assert taken == ["leo"] * 3 + ["blocking"] + ["fine-grained"] * 2
+    best, warm, first = trials
+    assert best.warmup_over == pytest.approx(0.15 / 0.1005)
+    assert trials_module.warmup_stop_at([best]) == pytest.approx(best.stop_at * 0.15 / 0.1005)
+    assert (warm.stopped, warm.steps_s, warm.warmup_s) == (True, [], 0.25)
+    assert (first.stopped, first.steps_s) == (True, [0.2])
+    chosen = measured_choice(ModeChoice("auto", "leo", trials=names), trials, best, "measured")
+    assert chosen.notes == {
+        "blocking": "stopped after its warm-up step: 0.250 s",
+        "fine-grained": "stopped after its first step: 0.200 s",
+    }
+    assert "first_step_s" not in chosen.trial_s["blocking"]
+    assert chosen.trial_s["fine-grained"]["first_step_s"] == 0.2
+    assert trials_module.warmup_stop_at([warm, first]) is None  # no finished trial
+
+
+def _fake_try(
+    name: str, job: object, seed: int, steps: int, stop_s: float | None, warm_stop_s: Any = None
+) -> Trial:
     return Trial(name, [0.1 if name == "leo" else 0.2] * steps)
 
 
