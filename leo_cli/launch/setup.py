@@ -37,6 +37,7 @@ from leo_cli.graph.partition_cache import PartitionResult, Weigher, ensure_parti
 from leo_cli.kernels import active_backend
 from leo_cli.launch.choice import (
     SPMM_PREFIX,
+    calibration_errors,
     from_wisdom,
     keep_trials,
     kept,
