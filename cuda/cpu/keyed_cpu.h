@@ -2,6 +2,7 @@
 // uint64 arithmetic (the same bits as its int64 tensors, whose multiplications wrap).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

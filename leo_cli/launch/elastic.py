@@ -268,6 +268,15 @@ def worker_module(cfg: LeoConfig) -> str:
     return "leo_cli.elastic.entry" if cfg.launch.elastic() else "leo_cli.worker.entry"
 
 
+def cpu_library() -> Path | None:
+    """The CPU library the workers' server loads as it imports LEO (`$LEO_CPU_KERNELS_DIR`),
+    or None (the package's own, or the reference kernels)."""
+    from leo_cli.kernels import cpu
+
+    folder = os.environ.get(cpu.DIR_ENV)
+    return cpu.library_path(Path(folder)) if folder else None
+
+
 def start_early(cfg: LeoConfig, workers: Workers, cache_dir: Path) -> None:
     """Start the server `leo train`'s `workers` will fork from (launch/preload.py) in the
     environment `launch_module` gives them, so its imports run beside this process's set-up
@@ -277,7 +286,7 @@ def start_early(cfg: LeoConfig, workers: Workers, cache_dir: Path) -> None:
         os.environ["OMP_NUM_THREADS"] = worker_threads(workers.per_node)  # numpy's too
         with allocator_env(workers_allocator(cfg.launch)):
             if ensure_server(workers.module):
-                early.remember(cache_dir)
+                early.remember(cache_dir, cpu_library())
 
 
 @contextlib.contextmanager

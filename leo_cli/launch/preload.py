@@ -89,6 +89,17 @@ def ensure_server(*modules: str) -> bool:
     return True
 
 
+def stop_idle() -> None:
+    """Stop the server this process started where no worker of it runs (a run that failed
+    before its workers started): not left importing for nobody."""
+    global _server
+    server: Any = forkserver._forkserver
+    pid = server_pid()
+    if pid is not None and len(descendants(pid)) == 1:
+        stop(server)
+        _server = None
+
+
 def stop(server: Any) -> None:
     """Stop this process's server (none running: nothing to do). One without workers is
     killed rather than asked, so stopping it never waits for its imports to finish."""

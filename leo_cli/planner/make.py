@@ -5,8 +5,13 @@ travel (`make_plan`). The cost model (planner/cost.py) prices; planner/plan.py h
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from pathlib import Path
+
 import numpy as np
 
+import leo_cli
 from leo_cli.comm.modes import auto_chunk_count
 from leo_cli.config.schema import CacheConfig, ModelConfig
 from leo_cli.errors import CacheError
@@ -63,8 +68,25 @@ def budgets(cache: CacheConfig, accesses: list[PartAccess], shape: ModelShape) -
 
 
 def plan_key(inputs: str, hw: HardwareProfile) -> str:
-    """Staleness key: the plan's inputs and the hardware profile it was predicted with."""
-    return digest({"inputs": inputs, "hardware": hw.fingerprint()})
+    """Staleness key: the plan's inputs, the hardware profile it was predicted with and the
+    planner that made it (`planner_code`)."""
+    return digest({"inputs": inputs, "hardware": hw.fingerprint(), "planner": planner_code()})
+
+
+@functools.cache
+def planner_code() -> str:
+    """Digest of the modules that make a plan (the planner's own, the mode registry it
+    prices), so that a plan cached by another cost model is made again rather than read;
+    LEO's version where the sources are not installed."""
+    package = Path(__file__).resolve().parents[1]
+    paths = sorted([*Path(__file__).resolve().parent.glob("*.py"), package / "registry.py"])
+    h = hashlib.sha256()
+    try:
+        for path in paths:
+            h.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
+    except OSError:
+        return f"leo {leo_cli.__version__}"
+    return h.hexdigest()
 
 
 def read_in_place(p: PartAccess, c: RankCache, reach: Reach) -> np.ndarray:

@@ -9,8 +9,6 @@ rows and counts against the run); `load_plan` returns it only when it was made f
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -43,19 +41,6 @@ def digest(material: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-@functools.cache
-def planner_code() -> str:
-    """Digest of the planner's sources and the mode registry it prices, so that a plan cached
-    by other code (another cost model) is made again rather than read."""
-    package = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for path in sorted([*Path(__file__).resolve().parent.rglob("*.py"), package / "registry.py"]):
-        h.update(path.relative_to(package).as_posix().encode())
-        with contextlib.suppress(OSError):  # an install without sources: the names alone
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def graph_inputs(
     partition_meta: dict[str, Any],
     model: ModelConfig,
@@ -68,7 +53,6 @@ def graph_inputs(
     return digest(
         {
             "format": FORMAT_VERSION,
-            "planner": planner_code(),
             "partitions": partition_meta.get("files", partition_meta),
             "model": model.model_dump(mode="json"),
             "dtype": dtype,

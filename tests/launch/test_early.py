@@ -4,6 +4,8 @@ environment still, replaced where it is not, and nothing started without a recor
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from multiprocessing import forkserver
 from pathlib import Path
@@ -14,6 +16,7 @@ from leo_cli.config import LeoConfig, load_config
 from leo_cli.launch import early, elastic, preload
 
 pytestmark = pytest.mark.integration  # starts servers that import torch
+BEGAN_THREADS = os.environ.get("OMP_NUM_THREADS")
 
 
 @pytest.fixture
@@ -22,6 +25,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[forkserver.ForkServer]:
     server = forkserver.ForkServer()
     monkeypatch.setattr(forkserver, "_forkserver", server)
     monkeypatch.setattr(preload, "_server", None)
+    began_threads(monkeypatch)  # and put back after: a launch sets them for good
     yield server
     preload.stop(server)
 
@@ -45,9 +49,18 @@ def run(cfg: LeoConfig, cache: Path, mark: str, monkeypatch: pytest.MonkeyPatch)
 
 
 def restart(server: forkserver.ForkServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As a new process would begin: no server."""
+    """As a new process would begin: no server, the threads it began with (a launch sets
+    them for its workers)."""
     preload.stop(server)
     monkeypatch.setattr(preload, "_server", None)
+    began_threads(monkeypatch)
+
+
+def began_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    if BEGAN_THREADS is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", BEGAN_THREADS)
 
 
 def test_a_run_starts_the_server_its_last_run_wrote_down_and_keeps_it(
@@ -105,3 +118,59 @@ def test_a_run_outside_early_server_writes_nothing_down(
     elastic.start_early(cfg, workers(cfg), tmp_path)
     assert preload.server_pid() is not None
     assert not (tmp_path / early.FOLDER).exists()
+
+
+def test_no_early_server_where_the_cpu_library_it_loads_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: forkserver.ForkServer
+) -> None:
+    """A server importing LEO without the library would keep the reference kernels while
+    the `preload` stage builds the library again in the same folder."""
+    library = tmp_path / "kernels" / "cpu-1" / "_leo_cpu.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    monkeypatch.setenv("LEO_CPU_KERNELS_DIR", str(library.parent))
+    cfg = load_config(None, ["partition.num_parts=2"])
+    cache = tmp_path / "cache"
+    run(cfg, cache, "a", monkeypatch)
+    record = json.loads(next((cache / early.FOLDER).glob("*.json")).read_text())
+    assert record["requires"] == [str(library)]
+    restart(fresh, monkeypatch)
+    library.unlink()
+    with early.server(cfg, cache):
+        assert preload.server_pid() is None
+
+
+def test_the_key_follows_the_threads_and_not_the_shells_bookkeeping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = load_config(None, ["partition.num_parts=2"])
+    key = early._key(cfg, early._environment())
+    monkeypatch.setenv("OLDPWD", "/elsewhere")  # a `cd` between two runs
+    monkeypatch.setenv("_", "/usr/bin/time")
+    assert early._key(cfg, early._environment()) == key
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the workers' threads follow the user's
+    assert early._key(cfg, early._environment()) != key
+
+
+def test_a_run_that_fails_before_its_workers_stops_the_server_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: forkserver.ForkServer
+) -> None:
+    cfg = load_config(None, ["partition.num_parts=2"])
+    cache = tmp_path / "cache"
+    run(cfg, cache, "a", monkeypatch)
+    restart(fresh, monkeypatch)
+    started = []
+    with pytest.raises(RuntimeError), early.server(cfg, cache):
+        started.append(preload.server_pid())
+        raise RuntimeError("refused by a check")
+    assert started[0] is not None and preload.server_pid() is None
+    assert not alive(started[0])
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs still (a zombie waiting for its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

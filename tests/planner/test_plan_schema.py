@@ -167,14 +167,16 @@ def test_chunk_choices_stay_within_the_bound() -> None:
 def test_a_plan_made_by_other_planner_code_is_not_read_as_this_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The plan's inputs digest names the planner's sources: a changed cost model makes the
-    cached plan stale (made again) instead of serving its old predictions."""
-    from leo_cli.config.schema import ModelConfig
-    from leo_cli.planner import plan
+    """The plan's key (which only the launcher reads) names the planner's sources: a changed
+    cost model makes the cached plan stale (made again) instead of serving its old
+    predictions; the inputs the workers check their plan by do not change with it."""
+    from leo_cli.planner import make
+    from leo_cli.planner.profile.hardware import HardwareProfile
 
-    assert len(plan.planner_code()) == 64
-    meta = {"files": {"part_0": "abc"}}
-    one = plan.graph_inputs(meta, ModelConfig(), "float32", 1)
-    assert plan.graph_inputs(meta, ModelConfig(), "float32", 1) == one
-    monkeypatch.setattr(plan, "planner_code", lambda: "another cost model")
-    assert plan.graph_inputs(meta, ModelConfig(), "float32", 1) != one
+    assert len(make.planner_code()) == 64
+    hw = HardwareProfile.model_construct()
+    monkeypatch.setattr(HardwareProfile, "fingerprint", lambda self: "hw")
+    one = make.plan_key("inputs", hw)
+    assert make.plan_key("inputs", hw) == one
+    monkeypatch.setattr(make, "planner_code", lambda: "another cost model")
+    assert make.plan_key("inputs", hw) != one
