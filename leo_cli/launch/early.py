@@ -5,11 +5,12 @@ The server must run in the environment its workers get (the CPU library's folder
 allocator's preload, numpy's threads), which set-up knows only once it has looked for them
 (the `preload` stage, `elastic.start_early`). That stage writes down the difference between
 the environment the run began in and the one its server got, keyed by what decides it (the
-launch settings, the worker count, the environment the run began in, torch's and Python's
-installs); a later run with the same key starts its server in that environment first. The
-`preload` stage then asks for its server as before: in the same environment it is the one
-already importing, in another it is replaced (`preload.ensure_server` compares them), so a
-wrong guess costs time, never a worker in the wrong environment.
+launch settings, the worker count and threads, the variables of the environment set-up reads,
+the working directory, torch's and Python's installs); a later run with the same key starts
+its server in that environment first. The `preload` stage then asks for its server as
+before: in the same environment it is the one already importing, in another it is replaced
+(`preload.ensure_server` compares them), so a wrong guess costs time, never a worker in the
+wrong environment.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ _began: tuple[str, dict[str, str]] | None = None
 def server(cfg: LeoConfig, cache_dir: Path) -> Iterator[None]:
     """Within: a run of `cfg` whose cache is `cache_dir`. Its server is started now where an
     earlier run with the same key wrote down its environment; the `preload` stage writes it
-    down (`remember`). A run that fails before its workers start stops the server it
-    started here."""
+    down (`remember`). A run that fails stops a server started during it where none of its
+    workers runs any more (not left importing for nobody)."""
     global _began
     began = _environment()
     key = _key(cfg, began)
@@ -55,7 +56,7 @@ def server(cfg: LeoConfig, cache_dir: Path) -> Iterator[None]:
             _start(_record(cache_dir, key))
         yield
     except BaseException:
-        if preload.server_pid() not in (None, before):  # started here: not left importing
+        if preload.server_pid() not in (None, before):  # started during this run
             preload.stop_idle()
         raise
     finally:
