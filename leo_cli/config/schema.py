@@ -427,8 +427,8 @@ class PipelineConfig(Section):
     within 3%; a candidate whose first step is slower than the best's slowest stops there, one
     whose warm-up step is past that by as much as any warm-up so far stops before it), and
     passes over one step's recorded
-    SpMMs per SpMM variant (more while under 0.1 s; a variant whose first pass is over 1.3x
-    the best's stops there)."""
+    SpMMs per SpMM variant (more while under 0.1 s; a variant whose first two passes are over
+    1.3x the best's stops there: its first is cold)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
     made for leo as this mode can use it (`planned`; a mode that reads nothing in place

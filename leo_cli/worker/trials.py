@@ -396,21 +396,23 @@ def spmm_trial(
     best_s: float | None = None,
 ) -> Trial:
     """The variant in use (`name`) timed on the recorded SpMMs: the slowest rank's seconds;
-    stopped after its first pass where that pass took over `STOP` times the best variant's
-    seconds so far (`best_s`) on the slowest rank (every rank stops alike)."""
+    stopped after its first passes (`spmm_calls.STOP_AFTER`) where they took over `STOP` times
+    the best variant's seconds so far (`best_s`) on the slowest rank (every rank stops
+    alike)."""
+    said: list[bool] = []
 
-    def far_off(first_s: float) -> bool:
+    def far_off(so_far_s: float) -> bool:
         if best_s is None:
             return False
-        slowest = all_reduce_(torch.tensor([first_s], dtype=torch.float64), op="max").item()
-        return bool(slowest > STOP * best_s)
+        slowest = all_reduce_(torch.tensor([so_far_s], dtype=torch.float64), op="max").item()
+        said.append(bool(slowest > STOP * best_s))
+        return said[-1]
 
     start = time.perf_counter()
     mine, passes = replay.time(steps, MIN_SPMM_S, MAX_TRIAL_STEPS, far_off)
     seconds = float(all_reduce_(torch.tensor([mine], dtype=torch.float64), op="max").item())
     spent = {"steps_s": time.perf_counter() - start, "passes": float(passes)}
-    stopped = passes == 1 and best_s is not None and seconds > STOP * best_s
-    return Trial(name, [seconds], stopped=stopped, phases=phases | spent)
+    return Trial(name, [seconds], stopped=any(said), phases=phases | spent)
 
 
 def agreed(mine: bool) -> bool:
@@ -438,7 +440,8 @@ def choose_spmm(
     trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
     for t in trials:
         if t.stopped:
-            notes[f"{SPMM_NOTE}{t.name}"] = f"stopped after its first pass: {t.steps_s[0]:.3f} s"
+            first = f"its first {spmm_calls.STOP_AFTER} passes"
+            notes[f"{SPMM_NOTE}{t.name}"] = f"stopped after {first}: {t.steps_s[0]:.3f} s"
     chosen = replace(choice, spmm_trials=[], notes={**choice.notes, **notes})
     if trials:  # (none where a step makes no CPU SpMM: the variant stays as set)
         won, rule = winner(trials, {})
