@@ -80,11 +80,11 @@ def remember(cache_dir: Path, library: Path | None) -> None:
         "modules": list(modules),
         "requires": [] if library is None else [str(library)],
     }
-    folder = Path(cache_dir) / FOLDER
+    path = _record(cache_dir, key)
     with contextlib.suppress(OSError):  # a cache it cannot write: no early start next time
-        folder.mkdir(parents=True, exist_ok=True)
-        files.write_json(folder / f"{key}.json", record)
-        for old in sorted(folder.glob("*.json"), key=_age)[KEEP:]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.write_json(path, record)
+        for old in sorted(path.parent.glob("*.json"), key=_age)[KEEP:]:
             old.unlink(missing_ok=True)
 
 

@@ -22,7 +22,6 @@ from types import TracebackType
 from leo_cli.util.procs import descendants
 
 _PROC = Path("/proc")
-__all__ = ["MemoryWatch", "descendants", "resident_bytes"]
 COST_RATIO = 20  # seconds of waiting after a sample, at least, per CPU second it took
 MAX_WAIT_S = 5.0  # but never longer than this between samples
 

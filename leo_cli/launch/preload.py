@@ -32,7 +32,7 @@ from typing import Any
 
 from leo_cli.comm.segments import JOB_ENV
 from leo_cli.harness.placement import AFFINITY_ENV
-from leo_cli.launch.memory_watch import descendants
+from leo_cli.util.procs import descendants
 
 # Imported by the server: torch.optim imports torch._dynamo at its first use.
 PRELOAD = ("torch._dynamo", "leo_cli.worker.entry", "leo_cli.planner.profile.probe")

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from leo_cli.launch import memory_watch
-from leo_cli.launch.memory_watch import MemoryWatch, descendants, resident_bytes
+from leo_cli.launch.memory_watch import MemoryWatch, resident_bytes
+from leo_cli.util.procs import descendants
 
 HOLD_200_MB = (
     "b = bytearray(200 << 20); import sys, time; print('ready', flush=True); time.sleep(30)"
