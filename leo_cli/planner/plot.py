@@ -8,27 +8,20 @@ from typing import Any
 
 from leo_cli.planner.plan import CachePlan
 from leo_cli.registry import planned_mode, priced_runs
-from leo_cli.util import files
+from leo_cli.util import figures, files
 
 LEVEL_COLOURS = {"L1": "tab:green", "L2": "tab:blue", "L3": "tab:orange", "in place": "tab:purple"}
 
 
 def plot_plan(plan: CachePlan, path: Path) -> None:
     """Two panels: the sweep (`sweep_panel`) and the rows per level (`levels_panel`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (sweep_ax, levels_ax) = plt.subplots(
-        1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]}
-    )
+    fig = figures.figure(figsize=(12, 4.5))
+    sweep_ax, levels_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     sweep_panel(sweep_ax, plan)
     levels_panel(levels_ax, plan)
     fig.tight_layout()
     with files.atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
 
 
 def whole_halo_mb(plan: CachePlan) -> float | None:

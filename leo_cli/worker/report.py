@@ -22,7 +22,7 @@ from leo_cli.planner.auto_mode import summary_fields
 from leo_cli.planner.plan import CachePlan, predicted_busy, predicted_time
 from leo_cli.registry import mode_of
 from leo_cli.run_dir import RunDir
-from leo_cli.util import files
+from leo_cli.util import figures, files
 from leo_cli.util.timing import WORKER_PARTS, Laps, setup_summary
 from leo_cli.worker.assemble import keeps_plan_levels
 
@@ -125,13 +125,9 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     """curves.png: loss and accuracies per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     # Margins fixed for this size: tight_layout's text measuring costs more than the drawing.
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = figures.figure(figsize=(10, 4))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     fig.subplots_adjust(left=0.07, right=0.985, bottom=0.12, top=0.92, wspace=0.22)
     epochs = [r["epoch"] for r in rows]
     ax_loss.plot(epochs, [r["loss"] for r in rows])
@@ -143,7 +139,6 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     ax_acc.legend()
     with files.atomic_file(path) as f:
         fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
 
 
 def row_extras(cfg: LeoConfig, cache_plan: CachePlan | None, world_size: int) -> dict[str, Any]:
