@@ -132,7 +132,10 @@ def _run_check(cuda_dir: Path, arch: Sequence[str] | None, jobs: int | None, ver
     _print_logs(results, verbose)
     failed = [r for r in results if r.status == "FAIL"]
     if failed:
-        raise KernelError(f"{len(failed)} of {len(results)} compilations failed (output above)")
+        names = ", ".join(f"{r.source} ({r.target})" for r in failed)
+        raise KernelError(
+            f"{len(failed)} of {len(results)} compilations failed: {names} (output above)"
+        )
     skipped = sum(r.status == "SKIP" for r in results)
     note = f" ({skipped} skipped, reason above)" if skipped else ""
     console.print(f"[green]All {len(results) - skipped} compilations passed.[/]{note}")

@@ -73,6 +73,8 @@ def test_check_compiles_for_sm80_sm90_and_fails_on_a_warning(tmp_path: Path) -> 
             ), (source, arch, out)
     assert any("zz_broken.cu" in line and "FAIL" in line for line in out.splitlines()), out
     assert "unused" in out  # the nvcc diagnostic is shown
+    last = " ".join(out.split())  # the closing sentence names each failed source and target
+    assert "compilations failed: kernels/zz_broken.cu (sm_80, sm_90)" in last, out
     assert any("leo_binding.cpp" in line and "OK" in line for line in out.splitlines()), out
     assert not list(cuda_dir.rglob("*.o")), "check must not write objects into the tree"
 
