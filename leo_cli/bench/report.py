@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.metadata
+import importlib.util
 import io
 import json
 import math
 import os
 import platform
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -356,8 +358,9 @@ def environment(command: str) -> dict[str, Any]:
     """Hardware and versions, so a table can be read without the machine."""
     versions = {"leo": leo_cli.__version__, "torch": torch.__version__}
     versions["python"] = platform.python_version()
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # read, not imported
-        versions["torch_geometric"] = importlib.metadata.version("torch_geometric")
+    pyg = package_version("torch_geometric")
+    if pyg is not None:
+        versions["torch_geometric"] = pyg
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu": cpu_model(),
@@ -367,6 +370,26 @@ def environment(command: str) -> dict[str, Any]:
         "git_sha": git_sha(),
         "command": command,
     }
+
+
+def package_version(name: str) -> str | None:
+    """The version of the package `import name` would load, read without importing it (an
+    import of PyG costs seconds): its installed metadata where that install is the one found,
+    else the `__version__` line of its `__init__.py` (a source checkout on the path); None
+    where nothing importable is found."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    origin = Path(spec.origin).resolve()
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution(name)
+        if Path(str(dist.locate_file(f"{name}/__init__.py"))).resolve() == origin:
+            return dist.version
+    with contextlib.suppress(OSError):
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", origin.read_text(), re.M)
+        if found:
+            return found.group(1)
+    return None
 
 
 def cpu_model() -> str:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from leo_cli.bench.report import hidden_shares, make_rows, markdown, share_lines, share_warning
+from leo_cli.bench.report import (
+    hidden_shares,
+    make_rows,
+    markdown,
+    package_version,
+    share_lines,
+    share_warning,
+)
 from leo_cli.bench.suite import Measured, Variant
 from leo_cli.config import load_config
 
@@ -163,3 +170,30 @@ def test_an_auto_row_says_what_it_ran_and_its_regret(tmp_path: Path) -> None:
     assert "| leo | auto (leo/no-replicas x2, blocking x1) | 2 |" in md
     assert "auto at P=2 ran leo/no-replicas x2, blocking x1; its epoch over the fastest exact " \
         "mode's (leo): 1.10 (1.00-1.10), per round." in md  # fmt: skip
+
+
+def _dist_info(root: Path, name: str, version: str, files: list[str]) -> None:
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+def test_package_version_is_the_one_import_would_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed: its metadata; a source checkout ahead of it on the path: its own
+    `__version__`; metadata left without its package (a broken install): none."""
+    site, checkout, broken = tmp_path / "site", tmp_path / "checkout", tmp_path / "broken"
+    (site / "leo_fake_pkg").mkdir(parents=True)
+    (site / "leo_fake_pkg" / "__init__.py").write_text("__version__ = 'not read'\n")
+    _dist_info(site, "leo_fake_pkg", "1.2.3", ["leo_fake_pkg/__init__.py"])
+    _dist_info(broken, "leo_fake_gone", "4.5.6", ["leo_fake_gone/__init__.py"])
+    (checkout / "leo_fake_pkg").mkdir(parents=True)
+    (checkout / "leo_fake_pkg" / "__init__.py").write_text('__version__ = "7.8.9.dev0"\n')
+    monkeypatch.syspath_prepend(str(broken))
+    monkeypatch.syspath_prepend(str(site))
+    assert package_version("leo_fake_pkg") == "1.2.3"
+    assert package_version("leo_fake_gone") is None
+    monkeypatch.syspath_prepend(str(checkout))
+    assert package_version("leo_fake_pkg") == "7.8.9.dev0"
