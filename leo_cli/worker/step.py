@@ -2,7 +2,7 @@
 
 `train_step` is the step (forward, backward, gradient all-reduce, optimizer), `evaluate` the
 all-reduced accuracies, `Job` everything a worker trains with (worker/assemble.py builds it),
-`reduce_epoch_stats` and `rank_times` an epoch's numbers over every rank. Works with and
+`epoch_stats` an epoch's numbers over every rank. Works with and
 without a process group: a single process (P = 1) is the same code path with identity
 collectives, and is the oracle the distributed runs are compared against. Legend: N inner
 rows, F features, C classes.
@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -172,40 +171,38 @@ class Job:
         return evaluate(self.model, self.graph, self.data)
 
 
-def rank_times(times: dict[str, float], wait_s: float) -> dict[str, list[float]]:
-    """Every rank's step time (`rank_step_s`) and its busy time (`rank_busy_s`: the step less
-    the time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum).
-
-    Steps end together (the all-reduces wait for the slowest rank), so the busy times are
-    what tells a fast rank from a slow one.
-    """
-    waited = wait_s + times.get("allreduce_s", 0.0) + times.get("loss_sync_s", 0.0)
-    mine = torch.tensor([times["step_s"], max(0.0, times["step_s"] - waited)], dtype=torch.float64)
-    every = all_gather_(mine)
-    return {"rank_step_s": every[:, 0].tolist(), "rank_busy_s": every[:, 1].tolist()}
-
-
-def reduce_epoch_stats(
-    step_s: float,
+def epoch_stats(
+    times: dict[str, float],
     wait_s: float,
     transfer_s: float,
     step_bytes: int,
     published_bytes: int,
     all_bytes: int,
 ) -> dict[str, Any]:
-    """The slowest worker's step time, communication times of the training step (mean over
-    workers, and the longest wait), remote bytes summed over workers (step, of which through
-    published rows, and whole epoch)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    t = all_reduce_(torch.tensor([step_s, wait_s], dtype=torch.float64), op="max")
-    counts = [wait_s, transfer_s, step_bytes, all_bytes, published_bytes]
-    s = all_reduce_(torch.tensor(counts, dtype=torch.float64))
+    """An epoch's numbers over every rank, from one all-gather: the slowest worker's step
+    time, communication times of the training step (mean over workers, and the longest wait),
+    remote bytes summed over workers (step, of which through published rows, and whole epoch),
+    and every rank's step time (`rank_step_s`) and busy time (`rank_busy_s`: the step less the
+    time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum).
+
+    Steps end together (the all-reduces wait for the slowest rank), so the busy times are
+    what tells a fast rank from a slow one.
+    """
+    step_s = times["step_s"]
+    waited = wait_s + times.get("allreduce_s", 0.0) + times.get("loss_sync_s", 0.0)
+    mine = [step_s, max(0.0, step_s - waited), wait_s, transfer_s, step_bytes, all_bytes,
+            published_bytes]  # fmt: skip
+    every = all_gather_(torch.tensor(mine, dtype=torch.float64))
+    world = every.shape[0]
+    total = every.sum(dim=0)
     return {
-        "epoch_time_s": float(t[0]),
-        "comm_wait_s": float(s[0]) / world,
-        "comm_wait_max_s": float(t[1]),
-        "comm_transfer_s": float(s[1]) / world,
-        "step_comm_bytes": int(s[2]),
-        "comm_bytes": int(s[3]),
-        "step_published_bytes": int(s[4]),
+        "epoch_time_s": float(every[:, 0].max()),
+        "comm_wait_s": float(total[2]) / world,
+        "comm_wait_max_s": float(every[:, 2].max()),
+        "comm_transfer_s": float(total[3]) / world,
+        "step_comm_bytes": int(total[4]),
+        "comm_bytes": int(total[5]),
+        "step_published_bytes": int(total[6]),
+        "rank_step_s": every[:, 0].tolist(),
+        "rank_busy_s": every[:, 1].tolist(),
     }

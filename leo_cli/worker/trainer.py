@@ -52,7 +52,7 @@ from leo_cli.worker.report import (
     row_extras,
     setup_progress,
 )
-from leo_cli.worker.step import Job, rank_times, reduce_epoch_stats
+from leo_cli.worker.step import Job, epoch_stats
 from leo_cli.worker.trials import choose_spmm, train_winner
 
 
@@ -200,8 +200,7 @@ class Trainer:
                     t0 = time.perf_counter()
                     row.update(job.evaluate())
                     row["eval_s"] = time.perf_counter() - t0
-                row.update(reduce_epoch_stats(times["step_s"], *step_comm, stats.remote_bytes))
-                row.update(rank_times(times, step_comm[0]))  # the step's waits only
+                row.update(epoch_stats(times, *step_comm, stats.remote_bytes))
                 row.update(self.extras, cold=epoch == self.start + 1)
                 if self.env.rank == 0:
                     best = self.record(epoch, row, best)

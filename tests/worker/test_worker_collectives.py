@@ -102,3 +102,24 @@ def test_ranks_cross_check_halo_counts_and_configs() -> None:
         assert sentence in got["counts"]
         assert "ranks [1] were started with another config than rank 0" in got["config"]
         assert "ranks [1] loaded another checkpoint of epoch 4 than rank 0" in got["checkpoint"]
+
+
+def _epoch_stats(rank: int, world: int) -> dict[str, object]:
+    from leo_cli.worker.step import epoch_stats
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    times = {"step_s": 1.0 + rank, "allreduce_s": 0.25, "loss_sync_s": 0.25}
+    return epoch_stats(times, 0.1 * (rank + 1), 0.2 * (rank + 1), 100 + rank, 10 * rank, 7)
+
+
+def test_epoch_stats_over_ranks_from_one_gather() -> None:
+    """The slowest step, mean and longest waits, summed bytes and every rank's step and busy
+    time (the step less its waits), the same on every rank."""
+    got = spawn_ranks(_epoch_stats, 2)
+    assert got[0] == got[1]
+    row = got[0]
+    assert row["epoch_time_s"] == 2.0 and row["rank_step_s"] == [1.0, 2.0]
+    assert row["rank_busy_s"] == pytest.approx([0.4, 1.3])
+    assert row["comm_wait_s"] == pytest.approx(0.15) and row["comm_wait_max_s"] == 0.2
+    assert row["comm_transfer_s"] == pytest.approx(0.3)
+    assert (row["step_comm_bytes"], row["comm_bytes"], row["step_published_bytes"]) == (201, 14, 10)
