@@ -14,7 +14,10 @@ measured step, and the setting) to this host's file in the same folder; a mode's
 scales its later predictions on this host (`calibrated`): a factor per mode and setting, not a
 refit of the probe's stage rates. How far those samples stray from their median is the
 calibrated prediction's error (`errors`): under `measure` a candidate slower than another
-beyond both errors is not tried (planner/auto_mode.py `surely_slower`).
+beyond both errors is not tried (planner/auto_mode.py `surely_slower`). The samples of one
+run's trials share a run id; between two modes measured in the same run, measured ratio over
+predicted ratio is a sample of that pair (`pair_factors`): the host's load, which slows every mode
+of a run alike, cancels there, while it moves each mode's own factor from run to run.
 
 Specification: docs/design/planning.md.
 """
@@ -177,12 +180,14 @@ CALIBRATION_RECENT = 10  # a mode's factor is the median over its newest samples
 
 @dataclass(frozen=True)
 class Sample:
-    """One trial of a mode: its predicted and measured step, and the setting it ran in."""
+    """One trial of a mode: its predicted and measured step, the setting it ran in, and the
+    run whose trials measured it (shared by that run's samples; empty: not known)."""
 
     mode: str
     predicted_s: float
     measured_s: float
     setting: dict[str, Any]
+    run: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +195,7 @@ class Sample:
             "predicted_s": self.predicted_s,
             "measured_s": self.measured_s,
             "setting": self.setting,
+            **({"run": self.run} if self.run else {}),
         }
 
 
@@ -213,7 +219,7 @@ def read_samples(path: Path) -> list[Sample]:
             raise ValueError("another format")
         samples = [
             Sample(str(s["mode"]), float(s["predicted_s"]), float(s["measured_s"]),
-                   dict(s.get("setting") or {}))
+                   dict(s.get("setting") or {}), str(s.get("run") or ""))
             for s in data["samples"]
         ]  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
@@ -256,6 +262,43 @@ def errors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict
             median = statistics.median(ratios)
             out[mode] = max(abs(r / median - 1) for r in ratios)
     return out
+
+
+def pair_factors(
+    samples: list[Sample], setting: dict[str, Any] | None = None
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per ordered pair of modes (x, y) measured in the same run `ERROR_SAMPLES` times at
+    least (in the closest setting that has any, as `factors`): the factor by which x's
+    measured step over y's differed from the cost model's predicted ratio (the median over
+    those runs), and that factor's error (`errors`: how far its runs strayed from it)."""
+    pairs = pair_samples(samples)
+    factor = factors(pairs, setting)
+    return {
+        (x, y): (factor[name], error)
+        for name, error in errors(pairs, setting).items()
+        for x, _, y in [name.partition(OVER)]
+    }
+
+
+OVER = " over "  # how a pair sample names its modes (`leo over blocking`)
+
+
+def pair_samples(samples: list[Sample]) -> list[Sample]:
+    """Of every two samples of different modes from the same run (their `run` id; none
+    without), a sample of the pair: x's over y's measured step, against x's over y's
+    predicted step, in that run's setting."""
+    by_run: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.run:
+            by_run.setdefault(s.run, []).append(s)
+    return [
+        Sample(f"{x.mode}{OVER}{y.mode}", x.predicted_s / y.predicted_s,
+               x.measured_s / y.measured_s, x.setting, run)
+        for run, kept in by_run.items()
+        for x in kept
+        for y in kept
+        if x.mode != y.mode
+    ]  # fmt: skip
 
 
 def _ratios(samples: list[Sample], setting: dict[str, Any] | None) -> dict[str, list[float]]:
