@@ -252,22 +252,31 @@ def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dic
 ERROR_SAMPLES = 3
 
 
-def errors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:
-    """Per mode with `ERROR_SAMPLES` samples at least among those its factor is the median
-    of (`factors`), how far they stray from it: the largest |ratio / median - 1|. A
-    prediction calibrated by that factor missed the measured step by as much."""
+def errors(
+    samples: list[Sample], setting: dict[str, Any] | None = None, fewest: int = ERROR_SAMPLES
+) -> dict[str, float]:
+    """Per mode with `fewest` samples at least among those its factor is the median of
+    (`factors`), how far they stray from it: the largest |ratio / median - 1|. A prediction
+    calibrated by that factor missed the measured step by as much."""
     out = {}
     for mode, ratios in _ratios(samples, setting).items():
-        if len(ratios) >= ERROR_SAMPLES:
+        if len(ratios) >= fewest:
             median = statistics.median(ratios)
             out[mode] = max(abs(r / median - 1) for r in ratios)
     return out
 
 
+# The fewest runs whose spread is taken as a pair's error (`pair_factors`): a judgement.
+# A new run's ratio falls outside the range of n earlier ones about 2 / (n + 1) of the time
+# (50% at 3); and on a fresh cache two runs measured `blocking` 0.84-0.88 of its predicted
+# ratio to `leo`, the four after them 1.04-1.15, whose spread (6%) would have left it out.
+PAIR_SAMPLES = 5
+
+
 def pair_factors(
     samples: list[Sample], setting: dict[str, Any] | None = None
 ) -> dict[tuple[str, str], tuple[float, float]]:
-    """Per ordered pair of modes (x, y) measured in the same run `ERROR_SAMPLES` times at
+    """Per ordered pair of modes (x, y) measured in the same run `PAIR_SAMPLES` times at
     least (in the closest setting that has any, as `factors`): the factor by which x's
     measured step over y's differed from the cost model's predicted ratio (the median over
     those runs), and that factor's error (`errors`: how far its runs strayed from it)."""
@@ -275,7 +284,7 @@ def pair_factors(
     factor = factors(pairs, setting)
     return {
         (x, y): (factor[name], error)
-        for name, error in errors(pairs, setting).items()
+        for name, error in errors(pairs, setting, PAIR_SAMPLES).items()
         for x, _, y in [name.partition(OVER)]
     }
 

@@ -16,6 +16,7 @@ from leo_cli.errors import CacheError
 from leo_cli.planner.wisdom import (
     CALIBRATION_KEEP,
     ERROR_SAMPLES,
+    PAIR_SAMPLES,
     Sample,
     Wisdom,
     add_samples,
@@ -223,7 +224,7 @@ def test_a_pairs_factor_is_its_ratio_measured_in_the_same_runs() -> None:
     def at(mode: str, predicted: float, measured: float, run: str) -> Sample:
         return Sample(mode, predicted, measured, gcn, run)
 
-    load = {"a": 1.0, "b": 2.0, "c": 3.0}  # each run's load scales both modes alike
+    load = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 2.0, "e": 1.5}  # scales a run's modes alike
     kept = [
         s
         for run, x in load.items()
@@ -232,14 +233,15 @@ def test_a_pairs_factor_is_its_ratio_measured_in_the_same_runs() -> None:
             at("blocking", 0.2, 0.6 * x * (1.1 if run == "c" else 1), run),
         )
     ]
-    assert errors(kept, gcn)["leo"] == pytest.approx(0.5)  # 2, 4, 6 against their median 4
-    kept += [at("leo", 0.1, 0.9, ""), at("fine-grained", 0.1, 0.9, "d")]  # no pair: no sample
+    assert errors(kept, gcn)["leo"] == pytest.approx(0.5)  # 2 to 6 against their median 4
+    kept += [at("leo", 0.1, 0.9, ""), at("fine-grained", 0.1, 0.9, "f")]  # no pair: no sample
     pairs = pair_factors(kept, gcn)
     assert set(pairs) == {("leo", "blocking"), ("blocking", "leo")}
     factor, error = pairs[("leo", "blocking")]  # measured 1/3 (1/3.3 in c) over predicted 1/2
     assert factor == pytest.approx(2 / 3) and error == pytest.approx(1 - 1 / 1.1)
     assert pairs[("blocking", "leo")][0] == pytest.approx(1.5)
-    assert pair_factors(kept[:4], gcn) == {}  # two runs: fewer than ERROR_SAMPLES
+    assert PAIR_SAMPLES == 5
+    assert pair_factors(kept[:8], gcn) == {}  # four runs: fewer than PAIR_SAMPLES
 
 
 def test_a_samples_run_id_reads_back(tmp_path: Path) -> None:
