@@ -295,11 +295,18 @@ OVER = " over "  # how a pair sample names its modes (`leo over blocking`)
 def pair_samples(samples: list[Sample]) -> list[Sample]:
     """Of every two samples of different modes from the same run (their `run` id; none
     without), a sample of the pair: x's over y's measured step, against x's over y's
-    predicted step, in that run's setting."""
+    predicted step, in that run's setting. Only the newest `CALIBRATION_RECENT` runs of each
+    setting count, those that measured the pair or not: a mode left out for a pair's ratio
+    adds no sample of it, so it is tried again once too few of the runs of its setting did."""
     by_run: dict[str, list[Sample]] = {}
     for s in samples:
         if s.run:
             by_run.setdefault(s.run, []).append(s)
+    runs: dict[str, list[str]] = {}  # run ids per setting, oldest first
+    for run, kept in by_run.items():
+        runs.setdefault(json.dumps(kept[0].setting, sort_keys=True), []).append(run)
+    recent = {r for ids in runs.values() for r in ids[-CALIBRATION_RECENT:]}
+    by_run = {r: kept for r, kept in by_run.items() if r in recent}
     return [
         Sample(f"{x.mode}{OVER}{y.mode}", x.predicted_s / y.predicted_s,
                x.measured_s / y.measured_s, x.setting, run)

@@ -15,6 +15,7 @@ from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.planner.wisdom import (
     CALIBRATION_KEEP,
+    CALIBRATION_RECENT,
     ERROR_SAMPLES,
     PAIR_SAMPLES,
     Sample,
@@ -242,6 +243,25 @@ def test_a_pairs_factor_is_its_ratio_measured_in_the_same_runs() -> None:
     assert pairs[("blocking", "leo")][0] == pytest.approx(1.5)
     assert PAIR_SAMPLES == 5
     assert pair_factors(kept[:8], gcn) == {}  # four runs: fewer than PAIR_SAMPLES
+
+
+def test_a_pair_counts_the_newest_runs_of_its_setting_only() -> None:
+    """Runs that left a mode out add no sample of its pairs: once fewer than `PAIR_SAMPLES`
+    of the newest `CALIBRATION_RECENT` runs of the setting measured the pair, its factor is
+    gone and the mode is tried again; another setting's runs do not push them out."""
+    gcn = {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+    sage = {**gcn, "model": "sage"}
+
+    def run(i: int, modes: tuple[str, ...], setting: dict[str, Any] = gcn) -> list[Sample]:
+        return [Sample(m, 1.0, 1.0, setting, f"r{i}") for m in modes]
+
+    both = [s for i in range(5) for s in run(i, ("leo", "blocking"))]
+    alone = [s for i in range(5, CALIBRATION_RECENT) for s in run(i, ("leo",))]
+    others = [s for i in range(100, 120) for s in run(i, ("leo", "blocking"), sage)]
+    kept = both + alone + others
+    assert ("blocking", "leo") in pair_factors(kept, gcn)  # 5 of the newest 10 gcn runs
+    later = run(99, ("leo",))
+    assert ("blocking", "leo") not in pair_factors(kept + later, gcn)
 
 
 def test_a_samples_run_id_reads_back(tmp_path: Path) -> None:
