@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from leo_cli.planner.wisdom import (
     calibration_path,
     errors,
     factors,
+    pair_factors,
     read_samples,
     read_wisdom,
     write_wisdom,
@@ -84,6 +86,18 @@ def calibration_errors(cache: Path, setting: dict[str, Any]) -> dict[str, float]
         return {}
 
 
+def calibration_pairs(
+    cache: Path, setting: dict[str, Any]
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per pair of modes measured in the same runs on this host, the calibrated factor of
+    their ratio and its error (planner/wisdom.py `pair_factors`; none where the file is not
+    calibration: `scale` says so)."""
+    try:
+        return pair_factors(read_samples(calibration_path(cache)), setting)
+    except CacheError:
+        return {}
+
+
 def kept(path: Path, names: list[str], variants: list[str]) -> Wisdom | None:
     """The wisdom at `path`, or None where there is none or it is refused (said in one line:
     the run then measures again and replaces it)."""
@@ -114,14 +128,15 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
     the planned mode's levels has no prediction of its own): its median step, or where it
-    stopped after its first timed step, that step."""
+    stopped after its first timed step, that step; all with one new run id."""
     setting = setting_of(cfg)
+    run = uuid.uuid4().hex[:16]
     out = []
     for name, median in chosen.measured_s.items():
         predicted = chosen.predicted_s.get(name)
         measured = median if median is not None else chosen.trial_s.get(name, {}).get(FIRST_STEP)
         if measured is not None and predicted is not None and predicted > 0:
-            out.append(Sample(name, predicted, measured, setting))
+            out.append(Sample(name, predicted, measured, setting, run))
     return out
 
 

@@ -38,6 +38,7 @@ from leo_cli.kernels import active_backend
 from leo_cli.launch.choice import (
     SPMM_PREFIX,
     calibration_errors,
+    calibration_pairs,
     from_wisdom,
     keep_trials,
     kept,
@@ -390,7 +391,8 @@ def choose_mode(
     trial = estimate
     if measures(cfg, num_parts):
         missed = calibration_errors(cache, setting_of(cfg))
-        trial = to_try(cfg, plan, estimate, available_memory_bytes(), missed)
+        pairs = calibration_pairs(cache, setting_of(cfg))
+        trial = to_try(cfg, plan, estimate, available_memory_bytes(), missed, pairs)
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
     if not trial.trials and not variants:
         return trial

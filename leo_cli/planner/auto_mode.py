@@ -338,15 +338,18 @@ def to_try(
     estimate: ModeChoice,
     free_bytes: int | None,
     errors: Mapping[str, float] | None = None,
+    pairs: Mapping[tuple[str, str], tuple[float, float]] | None = None,
 ) -> ModeChoice:
     """The candidates the workers try (`ModeChoice.trials`), fastest predicted first (by the
     calibrated prediction where `estimate` has one, else the cost model's): the modes `auto`
     may run but those the cost model predicts over `HOPELESS` times the fastest, whose
-    predicted buffers would not fit `FREE_SHARE` of the `free_bytes` this machine has, or
-    whose calibrated prediction is slower than another candidate's beyond both calibrations'
-    `errors` (`surely_slower`), and after the planned mode (where it fits, tried or not) its
-    plan without replicas and without rows read in place, where the plan has them. A single
-    candidate is the choice itself, untried."""
+    predicted buffers would not fit `FREE_SHARE` of the `free_bytes` this machine has, whose
+    calibrated prediction is slower than another candidate's beyond both calibrations'
+    `errors` (`surely_slower`), or whose step over a candidate tried before it, calibrated by
+    the `pairs` measured in the same runs (planner/wisdom.py `pair_factors`), is slower
+    beyond that ratio's error (`slower_than_tried`); and after the planned mode (where it
+    fits, tried or not) its plan without replicas and without rows read in place, where the
+    plan has them. A single candidate is the choice itself, untried."""
     shm_free = segments.free_bytes()  # this host's, then the config's, then the registry's
     # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
     levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
@@ -371,6 +374,8 @@ def to_try(
     for mode in sorted(fits, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
         if mode in slower:
             notes[mode] = slower[mode]
+        elif (why := slower_than_tried(mode, tried, predicted, pairs or {})) is not None:
+            notes[mode] = why
         else:
             tried.append(candidate_name(mode, levels))
         if mode == planned_mode() and plan is not None:  # (its variants have no calibration)
@@ -414,6 +419,31 @@ def surely_slower(
         for m, (t, e) in known.items()
         if m != best and t * (1 - e) > bound
     }
+
+
+def slower_than_tried(
+    mode: str,
+    tried: list[str],
+    predicted: Mapping[str, float | None],
+    pairs: Mapping[tuple[str, str], tuple[float, float]],
+) -> str | None:
+    """Why `mode` is not tried, or None: its predicted step over that of a candidate in
+    `tried`, times the factor and less the error of that ratio measured in earlier runs
+    (`pairs`: planner/wisdom.py `pair_factors`), is past one plus a measured tie (`TIE`):
+    even where the ratio misses by its whole error, `mode` loses to that candidate."""
+    mine = predicted.get(mode)
+    for other in tried:
+        theirs, known = predicted.get(other), pairs.get((mode, other))
+        if mine is None or theirs is None or known is None or theirs <= 0:
+            continue
+        factor, error = known
+        ratio = mine / theirs * factor
+        if ratio * (1 - error) > 1 + TIE:
+            return (
+                f"not tried: calibrated {ratio:.2f}x {other}'s step (measured in the same "
+                f"runs, error {error:.0%}), slower beyond the ratio's error"
+            )
+    return None
 
 
 def too_big(size: int | None, free_bytes: int | None) -> str | None:

@@ -14,7 +14,10 @@ measured step, and the setting) to this host's file in the same folder; a mode's
 scales its later predictions on this host (`calibrated`): a factor per mode and setting, not a
 refit of the probe's stage rates. How far those samples stray from their median is the
 calibrated prediction's error (`errors`): under `measure` a candidate slower than another
-beyond both errors is not tried (planner/auto_mode.py `surely_slower`).
+beyond both errors is not tried (planner/auto_mode.py `surely_slower`). The samples of one
+run's trials share a run id; between two modes measured in the same run, measured ratio over
+predicted ratio is a sample of that pair (`pair_factors`): the host's load, which slows every mode
+of a run alike, cancels there, while it moves each mode's own factor from run to run.
 
 Specification: docs/design/planning.md.
 """
@@ -177,12 +180,14 @@ CALIBRATION_RECENT = 10  # a mode's factor is the median over its newest samples
 
 @dataclass(frozen=True)
 class Sample:
-    """One trial of a mode: its predicted and measured step, and the setting it ran in."""
+    """One trial of a mode: its predicted and measured step, the setting it ran in, and the
+    run whose trials measured it (shared by that run's samples; empty: not known)."""
 
     mode: str
     predicted_s: float
     measured_s: float
     setting: dict[str, Any]
+    run: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +195,7 @@ class Sample:
             "predicted_s": self.predicted_s,
             "measured_s": self.measured_s,
             "setting": self.setting,
+            **({"run": self.run} if self.run else {}),
         }
 
 
@@ -213,7 +219,7 @@ def read_samples(path: Path) -> list[Sample]:
             raise ValueError("another format")
         samples = [
             Sample(str(s["mode"]), float(s["predicted_s"]), float(s["measured_s"]),
-                   dict(s.get("setting") or {}))
+                   dict(s.get("setting") or {}), str(s.get("run") or ""))
             for s in data["samples"]
         ]  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
@@ -246,16 +252,69 @@ def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dic
 ERROR_SAMPLES = 3
 
 
-def errors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:
-    """Per mode with `ERROR_SAMPLES` samples at least among those its factor is the median
-    of (`factors`), how far they stray from it: the largest |ratio / median - 1|. A
-    prediction calibrated by that factor missed the measured step by as much."""
+def errors(
+    samples: list[Sample], setting: dict[str, Any] | None = None, fewest: int = ERROR_SAMPLES
+) -> dict[str, float]:
+    """Per mode with `fewest` samples at least among those its factor is the median of
+    (`factors`), how far they stray from it: the largest |ratio / median - 1|. A prediction
+    calibrated by that factor missed the measured step by as much."""
     out = {}
     for mode, ratios in _ratios(samples, setting).items():
-        if len(ratios) >= ERROR_SAMPLES:
+        if len(ratios) >= fewest:
             median = statistics.median(ratios)
             out[mode] = max(abs(r / median - 1) for r in ratios)
     return out
+
+
+# The fewest runs whose spread is taken as a pair's error (`pair_factors`): a judgement.
+# A new run's ratio falls outside the range of n earlier ones about 2 / (n + 1) of the time
+# (50% at 3); and on a fresh cache two runs measured `blocking` 0.84-0.88 of its predicted
+# ratio to `leo`, the four after them 1.04-1.15, whose spread (6%) would have left it out.
+PAIR_SAMPLES = 5
+
+
+def pair_factors(
+    samples: list[Sample], setting: dict[str, Any] | None = None
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per ordered pair of modes (x, y) measured in the same run `PAIR_SAMPLES` times at
+    least (in the closest setting that has any, as `factors`): the factor by which x's
+    measured step over y's differed from the cost model's predicted ratio (the median over
+    those runs), and that factor's error (`errors`: how far its runs strayed from it)."""
+    pairs = pair_samples(samples)
+    factor = factors(pairs, setting)
+    return {
+        (x, y): (factor[name], error)
+        for name, error in errors(pairs, setting, PAIR_SAMPLES).items()
+        for x, _, y in [name.partition(OVER)]
+    }
+
+
+OVER = " over "  # how a pair sample names its modes (`leo over blocking`)
+
+
+def pair_samples(samples: list[Sample]) -> list[Sample]:
+    """Of every two samples of different modes from the same run (their `run` id; none
+    without), a sample of the pair: x's over y's measured step, against x's over y's
+    predicted step, in that run's setting. Only the newest `CALIBRATION_RECENT` runs of each
+    setting count, those that measured the pair or not: a mode left out for a pair's ratio
+    adds no sample of it, so it is tried again once too few of the runs of its setting did."""
+    by_run: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.run:
+            by_run.setdefault(s.run, []).append(s)
+    runs: dict[str, list[str]] = {}  # run ids per setting, oldest first
+    for run, kept in by_run.items():
+        runs.setdefault(json.dumps(kept[0].setting, sort_keys=True), []).append(run)
+    recent = {r for ids in runs.values() for r in ids[-CALIBRATION_RECENT:]}
+    by_run = {r: kept for r, kept in by_run.items() if r in recent}
+    return [
+        Sample(f"{x.mode}{OVER}{y.mode}", x.predicted_s / y.predicted_s,
+               x.measured_s / y.measured_s, x.setting, run)
+        for run, kept in by_run.items()
+        for x in kept
+        for y in kept
+        if x.mode != y.mode
+    ]  # fmt: skip
 
 
 def _ratios(samples: list[Sample], setting: dict[str, Any] | None) -> dict[str, list[float]]:

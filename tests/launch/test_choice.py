@@ -45,6 +45,8 @@ def test_a_measured_choice_is_kept_as_wisdom_and_calibration(tmp_path: Path) -> 
     # a variant has no prediction of its own; a stopped trial no median
     assert [(s.mode, s.predicted_s, s.measured_s) for s in samples] == [("leo", 0.1, 0.15)]
     assert samples[0].setting == {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+    keep_trials(load_config(None, ["partition.num_parts=4"]), run)  # another run's samples
+    assert len({s.run for s in read_samples(calibration_path(cache))}) == 2 and samples[0].run
 
 
 @pytest.mark.parametrize(

@@ -487,3 +487,30 @@ def test_measure_leaves_out_what_calibration_says_is_slower_beyond_its_error() -
     assert "leo" not in trial.trials and "leo/no-in-place" in trial.trials
     assert trial.notes["leo"].startswith("not tried: calibrated 0.200 s")
     assert auto_mode.surely_slower({"leo": 0.05, "blocking": 0.5}, {"blocking": 0.0}) == {}
+
+
+def test_measure_leaves_out_what_the_ratio_measured_in_the_same_runs_says_is_slower() -> None:
+    """A candidate whose predicted step over a candidate tried before it, times that pair's
+    factor measured in the same runs, less the pair's error, is past one plus the tie is not
+    tried (noted why); within the error, without a pair, or against a candidate not tried, it
+    is; `estimate` tries nothing."""
+    plan = plan_with_levels(False, False, PREDICTED)
+    estimate = choose(cfg(), plan, 2)  # blocking 0.053 first, then leo 0.062, ...
+    # leo's step over blocking's ran 1.5x the predicted 1.17 in earlier runs, within 10%:
+    # 1.75 * 0.9 is past 1.03
+    pairs = {("leo", "blocking"): (1.5, 0.1)}
+    trial = auto_mode.to_try(cfg(), plan, estimate, None, None, pairs)
+    assert "leo" not in trial.trials and "blocking" in trial.trials
+    assert trial.notes["leo"] == (
+        "not tried: calibrated 1.75x blocking's step (measured in the same runs, error 10%), "
+        "slower beyond the ratio's error"
+    )
+    assert "leo" in auto_mode.to_try(cfg(), plan, estimate, None).trials  # no pairs
+    wide = {("leo", "blocking"): (1.5, 0.45)}  # 1.75 * 0.55 = 0.96: within the error
+    assert "leo" in auto_mode.to_try(cfg(), plan, estimate, None, None, wide).trials
+    # the pair the other way round says nothing of leo against blocking
+    back = {("blocking", "leo"): (0.5, 0.0)}
+    assert "leo" in auto_mode.to_try(cfg(), plan, estimate, None, None, back).trials
+    # blocking is tried before leo only where it is ranked first; not against a mode not tried
+    assert auto_mode.slower_than_tried("leo", [], PREDICTED, pairs) is None
+    assert auto_mode.slower_than_tried("leo", ["shared-memory"], PREDICTED, pairs) is None

@@ -15,7 +15,9 @@ from leo_cli.config import load_config
 from leo_cli.errors import CacheError
 from leo_cli.planner.wisdom import (
     CALIBRATION_KEEP,
+    CALIBRATION_RECENT,
     ERROR_SAMPLES,
+    PAIR_SAMPLES,
     Sample,
     Wisdom,
     add_samples,
@@ -24,6 +26,7 @@ from leo_cli.planner.wisdom import (
     content_digest,
     errors,
     factors,
+    pair_factors,
     read_samples,
     read_wisdom,
     wisdom_key,
@@ -210,3 +213,58 @@ def test_a_factors_error_is_how_far_its_own_samples_stray_from_it() -> None:
     assert list(got) == ["leo"]  # blocking has one sample: no error to tell
     assert got["leo"] == pytest.approx(0.2)  # 0.6 is 20% over the median 0.5
     assert errors(kept[:2], gcn) == {}
+
+
+def test_a_pairs_factor_is_its_ratio_measured_in_the_same_runs() -> None:
+    """Two modes measured in the same run make a sample of their ratio (measured over
+    predicted); the host's load that slows both alike cancels, so the pair's error is far
+    smaller than each mode's own; samples without a run id, or of one mode in a run, make
+    none."""
+    gcn = {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+
+    def at(mode: str, predicted: float, measured: float, run: str) -> Sample:
+        return Sample(mode, predicted, measured, gcn, run)
+
+    load = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 2.0, "e": 1.5}  # scales a run's modes alike
+    kept = [
+        s
+        for run, x in load.items()
+        for s in (
+            at("leo", 0.1, 0.2 * x, run),
+            at("blocking", 0.2, 0.6 * x * (1.1 if run == "c" else 1), run),
+        )
+    ]
+    assert errors(kept, gcn)["leo"] == pytest.approx(0.5)  # 2 to 6 against their median 4
+    kept += [at("leo", 0.1, 0.9, ""), at("fine-grained", 0.1, 0.9, "f")]  # no pair: no sample
+    pairs = pair_factors(kept, gcn)
+    assert set(pairs) == {("leo", "blocking"), ("blocking", "leo")}
+    factor, error = pairs[("leo", "blocking")]  # measured 1/3 (1/3.3 in c) over predicted 1/2
+    assert factor == pytest.approx(2 / 3) and error == pytest.approx(1 - 1 / 1.1)
+    assert pairs[("blocking", "leo")][0] == pytest.approx(1.5)
+    assert PAIR_SAMPLES == 5
+    assert pair_factors(kept[:8], gcn) == {}  # four runs: fewer than PAIR_SAMPLES
+
+
+def test_a_pair_counts_the_newest_runs_of_its_setting_only() -> None:
+    """Runs that left a mode out add no sample of its pairs: once fewer than `PAIR_SAMPLES`
+    of the newest `CALIBRATION_RECENT` runs of the setting measured the pair, its factor is
+    gone and the mode is tried again; another setting's runs do not push them out."""
+    gcn = {"workers": 4, "nodes": 1, "link": None, "model": "gcn"}
+    sage = {**gcn, "model": "sage"}
+
+    def run(i: int, modes: tuple[str, ...], setting: dict[str, Any] = gcn) -> list[Sample]:
+        return [Sample(m, 1.0, 1.0, setting, f"r{i}") for m in modes]
+
+    both = [s for i in range(5) for s in run(i, ("leo", "blocking"))]
+    alone = [s for i in range(5, CALIBRATION_RECENT) for s in run(i, ("leo",))]
+    others = [s for i in range(100, 120) for s in run(i, ("leo", "blocking"), sage)]
+    kept = both + alone + others
+    assert ("blocking", "leo") in pair_factors(kept, gcn)  # 5 of the newest 10 gcn runs
+    later = run(99, ("leo",))
+    assert ("blocking", "leo") not in pair_factors(kept + later, gcn)
+
+
+def test_a_samples_run_id_reads_back(tmp_path: Path) -> None:
+    path = calibration_path(tmp_path)
+    add_samples(path, [Sample("leo", 0.1, 0.2, {"workers": 2}, "r1"), sample("leo", 0.1, 0.3)])
+    assert [s.run for s in read_samples(path)] == ["r1", ""]
