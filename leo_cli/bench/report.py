@@ -375,8 +375,9 @@ def environment(command: str) -> dict[str, Any]:
 def package_version(name: str) -> str | None:
     """The version of the package `import name` would load, read without importing it (an
     import of PyG costs seconds): its installed metadata where that install is the one found,
-    else the `__version__` line of its `__init__.py` (a source checkout on the path); None
-    where nothing importable is found."""
+    else the `__version__` line of its `__init__.py` (a source checkout on the path), else
+    the installed metadata's (an editable install that computes its version); None where
+    nothing importable is found."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
         return None
@@ -389,7 +390,10 @@ def package_version(name: str) -> str | None:
         found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", origin.read_text(), re.M)
         if found:
             return found.group(1)
-    return None
+    try:  # an editable install's version, whose __init__.py computes it
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str:

@@ -127,16 +127,19 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
-    the planned mode's levels has no prediction of its own): its median step, or where it
-    stopped after its first timed step, that step; all with one new run id."""
+    the planned mode's levels has no prediction of its own): its median step, with one new
+    run id for the run's samples; or where it stopped after its first timed step, that step,
+    with no run id (it stopped for being past the best: its ratio to the best would be over
+    one by how it was chosen, so it makes no pair sample, planner/wisdom.py `pair_samples`)."""
     setting = setting_of(cfg)
     run = uuid.uuid4().hex[:16]
     out = []
     for name, median in chosen.measured_s.items():
         predicted = chosen.predicted_s.get(name)
-        measured = median if median is not None else chosen.trial_s.get(name, {}).get(FIRST_STEP)
+        first = chosen.trial_s.get(name, {}).get(FIRST_STEP)
+        measured, of_run = (median, run) if median is not None else (first, "")
         if measured is not None and predicted is not None and predicted > 0:
-            out.append(Sample(name, predicted, measured, setting, run))
+            out.append(Sample(name, predicted, measured, setting, of_run))
     return out
 
 

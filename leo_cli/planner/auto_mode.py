@@ -371,23 +371,37 @@ def to_try(
             notes[mode] = unfit
     fits = {m: estimate.calibrated_s.get(m) for m in order if m not in notes}
     slower = surely_slower(fits, errors or {})
-    for mode in sorted(fits, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
-        if mode in slower:
-            notes[mode] = slower[mode]
-        elif (why := slower_than_tried(mode, tried, predicted, pairs or {})) is not None:
-            notes[mode] = why
-        else:
-            tried.append(candidate_name(mode, levels))
-        if mode == planned_mode() and plan is not None:  # (its variants have no calibration)
-            every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
-            variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
-            for v in variants:  # checked like the modes, by their own buffers
-                name = candidate_name(mode, v)
-                unfit = too_big(estimate.buffer_bytes.get(name), free_bytes)
-                if unfit is None:
-                    tried.append(name)
-                else:
-                    notes[name] = unfit
+
+    def pick(pairs: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, str]:
+        """Fills `tried`; returns why each candidate left out was."""
+        why: dict[str, str] = {}
+        for mode in sorted(fits, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
+            if mode in slower:
+                why[mode] = slower[mode]
+            elif (beaten := slower_than_tried(mode, tried, predicted, pairs)) is not None:
+                why[mode] = beaten
+            else:
+                tried.append(candidate_name(mode, levels))
+            if mode == planned_mode() and plan is not None:  # (no calibration of its variants)
+                every_row = row_transport(cfg.pipeline.transport).every_row  # asked for
+                variants = [v for v in plan_variants(plan) if v != "no-in-place" or not every_row]
+                for v in variants:  # checked like the modes, by their own buffers
+                    name = candidate_name(mode, v)
+                    unfit = too_big(estimate.buffer_bytes.get(name), free_bytes)
+                    if unfit is None:
+                        tried.append(name)
+                    else:
+                        why[name] = unfit
+        return why
+
+    left_out = pick(pairs or {})
+    if pairs and len(tried) <= 1:
+        # A mode the pair rule leaves out adds no sample, and a run that tries one candidate
+        # or none measures nothing: the pair's factor would never age out. So that rule never
+        # leaves fewer than two to try.
+        tried.clear()
+        left_out = pick({})
+    notes.update(left_out)
     if len(tried) <= 1:
         if not tried:  # every candidate left out: the prediction's choice, untried
             return replace(estimate, rule=f"{estimate.rule}; none to try", notes=notes)

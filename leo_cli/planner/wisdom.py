@@ -239,12 +239,16 @@ SETTING_TIERS: tuple[tuple[str, ...] | None, ...] = (
 )  # fmt: skip
 
 
-def factors(samples: list[Sample], setting: dict[str, Any] | None = None) -> dict[str, float]:
+def factors(
+    samples: list[Sample],
+    setting: dict[str, Any] | None = None,
+    tiers: tuple[tuple[str, ...] | None, ...] = SETTING_TIERS,
+) -> dict[str, float]:
     """Per mode, measured over predicted step: the median over its newest samples (what the
     cost model's prediction of that mode is multiplied by on this host); with `setting`, over
     the samples of the closest setting the mode has any of (`SETTING_TIERS`): how far the
     cost model misses differs with the model, the links and the workers."""
-    return {m: statistics.median(r) for m, r in _ratios(samples, setting).items()}
+    return {m: statistics.median(r) for m, r in _ratios(samples, setting, tiers).items()}
 
 
 # The fewest samples whose spread is taken as a factor's error (`errors`): one sample has no
@@ -253,23 +257,25 @@ ERROR_SAMPLES = 3
 
 
 def errors(
-    samples: list[Sample], setting: dict[str, Any] | None = None, fewest: int = ERROR_SAMPLES
+    samples: list[Sample],
+    setting: dict[str, Any] | None = None,
+    fewest: int = ERROR_SAMPLES,
+    tiers: tuple[tuple[str, ...] | None, ...] = SETTING_TIERS,
 ) -> dict[str, float]:
     """Per mode with `fewest` samples at least among those its factor is the median of
     (`factors`), how far they stray from it: the largest |ratio / median - 1|. A prediction
     calibrated by that factor missed the measured step by as much."""
     out = {}
-    for mode, ratios in _ratios(samples, setting).items():
+    for mode, ratios in _ratios(samples, setting, tiers).items():
         if len(ratios) >= fewest:
             median = statistics.median(ratios)
             out[mode] = max(abs(r / median - 1) for r in ratios)
     return out
 
 
-# The fewest runs whose spread is taken as a pair's error (`pair_factors`): a judgement.
-# A new run's ratio falls outside the range of n earlier ones about 2 / (n + 1) of the time
-# (50% at 3); and on a fresh cache two runs measured `blocking` 0.84-0.88 of its predicted
-# ratio to `leo`, the four after them 1.04-1.15, whose spread (6%) would have left it out.
+# The fewest runs whose spread is taken as a pair's error (`pair_factors`): a judgement. A
+# new run's ratio falls outside the range of n earlier ones about 2 / (n + 1) of the time (50%
+# at 3); the runs behind it: docs/results/2026-12-07-trial-cost.md.
 PAIR_SAMPLES = 5
 
 
@@ -277,14 +283,17 @@ def pair_factors(
     samples: list[Sample], setting: dict[str, Any] | None = None
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """Per ordered pair of modes (x, y) measured in the same run `PAIR_SAMPLES` times at
-    least (in the closest setting that has any, as `factors`): the factor by which x's
-    measured step over y's differed from the cost model's predicted ratio (the median over
-    those runs), and that factor's error (`errors`: how far its runs strayed from it)."""
+    least, in `setting` itself (no closer setting stands in, as for `factors`: a mode left
+    out at one worker count for runs at another would never be measured at this one): the
+    factor by which x's measured step over y's differed from the cost model's predicted
+    ratio (the median over those runs), and that factor's error (`errors`: how far its runs
+    strayed from it)."""
     pairs = pair_samples(samples)
-    factor = factors(pairs, setting)
+    exact = (None,)  # SETTING_TIERS' first: the same setting
+    factor = factors(pairs, setting, exact)
     return {
         (x, y): (factor[name], error)
-        for name, error in errors(pairs, setting, PAIR_SAMPLES).items()
+        for name, error in errors(pairs, setting, PAIR_SAMPLES, exact).items()
         for x, _, y in [name.partition(OVER)]
     }
 
@@ -317,15 +326,19 @@ def pair_samples(samples: list[Sample]) -> list[Sample]:
     ]  # fmt: skip
 
 
-def _ratios(samples: list[Sample], setting: dict[str, Any] | None) -> dict[str, list[float]]:
+def _ratios(
+    samples: list[Sample],
+    setting: dict[str, Any] | None,
+    tiers: tuple[tuple[str, ...] | None, ...] = SETTING_TIERS,
+) -> dict[str, list[float]]:
     """Per mode, measured over predicted step of its newest samples of the closest setting
-    it has any of (`SETTING_TIERS`; any setting without `setting`)."""
+    it has any of (`tiers`; any setting without `setting`)."""
     by_mode: dict[str, list[Sample]] = {}
     for s in samples:
         by_mode.setdefault(s.mode, []).append(s)
     out = {}
     for mode, kept in by_mode.items():
-        for keys in SETTING_TIERS if setting is not None else ((),):
+        for keys in tiers if setting is not None else ((),):
             close = [s for s in kept if _matches(s.setting, setting or {}, keys)]
             if close:
                 out[mode] = [s.measured_s / s.predicted_s for s in close][-CALIBRATION_RECENT:]

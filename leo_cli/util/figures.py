@@ -1,6 +1,6 @@
-"""Figures for the run folder's PNGs, drawn without pyplot: importing pyplot (its backend
-machinery and global figure manager) costs a worker about twice what the figure alone does,
-and a figure that no manager holds needs no closing."""
+"""Figures for the run folder's PNGs, drawn without pyplot: a worker that draws one at the
+end of a run then does not import pyplot's backend machinery and global figure manager, and
+a figure that no manager holds needs no closing."""
 
 from __future__ import annotations
 

@@ -132,6 +132,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     epochs = [r["epoch"] for r in rows]
     ax_loss.plot(epochs, [r["loss"] for r in rows])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    ax_loss.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))  # fits the margin
     ev = [r for r in rows if r.get("val_acc") is not None]
     for key in ("train_acc", "val_acc", "test_acc"):
         ax_acc.plot([r["epoch"] for r in ev], [r[key] for r in ev], label=key)

@@ -2,10 +2,9 @@
 
 `train_step` is the step (forward, backward, gradient all-reduce, optimizer), `evaluate` the
 all-reduced accuracies, `Job` everything a worker trains with (worker/assemble.py builds it),
-`epoch_stats` an epoch's numbers over every rank. Works with and
-without a process group: a single process (P = 1) is the same code path with identity
-collectives, and is the oracle the distributed runs are compared against. Legend: N inner
-rows, F features, C classes.
+`epoch_stats` an epoch's numbers over every rank. Works with and without a process group: a
+single process (P = 1) is the same code path with identity collectives, and is the oracle the
+distributed runs are compared against. Legend: N inner rows, F features, C classes.
 """
 
 from __future__ import annotations

@@ -157,3 +157,5 @@ def test_a_trial_stopped_after_its_first_step_calibrates_by_that_step(tmp_path: 
         ("leo", 0.1, 0.15),
         ("blocking", 0.2, 0.25),
     ]
+    # it stopped for being past the best: no sample of its ratio to the run's other modes
+    assert samples[0].run and not samples[1].run

@@ -514,3 +514,17 @@ def test_measure_leaves_out_what_the_ratio_measured_in_the_same_runs_says_is_slo
     # blocking is tried before leo only where it is ranked first; not against a mode not tried
     assert auto_mode.slower_than_tried("leo", [], PREDICTED, pairs) is None
     assert auto_mode.slower_than_tried("leo", ["shared-memory"], PREDICTED, pairs) is None
+
+
+def test_the_pair_rule_never_leaves_fewer_than_two_to_try() -> None:
+    """A mode the pair rule leaves out adds no sample, and one candidate is not measured: were
+    it to leave one candidate, its factors would never age out; so then it is not applied."""
+    plan = plan_with_levels(False, False, PREDICTED)  # no variants of leo's plan
+    estimate = choose(cfg(), plan, 2)
+    everyone = auto_mode.to_try(cfg(), plan, estimate, None).trials
+    beaten = {(m, "blocking"): (3.0, 0.0) for m in everyone if m != "blocking"}
+    trial = auto_mode.to_try(cfg(), plan, estimate, None, None, beaten)
+    assert trial.trials == everyone and not trial.notes
+    one_left = {k: v for k, v in beaten.items() if k[0] != "leo"}  # leo and blocking stay
+    trial = auto_mode.to_try(cfg(), plan, estimate, None, None, one_left)
+    assert sorted(trial.trials) == ["blocking", "leo"] and len(trial.notes) == len(one_left)

@@ -241,8 +241,22 @@ def test_a_pairs_factor_is_its_ratio_measured_in_the_same_runs() -> None:
     factor, error = pairs[("leo", "blocking")]  # measured 1/3 (1/3.3 in c) over predicted 1/2
     assert factor == pytest.approx(2 / 3) and error == pytest.approx(1 - 1 / 1.1)
     assert pairs[("blocking", "leo")][0] == pytest.approx(1.5)
-    assert PAIR_SAMPLES == 5
-    assert pair_factors(kept[:8], gcn) == {}  # four runs: fewer than PAIR_SAMPLES
+    fewer = kept[: 2 * (PAIR_SAMPLES - 1)]  # two samples a run
+    assert pair_factors(fewer, gcn) == {}
+
+
+def test_a_pairs_factor_comes_from_its_own_setting_only() -> None:
+    """Runs at another worker count do not stand in for a pair this setting never measured
+    (a mode they left out here would never be measured here)."""
+    four, eight = ({"workers": w, "nodes": 1, "link": None, "model": "gcn"} for w in (4, 8))
+    kept = [
+        Sample(mode, 0.1, measured, eight, f"r{i}")
+        for i in range(PAIR_SAMPLES)
+        for mode, measured in (("leo", 0.1), ("blocking", 0.3))
+    ]
+    assert ("blocking", "leo") in pair_factors(kept, eight)
+    kept += [Sample("leo", 0.1, 0.1, four, f"s{i}") for i in range(20)]
+    assert pair_factors(kept, four) == {}
 
 
 def test_a_pair_counts_the_newest_runs_of_its_setting_only() -> None:
