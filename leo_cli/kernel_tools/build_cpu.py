@@ -178,10 +178,18 @@ def compiler_identity() -> str:
 CACHE_FOLDER = "kernels"
 
 
+# What the compiler and linker read from the environment besides their arguments: a build
+# (or its failure, remembered for good when in a header) holds for these values only.
+COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "CFLAGS", "CXXFLAGS",
+                "CPPFLAGS", "LDFLAGS", "LIBRARY_PATH")  # fmt: skip
+
+
 def cache_entry(cache_dir: Path, cuda_dir: Path) -> Path:
     """`<cache_dir>/kernels/cpu-<key>`: the cached build for these sources, torch, Python,
-    flags (`cpu.source_fingerprint`) and compiler."""
-    material = f"{cpu.source_fingerprint(cuda_dir)}\0{compiler_identity()}"
+    flags (`cpu.source_fingerprint`), compiler and the compiler's environment
+    (`COMPILER_ENV`)."""
+    env = "\0".join(f"{k}={os.environ[k]}" for k in COMPILER_ENV if os.environ.get(k))
+    material = f"{cpu.source_fingerprint(cuda_dir)}\0{compiler_identity()}\0{env}"
     key = hashlib.sha256(material.encode()).hexdigest()[:16]
     return Path(cache_dir) / CACHE_FOLDER / f"cpu-{key}"
 
@@ -257,8 +265,8 @@ def _remembered_failure(target: Path) -> KernelError | None:
         when = time.strftime("%H:%M", time.localtime(at))
         return KernelError(f"{first}; tried again after {when} (delete {path} to try now)")
     return KernelError(
-        f"{first}; not tried again until the sources, torch or the compiler change "
-        f"(delete {path} to try now)"
+        f"{first}; not tried again until the sources, torch, the compiler "
+        f"or its environment (include paths, flags) change (delete {path} to try now)"
     )
 
 

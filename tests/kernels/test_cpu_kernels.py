@@ -389,7 +389,7 @@ def test_a_failed_build_is_remembered_for_its_key(
     assert len(calls) == 1 and len(str(again.value).splitlines()) == 1
     assert str(again.value).startswith(str(first.value).splitlines()[0])
     assert f"delete {build_cpu.failure_path(target)} to try now" in str(again.value)
-    assert "not tried again until the sources, torch or the compiler change" in str(again.value)
+    assert "not tried again until the sources, torch, the compiler or its" in str(again.value)
     # Another key (here: another compiler) builds again.
     monkeypatch.setattr(build_cpu, "compiler_identity", lambda: "g++ 2")
     with pytest.raises(KernelError):
@@ -407,6 +407,12 @@ def test_a_failed_build_is_remembered_for_its_key(
     log = other.with_name(f"{other.name}.build") / "build.log"
     assert said is not None and f"compiler output in {log}); not tried again" in said
     assert len(calls) == 2
+    # An include path set for the compiler is another key: a header found there may be why.
+    monkeypatch.setenv("CPATH", str(tmp_path / "include"))
+    assert build_cpu.cache_entry(tmp_path, cuda_dir) != other
+    with pytest.raises(KernelError):
+        build_cpu.cached_cpu_kernels(tmp_path, cuda_dir)
+    assert len(calls) == 3
 
 
 def test_the_build_error_names_its_log_in_a_whole_first_line(
