@@ -833,7 +833,8 @@ def mode_buffers(
     other phases."""
     mode = mode_of(mode_name)
     num = len(accesses)
-    widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
+    static = _every_static(caches)
+    widest = _widest_exchanged(shape, static)
     kept = [c.replica_rows.shape[0] * shape.widths[0] * shape.dtype_bytes for c in caches]
     shm = [0] * num
     if mode.wire.transfer == "segment":
@@ -845,7 +846,6 @@ def mode_buffers(
     moving = [0] * num
     structures = [0] * num
     read_in_place = np.zeros(num)
-    static = _every_static(caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
         if sl.served_by_static(static):
@@ -896,6 +896,18 @@ def mode_buffers(
     return Buffers(total, shm, kept, structures, moving, lift, setup)
 
 
+def _widest_exchanged(shape: ModelShape, static: bool) -> int:
+    """The width segments are reserved at (worker/assemble.py `exchange_width`): the widest
+    row a layer exchanges, leaving out a layer 0 the static aggregate serves (`static`)
+    unless it is the only layer."""
+    layers = [
+        layer
+        for layer in range(shape.num_layers)
+        if not _shape_layer(shape, layer).served_by_static(static)
+    ]
+    return max(shape.exchanged_width(layer) for layer in layers or [0])
+
+
 def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
     """Bytes of the static aggregate `Â·X` (comm/levels.py), kept for the run."""
     return p.num_inner * shape.widths[0] * shape.dtype_bytes
@@ -922,13 +934,13 @@ def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
     return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
 
 
-PYTHON_ROW_BYTES = 40  # an int in a Python list: its object (28 B in a 32 B block) and the pointer
+LISTED_ROW_BYTES = 9  # a halo row listed as L3: its int64 position and its byte of the mark
 
 
 def _listed_bytes(p: PartAccess, mode: Mode) -> int:
-    """Bytes of the halo rows a per-edge mode lists one by one as L3 rows for set-up (a
-    Python list of ints: worker/assemble.py `every_row_l3`)."""
-    return p.num_halo * PYTHON_ROW_BYTES if mode.per_edge_rows else 0
+    """Bytes of the halo rows a per-edge mode lists as L3 rows for set-up (a mark per row
+    and a tensor of their positions: worker/assemble.py `every_row_l3`)."""
+    return p.num_halo * LISTED_ROW_BYTES if mode.per_edge_rows else 0
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:

@@ -472,3 +472,16 @@ def test_moving_rows_count_as_far_as_they_lift_the_steps_peak() -> None:
     for b in (one, deep):
         parts = zip(b.kept, b.shm, b.structures, b.lift, strict=True)
         assert b.total == [k + s + h + m for k, s, h, m in parts]
+
+
+def test_segments_are_priced_without_a_static_layer_0s_width() -> None:
+    # 16 -> 8 -> 4: where the static aggregate serves layer 0, only layer 1's 4 columns
+    # move, and the segments are reserved at that width (worker/assemble.py exchange_width)
+    accesses = [part(0), part(1)]
+    deep = replace(SHAPE, widths=(16, 8, 4))
+    static = [RankCache(static_aggregate=True), RankCache(static_aggregate=True)]
+    every = Reach(PUBLISHED.published, every_row=True)
+    for mode, reach in (("leo", every), ("shared-memory", None)):
+        moving = mode_buffers(accesses, NONE, deep, mode, reach).shm
+        served = mode_buffers(accesses, static, deep, mode, reach).shm
+        assert moving[0] > 0 and served == [s // 2 for s in moving], mode
