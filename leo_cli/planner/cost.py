@@ -21,6 +21,7 @@ from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 
+from leo_cli.comm.aggregate import splits_update
 from leo_cli.comm.published import NUM_COPIES
 from leo_cli.comm.shm import GRAD_COPIES
 from leo_cli.errors import CacheError
@@ -527,12 +528,16 @@ def _forward(
     bnd = min(p.num_boundary, n)
     dense = _dense(hw, n, sl, backward=False, self_width=_self_width(sl, backward=False))
     gemm = dense.pop("gemm")
-    update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
+    # boundary-first (comm/aggregate.py splits_update); a pipeline that does not split
+    # updates every row before any leaves
+    split = mode.overlap and sl.upd and splits_update(n, bnd)
+    whole = mode.overlap and not split
+    update_pre = (gemm if whole else gemm * bnd / max(n, 1)) if sl.upd else 0.0
     update_window = gemm - update_pre if sl.upd else 0.0
     pack = 0.0
     if mode.wire.packs:
         pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    if mode.overlap and sl.upd:  # boundary-first: x rows gathered, h rows placed
+    if split:  # x rows gathered, h rows placed
         pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
     if cnt.publishes[r]:  # its boundary rows copied where same-host readers map them
         pack += hw.pass_seconds(bnd, w)
@@ -549,7 +554,6 @@ def _forward(
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
     if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
-        split = overlap and sl.upd  # boundary rows first (comm/aggregate.py update_and_send)
         pre["round"] = _encode_seconds(hw, sl, bnd if split else n)
         window["round"] = (  # split: the interior rows, the boundary ones were sent
             _encode_seconds(hw, sl, n - bnd) * split + _decode_seconds(hw, sl, n)
@@ -989,7 +993,7 @@ def _structure_bytes(
     if cnt.publishes[r]:  # its published rows, where they sit among its boundary rows, and
         # the rows each reader reads of them
         held += (2 * p.num_boundary + int(cnt.read_from[r])) * POSITION_BYTES
-    if mode.overlap:
+    if mode.overlap and splits_update(n, p.num_boundary):
         held += max(0, n - p.num_boundary) * POSITION_BYTES
     return held
 
