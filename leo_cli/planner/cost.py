@@ -965,18 +965,15 @@ def _structure_bytes(
     comm/blocks.py and comm/inplace.py build it: the inner column block, a block per peer
     of the rows that travel (compact: the rows reading them), a forward-only CSR per owner
     of the rows read in place, each CSR's transpose where halo gradients return as partial
-    sums (`transpose`: the inner block's then keeps the part's transposed rows of every
-    edge, of which it is a slice), and the row lists: rows sent (the plan's and the chunks'
-    positions), a segment's rows read out (`halo_rows_H`), rows read in place (their
-    positions), rows published (theirs, their positions, each reader's) and the pipeline's
-    interior rows."""
+    sums (`transpose`; each in arrays of its own), and the row lists: rows sent (the plan's
+    and the chunks' positions), a segment's rows read out (`halo_rows_H`), rows read in
+    place (their positions), rows published (theirs, their positions, each reader's) and
+    the pipeline's interior rows."""
     n, value = p.num_inner, shape.dtype_bytes
     edge = INDEX_BYTES + value  # an edge's column (or row) and its weight
     inner_edges = p.inner_edges + n * shape.diagonal
     per_csr = 2 if transpose else 1
     held = per_csr * ((n + 1) * INDEX_BYTES + inner_edges * edge)  # the inner block
-    if transpose:  # its transpose's rows are a slice of the part's, which holds every edge's
-        held += int(p.halo_edges) * INDEX_BYTES
     travel_edges = float(cnt.halo_edges[r] - cnt.in_place_edges[r])
     if travel_edges > 0:  # halo blocks: their rows, pointers (both ways) and edges
         rows = min(p.rows_reading_blocks(1), travel_edges)
