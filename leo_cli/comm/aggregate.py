@@ -74,6 +74,18 @@ class Aggregator(Protocol):
         ...
 
 
+# The boundary-first split gathers the boundary rows' inputs and places both parts' rows
+# of h: on a CPU about one more GEMM's time, to hide at most the interior's GEMM. Below this
+# share of interior rows (a part whose rows nearly all have readers) the update runs whole.
+SPLIT_MIN_INTERIOR = 0.25
+
+
+def splits_update(num_inner: int, num_boundary: int) -> bool:
+    """Whether a pipelined mode splits its update boundary-first (`update_and_send`): where
+    at least `SPLIT_MIN_INTERIOR` of the inner rows are interior (no peer reads them)."""
+    return num_inner - num_boundary >= max(1.0, SPLIT_MIN_INTERIOR * num_inner)
+
+
 class BlockAggregator:
     """The aggregation of every mode: column blocks, a transport, optionally boundary-first."""
 
@@ -98,7 +110,8 @@ class BlockAggregator:
         plan: its halo plan.
         transport: how the chunks' rows move (comm/transport.py).
         num_chunks: chunks per peer of every layer (the last one serves deeper layers).
-        overlap: split the update boundary-first so rows leave before the interior GEMM.
+        overlap: split the update boundary-first so rows leave before the interior GEMM,
+            where the interior is large enough to hide anything (`splits_update`).
         inner: the inner column block of another view of the same part, to share: views
             re-lay out halo columns only, so every view's inner block is the same (and it
             holds most of the edges).
@@ -118,7 +131,7 @@ class BlockAggregator:
             (the mean), or None (r = c = 1); read by `backward_rows` only.
         """
         self.plan, self.transport, self.stats = plan, transport, transport.stats
-        self.num_chunks, self.overlap, self.in_place = num_chunks, overlap, in_place
+        self.num_chunks, self.in_place = num_chunks, in_place
         self.rounding, self.grad_scales, self.grad_rows = rounding, grad_scales, grad_rows
         assert rounding is None or grad_rows, "rounded rows read their gradient as rows"
         assert in_place is None or self.grad_rows == in_place.grads_as_rows, "in-place grads"
@@ -132,7 +145,8 @@ class BlockAggregator:
         self.boundary_B = distinct_rows(sent, plan.num_inner)  # sorted: computed (and sent) first
         if in_place is not None:  # where the published rows sit among them
             self.published_P = torch.searchsorted(self.boundary_B, in_place.boundary_B)
-        if overlap:
+        self.overlap = overlap and splits_update(plan.num_inner, self.boundary_B.shape[0])
+        if self.overlap:
             interior = torch.ones(plan.num_inner, dtype=torch.bool, device=adj.device)
             interior[self.boundary_B] = False
             self.interior_I = torch.nonzero(interior).squeeze(1)
@@ -201,13 +215,13 @@ class BlockAggregator:
         if weight is None or not self.overlap:
             h_NO = x_NF if weight is None else F.linear(x_NF, weight)
             if self.in_place is not None:
-                self.in_place.publish(h_NO.index_select(0, self.in_place.boundary_B), layer)
+                self.in_place.publish(h_NO, layer, self.in_place.boundary_B)
             wire_NW = self.wire(h_NO, None, key)
             pending = self.transport.send_rows(wire_NW, sched, by_position=False)
             return h_NO, self.arrived(wire_NW, h_NO.dtype), pending
         h_BO = F.linear(x_NF.index_select(0, self.boundary_B), weight)
         if self.in_place is not None:
-            self.in_place.publish(h_BO.index_select(0, self.published_P), layer)
+            self.in_place.publish(h_BO, layer, self.published_P)
         wire_BW = self.wire(h_BO, self.boundary_B, key)
         pending = self.transport.send_rows(wire_BW, sched, by_position=True)
         h_IO = F.linear(x_NF.index_select(0, self.interior_I), weight)
@@ -279,7 +293,7 @@ class BlockAggregator:
         scales = self.grad_scales
         g_NO = grad_NO if scales is None else grad_NO * scales[1].unsqueeze(1)
         if self.in_place is not None:  # its readers aggregate them as the forward's rows
-            self.in_place.publish(g_NO.index_select(0, self.in_place.boundary_B), layer)
+            self.in_place.publish(g_NO, layer, self.in_place.boundary_B)
         wire_NW = self.wire(g_NO, None, backward_key(key))
         pending = self.transport.send_rows(wire_NW, sched, by_position=False)
         grad_h = self.aggregate_arrivals(self.arrived(wire_NW, g_NO.dtype), pending, sched, layer)

@@ -220,6 +220,14 @@ def _rows_kept(adj: kernels.CSR, keep_E: Tensor, compact: bool) -> tuple[Tensor 
     return rows_R, counts_R.index_select(0, rows_R)
 
 
+def _own(t: Tensor) -> Tensor:
+    """`t` in storage of its own where it is a slice of a larger array (adj's transpose):
+    a block kept for the run must not keep the part's whole transposed index alive."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
 def _assembled(
     adj: kernels.CSR,
     span: tuple[int, int],
@@ -247,7 +255,9 @@ def _assembled(
         table[rows_R] = torch.arange(num_rows, dtype=dtype, device=adj.device)
         t_rows = table.index_select(0, t_rows)
     t_values = adj.values.index_select(0, t_perm)
-    indptr, cols_E, t_indptr, t_rows = (t.to(dtype) for t in (indptr, cols_E, t_indptr, t_rows))
+    indptr, cols_E, t_indptr, t_rows = (
+        _own(t.to(dtype)) for t in (indptr, cols_E, t_indptr, t_rows)
+    )
     empty = cols_E.new_empty(0)
     degree, t_degree = max_degree(indptr), max_degree(t_indptr)
     fwd = kernels.CSR(

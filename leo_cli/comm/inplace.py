@@ -70,15 +70,17 @@ class InPlace:
         del layer
         return FORWARD if self.grads_as_rows else direction
 
-    def publish(self, rows_BF: Tensor, layer: int) -> None:
+    def publish(self, rows_XF: Tensor, layer: int, index_B: Tensor) -> None:
         """Make this worker's boundary rows of a layer (or of its output gradient) readable by
-        its in-place readers, once they have read the previous exchange out."""
+        its in-place readers, once they have read the previous exchange out: the rows
+        `index_B` of `rows_XF`, gathered straight into the area (no copy of them first)."""
         if not self.read_by:
             return
         s = self.stream(layer, FORWARD)
-        with self.stats.waiting(rows_BF.device):  # until readers are done with the area
+        with self.stats.waiting(rows_XF.device):  # until readers are done with the area
             k, copy = self.rows.begin_write(s, readers=list(self.read_by))
-        self.rows.forward_rows(self.rank, copy, rows_BF.shape[1]).copy_(rows_BF)
+        area = self.rows.forward_rows(self.rank, copy, rows_XF.shape[1])
+        torch.index_select(rows_XF, 0, index_B, out=area)
         self.rows.end_write(s, k)
 
     def aggregate(self, inner: ColumnBlock, h_NF: Tensor, layer: int) -> Tensor:

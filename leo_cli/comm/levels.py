@@ -29,11 +29,12 @@ from leo_cli.registry import Mode
 
 @dataclass(frozen=True)
 class RankLevels:
-    """This worker's share of the cache plan (halo positions are local ids minus N)."""
+    """This worker's share of the cache plan (halo positions are local ids minus N); the L3
+    rows as a list or, where they are every halo row, a tensor (no Python int per row)."""
 
     static_aggregate: bool
     replica_rows: list[int]
-    l3_rows: list[int]
+    l3_rows: list[int] | Tensor
 
 
 @dataclass
@@ -111,7 +112,7 @@ def level_of_rows(
 
 def rows_of(levels: RankLevels, device: torch.device) -> tuple[Tensor, Tensor]:
     """(L3 rows, replicated rows) of a worker's levels as tensors of halo positions."""
-    l3_H = torch.tensor(levels.l3_rows, dtype=torch.int64, device=device)
+    l3_H = torch.as_tensor(levels.l3_rows, dtype=torch.int64, device=device)
     return l3_H, torch.tensor(levels.replica_rows, dtype=torch.int64, device=device)
 
 

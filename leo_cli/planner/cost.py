@@ -21,6 +21,7 @@ from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 
+from leo_cli.comm.aggregate import splits_update
 from leo_cli.comm.published import NUM_COPIES
 from leo_cli.comm.shm import GRAD_COPIES
 from leo_cli.errors import CacheError
@@ -527,12 +528,16 @@ def _forward(
     bnd = min(p.num_boundary, n)
     dense = _dense(hw, n, sl, backward=False, self_width=_self_width(sl, backward=False))
     gemm = dense.pop("gemm")
-    update_pre = gemm * bnd / max(n, 1) if sl.upd else 0.0
+    # boundary-first (comm/aggregate.py splits_update); a pipeline that does not split
+    # updates every row before any leaves
+    split = mode.overlap and sl.upd and splits_update(n, bnd)
+    whole = mode.overlap and not split
+    update_pre = (gemm if whole else gemm * bnd / max(n, 1)) if sl.upd else 0.0
     update_window = gemm - update_pre if sl.upd else 0.0
     pack = 0.0
     if mode.wire.packs:
         pack = hw.gather_seconds(cnt.send[r], w) + hw.fresh_seconds(cnt.send[r], w)
-    if mode.overlap and sl.upd:  # boundary-first: x rows gathered, h rows placed
+    if split:  # x rows gathered, h rows placed
         pack += hw.gather_seconds(n, sl.a) + hw.gather_seconds(n, w)
     if cnt.publishes[r]:  # its boundary rows copied where same-host readers map them
         pack += hw.pass_seconds(bnd, w)
@@ -549,7 +554,6 @@ def _forward(
     post = {"spmm": halo_spmm + inner_spmm * (not overlap), "unpack": unpack}
     post["gemm"] = gemm * (not sl.upd)
     if sl.rounded:  # rows sent rounded, read back wide (inner ones and arrivals)
-        split = overlap and sl.upd  # boundary rows first (comm/aggregate.py update_and_send)
         pre["round"] = _encode_seconds(hw, sl, bnd if split else n)
         window["round"] = (  # split: the interior rows, the boundary ones were sent
             _encode_seconds(hw, sl, n - bnd) * split + _decode_seconds(hw, sl, n)
@@ -833,7 +837,8 @@ def mode_buffers(
     other phases."""
     mode = mode_of(mode_name)
     num = len(accesses)
-    widest = max(shape.exchanged_width(layer) for layer in range(shape.num_layers))
+    static = _every_static(caches)
+    widest = _widest_exchanged(shape, static)
     kept = [c.replica_rows.shape[0] * shape.widths[0] * shape.dtype_bytes for c in caches]
     shm = [0] * num
     if mode.wire.transfer == "segment":
@@ -845,7 +850,6 @@ def mode_buffers(
     moving = [0] * num
     structures = [0] * num
     read_in_place = np.zeros(num)
-    static = _every_static(caches)
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
         if sl.served_by_static(static):
@@ -896,6 +900,18 @@ def mode_buffers(
     return Buffers(total, shm, kept, structures, moving, lift, setup)
 
 
+def _widest_exchanged(shape: ModelShape, static: bool) -> int:
+    """The width segments are reserved at (worker/assemble.py `exchange_width`): the widest
+    row a layer exchanges, leaving out a layer 0 the static aggregate serves (`static`)
+    unless it is the only layer."""
+    layers = [
+        layer
+        for layer in range(shape.num_layers)
+        if not _shape_layer(shape, layer).served_by_static(static)
+    ]
+    return max(shape.exchanged_width(layer) for layer in layers or [0])
+
+
 def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
     """Bytes of the static aggregate `Â·X` (comm/levels.py), kept for the run."""
     return p.num_inner * shape.widths[0] * shape.dtype_bytes
@@ -922,13 +938,13 @@ def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
     return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
 
 
-PYTHON_ROW_BYTES = 40  # an int in a Python list: its object (28 B in a 32 B block) and the pointer
+LISTED_ROW_BYTES = 9  # a halo row listed as L3: its int64 position and its byte of the mark
 
 
 def _listed_bytes(p: PartAccess, mode: Mode) -> int:
-    """Bytes of the halo rows a per-edge mode lists one by one as L3 rows for set-up (a
-    Python list of ints: worker/assemble.py `every_row_l3`)."""
-    return p.num_halo * PYTHON_ROW_BYTES if mode.per_edge_rows else 0
+    """Bytes of the halo rows a per-edge mode lists as L3 rows for set-up (a mark per row
+    and a tensor of their positions: worker/assemble.py `every_row_l3`)."""
+    return p.num_halo * LISTED_ROW_BYTES if mode.per_edge_rows else 0
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:
@@ -949,18 +965,15 @@ def _structure_bytes(
     comm/blocks.py and comm/inplace.py build it: the inner column block, a block per peer
     of the rows that travel (compact: the rows reading them), a forward-only CSR per owner
     of the rows read in place, each CSR's transpose where halo gradients return as partial
-    sums (`transpose`: the inner block's then keeps the part's transposed rows of every
-    edge, of which it is a slice), and the row lists: rows sent (the plan's and the chunks'
-    positions), a segment's rows read out (`halo_rows_H`), rows read in place (their
-    positions), rows published (theirs, their positions, each reader's) and the pipeline's
-    interior rows."""
+    sums (`transpose`; each in arrays of its own), and the row lists: rows sent (the plan's
+    and the chunks' positions), a segment's rows read out (`halo_rows_H`), rows read in
+    place (their positions), rows published (theirs, their positions, each reader's) and
+    the pipeline's interior rows."""
     n, value = p.num_inner, shape.dtype_bytes
     edge = INDEX_BYTES + value  # an edge's column (or row) and its weight
     inner_edges = p.inner_edges + n * shape.diagonal
     per_csr = 2 if transpose else 1
     held = per_csr * ((n + 1) * INDEX_BYTES + inner_edges * edge)  # the inner block
-    if transpose:  # its transpose's rows are a slice of the part's, which holds every edge's
-        held += int(p.halo_edges) * INDEX_BYTES
     travel_edges = float(cnt.halo_edges[r] - cnt.in_place_edges[r])
     if travel_edges > 0:  # halo blocks: their rows, pointers (both ways) and edges
         rows = min(p.rows_reading_blocks(1), travel_edges)
@@ -977,7 +990,7 @@ def _structure_bytes(
     if cnt.publishes[r]:  # its published rows, where they sit among its boundary rows, and
         # the rows each reader reads of them
         held += (2 * p.num_boundary + int(cnt.read_from[r])) * POSITION_BYTES
-    if mode.overlap:
+    if mode.overlap and splits_update(n, p.num_boundary):
         held += max(0, n - p.num_boundary) * POSITION_BYTES
     return held
 

@@ -54,12 +54,15 @@ def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
     )
 
 
-def exchange_width(model: ModelConfig, dataset: DatasetInfo) -> int:
+def exchange_width(model: ModelConfig, dataset: DatasetInfo, static_layer0: bool = False) -> int:
     """The widest rows any layer exchanges: each layer sends the narrower of its input and
-    the row it computes (for attention: the features and source score of every head)."""
+    the row it computes (for attention: the features and source score of every head).
+    `static_layer0`: layer 0 never aggregates (`layer0_is_static`), so its rows never move
+    (a model of one such layer moves none: its own width is kept, segments are never empty)."""
     widths = model.layer_widths(dataset.num_features, dataset.num_classes)
     rows = model.row_widths(dataset.num_classes)
-    return max(min(a, b) for a, b in zip(widths, rows, strict=False))
+    moved = [min(a, b) for a, b in zip(widths, rows, strict=False)]
+    return max(moved[1:] if static_layer0 and len(moved) > 1 else moved)
 
 
 def chunk_counts(
@@ -89,6 +92,12 @@ def chunk_counts(
 def layer0_is_static(cfg: LeoConfig, levels: Levels) -> bool:
     """Layer 0 never aggregates when its static aggregate stands in (no input dropout)."""
     return levels.static_agg_NF is not None and cfg.model.effective_input_dropout == 0
+
+
+def static_layer0_of(cfg: LeoConfig, cache: RankLevels | None) -> bool:
+    """`layer0_is_static` as the levels `cache` will have it, before they are built: they
+    hold the static aggregate wherever the plan's share asks for it (`build_levels`)."""
+    return cache is not None and cache.static_aggregate and cfg.model.effective_input_dropout == 0
 
 
 def assemble(
@@ -125,7 +134,8 @@ def assemble(
         cache = every_row_l3(cache, halo.num_halo)
     setting = None
     if world_size > 1:
-        setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from)
+        static = static_layer0_of(cfg, cache)
+        setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from, static)
     if cache is None and setting is not None and setting.every_row_from:
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
     transpose = not views_leave_the_part(cfg, cache, setting)
@@ -223,8 +233,12 @@ def aggregator_of(
     adj, halo = whole
     chunks_planned, stats = planned
     dtype = DTYPES[cfg.train.dtype]
-    width = exchange_width(cfg.model, dataset)
-    row_bytes = wire_bytes(cfg.pipeline.halo_dtype, width, dtype.itemsize)
+    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
+    width = exchange_width(cfg.model, dataset, static_layer0)  # segments' rows
+    # the chunking heuristic's rows, as the planner prices them (planner/make.py)
+    row_bytes = wire_bytes(
+        cfg.pipeline.halo_dtype, exchange_width(cfg.model, dataset), dtype.itemsize
+    )
     scales = transpose_scales(part, cfg.model.name, dtype, adj.device)  # gradients as rows
     if world_size == 1:  # rows are rounded all the same: one worker reads what P workers do
         return make_layer_aggregators(
@@ -233,7 +247,6 @@ def aggregator_of(
             attention=cfg.model.attention,
         )  # fmt: skip
     others = whole if levels is None else levels.others
-    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
     first = others if levels is None or static_layer0 else levels.layer0
     local_H = torch.from_numpy(np.array(part.halo_owner_local)).to(adj.device)
     return make_layer_aggregators(
@@ -269,12 +282,13 @@ def views_leave_the_part(
 
 
 def every_row_l3(cache: RankLevels | None, num_halo: int) -> RankLevels:
-    """The levels of a per-edge mode: every halo row L3, replicas and the static aggregate
-    kept where a plan has them."""
+    """The levels of a per-edge mode: every halo row L3 (a tensor of halo positions, not a
+    list of every row), replicas and the static aggregate kept where a plan has them."""
     replicas = [] if cache is None else cache.replica_rows
     static = cache is not None and cache.static_aggregate
-    rows = sorted(set(range(num_halo)) - set(replicas))
-    return RankLevels(static, replicas, rows)
+    l3_H = torch.ones(num_halo, dtype=torch.bool)
+    l3_H[torch.tensor(replicas, dtype=torch.int64)] = False
+    return RankLevels(static, replicas, torch.nonzero(l3_H).squeeze(1))
 
 
 def in_place_setting(
@@ -284,13 +298,15 @@ def in_place_setting(
     device: torch.device,
     stats: CommStats,
     planned_every_row: list[int] | None = None,
+    static_layer0: bool = False,
 ) -> InPlaceSetting | None:
     """What reading rows in place needs, or None where every row travels through the mode's
     transport: a mode that does not read in place, `pipeline.transport=process-group`, or
-    CUDA workers unless `pipeline.transport=shared-memory` (planner/reach.py)."""
+    CUDA workers unless `pipeline.transport=shared-memory` (planner/reach.py).
+    `static_layer0`: layer 0's rows are never published (`static_layer0_of`)."""
     if not reads_in_place(cfg, device):
         return None
-    width = exchange_width(cfg.model, dataset)
+    width = exchange_width(cfg.model, dataset, static_layer0)
     every: set[int] = set()
     transport = row_transport(cfg.pipeline.transport)
     if transport.every_row:
@@ -329,7 +345,7 @@ def build_job(
     layers, attention = cfg.model.num_layers, cfg.model.attention
     cache_plan.check_fits(plan_path, halo_sizes, layers, attention, cfg.pipeline.rounds_rows)
     c = cache_plan.caches[part.rank]
-    levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), c.l3_rows.tolist())
+    levels = RankLevels(c.static_aggregate, c.replica_rows.tolist(), torch.from_numpy(c.l3_rows))
     every_row = cache_plan.every_row[part.rank] if cache_plan.every_row else None
     levels, every_row = chosen_levels(cfg, levels, every_row)
     return assemble(

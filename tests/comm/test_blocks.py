@@ -135,6 +135,24 @@ def test_whole_csr_block_shares_the_csrs_arrays() -> None:
     torch.testing.assert_close(block.forward(x), adj.to_dense() @ x, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("index_dtype", [None, torch.int64])
+def test_inner_block_keeps_none_of_the_parts_transpose(index_dtype: torch.dtype | None) -> None:
+    """The inner block of a CSR with halo columns takes its transpose from the part's, in
+    arrays of its own (a slice would keep the part's whole transposed index alive), equal
+    to the sorted construction's."""
+    torch.manual_seed(2)
+    adj = random_adjacency(60, 5, 400, index_dtype)
+    block = column_block(adj, 0, adj.num_rows, compact=False)
+    assert block.bwd is not None
+    held = {t.untyped_storage().data_ptr() for t in (adj.t_indptr, adj.t_indices, adj.t_perm)}
+    for csr in (block.fwd, block.bwd):
+        for name in ("indptr", "indices", "values", "t_indptr", "t_indices"):
+            t = getattr(csr, name)
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), name
+            assert t.numel() == 0 or t.untyped_storage().data_ptr() not in held, name
+    assert_same_block(block, column_block(forward_only(adj), 0, adj.num_rows, compact=False))
+
+
 def random_adjacency(
     max_rows: int, min_extra_cols: int, max_edges: int, index_dtype: torch.dtype | None = None
 ) -> kernels.CSR:

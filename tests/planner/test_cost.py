@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import rank_rates
 
+from leo_cli.comm.aggregate import splits_update
 from leo_cli.planner import cost
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import (
@@ -472,3 +473,31 @@ def test_moving_rows_count_as_far_as_they_lift_the_steps_peak() -> None:
     for b in (one, deep):
         parts = zip(b.kept, b.shm, b.structures, b.lift, strict=True)
         assert b.total == [k + s + h + m for k, s, h, m in parts]
+
+
+def test_segments_are_priced_without_a_static_layer_0s_width() -> None:
+    # 16 -> 8 -> 4: where the static aggregate serves layer 0, only layer 1's 4 columns
+    # move, and the segments are reserved at that width (worker/assemble.py exchange_width)
+    accesses = [part(0), part(1)]
+    deep = replace(SHAPE, widths=(16, 8, 4))
+    static = [RankCache(static_aggregate=True), RankCache(static_aggregate=True)]
+    every = Reach(PUBLISHED.published, every_row=True)
+    for mode, reach in (("leo", every), ("shared-memory", None)):
+        moving = mode_buffers(accesses, NONE, deep, mode, reach).shm
+        served = mode_buffers(accesses, static, deep, mode, reach).shm
+        assert moving[0] > 0 and served == [s // 2 for s in moving], mode
+
+
+def test_the_pipeline_splits_its_update_only_where_a_part_has_an_interior() -> None:
+    # a quarter of the rows interior, at least one (comm/aggregate.py splits_update)
+    assert splits_update(100, 10) and splits_update(100, 75) and splits_update(2, 1)
+    assert not splits_update(100, 76) and not splits_update(100, 100) and not splits_update(0, 0)
+    # 10 inner rows: 4 boundary rows split (x rows gathered at 16 columns, h rows placed at
+    # 4, 10 each, at GATHER rows/s); every row boundary: no split, no such pack
+    hw = hardware()
+    split = predict([part(0), part(1)], NONE, SHAPE, hw, "leo", [1])
+    whole = [replace(part(r), num_boundary=10) for r in (0, 1)]
+    unsplit = predict(whole, NONE, SHAPE, hw, "leo", [1])
+    assert split.stages["pack_s"] - unsplit.stages["pack_s"] == pytest.approx(
+        2 * 10 / GATHER, rel=1e-9
+    )

@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ from leo_cli.graph.storage import read_part, write_partitions
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.registry import mode_of
-from leo_cli.worker.assemble import assemble, halo_plan, views_leave_the_part
+from leo_cli.worker.assemble import assemble, every_row_l3, halo_plan, views_leave_the_part
 from leo_cli.worker.step import WorkerData
 
 
@@ -241,3 +242,46 @@ def test_layers_share_the_view_csr_without_replicas(tmp_path: Path) -> None:
     with_replicas, without = spawn_ranks(_views_of, 2, tmp_path / "partitions")
     assert with_replicas == (False, False)  # two views
     assert without == (True, False)  # one CSR, a plan per view (peers' views differ)
+
+
+def _segment_widths(rank: int, world: int, parts: list[Any], info: Any) -> list[int]:
+    """The row width each mode's segments are reserved at: `leo`'s published rows (every
+    same-host row read in place) and `shared-memory`'s rows, with and without input
+    dropout on a plan holding the static aggregate."""
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    widths = []
+    for dropout in ("0.0", "0.5"):
+        common = [f"model.input_dropout={dropout}", "model.hidden_channels=16"]
+        leo = load_config(None, ["pipeline.mode=leo", "pipeline.transport=shared-memory", *common])
+        cache = spec_levels("static", parts[rank])
+        job = assemble(leo, parts[rank], info, world, torch.device("cpu"), cache)
+        in_place = job.graph.aggregator.in_place  # type: ignore[attr-defined]
+        widths.append(in_place.rows.layouts[rank].width)
+        shm = load_config(None, ["pipeline.mode=shared-memory", *common])
+        job = assemble(shm, parts[rank], info, world, torch.device("cpu"), cache)
+        widths.append(job.graph.aggregator.transport.width)  # type: ignore[attr-defined]
+    return widths
+
+
+@pytest.mark.dist
+def test_segments_leave_out_the_width_of_a_static_layer_0() -> None:
+    """24 features -> 16 -> 3 classes: layer 0 moves 16 columns, layer 1 three. Where the
+    static aggregate serves layer 0 (no input dropout) its rows never move, and the
+    segments are reserved at layer 1's width, as the buffer estimate prices them."""
+    g = random_graph(num_nodes=80, num_edges=400, num_features=24, num_classes=3, seed=6)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    for widths in spawn_ranks(_segment_widths, 2, parts, DatasetInfo.of(g)):
+        assert widths == [3, 3, 16, 16]
+
+
+def test_a_per_edge_mode_lists_every_halo_row_as_a_tensor() -> None:
+    """Every halo row L3 but the replicas, as one int64 tensor (no Python int per row),
+    which the levels read as they read a plan's list."""
+    levels = every_row_l3(RankLevels(True, [1, 3], []), 6)
+    assert levels.static_aggregate and levels.replica_rows == [1, 3]
+    assert isinstance(levels.l3_rows, torch.Tensor) and levels.l3_rows.dtype == torch.int64
+    assert levels.l3_rows.tolist() == [0, 2, 4, 5]
+    l3_H, replica_H = rows_of(levels, torch.device("cpu"))
+    assert l3_H.tolist() == [0, 2, 4, 5] and replica_H.tolist() == [1, 3]
+    bare = every_row_l3(None, 4)
+    assert not bare.static_aggregate and bare.l3_rows.tolist() == [0, 1, 2, 3]  # type: ignore[union-attr]
