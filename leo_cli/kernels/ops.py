@@ -85,7 +85,8 @@ def _csr_matmul(
     # One slab of x copied out at a time, converted to the compute dtype as it is copied (its
     # rows contiguous, so gathering them reads the cache, not DRAM), and its product copied
     # into the output's columns: two slab-sized buffers. Each output element sums the same
-    # edges in the same order as one call would.
+    # edges; MKL may order a row's sum by the width it computes, so the last bits can differ
+    # from one call's (kernels/variants.py).
     x_CW = torch.empty((num_cols, slab), dtype=dtype, device=x_CF.device)
     part_RW = torch.empty((num_rows, slab), dtype=dtype, device=x_CF.device)
     out = torch.empty((num_rows, width), dtype=dtype, device=x_CF.device)

@@ -280,6 +280,23 @@ def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
     return lean, f"{MEASURED} within {TIE:.0%} of the fastest, {saved:.1f} MB less in buffers"
 
 
+def spmm_winner(trials: list[Trial]) -> tuple[Trial, str]:
+    """The SpMM variant that wins and why: the fastest (`winner`), but where that is
+    `torch-slabs` and a variant that copies no slabs of x is within `TIE` of it, that one (the
+    slabs' copies cost memory and bandwidth, and its sums differ in the last bits)."""
+    won, rule = winner(trials, {})
+    top = won.median_s or 0.0
+    plain = [
+        t for t in trials
+        if t.name != variants.TORCH_SLABS and t.median_s is not None
+        and t.median_s <= top * (1 + TIE)
+    ]  # fmt: skip
+    if won.name != variants.TORCH_SLABS or not plain:
+        return won, rule
+    near = min(plain, key=lambda t: t.median_s or 0.0)
+    return near, f"{MEASURED} within {TIE:.0%} of {won.name}, which copies x into slabs"
+
+
 def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: str) -> ModeChoice:
     """The run's choice once tried: the winner, every trial's median, and a note for each
     that stopped early."""
@@ -444,7 +461,7 @@ def choose_spmm(
             notes[f"{SPMM_NOTE}{t.name}"] = f"stopped after {first}: {t.steps_s[0]:.3f} s"
     chosen = replace(choice, spmm_trials=[], notes={**choice.notes, **notes})
     if trials:  # (none where a step makes no CPU SpMM: the variant stays as set)
-        won, rule = winner(trials, {})
+        won, rule = spmm_winner(trials)
         variants.set_cpu_spmm(won.name)
         chosen = replace(
             chosen, spmm=won.name, spmm_rule=rule,

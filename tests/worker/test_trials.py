@@ -39,6 +39,7 @@ from leo_cli.worker.trials import (
     measure,
     measured_choice,
     spmm_trials,
+    spmm_winner,
     winner,
 )
 
@@ -67,6 +68,19 @@ def test_a_tie_goes_to_smaller_buffers_and_a_variant_counts_its_modes() -> None:
     assert winner(tied, {"leo": 1, "shared-memory": 9})[0].name == "leo/no-replicas"
     # a tied candidate without any prediction: the fastest, memory is never guessed
     assert winner(tied, {"shared-memory": 1})[0].name == "leo/no-replicas"
+
+
+def test_slabs_win_an_spmm_tie_only_where_no_plain_variant_is_within_it() -> None:
+    """torch-slabs copies x into slabs: a variant that copies nothing within the tie wins."""
+    tied = [Trial("torch-slabs", [0.942]), Trial("torch", [0.968]), Trial("leo", [1.2])]
+    won, rule = spmm_winner(tied)
+    assert (
+        won.name == "torch"
+        and rule == "measured within 3% of torch-slabs, which copies x into slabs"
+    )
+    clear = [Trial("torch-slabs", [0.90]), Trial("torch", [0.968])]
+    assert spmm_winner(clear)[0].name == "torch-slabs"
+    assert spmm_winner([Trial("leo", [0.5]), Trial("torch", [0.51])])[0].name == "leo"
 
 
 def test_a_stopped_trial_never_wins_and_is_noted() -> None:
