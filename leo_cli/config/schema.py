@@ -414,7 +414,8 @@ class PipelineConfig(Section):
     """Which sparse-dense product serves CPU tensors (kernels/variants.py): `auto` (under
     `choose=measure`, also with one worker or a mode set by name: the workers time the
     variants that apply on the SpMMs one step makes, `trial_steps` passes each, before the
-    first epoch and train the fastest, kept as wisdom like `auto`'s mode; under `estimate`:
+    first epoch and train the fastest (`torch-slabs` only where no other is within 3% of it),
+    kept as wisdom like `auto`'s mode; under `estimate`:
     LEO's where its CPU library is loaded, else torch's, in column slabs for a process alone
     on its host), `leo` (LEO's CPU
     SpMM: its library must load), `torch` (torch's CSR SpMM, MKL's where torch has it) or
