@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from leo_cli.comm import segments
 from leo_cli.config.schema import EmulateConfig
 from leo_cli.launch import emulate, nodes
 from leo_cli.run_dir import RunDir
@@ -112,9 +113,12 @@ def test_every_train_start_sweeps_what_killed_emulated_runs_left(
     from leo_cli.cli import common
 
     monkeypatch.setattr(emulate, "sweep", lambda: 3)
+    monkeypatch.setattr(segments, "sweep_stale", lambda: segments.Freed(2, 3 << 20))
     common.sweep_segments()
     out = " ".join(capsys.readouterr().out.split())
     assert "removed 3 network namespaces of emulated nodes a killed run left behind" in out
+    assert "Note: removed 2 shared-memory segments left in /dev/shm by ended LEO jobs" in out
+    assert "(3.0 MiB freed)" in out
 
 
 def test_emulation_is_refused_where_python_cannot_keep_the_current_folder_off_the_path(

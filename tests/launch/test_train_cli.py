@@ -564,6 +564,7 @@ def test_signal_ends_train_in_one_line_and_resumes(tmp_path: Path, signum: int, 
     proc = start("train", *args, "--set", "train.num_epochs=100000")
     try:
         wait_for_epoch(run, 3, proc)
+        swept = not stale.exists()  # by this launch's start (or another's: /dev/shm is shared)
         workers = heartbeat_pids(run)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)
@@ -577,7 +578,7 @@ def test_signal_ends_train_in_one_line_and_resumes(tmp_path: Path, signum: int, 
     assert proc.returncode == code, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted by SIG" in lines[0] and "--resume" in lines[0], err
-    assert "removed" in out and "shared-memory segment" in out
+    assert swept  # the note it prints: tests/launch/test_nodes.py
     assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
     assert not [pid for pid in workers.values() if pid_alive(pid)]
     leftovers = [p.name for p in run.rglob("*.tmp")]
