@@ -85,8 +85,9 @@ class Mode:
         transport: how halo rows move (`WIRES`; comm/transport.py): asynchronous
             point-to-point chunks, one all-to-all, a shared-memory segment per host, or not
             at all.
-        overlap: the update is split boundary-first and arriving rows are aggregated while
-            later ones travel (the LEO pipeline).
+        overlap: the update is split boundary-first (where a part has interior rows enough
+            to hide anything: comm/aggregate.py `splits_update`) and arriving rows are
+            aggregated while later ones travel (the LEO pipeline).
         chunks: transfers are cut into `pipeline.num_chunks` chunks per peer.
         cache_levels: can hold replicas (L1) and rows fetched per edge (L3); every mode can
             use the static aggregate (L1s).

@@ -82,8 +82,10 @@ SPLIT_MIN_INTERIOR = 0.25
 
 def splits_update(num_inner: int, num_boundary: int) -> bool:
     """Whether a pipelined mode splits its update boundary-first (`update_and_send`): where
-    at least `SPLIT_MIN_INTERIOR` of the inner rows are interior (no peer reads them)."""
-    return num_inner - num_boundary >= max(1.0, SPLIT_MIN_INTERIOR * num_inner)
+    it has boundary rows to send first and at least `SPLIT_MIN_INTERIOR` of the inner rows
+    are interior (no peer reads them)."""
+    interior = num_inner - num_boundary
+    return num_boundary > 0 and interior >= max(1.0, SPLIT_MIN_INTERIOR * num_inner)
 
 
 class BlockAggregator:

@@ -30,7 +30,7 @@ from leo_cli.registry import Mode
 @dataclass(frozen=True)
 class RankLevels:
     """This worker's share of the cache plan (halo positions are local ids minus N); the L3
-    rows as a list or, where they are every halo row, a tensor (no Python int per row)."""
+    rows as a list or a tensor (the plan's rows, or every halo row: no Python int per row)."""
 
     static_aggregate: bool
     replica_rows: list[int]

@@ -124,7 +124,9 @@ class SharedMemory:
         self._grad_count = 0
 
     def view(self, segment: Tensor, copy: int, rows: int, width: int) -> Tensor:
-        """Copy `copy` (0 or 1) of a segment as a (rows x width) matrix."""
+        """Copy `copy` (0 or 1) of a segment as a (rows x width) matrix (at most the width
+        it was reserved at: a wider one would run into the next copy)."""
+        assert width <= self.width, f"rows {width} wide in a segment reserved {self.width} wide"
         start = copy * rows * self.width
         return segment[start : start + rows * width].view(rows, width)
 

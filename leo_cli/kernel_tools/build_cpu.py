@@ -178,10 +178,11 @@ def compiler_identity() -> str:
 CACHE_FOLDER = "kernels"
 
 
-# What the compiler and linker read from the environment besides their arguments: a build
-# (or its failure, remembered for good when in a header) holds for these values only.
-COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "CFLAGS", "CXXFLAGS",
-                "CPPFLAGS", "LDFLAGS", "LIBRARY_PATH")  # fmt: skip
+# Where the compiler driver looks besides its arguments (GCC's environment variables; torch's
+# extension build passes no CFLAGS-like variable on): a build, or its failure remembered for
+# good when in a header, holds for these values only.
+COMPILER_ENV = ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "LIBRARY_PATH",
+                "COMPILER_PATH", "GCC_EXEC_PREFIX")  # fmt: skip
 
 
 def cache_entry(cache_dir: Path, cuda_dir: Path) -> Path:

@@ -288,7 +288,7 @@ def spmm_winner(trials: list[Trial]) -> tuple[Trial, str]:
     top = won.median_s or 0.0
     plain = [
         t for t in trials
-        if t.name != variants.TORCH_SLABS and t.median_s is not None
+        if t.name != variants.TORCH_SLABS and t.median_s is not None and not t.stopped
         and t.median_s <= top * (1 + TIE)
     ]  # fmt: skip
     if won.name != variants.TORCH_SLABS or not plain:

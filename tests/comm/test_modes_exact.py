@@ -8,7 +8,7 @@ from conftest import random_graph
 from helpers.ranks import chunks_of, global_logits, run_many
 
 from leo_cli.config import LeoConfig, load_config
-from leo_cli.graph.types import Graph
+from leo_cli.graph.types import Graph, symmetrize
 
 pytestmark = pytest.mark.dist
 
@@ -103,6 +103,45 @@ def test_float32_loss_curves_of_every_mode_agree() -> None:
             np.testing.assert_allclose(
                 got[0]["losses"], ref, rtol=1e-5, err_msg=f"{mode} P={world}"
             )
+
+
+def banded_graph(num_nodes: int, reach: int, seed: int) -> Graph:
+    """Node i linked to i+1 .. i+`reach`: cut into contiguous blocks, a part's rows are
+    interior but for `reach` at each cut."""
+    rng = np.random.default_rng(seed)
+    src = np.repeat(np.arange(num_nodes), reach)
+    dst = src + np.tile(np.arange(1, reach + 1), num_nodes)
+    keep = dst < num_nodes
+    split = rng.integers(0, 3, num_nodes)
+    return Graph(
+        name="banded",
+        edge_index_2E=symmetrize(np.stack([src[keep], dst[keep]]), num_nodes),
+        x_NF=rng.standard_normal((num_nodes, 12)).astype(np.float32),
+        y_N=rng.integers(0, 4, num_nodes).astype(np.int64),
+        train_mask_N=split == 0,
+        val_mask_N=split == 1,
+        test_mask_N=split == 2,
+        num_classes=4,
+    )
+
+
+def test_leo_splits_its_update_where_a_part_has_interior_rows() -> None:
+    """Parts mostly interior (a banded graph in contiguous blocks): `leo` splits its update
+    boundary-first (the rows peers read first, then the interior's), also where those rows
+    are read in place from its published rows; the same numbers as one process."""
+    g, world = banded_graph(240, 3, seed=7), 2
+    owner = (np.arange(g.num_nodes) * world // g.num_nodes).astype(np.int64)
+    cases = [(m, k, None) for m in MODELS for k in (1, 2)] + [(m, 2, "l3") for m in MODELS]
+    refs = run_many([float64_cfg(m, "blocking") for m in MODELS], g, 1, 3)
+    ref = {m: r[0] for m, r in zip(MODELS, refs, strict=True)}
+    cfgs = [float64_cfg(m, "leo", k) for m, k, _ in cases]
+    specs = [spec for _, _, spec in cases]
+    results = run_many(cfgs, g, world, 3, owner=owner, specs=specs)
+    for (model, k, spec), got in zip(cases, results, strict=True):
+        label = f"{model} leo chunks={k} levels={spec}"
+        assert all(r["split"] for r in got), label
+        assert (sum(r["published"] for r in got) > 0) == (spec == "l3"), label
+        assert_same_run(got, ref[model], g.num_nodes, label)
 
 
 def test_compute_only_is_not_exact_and_sends_nothing() -> None:

@@ -163,7 +163,15 @@ def run_job(
         "bytes": job.graph.aggregator.stats.remote_bytes,
         "published": job.graph.aggregator.stats.published_bytes,
         "grads": grads,
+        "split": splits_its_update(job.graph.aggregator),
     }
+
+
+def splits_its_update(agg: Any) -> bool:
+    """Whether every layer's aggregator splits its update boundary-first (comm/aggregate.py
+    `splits_update`)."""
+    layers = [agg.first, agg.rest] if hasattr(agg, "first") else [agg]
+    return all(getattr(a, "overlap", False) for a in layers)
 
 
 def first_gradients(job: Job, seed: int) -> list[np.ndarray]:

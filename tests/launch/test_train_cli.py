@@ -555,7 +555,8 @@ def test_signal_ends_train_in_one_line_and_resumes(tmp_path: Path, signum: int, 
     """Ctrl-C (SIGINT to the launcher's process group; workers run in sessions of their own)
     or SIGTERM to the launcher: one line, 130 / 143, workers stopped, status "interrupted",
     no temporary file left, and --resume finishes the run (checked after SIGTERM). A segment
-    in /dev/shm left by an ended job is removed at the start, with a note."""
+    in /dev/shm left by an ended job is removed at the start (the note printed for it:
+    tests/launch/test_nodes.py)."""
     stale = Path("/dev/shm") / f"leo-{ended_pid()}-1-test-{os.getpid():012x}"
     stale.write_bytes(b"\0" * 4096)
     run = tmp_path / "run"

@@ -492,6 +492,7 @@ def test_the_pipeline_splits_its_update_only_where_a_part_has_an_interior() -> N
     # a quarter of the rows interior, at least one (comm/aggregate.py splits_update)
     assert splits_update(100, 10) and splits_update(100, 75) and splits_update(2, 1)
     assert not splits_update(100, 76) and not splits_update(100, 100) and not splits_update(0, 0)
+    assert not splits_update(100, 0)  # nothing to send first: nothing to hide
     # 10 inner rows: 4 boundary rows split (x rows gathered at 16 columns, h rows placed at
     # 4, 10 each, at GATHER rows/s); every row boundary: no split, no such pack
     hw = hardware()
