@@ -152,3 +152,22 @@ def test_every_transport_matches_single_process(world: int) -> None:
     assert published[("fine-grained", "process-group")] == 0
     assert published[("leo", "auto")] > 0 and published[("fine-grained", "auto")] > 0
     assert published[("leo", "shared-memory")] > published[("leo", "auto")]
+
+
+def test_segments_without_a_static_layer_0s_width_train_the_same_numbers() -> None:
+    """Two layers, 12 features -> 8 -> 4 classes, layer 0 served by the static aggregate:
+    segments and published rows are reserved at the widest width a layer exchanges (below
+    layer 0's), in leo reading in place and in shared-memory; the same numbers."""
+    g = random_graph(**GRAPH)
+    two = ("model.num_layers=2",)
+    cases = [
+        ("leo", "static+half", "pipeline.transport=shared-memory"),
+        ("leo", "static+half", "pipeline.transport=auto"),
+        ("shared-memory", "static", "pipeline.transport=auto"),
+    ]
+    ref = run_many([cfg("gcn", 0.0, "blocking", 8, *two)], g, 1, 3)[0][0]
+    cfgs = [cfg("gcn", 0.0, mode, 8, *two, t) for mode, _, t in cases]
+    results = run_many(cfgs, g, 2, 3, specs=[spec for _, spec, _ in cases])
+    for (mode, spec, t), got in zip(cases, results, strict=True):
+        close(got, ref, g.num_nodes, f"gcn 2 layers {mode} {spec} {t}")
+        assert sum(r["published"] for r in got) > 0 or mode == "shared-memory", (mode, t)
