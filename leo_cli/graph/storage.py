@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -184,11 +185,18 @@ def verify_files(root: Path, meta: dict[str, Any], prefix: str = "") -> None:
             )
 
 
+# np.load parses a file's header with ast.literal_eval, which CPython 3.11 can fail with a
+# SystemError when two threads parse at once (python/cpython#106905; the planner reads parts
+# in threads): one load at a time (a mapped load reads the header only).
+_LOADING = threading.Lock()
+
+
 def _load(path: Path, mmap: bool) -> np.ndarray:
     """One part file; unreadable (truncated, say, when its checksum was left to the workers:
     `read_part(verify=False)`) is one sentence, as a checksum mismatch is."""
     try:
-        array: np.ndarray = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+        with _LOADING:
+            array: np.ndarray = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise PartitionError(
             f"Partition file {path} cannot be read ({exc}); it was modified or truncated; "

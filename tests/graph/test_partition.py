@@ -231,3 +231,23 @@ def test_a_link_to_a_deleted_cache_entry_is_one_sentence(tmp_path: Path) -> None
     (tmp_path / "run" / "partitions").symlink_to("../cache/partitions/g-p2-0123")
     with pytest.raises(PartitionError, match=r"links to \.\./cache/partitions/g-p2-0123, which"):
         read_meta(tmp_path / "run" / "partitions")
+
+
+def test_part_files_load_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """np.load parses headers with ast.literal_eval, which CPython 3.11 can fail in two
+    threads at once (the planner reads parts in threads): every load holds one lock."""
+    from leo_cli.graph import storage
+
+    g = random_graph()
+    root = tmp_path / "partitions"
+    write_partitions(root, build_parts(g, assign_parts(g, 2, "range", 0), 2), {"num_parts": 2})
+    held = []
+    real = np.load
+
+    def load(*args: object, **kwargs: object) -> object:
+        held.append(storage._LOADING.locked())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(storage.np, "load", load)
+    read_part(root, 0, mmap=True)
+    assert held and all(held)
