@@ -57,7 +57,7 @@ def halo_plan(part: LocalPart, device: torch.device) -> HaloPlan:
 def exchange_width(model: ModelConfig, dataset: DatasetInfo, static_layer0: bool = False) -> int:
     """The widest rows any layer exchanges: each layer sends the narrower of its input and
     the row it computes (for attention: the features and source score of every head).
-    `static_layer0`: layer 0 never aggregates (`layer0_is_static`), so its rows never move
+    `static_layer0`: layer 0 never aggregates (`static_layer0_of`), so its rows never move
     (a model of one such layer moves none: its own width is kept, segments are never empty)."""
     widths = model.layer_widths(dataset.num_features, dataset.num_classes)
     rows = model.row_widths(dataset.num_classes)
@@ -89,14 +89,10 @@ def chunk_counts(
     return counts
 
 
-def layer0_is_static(cfg: LeoConfig, levels: Levels) -> bool:
-    """Layer 0 never aggregates when its static aggregate stands in (no input dropout)."""
-    return levels.static_agg_NF is not None and cfg.model.effective_input_dropout == 0
-
-
 def static_layer0_of(cfg: LeoConfig, cache: RankLevels | None) -> bool:
-    """`layer0_is_static` as the levels `cache` will have it, before they are built: they
-    hold the static aggregate wherever the plan's share asks for it (`build_levels`)."""
+    """Whether layer 0 never aggregates: its static aggregate stands in (no input dropout).
+    Read from `cache` before the levels are built: they hold the static aggregate wherever
+    the plan's share asks for it (`build_levels`), whatever the mode (`levels_for_mode`)."""
     return cache is not None and cache.static_aggregate and cfg.model.effective_input_dropout == 0
 
 
@@ -132,9 +128,9 @@ def assemble(
     stats = CommStats()  # every aggregator of this worker counts here
     if mode.per_edge_rows and world_size > 1:  # MGG: every halo row L3 (replicas excepted)
         cache = every_row_l3(cache, halo.num_halo)
+    static = static_layer0_of(cfg, cache)
     setting = None
     if world_size > 1:
-        static = static_layer0_of(cfg, cache)
         setting = in_place_setting(cfg, part, dataset, device, stats, every_row_from, static)
     if cache is None and setting is not None and setting.every_row_from:
         cache = RankLevels(False, [], [])  # no plan, yet every same-host row read in place
@@ -159,7 +155,15 @@ def assemble(
     ids_N = torch.from_numpy(np.array(part.inner_nodes, dtype=np.int64)).to(device)
     rounding = rounding_of(cfg, ids_N)
     aggregator = aggregator_of(
-        cfg, part, (adj, halo), levels, world_size, dataset, (chunks_planned, stats), rounding
+        cfg,
+        part,
+        (adj, halo),
+        levels,
+        world_size,
+        dataset,
+        (chunks_planned, stats),
+        rounding,
+        static,
     )
     graph = LocalGraph(
         global_ids_N=ids_N,
@@ -175,8 +179,7 @@ def assemble(
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     reducer = make_grad_reducer(model, mode)
     laps.lap("model_s")
-    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
-    return Job(halo, graph, reducer, data, model, opt, static_layer0)
+    return Job(halo, graph, reducer, data, model, opt, static)
 
 
 PartTensors = tuple[kernels.CSR, WorkerData]
@@ -225,15 +228,16 @@ def aggregator_of(
     dataset: DatasetInfo,
     planned: tuple[list[int] | None, CommStats],
     rounding: Rounding | None = None,
+    static_layer0: bool = False,
 ) -> Aggregator:
     """The mode's aggregator over the part's halo (`whole`) or the cache levels' views; a
     single worker has no halo to move (its views carry no plan). `planned`: the plan's chunk
     counts (None: no plan) and where the aggregator counts what it moves; `rounding`: how
-    its rows are rounded (`rounding_of`)."""
+    its rows are rounded (`rounding_of`); `static_layer0`: layer 0 never aggregates
+    (`static_layer0_of` of the levels' cache)."""
     adj, halo = whole
     chunks_planned, stats = planned
     dtype = DTYPES[cfg.train.dtype]
-    static_layer0 = levels is not None and layer0_is_static(cfg, levels)
     width = exchange_width(cfg.model, dataset, static_layer0)  # segments' rows
     # the chunking heuristic's rows, as the planner prices them (planner/make.py)
     row_bytes = wire_bytes(
