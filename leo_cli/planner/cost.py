@@ -893,7 +893,8 @@ def mode_buffers(
         csr = _part_csr_bytes(p, shape)
         reads = mode.reads_in_place and bool(read_in_place[r])
         alone = reads and not caches[r].replica_rows.shape[0] and not shape.attention
-        setup.append((0 if alone else _transpose_bytes(p, shape)) + _listed_bytes(p, mode))
+        listed = _listed_bytes(p, mode, caches[r].replica_rows.shape[0])
+        setup.append((0 if alone else _transpose_bytes(p, shape)) + listed)
         training = steps + kept[r] + structures[r] + lift[r]
         common = max(fetch + csr, steps)  # the peak of a mode holding nothing of its own
         total.append(shm[r] + max(fetch + csr + setup[r], training) - common)
@@ -938,13 +939,14 @@ def _transpose_bytes(p: PartAccess, shape: ModelShape) -> int:
     return (p.num_inner + p.num_halo + 1) * INDEX_BYTES + 2 * edges * INDEX_BYTES
 
 
-LISTED_ROW_BYTES = 9  # a halo row listed as L3: its int64 position and its byte of the mark
+LISTED_ROW_BYTES = POSITION_BYTES  # a halo row listed as L3: its int64 position
 
 
-def _listed_bytes(p: PartAccess, mode: Mode) -> int:
-    """Bytes of the halo rows a per-edge mode lists as L3 rows for set-up (a mark per row
-    and a tensor of their positions: worker/assemble.py `every_row_l3`)."""
-    return p.num_halo * LISTED_ROW_BYTES if mode.per_edge_rows else 0
+def _listed_bytes(p: PartAccess, mode: Mode, replicas: int = 0) -> int:
+    """Bytes of the halo rows a per-edge mode lists as L3 rows, every one but its `replicas`
+    (worker/assemble.py `every_row_l3`), held while set-up makes the static aggregate: the
+    tensor of their positions (the mark it is made from is freed before)."""
+    return (p.num_halo - replicas) * LISTED_ROW_BYTES if mode.per_edge_rows else 0
 
 
 def _layer_buffers(mode: Mode, cnt: _Counts, r: int, row: int) -> int:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from conftest import random_graph
 from helpers.ranks import dataset_info, spawn_ranks
 
+from leo_cli.comm.levels import RankLevels
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
@@ -22,7 +23,7 @@ from leo_cli.planner.cost import _part_csr_bytes, _transpose_bytes, mode_buffers
 from leo_cli.planner.make import model_shape
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.reach import Reach
-from leo_cli.worker.assemble import assemble
+from leo_cli.worker.assemble import assemble, every_row_l3
 
 # (mode, extra settings, every row read in place)
 RUNS = [
@@ -109,3 +110,19 @@ def test_the_parts_csr_is_what_set_up_holds_of_it(model: str) -> None:
     both = held_bytes(part_adjacency(part, model, torch.float32, cpu, transpose=True))
     assert alone == _part_csr_bytes(access, shape)
     assert both - alone == _transpose_bytes(access, shape)
+
+
+@pytest.mark.parametrize("replicas", [[], [0, 3]])
+def test_a_per_edge_modes_listed_rows_are_what_set_up_holds_of_them(replicas: list[int]) -> None:
+    """A per-edge mode's set-up against a bulk one's, both with the part's transpose: the
+    difference is its list of every halo row but the replicas (`every_row_l3`), as held."""
+    g = random_graph(num_nodes=600, num_edges=3000, num_features=8, seed=2)
+    parts = build_parts(g, assign_parts(g, 2, "range", 0), 2)
+    shape = model_shape(load_config(None, []).model, 8, 3, 4)
+    accesses = [PartAccess.from_part(p) for p in parts]
+    caches = [RankCache(replica_rows=np.array(replicas, dtype=np.int64)) for _ in parts]
+    held = [held_bytes(every_row_l3(RankLevels(False, replicas, []), a.num_halo)) for a in accesses]
+    per_edge = mode_buffers(accesses, caches, shape, "fine-grained").setup
+    bulk = mode_buffers(accesses, caches, shape, "blocking").setup
+    assert all(h > 0 for h in held)
+    assert [a - b for a, b in zip(per_edge, bulk, strict=True)] == held
