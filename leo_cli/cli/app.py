@@ -50,7 +50,7 @@ def leave(code: object) -> NoReturn:
     """Exit as the interpreter would with `code` (a SystemExit's), less its teardown: other
     threads are waited for and atexit's handlers run (logging, multiprocessing, weakref
     finalizers), the streams are flushed, then the process ends without freeing every module
-    and running the libraries' destructors (with torch loaded: 0.3 s and more after a run)."""
+    and running the libraries' destructors (with torch loaded, a wait after the run's end)."""
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)  # as Python does with SystemExit("message")
         code = 1

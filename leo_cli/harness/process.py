@@ -120,7 +120,7 @@ def run_started(module: str, args: list[str], launch_env: dict[str, str], server
         os._exit(1)
     # The server's objects (torch's and LEO's imports) are kept for good: a collection then
     # neither walks them nor writes to their pages, each of which a write copies from the
-    # server (the first full collection cost a worker 0.3-0.5 s of copying and walking).
+    # server (set-up's full collection would copy them all).
     gc.freeze()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     try:
