@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
+import threading
+from typing import NoReturn
+
 import typer
 
 from leo_cli.cli import bench, convert, export, partition, profile_cache, train
@@ -27,9 +33,34 @@ app.command("export")(export.export_cmd)
 app.add_typer(config_app, name="config")
 
 
-def main() -> None:
-    """Console-script entry point."""
+def main() -> NoReturn:
+    """Console-script entry point: the command, then `leave` with its exit code."""
     from leo_cli.util.timing import started_as_command
 
     started_as_command()
-    app()
+    code: object = 0
+    try:
+        app()
+    except SystemExit as exc:  # typer ends every command with one
+        code = exc.code
+    leave(code)
+
+
+def leave(code: object) -> NoReturn:
+    """Exit as the interpreter would with `code` (a SystemExit's), less its teardown: other
+    threads are waited for and atexit's handlers run (logging, multiprocessing, weakref
+    finalizers), the streams are flushed, then the process ends without freeing every module
+    and running the libraries' destructors (with torch loaded, a wait after the run's end)."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # as Python does with SystemExit("message")
+        code = 1
+    shutdown = getattr(threading, "_shutdown", None)  # non-daemon threads, executors' exit
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe: Python's own exit code for it
+        code = code or 120
+    os._exit(code or 0)

@@ -11,6 +11,7 @@ called by its own entry point, not passed in as a callback.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import os
 import signal
@@ -117,6 +118,10 @@ def run_started(module: str, args: list[str], launch_env: dict[str, str], server
     die_with_parent()
     if os.getppid() != server:  # the server died before this worker could follow it
         os._exit(1)
+    # The server's objects (torch's and LEO's imports) are kept for good: a collection then
+    # neither walks them nor writes to their pages, each of which a write copies from the
+    # server (set-up's full collection would copy them all).
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     try:
         # multiprocessing hands every child the server's "alive" pipe, which keeps the server

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from leo_cli import kernels
 from leo_cli.registry import KEPT_DROPPED_BYTES
-from leo_cli.util.keyed import random_bytes, salted, splitmix64
+from leo_cli.util.keyed import random_bytes, salted, splitmix64, splitmix64_int
 
 _ATTENTION_SALT = 0x2545F4914F6CDD1D  # separates a layer's attention stream from its inputs'
 _ROWS_SALT = 0x3C6EF372FE94F82B  # ... and the rounding of the rows it reads
@@ -30,9 +30,7 @@ def stream_key(seed: int, epoch: int, layer: int) -> int:
     The parts are hashed in turn (each step is a bijection), so every bit of each changes
     the key; a linear mix of them overflowed int64 for large seeds.
     """
-    z = splitmix64(torch.tensor([seed], dtype=torch.int64))
-    z = splitmix64(z ^ epoch)
-    return int(splitmix64(z ^ layer).item())
+    return splitmix64_int(splitmix64_int(splitmix64_int(seed) ^ epoch) ^ layer)
 
 
 def threshold(p: float) -> int:

@@ -39,6 +39,24 @@ def splitmix64(z: Tensor) -> Tensor:
     return mix64(z + _GOLDEN)
 
 
+_MASK = (1 << 64) - 1
+
+
+def mix64_int(z: int) -> int:
+    """`mix64` of one int64 as a Python int (the same bits, as a signed value): a key's few
+    hashes per layer and epoch without a tensor op each."""
+    z &= _MASK
+    z = ((z ^ (z >> 30)) * (_MUL1 & _MASK)) & _MASK
+    z = ((z ^ (z >> 27)) * (_MUL2 & _MASK)) & _MASK
+    z ^= z >> 31
+    return z - (1 << 64) if z >> 63 else z
+
+
+def splitmix64_int(z: int) -> int:
+    """`splitmix64` of one int64 as a Python int (signed, like the tensor's value)."""
+    return mix64_int(z + _GOLDEN)
+
+
 def random_bytes(ids_N: Tensor, num_cols: int, key: int) -> Tensor:
     """uint8 [N, F]: one random byte per (row id, column) under `key`.
 
@@ -58,4 +76,4 @@ def random_bytes(ids_N: Tensor, num_cols: int, key: int) -> Tensor:
 def salted(key: int, salt: int) -> int:
     """A key of its own derived from `key` (a stream apart from the key's: `salt` tells them
     apart)."""
-    return int(splitmix64(torch.tensor([key ^ salt], dtype=torch.int64)).item())
+    return splitmix64_int(key ^ salt)

@@ -213,7 +213,7 @@ def one_trial(
     return job, replace(trial, phases=phases | trial.phases), None
 
 
-_FROZEN = [0]  # how many `frozen_heap` blocks are open: the outermost freezes
+_FROZEN = [0, 0]  # `frozen_heap` blocks open (the outermost freezes), and whether it froze
 
 
 @contextmanager
@@ -221,16 +221,20 @@ def frozen_heap() -> Iterator[None]:
     """The objects alive before the trials left out of the collections between them
     (`gc.freeze`): a full collection walks every object of the process (0.2 s with torch
     loaded, before each candidate), while what a candidate leaves behind is its own. Nested,
-    the outermost block alone freezes (a second freeze would take in what the trials made)."""
-    if _FROZEN[0] == 0:
+    the outermost block alone freezes (a second freeze would take in what the trials made).
+    In a process whose imports are frozen for good (a worker forked from the server,
+    harness/process.py) it does nothing: unfreezing would hand those back to the collector."""
+    if _FROZEN[0] == 0 and gc.get_freeze_count() == 0:
         gc.freeze()
+        _FROZEN[1] = 1
     _FROZEN[0] += 1
     try:
         yield
     finally:
         _FROZEN[0] -= 1
-        if _FROZEN[0] == 0:
+        if _FROZEN[0] == 0 and _FROZEN[1]:
             gc.unfreeze()
+            _FROZEN[1] = 0
 
 
 def built(build: Callable[[str], Job], name: str) -> tuple[Job | None, BaseException | None]:

@@ -3,6 +3,7 @@ to `<dir>/<pid>.json` and returns `code` (`raise`: raises instead)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> int:
         "mark": os.environ.get("LEO_TEST_MARK"),
         "argv": sys.argv[1:],
         "cli": sorted(m for m in sys.modules if m.startswith("leo_cli.cli")),
+        "frozen": gc.get_freeze_count(),  # objects a collection leaves alone
     }
     Path(argv[0], f"{os.getpid()}.json").write_text(json.dumps(seen))
     if argv[1] == "raise":

@@ -208,6 +208,21 @@ def test_a_freeze_over_the_trials_keeps_what_they_made_collectable() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_a_process_frozen_for_good_stays_frozen_after_the_trials() -> None:
+    """A forked worker freezes its imports once (harness/process.py): the trials' block
+    neither unfreezes them nor freezes what the trials made."""
+    gc.freeze()
+    try:
+        held = gc.get_freeze_count()
+        with frozen_heap():
+            made = [object()]
+            assert gc.get_freeze_count() == held
+        assert gc.get_freeze_count() == held
+        del made
+    finally:
+        gc.unfreeze()
+
+
 def test_a_candidate_that_fails_to_build_is_skipped_with_its_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
