@@ -378,10 +378,9 @@ def train_winner(
 ) -> tuple[Job, LeoConfig, ModeChoice]:
     """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none)
     but those that would not repay their trial over the run's `epochs` to come, where given
-    (`not_repaid`),
-    then return the winner's job, fresh or the last trial's, the config it trains with and
-    the choice; rank 0 records the choice in the run folder (`record`). `laps` gets the
-    trials as `choose_s`."""
+    (`not_repaid`), then return the winner's job, fresh or the last one built, the config it
+    trains with and the choice; rank 0 records the choice in the run folder (`record`).
+    `laps` gets the trials as `choose_s`."""
 
     split: dict[str, dict[str, float]] = {}  # each candidate's build by set-up step
 
@@ -391,13 +390,13 @@ def train_winner(
         split[name] = {f"build_{k}": v for k, v in parts.seconds.items()}
         return job
 
-    # One freeze over the trials and the last candidate's collection: what the candidates
-    # made stays collectable (a freeze after them would keep the last one's cycles).
     def worth(name: str, done: list[Trial]) -> str | None:
         assert epochs is not None
         return not_repaid(name, done, choice, epochs, cfg.pipeline.trial_steps)
 
     steps = cfg.pipeline.trial_steps
+    # One freeze over the trials and the last candidate's collection: what the candidates
+    # made stays collectable (a freeze after them would keep the last one's cycles).
     with frozen_heap():
         trials, last = measure(
             choice.trials, candidate, cfg.run.seed, steps, None if epochs is None else worth
