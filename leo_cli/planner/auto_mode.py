@@ -5,7 +5,8 @@ Under `pipeline.choose=estimate`, `choose` takes the fastest of the modes this r
 `pipeline.auto_margin` of it moves rows through buffers smaller by more than that margin
 (`leanest`); without predictions it runs the planned mode and says why. Under `measure`,
 `to_try` keeps the candidates worth trying (with the planned mode's plan variants,
-`pipeline.levels`) and the workers measure them (worker/trials.py).
+`pipeline.levels`), those whose trial may repay itself over the run (planner/payback.py), and
+the workers measure them (worker/trials.py).
 Before either, the modes whose /dev/shm segments (the plan's `shm_bytes`, summed over the
 workers of each host) do not fit this host's free /dev/shm are left out (neither chosen nor
 tried), and a mode set by name that does not fit is refused in one sentence.
@@ -382,7 +383,9 @@ def to_try(
     the `pairs` measured in the same runs (planner/wisdom.py `pair_factors`), is slower
     beyond that ratio's error (`slower_than_tried`); and after the planned mode (where it
     fits, tried or not) its plan without replicas and without rows read in place, where the
-    plan has them. A single candidate is the choice itself, untried."""
+    plan has them. Of those, only the ones whose trial may repay itself over the run
+    (`repaid`, where `pipeline.trial_payback`). A single candidate is the choice itself,
+    untried."""
     shm_free = segments.free_bytes()  # this host's, then the config's, then the registry's
     # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
     levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
