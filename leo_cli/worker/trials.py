@@ -300,9 +300,12 @@ def failures(error: BaseException | None) -> str | None:
 def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
     """The trial that wins and the rule it won by: the fastest median, or of those within
     `TIE` of it the one with the smallest predicted buffers moving rows (a variant counts its
-    mode's), where every tied one has a prediction."""
+    mode's), where every tied one has a prediction; the only one measured where the others
+    were not tried for their payback."""
     done = [t for t in trials if t.median_s is not None]
     fastest = min(done, key=lambda t: t.median_s or 0.0)
+    if len(done) == 1 and any(t.not_tried is not None for t in trials):
+        return fastest, f"{MEASURED} alone: no other trial would repay itself"
     top = fastest.median_s or 0.0
     tied = [t for t in done if (t.median_s or 0.0) <= top * (1 + TIE)]
     sizes = {t.name: buffers.get(t.name, buffers.get(parse_candidate(t.name)[0])) for t in tied}

@@ -552,8 +552,9 @@ def test_a_candidate_that_cannot_repay_is_not_built_and_is_noted(
     assert built == ["leo"] and last == "leo"
     assert got[1].not_tried == "not tried: too short" and got[1].median_s is None
     won, rule = winner(got, {})
+    assert rule == "measured alone: no other trial would repay itself"
     chosen = measured_choice(ModeChoice("auto", "leo", trials=names), got, won, rule)
-    assert chosen.notes == {"blocking": "not tried: too short"}
+    assert chosen.measured_here and chosen.notes == {"blocking": "not tried: too short"}
     assert chosen.measured_s == {"leo": 0.1} and set(chosen.trial_s) == {"leo"}
 
 
