@@ -430,6 +430,13 @@ class PipelineConfig(Section):
     passes over one step's recorded
     SpMMs per SpMM variant (more while under 0.1 s; a variant whose first two passes are over
     1.3x the best's stops there: its first is cold)."""
+    trial_payback: bool = True
+    """`choose=measure`: try only the candidates (modes, leo's plan variants, SpMM variants)
+    whose trial may repay itself over the run's epochs (what it could save at most, its
+    measured or predicted step against the best one's less its uncertainty, times the epochs,
+    must exceed what its trial costs: planner/payback.py); the others are noted, and a run too
+    short to repay any comparison trains the cost model's pick untried. `false`: try every
+    candidate the other rules keep (trials whose wisdom later runs of the same inputs reuse)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
     made for leo as this mode can use it (`planned`; a mode that reads nothing in place

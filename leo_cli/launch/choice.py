@@ -24,6 +24,7 @@ from leo_cli.planner.auto_mode import (
     parse_candidate,
     read_choice,
 )
+from leo_cli.planner.payback import NOT_REPAID
 from leo_cli.planner.wisdom import (
     Sample,
     Wisdom,
@@ -51,7 +52,7 @@ def wisdom_dir(cfg: LeoConfig, run_dir: Path) -> Path:
 def from_wisdom(trial: ModeChoice, known: Wisdom, path: Path) -> ModeChoice:
     """The choice an earlier run's trials made (`known`), for what this run would try."""
     chosen = replace(trial, wisdom=str(path))
-    if trial.trials:
+    if trial.trials or trial.unrepaid:
         mode, levels = parse_candidate(known.winner, trial.levels)
         chosen = replace(
             chosen, mode=mode, levels=levels, rule=f"{known.rule} {FROM_WISDOM}", trials=[],
@@ -98,14 +99,23 @@ def calibration_pairs(
         return {}
 
 
-def kept(path: Path, names: list[str], variants: list[str]) -> Wisdom | None:
-    """The wisdom at `path`, or None where there is none or it is refused (said in one line:
-    the run then measures again and replaces it)."""
+def kept(path: Path, names: list[str], variants: list[str], epochs: int) -> Wisdom | None:
+    """The wisdom at `path` for a run of `epochs`, or None where there is none, it is
+    refused (said in one line: the run then measures again and replaces it), or its trials
+    were cut short for a shorter run (said too: this run may repay what they left out)."""
     try:
-        return read_wisdom(path, names, variants)
+        known = read_wisdom(path, names, variants)
     except CacheError as exc:
         print(f"warning: {exc}; measuring the candidates again.", file=sys.stderr)
         return None
+    if known is not None and not known.trusted_for(epochs):
+        print(
+            f"note: {path} holds trials cut short for a run of {known.cut_to_epochs} epochs; "
+            f"measuring the candidates again for {epochs}.",
+            file=sys.stderr,
+        )
+        return None
+    return known
 
 
 def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
@@ -116,9 +126,11 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
     if choice is None or choice.wisdom is None or not choice.measured_here:
         return
     path = Path(choice.wisdom)
+    cut = any(n.startswith(NOT_REPAID) for n in choice.notes.values())
     wisdom = Wisdom(
         path.stem, choice.name, choice.rule or "", choice.measured_s, choice.notes,
         choice.spmm, choice.spmm_rule or "", choice.spmm_measured_s,
+        cfg.train.num_epochs if cut else 0,
     )  # fmt: skip
     with contextlib.suppress(OSError):
         write_wisdom(path, wisdom)

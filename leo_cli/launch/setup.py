@@ -394,17 +394,21 @@ def choose_mode(
         pairs = calibration_pairs(cache, setting_of(cfg))
         trial = to_try(cfg, plan, estimate, available_memory_bytes(), missed, pairs)
     trial = replace(trial, spmm=cfg.pipeline.spmm, spmm_trials=variants)
-    if not trial.trials and not variants:
+    # The candidates left out for their payback are still this run's: the key (and the wisdom
+    # a longer run measured of them) is the same whatever the run's length.
+    tried = trial.trials or ([trial.name] if trial.unrepaid else [])  # (untried: the pick)
+    tried = [*tried, *trial.unrepaid]
+    if not tried and not variants:
         return trial
     if cfg.launch.nnodes > 1 and not cfg.cache.enabled:
         return trial  # no plan, so no profile of the links in the key: kept nowhere
     made_for = made_for or PlanInputs.of(planning_config(cfg), meta)
     inputs = [made_for.inputs, made_for.graph, plan.key if plan else ""]
     kernels = f"{backend.name}/{backend.cpu}"
-    names = [*trial.trials, *(f"{SPMM_PREFIX}{v}" for v in variants)]
+    names = [*tried, *(f"{SPMM_PREFIX}{v}" for v in variants)]
     path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
     if cfg.pipeline.choose == "measure":
-        known = kept(path, trial.trials, variants)
+        known = kept(path, tried, variants, cfg.train.num_epochs)
         if known is not None:
             return from_wisdom(trial, known, path)
     return replace(trial, wisdom=str(path))

@@ -5,7 +5,8 @@ Under `pipeline.choose=estimate`, `choose` takes the fastest of the modes this r
 `pipeline.auto_margin` of it moves rows through buffers smaller by more than that margin
 (`leanest`); without predictions it runs the planned mode and says why. Under `measure`,
 `to_try` keeps the candidates worth trying (with the planned mode's plan variants,
-`pipeline.levels`) and the workers measure them (worker/trials.py).
+`pipeline.levels`), those whose trial may repay itself over the run (planner/payback.py), and
+the workers measure them (worker/trials.py).
 Before either, the modes whose /dev/shm segments (the plan's `shm_bytes`, summed over the
 workers of each host) do not fit this host's free /dev/shm are left out (neither chosen nor
 tried), and a mode set by name that does not fit is refused in one sentence.
@@ -26,6 +27,14 @@ from typing import TYPE_CHECKING, Any
 from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
+from leo_cli.planner.payback import (
+    BUILD_STEPS,
+    NOT_REPAID,
+    UNCERTAIN,
+    fewest_timed,
+    payback,
+    trial_cost_s,
+)
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -103,6 +112,9 @@ class ModeChoice:
             empty once tried or where there is one or none.
         spmm_measured_s: each variant's seconds of SpMM in one step, the median pass over the
             step's recorded SpMMs (None: stopped early).
+        uncertainty: per candidate to try, how much faster than `expected_s` its step may
+            turn out (its calibration's error, else planner/payback.py `UNCERTAIN`): what the
+            workers' payback rule counts on.
     """
 
     requested: str
@@ -121,6 +133,27 @@ class ModeChoice:
     spmm_rule: str | None = None
     spmm_trials: list[str] = field(default_factory=list)
     spmm_measured_s: dict[str, float | None] = field(default_factory=dict)
+    uncertainty: dict[str, float] = field(default_factory=dict)
+
+    def expected_s(self, name: str) -> float | None:
+        """A candidate's step as the cost model expects it: calibrated where this host
+        measured its mode before, else predicted (None: not predicted, as a variant of the
+        planned mode's levels is not)."""
+        return self.calibrated_s.get(name) or self.predicted_s.get(name)
+
+    def optimistic_s(self, name: str) -> float | None:
+        """The fastest a candidate's step may turn out: `expected_s` less its `uncertainty`."""
+        step = self.expected_s(name)
+        return None if step is None else step * (1 - self.uncertainty.get(name, UNCERTAIN))
+
+    @property
+    def unrepaid(self) -> list[str]:
+        """The candidates left out because their trial would not repay itself over the run
+        (planner/payback.py; SpMM variants apart): still the run's candidates, for its wisdom."""
+        return [
+            n for n, why in self.notes.items()
+            if why.startswith(NOT_REPAID) and not n.startswith(SPMM_NOTE)
+        ]  # fmt: skip
 
     @property
     def measured_here(self) -> bool:
@@ -175,6 +208,7 @@ class ModeChoice:
             "spmm_rule": self.spmm_rule,
             "spmm_trials": self.spmm_trials,
             "spmm_measured_s": self.spmm_measured_s,
+            "mode_uncertainty": self.uncertainty,
         }
 
 
@@ -349,7 +383,9 @@ def to_try(
     the `pairs` measured in the same runs (planner/wisdom.py `pair_factors`), is slower
     beyond that ratio's error (`slower_than_tried`); and after the planned mode (where it
     fits, tried or not) its plan without replicas and without rows read in place, where the
-    plan has them. A single candidate is the choice itself, untried."""
+    plan has them. Of those, only the ones whose trial may repay itself over the run
+    (`repaid`, where `pipeline.trial_payback`). A single candidate is the choice itself,
+    untried."""
     shm_free = segments.free_bytes()  # this host's, then the config's, then the registry's
     # Without a plan the levels change nothing; with one, the planned mode's plan is tried.
     levels = PLANNED_LEVELS if cfg.cache.enabled else OWN_LEVELS
@@ -402,15 +438,55 @@ def to_try(
         tried.clear()
         left_out = pick({})
     notes.update(left_out)
+    sure = {m: e for m, e in (errors or {}).items() if m in estimate.calibrated_s}
+    known = replace(estimate, uncertainty={n: sure.get(n, UNCERTAIN) for n in tried})
+    epochs = cfg.train.num_epochs
+    unpaid: dict[str, str] = {}
+    if cfg.pipeline.trial_payback:
+        tried, unpaid = repaid(known, tried, epochs, cfg.pipeline.trial_steps)
+    notes.update(unpaid)
     if len(tried) <= 1:
         if not tried:  # every candidate left out: the prediction's choice, untried
             return replace(estimate, rule=f"{estimate.rule}; none to try", notes=notes)
+        if unpaid:  # named as the trials would have tried it
+            mode, variant = parse_candidate(tried[0], levels)
+            rule = f"expected fastest, untried: no trial would repay itself over {epochs} epochs"
+            return replace(known, mode=mode, levels=variant, rule=rule, notes=notes)
         rule = "the only candidate the cost model keeps"
         mode, variant = parse_candidate(tried[0], estimate.levels)
         return replace(estimate, mode=mode, levels=variant, rule=rule, notes=notes)
     mode, levels = parse_candidate(tried[0], levels)
     rule = "to be measured by the workers"
-    return replace(estimate, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
+    return replace(known, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
+
+
+def repaid(
+    choice: ModeChoice, tried: list[str], epochs: int, trial_steps: int
+) -> tuple[list[str], dict[str, str]]:
+    """Of `tried` (the first expected fastest: the reference), those whose trial may repay
+    itself over the run's `epochs` by the predictions alone (planner/payback.py), and why each
+    other is not tried: each as fast as its `optimistic_s` against the reference as slow as
+    its own uncertainty allows (neither is measured yet), its trial at its `expected_s`; the
+    first one kept pays the reference's own warm-up and timed steps too (a run that tries
+    nothing else does not try the reference either)."""
+    best = choice.expected_s(tried[0]) if tried else None
+    if best is None:
+        return tried, {}
+    slowest = best * (1 + choice.uncertainty.get(tried[0], UNCERTAIN))
+    timed = fewest_timed(trial_steps)
+    owed = (1 + timed) * best
+    kept, why = tried[:1], {}
+    for name in tried[1:]:
+        step = choice.expected_s(name) or best
+        cost = trial_cost_s(step, BUILD_STEPS, timed) + owed
+        fast = choice.optimistic_s(name) or step * (1 - UNCERTAIN)
+        note = payback(slowest, fast, cost, epochs)
+        if note is None:
+            kept.append(name)
+            owed = 0.0
+        else:
+            why[name] = note
+    return kept, why
 
 
 def surely_slower(
@@ -620,6 +696,8 @@ def from_json(data: Any) -> ModeChoice:
         spmm_rule = data.get("spmm_rule")
         spmm_trials = [str(n) for n in list(data.get("spmm_trials") or [])]
         spmm_measured = _steps(data.get("spmm_measured_s"))
+        uncertain = dict(data.get("mode_uncertainty") or {})
+        uncertainty = {str(k): float(v) for k, v in uncertain.items()}
     except (AttributeError, KeyError, TypeError, OverflowError, ValueError) as exc:
         raise ValueError(f"not a mode choice ({exc})") from None
     rule = None if rule is None else str(rule)
@@ -627,7 +705,7 @@ def from_json(data: Any) -> ModeChoice:
     spmm_rule = None if spmm_rule is None else str(spmm_rule)
     return ModeChoice(
         requested, mode, rule, predicted, buffers, levels, trials, measured, notes, wisdom,
-        calibrated, spent, spmm, spmm_rule, spmm_trials, spmm_measured,
+        calibrated, spent, spmm, spmm_rule, spmm_trials, spmm_measured, uncertainty,
     )  # fmt: skip
 
 

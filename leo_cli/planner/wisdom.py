@@ -55,7 +55,10 @@ PLACEMENT_KEYS = (
 class Wisdom:
     """What trials measured: the winning candidate, every candidate's median step (None:
     stopped early), why some were not tried or stopped, and the rule the winner won by;
-    likewise the CPU SpMM variant (`spmm`; `auto` where none was tried)."""
+    likewise the CPU SpMM variant (`spmm`; `auto` where none was tried). `cut_to_epochs`:
+    the run length the trials were cut to, where some candidate was left out because its
+    trial would not repay itself over it (planner/payback.py; 0: none was), so that a longer
+    run measures again (`trusted_for`)."""
 
     key: str
     winner: str
@@ -65,6 +68,12 @@ class Wisdom:
     spmm: str = "auto"
     spmm_rule: str = ""
     spmm_measured_s: dict[str, float | None] = field(default_factory=dict)
+    cut_to_epochs: int = 0
+
+    def trusted_for(self, epochs: int) -> bool:
+        """Whether a run of `epochs` may train this winner untried: the trials were not cut
+        short, or cut for a run at least as long (a longer one may repay what they left out)."""
+        return self.cut_to_epochs == 0 or epochs <= self.cut_to_epochs
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -77,6 +86,7 @@ class Wisdom:
             "spmm": self.spmm,
             "spmm_rule": self.spmm_rule,
             "spmm_measured_s": self.spmm_measured_s,
+            "cut_to_epochs": self.cut_to_epochs,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         return {**data, "digest": content_digest(data)}
@@ -141,6 +151,7 @@ def read_wisdom(path: Path, names: list[str], variants: list[str] | None = None)
             spmm=str(data["spmm"]),
             spmm_rule=str(data["spmm_rule"]),
             spmm_measured_s=_steps(data["spmm_measured_s"]),
+            cut_to_epochs=int(data.get("cut_to_epochs") or 0),
         )
         version, digest = data["format_version"], data.get("digest")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
@@ -151,7 +162,9 @@ def read_wisdom(path: Path, names: list[str], variants: list[str] | None = None)
         raise CacheError(f"{path} was edited after it was written (its digest differs)")
     every = [*wisdom.measured_s.values(), *wisdom.spmm_measured_s.values()]
     steps = [t for t in every if t is not None]
-    if names and (wisdom.winner not in names or wisdom.measured_s.get(wisdom.winner) is None):
+    # (no mode measured: the run trained the cost model's pick, its other trials unrepaid)
+    unmeasured = wisdom.measured_s and wisdom.measured_s.get(wisdom.winner) is None
+    if names and (wisdom.winner not in names or unmeasured):
         raise CacheError(f"{path} names a winner ({wisdom.winner!r}) that was not measured here")
     # (no variant measured: the step made no CPU SpMM, and the variant stayed as set)
     if (

@@ -169,12 +169,16 @@ class Trainer:
 
         if self.device.type == "cpu":  # CUDA tensors use the CUDA kernels whatever it says
             set_cpu_spmm(cfg.pipeline.spmm)
+        # What a trial must repay itself over: the epochs to run (planner/payback.py).
+        epochs = cfg.train.num_epochs - self.start if cfg.pipeline.trial_payback else None
         if choice is not None and trials:
-            job, self.cfg, choice = train_winner(self.run, cfg, choice, build, env.rank, laps)
+            job, self.cfg, choice = train_winner(
+                self.run, cfg, choice, build, env.rank, laps, epochs
+            )
         else:
             job = build(cfg, laps)
         if choice is not None and choice.spmm_trials:
-            self.cfg, choice = choose_spmm(self.run, self.cfg, choice, job, env.rank, laps)
+            self.cfg, choice = choose_spmm(self.run, self.cfg, choice, job, env.rank, laps, epochs)
         return job
 
     def train(self) -> None:

@@ -36,6 +36,7 @@ from leo_cli.planner.auto_mode import (
     with_mode,
     write_choice,
 )
+from leo_cli.planner.payback import BUILD_STEPS, UNCERTAIN, fewest_timed, payback, trial_cost_s
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
 from leo_cli.worker.step import Job, train_step
@@ -74,12 +75,14 @@ class Trial:
     stopped: bool = False
     failed: str | None = None  # why it could not be built (on which rank), then skipped
     warmup_s: float | None = None  # its warm-up step, the slowest rank's seconds
+    build_s: float | None = None  # its assembly, the slowest rank's seconds
+    not_tried: str | None = None  # why it was not built: its trial would not repay itself
     # Seconds this rank spent on it: freeing the one before, building, warming up, steps.
     phases: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def median_s(self) -> float | None:
-        if self.stopped or self.failed is not None:
+        if self.stopped or self.failed is not None or self.not_tried is not None:
             return None
         return statistics.median(self.steps_s)
 
@@ -165,19 +168,30 @@ def try_candidate(
     return Trial(name, times, stopped=stopped, warmup_s=warm_s, phases=phases)
 
 
+Worth = Callable[[str, list[Trial]], str | None]  # why a candidate is not tried after these
+
+
 def measure(
-    names: list[str], build: Callable[[str], Job], seed: int, steps: int
+    names: list[str],
+    build: Callable[[str], Job],
+    seed: int,
+    steps: int,
+    worth: Worth | None = None,
 ) -> tuple[list[Trial], Job | None]:
-    """Try every candidate in turn, each freed before the next is built; returns the trials
-    and the last candidate's job (kept: it may be the winner; None where it failed). A
-    candidate whose assembly fails on any rank (`SKIPPED`) is skipped with the reason, unless
-    every one fails: then the first failure ends the run."""
+    """Try every candidate in turn, each freed before the next is built, but those `worth`
+    says would not repay their trial after the trials so far (`not_repaid`; noted, not
+    built); returns the trials and the last built candidate's job (kept: it may be the winner;
+    None where it failed). A candidate whose assembly fails on any rank (`SKIPPED`) is skipped
+    with the reason, unless every one fails: then the first failure ends the run."""
     rng = torch.get_rng_state()
     trials: list[Trial] = []
     job: Job | None = None
     first_error: BaseException | None = None
     with frozen_heap():
         for name in names:
+            if worth is not None and (why := worth(name, trials)) is not None:
+                trials.append(Trial(name, [], not_tried=why))
+                continue
             start = time.perf_counter()
             job = None
             gc.collect()  # the previous candidate's buffers and segments go before the next's
@@ -187,7 +201,7 @@ def measure(
             first_error = first_error or error
     torch.set_rng_state(rng)
     assert trials, "no candidate to try"
-    if all(t.failed is not None for t in trials):
+    if all(t.failed is not None or t.not_tried is not None for t in trials):
         if first_error is not None:
             raise first_error
         raise LeoError(f"no candidate of pipeline.mode=auto could be built: {trials[0].failed}")
@@ -206,11 +220,34 @@ def one_trial(
     if failed is not None:
         return None, Trial(name, [], failed=failed, phases=phases), error
     assert job is not None
+    build_s = float(all_reduce_(torch.tensor([phases["build_s"]], dtype=torch.float64), op="max"))
     done = [t for t in trials if t.median_s is not None]
     best = min(done, key=lambda t: t.median_s or 0.0, default=None)
     stop_s = None if best is None else best.stop_at
     trial = try_candidate(name, job, seed, steps, stop_s, warmup_stop_at(done))
-    return job, replace(trial, phases=phases | trial.phases), None
+    return job, replace(trial, build_s=build_s, phases=phases | trial.phases), None
+
+
+def not_repaid(
+    name: str, done: list[Trial], choice: ModeChoice, epochs: int, trial_steps: int
+) -> str | None:
+    """Why candidate `name` is not tried after the trials `done`, or None (the payback rule,
+    planner/payback.py): against the best median so far, its expected step on this run's
+    scale (the best's measured over expected), less its uncertainty; its trial's cost at that
+    step with its assembly in steps as the finished trials' took (their median). Every time
+    read is the slowest rank's, so every rank decides alike."""
+    timed = [t for t in done if t.median_s is not None]
+    if not timed:
+        return None
+    best = min(timed, key=lambda t: t.median_s or 0.0)
+    best_s = best.median_s or 0.0
+    mine, theirs = choice.expected_s(name), choice.expected_s(best.name)
+    step = best_s * mine / theirs if mine is not None and theirs else best_s
+    optimistic = step * (1 - choice.uncertainty.get(name, UNCERTAIN))
+    builds = [t.build_s / (t.median_s or 1.0) for t in timed if t.build_s is not None]
+    build_steps = statistics.median(builds) if builds else BUILD_STEPS
+    cost = trial_cost_s(step, build_steps, fewest_timed(trial_steps))
+    return payback(best_s, optimistic, cost, epochs)
 
 
 _FROZEN = [0, 0]  # `frozen_heap` blocks open (the outermost freezes), and whether it froze
@@ -267,9 +304,12 @@ def failures(error: BaseException | None) -> str | None:
 def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
     """The trial that wins and the rule it won by: the fastest median, or of those within
     `TIE` of it the one with the smallest predicted buffers moving rows (a variant counts its
-    mode's), where every tied one has a prediction."""
+    mode's), where every tied one has a prediction; the only one measured where the others
+    were not tried for their payback."""
     done = [t for t in trials if t.median_s is not None]
     fastest = min(done, key=lambda t: t.median_s or 0.0)
+    if len(done) == 1 and any(t.not_tried is not None for t in trials):
+        return fastest, f"{MEASURED} alone: no other trial would repay itself"
     top = fastest.median_s or 0.0
     tied = [t for t in done if (t.median_s or 0.0) <= top * (1 + TIE)]
     sizes = {t.name: buffers.get(t.name, buffers.get(parse_candidate(t.name)[0])) for t in tied}
@@ -307,14 +347,17 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
     mode, levels = parse_candidate(won.name, choice.levels)
     notes = dict(choice.notes)
     for t in trials:
-        if t.failed is not None:
+        if t.not_tried is not None:
+            notes[t.name] = t.not_tried
+        elif t.failed is not None:
             notes[t.name] = f"skipped: failed while being built ({t.failed})"
         elif t.stopped and not t.steps_s:
             notes[t.name] = f"stopped after its warm-up step: {t.warmup_s or 0.0:.3f} s"
         elif t.stopped:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
-    measured = {t.name: t.median_s for t in trials}
-    spent = {t.name: rounded(t.phases | first_step(t)) for t in trials}
+    ran = [t for t in trials if t.not_tried is None]
+    measured = {t.name: t.median_s for t in ran}
+    spent = {t.name: rounded(t.phases | first_step(t)) for t in ran}
     return replace(
         choice, mode=mode, rule=rule, levels=levels, trials=[], measured_s=measured, notes=notes,
         trial_s=spent,
@@ -338,11 +381,13 @@ def train_winner(
     build: Callable[[LeoConfig, Laps | None], Job],
     rank: int,
     laps: Laps,
+    epochs: int | None = None,
 ) -> tuple[Job, LeoConfig, ModeChoice]:
-    """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none),
-    then return the winner's job, fresh or the last trial's, the config it trains with and
-    the choice; rank 0 records the choice in the run folder (`record`). `laps` gets the
-    trials as `choose_s`."""
+    """Try `choice.trials` (`build` assembles a job of a config, with set-up laps or none)
+    but those that would not repay their trial over the run's `epochs` to come, where given
+    (`not_repaid`), then return the winner's job, fresh or the last one built, the config it
+    trains with and the choice; rank 0 records the choice in the run folder (`record`).
+    `laps` gets the trials as `choose_s`."""
 
     split: dict[str, dict[str, float]] = {}  # each candidate's build by set-up step
 
@@ -352,17 +397,25 @@ def train_winner(
         split[name] = {f"build_{k}": v for k, v in parts.seconds.items()}
         return job
 
+    def worth(name: str, done: list[Trial]) -> str | None:
+        assert epochs is not None
+        return not_repaid(name, done, choice, epochs, cfg.pipeline.trial_steps)
+
+    steps = cfg.pipeline.trial_steps
     # One freeze over the trials and the last candidate's collection: what the candidates
     # made stays collectable (a freeze after them would keep the last one's cycles).
     with frozen_heap():
-        trials, last = measure(choice.trials, candidate, cfg.run.seed, cfg.pipeline.trial_steps)
+        trials, last = measure(
+            choice.trials, candidate, cfg.run.seed, steps, None if epochs is None else worth
+        )
         trials = [replace(t, phases=t.phases | split.get(t.name, {})) for t in trials]
         won, rule = winner(trials, choice.buffer_bytes)
         chosen = measured_choice(choice, trials, won, rule)
         run_cfg = with_choice(cfg, chosen)
         if rank == 0:
             record(run, run_cfg, chosen)
-        if last is not None and won.name == trials[-1].name:
+        built_last = [t for t in trials if t.not_tried is None][-1]
+        if last is not None and won.name == built_last.name:
             laps.lap("choose_s")
             return last, run_cfg, chosen
         del last
@@ -372,17 +425,26 @@ def train_winner(
 
 
 def spmm_trials(
-    names: list[str], job: Job, seed: int, steps: int
+    names: list[str],
+    job: Job,
+    seed: int,
+    steps: int,
+    epochs: int | None = None,
+    step_s: float | None = None,
 ) -> tuple[list[Trial], dict[str, str]]:
     """Each CPU SpMM variant timed on `job`'s own SpMMs (kernels/spmm_calls.py): one step
     records them, forward and backward, then every variant runs them again (`steps` passes,
     more while under `MIN_SPMM_S`); a variant's time is the slowest rank's seconds of SpMM
     in one step. A `torch-slabs` that would cut no x into slabs on any rank is left out (it
-    runs as `torch`), with a note. The variant in use is left as it was."""
+    runs as `torch`), with a note; so is every variant whose trial would not repay itself
+    over the run's `epochs` (`spmm_not_repaid`; `step_s`: the job's step, where known). The
+    variant in use is left as it was."""
     before = variants.cpu_spmm()
     rng = torch.get_rng_state()
     trials: list[Trial] = []
     notes: dict[str, str] = {}
+    if epochs is not None and (why := spmm_not_repaid(trials, steps, epochs, step_s)):
+        return trials, {f"{SPMM_NOTE}{n}": why for n in names}
     start = time.perf_counter()
     try:
         with spmm_calls.recording() as calls:
@@ -401,12 +463,34 @@ def spmm_trials(
                 notes[f"{SPMM_NOTE}{name}"] = f"not tried: {NO_SLABS}"
                 continue
             best = min((t.median_s for t in trials if t.median_s is not None), default=None)
+            if epochs is not None and (why := spmm_not_repaid(trials, steps, epochs)):
+                notes[f"{SPMM_NOTE}{name}"] = why
+                continue
             phases = recorded if not trials else {}
             trials.append(spmm_trial(name, replay, steps, phases, best))
     finally:
         variants.set_cpu_spmm(before)
         torch.set_rng_state(rng)
     return trials, notes
+
+
+def spmm_not_repaid(
+    done: list[Trial], steps: int, epochs: int, step_s: float | None = None
+) -> str | None:
+    """Why the next SpMM variant is not tried after the variants `done`, or None (the payback
+    rule, planner/payback.py): it may take `UNCERTAIN` less than the best variant's SpMM
+    seconds per step, and its passes last `MIN_SPMM_S` at least, or `steps` of the best's.
+    Before any: the variants together may save `UNCERTAIN` of the job's whole step (`step_s`;
+    unknown: tried), and cost a recording step and two variants' passes. Every time read is
+    the slowest rank's, so every rank decides alike."""
+    timed = [t.median_s for t in done if t.median_s is not None]
+    if timed:
+        best_s = min(timed)
+        cost = max(MIN_SPMM_S, steps * best_s)
+        return payback(best_s, best_s * (1 - UNCERTAIN), cost, epochs)
+    if done or step_s is None:
+        return None
+    return payback(step_s, step_s * (1 - UNCERTAIN), step_s + 2 * MIN_SPMM_S, epochs)
 
 
 def spmm_trial(
@@ -453,12 +537,22 @@ def usable(name: str) -> bool:
 
 
 def choose_spmm(
-    run: RunDir, cfg: LeoConfig, choice: ModeChoice, job: Job, rank: int, laps: Laps
+    run: RunDir,
+    cfg: LeoConfig,
+    choice: ModeChoice,
+    job: Job,
+    rank: int,
+    laps: Laps,
+    epochs: int | None = None,
 ) -> tuple[LeoConfig, ModeChoice]:
-    """Try `choice.spmm_trials` on the job that trains, keep the fastest variant (in use from
-    here on) and return the config and the choice with it; rank 0 records them. `laps` gets
-    the trials as `choose_s`."""
-    trials, notes = spmm_trials(choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps)
+    """Try `choice.spmm_trials` on the job that trains (those that may repay their trial over
+    the run's `epochs` to come, where given), keep the fastest variant (in use from here on)
+    and return the config and the choice with it; rank 0 records them. `laps` gets the trials
+    as `choose_s`."""
+    step_s = choice.measured_s.get(choice.name) or choice.expected_s(choice.name)
+    trials, notes = spmm_trials(
+        choice.spmm_trials, job, cfg.run.seed, cfg.pipeline.trial_steps, epochs, step_s
+    )
     for t in trials:
         if t.stopped:
             first = f"its first {spmm_calls.STOP_AFTER} passes"

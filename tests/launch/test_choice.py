@@ -77,7 +77,7 @@ def test_a_measured_spmm_is_kept_and_reused_without_trials(tmp_path: Path) -> No
     write_choice(run, one_worker)
     keep_trials(load_config(None, ["partition.num_parts=1"]), run)
     path = wisdom_path(cache, KEY)
-    known = kept(path, [], variants)
+    known = kept(path, [], variants, 100)
     assert known is not None and known.spmm == "torch"
     asked = ModeChoice("auto", "leo", "one worker: no rows move", spmm_trials=variants)
     again = from_wisdom(asked, known, path)
@@ -90,7 +90,7 @@ def test_a_measured_spmm_is_kept_and_reused_without_trials(tmp_path: Path) -> No
     )
     # an edited file is refused in one line (then measured again)
     path.write_text(path.read_text().replace('"torch"', '"leo"', 1))
-    assert kept(path, [], variants) is None
+    assert kept(path, [], variants, 100) is None
 
 
 def test_a_resumed_run_keeps_the_spmm_it_started_with(tmp_path: Path) -> None:
@@ -159,3 +159,35 @@ def test_a_trial_stopped_after_its_first_step_calibrates_by_that_step(tmp_path: 
     ]
     # it stopped for being past the best: no sample of its ratio to the run's other modes
     assert samples[0].run and not samples[1].run
+
+
+def test_trials_cut_short_for_their_payback_are_kept_for_runs_as_short_only(
+    tmp_path: Path,
+) -> None:
+    """A run whose trials left a candidate out because its trial would not repay itself over
+    the run (planner/payback.py) keeps its wisdom with that length: a run as short or shorter
+    trains its winner untried, a longer one measures again (it may repay what was left out);
+    wisdom of trials not cut short serves a run of any length, also one whose own payback
+    would try nothing."""
+    from leo_cli.planner.payback import NOT_REPAID
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    cut = {"blocking": f"{NOT_REPAID} 0.39 s over 8 epochs, its trial costs about 0.41 s"}
+    write_choice(run, replace(measured(cache), notes=cut))
+    keep_trials(load_config(None, ["train.num_epochs=8"]), run)
+    path, names = wisdom_path(cache, KEY), ["leo", "leo/no-replicas", "blocking"]
+    known = read_wisdom(path, names)
+    assert known is not None and known.cut_to_epochs == 8
+    assert kept(path, names, [], 8) is not None and kept(path, names, [], 5) is not None
+    assert kept(path, names, [], 9) is None
+    write_choice(run, measured(cache))  # nothing left out for its payback
+    keep_trials(load_config(None, ["train.num_epochs=8"]), run)
+    full = kept(path, names, [], 10**6)
+    assert full is not None and full.cut_to_epochs == 0
+    # a short run that would try nothing itself still trains the full wisdom's winner
+    short = ModeChoice("auto", "blocking", "expected fastest, untried", levels="planned",
+                       notes={"leo": cut["blocking"]})  # fmt: skip
+    assert short.unrepaid == ["leo"]
+    again = from_wisdom(short, full, path)
+    assert (again.mode, again.rule) == ("leo", f"measured fastest {FROM_WISDOM}")

@@ -13,17 +13,19 @@ import pytest
 from helpers.cli import TINY, leo
 
 from leo_cli.config import load_config
+from leo_cli.planner.payback import NOT_REPAID
 from leo_cli.planner.wisdom import calibration_path, factors, read_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.dist]
 
 # Input dropout: layer 0 exchanges rows and the plan replicates some, so leo's variants are
-# candidates too.
-ARGS = [*TINY, "--set", "model.input_dropout=0.5", "--set", "train.num_epochs=3"]
+# candidates too. Every candidate tried, though 3 epochs would not repay a trial.
+SHORT = [*TINY, "--set", "model.input_dropout=0.5", "--set", "train.num_epochs=3"]
+ARGS = [*SHORT, "--set", "pipeline.trial_payback=false"]
 
 
-def train(run: Path, cache: Path, *more: str) -> dict[str, Any]:
-    res = leo("train", *ARGS, "--set", f"run.out_dir={run}", "--set", f"run.cache_dir={cache}",
+def train(run: Path, cache: Path, *more: str, args: list[str] = ARGS) -> dict[str, Any]:
+    res = leo("train", *args, "--set", f"run.out_dir={run}", "--set", f"run.cache_dir={cache}",
               *more)  # fmt: skip
     assert res.returncode == 0, res.stderr
     summary = json.loads((run / "summary.json").read_text())
@@ -120,3 +122,23 @@ def test_estimate_tries_nothing(tmp_path: Path) -> None:
     assert s["mode_measured_s"] == {} and s["mode_wisdom"] is None
     assert not s["mode_rule"].startswith("measured")
     assert not (tmp_path / "cache" / "wisdom").exists()
+
+
+def test_a_run_too_short_to_repay_a_trial_tries_nothing(tmp_path: Path) -> None:
+    """One epoch repays no trial (planner/payback.py): the cost model's pick trains untried,
+    every other candidate and SpMM variant is noted with what it could have saved, and no
+    wisdom is kept (nothing was measured); its numbers are that mode's set by name."""
+    cache = tmp_path / "cache"
+    one = [*SHORT, "--set", "train.num_epochs=1"]
+    s = train(tmp_path / "short", cache, args=one)
+    assert s["mode_measured_s"] == {} and s["spmm_measured_s"] == {} and s["mode_trials"] == []
+    assert s["mode_rule"] == "expected fastest, untried: no trial would repay itself over 1 epochs"
+    untried = {n for n, why in s["mode_notes"].items() if why.startswith(NOT_REPAID)}
+    assert len(untried) >= 2 and any(n.startswith("spmm=") for n in untried)
+    assert not (cache / "wisdom").exists() or not list((cache / "wisdom").glob("[0-9a-f]*.json"))
+    resolved = load_config(tmp_path / "short" / "resolved_config.yaml").pipeline
+    by_name = train(tmp_path / "by-name", cache, "--set", f"pipeline.mode={resolved.mode}",
+                    "--set", f"pipeline.levels={resolved.levels}", "--set",
+                    f"pipeline.spmm={resolved.spmm}", args=one)  # fmt: skip
+    assert by_name["mode"] == s["mode"]
+    assert losses(tmp_path / "by-name") == losses(tmp_path / "short")

@@ -45,6 +45,11 @@ def cfg(*overrides: str) -> LeoConfig:
     return load_config(None, list(overrides))
 
 
+# A run long enough that every trial repays itself (auto_mode.repaid): the rules a test is
+# about, alone.
+LONG = "train.num_epochs=1000000"
+
+
 def test_auto_is_the_default_and_not_a_mode_that_runs() -> None:
     assert cfg().pipeline.mode == "auto"
     assert "auto" not in pipeline_modes()
@@ -467,23 +472,24 @@ def test_measure_leaves_out_what_calibration_says_is_slower_beyond_its_error() -
     error (too few samples) or within the errors is; the planned mode's variants have no
     calibration of their own and are tried even where the planned mode is not."""
     plan = plan_with_levels(True, True, PREDICTED)
-    calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.2}
+    # (fine-grained: no error, so payback's default uncertainty; 0.09 * 0.5 may beat leo)
+    calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.09}
     estimate = replace(choose(cfg(), plan, 2), calibrated_s=calibrated)
     missed = {"leo": 0.05, "blocking": 0.1, "shared-memory": 0.1}
-    trial = auto_mode.to_try(cfg(), plan, estimate, None, missed)
+    trial = auto_mode.to_try(cfg(LONG), plan, estimate, None, missed)
     names = ["leo", "leo/no-replicas", "leo/no-in-place", "shared-memory", "fine-grained"]
     assert trial.trials == names
     assert trial.notes == {
         "blocking": "not tried: calibrated 0.090 s (error 10%), slower than leo's 0.050 s "
         "(error 5%) beyond both errors"
     }
-    assert "blocking" in auto_mode.to_try(cfg(), plan, estimate, None).trials  # no errors
+    assert "blocking" in auto_mode.to_try(cfg(LONG), plan, estimate, None).trials  # no errors
     # within both errors and a tie: 0.09 * 0.9 = 0.081 is not past 0.05 * 1.6 * 1.03
     wide = {**missed, "leo": 0.6, "shared-memory": 0.6}
     assert auto_mode.surely_slower(calibrated, wide) == {}
     # the planned mode left out, its variants still tried
     slow_leo = replace(estimate, calibrated_s={**calibrated, "leo": 0.2})
-    trial = auto_mode.to_try(cfg(), plan, slow_leo, None, missed)
+    trial = auto_mode.to_try(cfg(LONG), plan, slow_leo, None, missed)
     assert "leo" not in trial.trials and "leo/no-in-place" in trial.trials
     assert trial.notes["leo"].startswith("not tried: calibrated 0.200 s")
     assert auto_mode.surely_slower({"leo": 0.05, "blocking": 0.5}, {"blocking": 0.0}) == {}
@@ -521,10 +527,55 @@ def test_the_pair_rule_never_leaves_fewer_than_two_to_try() -> None:
     it to leave one candidate, its factors would never age out; so then it is not applied."""
     plan = plan_with_levels(False, False, PREDICTED)  # no variants of leo's plan
     estimate = choose(cfg(), plan, 2)
-    everyone = auto_mode.to_try(cfg(), plan, estimate, None).trials
+    everyone = auto_mode.to_try(cfg(LONG), plan, estimate, None).trials
     beaten = {(m, "blocking"): (3.0, 0.0) for m in everyone if m != "blocking"}
-    trial = auto_mode.to_try(cfg(), plan, estimate, None, None, beaten)
+    trial = auto_mode.to_try(cfg(LONG), plan, estimate, None, None, beaten)
     assert trial.trials == everyone and not trial.notes
     one_left = {k: v for k, v in beaten.items() if k[0] != "leo"}  # leo and blocking stay
-    trial = auto_mode.to_try(cfg(), plan, estimate, None, None, one_left)
+    trial = auto_mode.to_try(cfg(LONG), plan, estimate, None, None, one_left)
     assert sorted(trial.trials) == ["blocking", "leo"] and len(trial.notes) == len(one_left)
+
+
+def test_payback_tries_only_what_may_save_more_than_its_trial_costs() -> None:
+    """The rule itself (planner/payback.py): the most a candidate may save over the run
+    must exceed its trial's cost; equal is not enough."""
+    from leo_cli.planner.payback import payback
+
+    assert payback(0.5, 0.25, 2.0, 8) == (
+        "not tried: could save at most 2.00 s over 8 epochs, its trial costs about 2.00 s"
+    )
+    assert payback(0.5, 0.25, 2.0, 9) is None
+    assert payback(0.5, 0.75, 0.0, 10**6) is not None  # never faster: nothing to save
+
+
+def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None:
+    """Before any trial (`auto_mode.repaid`): each candidate at its predicted step less the
+    default uncertainty against the first (blocking) as slow as its uncertainty allows; the
+    first one kept also pays blocking's warm-up and two timed steps. Too short a run tries
+    none and trains the cost model's pick, noting what it would have tried."""
+    plan = plan_with_levels(False, False, PREDICTED)  # blocking 0.053, leo 0.062, ...
+    estimate = choose(cfg(), plan, 2)
+    # leo may step in 0.031 s against 0.0795: 0.0485 s an epoch; its trial 4 * 0.062 s and
+    # blocking's 3 * 0.053 s: 0.407 s, repaid after 8.4 epochs
+    short = auto_mode.to_try(cfg("train.num_epochs=8"), plan, estimate, None)
+    assert short.trials == [] and (short.mode, short.levels) == ("blocking", "planned")
+    assert short.rule == "expected fastest, untried: no trial would repay itself over 8 epochs"
+    assert short.notes["leo"] == (
+        "not tried: could save at most 0.39 s over 8 epochs, its trial costs about 0.41 s"
+    )
+    assert short.unrepaid == ["leo", "shared-memory", "fine-grained"]
+    nine = auto_mode.to_try(cfg("train.num_epochs=9"), plan, estimate, None)
+    assert nine.trials == ["blocking", "leo", "shared-memory"]  # blocking's trial paid by leo
+    assert nine.unrepaid == ["fine-grained"] and nine.uncertainty["leo"] == 0.5
+    assert auto_mode.to_try(cfg(LONG), plan, estimate, None).unrepaid == []
+    off = cfg("train.num_epochs=8", "pipeline.trial_payback=false")  # every candidate kept
+    assert auto_mode.to_try(off, plan, estimate, None).trials == [
+        "blocking",
+        "leo",
+        "shared-memory",
+        "fine-grained",
+    ]
+    # a calibration's error bounds a prediction closer than the default
+    close = replace(estimate, calibrated_s={"blocking": 0.053, "leo": 0.062})
+    sure = auto_mode.to_try(cfg("train.num_epochs=9"), plan, close, None, {"leo": 0.1})
+    assert "leo" in sure.unrepaid and sure.uncertainty["leo"] == 0.1

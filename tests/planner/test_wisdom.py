@@ -282,3 +282,17 @@ def test_a_samples_run_id_reads_back(tmp_path: Path) -> None:
     path = calibration_path(tmp_path)
     add_samples(path, [Sample("leo", 0.1, 0.2, {"workers": 2}, "r1"), sample("leo", 0.1, 0.3)])
     assert [s.run for s in read_samples(path)] == ["r1", ""]
+
+
+def test_wisdom_of_a_run_that_measured_no_mode_names_a_candidate_still(tmp_path: Path) -> None:
+    """A run whose mode trials would not repay themselves (the cost model's pick trained
+    untried) but whose SpMM variants were measured: its winner has no median, yet must be one
+    of the candidates."""
+    path = wisdom_path(tmp_path, key())
+    steps = {"torch": 0.1, "leo": 0.2}
+    untried = Wisdom(key(), "leo", "expected fastest, untried", {}, {}, "torch", "measured", steps)
+    write_wisdom(path, untried)
+    assert read_wisdom(path, NAMES, list(steps)) is not None
+    write_wisdom(path, replace(untried, winner="compute-only"))
+    with pytest.raises(CacheError, match="names a winner"):
+        read_wisdom(path, NAMES, list(steps))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -475,7 +476,7 @@ def test_the_fastest_variant_is_kept_recorded_and_in_the_config(
     monkeypatch.setattr(
         trials_module,
         "spmm_trials",
-        lambda names, job, seed, steps: (
+        lambda names, job, seed, steps, *payback: (
             [Trial(n, [fake[n]], phases={"steps_s": 1.0}) for n in names],
             {},
         ),
@@ -517,3 +518,72 @@ def test_an_spmm_variant_far_past_the_best_stops_after_its_first_passes() -> Non
     near = trials_module.spmm_trial("leo", _Passes(0.012, 0.009), 3, {}, 0.010)  # type: ignore[arg-type]
     assert not near.stopped and near.median_s == 0.009
     assert winner([best, far, near], {})[0].name == "leo"
+
+
+def test_a_candidate_is_tried_only_where_what_it_may_save_repays_its_trial() -> None:
+    """The payback rule on the workers (`not_repaid`), on the slowest rank's times: against
+    the best median so far, a candidate expected as fast (on this run's scale) may step
+    `UNCERTAIN` faster; its trial costs its build (in steps, as the finished trials' took), a
+    warm-up and two timed steps. Tried only where that saving over the run beats the cost."""
+    from leo_cli.planner.payback import UNCERTAIN
+
+    assert UNCERTAIN == 0.5  # the numbers below
+    choice = ModeChoice("auto", "leo", predicted_s={"leo": 0.1, "blocking": 0.1})
+    done = [Trial("leo", [0.5, 0.5], build_s=1.0)]  # median 0.5 s, built in two of its steps
+    # blocking may step in 0.25 s, saving 0.25 s an epoch; its trial: (2 + 1 + 2) * 0.5 s
+    why = trials_module.not_repaid("blocking", done, choice, 10, 3)
+    assert why == (
+        "not tried: could save at most 2.50 s over 10 epochs, its trial costs about 2.50 s"
+    )
+    assert trials_module.not_repaid("blocking", done, choice, 11, 3) is None
+    assert trials_module.not_repaid("blocking", [], choice, 1, 3) is None  # nothing measured
+    # expected at twice leo's step on this run's scale: not faster than 0.5 s at best
+    slow = replace(choice, predicted_s={"leo": 0.1, "blocking": 0.2})
+    never = trials_module.not_repaid("blocking", done, slow, 10**6, 3)
+    assert never is not None and never.startswith("not tried: could save at most 0.00 s")
+    # its calibration's error bounds it closer: 0.5 * (1 - 0.1) saves 0.05 s an epoch
+    sure = replace(choice, uncertainty={"blocking": 0.1})
+    assert trials_module.not_repaid("blocking", done, sure, 50, 3) is not None
+    assert trials_module.not_repaid("blocking", done, sure, 51, 3) is None
+
+
+def test_a_candidate_that_cannot_repay_is_not_built_and_is_noted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`measure` builds no candidate the payback rule leaves out, keeps the last one built
+    (the winner needs no rebuild), and the choice notes why with no median for it."""
+    monkeypatch.setattr(trials_module, "try_candidate", _fake_try)
+    built: list[str] = []
+
+    def build(name: str) -> Any:
+        built.append(name)
+        return name
+
+    def worth(name: str, done: list[Trial]) -> str | None:
+        return "not tried: too short" if name == "blocking" and done else None
+
+    names = ["leo", "blocking"]
+    got, last = measure(names, build, seed=0, steps=2, worth=worth)  # type: ignore[arg-type]
+    assert built == ["leo"] and last == "leo"
+    assert got[1].not_tried == "not tried: too short" and got[1].median_s is None
+    won, rule = winner(got, {})
+    assert rule == "measured alone: no other trial would repay itself"
+    chosen = measured_choice(ModeChoice("auto", "leo", trials=names), got, won, rule)
+    assert chosen.measured_here and chosen.notes == {"blocking": "not tried: too short"}
+    assert chosen.measured_s == {"leo": 0.1} and set(chosen.trial_s) == {"leo"}
+
+
+def test_spmm_variants_are_tried_only_where_they_may_repay_their_passes() -> None:
+    """The payback rule for the CPU SpMM variants: before any, their comparison (a recording
+    step and two variants' passes) against `UNCERTAIN` of the job's step over the run; after
+    one, the next may take `UNCERTAIN` less than the best's SpMM seconds, its passes
+    `MIN_SPMM_S` at least."""
+    not_repaid = trials_module.spmm_not_repaid
+    # a 0.25 s step may save 0.125 s an epoch; recording and passes cost 0.25 + 0.2 s
+    assert not_repaid([], 3, 3, 0.25) is not None and not_repaid([], 3, 4, 0.25) is None
+    assert not_repaid([], 3, 1, None) is None  # the step not known: tried
+    best = [Trial("torch", [0.25])]  # may save 0.125 s an epoch; passes 3 * 0.25 s
+    assert not_repaid(best, 3, 6, None) == (
+        "not tried: could save at most 0.75 s over 6 epochs, its trial costs about 0.75 s"
+    )
+    assert not_repaid(best, 3, 7, None) is None
