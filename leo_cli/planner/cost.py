@@ -879,8 +879,8 @@ def mode_buffers(
             else:
                 backward = 0
             dropped, saved = _replica_step_bytes(p, caches[r], shape, static)
-            first = dropped if layer == 0 else saved  # layer 0's forward: the dropped rows
-            lift_phase[r] = max(lift_phase[r], forward + first, backward + saved, saved)
+            ahead = dropped + (saved if layer else 0)  # the forward: the dropped rows too
+            lift_phase[r] = max(lift_phase[r], forward + ahead, backward + saved, saved)
             moving[r] = max(moving[r], forward, backward)
             held = _structure_bytes(p, cnt, r, mode, shape, transpose=not as_rows)
             if two_views:  # one aggregator per view: the halo parts of both are held
@@ -1025,7 +1025,7 @@ def _replica_step_bytes(
 ) -> tuple[int, int]:
     """Bytes a step makes of a rank's replicas where layer 0 aggregates them
     (models/gnn.py, comm/levels.py `Replicas.add_into`): their input rows dropped, alive
-    through layer 0's forward, and the block's product (a row per reader, at input width),
+    through the forward pass, and the block's product (a row per reader, at input width),
     saved for the weights' gradient of an update-first layer 0 until its backward."""
     num = int(c.replica_rows.shape[0])
     sl = _shape_layer(shape, 0)

@@ -497,8 +497,9 @@ def test_both_views_and_the_replicas_block_are_held_where_rows_are_replicated() 
 
 def test_a_step_holds_the_replicas_rows_it_makes() -> None:
     # 64 -> 8 -> 4, input dropout: row 0 (read by 2 edges from 2 rows) replicated on both
-    # ranks; layer 0 drops its input row (64 floats) and saves the block's product (a row
-    # of 64 per reader) for the weights' gradient until its backward.
+    # ranks; layer 0 drops its input row (64 floats, alive through the forward pass) and
+    # saves the block's product (a row of 64 per reader) for the weights' gradient until
+    # its backward.
     accesses = [part(0), part(1)]
     shape = replace(SHAPE, widths=(64, 8, 4), input_dropout=0.5)
     cache = RankCache(False, np.array([0]))
@@ -506,10 +507,10 @@ def test_a_step_holds_the_replicas_rows_it_makes() -> None:
     kept = replace(shape, input_dropout=0.0)  # not dropped: the rows kept are read
     assert _replica_step_bytes(part(0), cache, kept, False) == (0, 2 * 64 * 4)
     assert _replica_step_bytes(part(0), cache, kept, True) == (0, 0)  # the static aggregate
-    # layer 0's backward: its halo gradients' buffer and a chunk (3 + 3 rows of 8 floats)
-    # beside the saved product
+    # layer 1's forward: its 4 rows packed and 4 received (4 floats each) beside the dropped
+    # row and the saved product (layer 0's backward: 3 + 3 rows of 8 floats and the product)
     b = mode_buffers(accesses, [cache, cache], shape, "blocking")
-    assert b.lift == [(3 + 3) * 8 * 4 + 2 * 64 * 4] * 2
+    assert b.lift == [(4 + 4) * 4 * 4 + 64 * 4 + 2 * 64 * 4] * 2
 
 
 def test_segments_are_priced_without_a_static_layer_0s_width() -> None:
