@@ -778,7 +778,8 @@ class Buffers:
     - `shm`: mapped from /dev/shm (a shared-memory segment's rows, published rows);
     - `structures`: the column blocks and row lists its aggregator keeps for the run;
     - `moving`: the rows moving in its largest phase (a layer's exchange, one direction);
-    - `lift`: what they add to the step's peak, above the activations every mode holds;
+    - `lift`: what the largest phase adds to the step's peak, above the activations every
+      mode holds: its moving rows, and the replicas' rows a step makes;
     - `setup`: what set-up holds beside the static aggregate's inputs: the part's CSR's
       transpose, a per-edge mode's list of every halo row.
     """
@@ -818,13 +819,15 @@ def mode_buffers(
     CSR's transpose unless the views of rows read in place replace it, and a per-edge mode's
     list of every halo row), or the steps: the activations' peak, the replicas' input rows
     (L1), the aggregator's column blocks and row lists (`_structure_bytes`: their CSRs,
-    transposed where halo gradients return as partial sums), and the rows moving in one
-    phase (a layer's exchange, forward or backward; none at a layer 0 the static aggregate
-    serves, no gradients back from an aggregate-first layer 0: rows packed to send and
-    received, per reading edge for per-edge rows, the halo gradients and those returned
-    unless gradients move as rows, or one peer's rows read out of a segment at a time) only
-    as far as they lift that peak: the phase's activations (`_activations`) and its moving
-    rows, above the largest phase of activations alone. On top, whatever the phase, the
+    transposed where halo gradients return as partial sums; both views' where replicas give
+    layer 0 a view of its own, and the replicas' block), and the largest phase's own rows on
+    top of that peak: the rows moving in one phase (a layer's exchange, forward or backward;
+    none at a layer 0 the static aggregate serves, no gradients back from an aggregate-first
+    layer 0: rows packed to send and received, per reading edge for per-edge rows, the halo
+    gradients and those returned unless gradients move as rows, or one peer's rows read out
+    of a segment at a time) and what a step makes of the replicas (`_replica_step_bytes`).
+    The phases' activations are too close to tell which one peaks, so those rows count whole,
+    not only where they lift `_activations`' largest phase. On top, whatever the phase, the
     segments reserved in /dev/shm at the widest exchanged width: a shared-memory segment's
     rows (its share: the rank's inner rows; attention adds the halo gradients' copy), and
     where any rank reads rows in place, every rank's published rows (`NUM_COPIES` of its
@@ -846,10 +849,12 @@ def mode_buffers(
             shm[r] += p.num_inner * shape.wire_row(widest)
             if shape.attention:  # halo gradients return as partial sums through a segment
                 shm[r] += GRAD_COPIES * p.num_halo * widest * shape.dtype_bytes
-    peak_phase = [0] * num
+    lift_phase = [0] * num
     moving = [0] * num
     structures = [0] * num
     read_in_place = np.zeros(num)
+    two_views = _two_views(mode, caches, shape, static)
+    views = [[0, 0] for _ in accesses]  # per rank, the halo part of layer 0's view and the rest's
     for layer in range(shape.num_layers):
         sl = _shape_layer(shape, layer)
         if sl.served_by_static(static):
@@ -873,10 +878,15 @@ def mode_buffers(
                 backward = int(cnt.halo[r] + cnt.send[r]) * sl.grad_bytes
             else:
                 backward = 0
-            before, after = _activations(shape, p.num_inner, layer)
-            peak_phase[r] = max(peak_phase[r], before + forward, after + backward)
+            dropped, saved = _replica_step_bytes(p, caches[r], shape, static)
+            ahead = dropped + (saved if layer else 0)  # the forward: the dropped rows too
+            lift_phase[r] = max(lift_phase[r], forward + ahead, backward + saved, saved)
             moving[r] = max(moving[r], forward, backward)
             held = _structure_bytes(p, cnt, r, mode, shape, transpose=not as_rows)
+            if two_views:  # one aggregator per view: the halo parts of both are held
+                own = _view_bytes(p, cnt, r, mode, not as_rows, shape.dtype_bytes)
+                views[r][min(layer, 1)] = own
+                held = held - own + sum(views[r]) + _replica_block_bytes(p, caches[r], shape)
             structures[r] = max(structures[r], held)
     if read_in_place.any():  # comm/inplace.py build_in_place: every rank's segment
         row = widest * shape.dtype_bytes
@@ -888,7 +898,7 @@ def mode_buffers(
     total, setup, lift = [], [], []
     for r, p in enumerate(accesses):
         steps = _activation_peak(shape, p.num_inner, static) + static * _static_bytes(p, shape)
-        lift.append(max(0, peak_phase[r] - _activation_peak(shape, p.num_inner, static)))
+        lift.append(lift_phase[r])
         fetch = static * _fetch_bytes(p, shape)  # the static aggregate's inputs, made first
         csr = _part_csr_bytes(p, shape)
         reads = mode.reads_in_place and bool(read_in_place[r])
@@ -976,15 +986,7 @@ def _structure_bytes(
     inner_edges = p.inner_edges + n * shape.diagonal
     per_csr = 2 if transpose else 1
     held = per_csr * ((n + 1) * INDEX_BYTES + inner_edges * edge)  # the inner block
-    travel_edges = float(cnt.halo_edges[r] - cnt.in_place_edges[r])
-    if travel_edges > 0:  # halo blocks: their rows, pointers (both ways) and edges
-        rows = min(p.rows_reading_blocks(1), travel_edges)
-        held += int(2 * rows * INDEX_BYTES + per_csr * travel_edges * edge)
-        if transpose:
-            held += int(cnt.halo[r]) * INDEX_BYTES  # the transposes' pointers
-        held += 2 * int(cnt.send[r]) * POSITION_BYTES  # the plan's send list, the chunks'
-        if mode.wire.reads_out:  # where each halo row sits in the segment
-            held += int(cnt.halo[r]) * POSITION_BYTES
+    held += _view_bytes(p, cnt, r, mode, transpose, value)
     owners = int((cnt.in_place[r] > 0).sum())
     if owners:  # one forward-only CSR over every inner row per owner, and the rows' positions
         held += owners * (n + 1) * INDEX_BYTES + int(cnt.in_place_edges[r] * edge)
@@ -992,9 +994,69 @@ def _structure_bytes(
     if cnt.publishes[r]:  # its published rows, where they sit among its boundary rows, and
         # the rows each reader reads of them
         held += (2 * p.num_boundary + int(cnt.read_from[r])) * POSITION_BYTES
-    if mode.overlap and splits_update(n, p.num_boundary):
-        held += max(0, n - p.num_boundary) * POSITION_BYTES
     return held
+
+
+def _view_bytes(
+    p: PartAccess, cnt: _Counts, r: int, mode: Mode, transpose: bool, value: int = 4
+) -> int:
+    """Bytes of what one aggregator of rank r keeps of its own view (`_structure_bytes`
+    but the inner block it shares and the rows read in place): the halo blocks of the rows
+    that travel, its send lists, a segment's rows read out, the pipeline's interior rows.
+    `value`: bytes of an edge's weight."""
+    edge = INDEX_BYTES + value
+    held = 0
+    travel_edges = float(cnt.halo_edges[r] - cnt.in_place_edges[r])
+    if travel_edges > 0:  # halo blocks: their rows, pointers (both ways) and edges
+        rows = min(p.rows_reading_blocks(1), travel_edges)
+        held += int(2 * rows * INDEX_BYTES + (2 if transpose else 1) * travel_edges * edge)
+        if transpose:
+            held += int(cnt.halo[r]) * INDEX_BYTES  # the transposes' pointers
+        held += 2 * int(cnt.send[r]) * POSITION_BYTES  # the plan's send list, the chunks'
+        if mode.wire.reads_out:  # where each halo row sits in the segment
+            held += int(cnt.halo[r]) * POSITION_BYTES
+    if mode.overlap and splits_update(p.num_inner, p.num_boundary):
+        held += max(0, p.num_inner - p.num_boundary) * POSITION_BYTES
+    return held
+
+
+def _replica_step_bytes(
+    p: PartAccess, c: RankCache, shape: ModelShape, static: bool
+) -> tuple[int, int]:
+    """Bytes a step makes of a rank's replicas where layer 0 aggregates them
+    (models/gnn.py, comm/levels.py `Replicas.add_into`): their input rows dropped, alive
+    through the forward pass, and the block's product (a row per reader, at input width),
+    saved for the weights' gradient of an update-first layer 0 until its backward."""
+    num = int(c.replica_rows.shape[0])
+    sl = _shape_layer(shape, 0)
+    if not num or sl.served_by_static(static):
+        return 0, 0
+    row = shape.widths[0] * shape.dtype_bytes
+    dropped = num * row if sl.p > 0 else 0
+    readers = min(float(p.rows_reading_halo), float(_cache_sums(p, c).replica_edges.sum()))
+    return dropped, int(readers) * row if sl.upd else 0
+
+
+def _two_views(mode: Mode, caches: list[RankCache], shape: ModelShape, static: bool) -> bool:
+    """Whether every rank holds two aggregators (comm/modes.py `make_layer_aggregators`):
+    some rank replicates rows, so layer 0's view leaves them out and the other layers' view
+    is made with a plan of its own, in a mode with cache levels whose layer 0 aggregates."""
+    replicas = any(c.replica_rows.shape[0] for c in caches)
+    layer0 = not _shape_layer(shape, 0).served_by_static(static)
+    return mode.cache_levels and replicas and layer0
+
+
+def _replica_block_bytes(p: PartAccess, c: RankCache, shape: ModelShape) -> int:
+    """Bytes of the replicas' column block (comm/levels.py `fetch_replicas`: compact, built
+    with its transpose from the part's CSR): the rows reading replicas (at most one per
+    edge), their pointers and the transpose's, and every edge both ways."""
+    num = int(c.replica_rows.shape[0])
+    if not num:
+        return 0
+    edges = float(_cache_sums(p, c).replica_edges.sum())
+    rows = min(float(p.rows_reading_halo), edges)
+    edge = INDEX_BYTES + shape.dtype_bytes
+    return int((2 * rows + 1) * INDEX_BYTES + (num + 1) * INDEX_BYTES + 2 * edges * edge)
 
 
 def _activations(shape: ModelShape, n: int, layer: int) -> tuple[int, int]:

@@ -13,13 +13,19 @@ import torch.distributed as dist
 from conftest import random_graph
 from helpers.ranks import dataset_info, spawn_ranks
 
+from leo_cli.comm.blocks import selected_columns_block
 from leo_cli.comm.levels import RankLevels
 from leo_cli.config import load_config
 from leo_cli.graph.layout import build_parts
 from leo_cli.graph.partitioners import assign_parts
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.planner.access import PartAccess
-from leo_cli.planner.cost import _part_csr_bytes, _transpose_bytes, mode_buffers
+from leo_cli.planner.cost import (
+    _part_csr_bytes,
+    _replica_block_bytes,
+    _transpose_bytes,
+    mode_buffers,
+)
 from leo_cli.planner.make import model_shape
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.reach import Reach
@@ -126,3 +132,17 @@ def test_a_per_edge_modes_listed_rows_are_what_set_up_holds_of_them(replicas: li
     bulk = mode_buffers(accesses, caches, shape, "blocking").setup
     assert all(h > 0 for h in held)
     assert [a - b for a, b in zip(per_edge, bulk, strict=True)] == held
+
+
+def test_the_replicas_block_is_what_fetch_replicas_holds_of_it() -> None:
+    """The replicas' column block (comm/levels.py `fetch_replicas`, from the part's CSR with
+    its transpose) against `_replica_block_bytes`, every halo row replicated: each row
+    reading the halo reads a replica, so the estimate's readers are exact."""
+    g = random_graph(num_nodes=600, num_edges=3000, num_features=8, seed=2)
+    part = build_parts(g, assign_parts(g, 2, "range", 0), 2)[0]
+    shape = model_shape(load_config(None, []).model, 8, 3, 4)
+    access = PartAccess.from_part(part)
+    adj = part_adjacency(part, "gcn", torch.float32, torch.device("cpu"), transpose=True)
+    rows = np.arange(access.num_halo, dtype=np.int64)
+    block = selected_columns_block(adj, torch.from_numpy(rows + access.num_inner))
+    assert held_bytes(block) == _replica_block_bytes(access, RankCache(replica_rows=rows), shape)

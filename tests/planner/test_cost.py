@@ -21,6 +21,7 @@ from leo_cli.planner.cost import (
     Phases,
     _combine,
     _Counts,
+    _replica_step_bytes,
     mode_buffers,
     predict,
 )
@@ -459,20 +460,57 @@ def test_buffer_bytes_of_levels_a_static_layer_0_and_one_reader() -> None:
     assert rank1 == 4 * 16 + (4 + 0) * 16  # its copy; it receives 4 rows, sends none
 
 
-def test_moving_rows_count_as_far_as_they_lift_the_steps_peak() -> None:
+def test_moving_rows_count_one_for_one_on_the_steps_peak() -> None:
     accesses = [part(0), part(1)]
     # One layer: its backward exchange is the step's largest phase of activations, so the
     # rows moving then add to the peak one for one.
     one = mode_buffers(accesses, NONE, SHAPE, "blocking")
     assert one.moving[0] > 0 and one.lift == one.moving
     # 16 -> 64 -> 4: layer 1 exchanges 4 columns while the backward of its 64-wide input
-    # (its gradient, through the weights and the activation) holds far more: no lift.
+    # holds more activations; the moving rows still count whole (the measured peaks of the
+    # steps hold them: the phases' activations are too close to tell apart).
     wide = replace(SHAPE, widths=(16, 64, 4))
     deep = mode_buffers(accesses, NONE, wide, "blocking")
-    assert deep.moving[0] > 0 and deep.lift == [0, 0]
+    assert deep.moving[0] > 0 and deep.lift == deep.moving
     for b in (one, deep):
         parts = zip(b.kept, b.shm, b.structures, b.lift, strict=True)
         assert b.total == [k + s + h + m for k, s, h, m in parts]
+
+
+def test_both_views_and_the_replicas_block_are_held_where_rows_are_replicated() -> None:
+    # 16 -> 8 -> 4, blocking (partial sums: every block with its transpose), row 1 (one
+    # edge) replicated on both ranks: layer 0's view (3 rows, 4 edges, 3 rows sent) beside
+    # the other layers' (4 rows, 5 edges, 4 sent), and the replicas' block.
+    accesses = [part(0), part(1)]
+    deep = replace(SHAPE, widths=(16, 8, 4))
+    replicas = [RankCache(False, np.array([1])), RankCache(False, np.array([1]))]
+    # a view: 3 reading rows (their ids and pointers), its edges both ways (column and
+    # weight), the transposes' pointers (a row each), the plan's and the chunks' send lists
+    layer0 = 2 * 3 * 4 + 2 * 4 * 8 + 3 * 4 + 2 * 3 * 8
+    # the replicas' block: 1 reading row (its id, two pointers), the column's two pointers,
+    # its edge both ways
+    block = (2 * 1 + 1) * 4 + (1 + 1) * 4 + 2 * 1 * 8
+    alone = mode_buffers(accesses, NONE, deep, "blocking").structures
+    both = mode_buffers(accesses, replicas, deep, "blocking").structures
+    assert [b - a for a, b in zip(alone, both, strict=True)] == [layer0 + block] * 2
+
+
+def test_a_step_holds_the_replicas_rows_it_makes() -> None:
+    # 64 -> 8 -> 4, input dropout: row 0 (read by 2 edges from 2 rows) replicated on both
+    # ranks; layer 0 drops its input row (64 floats, alive through the forward pass) and
+    # saves the block's product (a row of 64 per reader) for the weights' gradient until
+    # its backward.
+    accesses = [part(0), part(1)]
+    shape = replace(SHAPE, widths=(64, 8, 4), input_dropout=0.5)
+    cache = RankCache(False, np.array([0]))
+    assert _replica_step_bytes(part(0), cache, shape, False) == (64 * 4, 2 * 64 * 4)
+    kept = replace(shape, input_dropout=0.0)  # not dropped: the rows kept are read
+    assert _replica_step_bytes(part(0), cache, kept, False) == (0, 2 * 64 * 4)
+    assert _replica_step_bytes(part(0), cache, kept, True) == (0, 0)  # the static aggregate
+    # layer 1's forward: its 4 rows packed and 4 received (4 floats each) beside the dropped
+    # row and the saved product (layer 0's backward: 3 + 3 rows of 8 floats and the product)
+    b = mode_buffers(accesses, [cache, cache], shape, "blocking")
+    assert b.lift == [(4 + 4) * 4 * 4 + 64 * 4 + 2 * 64 * 4] * 2
 
 
 def test_segments_are_priced_without_a_static_layer_0s_width() -> None:
