@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 import threading
@@ -58,9 +59,11 @@ def leave(code: object) -> NoReturn:
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe: Python's own exit code for it
-        code = code or 120
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # (None: the command started with it closed)
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe: Python's own exit code for it
+            code = code or 120
+    ctypes.CDLL(None).fflush(None)  # what C libraries wrote to their own buffered stdio
     os._exit(code or 0)

@@ -99,19 +99,21 @@ def calibration_pairs(
         return {}
 
 
-def kept(path: Path, names: list[str], variants: list[str], epochs: int) -> Wisdom | None:
-    """The wisdom at `path` for a run of `epochs`, or None where there is none, it is
-    refused (said in one line: the run then measures again and replaces it), or its trials
-    were cut short for a shorter run (said too: this run may repay what they left out)."""
+def kept(path: Path, names: list[str], variants: list[str], epochs: int | None) -> Wisdom | None:
+    """The wisdom at `path` for a run of `epochs` (None: a run that tries every candidate,
+    `pipeline.trial_payback=false`), or None where there is none, it is refused (said in one
+    line: the run then measures again and replaces it), or its trials were cut short for a
+    shorter run (said too: this run may repay what they left out)."""
     try:
         known = read_wisdom(path, names, variants)
     except CacheError as exc:
         print(f"warning: {exc}; measuring the candidates again.", file=sys.stderr)
         return None
-    if known is not None and not known.trusted_for(epochs):
+    if known is not None and not known.trusted_for(sys.maxsize if epochs is None else epochs):
+        this = "this run, which tries every candidate" if epochs is None else f"{epochs}"
         print(
             f"note: {path} holds trials cut short for a run of {known.cut_to_epochs} epochs; "
-            f"measuring the candidates again for {epochs}.",
+            f"measuring the candidates again for {this}.",
             file=sys.stderr,
         )
         return None

@@ -408,7 +408,8 @@ def choose_mode(
     names = [*tried, *(f"{SPMM_PREFIX}{v}" for v in variants)]
     path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
     if cfg.pipeline.choose == "measure":
-        known = kept(path, tried, variants, cfg.train.num_epochs)
+        epochs = cfg.train.num_epochs if cfg.pipeline.trial_payback else None
+        known = kept(path, tried, variants, epochs)
         if known is not None:
             return from_wisdom(trial, known, path)
     return replace(trial, wisdom=str(path))

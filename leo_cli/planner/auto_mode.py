@@ -112,9 +112,9 @@ class ModeChoice:
             empty once tried or where there is one or none.
         spmm_measured_s: each variant's seconds of SpMM in one step, the median pass over the
             step's recorded SpMMs (None: stopped early).
-        uncertainty: per candidate to try, how much faster than `expected_s` its step may
-            turn out (its calibration's error, else planner/payback.py `UNCERTAIN`): what the
-            workers' payback rule counts on.
+        uncertainty: per candidate to try whose calibration has an error, how much faster
+            than `expected_s` its step may turn out (others: planner/payback.py
+            `UNCERTAIN`): what the workers' payback rule counts on.
     """
 
     requested: str
@@ -439,7 +439,7 @@ def to_try(
         left_out = pick({})
     notes.update(left_out)
     sure = {m: e for m, e in (errors or {}).items() if m in estimate.calibrated_s}
-    known = replace(estimate, uncertainty={n: sure.get(n, UNCERTAIN) for n in tried})
+    known = replace(estimate, uncertainty={n: sure[n] for n in tried if n in sure})
     epochs = cfg.train.num_epochs
     unpaid: dict[str, str] = {}
     if cfg.pipeline.trial_payback:
@@ -480,7 +480,7 @@ def repaid(
         step = choice.expected_s(name) or best
         cost = trial_cost_s(step, BUILD_STEPS, timed) + owed
         fast = choice.optimistic_s(name) or step * (1 - UNCERTAIN)
-        note = payback(slowest, fast, cost, epochs)
+        note = payback(slowest, fast, cost, epochs, name in choice.uncertainty)
         if note is None:
             kept.append(name)
             owed = 0.0

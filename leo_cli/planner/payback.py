@@ -12,22 +12,29 @@ Specification: docs/design/planning.md.
 from __future__ import annotations
 
 # How much faster than expected a step not yet measured may turn out where no calibration on
-# this host bounds it (its calibration's error does where there is one). A judgement:
-# predictions have missed measured steps by 2-75% (docs/results.md).
+# this host bounds it (its calibration's error does where there is one). A judgement: the
+# cost model's predictions have missed measured steps by more than half.
 UNCERTAIN = 0.5
 # A candidate's assembly, in its own steps, before this run measured one (a judgement: builds
-# took 1-3 of their candidate's steps on the bench graph, 2026-12-07-trial-cost.md).
+# take about one to a few of their candidate's steps).
 BUILD_STEPS = 1.0
 # How a note of a candidate left out by `payback` starts (a wisdom record of a run with
 # such notes was cut to its length: launch/choice.py).
 NOT_REPAID = "not tried: could save at most"
 
 
-def payback(best_s: float, optimistic_s: float, cost_s: float, epochs: int) -> str | None:
+def payback(
+    best_s: float, optimistic_s: float, cost_s: float, epochs: int, bounded: bool = True
+) -> str | None:
     """Why a candidate is not tried, or None where its trial may repay itself: stepping in
     `optimistic_s` (the fastest it may turn out) against the best step `best_s`, over the
     run's `epochs` it saves at most (best - optimistic) * epochs, which must exceed its
-    trial's `cost_s`. The note says both in one sentence."""
+    trial's `cost_s`. The note says both in one sentence. Where `optimistic_s` is not
+    `bounded` by a calibration's error (the default `UNCERTAIN`), a candidate that could not
+    be faster at all is not left out here: that would hold at any length, so it would never
+    be measured to correct its estimate (auto_mode's `HOPELESS` decides such candidates)."""
+    if not bounded and optimistic_s >= best_s:
+        return None
     could = max(best_s - optimistic_s, 0.0) * epochs
     if could > cost_s:
         return None

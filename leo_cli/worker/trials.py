@@ -247,7 +247,7 @@ def not_repaid(
     builds = [t.build_s / (t.median_s or 1.0) for t in timed if t.build_s is not None]
     build_steps = statistics.median(builds) if builds else BUILD_STEPS
     cost = trial_cost_s(step, build_steps, fewest_timed(trial_steps))
-    return payback(best_s, optimistic, cost, epochs)
+    return payback(best_s, optimistic, cost, epochs, name in choice.uncertainty)
 
 
 _FROZEN = [0, 0]  # `frozen_heap` blocks open (the outermost freezes), and whether it froze
@@ -256,8 +256,8 @@ _FROZEN = [0, 0]  # `frozen_heap` blocks open (the outermost freezes), and wheth
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """The objects alive before the trials left out of the collections between them
-    (`gc.freeze`): a full collection walks every object of the process (0.2 s with torch
-    loaded, before each candidate), while what a candidate leaves behind is its own. Nested,
+    (`gc.freeze`): a full collection walks every object of the process (torch's imports
+    included, before each candidate), while what a candidate leaves behind is its own. Nested,
     the outermost block alone freezes (a second freeze would take in what the trials made).
     In a process whose imports are frozen for good (a worker forked from the server,
     harness/process.py) it does nothing: unfreezing would hand those back to the collector."""
@@ -308,7 +308,8 @@ def winner(trials: list[Trial], buffers: dict[str, int]) -> tuple[Trial, str]:
     were not tried for their payback."""
     done = [t for t in trials if t.median_s is not None]
     fastest = min(done, key=lambda t: t.median_s or 0.0)
-    if len(done) == 1 and any(t.not_tried is not None for t in trials):
+    others = [t for t in trials if t is not fastest]
+    if len(done) == 1 and others and all(t.not_tried is not None for t in others):
         return fastest, f"{MEASURED} alone: no other trial would repay itself"
     top = fastest.median_s or 0.0
     tied = [t for t in done if (t.median_s or 0.0) <= top * (1 + TIE)]

@@ -3,6 +3,7 @@ Python would: its exit code, other threads finished and atexit's handlers run fi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,10 +13,11 @@ import pytest
 pytestmark = pytest.mark.integration  # starts Python processes
 
 
-def run(code: str) -> subprocess.CompletedProcess[str]:
+def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
 
 
 def test_leave_waits_for_threads_and_runs_atexit_before_its_code() -> None:
@@ -49,3 +51,20 @@ def test_the_command_keeps_its_exit_code() -> None:
         [sys.executable, "-m", "leo_cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0 and "train" in ok.stdout
+
+
+def test_leave_flushes_c_stdio_and_survives_a_closed_stdout() -> None:
+    """What a C library printed through its own buffered stdio reaches a pipe; a command
+    started with stdout closed (`sys.stdout` None) still leaves with its code."""
+    done = run(
+        """
+        import ctypes
+        from leo_cli.cli.app import leave
+        ctypes.CDLL(None).printf(b"from C")
+        leave(0)
+    """,
+        PYTHONUNBUFFERED="",
+    )  # (set, it makes C's stdout unbuffered too)
+    assert (done.returncode, done.stdout) == (0, "from C"), done.stderr
+    closed = run("import sys\nsys.stdout = None\nfrom leo_cli.cli.app import leave\nleave(4)")
+    assert (closed.returncode, closed.stderr) == (4, "")

@@ -181,6 +181,7 @@ def test_trials_cut_short_for_their_payback_are_kept_for_runs_as_short_only(
     assert known is not None and known.cut_to_epochs == 8
     assert kept(path, names, [], 8) is not None and kept(path, names, [], 5) is not None
     assert kept(path, names, [], 9) is None
+    assert kept(path, names, [], None) is None  # a run with payback off tries every one
     write_choice(run, measured(cache))  # nothing left out for its payback
     keep_trials(load_config(None, ["train.num_epochs=8"]), run)
     full = kept(path, names, [], 10**6)

@@ -472,8 +472,9 @@ def test_measure_leaves_out_what_calibration_says_is_slower_beyond_its_error() -
     error (too few samples) or within the errors is; the planned mode's variants have no
     calibration of their own and are tried even where the planned mode is not."""
     plan = plan_with_levels(True, True, PREDICTED)
-    # (fine-grained: no error, so payback's default uncertainty; 0.09 * 0.5 may beat leo)
-    calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.09}
+    # fine-grained: no error, so neither this rule nor payback's (its default uncertainty
+    # could not make 0.2 s beat leo, but that would hold at any length) leaves it out
+    calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.2}
     estimate = replace(choose(cfg(), plan, 2), calibrated_s=calibrated)
     missed = {"leo": 0.05, "blocking": 0.1, "shared-memory": 0.1}
     trial = auto_mode.to_try(cfg(LONG), plan, estimate, None, missed)
@@ -546,6 +547,9 @@ def test_payback_tries_only_what_may_save_more_than_its_trial_costs() -> None:
     )
     assert payback(0.5, 0.25, 2.0, 9) is None
     assert payback(0.5, 0.75, 0.0, 10**6) is not None  # never faster: nothing to save
+    # ... unless only the default uncertainty says so: left to HOPELESS, at any length
+    assert payback(0.5, 0.75, 1.0, 8, bounded=False) is None
+    assert payback(0.5, 0.3, 2.0, 8, bounded=False) is not None  # short runs still count
 
 
 def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None:
@@ -566,7 +570,7 @@ def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None
     assert short.unrepaid == ["leo", "shared-memory", "fine-grained"]
     nine = auto_mode.to_try(cfg("train.num_epochs=9"), plan, estimate, None)
     assert nine.trials == ["blocking", "leo", "shared-memory"]  # blocking's trial paid by leo
-    assert nine.unrepaid == ["fine-grained"] and nine.uncertainty["leo"] == 0.5
+    assert nine.unrepaid == ["fine-grained"] and "leo" not in nine.uncertainty  # the default
     assert auto_mode.to_try(cfg(LONG), plan, estimate, None).unrepaid == []
     off = cfg("train.num_epochs=8", "pipeline.trial_payback=false")  # every candidate kept
     assert auto_mode.to_try(off, plan, estimate, None).trials == [
