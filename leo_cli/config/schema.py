@@ -434,9 +434,9 @@ class PipelineConfig(Section):
     """`choose=measure`: try only the candidates (modes, leo's plan variants, SpMM variants)
     whose trial may repay itself over the run's epochs (what it could save at most, its
     measured or predicted step against the best one's less its uncertainty, times the epochs,
-    must exceed what its trial costs: planner/payback.py); the others are noted, and a run too
-    short to repay any comparison trains the expected fastest (calibrated, else predicted)
-    untried. `false`: try every
+    must exceed what its trial costs: planner/auto_mode.py `payback`); the others are noted,
+    and a run too short to repay any comparison trains the expected fastest (calibrated, else
+    predicted) untried. `false`: try every
     candidate the other rules keep (trials whose wisdom later runs of the same inputs reuse)."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan

@@ -19,12 +19,12 @@ from leo_cli.launch.run_folder import machine_cache_dir
 from leo_cli.planner.auto_mode import (
     FIRST_STEP,
     FROM_WISDOM,
+    NOT_REPAID,
     SPMM_NOTE,
     ModeChoice,
     parse_candidate,
     read_choice,
 )
-from leo_cli.planner.payback import NOT_REPAID
 from leo_cli.planner.wisdom import (
     Sample,
     Wisdom,

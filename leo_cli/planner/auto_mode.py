@@ -5,7 +5,7 @@ Under `pipeline.choose=estimate`, `choose` takes the fastest of the modes this r
 `pipeline.auto_margin` of it moves rows through buffers smaller by more than that margin
 (`leanest`); without predictions it runs the planned mode and says why. Under `measure`,
 `to_try` keeps the candidates worth trying (with the planned mode's plan variants,
-`pipeline.levels`), those whose trial may repay itself over the run (planner/payback.py), and
+`pipeline.levels`), those whose trial may repay itself over the run (`payback`), and
 the workers measure them (worker/trials.py).
 Before either, the modes whose /dev/shm segments (the plan's `shm_bytes`, summed over the
 workers of each host) do not fit this host's free /dev/shm are left out (neither chosen nor
@@ -27,14 +27,6 @@ from typing import TYPE_CHECKING, Any
 from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
 from leo_cli.errors import ConfigError
-from leo_cli.planner.payback import (
-    BUILD_STEPS,
-    NOT_REPAID,
-    UNCERTAIN,
-    fewest_timed,
-    payback,
-    trial_cost_s,
-)
 from leo_cli.registry import auto_candidates, is_auto, mode_of, planned_mode, row_transport
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -54,6 +46,56 @@ FROM_WISDOM = "by an earlier run with the same inputs (wisdom)"  # ... and ends,
 # ... nor one whose predicted buffers moving rows exceed this share of the free memory.
 FREE_SHARE = 0.8
 AUTO_SPMM = "auto"  # pipeline.spmm: the variant by rule, or tried under choose=measure
+
+# Payback: under `choose=measure` a candidate (a mode, a variant of the planned mode's
+# levels, a CPU SpMM variant) is tried only where the most it could save over the run's
+# epochs exceeds what its trial costs; `repaid` applies it to the predictions before any
+# candidate runs, worker/trials.py to what the candidates tried so far measured, every rank
+# alike. A full-graph epoch is one step, so a step saved is saved once per epoch.
+# Specification: docs/design/planning.md, "Payback".
+
+# How much faster than expected a step not yet measured may turn out where no calibration on
+# this host bounds it (its calibration's error does where there is one). A judgement: the
+# cost model's predictions have missed measured steps by more than half.
+UNCERTAIN = 0.5
+# A candidate's assembly, in its own steps, before this run measured one (a judgement: builds
+# take about one to a few of their candidate's steps).
+BUILD_STEPS = 1.0
+# How a note of a candidate left out by `payback` starts (a wisdom record of a run with
+# such notes was cut to its length: launch/choice.py).
+NOT_REPAID = "not tried: could save at most"
+
+
+def payback(
+    best_s: float, optimistic_s: float, cost_s: float, epochs: int, bounded: bool = True
+) -> str | None:
+    """Why a candidate is not tried, or None where its trial may repay itself: stepping in
+    `optimistic_s` (the fastest it may turn out) against the best step `best_s`, over the
+    run's `epochs` it saves at most (best - optimistic) * epochs, which must exceed its
+    trial's `cost_s`. The note says both in one sentence. Where `optimistic_s` is not
+    `bounded` by a calibration's error (the default `UNCERTAIN`), a candidate that could not
+    be faster at all is not left out here: that would hold at any length, so it would never
+    be measured to correct its estimate (`HOPELESS` decides such candidates)."""
+    if not bounded and optimistic_s >= best_s:
+        return None
+    could = max(best_s - optimistic_s, 0.0) * epochs
+    if could > cost_s:
+        return None
+    return f"{NOT_REPAID} {could:.2f} s over {epochs} epochs, its trial costs about {cost_s:.2f} s"
+
+
+def trial_cost_s(step_s: float, build_steps: float, timed_steps: int) -> float:
+    """What one candidate's trial costs, stepping in `step_s`: its assembly (`build_steps`
+    of its steps), a warm-up step and `timed_steps` timed ones."""
+    return step_s * (build_steps + 1 + timed_steps)
+
+
+def fewest_timed(trial_steps: int) -> int:
+    """The fewest timed steps a trial takes (worker/trials.py `try_candidate`): two that
+    agree within the tie stop it, fewer where `pipeline.trial_steps` asks for fewer."""
+    return min(trial_steps, 2)
+
+
 # Candidates measured within this fraction of the fastest median count as tied: the one with
 # the smaller predicted buffers moving rows wins (worker/trials.py; memory is the tie-break,
 # never the reason).
@@ -113,7 +155,7 @@ class ModeChoice:
         spmm_measured_s: each variant's seconds of SpMM in one step, the median pass over the
             step's recorded SpMMs (None: stopped early).
         uncertainty: per candidate to try whose calibration has an error, how much faster
-            than `expected_s` its step may turn out (others: planner/payback.py
+            than `expected_s` its step may turn out (others: `payback`
             `UNCERTAIN`): what the workers' payback rule counts on.
     """
 
@@ -149,7 +191,7 @@ class ModeChoice:
     @property
     def unrepaid(self) -> list[str]:
         """The candidates left out because their trial would not repay itself over the run
-        (planner/payback.py; SpMM variants apart): still the run's candidates, for its wisdom."""
+        (`payback`; SpMM variants apart): still the run's candidates, for its wisdom."""
         return [
             n for n, why in self.notes.items()
             if why.startswith(NOT_REPAID) and not n.startswith(SPMM_NOTE)
@@ -464,7 +506,7 @@ def repaid(
     choice: ModeChoice, tried: list[str], epochs: int, trial_steps: int
 ) -> tuple[list[str], dict[str, str]]:
     """Of `tried` (the first expected fastest: the reference), those whose trial may repay
-    itself over the run's `epochs` by the predictions alone (planner/payback.py), and why each
+    itself over the run's `epochs` by the predictions alone (`payback`), and why each
     other is not tried: each as fast as its `optimistic_s` against the reference as slow as
     its own uncertainty allows (neither is measured yet), its trial at its `expected_s`; the
     first one kept pays the reference's own warm-up and timed steps too (a run that tries

@@ -57,7 +57,7 @@ class Wisdom:
     stopped early), why some were not tried or stopped, and the rule the winner won by;
     likewise the CPU SpMM variant (`spmm`; `auto` where none was tried). `cut_to_epochs`:
     the run length the trials were cut to, where some candidate was left out because its
-    trial would not repay itself over it (planner/payback.py; 0: none was), so that a longer
+    trial would not repay itself over it (auto_mode `payback`; 0: none was), so that a longer
     run measures again (`trusted_for`)."""
 
     key: str

@@ -169,7 +169,7 @@ class Trainer:
 
         if self.device.type == "cpu":  # CUDA tensors use the CUDA kernels whatever it says
             set_cpu_spmm(cfg.pipeline.spmm)
-        # What a trial must repay itself over: the epochs to run (planner/payback.py).
+        # What a trial must repay itself over: the epochs to run (planner/auto_mode.py `payback`).
         epochs = cfg.train.num_epochs - self.start if cfg.pipeline.trial_payback else None
         if choice is not None and trials:
             job, self.cfg, choice = train_winner(

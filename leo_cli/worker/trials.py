@@ -26,17 +26,21 @@ from leo_cli.config import LeoConfig, write_resolved
 from leo_cli.errors import KernelError, LeoError
 from leo_cli.kernels import spmm_calls, variants
 from leo_cli.planner.auto_mode import (
+    BUILD_STEPS,
     FIRST_STEP,
     MEASURED,
     SPMM_NOTE,
     TIE,
+    UNCERTAIN,
     ModeChoice,
+    fewest_timed,
     parse_candidate,
+    payback,
+    trial_cost_s,
     with_choice,
     with_mode,
     write_choice,
 )
-from leo_cli.planner.payback import BUILD_STEPS, UNCERTAIN, fewest_timed, payback, trial_cost_s
 from leo_cli.run_dir import RunDir
 from leo_cli.util.timing import Laps
 from leo_cli.worker.step import Job, train_step
@@ -232,7 +236,7 @@ def not_repaid(
     name: str, done: list[Trial], choice: ModeChoice, epochs: int, trial_steps: int
 ) -> str | None:
     """Why candidate `name` is not tried after the trials `done`, or None (the payback rule,
-    planner/payback.py): against the best median so far, its expected step on this run's
+    planner/auto_mode.py `payback`): against the best median so far, its expected step on this run's
     scale (the best's measured over expected), less its uncertainty; its trial's cost at that
     step with its assembly in steps as the finished trials' took (their median). Every time
     read is the slowest rank's, so every rank decides alike."""
@@ -479,7 +483,7 @@ def spmm_not_repaid(
     done: list[Trial], steps: int, epochs: int, step_s: float | None = None
 ) -> str | None:
     """Why the next SpMM variant is not tried after the variants `done`, or None (the payback
-    rule, planner/payback.py): it may take `UNCERTAIN` less than the best variant's SpMM
+    rule, planner/auto_mode.py `payback`): it may take `UNCERTAIN` less than the best variant's SpMM
     seconds per step, and its passes last `MIN_SPMM_S` at least, or `steps` of the best's.
     Before any: the variants together may save `UNCERTAIN` of the job's whole step (`step_s`;
     unknown: tried), and cost a recording step and two variants' passes. Every time read is

@@ -40,7 +40,7 @@ def read(path: Path) -> dict:
 def test_profile_cache_writes_plan_table_and_plot(tmp_path: Path) -> None:
     run = tmp_path / "run"
     wide = {**os.environ, "COLUMNS": "300"}  # the list of candidates on one line
-    # (every candidate listed, though 4 epochs would not repay a trial: planner/payback.py)
+    # (every candidate listed, though 4 epochs would not repay a trial: auto_mode `payback`)
     every = ["--set", "pipeline.trial_payback=false"]
     res = leo("profile-cache", *TINY, *LEVELS, *every, "--set", f"run.out_dir={run}", env=wide)
     assert res.returncode == 0, res.stderr

@@ -165,11 +165,11 @@ def test_trials_cut_short_for_their_payback_are_kept_for_runs_as_short_only(
     tmp_path: Path,
 ) -> None:
     """A run whose trials left a candidate out because its trial would not repay itself over
-    the run (planner/payback.py) keeps its wisdom with that length: a run as short or shorter
+    the run (auto_mode `payback`) keeps its wisdom with that length: a run as short or shorter
     trains its winner untried, a longer one measures again (it may repay what was left out);
     wisdom of trials not cut short serves a run of any length, also one whose own payback
     would try nothing."""
-    from leo_cli.planner.payback import NOT_REPAID
+    from leo_cli.planner.auto_mode import NOT_REPAID
 
     cache, run = tmp_path / "cache", tmp_path / "run"
     run.mkdir()

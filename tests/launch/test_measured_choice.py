@@ -13,7 +13,7 @@ import pytest
 from helpers.cli import TINY, leo
 
 from leo_cli.config import load_config
-from leo_cli.planner.payback import NOT_REPAID
+from leo_cli.planner.auto_mode import NOT_REPAID
 from leo_cli.planner.wisdom import calibration_path, factors, read_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.dist]
@@ -125,7 +125,7 @@ def test_estimate_tries_nothing(tmp_path: Path) -> None:
 
 
 def test_a_run_too_short_to_repay_a_trial_tries_nothing(tmp_path: Path) -> None:
-    """One epoch repays no trial (planner/payback.py): the cost model's pick trains untried,
+    """One epoch repays no trial (auto_mode `payback`): the cost model's pick trains untried,
     every other candidate and SpMM variant is noted with what it could have saved, and no
     wisdom is kept (nothing was measured); its numbers are that mode's set by name."""
     cache = tmp_path / "cache"

@@ -538,9 +538,9 @@ def test_the_pair_rule_never_leaves_fewer_than_two_to_try() -> None:
 
 
 def test_payback_tries_only_what_may_save_more_than_its_trial_costs() -> None:
-    """The rule itself (planner/payback.py): the most a candidate may save over the run
+    """The rule itself (planner/auto_mode.py `payback`): the most a candidate may save over the run
     must exceed its trial's cost; equal is not enough."""
-    from leo_cli.planner.payback import payback
+    from leo_cli.planner.auto_mode import payback
 
     assert payback(0.5, 0.25, 2.0, 8) == (
         "not tried: could save at most 2.00 s over 8 epochs, its trial costs about 2.00 s"

@@ -525,7 +525,7 @@ def test_a_candidate_is_tried_only_where_what_it_may_save_repays_its_trial() -> 
     the best median so far, a candidate expected as fast (on this run's scale) may step
     `UNCERTAIN` faster; its trial costs its build (in steps, as the finished trials' took), a
     warm-up and two timed steps. Tried only where that saving over the run beats the cost."""
-    from leo_cli.planner.payback import UNCERTAIN
+    from leo_cli.planner.auto_mode import UNCERTAIN
 
     assert UNCERTAIN == 0.5  # the numbers below
     choice = ModeChoice("auto", "leo", predicted_s={"leo": 0.1, "blocking": 0.1})
