@@ -14,7 +14,8 @@ from helpers.cli import TINY, leo
 
 from leo_cli.config import load_config
 from leo_cli.planner.auto_mode import NOT_REPAID
-from leo_cli.planner.wisdom import calibration_path, factors, read_samples
+from leo_cli.planner.profile.hardware import HardwareProfile
+from leo_cli.planner.wisdom import Sample, add_samples, calibration_path, factors, read_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.dist]
 
@@ -22,6 +23,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.dist]
 # candidates too. Every candidate tried, though 3 epochs would not repay a trial.
 SHORT = [*TINY, "--set", "model.input_dropout=0.5", "--set", "train.num_epochs=3"]
 ARGS = [*SHORT, "--set", "pipeline.trial_payback=false"]
+# A calibrated step far above the measured ones (any scale decides alike: the payback rule
+# compares steps with steps), so a note's figures tell which side wrote it.
+EXPECTED = 1.0
 
 
 def train(run: Path, cache: Path, *more: str, args: list[str] = ARGS) -> dict[str, Any]:
@@ -142,3 +146,53 @@ def test_a_run_too_short_to_repay_a_trial_tries_nothing(tmp_path: Path) -> None:
                     f"pipeline.spmm={resolved.spmm}", args=one)  # fmt: skip
     assert by_name["mode"] == s["mode"]
     assert losses(tmp_path / "by-name") == losses(tmp_path / "short")
+
+
+def test_the_workers_leave_out_a_candidate_that_their_measurements_say_cannot_repay(
+    tmp_path: Path, hw_profile: HardwareProfile
+) -> None:
+    """The payback rule on the workers (worker/trials.py `not_repaid`): the parent, on its
+    expected steps, keeps a candidate its trial may just repay (building in one step); the
+    workers, once the first candidates are measured, count their measured builds (several
+    steps each on this graph) and leave it out unbuilt, saying so in mode_notes. The run
+    trains its winner's numbers, those of that winner set by name.
+
+    The expected steps come from calibration samples written here (planner/wisdom.py), so the
+    parent's decision does not depend on this machine: `leo` and `fine-grained` at `EXPECTED`
+    s (`leo` exactly, `fine-grained` to within 50%), `blocking` at 1.02 x that to within 16%
+    (over 30 epochs it may save 0.143 x 30 = 4.3 expected steps, its trial costs 4.08:
+    repaid, but not once it builds in more than 1.2 steps), `shared-memory` 3 x (left out as
+    surely slower)."""
+    hw = tmp_path / "hw.json"
+    hw_profile.write(hw)
+    base = [*TINY, "--set", "pipeline.spmm=torch", "--set", f"cache.hardware={hw}"]
+    cache = tmp_path / "cache"
+    # The predictions the parent calibrates (one epoch repays no trial: nothing is measured).
+    first = train(tmp_path / "first", cache, "--set", "train.num_epochs=1", args=base)
+    predicted = first["mode_predicted_s"]
+    assert first["mode_measured_s"] == {}
+    wanted = {  # mode: (expected step, error)
+        "leo": (EXPECTED, 0.0),
+        "fine-grained": (EXPECTED, 0.5),
+        "blocking": (1.02 * EXPECTED, 0.16),
+        "shared-memory": (3 * EXPECTED, 0.0),
+    }
+    add_samples(calibration_path(cache), [
+        Sample(mode, predicted[mode], step * k, {})
+        for mode, (step, error) in wanted.items() for k in (1 - error, 1.0, 1 + error)
+    ])  # fmt: skip
+    long = [*base, "--set", "train.num_epochs=30"]
+    s = train(tmp_path / "measured", cache, args=long)
+    assert s["mode_calibrated_s"] == pytest.approx({m: t for m, (t, _) in wanted.items()})
+    tried = s["mode_measured_s"]
+    assert {"leo", "fine-grained"} <= set(tried) and "blocking" not in tried
+    why = s["mode_notes"]["blocking"]
+    assert why.startswith(NOT_REPAID) and "over 30 epochs" in why
+    # its trial's cost in measured seconds: less than one step the parent expected
+    assert float(why.split("costs about ")[1].split(" s")[0]) < EXPECTED
+    assert s["mode_notes"]["shared-memory"].startswith("not tried: calibrated")
+    resolved = load_config(tmp_path / "measured" / "resolved_config.yaml").pipeline
+    by_name = train(tmp_path / "by-name", cache, "--set", f"pipeline.mode={resolved.mode}",
+                    "--set", f"pipeline.levels={resolved.levels}", args=long)  # fmt: skip
+    assert (by_name["mode"], by_name["mode_levels"]) == (s["mode"], s["mode_levels"])
+    assert losses(tmp_path / "by-name") == losses(tmp_path / "measured")
