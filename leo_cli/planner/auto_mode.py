@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
@@ -183,9 +183,15 @@ class ModeChoice:
         planned mode's levels is not)."""
         return self.calibrated_s.get(name) or self.predicted_s.get(name)
 
-    def optimistic_s(self, name: str) -> float | None:
-        """The fastest a candidate's step may turn out: `expected_s` less its `uncertainty`."""
-        step = self.expected_s(name)
+    @overload
+    def optimistic_s(self, name: str) -> float | None: ...
+    @overload
+    def optimistic_s(self, name: str, step_s: float) -> float: ...
+    def optimistic_s(self, name: str, step_s: float | None = None) -> float | None:
+        """The fastest a candidate's step may turn out: `step_s` (the step it is expected to
+        take on the scale of what was measured; where not given, its `expected_s`) less its
+        `uncertainty`."""
+        step = self.expected_s(name) if step_s is None else step_s
         return None if step is None else step * (1 - self.uncertainty.get(name, UNCERTAIN))
 
     @property
@@ -437,7 +443,6 @@ def to_try(
     timed = [t for t in predicted.values() if t is not None]
     best = min(timed) if timed else None
     notes: dict[str, str] = {}
-    tried: list[str] = []
     misfits = shm_misfits(cfg, plan, list(order), shm_free)
     for mode in order:
         t = predicted.get(mode)
@@ -450,8 +455,11 @@ def to_try(
     fits = {m: estimate.calibrated_s.get(m) for m in order if m not in notes}
     slower = surely_slower(fits, errors or {})
 
-    def pick(pairs: Mapping[tuple[str, str], tuple[float, float]]) -> dict[str, str]:
-        """Fills `tried`; returns why each candidate left out was."""
+    def pick(
+        pairs: Mapping[tuple[str, str], tuple[float, float]],
+    ) -> tuple[list[str], dict[str, str]]:
+        """The candidates to try, in order, and why each other was left out."""
+        tried: list[str] = []
         why: dict[str, str] = {}
         for mode in sorted(fits, key=lambda n: (ranked.get(n) or float("inf"), order[n])):
             if mode in slower:
@@ -470,15 +478,14 @@ def to_try(
                         tried.append(name)
                     else:
                         why[name] = unfit
-        return why
+        return tried, why
 
-    left_out = pick(pairs or {})
+    tried, left_out = pick(pairs or {})
     if pairs and len(tried) <= 1:
         # A mode the pair rule leaves out adds no sample, and a run that tries one candidate
         # or none measures nothing: the pair's factor would never age out. So that rule never
         # leaves fewer than two to try.
-        tried.clear()
-        left_out = pick({})
+        tried, left_out = pick({})
     notes.update(left_out)
     sure = {m: e for m, e in (errors or {}).items() if m in estimate.calibrated_s}
     known = replace(estimate, uncertainty={n: sure[n] for n in tried if n in sure})
@@ -507,10 +514,15 @@ def repaid(
 ) -> tuple[list[str], dict[str, str]]:
     """Of `tried` (the first expected fastest: the reference), those whose trial may repay
     itself over the run's `epochs` by the predictions alone (`payback`), and why each
-    other is not tried: each as fast as its `optimistic_s` against the reference as slow as
-    its own uncertainty allows (neither is measured yet), its trial at its `expected_s`; the
-    first one kept pays the reference's own warm-up and timed steps too (a run that tries
-    nothing else does not try the reference either)."""
+    other is not tried: each as fast as its `optimistic_s` against the reference's expected
+    step, as the workers will judge it once the reference is measured (worker/trials.py
+    `not_repaid` scales the candidate by the reference's measured step, so whatever that
+    measures, the same comparisons repay); its trial at its `expected_s`; the first one kept
+    also pays the reference's own warm-up and timed steps (a run that tries nothing else
+    does not try the reference either). A candidate that only the default uncertainty keeps
+    from being faster (never left out by the workers) is weighed against the reference as
+    slow as its own uncertainty allows: where even that cannot repay over the run, it is not
+    tried."""
     best = choice.expected_s(tried[0]) if tried else None
     if best is None:
         return tried, {}
@@ -521,8 +533,10 @@ def repaid(
     for name in tried[1:]:
         step = choice.expected_s(name) or best
         cost = trial_cost_s(step, BUILD_STEPS, timed) + owed
-        fast = choice.optimistic_s(name) or step * (1 - UNCERTAIN)
-        note = payback(slowest, fast, cost, epochs, name in choice.uncertainty)
+        fast = choice.optimistic_s(name, step)
+        bounded = name in choice.uncertainty
+        reference = best if bounded or fast < best else slowest
+        note = payback(reference, fast, cost, epochs, bounded)
         if note is None:
             kept.append(name)
             owed = 0.0

@@ -247,7 +247,7 @@ def not_repaid(
     best_s = best.median_s or 0.0
     mine, theirs = choice.expected_s(name), choice.expected_s(best.name)
     step = best_s * mine / theirs if mine is not None and theirs else best_s
-    optimistic = step * (1 - choice.uncertainty.get(name, UNCERTAIN))
+    optimistic = choice.optimistic_s(name, step)
     builds = [t.build_s / (t.median_s or 1.0) for t in timed if t.build_s is not None]
     build_steps = statistics.median(builds) if builds else BUILD_STEPS
     cost = trial_cost_s(step, build_steps, fewest_timed(trial_steps))

@@ -48,6 +48,9 @@ def cfg(*overrides: str) -> LeoConfig:
 # A run long enough that every trial repays itself (auto_mode.repaid): the rules a test is
 # about, alone.
 LONG = "train.num_epochs=1000000"
+# The payback rule off: a calibrated candidate that cannot beat the first even at its fastest
+# is left out by it at any length; the rules a test is about, alone.
+ALONE = "pipeline.trial_payback=false"
 
 
 def test_auto_is_the_default_and_not_a_mode_that_runs() -> None:
@@ -477,20 +480,20 @@ def test_measure_leaves_out_what_calibration_says_is_slower_beyond_its_error() -
     calibrated = {"leo": 0.05, "blocking": 0.09, "shared-memory": 0.056, "fine-grained": 0.2}
     estimate = replace(choose(cfg(), plan, 2), calibrated_s=calibrated)
     missed = {"leo": 0.05, "blocking": 0.1, "shared-memory": 0.1}
-    trial = auto_mode.to_try(cfg(LONG), plan, estimate, None, missed)
+    trial = auto_mode.to_try(cfg(ALONE), plan, estimate, None, missed)
     names = ["leo", "leo/no-replicas", "leo/no-in-place", "shared-memory", "fine-grained"]
     assert trial.trials == names
     assert trial.notes == {
         "blocking": "not tried: calibrated 0.090 s (error 10%), slower than leo's 0.050 s "
         "(error 5%) beyond both errors"
     }
-    assert "blocking" in auto_mode.to_try(cfg(LONG), plan, estimate, None).trials  # no errors
+    assert "blocking" in auto_mode.to_try(cfg(ALONE), plan, estimate, None).trials  # no errors
     # within both errors and a tie: 0.09 * 0.9 = 0.081 is not past 0.05 * 1.6 * 1.03
     wide = {**missed, "leo": 0.6, "shared-memory": 0.6}
     assert auto_mode.surely_slower(calibrated, wide) == {}
     # the planned mode left out, its variants still tried
     slow_leo = replace(estimate, calibrated_s={**calibrated, "leo": 0.2})
-    trial = auto_mode.to_try(cfg(LONG), plan, slow_leo, None, missed)
+    trial = auto_mode.to_try(cfg(ALONE), plan, slow_leo, None, missed)
     assert "leo" not in trial.trials and "leo/no-in-place" in trial.trials
     assert trial.notes["leo"].startswith("not tried: calibrated 0.200 s")
     assert auto_mode.surely_slower({"leo": 0.05, "blocking": 0.5}, {"blocking": 0.0}) == {}
@@ -554,23 +557,24 @@ def test_payback_tries_only_what_may_save_more_than_its_trial_costs() -> None:
 
 def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None:
     """Before any trial (`auto_mode.repaid`): each candidate at its predicted step less the
-    default uncertainty against the first (blocking) as slow as its uncertainty allows; the
-    first one kept also pays blocking's warm-up and two timed steps. Too short a run tries
-    none and trains the cost model's pick, noting what it would have tried."""
+    default uncertainty against the first's (blocking's) predicted step, as the workers will
+    weigh it on the first's measured step (worker/trials.py `not_repaid`); the first one
+    kept also pays blocking's warm-up and two timed steps. Too short a run tries none and
+    trains the cost model's pick, noting what it would have tried."""
     plan = plan_with_levels(False, False, PREDICTED)  # blocking 0.053, leo 0.062, ...
     estimate = choose(cfg(), plan, 2)
-    # leo may step in 0.031 s against 0.0795: 0.0485 s an epoch; its trial 4 * 0.062 s and
-    # blocking's 3 * 0.053 s: 0.407 s, repaid after 8.4 epochs
-    short = auto_mode.to_try(cfg("train.num_epochs=8"), plan, estimate, None)
+    # leo may step in 0.031 s against 0.053: 0.022 s an epoch; its trial 4 * 0.062 s and
+    # blocking's 3 * 0.053 s: 0.407 s, repaid after 18.5 epochs
+    short = auto_mode.to_try(cfg("train.num_epochs=18"), plan, estimate, None)
     assert short.trials == [] and (short.mode, short.levels) == ("blocking", "planned")
-    assert short.rule == "expected fastest, untried: no trial would repay itself over 8 epochs"
+    assert short.rule == "expected fastest, untried: no trial would repay itself over 18 epochs"
     assert short.notes["leo"] == (
-        "not tried: could save at most 0.39 s over 8 epochs, its trial costs about 0.41 s"
+        "not tried: could save at most 0.40 s over 18 epochs, its trial costs about 0.41 s"
     )
     assert short.unrepaid == ["leo", "shared-memory", "fine-grained"]
-    nine = auto_mode.to_try(cfg("train.num_epochs=9"), plan, estimate, None)
-    assert nine.trials == ["blocking", "leo", "shared-memory"]  # blocking's trial paid by leo
-    assert nine.unrepaid == ["fine-grained"] and "leo" not in nine.uncertainty  # the default
+    enough = auto_mode.to_try(cfg("train.num_epochs=19"), plan, estimate, None)
+    assert enough.trials == ["blocking", "leo", "shared-memory"]  # blocking's trial paid by leo
+    assert enough.unrepaid == ["fine-grained"] and "leo" not in enough.uncertainty  # default
     assert auto_mode.to_try(cfg(LONG), plan, estimate, None).unrepaid == []
     off = cfg("train.num_epochs=8", "pipeline.trial_payback=false")  # every candidate kept
     assert auto_mode.to_try(off, plan, estimate, None).trials == [
@@ -581,5 +585,24 @@ def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None
     ]
     # a calibration's error bounds a prediction closer than the default
     close = replace(estimate, calibrated_s={"blocking": 0.053, "leo": 0.062})
-    sure = auto_mode.to_try(cfg("train.num_epochs=9"), plan, close, None, {"leo": 0.1})
+    sure = auto_mode.to_try(cfg("train.num_epochs=19"), plan, close, None, {"leo": 0.1})
     assert "leo" in sure.unrepaid and sure.uncertainty["leo"] == 0.1
+
+
+def test_a_candidate_the_default_uncertainty_keeps_slower_is_left_out_of_short_runs() -> None:
+    """A candidate predicted over twice the first (`UNCERTAIN` 50%: not faster even at its
+    fastest) would be kept by the workers at any length (auto_mode `payback`'s promise), so
+    the parent weighs it against the first as slow as its own uncertainty allows: a short run
+    leaves it out, saying what it could save; a long one tries it."""
+    # leo and shared-memory over 3x blocking (HOPELESS): blocking and fine-grained alone
+    predicted = {**PREDICTED, "leo": 0.2, "shared-memory": 0.2, "fine-grained": 0.12}
+    plan = plan_with_levels(False, False, predicted)
+    estimate = choose(cfg(), plan, 2)
+    # fine-grained at best 0.06 s against blocking's 0.053 .. 0.0795: it may save 0.0195 s
+    # an epoch; its trial 4 * 0.12 s and blocking's 3 * 0.053 s: 0.639 s
+    short = auto_mode.to_try(cfg("train.num_epochs=32"), plan, estimate, None)
+    assert short.trials == [] and short.notes["fine-grained"] == (
+        "not tried: could save at most 0.62 s over 32 epochs, its trial costs about 0.64 s"
+    )
+    enough = auto_mode.to_try(cfg("train.num_epochs=33"), plan, estimate, None)
+    assert enough.trials == ["blocking", "fine-grained"]

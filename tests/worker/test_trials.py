@@ -551,6 +551,29 @@ def test_a_candidate_is_tried_only_where_what_it_may_save_repays_its_trial() -> 
     assert trials_module.not_repaid("blocking", done, sure, 51, 3) is None
 
 
+def test_the_parent_keeps_no_comparison_the_workers_cut_after_the_first_trial() -> None:
+    """The parent's payback (auto_mode `repaid`, on predictions) counts a comparison as the
+    workers will once the first candidate is measured (`not_repaid`: the others scaled by
+    its measured step): the first candidate the parent keeps after it is not left out by the
+    workers, whatever that first step measures, its build taking the `BUILD_STEPS` the
+    parent counts on (a trial of the first would otherwise be spent for nothing)."""
+    from leo_cli.planner.auto_mode import BUILD_STEPS, repaid
+
+    predicted = {"blocking": 0.053, "leo": 0.062, "shared-memory": 0.070, "fine-grained": 0.1}
+    choice = ModeChoice("auto", "blocking", predicted_s=predicted)
+    names = ["blocking", "leo", "leo/no-replicas", "shared-memory", "fine-grained"]
+    compared = 0
+    for epochs in range(1, 80):
+        kept, _ = repaid(choice, names, epochs, 3)
+        for step in (0.001, 0.053, 0.4):  # the first's measured step
+            first = Trial("blocking", [step, step], build_s=BUILD_STEPS * step)
+            for name in kept[1:2]:
+                compared += 1
+                why = trials_module.not_repaid(name, [first], choice, epochs, 3)
+                assert why is None, (name, epochs, step, why)
+    assert compared > 100  # most lengths keep one
+
+
 def test_a_candidate_that_cannot_repay_is_not_built_and_is_noted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
