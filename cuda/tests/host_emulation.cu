@@ -80,15 +80,16 @@ struct Writers {
   int64_t block_offset = 0;  // added to thread ids: block * threads
 };
 
-// A phase's per-thread body, body(thread, mem), called through one pointer: run_phase is then
-// compiled once per (A, M) instead of once per kernel body and type (its race bookkeeping was
-// over a third of the program's code and most of its compile time).
+// A phase's per-thread body, body(thread, mem), called through one pointer: run_phase and its
+// race bookkeeping are compiled once per (A, M), not once per kernel body and type (which made
+// them a third of the program's code).
 template <typename M>
 class PhaseBody {
  public:
   template <typename Fn>
   PhaseBody(const Fn& fn)  // NOLINT: converts from any lambda; `fn` outlives the call
-      : fn_(&fn), call_([](const void* f, int64_t t, M* m) { (*static_cast<const Fn*>(f))(t, m); }) {}
+      : fn_(&fn),
+        call_([](const void* f, int64_t t, M* m) { (*static_cast<const Fn*>(f))(t, m); }) {}
   void operator()(int64_t thread, M* mem) const { call_(fn_, thread, mem); }
 
  private:
