@@ -115,14 +115,6 @@ def test_files_run_longest_first_each_kept_whole_and_in_order() -> None:
     ]
 
 
-def test_without_weights_files_keep_xdists_order_most_tests_first() -> None:
-    ids = ["a.py::t1", "b.py::t1", "b.py::t2", "b.py::t3", "c.py::t1", "c.py::t2"]
-    items = [SimpleNamespace(nodeid=i) for i in ids]
-    file_order.longest_first(items, {})  # type: ignore[arg-type]
-    got = [i.nodeid for i in items]
-    assert got == ["b.py::t1", "b.py::t2", "b.py::t3", "c.py::t1", "c.py::t2", "a.py::t1"]
-
-
 def test_file_seconds_sums_every_phase_per_file(tmp_path: Path) -> None:
     out = tmp_path / "seconds.json"
     plugin = file_order.FileSeconds(out)

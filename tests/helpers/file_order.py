@@ -5,16 +5,14 @@ next file of the collection when it runs low, so with the long files first they 
 and the run ends on short files: the processes finish close together instead of one running a
 long file alone at the end. The weights (tests/file_seconds.json) are each file's setup, call
 and teardown seconds in one whole run, written by `pytest --file-seconds PATH`; a file they do
-not name goes first (its length is unknown); files of one weight (all of them, without the
-weights) keep xdist's own order, the most tests first. The weights change only the order,
-never what runs.
+not name goes first (its length is unknown). Weights change only the order, never what runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -33,16 +31,9 @@ def load_weights(path: Path = WEIGHTS) -> dict[str, float]:
 
 
 def longest_first(items: list[pytest.Item], weights: dict[str, float]) -> None:
-    """Order `items` in place by their file's weight, highest first (unknown files first), files
-    of equal weight by their number of tests, most first (xdist's own order); a file's tests
-    stay together and in their own order (the sort is stable)."""
-    counts = Counter(test_file(item.nodeid) for item in items)
-
-    def key(item: pytest.Item) -> tuple[float, int]:
-        name = test_file(item.nodeid)
-        return -weights.get(name, math.inf), -counts[name]
-
-    items.sort(key=key)
+    """Order `items` in place by their file's weight, highest first (unknown files first); a
+    file's tests stay together and in their own order (the sort is stable)."""
+    items.sort(key=lambda item: -weights.get(test_file(item.nodeid), math.inf))
 
 
 class FileSeconds:
