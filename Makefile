@@ -38,11 +38,9 @@ cuda-check: install
 # `python -m leo_cli` and worker of the suite would compile LEO's sources again.
 # PYTEST_WORKERS pytest processes (pytest-xdist) share the test files: the suite's launches
 # wait on processes, timeouts and sockets much of the time, so one pytest keeps about one
-# core busy. A file's tests stay in one process (its module fixtures are built once); the files
-# go out in the collection's order, the longest first (tests/helpers/file_order.py), so the
-# processes end together. `pytest --file-seconds tests/file_seconds.json` renews the weights.
+# core busy. A file's tests stay in one process (its module fixtures are built once).
 PYTEST_WORKERS ?= 2
-PYTEST_ARGS := -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS := -q -n $(PYTEST_WORKERS) --dist loadfile
 pytest: install
 	$(PY) -m compileall -q -j 0 leo_cli tests
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

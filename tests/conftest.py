@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import file_order
 
 import leo_cli.cli.app  # noqa: F401  (imported once here, not inside the first unit test that runs it)
 import leo_cli.launch.stages  # noqa: F401  (what the commands import when they act)
@@ -77,27 +76,6 @@ def pytest_runtest_makereport(
             f"{UNIT_LIMIT_S:g} s of a unit test ({item.nodeid}): make it faster, or mark it "
             f"{' / '.join(SLOW_MARKERS)} if it must be slow."
         )
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--file-seconds",
-        metavar="PATH",
-        help="write each test file's seconds (setup, call, teardown) as JSON to PATH at the end: "
-        "tests/file_seconds.json orders the files, the longest first",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    path = config.getoption("file_seconds")
-    if path and not hasattr(config, "workerinput"):  # the controller sees every report
-        config.pluginmanager.register(file_order.FileSeconds(Path(path)), "file-seconds")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (helpers/file_order.py): under pytest-xdist the two processes
-    then end close together."""
-    file_order.longest_first(items, file_order.load_weights())
 
 
 def shared_datasets() -> Path:

@@ -1,7 +1,7 @@
 """The suite's own helpers: `free_port` (a port no other process is handed, and none an
 outgoing connection can take, between a test choosing it and its launch binding it: two pytest
-processes run the suite at once), `start_tied` (a process that ends with the test process,
-however that ends) and the files' order (the longest first)."""
+processes run the suite at once) and `start_tied` (a process that ends with the test process,
+however that ends)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from helpers import file_order
 from helpers.ports import ephemeral_range, free_port
 
 HELPERS = str(Path(__file__).parent)
@@ -96,43 +94,3 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def test_files_run_longest_first_each_kept_whole_and_in_order() -> None:
-    ids = ["a.py::t1", "a.py::t2", "b.py::t1", "new.py::t1", "c.py::t1", "c.py::t2", "b.py::t2"]
-    items = [SimpleNamespace(nodeid=i) for i in ids]
-    file_order.longest_first(items, {"a.py": 1.0, "b.py": 30.0, "c.py": 5.0})  # type: ignore[arg-type]
-    # unknown first; b's tests together though collected apart; each file's own order kept
-    got = [i.nodeid for i in items]
-    assert got == [
-        "new.py::t1",
-        "b.py::t1",
-        "b.py::t2",
-        "c.py::t1",
-        "c.py::t2",
-        "a.py::t1",
-        "a.py::t2",
-    ]
-
-
-def test_file_seconds_sums_every_phase_per_file(tmp_path: Path) -> None:
-    out = tmp_path / "seconds.json"
-    plugin = file_order.FileSeconds(out)
-    for nodeid, duration in [
-        ("x.py::a", 1.0),
-        ("x.py::a", 2.5),
-        ("y.py::b[1]", 4.0),
-        ("x.py::c", 0.5),
-    ]:
-        plugin.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=duration))  # type: ignore[arg-type]
-    plugin.pytest_sessionfinish()
-    assert list(json.loads(out.read_text()).items()) == [("x.py", 4.0), ("y.py", 4.0)]
-    assert file_order.load_weights(out) == {"x.py": 4.0, "y.py": 4.0}
-
-
-def test_make_keeps_the_collection_order() -> None:
-    """xdist's own reorder (by number of tests) would undo the longest-first order."""
-    root = Path(__file__).resolve().parents[1]
-    dry = subprocess.run(["make", "-n", "pytest"], cwd=root, capture_output=True, text=True)
-    line = next(x for x in dry.stdout.splitlines() if "pytest" in x and "--dist" in x)
-    assert "--dist loadfile" in line and "--no-loadscope-reorder" in line, line
