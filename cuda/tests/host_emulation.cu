@@ -80,12 +80,34 @@ struct Writers {
   int64_t block_offset = 0;  // added to thread ids: block * threads
 };
 
+// A phase's per-thread body, body(thread, mem), called through one pointer: run_phase and its
+// race bookkeeping are compiled once per (A, M), not once per kernel body and type (which made
+// them a third of the program's code).
+template <typename M>
+class PhaseBody {
+ public:
+  template <typename Fn>
+  PhaseBody(const Fn& fn)  // NOLINT: converts from any lambda; `fn` outlives the call
+      : fn_(&fn),
+        call_([](const void* f, int64_t t, M* m) { (*static_cast<const Fn*>(f))(t, m); }) {}
+  void operator()(int64_t thread, M* mem) const { call_(fn_, thread, mem); }
+
+ private:
+  const void* fn_;
+  void (*call_)(const void*, int64_t, M*);
+};
+
+template <typename T>
+struct NoDeduce {
+  using type = T;
+};
+
 // One phase of `num_threads` threads; body(thread, mem) writes only through `mem` (M elements).
 // Race mode: private copies, logged atomics of accumulator type A, merge at the barrier.
 // `writers`: the kernel-wide record for global memory (null: this phase's own, for shared).
-template <typename A, typename M, typename Fn>
-void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name, Fn body,
-               Writers* writers = nullptr) {
+template <typename A, typename M>
+void run_phase(std::vector<M>& mem, int64_t num_threads, const std::string& name,
+               typename NoDeduce<PhaseBody<M>>::type body, Writers* writers = nullptr) {
   if (!g_race_mode) {
     for (int64_t t = 0; t < num_threads; ++t) body(t, mem.data());
     return;
