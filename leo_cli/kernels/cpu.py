@@ -24,6 +24,7 @@ from torch import Tensor
 from leo_cli.errors import KernelError
 from leo_cli.kernels import ops, spmm_calls, stamp, variants
 from leo_cli.kernels.ops import _check_fused_dtypes, _compute_dtype, _require
+from leo_cli.util.dynamo import defer_kernels
 
 LIBRARY = "_leo_cpu.so"
 STAMP = "_leo_cpu.stamp.json"
@@ -124,6 +125,8 @@ def load(lib: Path) -> None:
     ops.keyed_dropout.register_kernel("cpu")(_keyed_dropout_cpu)
     ops.bias_relu_dropout.register_kernel("cpu")(_bias_relu_dropout_cpu)
     ops.fused_aggregate.register_kernel("cpu")(_fused_aggregate_cpu)
+    for op in (ops.spmm_csr, ops.keyed_dropout, ops.bias_relu_dropout, ops.fused_aggregate):
+        defer_kernels(op)  # as ops.py's own (util/dynamo.py)
     _LOADED = lib
 
 

@@ -26,6 +26,7 @@ from leo_cli.kernels.ops import (
     scatter_add_rows,
     sddmm_csr,
 )
+from leo_cli.util.dynamo import defer_kernels
 
 # ---------------------------------------------------------------------------------------------
 # leo::gat_scores — e_EH = LeakyReLU(a_src[col] + a_dst[row])
@@ -209,3 +210,7 @@ def _gat_spmm_backward(ctx: Any, grad_RHF: Tensor) -> tuple[Tensor | None, ...]:
 
 
 gat_spmm.register_autograd(_gat_spmm_backward, setup_context=_gat_spmm_setup_context)
+
+# Their first calls need no torch._dynamo while nothing compiles (util/dynamo.py).
+for _op in (gat_scores, edge_softmax, gat_spmm):
+    defer_kernels(_op)

@@ -24,6 +24,7 @@ from leo_cli.kernels import spmm_calls, variants
 from leo_cli.kernels.backend import require_cpu_kernels, require_cuda_kernels
 from leo_cli.kernels.csr import inverse_permutation, row_of_edges
 from leo_cli.kernels.slabs import slab_width
+from leo_cli.util.dynamo import defer_kernels
 from leo_cli.util.keyed import random_bytes
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -601,3 +602,8 @@ def _bias_relu_dropout_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, 
 bias_relu_dropout.register_autograd(
     _bias_relu_dropout_backward, setup_context=_bias_relu_dropout_setup_context
 )
+
+# Their first calls need no torch._dynamo while nothing compiles (util/dynamo.py).
+for _op in (spmm_csr, sddmm_csr, gather_rows, scatter_add_rows, fused_aggregate, keyed_dropout,
+            bias_relu_dropout):  # fmt: skip
+    defer_kernels(_op)

@@ -2,15 +2,15 @@
 before this process imports torch, so that the two import it side by side.
 
 The server must run in the environment its workers get (the CPU library's folder, the
-allocator's preload, numpy's threads), which set-up knows only once it has looked for them
-(the `preload` stage, `elastic.start_early`). That stage writes down the difference between
-the environment the run began in and the one its server got, keyed by what decides it (the
-launch settings, the worker count and threads, the variables of the environment set-up reads,
-the working directory, torch's and Python's installs); a later run with the same key starts
-its server in that environment first. The `preload` stage then asks for its server as
-before: in the same environment it is the one already importing, in another it is replaced
-(`preload.ensure_server` compares them), so a wrong guess costs time, never a worker in the
-wrong environment.
+allocator's preload, numpy's threads), which set-up knows only once it has looked for them (the
+`preload` stage, `elastic.start_early`). That stage writes down the difference between the
+environment the run began in and the one its server got, keyed by what decides it (the launch
+settings, the worker count and threads, the variables of the environment set-up reads, the
+working directory, torch's and Python's installs, what the server imports); a later run with
+the same key starts its server in that environment first. The `preload` stage then asks for its
+server as before: in the same environment it is the one already importing, in another it is
+replaced (`preload.ensure_server` compares them), so a wrong guess costs time, never a worker
+in the wrong environment.
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ def _key(cfg: LeoConfig, began: dict[str, str]) -> str:
         "torch": installed,
         "python": [sys.executable, sys.version],
         "path": sys.path,
+        "imports": preload.PRELOAD,  # a record of a server that imported others is not this one's
     }
     return hashlib.sha256(files.json_text(material).encode()).hexdigest()[:16]
 

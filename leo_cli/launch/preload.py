@@ -1,14 +1,13 @@
 """Workers forked from a server that imported torch and LEO's worker once (a CPU-only torch).
 
 Started as `python -m leo_cli.worker.entry`, every worker pays the interpreter's start and its
-imports (torch; torch._dynamo, which torch.optim imports; LEO: seconds of a core) before its
-first collective. torch elastic starts a callable entry point through multiprocessing; under
-the `forkserver` start method one server per launching process imports those modules once, and
-the workers of every launch from that process (the probe's, training's, restarts) are forked
-from it. A worker then runs as `python -m` would have run it (`harness/process.py run_started`):
-in the launch's environment and working directory, in a session of its own, with its threads
-set from the launch's OMP_NUM_THREADS, and without running the launching script again
-(`launching`).
+imports (torch and LEO: seconds of a core) before its first collective. torch elastic starts a
+callable entry point through multiprocessing; under the `forkserver` start method one server
+per launching process imports those modules once, and the workers of every launch from that
+process (the probe's, training's, restarts) are forked from it. A worker then runs as `python
+-m` would have run it (`harness/process.py run_started`): in the launch's environment and
+working directory, in a session of its own, with its threads set from the launch's
+OMP_NUM_THREADS, and without running the launching script again (`launching`).
 
 What a process reads as it starts or imports torch (the allocator's LD_PRELOAD and malloc
 settings, LEO_KERNELS) is the server's: a launch whose environment differs from the one the
@@ -34,8 +33,9 @@ from leo_cli.comm.segments import JOB_ENV
 from leo_cli.harness.placement import AFFINITY_ENV
 from leo_cli.util.procs import descendants
 
-# Imported by the server: torch.optim imports torch._dynamo at its first use.
-PRELOAD = ("torch._dynamo", "leo_cli.worker.entry", "leo_cli.planner.profile.probe")
+# Imported by the server. Not torch._dynamo: a worker's custom ops and optimizer leave it
+# unimported (util/dynamo.py), and the launch waits for the server's imports.
+PRELOAD = ("leo_cli.worker.entry", "leo_cli.planner.profile.probe")
 # Read after a worker started: by the worker itself (comm/segments.py, harness/placement.py;
 # harness/process.py sets its threads) or by torch elastic, which sets its own per worker and
 # launch.

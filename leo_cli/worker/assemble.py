@@ -35,6 +35,7 @@ from leo_cli.graph.layout import LocalPart
 from leo_cli.graph.types import DatasetInfo
 from leo_cli.models.gnn import build_model
 from leo_cli.models.local_graph import LocalGraph, part_adjacency, transpose_scales
+from leo_cli.models.optim import Adam
 from leo_cli.planner.auto_mode import OWN_LEVELS, PLANNED_LEVELS
 from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.reach import reads_in_place
@@ -176,7 +177,7 @@ def assemble(
         graph.prepare_attention(cfg.model.num_layers)
     model = build_model(cfg.model, dataset.num_features, dataset.num_classes, cfg.run.seed)
     model = model.to(device=device, dtype=dtype)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    opt = Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     reducer = make_grad_reducer(model, mode)
     laps.lap("model_s")
     return Job(halo, graph, reducer, data, model, opt, static)

@@ -27,6 +27,15 @@ def test_importing_imports_no_torch(module: str) -> None:
     assert res.stdout.strip() == "False"
 
 
+def test_the_launchers_set_up_imports_no_scipy() -> None:
+    """`leo train` on cached partitions reads no dataset file: the readers import scipy
+    where they read one."""
+    modules = "leo_cli.cli.app, leo_cli.api, leo_cli.launch.setup, leo_cli.launch.stages"
+    res = python("-c", f"import sys, {modules}; print('scipy' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("args", [["--help"], ["train", "--help"]], ids=" ".join)
 def test_help_imports_no_torch(args: list[str]) -> None:
     """`leo ... --help` as users run it (the console script is `python -m leo_cli`), with

@@ -29,7 +29,8 @@ from leo_cli.worker.step import evaluate, train_step
 
 # Ranks fork from a server that imported torch (and, with a CPU-only torch, the trainer) once:
 # a spawned rank imports them again, about 3 s of a core per rank and test, and 2 s more for
-# torch._dynamo (the first call of a torch.library custom op imports it). The server runs no
+# torch._dynamo (torch.optim's own optimizers import it; LEO's ops and Adam do not while nothing
+# compiles, leo_cli/util/dynamo.py). The server runs no
 # torch ops and never initialises a GPU, so forking it is safe; with a GPU build of torch the
 # trainer is not preloaded (importing leo_cli.kernels can load the CUDA kernels and touch the
 # GPU, which a forked child could not use). The server starts with the first test that starts

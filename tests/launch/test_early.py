@@ -152,6 +152,13 @@ def test_the_key_follows_the_threads_and_not_the_shells_bookkeeping(
     assert early._key(cfg, early._environment()) != key
 
 
+def test_the_key_follows_what_the_server_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(None, ["partition.num_parts=2"])
+    key = early._key(cfg, early._environment())
+    monkeypatch.setattr(preload, "PRELOAD", (*preload.PRELOAD, "torch._dynamo"))
+    assert early._key(cfg, early._environment()) != key  # an older record's imports: not kept
+
+
 def test_a_run_that_fails_before_its_workers_stops_the_server_it_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: forkserver.ForkServer
 ) -> None:

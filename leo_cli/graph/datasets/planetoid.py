@@ -12,6 +12,7 @@ node get zero rows, features are row-normalised, and the split is train = the fi
 
 from __future__ import annotations
 
+import functools
 import io
 import operator
 import pickle
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from leo_cli.errors import DataError
 from leo_cli.graph.types import (
@@ -41,15 +41,21 @@ PLANETOID_PARTS = (*_PICKLED_PARTS, "test.index")
 _MAX_ENTRIES_PER_BYTE = 1024
 _NUM_VAL = 500
 
-# The exact globals the original files reference, mapped to where they live today.
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("numpy.core.multiarray", "_reconstruct"): np.empty(0).__reduce__()[0],
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
-    ("collections", "defaultdict"): defaultdict,
-    ("__builtin__", "list"): list,
-}
+
+@functools.cache
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    """The exact globals the original files reference, mapped to where they live today
+    (scipy imported where a file is read: a run on cached partitions reads none)."""
+    import scipy.sparse as sp
+
+    return {
+        ("numpy.core.multiarray", "_reconstruct"): np.empty(0).__reduce__()[0],
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
+        ("collections", "defaultdict"): defaultdict,
+        ("__builtin__", "list"): list,
+    }
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -58,7 +64,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         """Return the allowed object for `module.name`; refuse anything else."""
         try:
-            return _ALLOWED_GLOBALS[(module, name)]
+            return _allowed_globals()[(module, name)]
         except KeyError:
             raise DataError(
                 f"refusing to load `{module}.{name}` from a pickled dataset file: Planetoid files "
@@ -98,6 +104,8 @@ def planetoid_files(name: str, root: Path) -> dict[str, Path]:
 
 def _shape(matrix: Any, path: Path) -> tuple[int, int]:
     """(rows, columns) of a pickled CSR matrix or 2-D array."""
+    import scipy.sparse as sp
+
     try:
         if isinstance(matrix, (sp.spmatrix, np.ndarray)):
             rows, cols = (operator.index(n) for n in matrix.shape)
@@ -113,6 +121,8 @@ def _dense(matrix: Any, path: Path) -> np.ndarray:
     The dense size is bounded by the file's size: a sparse matrix may declare any shape, and a
     crafted one would otherwise ask for petabytes.
     """
+    import scipy.sparse as sp
+
     rows, cols = _shape(matrix, path)
     if rows * cols > _MAX_ENTRIES_PER_BYTE * path.stat().st_size:
         raise DataError(
