@@ -82,3 +82,47 @@ def test_a_late_owner_waits_after_the_local_sums(
     assert all(torch.equal(got[0], o) for o in got[1:])
     want = local_NN @ h_NF + remote[1] @ published[1] + remote[2] @ published[2]
     torch.testing.assert_close(got[0], want)
+
+
+class AckedRows(Rows):
+    """Published rows that record when the reader acknowledges each owner's read."""
+
+    def end_read(self, stream: int, writer: int, k: int) -> None:
+        self.events.append(f"done {writer}")
+
+
+def test_cpu_workers_aggregate_a_private_copy_acknowledged_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CPU each owner's rows are copied out before its SpMM, which reads the copy (not
+    the published rows), and the read is acknowledged before the SpMM: the sums are the
+    same as over the published rows."""
+    g = torch.Generator().manual_seed(1)
+    dense = lambda *s: torch.rand(*s, generator=g) * (torch.rand(*s, generator=g) < 0.5)  # noqa: E731
+    local_NN, h_NF = dense(5, 5), torch.randn(5, 4, generator=g)
+    remote = {q: dense(5, 3 + q) for q in (1, 2)}
+    published = {q: torch.randn(3 + q, 4, generator=g) for q in (1, 2)}
+    owners = [OwnerRows(q, torch.arange(3 + q), csr(remote[q])) for q in (1, 2)]
+    inner_csr = csr(local_NN)
+    inner = ColumnBlock(0, 5, None, inner_csr, inner_csr.transpose())
+    events: list[str] = []
+    spmm, fused = kernels.spmm, kernels.fused_aggregate
+    published_ptrs = {t.data_ptr() for t in published.values()}
+
+    def traced_spmm(a: kernels.CSR, x: torch.Tensor) -> Any:
+        if a is not inner_csr:
+            events.append("private" if x.data_ptr() not in published_ptrs else "published")
+        return spmm(a, x)
+
+    def traced_fused(c: kernels.CSR, h: torch.Tensor, r: kernels.CSR, x: torch.Tensor) -> Any:
+        events.append("fused private" if x.data_ptr() not in published_ptrs else "fused")
+        return fused(c, h, r, x)
+
+    monkeypatch.setattr(kernels, "spmm", traced_spmm)
+    monkeypatch.setattr(kernels, "fused_aggregate", traced_fused)
+    reader = InPlace(AckedRows(published, {1}, events), 0, torch.zeros(0), owners, {}, CommStats())  # type: ignore[arg-type]
+    out = reader.aggregate(inner, h_NF, layer=0)
+    assert events == ["wait 1", "done 1", "fused private", "wait 2", "done 2", "private"]
+    want = kernels.fused_aggregate(inner_csr, h_NF, owners[0].in_place, published[1])
+    want += kernels.spmm(owners[1].in_place, published[2])
+    assert torch.equal(out, want)
