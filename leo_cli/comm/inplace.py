@@ -136,9 +136,8 @@ class InPlace:
         yield staged_BF
 
     def _staged(self, rows_BF: Tensor) -> Tensor:
-        """`rows_BF` copied into the staging buffer: made at the first read, at `stage_rows`
-        rows of that layer's width (the widest: segments are reserved at it), and kept for
-        the run."""
+        """`rows_BF` copied into the staging buffer (`build_in_place` makes it at the widest
+        exchanged width; made here, at `stage_rows` rows of this width, where it is not)."""
         if self.staging is None or self.staging.numel() < rows_BF.numel():
             self.staging = None  # a smaller one freed before the larger one is made
             numel = max(self.stage_rows * rows_BF.shape[1], rows_BF.numel())
@@ -238,7 +237,12 @@ def build_in_place(
             for r in reads
         ]  # fmt: skip
     stage_rows = max(owners.values(), default=0)
-    return InPlace(published, rank, boundary_B, reads, read_by, stats, grads_as_rows, stage_rows)
+    staging = None  # CPU workers copy one owner's rows at a time into it (InPlace.aggregate)
+    if device.type == "cpu" and reads:
+        staging = torch.empty(stage_rows * width, dtype=dtype)
+    return InPlace(
+        published, rank, boundary_B, reads, read_by, stats, grads_as_rows, stage_rows, staging
+    )
 
 
 def answer_readers(
