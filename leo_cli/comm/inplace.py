@@ -4,17 +4,13 @@ inside its aggregation; their gradients travel the same way, as rows.
 Only same-host pairs can map each other's segments (comm/published.py); an L3 row owned on
 another host is fetched per reading edge through the process group instead (comm/views.py).
 A reader's rows of one owner are a CSR over its rows whose columns are the owner's published
-rows, read by position; waiting for a late owner comes after the inner block's SpMM. CPU
-workers first copy each owner's rows into a private buffer (one sequential pass, then the
-read is acknowledged): the SpMM's random reads then land in private memory, in huge pages
-where the allocator advises them, not in the 4 KiB pages of a /dev/shm mapping; GPU kernels
-read the peer's rows where they are. The backward reads the output gradient as rows (`Aᵀ·g`
-is an aggregation on a symmetric graph, comm/aggregate.py `backward_rows`): owners publish
-their boundary rows of it on the same stream, and readers aggregate them through the same
-CSRs, which therefore need no transpose. Where some worker replicates rows at layer 0 (their
-gradient must not reach their owner), readers instead publish the gradients of the rows they
-read as partial sums, from a column block per owner, for the owners to add (`grads_as_rows`
-False).
+rows, read by position, with no copy; waiting for a late owner comes after the inner block's
+SpMM. The backward reads the output gradient as rows (`Aᵀ·g` is an aggregation on a symmetric
+graph, comm/aggregate.py `backward_rows`): owners publish their boundary rows of it on the
+same stream, and readers aggregate them through the same CSRs, which therefore need no
+transpose. Where some worker replicates rows at layer 0 (their gradient must not reach their
+owner), readers instead publish the gradients of the rows they read as partial sums, from a
+column block per owner, for the owners to add (`grads_as_rows` False).
 
 Specification: docs/design/published-rows.md.
 Legend: N inner rows, B_q owner q's boundary rows, R_q rows read from q, E edges, F width.
@@ -24,9 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,8 +61,6 @@ class InPlace:
     read_by: dict[int, Tensor]  # reader -> this worker's local rows it reads (its order)
     stats: CommStats
     grads_as_rows: bool = True  # else the gradients of the rows read return as partial sums
-    stage_rows: int = 0  # the most rows an owner it reads publishes (the staging's rows)
-    staging: Tensor | None = field(default=None, repr=False)  # CPU: one owner's rows, copied
 
     def stream(self, layer: int, direction: int = FORWARD) -> int:
         """One stream for every layer: every worker publishes and reads the layers in the same
@@ -93,7 +85,7 @@ class InPlace:
 
     def aggregate(self, inner: ColumnBlock, h_NF: Tensor, layer: int) -> Tensor:
         """The inner block's sums plus every owner's rows read in place (waiting for each
-        owner's rows of this exchange; on CPU workers, out of their private copy).
+        owner's rows of this exchange).
 
         Where the first owner has not published yet, the inner block is summed first, so that
         local work hides the wait; else the op sums both at once. The sums are the same either
@@ -107,44 +99,17 @@ class InPlace:
         if not self.rows.published(s, self.reads[0].owner):
             out_NF = inner.forward(h_NF)
         for part in self.reads:
-            with self._owner_rows(part.owner, s, width, h_NF.device) as rows_BF:
-                if out_NF is None:  # the local rows and the first owner's, in one op
-                    out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, rows_BF)
-                else:
-                    out_NF += kernels.spmm(part.in_place, rows_BF)
+            with self.stats.waiting(h_NF.device):  # counted in comm_wait_s, like a transfer
+                k, copy = self.rows.begin_read(s, part.owner)
+            published = self.rows.forward_rows(part.owner, copy, width)
+            if out_NF is None:  # the local rows and the first owner's, in one op
+                out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, published)
+            else:
+                out_NF += kernels.spmm(part.in_place, published)
+            self.rows.end_read(s, part.owner, k)
             self.stats.published_bytes += part.in_place.num_edges * width * h_NF.element_size()
         assert out_NF is not None
         return out_NF
-
-    @contextmanager
-    def _owner_rows(
-        self, owner: int, stream: int, width: int, device: torch.device
-    ) -> Iterator[Tensor]:
-        """Owner `owner`'s rows of this exchange (waiting for them), to aggregate inside the
-        `with`: on CPU workers a private copy, the read acknowledged as soon as it is made
-        (the owner may then write its next exchange); elsewhere the published rows
-        themselves, acknowledged after the block."""
-        with self.stats.waiting(device):  # counted in comm_wait_s, like a transfer
-            k, copy = self.rows.begin_read(stream, owner)
-        published_BF = self.rows.forward_rows(owner, copy, width)
-        if device.type != "cpu":
-            yield published_BF
-            self.rows.end_read(stream, owner, k)
-            return
-        staged_BF = self._staged(published_BF)
-        self.rows.end_read(stream, owner, k)
-        yield staged_BF
-
-    def _staged(self, rows_BF: Tensor) -> Tensor:
-        """`rows_BF` copied into the staging buffer (`build_in_place` makes it at the widest
-        exchanged width; made here, at `stage_rows` rows of this width, where it is not)."""
-        if self.staging is None or self.staging.numel() < rows_BF.numel():
-            self.staging = None  # a smaller one freed before the larger one is made
-            numel = max(self.stage_rows * rows_BF.shape[1], rows_BF.numel())
-            self.staging = torch.empty(numel, dtype=rows_BF.dtype)
-        staged_BF = self.staging[: rows_BF.numel()].view(rows_BF.shape)
-        staged_BF.copy_(rows_BF)
-        return staged_BF
 
     def publish_grads(self, grad_NF: Tensor, layer: int) -> None:
         """The gradients of the rows read in place, as partial sums for their owners to add
@@ -236,13 +201,7 @@ def build_in_place(
                       selected_columns_block(adj, rows_H[owner_R == r.owner] + plan.num_inner))
             for r in reads
         ]  # fmt: skip
-    stage_rows = max(owners.values(), default=0)
-    staging = None  # CPU workers copy one owner's rows at a time into it (InPlace.aggregate)
-    if device.type == "cpu" and reads:
-        staging = torch.empty(stage_rows * width, dtype=dtype)
-    return InPlace(
-        published, rank, boundary_B, reads, read_by, stats, grads_as_rows, stage_rows, staging
-    )
+    return InPlace(published, rank, boundary_B, reads, read_by, stats, grads_as_rows)
 
 
 def answer_readers(

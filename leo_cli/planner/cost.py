@@ -776,8 +776,7 @@ class Buffers:
 
     - `kept`: the replicas' input rows;
     - `shm`: mapped from /dev/shm (a shared-memory segment's rows, published rows);
-    - `structures`: the column blocks, row lists and staging buffer its aggregator keeps
-      for the run;
+    - `structures`: the column blocks and row lists its aggregator keeps for the run;
     - `moving`: the rows moving in its largest phase (a layer's exchange, one direction);
     - `lift`: what the largest phase adds to the step's peak, above the activations every
       mode holds: its moving rows, and the replicas' rows a step makes;
@@ -833,9 +832,7 @@ def mode_buffers(
     rows (its share: the rank's inner rows; attention adds the halo gradients' copy), and
     where any rank reads rows in place, every rank's published rows (`NUM_COPIES` of its
     boundary rows; their gradients travel as rows through them, or, where some rank
-    replicates rows, as partial sums beside them), and in a reader's structures its private
-    copy of the most rows an owner it reads publishes (comm/inplace.py stages one owner's
-    rows at a time, at the widest exchanged width).
+    replicates rows, as partial sums beside them).
 
     `reach`: the rows read in place (default: none). An estimate for ranking modes by memory
     (`pipeline.auto_margin`), not a worker's memory: what every mode holds alike (the graph,
@@ -856,7 +853,6 @@ def mode_buffers(
     moving = [0] * num
     structures = [0] * num
     read_in_place = np.zeros(num)
-    reads_from = np.zeros((num, num), dtype=bool)  # [r, q]: r reads some of q's rows in place
     two_views = _two_views(mode, caches, shape, static)
     views = [[0, 0] for _ in accesses]  # per rank, the halo part of layer 0's view and the rest's
     for layer in range(shape.num_layers):
@@ -867,7 +863,6 @@ def mode_buffers(
             accesses, caches, layer, mode.per_edge_rows, reach if mode.reads_in_place else None
         )
         read_in_place = np.maximum(read_in_place, cnt.read_in_place)
-        reads_from |= cnt.in_place > 0
         as_rows = sl.gradient_rows(mode, cnt.in_place_rows_grads)
         for r, p in enumerate(accesses):
             forward = _layer_buffers(mode, cnt, r, sl.row_bytes)
@@ -900,11 +895,6 @@ def mode_buffers(
             # rows it reads unless they travel as rows (no replicas: comm/levels.py)
             read = int(read_in_place[r]) if replicas else 0
             shm[r] += NUM_COPIES * (p.num_boundary + read) * row
-            # and, kept for the run, the staging of one owner's published rows at a time
-            staged = max(
-                (accesses[q].num_boundary for q in np.flatnonzero(reads_from[r])), default=0
-            )
-            structures[r] += staged * row
     total, setup, lift = [], [], []
     for r, p in enumerate(accesses):
         steps = _activation_peak(shape, p.num_inner, static) + static * _static_bytes(p, shape)
