@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch._dynamo  # noqa: F401  (what the first call of a leo:: custom op imports)
 
 import leo_cli.cli.app  # noqa: F401  (imported once here, not inside the first unit test that runs it)
 import leo_cli.launch.stages  # noqa: F401  (what the commands import when they act)

@@ -19,15 +19,16 @@ from leo_cli.util.dynamo import deferred, dynamo_loaded
 
 _Optimizer = torch.optim.Optimizer
 # Adam.step without its decorator (`_use_grad_for_differentiable`), which sets grad mode from
-# `differentiable` around it and imports torch._dynamo for its graph breaks.
-_STEP: Callable[..., Any] = torch.optim.Adam.step.__wrapped__  # type: ignore[attr-defined]
+# `differentiable` around it and imports torch._dynamo for its graph breaks; None where a torch
+# has no such decorator (its own step is then called as it is).
+_STEP: Callable[..., Any] | None = getattr(torch.optim.Adam.step, "__wrapped__", None)
 
 
 class Adam(torch.optim.Adam):
     """`torch.optim.Adam`, importing torch._dynamo only where something compiles."""
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        if dynamo_loaded():
+        if _STEP is None or dynamo_loaded():
             torchs: float | None = super().step(closure)
             return torchs
         with torch.set_grad_enabled(self.defaults["differentiable"]):

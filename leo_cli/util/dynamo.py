@@ -43,7 +43,10 @@ def deferred(wrapper: Callable[..., Any]) -> Callable[..., Any]:
 
 def defer_kernels(op: Any) -> None:
     """The kernels registered so far for custom op `op` (a `torch.library.custom_op`), each
-    `deferred`; again after registering another kernel."""
-    kernels: dict[Any, Callable[..., Any]] = op._backend_fns
+    `deferred`; again after registering another kernel. An op object without torch's table of
+    kernels (`_backend_fns`) is left as it is."""
+    kernels: dict[Any, Callable[..., Any]] | None = getattr(op, "_backend_fns", None)
+    if not isinstance(kernels, dict):
+        return
     for device_type, kernel in kernels.items():
         kernels[device_type] = deferred(kernel)
