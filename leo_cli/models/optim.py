@@ -14,14 +14,35 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 from leo_cli.util.dynamo import deferred, dynamo_loaded
 
 _Optimizer = torch.optim.Optimizer
-# Adam.step without its decorator (`_use_grad_for_differentiable`), which sets grad mode from
-# `differentiable` around it and imports torch._dynamo for its graph breaks; None where a torch
-# has no such decorator (its own step is then called as it is).
-_STEP: Callable[..., Any] | None = getattr(torch.optim.Adam.step, "__wrapped__", None)
+
+
+def _torch_step() -> Callable[..., Any]:
+    """torch's `Adam.step` as torch defines it: without the hooks' and profiler's wrapper
+    (`hooked`) that creating an optimizer patches onto its class, which would otherwise run a
+    second time inside this class's own patched step."""
+    step = torch.optim.Adam.__dict__["step"]
+    while getattr(step, "hooked", False):
+        step = step.__wrapped__
+    return step  # type: ignore[no-any-return]
+
+
+def _undecorated(step: Callable[..., Any]) -> Callable[..., Any] | None:
+    """`step` without torch's `_use_grad_for_differentiable` (which sets grad mode from
+    `differentiable` around it and imports torch._dynamo for its graph breaks); None where
+    `step` is not that decorator's."""
+    use_grad = getattr(torch_optimizer, "_use_grad_for_differentiable", None)
+    if use_grad is None or getattr(step, "__code__", None) is not use_grad(_torch_step).__code__:
+        return None
+    return getattr(step, "__wrapped__", None)
+
+
+_TORCH_STEP = _torch_step()
+_STEP = _undecorated(_TORCH_STEP)
 
 
 class Adam(torch.optim.Adam):
@@ -29,7 +50,7 @@ class Adam(torch.optim.Adam):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         if _STEP is None or dynamo_loaded():
-            torchs: float | None = super().step(closure)
+            torchs: float | None = _TORCH_STEP(self, closure)
             return torchs
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             loss: float | None = _STEP(self, closure)

@@ -13,9 +13,18 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
+import torch
+
 DYNAMO = "torch._dynamo"
+
+
+@functools.cache
+def _disabled_code() -> CodeType:
+    """The code of torch's `_disable_dynamo` wrapper: one code object, whatever it wraps."""
+    return torch._disable_dynamo(_disabled_code).__code__  # type: ignore[attr-defined]
 
 
 def dynamo_loaded() -> bool:
@@ -25,10 +34,10 @@ def dynamo_loaded() -> bool:
 
 def deferred(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     """`wrapper`, a function torch wrapped in `torch._disable_dynamo`, called as the function it
-    wraps while torch._dynamo is not imported, and as itself once it is. A function without
-    the wrapped one (`__wrapped__`) is returned as it is."""
+    wraps while torch._dynamo is not imported, and as itself once it is. Any other function
+    (another decorator's, or one already deferred) is returned as it is."""
     original = getattr(wrapper, "__wrapped__", None)
-    if original is None or getattr(wrapper, "_leo_deferred", False):
+    if original is None or getattr(wrapper, "__code__", None) is not _disabled_code():
         return wrapper
 
     @functools.wraps(original)

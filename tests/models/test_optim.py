@@ -79,6 +79,8 @@ def test_deferred_calls_the_wrapped_function_until_dynamo_is_imported(
         return original(x)
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    assert dynamo.deferred(wrapper) is wrapper  # another decorator's: left as it is
+    monkeypatch.setattr(dynamo, "_disabled_code", lambda: wrapper.__code__)  # as torch's
     call = dynamo.deferred(wrapper)
     assert dynamo.deferred(call) is call
     monkeypatch.setattr(dynamo, "DYNAMO", "leo_test_absent_module")
@@ -125,3 +127,32 @@ def test_a_workers_steps_import_no_dynamo() -> None:
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert done.stdout.strip() == "False", done.stderr
+
+
+HOOKS = """
+import sys
+import torch
+w = torch.nn.Parameter(torch.ones(3))
+torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])  # patches torch's Adam.step with its hooks
+from leo_cli.models import optim
+assert optim._STEP is not None and optim._STEP.__code__.co_name == "step", optim._STEP
+calls = []
+opt = optim.Adam([w], lr=0.1)
+opt.register_step_post_hook(lambda *_: calls.append(1))
+for _ in range(3):
+    opt.zero_grad()
+    w.square().sum().backward()
+    opt.step()
+print(len(calls), "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.integration  # a fresh interpreter importing torch
+def test_a_step_runs_its_hooks_once_after_torchs_adam_patched_its_class() -> None:
+    """torch patches an optimizer class's step with its hooks when one is made: LEO's Adam,
+    made after a torch Adam, runs a post hook once a step and torch's own step undecorated."""
+    done = subprocess.run(
+        [sys.executable, "-c", HOOKS], cwd=ROOT, capture_output=True, text=True, check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.stdout.split()[0] == "3", done.stdout + done.stderr
