@@ -509,6 +509,11 @@ def to_try(
     return replace(known, mode=mode, rule=rule, levels=levels, trials=tried, notes=notes)
 
 
+def expected_step(choice: ModeChoice, name: str) -> float | None:
+    """The expected step of candidate `name`: a variant's is its mode's."""
+    return choice.expected_s(name) or choice.expected_s(parse_candidate(name)[0])
+
+
 def repaid(
     choice: ModeChoice, tried: list[str], epochs: int, trial_steps: int
 ) -> tuple[list[str], dict[str, str]]:
@@ -522,8 +527,8 @@ def repaid(
     does not try the reference either). A candidate that only the default uncertainty keeps
     from being faster (never left out by the workers) is weighed against the reference as
     slow as its own uncertainty allows: where even that cannot repay over the run, it is not
-    tried."""
-    best = choice.expected_s(tried[0]) if tried else None
+    tried. A variant of a mode (`leo/no-replicas`) is expected at its mode's step."""
+    best = expected_step(choice, tried[0]) if tried else None
     if best is None:
         return tried, {}
     slowest = best * (1 + choice.uncertainty.get(tried[0], UNCERTAIN))
@@ -531,7 +536,7 @@ def repaid(
     owed = (1 + timed) * best
     kept, why = tried[:1], {}
     for name in tried[1:]:
-        step = choice.expected_s(name) or best
+        step = expected_step(choice, name) or best
         cost = trial_cost_s(step, BUILD_STEPS, timed) + owed
         fast = choice.optimistic_s(name, step)
         bounded = name in choice.uncertainty

@@ -589,6 +589,14 @@ def test_measure_tries_on_predictions_only_what_may_repay_over_the_run() -> None
     assert "leo" in sure.unrepaid and sure.uncertainty["leo"] == 0.1
 
 
+def test_a_variant_tried_first_is_expected_at_its_modes_step() -> None:
+    """Where a mode's variant comes first (the planned mode itself left out), the others are
+    weighed against its mode's expected step, so a short run still leaves them out."""
+    estimate = choose(cfg(), plan_with_levels(False, False, PREDICTED), 2)
+    first = auto_mode.repaid(estimate, ["leo/no-replicas", "leo", "blocking"], 1, 2)
+    assert first[0] == ["leo/no-replicas"] and sorted(first[1]) == ["blocking", "leo"]
+
+
 def test_a_candidate_the_default_uncertainty_keeps_slower_is_left_out_of_short_runs() -> None:
     """A candidate predicted over twice the first (`UNCERTAIN` 50%: not faster even at its
     fastest) would be kept by the workers at any length (auto_mode `payback`'s promise), so
