@@ -153,7 +153,9 @@ def run_folder(out_dir: Path, v: Variant) -> Path:
 def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     """The `leo train` config of a LEO variant (one run folder per world size and bench
     variant): the variant's overrides, its pipeline mode, the cache policy the benchmark
-    gives it (the baselines run without a cache), and no setting its mode would refuse."""
+    gives it (the baselines run without a cache), and no setting its mode would refuse;
+    `auto`'s trials repay over the config's own `train.num_epochs` unless it sets
+    `pipeline.payback_epochs`."""
     # The variant's overrides are validated at this row's worker count (a variant may list
     # one part weight per worker).
     sized = cfg.model_copy(
@@ -162,7 +164,9 @@ def leo_config(cfg: LeoConfig, v: Variant, out_dir: Path) -> LeoConfig:
     cfg = variant_config(sized, v.variant)
     epochs = cfg.bench.warmup_epochs + cfg.bench.num_epochs
     if is_auto(v.mode):  # a user's default run, its candidates measured every round
-        pipeline = {"mode": v.mode, "choose": "remeasure"}
+        # ... and weighed by the run the user would train, not the bench's few epochs
+        repay = cfg.pipeline.payback_epochs or cfg.train.num_epochs
+        pipeline = {"mode": v.mode, "choose": "remeasure", "payback_epochs": repay}
         return row_config(cfg, v, out_dir, epochs, {}, pipeline)
     mode = bench_mode_of(v.mode)
     cache: dict[str, Any] = {"policy": mode.policy or cfg.cache.policy}

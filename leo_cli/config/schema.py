@@ -438,6 +438,12 @@ class PipelineConfig(Section):
     and a run too short to repay any comparison trains the expected fastest (calibrated, else
     predicted) untried. `false`: try every
     candidate the other rules keep (trials whose wisdom later runs of the same inputs reuse)."""
+    payback_epochs: int | None = Field(None, ge=1)
+    """`trial_payback`: the run length, in epochs, the trials must repay themselves over, in
+    the parent and the workers alike (on resume too), and the length wisdom of trials cut
+    short is kept for (a later run longer than it measures again); null: the run's own
+    epochs (`train.num_epochs`, less those done on resume). `leo bench`'s `auto` row sets
+    it to the config's `train.num_epochs` (the run a user would train) where it is null."""
     levels: Literal["own", "planned", "no-replicas", "no-in-place"] = "own"
     """Which cache levels the workers use: `own` (the plan made for this mode), or the plan
     made for leo as this mode can use it (`planned`; a mode that reads nothing in place

@@ -22,6 +22,7 @@ from leo_cli.planner.auto_mode import (
     NOT_REPAID,
     SPMM_NOTE,
     ModeChoice,
+    epochs_to_repay,
     parse_candidate,
     read_choice,
 )
@@ -100,10 +101,11 @@ def calibration_pairs(
 
 
 def kept(path: Path, names: list[str], variants: list[str], epochs: int | None) -> Wisdom | None:
-    """The wisdom at `path` for a run of `epochs` (None: a run that tries every candidate,
-    `pipeline.trial_payback=false`), or None where there is none, it is refused (said in one
-    line: the run then measures again and replaces it), or its trials were cut short for a
-    shorter run (said too: this run may repay what they left out)."""
+    """The wisdom at `path` for a run whose trials repay over `epochs` (auto_mode
+    `epochs_to_repay`; None: a run that tries every candidate), or None where there is none,
+    it is refused (said in one line: the run then measures again and replaces it), or its
+    trials were cut short for a shorter run (said too: this run may repay what they left
+    out)."""
     try:
         known = read_wisdom(path, names, variants)
     except CacheError as exc:
@@ -128,11 +130,13 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
     if choice is None or choice.wisdom is None or not choice.measured_here:
         return
     path = Path(choice.wisdom)
+    # Trials cut short serve runs as long as the one they were to repay over, no longer.
     cut = any(n.startswith(NOT_REPAID) for n in choice.notes.values())
+    cut_to = epochs_to_repay(cfg) if cut else None
     wisdom = Wisdom(
         path.stem, choice.name, choice.rule or "", choice.measured_s, choice.notes,
         choice.spmm, choice.spmm_rule or "", choice.spmm_measured_s,
-        cfg.train.num_epochs if cut else 0,
+        cut_to or 0,
     )  # fmt: skip
     with contextlib.suppress(OSError):
         write_wisdom(path, wisdom)

@@ -79,6 +79,7 @@ from leo_cli.launch.stages import (
 from leo_cli.planner.auto_mode import (
     ModeChoice,
     choose,
+    epochs_to_repay,
     kept_spmm,
     measures,
     planning_config,
@@ -408,8 +409,7 @@ def choose_mode(
     names = [*tried, *(f"{SPMM_PREFIX}{v}" for v in variants)]
     path = wisdom_path(cache, wisdom_key(cfg, inputs, kernels, names))
     if cfg.pipeline.choose == "measure":
-        epochs = cfg.train.num_epochs if cfg.pipeline.trial_payback else None
-        known = kept(path, tried, variants, epochs)
+        known = kept(path, tried, variants, epochs_to_repay(cfg))
         if known is not None:
             return from_wisdom(trial, known, path)
     return replace(trial, wisdom=str(path))

@@ -84,6 +84,18 @@ def payback(
     return f"{NOT_REPAID} {could:.2f} s over {epochs} epochs, its trial costs about {cost_s:.2f} s"
 
 
+def epochs_to_repay(cfg: LeoConfig, done: int = 0) -> int | None:
+    """The epochs a trial must repay itself over (`payback`, in the parent and the workers)
+    in a run with `done` epochs behind it: `pipeline.payback_epochs` where set, else the
+    epochs left to run; None where `pipeline.trial_payback=false` (every candidate is
+    tried). Wisdom of trials cut short is kept for this length (launch/choice.py)."""
+    if not cfg.pipeline.trial_payback:
+        return None
+    if cfg.pipeline.payback_epochs is not None:
+        return cfg.pipeline.payback_epochs
+    return cfg.train.num_epochs - done
+
+
 def trial_cost_s(step_s: float, build_steps: float, timed_steps: int) -> float:
     """What one candidate's trial costs, stepping in `step_s`: its assembly (`build_steps`
     of its steps), a warm-up step and `timed_steps` timed ones."""
@@ -489,9 +501,9 @@ def to_try(
     notes.update(left_out)
     sure = {m: e for m, e in (errors or {}).items() if m in estimate.calibrated_s}
     known = replace(estimate, uncertainty={n: sure[n] for n in tried if n in sure})
-    epochs = cfg.train.num_epochs
+    epochs = epochs_to_repay(cfg)
     unpaid: dict[str, str] = {}
-    if cfg.pipeline.trial_payback:
+    if epochs is not None:
         tried, unpaid = repaid(known, tried, epochs, cfg.pipeline.trial_steps)
     notes.update(unpaid)
     if len(tried) <= 1:

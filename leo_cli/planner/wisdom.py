@@ -56,9 +56,9 @@ class Wisdom:
     """What trials measured: the winning candidate, every candidate's median step (None:
     stopped early), why some were not tried or stopped, and the rule the winner won by;
     likewise the CPU SpMM variant (`spmm`; `auto` where none was tried). `cut_to_epochs`:
-    the run length the trials were cut to, where some candidate was left out because its
-    trial would not repay itself over it (auto_mode `payback`; 0: none was), so that a longer
-    run measures again (`trusted_for`)."""
+    the run length the trials were cut to (auto_mode `epochs_to_repay`), where some candidate
+    was left out because its trial would not repay itself over it (auto_mode `payback`; 0:
+    none was), so that a longer run measures again (`trusted_for`)."""
 
     key: str
     winner: str

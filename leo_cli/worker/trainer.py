@@ -33,7 +33,12 @@ from leo_cli.graph.types import DatasetInfo
 from leo_cli.harness.placement import pin_from_config
 from leo_cli.kernels import active_backend
 from leo_cli.kernels.variants import set_cpu_spmm
-from leo_cli.planner.auto_mode import ModeChoice, read_choice, refuse_unresolved
+from leo_cli.planner.auto_mode import (
+    ModeChoice,
+    epochs_to_repay,
+    read_choice,
+    refuse_unresolved,
+)
 from leo_cli.planner.checks import check_backend, check_config, check_transport
 from leo_cli.planner.plan import load_plan
 from leo_cli.run_dir import RunDir, checkpoint_digest
@@ -169,8 +174,9 @@ class Trainer:
 
         if self.device.type == "cpu":  # CUDA tensors use the CUDA kernels whatever it says
             set_cpu_spmm(cfg.pipeline.spmm)
-        # What a trial must repay itself over: the epochs to run (planner/auto_mode.py `payback`).
-        epochs = cfg.train.num_epochs - self.start if cfg.pipeline.trial_payback else None
+        # What a trial must repay itself over (planner/auto_mode.py `payback`): the epochs to
+        # run, or pipeline.payback_epochs.
+        epochs = epochs_to_repay(cfg, self.start)
         if choice is not None and trials:
             job, self.cfg, choice = train_winner(
                 self.run, cfg, choice, build, env.rank, laps, epochs

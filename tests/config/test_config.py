@@ -61,6 +61,11 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
         load_config(scalar)
 
 
+def test_payback_epochs_is_at_least_one() -> None:
+    with pytest.raises(ConfigError, match="payback_epochs"):
+        load_config(None, ["pipeline.payback_epochs=0"])
+
+
 def test_shipped_configs_load() -> None:
     root = Path(__file__).resolve().parents[2] / "configs"
     for path in sorted(root.glob("*.yaml")):

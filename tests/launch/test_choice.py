@@ -192,3 +192,21 @@ def test_trials_cut_short_for_their_payback_are_kept_for_runs_as_short_only(
     assert short.unrepaid == ["leo"]
     again = from_wisdom(short, full, path)
     assert (again.mode, again.rule) == ("leo", f"measured fastest {FROM_WISDOM}")
+
+
+def test_trials_cut_short_are_kept_for_the_payback_epochs_they_repaid_over(
+    tmp_path: Path,
+) -> None:
+    """With `pipeline.payback_epochs` the wisdom of trials cut short records that length,
+    not the run's: a run repaying over as many epochs trusts it, one over more does not."""
+    from leo_cli.planner.auto_mode import NOT_REPAID
+
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    run.mkdir()
+    cut = {"blocking": f"{NOT_REPAID} 0.39 s over 40 epochs, its trial costs about 0.41 s"}
+    write_choice(run, replace(measured(cache), notes=cut))
+    keep_trials(load_config(None, ["train.num_epochs=5", "pipeline.payback_epochs=40"]), run)
+    path, names = wisdom_path(cache, KEY), ["leo", "leo/no-replicas", "blocking"]
+    known = read_wisdom(path, names)
+    assert known is not None and known.cut_to_epochs == 40
+    assert kept(path, names, [], 40) is not None and kept(path, names, [], 41) is None

@@ -597,6 +597,31 @@ def test_a_variant_tried_first_is_expected_at_its_modes_step() -> None:
     assert first[0] == ["leo/no-replicas"] and sorted(first[1]) == ["blocking", "leo"]
 
 
+def test_the_epochs_to_repay_are_the_runs_own_unless_payback_epochs_is_set() -> None:
+    """`epochs_to_repay`, what the workers' trials repay over (worker/trainer.py, after
+    `done` epochs on resume) as the parent's do: the epochs left, else the key's."""
+    assert auto_mode.epochs_to_repay(cfg("train.num_epochs=30"), 10) == 20
+    set_ = cfg("train.num_epochs=30", "pipeline.payback_epochs=500")
+    assert auto_mode.epochs_to_repay(set_) == 500 and auto_mode.epochs_to_repay(set_, 10) == 500
+    off = cfg("pipeline.payback_epochs=500", "pipeline.trial_payback=false")
+    assert auto_mode.epochs_to_repay(off) is None  # every candidate tried
+
+
+def test_payback_epochs_sets_the_run_the_trials_repay_over() -> None:
+    """`pipeline.payback_epochs` replaces the run's own epochs in the parent's payback: a run
+    of 18 epochs tries what a run of 19 would (the numbers of the test above)."""
+    plan = plan_with_levels(False, False, PREDICTED)
+    estimate = choose(cfg(), plan, 2)
+    long = cfg("train.num_epochs=18", "pipeline.payback_epochs=19")
+    assert auto_mode.to_try(long, plan, estimate, None).trials == [
+        "blocking",
+        "leo",
+        "shared-memory",
+    ]
+    short = auto_mode.to_try(cfg(LONG, "pipeline.payback_epochs=18"), plan, estimate, None)
+    assert short.trials == [] and "over 18 epochs" in short.rule
+
+
 def test_a_candidate_the_default_uncertainty_keeps_slower_is_left_out_of_short_runs() -> None:
     """A candidate predicted over twice the first (`UNCERTAIN` 50%: not faster even at its
     fastest) would be kept by the workers at any length (auto_mode `payback`'s promise), so
