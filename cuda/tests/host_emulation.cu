@@ -81,8 +81,7 @@ struct Writers {
 };
 
 // A phase's per-thread body, body(thread, mem), called through one pointer: run_phase and its
-// race bookkeeping are compiled once per (A, M), not once per kernel body and type (which made
-// them a third of the program's code).
+// race bookkeeping are compiled once per (A, M), not once per kernel body and type.
 template <typename M>
 class PhaseBody {
  public:
