@@ -26,7 +26,7 @@ def _torch_step() -> Callable[..., Any]:
     (`hooked`) that creating an optimizer patches onto its class, which would otherwise run a
     second time inside this class's own patched step."""
     step = torch.optim.Adam.__dict__["step"]
-    while getattr(step, "hooked", False):
+    while getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
         step = step.__wrapped__
     return step  # type: ignore[no-any-return]
 
