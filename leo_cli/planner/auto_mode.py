@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from leo_cli.comm import segments
 from leo_cli.config import LeoConfig, load_config
@@ -195,16 +195,10 @@ class ModeChoice:
         planned mode's levels is not)."""
         return self.calibrated_s.get(name) or self.predicted_s.get(name)
 
-    @overload
-    def optimistic_s(self, name: str) -> float | None: ...
-    @overload
-    def optimistic_s(self, name: str, step_s: float) -> float: ...
-    def optimistic_s(self, name: str, step_s: float | None = None) -> float | None:
+    def optimistic_s(self, name: str, step_s: float) -> float:
         """The fastest a candidate's step may turn out: `step_s` (the step it is expected to
-        take on the scale of what was measured; where not given, its `expected_s`) less its
-        `uncertainty`."""
-        step = self.expected_s(name) if step_s is None else step_s
-        return None if step is None else step * (1 - self.uncertainty.get(name, UNCERTAIN))
+        take on the scale of what was measured) less its `uncertainty`."""
+        return step_s * (1 - self.uncertainty.get(name, UNCERTAIN))
 
     @property
     def unrepaid(self) -> list[str]:
