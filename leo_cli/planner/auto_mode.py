@@ -520,6 +520,16 @@ def expected_step(choice: ModeChoice, name: str) -> float | None:
     return choice.expected_s(name) or choice.expected_s(parse_candidate(name)[0])
 
 
+def scaled_step(choice: ModeChoice, name: str, reference: str, reference_s: float) -> float:
+    """The step candidate `name` is expected to take where candidate `reference` steps in
+    `reference_s`: that step times the ratio of their `expected_step`s (a variant expected at
+    its mode's), or `reference_s` itself where either is not expected. The payback rule's
+    one expectation of a candidate: the parent's (`repaid`, the reference at its own expected
+    step) and the workers' (worker/trials.py `not_repaid`, the best trial at its median)."""
+    mine, theirs = expected_step(choice, name), expected_step(choice, reference)
+    return reference_s * mine / theirs if mine is not None and theirs else reference_s
+
+
 def repaid(
     choice: ModeChoice, tried: list[str], epochs: int, trial_steps: int
 ) -> tuple[list[str], dict[str, str]]:
@@ -528,12 +538,13 @@ def repaid(
     other is not tried: each as fast as its `optimistic_s` against the reference's expected
     step, as the workers will judge it once the reference is measured (worker/trials.py
     `not_repaid` scales the candidate by the reference's measured step, so whatever that
-    measures, the same comparisons repay); its trial at its `expected_s`; the first one kept
-    also pays the reference's own warm-up and timed steps (a run that tries nothing else
-    does not try the reference either). A candidate that only the default uncertainty keeps
-    from being faster (never left out by the workers) is weighed against the reference as
-    slow as its own uncertainty allows: where even that cannot repay over the run, it is not
-    tried. A variant of a mode (`leo/no-replicas`) is expected at its mode's step."""
+    measures, the same comparisons repay: both expect it by `scaled_step`); its trial at its
+    expected step; the first one kept also pays the reference's own warm-up and timed steps
+    (a run that tries nothing else does not try the reference either). A candidate that only
+    the default uncertainty keeps from being faster (never left out by the workers) is
+    weighed against the reference as slow as its own uncertainty allows: where even that
+    cannot repay over the run, it is not tried. A variant of a mode (`leo/no-replicas`) is
+    expected at its mode's step."""
     best = expected_step(choice, tried[0]) if tried else None
     if best is None:
         return tried, {}
@@ -542,7 +553,7 @@ def repaid(
     owed = (1 + timed) * best
     kept, why = tried[:1], {}
     for name in tried[1:]:
-        step = expected_step(choice, name) or best
+        step = scaled_step(choice, name, tried[0], best)
         cost = trial_cost_s(step, BUILD_STEPS, timed) + owed
         fast = choice.optimistic_s(name, step)
         bounded = name in choice.uncertainty

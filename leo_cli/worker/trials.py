@@ -36,6 +36,7 @@ from leo_cli.planner.auto_mode import (
     fewest_timed,
     parse_candidate,
     payback,
+    scaled_step,
     trial_cost_s,
     with_choice,
     with_mode,
@@ -236,17 +237,18 @@ def not_repaid(
     name: str, done: list[Trial], choice: ModeChoice, epochs: int, trial_steps: int
 ) -> str | None:
     """Why candidate `name` is not tried after the trials `done`, or None (the payback rule,
-    planner/auto_mode.py `payback`): against the best median so far, its expected step on this run's
-    scale (the best's measured over expected), less its uncertainty; its trial's cost at that
-    step with its assembly in steps as the finished trials' took (their median). Every time
-    read is the slowest rank's, so every rank decides alike."""
+    planner/auto_mode.py `payback`): against the best median so far, its expected step on this
+    run's scale (`scaled_step`: the best's median times the ratio of their expected steps, a
+    plan variant expected at its mode's, as the parent's `repaid` expects it), less its
+    uncertainty; its trial's cost at that step with its assembly in steps as the finished
+    trials' took (their median). Every time read is the slowest rank's, so every rank decides
+    alike."""
     timed = [t for t in done if t.median_s is not None]
     if not timed:
         return None
     best = min(timed, key=lambda t: t.median_s or 0.0)
     best_s = best.median_s or 0.0
-    mine, theirs = choice.expected_s(name), choice.expected_s(best.name)
-    step = best_s * mine / theirs if mine is not None and theirs else best_s
+    step = scaled_step(choice, name, best.name, best_s)
     optimistic = choice.optimistic_s(name, step)
     builds = [t.build_s / (t.median_s or 1.0) for t in timed if t.build_s is not None]
     build_steps = statistics.median(builds) if builds else BUILD_STEPS

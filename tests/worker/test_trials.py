@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +573,56 @@ def test_the_parent_keeps_no_comparison_the_workers_cut_after_the_first_trial() 
                 why = trials_module.not_repaid(name, [first], choice, epochs, 3)
                 assert why is None, (name, epochs, step, why)
     assert compared > 100  # most lengths keep one
+
+
+def _as_expected(name: str, predicted: dict[str, float], scale: float) -> Trial:
+    """A trial of candidate `name` stepping in its mode's predicted step times `scale`, built
+    in `BUILD_STEPS` of its steps."""
+    from leo_cli.planner.auto_mode import BUILD_STEPS
+
+    step = scale * predicted[name.split("/")[0]]
+    return Trial(name, [step, step], build_s=BUILD_STEPS * step)
+
+
+def test_the_workers_expect_a_plan_variant_as_the_parent_does() -> None:
+    """A plan variant (`leo/no-replicas`) has no prediction of its own: the parent's payback
+    (`repaid`) expects it at its mode's step, and so do the workers (`not_repaid`), whether
+    the variant is the candidate weighed or the trial it is weighed against. With each trial
+    measuring its expected step times one scale (any), the first candidate the parent keeps
+    is not cut by the workers, and on every later candidate (the reference's own trial paid
+    by then, and weighed against the same fastest trial) the workers decide as the parent
+    did: they cut none it keeps and keep none it cuts."""
+    from leo_cli.planner.auto_mode import repaid
+
+    fast = {"blocking": 0.053, "shared-memory": 0.055, "leo": 0.075, "fine-grained": 0.1}
+    slow = {**fast, "leo": 0.12}  # leo far slower than blocking
+    scenarios = [
+        (fast, ["blocking", "shared-memory", "leo", "leo/no-replicas", "fine-grained"]),
+        (slow, ["leo/no-replicas", "blocking", "shared-memory"]),  # a variant first
+    ]
+    first, later = 0, {True: 0, False: 0}  # later variants, by whether both kept them
+    for predicted, names in scenarios:
+        choice = ModeChoice("auto", names[0], predicted_s=predicted)
+        for epochs in range(1, 80):
+            for scale in (0.01, 1.0, 8.0):  # the measured steps over the predicted
+                trial = partial(_as_expected, predicted=predicted, scale=scale)
+                kept, why = repaid(choice, names, epochs, 3)
+                done = [trial(names[0])]
+                for name in kept[1:2]:  # the first comparison: as the parent counted it
+                    got = trials_module.not_repaid(name, done, choice, epochs, 3)
+                    assert got is None, (names[0], name, epochs, scale, got)
+                    first += name.startswith("leo/") or names[0].startswith("leo/")
+                if names[0].startswith("leo/") or len(kept) < 2:
+                    continue  # (the fastest trial would not be the reference)
+                done.append(trial(kept[1]))
+                for name in names[names.index(kept[1]) + 1 :]:
+                    got = trials_module.not_repaid(name, done, choice, epochs, 3)
+                    assert (got is None) == (name in kept), (name, epochs, scale, got, why)
+                    if name.startswith("leo/"):
+                        later[name in kept] += 1
+                    if name in kept:
+                        done.append(trial(name))
+    assert first > 10 and min(later.values()) > 10, (first, later)
 
 
 def test_a_candidate_that_cannot_repay_is_not_built_and_is_noted(
