@@ -132,8 +132,8 @@ def test_calibration_scales_each_mode_by_its_newest_samples(tmp_path: Path) -> N
 
 def test_calibration_prefers_the_closest_setting_with_samples() -> None:
     """The same setting first, then the same model across the same links (any worker count),
-    then any model across the same links, then any of the mode's samples; without a setting,
-    all of them."""
+    then the same model anywhere; never another model's samples; without a setting, all of
+    them."""
 
     def at(mode: str, ratio: float, **setting: Any) -> Sample:
         return Sample(mode, 1.0, ratio, {"workers": 2, "nodes": 1, "link": None, **setting})
@@ -146,13 +146,15 @@ def test_calibration_prefers_the_closest_setting_with_samples() -> None:
         at("leo", 11.0, model="gat", nodes=2, link="1gbit"),
     ]
     gcn2 = {"workers": 2, "nodes": 1, "link": None, "model": "gcn"}
-    assert factors(kept, gcn2) == {"leo": 2.0, "blocking": 7.0}
-    assert factors(kept, {**gcn2, "workers": 3}) == {"leo": 2.5, "blocking": 7.0}
-    assert factors(kept, {**gcn2, "model": "gat"}) == {"leo": 3.0, "blocking": 7.0}
-    assert factors(kept, {**gcn2, "model": "gin", "nodes": 2, "link": "1gbit"}) == {
-        "leo": 11.0,
+    assert factors(kept, gcn2) == {"leo": 2.0}
+    assert factors(kept, {**gcn2, "workers": 3}) == {"leo": 2.5}
+    assert factors(kept, {**gcn2, "nodes": 2, "link": "1gbit"}) == {"leo": 2.5}
+    assert factors(kept, {**gcn2, "model": "gat"}) == {"leo": 11.0}  # the same model anywhere
+    assert factors(kept, {**gcn2, "model": "sage", "nodes": 2, "link": "1gbit"}) == {
+        "leo": 5.0,
         "blocking": 7.0,
-    }  # across the same links first, whatever the model
+    }
+    assert factors(kept, {**gcn2, "model": "gin", "nodes": 2, "link": "1gbit"}) == {}
     assert factors(kept) == {"leo": 4.0, "blocking": 7.0}
 
 
