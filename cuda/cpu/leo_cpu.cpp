@@ -2,9 +2,13 @@
 // leo_cpu::bias_relu_dropout, loaded with torch.ops.load_library by leo_cli.kernels.cpu, which
 // registers them as the CPU kernels of the leo:: ops of the same names (the Python side
 // converts low-precision inputs of the SpMM, as the reference does).
-#include <ATen/ATen.h>
+// The headers of what the file uses, not <ATen/ATen.h> (every operator's declaration): the
+// compiler's front end on torch's headers is most of the build's time (first use: leo train).
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

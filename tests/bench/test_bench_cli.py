@@ -18,7 +18,7 @@ TINY = [
     "--set", "data.synthetic.num_nodes=400",
     "--set", "data.synthetic.num_features=8",
     "--set", "model.hidden_channels=8",
-    "--set", "bench.repeats=2",
+    "--set", "bench.repeats=1",
     "--set", "bench.num_epochs=2",
     "--set", "bench.warmup_epochs=1",
 ]  # fmt: skip
@@ -26,6 +26,8 @@ TINY = [
 
 @pytest.mark.integration
 def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
+    """Every mode at two workers, one round: each file the bench writes, the rows' columns
+    and how the modes compare (rounds and their ranges: tests/bench/test_suite.py)."""
     out = tmp_path / "bench"
     res = leo(
         "bench",
@@ -49,13 +51,13 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     ]
     for r in rows:
         assert set(COLUMNS) <= set(r)
-        assert r["epoch_time_s"] > 0 and r["epochs_kept"] + r["epochs_dropped"] == 4
+        assert r["epoch_time_s"] > 0 and r["epochs_kept"] + r["epochs_dropped"] == 2
         # a fresh run's set-up counts the partitions and plan this row reused (made by an
-        # earlier round); what the run paid itself lies within its wall time
+        # earlier row); what the run paid itself lies within its wall time
         assert 0 < r["run_setup_s"] < r["wall_s"] and r["run_setup_s"] <= r["setup_s"], r
         assert r["cost_200_epochs_s"] == pytest.approx(r["setup_s"] + 200 * r["epoch_time_s"])
-        assert r["interval"] == "range"  # two rounds: their range, said so
-    assert "vs blocking (range)" in (out / "bench.md").read_text()
+        assert r["interval"] is None  # one round: no interval
+    assert "vs blocking" in (out / "bench.md").read_text()
     shares = data["hidden_share"]["2"]
     assert set(shares) == {"share", "ci_low", "ci_high", "interval"}
     by_mode = {r["mode"]: r for r in rows}
@@ -75,7 +77,7 @@ def test_tiny_suite_writes_every_file(tmp_path: Path) -> None:
     auto = by_mode["auto"]
     assert auto["setup_parts_s"]["choose_s"] > 0 and auto["exact"] is True
     assert auto["fastest_mode"] in ("leo", "leo-no-cache", "blocking", "fine-grained")
-    assert auto["vs_fastest"] > 0 and auto["vs_fastest_ci_low"] <= auto["vs_fastest"]
+    assert auto["vs_fastest"] > 0 and auto["vs_fastest_ci_low"] is None
     ran = [part.split(" x")[0] for part in auto["mode_ran"].split(", ")]
     assert set(ran) <= {"leo", "leo/no-replicas", "leo/no-in-place", "blocking", "fine-grained",
                         "shared-memory"}, auto["mode_ran"]  # fmt: skip

@@ -119,20 +119,29 @@ def test_an_interpreter_that_does_not_run_is_one_sentence(tmp_path: Path) -> Non
     assert f"bench.peer_python={tmp_path / 'nothing'} cannot be run" in res.stderr
 
 
+def python_with_stand_in(folder: Path) -> Path:
+    """An interpreter where the stand-in `dgl` imports, as `bench.peer_python` names a DGL
+    environment's: this one, the stand-in first on its PYTHONPATH."""
+    wrapper = folder / "python-with-dgl"
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{STAND_IN}${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.mark.integration
 def test_bench_prints_the_dgl_row_beside_leo_as_json_lines(tmp_path: Path) -> None:
-    """`leo bench --format json` with bench.peers=[dgl] (the stand-in): every stdout line is a
-    row; the dgl row has its epoch time, accuracy and ratio to LEO's."""
+    """`leo bench --format json` with bench.peers=[dgl] (the stand-in, under the interpreter
+    bench.peer_python names): every stdout line is a row; the dgl row has its epoch time,
+    accuracy and ratio to LEO's."""
     out = tmp_path / "bench"
+    python = python_with_stand_in(tmp_path)
     sets = [*TINY, "bench.world_sizes=[1]", "bench.peers=[dgl]", "bench.repeats=1",
-            "bench.num_epochs=2", f"run.out_dir={out}"]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(STAND_IN), os.environ.get("PYTHONPATH", "")]),
-    }
-    # a fresh interpreter: PYTHONPATH is read as a process starts
+            "bench.num_epochs=2", f"bench.peer_python={python}", f"run.out_dir={out}"]  # fmt: skip
     args = ("bench", "--format", "json", *(a for s in sets for a in ("--set", s)))
-    res = leo(*args, env=env, fresh=True)
+    res = leo(*args)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
     assert [(r["table"], r["system"]) for r in rows] == [("bench", "leo")] * 2 + [("bench", "dgl")]
