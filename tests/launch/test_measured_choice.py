@@ -177,8 +177,9 @@ def test_the_workers_leave_out_a_candidate_that_their_measurements_say_cannot_re
         "blocking": (1.02 * EXPECTED, 0.16),
         "shared-memory": (3 * EXPECTED, 0.0),
     }
+    model = load_config(tmp_path / "first" / "resolved_config.yaml").model.name
     add_samples(calibration_path(cache), [
-        Sample(mode, predicted[mode], step * k, {})
+        Sample(mode, predicted[mode], step * k, {"model": model})
         for mode, (step, error) in wanted.items() for k in (1 - error, 1.0, 1 + error)
     ])  # fmt: skip
     long = [*base, "--set", "train.num_epochs=30"]
