@@ -47,7 +47,11 @@ _consume_beta_warning()
 
 
 def _require(condition: bool, message: Callable[[], str]) -> None:
-    """torch._check (a guard fake tensors and torch.compile understand), typed."""
+    """torch._check (a guard fake tensors and torch.compile understand), typed. A plain bool
+    that holds returns at once: torch._check's first call imports its symbolic shapes (and
+    sympy), about a second of a worker's first step, for a condition with nothing to guard."""
+    if condition is True:
+        return
     torch._check(condition, message)  # type: ignore[no-untyped-call]
 
 
