@@ -65,11 +65,10 @@ class ColumnBlock:
 
     def add_into(self, out_NF: Tensor, x_CF: Tensor) -> None:
         """out += A[:, block] · x (in place; only the block's rows change)."""
-        part_RF = self.forward(x_CF)
         if self.rows_R is None:
-            out_NF += part_RF
+            kernels.spmm_add_(out_NF, self.fwd, x_CF)
         else:
-            out_NF.index_add_(0, self.rows_R, part_RF)
+            out_NF.index_add_(0, self.rows_R, self.forward(x_CF))
 
 
 class _BlockProduct(torch.autograd.Function):

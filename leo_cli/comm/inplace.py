@@ -105,7 +105,7 @@ class InPlace:
             if out_NF is None:  # the local rows and the first owner's, in one op
                 out_NF = kernels.fused_aggregate(inner.fwd, h_NF, part.in_place, published)
             else:
-                out_NF += kernels.spmm(part.in_place, published)
+                kernels.spmm_add_(out_NF, part.in_place, published)
             self.rows.end_read(s, part.owner, k)
             self.stats.published_bytes += part.in_place.num_edges * width * h_NF.element_size()
         assert out_NF is not None

@@ -18,8 +18,8 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from leo_cli.errors import KernelError
-from leo_cli.kernels import gat_ops, ops
-from leo_cli.kernels.backend import Backend, active_backend, load_at_import
+from leo_cli.kernels import cpu, gat_ops, ops, variants
+from leo_cli.kernels.backend import Backend, active_backend, load_at_import, require_cpu_kernels
 from leo_cli.kernels.csr import CSR
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "scatter_add_rows",
     "sddmm",
     "spmm",
+    "spmm_add_",
 ]
 
 # Load LEO's CUDA and CPU kernels (if built and wanted) before any op runs. An unhonoured
@@ -80,6 +81,24 @@ def spmm(csr: CSR, x: Tensor) -> Tensor:
         csr.t_max_degree,
     )
     return out_RF
+
+
+def spmm_add_(out_RF: Tensor, csr: CSR, x: Tensor) -> None:
+    """out_RF += A @ x in place, with the sums of `out_RF += spmm(csr, x)` (to the bit): for
+    aggregations that add several sources into one output. Where torch's CPU SpMM serves in
+    out's dtype and no gradient is wanted, MKL adds into out (`ops.adds_in_place`): no (R x F)
+    product, no pass adding it; elsewhere the op's product is added.
+    """
+    _check_operand(csr, x, "x")
+    if out_RF.shape != (csr.num_rows, x.shape[1]):
+        raise ValueError(f"out must have shape ({csr.num_rows}, {x.shape[1]}), got {out_RF.shape}")
+    grads = torch.is_grad_enabled() and (x.requires_grad or csr.values.requires_grad)
+    library = cpu.loaded() is not None and not variants.uses_torch()  # LEO's kernel serves
+    if grads or library or not ops.adds_in_place(out_RF, x):
+        out_RF += spmm(csr, x)
+        return
+    require_cpu_kernels(x.device)
+    ops.add_csr_matmul_(out_RF, csr.indptr, csr.indices, csr.values, x, csr.num_rows)
 
 
 def sddmm(csr: CSR, a: Tensor, b: Tensor) -> Tensor:

@@ -199,5 +199,16 @@ def _fused_aggregate_cpu(
 ) -> Tensor:
     _check_fused_dtypes(values, x_local, r_values, x_remote)
     out = _spmm(indptr, indices, values, x_local, num_rows)
-    out += _spmm(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
+    add_spmm_(out, r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)
+
+
+def add_spmm_(
+    out: Tensor, indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, num_rows: int
+) -> None:
+    """out += A @ x (out in the compute dtype): torch's SpMM adds in place where it serves
+    (`ops.add_csr_matmul_`), the library's kernel makes a product to add."""
+    if variants.uses_torch():
+        ops.add_csr_matmul_(out, indptr, indices, values, x, num_rows)
+    else:
+        out += _spmm(indptr, indices, values, x, num_rows)

@@ -28,6 +28,7 @@ from leo_cli.util.dynamo import defer_kernels
 from leo_cli.util.keyed import random_bytes
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_MKL: bool = torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]
 _SDDMM_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 per temporary
 
 
@@ -46,7 +47,11 @@ _consume_beta_warning()
 
 
 def _require(condition: bool, message: Callable[[], str]) -> None:
-    """torch._check (a guard fake tensors and torch.compile understand), typed."""
+    """torch._check (a guard fake tensors and torch.compile understand), typed. A plain bool
+    that holds returns at once: torch._check's first call imports its symbolic shapes (and
+    sympy), about a second of a worker's first step, for a condition with nothing to guard."""
+    if condition is True:
+        return
     torch._check(condition, message)  # type: ignore[no-untyped-call]
 
 
@@ -114,6 +119,49 @@ def _addmm(adj: Tensor, x_CF: Tensor) -> Tensor:
     out = torch.empty((adj.shape[0], x_CF.shape[1]), dtype=x_CF.dtype, device=x_CF.device)
     torch.addmm(out, adj, x_CF, beta=0.0, out=out)
     return out
+
+
+def adds_in_place(out_RF: Tensor, x_CF: Tensor) -> bool:
+    """Whether `add_csr_matmul_` sums A @ x straight into out: a CPU product by MKL of x whole
+    (no slabs) in out's dtype, the compute dtype, into a contiguous out. MKL's sparse product
+    adds each row's finished sum into out (y = A·x + y), the sums `out += A @ x` makes with a
+    fresh product (tests/kernels/test_spmm_add.py), without the product's (R x F) buffer
+    and the pass adding it."""
+    dtype = _compute_dtype(x_CF.dtype)
+    on_cpu = x_CF.device.type == out_RF.device.type == "cpu" and _MKL
+    shapes = out_RF.dim() == x_CF.dim() == 2 and out_RF.is_contiguous()
+    if not (on_cpu and shapes and out_RF.dtype == x_CF.dtype == dtype):
+        return False
+    num_cols, width = x_CF.shape
+    return _cpu_slab(num_cols, width, dtype.itemsize) >= width
+
+
+def add_csr_matmul_(
+    out_RF: Tensor,
+    indptr: Tensor,
+    indices: Tensor,
+    values_E: Tensor,
+    x_CF: Tensor,
+    num_rows: int,
+    noted: bool = False,
+) -> None:
+    """out += A @ x with torch's CSR kernel: in place where `adds_in_place` says so, else a
+    fresh product added (`_csr_matmul`). `noted` as there."""
+    if not adds_in_place(out_RF, x_CF):
+        out_RF += _csr_matmul(indptr, indices, values_E, x_CF, num_rows, noted)
+        return
+    if not noted:
+        spmm_calls.note(indptr, indices, x_CF, num_rows)
+    adj = torch.sparse_csr_tensor(
+        indptr,
+        indices,
+        values_E.to(x_CF.dtype),
+        size=(num_rows, x_CF.shape[0]),
+        dtype=x_CF.dtype,
+        device=x_CF.device,
+        check_invariants=False,
+    )
+    torch.addmm(out_RF, adj, x_CF, out=out_RF)
 
 
 def _back_perm(t_perm: Tensor) -> Tensor:
@@ -406,7 +454,7 @@ def fused_aggregate(
     require_cuda_kernels(x_local.device)
     require_cpu_kernels(x_local.device)
     out = _csr_matmul(indptr, indices, values, x_local, num_rows)
-    out += _csr_matmul(r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
+    add_csr_matmul_(out, r_indptr, r_indices, r_values, x_remote.to(x_local.device), num_rows)
     return out.to(x_local.dtype)
 
 

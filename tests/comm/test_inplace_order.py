@@ -58,11 +58,21 @@ def test_a_late_owner_waits_after_the_local_sums(
     inner = ColumnBlock(0, 6, None, inner_csr, inner_csr.transpose())
 
     events: list[str] = []
-    spmm, fused = kernels.spmm, kernels.fused_aggregate
+    spmm, fused, add = kernels.spmm, kernels.fused_aggregate, kernels.spmm_add_
+    adding: list[bool] = []  # inside spmm_add_: a product it makes is its own
 
     def traced_spmm(a: kernels.CSR, x: torch.Tensor) -> Any:
-        events.append("local" if a is inner_csr else "remote")
+        if not adding:
+            events.append("local" if a is inner_csr else "remote")
         return spmm(a, x)
+
+    def traced_add(out: torch.Tensor, a: kernels.CSR, x: torch.Tensor) -> None:
+        events.append("remote")
+        adding.append(True)
+        try:
+            add(out, a, x)
+        finally:
+            adding.pop()
 
     def traced_fused(*args: Any) -> Any:
         events.append("fused")
@@ -70,6 +80,7 @@ def test_a_late_owner_waits_after_the_local_sums(
 
     monkeypatch.setattr(kernels, "spmm", traced_spmm)
     monkeypatch.setattr(kernels, "fused_aggregate", traced_fused)
+    monkeypatch.setattr(kernels, "spmm_add_", traced_add)
     out = {}
     for on_time in ({1}, {2}, set()):
         events.clear()

@@ -625,3 +625,20 @@ def test_csr_to_device_keeps_structure() -> None:
     csr = make_csr("empty_rows", torch.int32)
     moved = csr.to("cpu")
     assert moved.num_rows == csr.num_rows and torch.equal(moved.t_perm, csr.t_perm)
+
+
+def test_checks_that_hold_do_not_call_torch_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch._check's first call imports its symbolic shapes (and sympy, about a second of a
+    worker's first step): the ops' checks that hold on plain bools do not reach it, and one
+    that fails still raises through it."""
+    calls: list[object] = []
+    check = torch._check
+    monkeypatch.setattr(torch, "_check", lambda cond, msg=None: calls.append(cond))
+    csr = random_csr(30, 40, 200, seed=1)
+    x = torch.randn(40, 8)
+    kernels.spmm(csr, x)
+    kernels.keyed_dropout(torch.randn(30, 8), torch.arange(30), 7, 128, 2.0)
+    assert calls == []
+    monkeypatch.setattr(torch, "_check", check)
+    with pytest.raises(RuntimeError, match="boom"):
+        ops._require(False, lambda: "boom")

@@ -1,0 +1,106 @@
+"""`kernels.spmm_add_`: out += A @ x in place, with the sums of a product added after (to the
+bit), without the product where MKL adds into out; and the aggregations that use it (the
+fused op's second side, the rows read in place) make one product, not one per source."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from leo_cli import kernels
+from leo_cli.kernel_tools.synthetic import random_csr
+from leo_cli.kernels import ops, slabs, variants
+
+MKL = pytest.mark.skipif(not ops._MKL, reason="torch without MKL: no sums added in place")
+
+
+@pytest.fixture
+def torch_spmm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch's CPU SpMM serves, x whole (no slabs), as in a `pipeline.spmm=torch` worker."""
+    before = variants.cpu_spmm()
+    variants.set_cpu_spmm(variants.TORCH)
+    yield
+    variants.set_cpu_spmm(before)
+
+
+def _products(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the (R x F) products the torch SpMM makes (one entry per product, its rows)."""
+    made: list[int] = []
+    fresh = ops._csr_matmul
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out: torch.Tensor = fresh(*args, **kwargs)
+        made.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(ops, "_csr_matmul", counted)
+    return made
+
+
+@MKL
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("width", [1, 7, 47, 64])
+def test_sums_added_in_place_are_a_product_added_to_the_bit(
+    dtype: torch.dtype, index_dtype: torch.dtype, width: int, torch_spmm: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    csr = random_csr(
+        500, 700, 6000, seed=width, index_dtype=index_dtype, dtype=dtype,
+        empty_fraction=0.1, huge_row_degree=400,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(700, width, generator=gen, dtype=dtype)
+    out = torch.randn(500, width, generator=gen, dtype=dtype)
+    expected = out + kernels.spmm(csr, x)
+    made, where = _products(monkeypatch), out.data_ptr()
+    kernels.spmm_add_(out, csr, x)
+    assert torch.equal(out, expected)
+    assert out.data_ptr() == where and made == []  # into out, no product made
+
+
+@MKL
+def test_the_fused_reference_makes_one_product(
+    torch_spmm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local, remote = random_csr(300, 400, 3000, seed=1), random_csr(300, 90, 900, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    x_local, x_remote = torch.randn(400, 16, generator=gen), torch.randn(90, 16, generator=gen)
+    expected = kernels.spmm(local, x_local) + kernels.spmm(remote, x_remote)
+    made = _products(monkeypatch)
+    got = kernels.fused_aggregate(local, x_local, remote, x_remote)
+    assert torch.equal(got, expected)
+    assert made == [300]  # the local side's; the remote side added into it
+
+
+def test_a_product_is_added_where_mkl_cannot_add_in_place(
+    torch_spmm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half precision (summed in float32, rounded once), x in slabs, or a gradient wanted: the
+    product is made and added, as `out += spmm(...)` does."""
+    csr = random_csr(200, 300, 2000, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    x, out = torch.randn(300, 64, generator=gen), torch.randn(200, 64, generator=gen)
+    made = _products(monkeypatch)
+    half_out, half_x = out.to(torch.bfloat16), x.to(torch.bfloat16)
+    expected = half_out + kernels.spmm(csr, half_x)
+    kernels.spmm_add_(half_out, csr, half_x)
+    assert torch.equal(half_out, expected) and made[-1] == 200
+    xg = x.clone().requires_grad_(True)
+    summed = out.clone()
+    kernels.spmm_add_(summed, csr, xg)
+    summed.sum().backward()
+    x_ref = x.clone().requires_grad_(True)
+    (out + kernels.spmm(csr, x_ref)).sum().backward()
+    assert torch.equal(summed.detach(), out + kernels.spmm(csr, x))
+    assert xg.grad is not None and x_ref.grad is not None and torch.equal(xg.grad, x_ref.grad)
+    monkeypatch.setattr(slabs, "last_level_cache_bytes", lambda: 1 << 16)
+    variants.set_cpu_spmm(variants.TORCH_SLABS)
+    assert not ops.adds_in_place(out, x)  # 77 kB of x against a 13 kB share: slabs
+    expected = out + kernels.spmm(csr, x)
+    made.clear()
+    kernels.spmm_add_(out, csr, x)
+    assert torch.equal(out, expected) and made == [200]
