@@ -13,6 +13,7 @@ F features, N gathered or scattered rows; (R+1) and (C+1) are pointer arrays.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -133,7 +134,29 @@ def adds_in_place(out_RF: Tensor, x_CF: Tensor) -> bool:
     if not (on_cpu and shapes and out_RF.dtype == x_CF.dtype == dtype):
         return False
     num_cols, width = x_CF.shape
-    return _cpu_slab(num_cols, width, dtype.itemsize) >= width
+    return _cpu_slab(num_cols, width, dtype.itemsize) >= width and _mkl_adds_alike(dtype)
+
+
+@functools.cache
+def _mkl_adds_alike(dtype: torch.dtype) -> bool:
+    """Whether this machine's MKL, adding A @ x into y, gives `y + A @ x` to the bit (each
+    row's sum finished before it is added): checked once per process and dtype on a small
+    product with rows of 0 to 300 entries, since MKL picks its code path by the CPU; where
+    it does not, `add_csr_matmul_` makes the product and adds it."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([0, 1, 2, 3, 7, 8, 9, 16, 17, 31, 64, 100, 300])
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    indices = torch.randint(0, 500, (int(lengths.sum()),), generator=gen)
+    values = torch.rand(indices.shape[0], generator=gen, dtype=dtype)
+    adj = torch.sparse_csr_tensor(indptr, indices, values, size=(len(lengths), 500))
+    alike = True
+    for width in (7, 64):
+        x = torch.randn(500, width, generator=gen, dtype=dtype)
+        y = torch.randn(len(lengths), width, generator=gen, dtype=dtype)
+        fresh = y + _addmm(adj, x)
+        torch.addmm(y, adj, x, out=y)
+        alike = alike and torch.equal(y, fresh)
+    return alike
 
 
 def add_csr_matmul_(

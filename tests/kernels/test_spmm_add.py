@@ -14,7 +14,10 @@ from leo_cli import kernels
 from leo_cli.kernel_tools.synthetic import random_csr
 from leo_cli.kernels import ops, slabs, variants
 
-MKL = pytest.mark.skipif(not ops._MKL, reason="torch without MKL: no sums added in place")
+MKL = pytest.mark.skipif(
+    not ops._MKL or not all(ops._mkl_adds_alike(t) for t in (torch.float32, torch.float64)),
+    reason="torch without MKL, or an MKL whose in-place sums differ here: no sums added in place",
+)
 
 
 @pytest.fixture
@@ -104,3 +107,42 @@ def test_a_product_is_added_where_mkl_cannot_add_in_place(
     made.clear()
     kernels.spmm_add_(out, csr, x)
     assert torch.equal(out, expected) and made == [200]
+
+
+def test_an_mkl_that_adds_otherwise_gets_the_product_added(
+    torch_spmm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the machine's MKL would not add A @ x into out as `out + A @ x` sums it (checked
+    once per dtype), the product is made and added: the same sums either way."""
+    monkeypatch.setattr(ops, "_mkl_adds_alike", lambda dtype: False)
+    csr = random_csr(200, 300, 2000, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    x, out = torch.randn(300, 16, generator=gen), torch.randn(200, 16, generator=gen)
+    expected = out + kernels.spmm(csr, x)
+    made = _products(monkeypatch)
+    assert not ops.adds_in_place(out, x)
+    kernels.spmm_add_(out, csr, x)
+    assert torch.equal(out, expected) and made == [200]
+
+
+def test_this_machines_mkl_check_compares_the_sums_it_adds() -> None:
+    """The check itself: True where MKL's in-place sums equal a product added (this machine's
+    answer, whichever), False once the in-place product is perturbed."""
+    if not ops._MKL:
+        pytest.skip("torch without MKL")
+    ops._mkl_adds_alike.cache_clear()
+    answer = ops._mkl_adds_alike(torch.float32)
+    assert isinstance(answer, bool)
+    real = torch.addmm
+
+    def off_by_one_ulp(y: torch.Tensor, adj: torch.Tensor, x: torch.Tensor, **kw: object) -> object:
+        got = real(y, adj, x, **kw)  # type: ignore[arg-type]
+        if kw.get("out") is y and kw.get("beta", 1.0) != 0.0:
+            y.view(torch.int32)[0, 0] += 1
+        return got
+
+    ops._mkl_adds_alike.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "addmm", off_by_one_ulp)
+        assert ops._mkl_adds_alike(torch.float32) is False
+    ops._mkl_adds_alike.cache_clear()
