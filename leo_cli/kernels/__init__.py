@@ -92,9 +92,11 @@ def spmm_add_(out_RF: Tensor, csr: CSR, x: Tensor) -> None:
     _check_operand(csr, x, "x")
     if out_RF.shape != (csr.num_rows, x.shape[1]):
         raise ValueError(f"out must have shape ({csr.num_rows}, {x.shape[1]}), got {out_RF.shape}")
-    grads = torch.is_grad_enabled() and (x.requires_grad or csr.values.requires_grad)
+    wanted = (x.requires_grad, csr.values.requires_grad, out_RF.requires_grad)
+    grads = torch.is_grad_enabled() and any(wanted)
     library = cpu.loaded() is not None and not variants.uses_torch()  # LEO's kernel serves
-    if grads or library or not ops.adds_in_place(out_RF, x):
+    traced = torch.compiler.is_compiling()  # the product and the add are ops a graph holds
+    if grads or library or traced or not ops.adds_in_place(out_RF, x):
         out_RF += spmm(csr, x)
         return
     require_cpu_kernels(x.device)

@@ -50,7 +50,7 @@ _consume_beta_warning()
 def _require(condition: bool, message: Callable[[], str]) -> None:
     """torch._check (a guard fake tensors and torch.compile understand), typed. A plain bool
     that holds returns at once: torch._check's first call imports its symbolic shapes (and
-    sympy), about a second of a worker's first step, for a condition with nothing to guard."""
+    sympy), a cost in a worker's first step for a condition with nothing to guard."""
     if condition is True:
         return
     torch._check(condition, message)  # type: ignore[no-untyped-call]
@@ -124,39 +124,41 @@ def _addmm(adj: Tensor, x_CF: Tensor) -> Tensor:
 
 def adds_in_place(out_RF: Tensor, x_CF: Tensor) -> bool:
     """Whether `add_csr_matmul_` sums A @ x straight into out: a CPU product by MKL of x whole
-    (no slabs) in out's dtype, the compute dtype, into a contiguous out. MKL's sparse product
-    adds each row's finished sum into out (y = A·x + y), the sums `out += A @ x` makes with a
-    fresh product (tests/kernels/test_spmm_add.py), without the product's (R x F) buffer
-    and the pass adding it."""
+    (no slabs) in out's dtype, the compute dtype, into a contiguous out that shares no
+    memory with x, where this machine's MKL adds each row's finished sum into out at that
+    width (`_mkl_adds_alike`: the sums `out += A @ x` makes with a fresh product), without
+    the product's (R x F) buffer and the pass adding it."""
     dtype = _compute_dtype(x_CF.dtype)
     on_cpu = x_CF.device.type == out_RF.device.type == "cpu" and _MKL
     shapes = out_RF.dim() == x_CF.dim() == 2 and out_RF.is_contiguous()
     if not (on_cpu and shapes and out_RF.dtype == x_CF.dtype == dtype):
         return False
+    if out_RF.untyped_storage().data_ptr() == x_CF.untyped_storage().data_ptr():
+        return False  # out is x or a view of it: adding into it would change x mid-product
     num_cols, width = x_CF.shape
-    return _cpu_slab(num_cols, width, dtype.itemsize) >= width and _mkl_adds_alike(dtype)
+    return _cpu_slab(num_cols, width, dtype.itemsize) >= width and _mkl_adds_alike(dtype, width)
 
 
 @functools.cache
-def _mkl_adds_alike(dtype: torch.dtype) -> bool:
-    """Whether this machine's MKL, adding A @ x into y, gives `y + A @ x` to the bit (each
-    row's sum finished before it is added): checked once per process and dtype on a small
-    product with rows of 0 to 300 entries, since MKL picks its code path by the CPU; where
-    it does not, `add_csr_matmul_` makes the product and adds it."""
-    gen = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([0, 1, 2, 3, 7, 8, 9, 16, 17, 31, 64, 100, 300])
-    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    indices = torch.randint(0, 500, (int(lengths.sum()),), generator=gen)
-    values = torch.rand(indices.shape[0], generator=gen, dtype=dtype)
-    adj = torch.sparse_csr_tensor(indptr, indices, values, size=(len(lengths), 500))
-    alike = True
-    for width in (7, 64):
-        x = torch.randn(500, width, generator=gen, dtype=dtype)
-        y = torch.randn(len(lengths), width, generator=gen, dtype=dtype)
-        fresh = y + _addmm(adj, x)
-        torch.addmm(y, adj, x, out=y)
-        alike = alike and torch.equal(y, fresh)
-    return alike
+def _mkl_adds_alike(dtype: torch.dtype, width: int) -> bool:
+    """Whether this machine's MKL, adding A @ x into y at this width, gives `y + A @ x` to
+    the bit (each row's sum finished before it is added): checked once per process, dtype
+    and width on a small product with rows of 0 to 300 entries, since MKL picks its code by
+    the CPU and the width; where it does not, `add_csr_matmul_` makes the product and adds
+    it."""
+    cpu = torch.device("cpu")
+    gen = torch.Generator(cpu).manual_seed(0)
+    lengths = torch.tensor([0, 1, 2, 3, 7, 8, 9, 16, 17, 31, 64, 100, 300], device=cpu)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=cpu), lengths.cumsum(0)])
+    edges = int(lengths.sum())
+    indices = torch.randint(0, 500, (edges,), generator=gen, device=cpu)
+    values = torch.rand(edges, generator=gen, dtype=dtype, device=cpu)
+    adj = torch.sparse_csr_tensor(indptr, indices, values, size=(len(lengths), 500), device=cpu)
+    x = torch.randn(500, width, generator=gen, dtype=dtype, device=cpu)
+    y = torch.randn(len(lengths), width, generator=gen, dtype=dtype, device=cpu)
+    fresh = y + _addmm(adj, x)
+    torch.addmm(y, adj, x, out=y)
+    return torch.equal(y, fresh)
 
 
 def add_csr_matmul_(

@@ -246,9 +246,8 @@ def read_samples(path: Path) -> list[Sample]:
 
 # What a setting is compared on, from the closest match down: the whole setting, then
 # without the worker count (the same model across the same links), then the same model
-# anywhere. Never another model's: how far the probe misses differs most with the model
-# (GAT's attention steps ran 4-8x its prediction where GCN's ran near it), so a factor
-# borrowed across models is worse than none (docs/results/2026-12-07-regret-grid-more.md).
+# anywhere. Never another model's: how far the probe misses differs most with the model, so
+# a factor borrowed across models is worse than none (docs/results/2026-12-07-regret-grid-more.md).
 SETTING_TIERS: tuple[tuple[str, ...] | None, ...] = (
     None, ("model", "nodes", "link"), ("model",)
 )  # fmt: skip
