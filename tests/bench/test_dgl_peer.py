@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -123,9 +124,9 @@ def python_with_stand_in(folder: Path) -> Path:
     """An interpreter where the stand-in `dgl` imports, as `bench.peer_python` names a DGL
     environment's: this one, the stand-in first on its PYTHONPATH."""
     wrapper = folder / "python-with-dgl"
+    stand_in, python = shlex.quote(str(STAND_IN)), shlex.quote(sys.executable)
     wrapper.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{STAND_IN}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'exec "{sys.executable}" "$@"\n'
+        f'#!/bin/sh\nPYTHONPATH={stand_in}"${{PYTHONPATH:+:$PYTHONPATH}}" exec {python} "$@"\n'
     )
     wrapper.chmod(0o755)
     return wrapper
