@@ -104,6 +104,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     cfg = load_config(Path(args.config))
+    if cfg.model.name != "gcn" or cfg.model.num_layers != 2:
+        raise SystemExit(
+            f"{args.config}: the floor is counted for a 2-layer GCN (model.name=gcn, "
+            f"model.num_layers=2), not {cfg.model.name} of {cfg.model.num_layers}"
+        )
     graph = generate(cfg.data.synthetic, cfg.run.seed)
     n, e = graph.num_nodes, int(graph.edge_index_2E.shape[1])
     f, h, c = graph.x_NF.shape[1], cfg.model.hidden_channels, graph.num_classes
