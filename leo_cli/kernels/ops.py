@@ -75,15 +75,7 @@ def _csr_matmul(
     if not noted:
         spmm_calls.note(indptr, indices, x_CF, num_rows)
     dtype = _compute_dtype(x_CF.dtype)
-    adj = torch.sparse_csr_tensor(
-        indptr,
-        indices,
-        values_E.to(dtype),
-        size=(num_rows, x_CF.shape[0]),
-        dtype=dtype,
-        device=x_CF.device,
-        check_invariants=False,
-    )
+    adj = _adjacency(indptr, indices, values_E, num_rows, x_CF, dtype)
     num_cols, width = x_CF.shape
     slab = width if x_CF.is_cuda else _cpu_slab(num_cols, width, dtype.itemsize)
     if slab >= width:
@@ -102,6 +94,22 @@ def _csr_matmul(
         torch.addmm(part_RW, adj, x_CW, beta=0.0, out=part_RW)
         out[:, c0 : c0 + slab].copy_(part_RW)
     return out
+
+
+def _adjacency(
+    indptr: Tensor, indices: Tensor, values_E: Tensor, num_rows: int, x_CF: Tensor,
+    dtype: torch.dtype,
+) -> Tensor:  # fmt: skip
+    """torch's CSR tensor of A (num_rows x x's rows) in `dtype` on x's device, for its SpMM."""
+    return torch.sparse_csr_tensor(
+        indptr,
+        indices,
+        values_E.to(dtype),
+        size=(num_rows, x_CF.shape[0]),
+        dtype=dtype,
+        device=x_CF.device,
+        check_invariants=False,
+    )
 
 
 def _cpu_slab(num_cols: int, width: int, itemsize: int) -> int:
@@ -177,15 +185,7 @@ def add_csr_matmul_(
         return
     if not noted:
         spmm_calls.note(indptr, indices, x_CF, num_rows)
-    adj = torch.sparse_csr_tensor(
-        indptr,
-        indices,
-        values_E.to(x_CF.dtype),
-        size=(num_rows, x_CF.shape[0]),
-        dtype=x_CF.dtype,
-        device=x_CF.device,
-        check_invariants=False,
-    )
+    adj = _adjacency(indptr, indices, values_E, num_rows, x_CF, x_CF.dtype)
     torch.addmm(out_RF, adj, x_CF, out=out_RF)
 
 
