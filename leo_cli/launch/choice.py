@@ -146,8 +146,8 @@ def keep_trials(cfg: LeoConfig, run_dir: Path) -> None:
 def samples(cfg: LeoConfig, chosen: ModeChoice) -> list[Sample]:
     """A calibration sample of every mode tried as the cost model predicted it (a variant of
     the planned mode's levels has no prediction of its own): its median step, with one new
-    run id for the run's samples; or where it stopped after its first timed step, that step,
-    with no run id (it stopped for being past the best: its ratio to the best would be over
+    run id for the run's samples; or where it stopped after one or two timed steps, the
+    first, with no run id (it stopped for being past the best: its ratio to the best would be over
     one by how it was chosen, so it makes no pair sample, planner/wisdom.py `pair_samples`)."""
     setting = setting_of(cfg)
     run = uuid.uuid4().hex[:16]

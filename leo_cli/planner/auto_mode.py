@@ -158,8 +158,8 @@ class ModeChoice:
             before it (`free_s`), its assembly (`build_s`), its warm-up step (`warmup_s`)
             and its timed steps (`steps_s`), by set-up step of its assembly (`build_graph_s`,
             `build_levels_s`, `build_aggregator_s`, `build_model_s`), and for a candidate
-            stopped after its first timed step, that step (`first_step_s`, the slowest
-            rank's seconds).
+            stopped after its first one or two timed steps, the first (`first_step_s`, the
+            slowest rank's seconds).
         spmm: the CPU SpMM variant that runs (`pipeline.spmm`; `auto`: as set, untried).
         spmm_rule: why that variant (measured fastest, or kept as wisdom); None: not chosen.
         spmm_trials: the variants the workers are to try on the winner (kernels/variants.py);

@@ -51,6 +51,13 @@ from leo_cli.worker.step import Job, train_step
 # 2-core host); where the best's own slowest step is closer to its median, it stops sooner
 # (`stop_at`).
 STOP = 1.3
+# One step past its stop line (`stop_at`, `warmup_stop_at`) stops a candidate alone only where
+# it is this many times past the line; a step past it by less stops the candidate only with the
+# step after it also past (two in a row: the warm-up and the first timed step, or two timed
+# steps), so one slow step of a candidate as fast as the best (another process's time slice on
+# a shared host: 1.3x a candidate's median seen) does not drop it. A judgement: a candidate
+# this far past the best is slower than the best by more than one step's noise.
+FAR = 1.5
 # Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS), unless
 # they are `settled`: one step of a small graph is milliseconds, where another process's time
 # slice is noise (and would keep two steps from agreeing).
@@ -72,8 +79,8 @@ SKIPPED = (LeoError, MemoryError)
 @dataclass(frozen=True)
 class Trial:
     """One candidate's timed steps (the slowest rank's seconds), and whether it stopped after
-    its first (or after its warm-up step: no timed step) for being far slower than the best
-    so far."""
+    its first one or two (or after its warm-up step: no timed step) for being slower than the
+    best so far (`try_candidate`)."""
 
     name: str
     steps_s: list[float]
@@ -112,10 +119,12 @@ class Trial:
 
 
 def warmup_stop_at(done: list[Trial]) -> float | None:
-    """The warm-up step past which a later candidate stops before any timed step: the best
-    trial's `stop_at` times the most any finished trial's warm-up took over its own median
-    (at least 1): a candidate as fast as the best, warmed up as slowly as any so far, would
-    stay under it. None before a finished trial with a timed warm-up."""
+    """The stop line of a later candidate's warm-up step (`try_candidate`: `FAR` past it
+    stops the candidate before any timed step; past it, with its first timed step past
+    `stop_at`, after that step): the best trial's `stop_at` times the most any finished
+    trial's warm-up took over its own median (at least 1): a candidate as fast as the best,
+    warmed up as slowly as any so far, would stay under it. None before a finished trial with
+    a timed warm-up."""
     timed = [t for t in done if t.median_s is not None]
     overs = [o for t in timed if (o := t.warmup_over) is not None]
     if not overs:
@@ -130,6 +139,17 @@ def settled(times: list[float]) -> bool:
     least): its median cannot move by more than the tie the winner is chosen within, so
     further steps are not taken."""
     return len(times) >= 2 and max(times) <= min(times) * (1 + TIE)
+
+
+def past(step_s: float, line_s: float | None) -> bool:
+    """Whether `step_s` is past the stop line `line_s` (None: no line yet)."""
+    return line_s is not None and step_s > line_s
+
+
+def far_past(step_s: float, line_s: float | None) -> bool:
+    """Whether `step_s` is `FAR` times past the stop line `line_s`: it stops a candidate
+    alone."""
+    return line_s is not None and step_s > line_s * FAR
 
 
 def trial_step(job: Job, seed: int) -> float:
@@ -153,23 +173,36 @@ def try_candidate(
     warm_stop_s: float | None = None,
 ) -> Trial:
     """A warm-up step, then `steps` timed ones, more while they add up to less than
-    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`), fewer once they are `settled`; none where the
-    warm-up step is over `warm_stop_s` (`warmup_stop_at`), only the first where it is over
-    `stop_s` (the best trial's `stop_at`). Every rank sees the same times, so every rank
-    stops alike."""
+    `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`), fewer once they are `settled`. It stops early
+    for being slower than the best so far: after its warm-up step where that is `FAR` past
+    `warm_stop_s` (`warmup_stop_at`); after a timed step `FAR` past `stop_s` (the best
+    trial's `stop_at`), or past it with the step before also past its line (the warm-up past
+    `warm_stop_s`, a timed step past `stop_s`). A candidate slower than the best by less than
+    `FAR` past its lines thus takes one step more to stop than a single step would (two
+    timed steps at most). Every rank sees the same times, so every rank stops alike."""
     start = time.perf_counter()
     warm_s = trial_step(job, seed)
     warm = time.perf_counter()
     phases = {"warmup_s": warm - start}
     times: list[float] = []
-    if warm_stop_s is not None and warm_s > warm_stop_s:
+    if far_past(warm_s, warm_stop_s):
         return Trial(name, [], stopped=True, warmup_s=warm_s, phases=phases)
-    while len(times) < steps or (sum(times) < MIN_TRIAL_S and len(times) < MAX_TRIAL_STEPS):
+    behind = past(warm_s, warm_stop_s)  # the step before the next one was past its line
+    stopped = False
+    while (
+        len(times) < steps
+        or (sum(times) < MIN_TRIAL_S and len(times) < MAX_TRIAL_STEPS)
+        or behind  # one step past its line: the next one decides
+    ):
         times.append(trial_step(job, seed))
-        if (stop_s is not None and times[0] > stop_s) or settled(times):
+        if len(times) <= 2:  # the first two timed steps may stop it, no later one
+            now = past(times[-1], stop_s)
+            alone = len(times) == 1 and far_past(times[-1], stop_s)
+            stopped = now and (behind or alone)
+            behind = now and not stopped and len(times) == 1
+        if stopped or (settled(times) and not behind):
             break
     phases["steps_s"] = time.perf_counter() - warm
-    stopped = stop_s is not None and times[0] > stop_s
     return Trial(name, times, stopped=stopped, warmup_s=warm_s, phases=phases)
 
 
@@ -360,8 +393,11 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
             notes[t.name] = f"skipped: failed while being built ({t.failed})"
         elif t.stopped and not t.steps_s:
             notes[t.name] = f"stopped after its warm-up step: {t.warmup_s or 0.0:.3f} s"
-        elif t.stopped:
+        elif t.stopped and len(t.steps_s) == 1:
             notes[t.name] = f"stopped after its first step: {t.steps_s[0]:.3f} s"
+        elif t.stopped:
+            steps = ", ".join(f"{s:.3f}" for s in t.steps_s)
+            notes[t.name] = f"stopped after its first {len(t.steps_s)} steps: {steps} s"
     ran = [t for t in trials if t.not_tried is None]
     measured = {t.name: t.median_s for t in ran}
     spent = {t.name: rounded(t.phases | first_step(t)) for t in ran}
@@ -372,7 +408,7 @@ def measured_choice(choice: ModeChoice, trials: list[Trial], won: Trial, rule: s
 
 
 def first_step(trial: Trial) -> dict[str, float]:
-    """A trial stopped after its first timed step: that step, the slowest rank's seconds
+    """A trial stopped after timed steps (one or two): its first, the slowest rank's seconds
     (`first_step_s`: the step calibration samples where there is no median)."""
     return {FIRST_STEP: trial.steps_s[0]} if trial.stopped and trial.steps_s else {}
 

@@ -169,6 +169,80 @@ def test_a_warm_up_past_the_best_by_the_warm_ups_seen_stops_before_any_timed_ste
     assert trials_module.warmup_stop_at([warm, first]) is None  # no finished trial
 
 
+def test_one_slow_warm_up_does_not_drop_the_eventual_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grid's miss (2 emulated nodes at 10 Gbit/s, SAGE, 4 workers): `leo`'s warm-up
+    (0.239 s) was past the warm-up line set by `blocking` (0.183 s a step) and dropped it,
+    though its steps were the fastest. A warm-up past its line by less than `FAR` stops a
+    candidate only with its first timed step also past the best's `stop_at`."""
+    taken = _stepping(monkeypatch, {
+        "blocking": [0.200, 0.183, 0.183],
+        "leo": [0.239, 0.170, 0.172],
+    })  # fmt: skip
+    trials, _ = measure(["blocking", "leo"], lambda name: name, seed=0, steps=3)  # type: ignore[arg-type,return-value]
+    best, leo = trials
+    assert (leo.stopped, leo.steps_s) == (False, [0.170, 0.172])  # settled after two
+    assert winner(trials, {})[0].name == "leo"
+    assert taken == ["blocking"] * 3 + ["leo"] * 3
+    line = trials_module.warmup_stop_at([best])
+    assert line is not None and line < 0.239 < line * trials_module.FAR  # past, not far
+
+
+def test_one_slow_first_step_does_not_drop_the_eventual_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One host, GAT, 2 workers: `blocking`'s first step (1.528 s) was past `shared-memory`'s
+    `stop_at` (1.418 s x 1.06) and stopped it, though `blocking` by name was the fastest that
+    round. A first step past it by less than `FAR` is decided by the next one."""
+    _stepping(monkeypatch, {
+        "shared-memory": [1.50, 1.418, 1.419, 1.420],
+        "blocking": [1.45, 1.528, 1.390, 1.385],
+    })  # fmt: skip
+    trials, _ = measure(["shared-memory", "blocking"], lambda n: n, seed=0, steps=3)  # type: ignore[arg-type,return-value]
+    best, slow_first = trials
+    assert (slow_first.stopped, slow_first.steps_s) == (False, [1.528, 1.390, 1.385])
+    assert winner(trials, {})[0].name == "blocking"
+    assert best.stop_at is not None and best.stop_at < 1.528 < best.stop_at * trials_module.FAR
+
+
+def test_two_steps_in_a_row_past_the_line_or_one_far_past_it_stop_a_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a slower candidate costs: past its lines by less than `FAR`, one step more than
+    one step would (its warm-up and first step, or its first two steps); `FAR` past, the
+    step alone. A slow step after the first two stops nothing."""
+    taken = _stepping(monkeypatch, {
+        "leo": [0.10, 0.100, 0.100, 0.100],  # best: stop_at 0.106, warm-up line 0.106
+        "blocking": [0.12, 0.12, 0.5],  # warm-up past, first step past: stopped after it
+        "fine-grained": [0.10, 0.12, 0.13, 0.5],  # first two timed steps past: stopped
+        "shared-memory": [0.10, 0.12, 0.10, 0.13, 0.5],  # first past, second under: timed
+        "leo/no-replicas": [0.10, 0.10, 0.101, 0.5],  # a late slow step: never stops it
+        "far": [0.2, 0.5],  # warm-up FAR past its line: stopped before any timed step
+        "far-first": [0.10, 0.2, 0.5],  # first timed step FAR past stop_at: stopped
+    })  # fmt: skip
+    names = ["leo", "blocking", "fine-grained", "shared-memory", "leo/no-replicas", "far",
+             "far-first"]  # fmt: skip
+    # MIN_TRIAL_S adds steps to short ones: these 0.1 s steps stand for longer ones
+    monkeypatch.setattr(trials_module, "MIN_TRIAL_S", 0.0)
+    trials, _ = measure(names, lambda n: n, seed=0, steps=3)  # type: ignore[arg-type,return-value]
+    got = {t.name: (t.stopped, t.steps_s) for t in trials}
+    assert got == {
+        "leo": (False, [0.100, 0.100]),
+        "blocking": (True, [0.12]),
+        "fine-grained": (True, [0.12, 0.13]),
+        "shared-memory": (False, [0.12, 0.10, 0.13]),
+        "leo/no-replicas": (False, [0.10, 0.101]),
+        "far": (True, []),
+        "far-first": (True, [0.2]),
+    }
+    assert [taken.count(n) for n in names] == [3, 2, 3, 4, 3, 1, 2]
+    chosen = measured_choice(ModeChoice("auto", "leo", trials=names), trials, trials[0], "m")
+    assert chosen.notes["fine-grained"] == "stopped after its first 2 steps: 0.120, 0.130 s"
+    assert chosen.notes["blocking"] == "stopped after its first step: 0.120 s"
+    assert chosen.trial_s["fine-grained"]["first_step_s"] == 0.12
+
+
 def _fake_try(
     name: str, job: object, seed: int, steps: int, stop_s: float | None, warm_stop_s: Any = None
 ) -> Trial:
