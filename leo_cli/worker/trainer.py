@@ -10,7 +10,7 @@ worker/trials.py); the checkpoint restored; the run folder made ready for this a
 `train()` is the epoch loop: a step (worker/step.py), a stop on a non-finite loss, evaluation
 every `train.eval_every` epochs (its counts summed over the ranks in the epoch's one gather
 of numbers), and on rank 0 a metrics row, the best model and a checkpoint every
-`train.checkpoint_every`, written behind the loop (worker/records.py).
+`train.checkpoint_every`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from leo_cli.worker.assemble import PartTensors, build_job, halo_plan, part_tens
 from leo_cli.worker.board import Board
 from leo_cli.worker.checkpoint import accuracies, keep_best_of, restore
 from leo_cli.worker.memory import after_setup
-from leo_cli.worker.records import EpochWriter, snapshot
 from leo_cli.worker.report import (
     attempt_setup,
     finish,
@@ -194,7 +193,6 @@ class Trainer:
         the model of the first epoch with the best validation accuracy."""
         job, train, seed = self.job, self.cfg.train, self.cfg.run.seed
         stats = job.graph.aggregator.stats
-        writer = EpochWriter() if self.env.rank == 0 else None
         try:
             best = keep_best_of(self.run, self.start) if self.env.rank == 0 else None
             for epoch in range(self.start + 1, train.num_epochs + 1):
@@ -219,54 +217,33 @@ class Trainer:
                     row.update({k: numbers.pop(k) for k in ACCURACY_KEYS}, eval_s=eval_s)
                 row.update(numbers)
                 row.update(self.extras, cold=epoch == self.start + 1)
-                if writer is not None:
-                    best = self.record(epoch, row, best, writer)
+                if self.env.rank == 0:
+                    best = self.record(epoch, row, best)
         finally:
-            try:
-                if writer is not None:
-                    writer.close()  # every row, best model and checkpoint on disk
-            finally:
-                if self.board is not None:
-                    self.board.close()
+            if self.board is not None:
+                self.board.close()
 
-    def record(
-        self, epoch: int, row: dict[str, Any], best: float | None, writer: EpochWriter
-    ) -> float | None:
+    def record(self, epoch: int, row: dict[str, Any], best: float | None) -> float | None:
         """Rank 0: the epoch's metrics row, the best model when validation improved, and a
-        checkpoint every `train.checkpoint_every` epochs, handed to `writer` as they are at
-        this epoch; returns the best accuracy so far."""
+        checkpoint every `train.checkpoint_every` epochs; returns the best accuracy so far."""
         train, job = self.cfg.train, self.job
-        written: dict[str, Any] | None = None
+        written = None
         if epoch % train.checkpoint_every == 0 or epoch == train.num_epochs:
+            # What the checkpoint will hold, so a resume can tell an edited one.
             model, optimizer = job.model.state_dict(), job.optimizer.state_dict()
-            written = snapshot({"epoch": epoch, "rng": torch.get_rng_state(), "model": model,
-                                "optimizer": optimizer})  # fmt: skip
-        val = row.get("val_acc")
-        best_model = None
-        if val is not None and (best is None or val > best):
-            best = val
-            best_model = written["model"] if written else snapshot(job.model.state_dict())
-        writer.put(lambda: self.write_epoch(epoch, row, written, best_model))
-        return best
-
-    def write_epoch(
-        self,
-        epoch: int,
-        row: dict[str, Any],
-        written: dict[str, Any] | None,
-        best_model: dict[str, Any] | None,
-    ) -> None:
-        """An epoch's files, in this order: its row (with the digest of its checkpoint, so a
-        resume can tell an edited one), TensorBoard's scalars, the best model, the checkpoint."""
-        if written is not None:
+            written = {"epoch": epoch, "rng": torch.get_rng_state(), "model": model,
+                       "optimizer": optimizer}  # fmt: skip
             row["checkpoint_sha256"] = checkpoint_digest(written).hex()
         self.run.append_metrics(row)
         if self.board is not None:
             self.board.add_row(row)
-        if best_model is not None:
-            self.run.save_best(epoch, accuracies(row), best_model)
+        val = row.get("val_acc")
+        if val is not None and (best is None or val > best):
+            best = val
+            self.run.save_best(epoch, accuracies(row), job.model.state_dict())
         if written is not None:
             self.run.save_checkpoint(epoch, written)  # the very contents of the digest
+        return best
 
     def finish(self) -> None:
         """Rank 0's summary.json, curves.png and final status; then the group's last
