@@ -1,10 +1,11 @@
 """One full-graph training step of a worker, its evaluation and what it measured.
 
 `train_step` is the step (forward, backward, gradient all-reduce, optimizer), `evaluate` the
-all-reduced accuracies, `Job` everything a worker trains with (worker/assemble.py builds it),
-`epoch_stats` an epoch's numbers over every rank. Works with and without a process group: a
-single process (P = 1) is the same code path with identity collectives, and is the oracle the
-distributed runs are compared against. Legend: N inner rows, F features, C classes.
+all-reduced accuracies (`correct_counts` a rank's share of them), `Job` everything a worker
+trains with (worker/assemble.py builds it), `epoch_stats` an epoch's numbers over every rank
+(and an evaluation's accuracies, from the same collective). Works with and without a process
+group: a single process (P = 1) is the same code path with identity collectives, and is the
+oracle the distributed runs are compared against. Legend: N inner rows, F features, C classes.
 """
 
 from __future__ import annotations
@@ -134,19 +135,31 @@ def train_step(
     return float(total.item()), times
 
 
+ACCURACY_KEYS = ("train_acc", "val_acc", "test_acc")
+
+
 @torch.no_grad()
-def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float | None]:
-    """Train/val/test accuracy from all-reduced correct and total counts (None: empty split)."""
+def correct_counts(model: GNN, g: LocalGraph, data: WorkerData) -> Tensor:
+    """This rank's correct predictions and sizes of the train, val and test splits: [3, 2]
+    float64 (whole numbers, summed exactly over ranks)."""
     model.eval()
     pred = model(data.x_NF, g).argmax(dim=1)
     correct = pred == data.y_N
     masks = (data.train_N, data.val_N, data.test_N)
-    counts = torch.tensor(
+    return torch.tensor(
         [[int((correct & m).sum()), int(m.sum())] for m in masks], dtype=torch.float64
     )
-    all_reduce_(counts)
-    accs = [float(c / n) if n > 0 else None for c, n in counts.tolist()]
-    return {"train_acc": accs[0], "val_acc": accs[1], "test_acc": accs[2]}
+
+
+def accuracies(counts_S2: Tensor) -> dict[str, float | None]:
+    """Train/val/test accuracy from every rank's summed `correct_counts` (None: empty split)."""
+    accs = [float(c / n) if n > 0 else None for c, n in counts_S2.tolist()]
+    return dict(zip(ACCURACY_KEYS, accs, strict=True))
+
+
+def evaluate(model: GNN, g: LocalGraph, data: WorkerData) -> dict[str, float | None]:
+    """Train/val/test accuracy from all-reduced correct and total counts (None: empty split)."""
+    return accuracies(all_reduce_(correct_counts(model, g, data)))
 
 
 @dataclass
@@ -169,6 +182,10 @@ class Job:
     def evaluate(self) -> dict[str, float | None]:
         return evaluate(self.model, self.graph, self.data)
 
+    def correct_counts(self) -> Tensor:
+        """This rank's share of an evaluation (`epoch_stats` sums the ranks')."""
+        return correct_counts(self.model, self.graph, self.data)
+
 
 def epoch_stats(
     times: dict[str, float],
@@ -177,12 +194,15 @@ def epoch_stats(
     step_bytes: int,
     published_bytes: int,
     all_bytes: int,
+    counts_S2: Tensor | None = None,
 ) -> dict[str, Any]:
     """An epoch's numbers over every rank, from one all-gather: the slowest worker's step
     time, communication times of the training step (mean over workers, and the longest wait),
     remote bytes summed over workers (step, of which through published rows, and whole epoch),
     and every rank's step time (`rank_step_s`) and busy time (`rank_busy_s`: the step less the
-    time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum).
+    time it waited for peers: rows and gradients, the gradient all-reduce, the loss sum); with
+    this rank's `correct_counts` of an evaluation, the accuracies too (`ACCURACY_KEYS`), from
+    the same gather instead of a collective of their own.
 
     Steps end together (the all-reduces wait for the slowest rank), so the busy times are
     what tells a fast rank from a slow one.
@@ -191,10 +211,15 @@ def epoch_stats(
     waited = wait_s + times.get("allreduce_s", 0.0) + times.get("loss_sync_s", 0.0)
     mine = [step_s, max(0.0, step_s - waited), wait_s, transfer_s, step_bytes, all_bytes,
             published_bytes]  # fmt: skip
-    every = all_gather_(torch.tensor(mine, dtype=torch.float64))
+    sent = torch.tensor(mine, dtype=torch.float64)
+    if counts_S2 is not None:
+        sent = torch.cat([sent, counts_S2.to(torch.float64).flatten()])
+    every = all_gather_(sent)
     world = every.shape[0]
     total = every.sum(dim=0)
+    accs = {} if counts_S2 is None else accuracies(total[len(mine) :].view(-1, 2))
     return {
+        **accs,
         "epoch_time_s": float(every[:, 0].max()),
         "comm_wait_s": float(total[2]) / world,
         "comm_wait_max_s": float(every[:, 2].max()),

@@ -8,8 +8,9 @@ rank's part; the checkpoint it resumes from and the check that every rank starts
 levels, the model and its optimizer (worker/assemble.py; `auto`'s candidates are tried first,
 worker/trials.py); the checkpoint restored; the run folder made ready for this attempt's rows.
 `train()` is the epoch loop: a step (worker/step.py), a stop on a non-finite loss, evaluation
-every `train.eval_every` epochs, and on rank 0 a metrics row, the best model and a checkpoint
-every `train.checkpoint_every`.
+every `train.eval_every` epochs (its counts summed over the ranks in the epoch's one gather
+of numbers), and on rank 0 a metrics row, the best model and a checkpoint every
+`train.checkpoint_every`.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from leo_cli.worker.report import (
     row_extras,
     setup_progress,
 )
-from leo_cli.worker.step import Job, epoch_stats
+from leo_cli.worker.step import ACCURACY_KEYS, Job, epoch_stats
 from leo_cli.worker.trials import choose_spmm, train_winner
 
 
@@ -206,11 +207,15 @@ class Trainer:
                 row: dict[str, Any] = {"epoch": epoch, "loss": loss, **times}
                 step_comm = (stats.wait_s, stats.transfer_s, stats.remote_bytes,
                              stats.published_bytes)  # fmt: skip
+                counts, eval_s = None, 0.0
                 if epoch % train.eval_every == 0 or epoch == train.num_epochs:
                     t0 = time.perf_counter()
-                    row.update(job.evaluate())
-                    row["eval_s"] = time.perf_counter() - t0
-                row.update(epoch_stats(times, *step_comm, stats.remote_bytes))
+                    counts = job.correct_counts()  # summed over ranks by epoch_stats' gather
+                    eval_s = time.perf_counter() - t0
+                numbers = epoch_stats(times, *step_comm, stats.remote_bytes, counts)
+                if counts is not None:  # the row's order: accuracies, eval_s, the rest
+                    row.update({k: numbers.pop(k) for k in ACCURACY_KEYS}, eval_s=eval_s)
+                row.update(numbers)
                 row.update(self.extras, cold=epoch == self.start + 1)
                 if self.env.rank == 0:
                     best = self.record(epoch, row, best)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,3 +124,76 @@ def test_epoch_stats_over_ranks_from_one_gather() -> None:
     assert row["comm_wait_s"] == pytest.approx(0.15) and row["comm_wait_max_s"] == 0.2
     assert row["comm_transfer_s"] == pytest.approx(0.3)
     assert (row["step_comm_bytes"], row["comm_bytes"], row["step_published_bytes"]) == (201, 14, 10)
+
+
+def _stats_with_counts(rank: int, world: int) -> dict[str, object]:
+    from leo_cli.worker.step import epoch_stats
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    times = {"step_s": 1.0}
+    counts = torch.tensor([[3.0, 7.0], [rank, 2.0], [0.0, 0.0]], dtype=torch.float64)
+    return epoch_stats(times, 0.0, 0.0, 0, 0, 0, counts)
+
+
+def test_epoch_stats_sums_an_evaluations_counts_in_its_gather() -> None:
+    """The accuracies from every rank's correct and total counts, summed (None: an empty
+    split), beside the epoch's numbers, the same on every rank."""
+    got = spawn_ranks(_stats_with_counts, 2)
+    assert got[0] == got[1]
+    row = got[0]
+    assert (row["train_acc"], row["val_acc"], row["test_acc"]) == (6 / 14, 1 / 4, None)
+    assert row["epoch_time_s"] == 1.0 and row["rank_step_s"] == [1.0, 1.0]
+
+
+def _loop_collectives(rank: int, world: int, run_dir: Path) -> list[int]:
+    """How many all-reduces and all-gathers each epoch of `Trainer.train` makes besides its
+    training steps."""
+    env = DistEnv(rank, world, rank, 0, local_world_size=world)
+    job = Trainer(WorkerArgs(run_dir), env)
+    calls, in_step, per_epoch = [0], [False], []
+    for name in ("all_reduce", "all_gather", "all_gather_into_tensor"):
+        real = getattr(dist, name)
+
+        def counted(*args: object, _real: Any = real, **kwargs: object) -> object:
+            calls[0] += 0 if in_step[0] else 1
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    step = job.job.step
+
+    def timed_step(seed: int, epoch: int) -> tuple[float, dict[str, float]]:
+        if epoch > 1:
+            per_epoch.append(calls[0])
+            calls[0] = 0
+        in_step[0] = True
+        try:
+            return step(seed, epoch)
+        finally:
+            in_step[0] = False
+
+    job.job.step = timed_step  # type: ignore[method-assign]
+    job.train()
+    per_epoch.append(calls[0])
+    job.finish()
+    return per_epoch
+
+
+def test_an_evaluated_epoch_gathers_its_numbers_in_one_collective(tmp_path: Path) -> None:
+    """Past the training step, an epoch with an evaluation makes one all-gather (its numbers
+    and the evaluation's counts together), not a collective of each."""
+    cfg = load_config(
+        None,
+        [
+            "pipeline.mode=blocking",
+            f"run.out_dir={tmp_path / 'run'}",
+            "data.synthetic.num_nodes=300",
+            "data.synthetic.num_features=8",
+            "model.hidden_channels=8",
+            "train.num_epochs=3",
+            "launch.timeout_s=30",
+        ],
+    )
+    run_dir = prepare(cfg, resume=False, progress=None)
+    assert spawn_ranks(_loop_collectives, 2, run_dir) == [[1, 1, 1], [1, 1, 1]]
+    rows = RunDir(run_dir).read_metrics()
+    assert all(0.0 <= r["val_acc"] <= 1.0 and r["eval_s"] > 0 for r in rows)
