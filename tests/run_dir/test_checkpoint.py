@@ -11,6 +11,7 @@ import torch
 from conftest import ended_pid
 
 from leo_cli.errors import TrainError
+from leo_cli.models.optim import Adam
 from leo_cli.run_dir import RunDir
 from leo_cli.util.interrupt import Interrupted
 
@@ -20,7 +21,7 @@ def saved_state(epoch: int) -> dict[str, Any]:
     model = torch.nn.Linear(3, 1)
     with torch.no_grad():
         model.weight.fill_(float(epoch))
-    opt = torch.optim.Adam(model.parameters())
+    opt = Adam(model.parameters())  # the workers' (torch's makes its first test import dynamo)
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 

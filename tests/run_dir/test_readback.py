@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from leo_cli.errors import TrainError
+from leo_cli.models.optim import Adam
 from leo_cli.run_dir import RunDir, checkpoint_digest
 from leo_cli.worker.checkpoint import restore
 
@@ -65,7 +66,7 @@ def test_good_rows_are_kept_up_to_the_checkpoint(tmp_path: Path) -> None:
 def state(model: torch.nn.Module) -> dict[str, Any]:
     return {
         "model": model.state_dict(),
-        "optimizer": torch.optim.Adam(model.parameters()).state_dict(),
+        "optimizer": Adam(model.parameters()).state_dict(),
     }
 
 
@@ -154,7 +155,7 @@ def test_checkpoint_of_another_model_is_one_sentence(tmp_path: Path) -> None:
     assert loaded is not None
     other = torch.nn.Linear(5, 2)
     with pytest.raises(TrainError, match=r"epoch 2 .* does not fit this model") as info:
-        restore(loaded, other, torch.optim.Adam(other.parameters()), tmp_path / "checkpoints")
+        restore(loaded, other, Adam(other.parameters()), tmp_path / "checkpoints")
     assert "\n" not in str(info.value)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from leo_cli.models.optim import Adam
 from leo_cli.run_dir import RunDir
 from leo_cli.util import timing
 from leo_cli.util.timing import RunTimer, process_start_time, setup_summary
@@ -85,16 +86,16 @@ def test_busy_time_is_the_step_less_the_steps_own_waits(tmp_path: Path) -> None:
         stats.wait_s += 0.25
         return 1.0, {"step_s": 1.0}
 
-    def evaluate() -> dict[str, Any]:
+    def correct_counts() -> torch.Tensor:
         stats.wait_s += 5.0  # the evaluation's forward pass waits for a slower peer
-        return {"val_acc": 0.5}
+        return torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]], dtype=torch.float64)
 
     job = SimpleNamespace(
         graph=SimpleNamespace(aggregator=SimpleNamespace(stats=stats)),
         step=step,
-        evaluate=evaluate,
+        correct_counts=correct_counts,
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        optimizer=Adam(model.parameters(), lr=0.1),
     )
     # A trainer around the stand-in job, as its constructor would leave it on rank 0.
     trainer = Trainer.__new__(Trainer)
@@ -105,3 +106,4 @@ def test_busy_time_is_the_step_less_the_steps_own_waits(tmp_path: Path) -> None:
     trainer.train()
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert row["rank_busy_s"] == [pytest.approx(0.75)] and row["rank_step_s"] == [1.0]
+    assert row["val_acc"] == 0.5  # the evaluation ran, its wait not the step's

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from leo_cli.errors import TrainError
+from leo_cli.models.optim import Adam
 from leo_cli.run_dir import checkpoint_digest
 from leo_cli.worker.checkpoint import optimizer_problem, restore
 
@@ -21,7 +22,7 @@ EPOCH = 3
 def built(lr: float = 0.01, weight_decay: float = 5e-4) -> tuple[torch.nn.Module, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-    return model, torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    return model, Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def trained() -> dict[str, Any]:
