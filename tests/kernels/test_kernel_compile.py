@@ -198,7 +198,10 @@ def emulations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run_emulation(exe: Path, mutant: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LEO_MUTANT": mutant} if mutant else None
+    """Run an emulation build; in the mutants' build, `mutant`'s atomic is a plain add (None:
+    every atomic kept, whatever LEO_MUTANT this process has)."""
+    env = {key: value for key, value in os.environ.items() if key != "LEO_MUTANT"}
+    env.update({"LEO_MUTANT": mutant} if mutant else {})
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=env)
 
 
