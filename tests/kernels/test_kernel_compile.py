@@ -131,27 +131,60 @@ ATOMIC_MUTANTS = {
 }
 
 
+# Appended to the mutants' copy of leo_common.cuh: which atomic a run of the mutant build turns
+# into its plain add (LEO_MUTANT names it; none where unset, and never in device code).
+MUTANT_SWITCH = """
+#include <cstdlib>
+#include <cstring>
+__host__ __device__ inline bool leo_mutant(const char* name) {
+#ifdef __CUDA_ARCH__
+  return false;
+#else
+  static const char* chosen = std::getenv("LEO_MUTANT");
+  return chosen != nullptr && std::strcmp(chosen, name) == 0;
+#endif
+}
+"""
+
+
+def switched(name: str, atomic: str, plain: str) -> str:
+    """`atomic`'s line with its statement chosen at run time: the plain add where LEO_MUTANT is
+    `name`, else the atomic (the loop both lines share stays around it)."""
+    prefix = os.path.commonprefix([atomic, plain])
+    return f'{prefix}if (leo_mutant("{name}")) {plain[len(prefix) :]} else {atomic[len(prefix) :]}'
+
+
 @pytest.fixture(scope="module")
 def emulations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The host emulation of the kernels as they are (`reference`) and one build per atomic
-    mutant (race mode), compiled at once: each build is one single-threaded gcc of seconds to
-    tens of seconds. The mutants' few race cases run in a second unoptimised: -O0 compiles them
-    in 3.5 s of CPU against 5.5 s at -O1. A mutant whose atomic is no longer in its header fails
-    its test by name."""
+    """The host emulation of the kernels as they are (`reference`) and the build of every
+    atomic mutant (race mode), compiled at once: each build is one single-threaded gcc of
+    seconds to tens of seconds. The mutants share one build, each atomic beside its plain add
+    and the plain add taken where LEO_MUTANT names it (`run_emulation(exe, mutant)`); their
+    few race cases run in a second unoptimised: -O0 compiles them in 3.5 s of CPU against 5.5
+    s at -O1. A mutant whose atomic is no longer in its header is left out, and its test fails
+    by name."""
     nvcc = nvcc_or_skip()
     root = tmp_path_factory.mktemp("emulation")
     builds: dict[str, tuple[Path, Path, tuple[str, ...]]] = {
         "reference": (CUDA_DIR, root / "emulate", ("-O1",))
     }
+    cuda_dir = copy_cuda_tree(root / "mutants")
+    with (cuda_dir / "include" / "leo_common.cuh").open("a") as f:
+        f.write(MUTANT_SWITCH)
+    mutants = []
     for mutant, (header, atomic, plain) in ATOMIC_MUTANTS.items():
-        cuda_dir = copy_cuda_tree(root / mutant)
         path = cuda_dir / "include" / header
         source = path.read_text()
         if source.count(atomic) != 1:
             continue  # test_host_emulation_catches_a_missing_atomic says so
-        path.write_text(source.replace(atomic, plain))
-        race = ("-O0", "-DLEO_RACE_CHECK_ONLY")
-        builds[mutant] = (cuda_dir, root / mutant / "emulate", race)
+        path.write_text(source.replace(atomic, switched(mutant, atomic, plain)))
+        mutants.append(mutant)
+    if mutants:
+        builds["mutants"] = (
+            cuda_dir,
+            root / "mutants" / "emulate",
+            ("-O0", "-DLEO_RACE_CHECK_ONLY"),
+        )
     with ThreadPoolExecutor(max_workers=len(builds)) as pool:
         done = {
             name: pool.submit(build_host_emulation, nvcc, cuda_dir, exe, level, *flags)
@@ -160,11 +193,16 @@ def emulations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, future in done.items():
         result = future.result()
         assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
-    return {name: exe for name, (_, exe, _) in builds.items()}
+    exes = {name: exe for name, (_, exe, _) in builds.items()}
+    return {"reference": exes["reference"], **{m: exes["mutants"] for m in mutants}}
 
 
-def run_emulation(exe: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+def run_emulation(exe: Path, mutant: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an emulation build; in the mutants' build, `mutant`'s atomic is a plain add (None:
+    every atomic kept, whatever LEO_MUTANT this process has)."""
+    env = {key: value for key, value in os.environ.items() if key != "LEO_MUTANT"}
+    env.update({"LEO_MUTANT": mutant} if mutant else {})
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.integration
@@ -185,9 +223,20 @@ def test_host_emulation_catches_a_missing_atomic(mutant: str, emulations: dict[s
     """
     header, atomic, _ = ATOMIC_MUTANTS[mutant]
     assert mutant in emulations, f"{header} no longer holds the atomic this test removes"
-    result = run_emulation(emulations[mutant])
+    result = run_emulation(emulations[mutant], mutant)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "races (plain stores by two threads)" in result.stdout, result.stdout
+
+
+@pytest.mark.integration
+def test_the_mutant_build_passes_where_no_mutant_is_chosen(emulations: dict[str, Path]) -> None:
+    """Every atomic of the mutants' build stays an atomic unless LEO_MUTANT names it, so each
+    mutant's run above has its own atomic removed and no other."""
+    builds = {exe for name, exe in emulations.items() if name != "reference"}
+    assert len(builds) == 1, emulations
+    result = run_emulation(builds.pop())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 failed" in result.stdout
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="torch here has CUDA")
