@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,11 @@ from leo_cli.planner.policy import PLANNED, Budgets, Decision, decide
 from leo_cli.planner.profile.hardware import HardwareProfile
 from leo_cli.planner.reach import Reach
 from leo_cli.registry import Mode, auto_candidates, conv_of, mode_of, planned_mode, priced_runs
+
+PLANNER = "leo_cli.planner"  # the package whose own modules `planner_sources` lists
+# `from leo_cli.x import a, b` (a line of its own; the names of a parenthesised import are not
+# read, so a submodule is imported on its own line to be listed).
+IMPORT = re.compile(r"^\s*from (leo_cli\.[\w.]+) import ([\w, ]+)", re.MULTILINE)
 
 
 def model_shape(
@@ -73,16 +79,32 @@ def plan_key(inputs: str, hw: HardwareProfile) -> str:
     return digest({"inputs": inputs, "hardware": hw.fingerprint(), "planner": planner_code()})
 
 
+def planner_sources() -> list[Path]:
+    """The modules that make a plan: the planner's own, the mode registry it prices, and every
+    other LEO module they import from (the transports whose copies and segments it sizes, the
+    schema's bounds), so that a change to any of them makes cached plans stale."""
+    package = Path(__file__).resolve().parents[1]
+    own = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    used = {package / "registry.py"}
+    for path in own:
+        for module, names in IMPORT.findall(path.read_text()):
+            if module.startswith(PLANNER):
+                continue
+            base = package.joinpath(*module.split(".")[1:])
+            subs = [base / f"{name.split()[0]}.py" for name in names.split(",") if name.split()]
+            used.update(f for f in (base.with_suffix(".py"), base / "__init__.py", *subs)
+                        if f.is_file())  # fmt: skip
+    return sorted({*own, *used})
+
+
 @functools.cache
 def planner_code() -> str:
-    """Digest of the modules that make a plan (the planner's own, the mode registry it
-    prices), so that a plan cached by another cost model is made again rather than read;
-    LEO's version where the sources are not installed."""
+    """Digest of `planner_sources`, so that a plan cached by another cost model is made again
+    rather than read; LEO's version where the sources are not installed."""
     package = Path(__file__).resolve().parents[1]
-    paths = sorted([*Path(__file__).resolve().parent.glob("*.py"), package / "registry.py"])
     h = hashlib.sha256()
     try:
-        for path in paths:
+        for path in planner_sources():
             h.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
     except OSError:
         return f"leo {leo_cli.__version__}"

@@ -180,3 +180,16 @@ def test_a_plan_made_by_other_planner_code_is_not_read_as_this_ones(
     assert make.plan_key("inputs", hw) == one
     monkeypatch.setattr(make, "planner_code", lambda: "another cost model")
     assert make.plan_key("inputs", hw) != one
+
+
+def test_the_plan_key_covers_the_modules_the_cost_model_reads() -> None:
+    """The cost model sizes buffers by the transports' constants (`NUM_COPIES` of the
+    published rows, `GRAD_COPIES` of the gradients' segment) and the schema's bounds: a change
+    to those modules makes cached plans stale, as a change to the planner's own does."""
+    from leo_cli.planner import make
+
+    package = Path(make.__file__).resolve().parents[1]
+    listed = {p.relative_to(package).as_posix() for p in make.planner_sources()}
+    read = {"comm/published.py", "comm/shm.py", "config/schema.py", "registry.py"}
+    assert read <= listed and "planner/cost.py" in listed
+    assert "worker/trainer.py" not in listed  # only what a plan is made from
