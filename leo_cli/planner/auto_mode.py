@@ -112,7 +112,7 @@ def fewest_timed(trial_steps: int) -> int:
 # the smaller predicted buffers moving rows wins (worker/trials.py; memory is the tie-break,
 # never the reason).
 TIE = 0.03
-FIRST_STEP = "first_step_s"  # in `ModeChoice.trial_s`: a stopped trial's one timed step
+FIRST_STEP = "first_step_s"  # in `ModeChoice.trial_s`: a stopped trial's first timed step
 
 
 def versus(rule: str, steps: Mapping[str, float | None], mine: str) -> str:

@@ -51,12 +51,13 @@ from leo_cli.worker.step import Job, train_step
 # 2-core host); where the best's own slowest step is closer to its median, it stops sooner
 # (`stop_at`).
 STOP = 1.3
-# One step past its stop line (`stop_at`, `warmup_stop_at`) stops a candidate alone only where
-# it is this many times past the line; a step past it by less stops the candidate only with the
-# step after it also past (two in a row: the warm-up and the first timed step, or two timed
-# steps), so one slow step of a candidate as fast as the best (another process's time slice on
-# a shared host: 1.3x a candidate's median seen) does not drop it. A judgement: a candidate
-# this far past the best is slower than the best by more than one step's noise.
+# The warm-up or the first timed step past its stop line (`warmup_stop_at`, `stop_at`) stops a
+# candidate alone only where it is this many times past the line; a step past it by less stops
+# the candidate only with the step after it also past (two in a row: the warm-up and the first
+# timed step, or the first two timed steps), so one slow step of a candidate as fast as the
+# best (another process's time slice on a shared host: 1.3x a candidate's median seen) does
+# not drop it. A judgement: a candidate this far past the best is slower than the best by more
+# than one step's noise.
 FAR = 1.5
 # Short steps are timed for at least this long (more steps, up to MAX_TRIAL_STEPS), unless
 # they are `settled`: one step of a small graph is milliseconds, where another process's time
@@ -175,8 +176,9 @@ def try_candidate(
     """A warm-up step, then `steps` timed ones, more while they add up to less than
     `MIN_TRIAL_S` (at most `MAX_TRIAL_STEPS`), fewer once they are `settled`. It stops early
     for being slower than the best so far: after its warm-up step where that is `FAR` past
-    `warm_stop_s` (`warmup_stop_at`); after a timed step `FAR` past `stop_s` (the best
-    trial's `stop_at`), or past it with the step before also past its line (the warm-up past
+    `warm_stop_s` (`warmup_stop_at`); after its first timed step `FAR` past `stop_s` (the
+    best trial's `stop_at`); after one of its first two timed steps past `stop_s` with the
+    step before also past its line (the warm-up past
     `warm_stop_s`, a timed step past `stop_s`). A candidate slower than the best by less than
     `FAR` past its lines thus takes one step more to stop than a single step would (two
     timed steps at most). Every rank sees the same times, so every rank stops alike."""
@@ -200,7 +202,7 @@ def try_candidate(
             alone = len(times) == 1 and far_past(times[-1], stop_s)
             stopped = now and (behind or alone)
             behind = now and not stopped and len(times) == 1
-        if stopped or (settled(times) and not behind):
+        if stopped or settled(times):
             break
     phases["steps_s"] = time.perf_counter() - warm
     return Trial(name, times, stopped=stopped, warmup_s=warm_s, phases=phases)

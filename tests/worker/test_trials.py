@@ -217,12 +217,13 @@ def test_two_steps_in_a_row_past_the_line_or_one_far_past_it_stop_a_candidate(
         "blocking": [0.12, 0.12, 0.5],  # warm-up past, first step past: stopped after it
         "fine-grained": [0.10, 0.12, 0.13, 0.5],  # first two timed steps past: stopped
         "shared-memory": [0.10, 0.12, 0.10, 0.13, 0.5],  # first past, second under: timed
-        "leo/no-replicas": [0.10, 0.10, 0.101, 0.5],  # a late slow step: never stops it
+        "leo/no-replicas": [0.10, 0.10, 0.12, 0.5],  # a third slow step: never stops it
+        "late-far": [0.10, 0.10, 0.5, 0.10],  # the second alone, FAR past: does not stop it
         "far": [0.2, 0.5],  # warm-up FAR past its line: stopped before any timed step
         "far-first": [0.10, 0.2, 0.5],  # first timed step FAR past stop_at: stopped
     })  # fmt: skip
-    names = ["leo", "blocking", "fine-grained", "shared-memory", "leo/no-replicas", "far",
-             "far-first"]  # fmt: skip
+    names = ["leo", "blocking", "fine-grained", "shared-memory", "leo/no-replicas", "late-far",
+             "far", "far-first"]  # fmt: skip
     # MIN_TRIAL_S adds steps to short ones: these 0.1 s steps stand for longer ones
     monkeypatch.setattr(trials_module, "MIN_TRIAL_S", 0.0)
     trials, _ = measure(names, lambda n: n, seed=0, steps=3)  # type: ignore[arg-type,return-value]
@@ -232,11 +233,12 @@ def test_two_steps_in_a_row_past_the_line_or_one_far_past_it_stop_a_candidate(
         "blocking": (True, [0.12]),
         "fine-grained": (True, [0.12, 0.13]),
         "shared-memory": (False, [0.12, 0.10, 0.13]),
-        "leo/no-replicas": (False, [0.10, 0.101]),
+        "leo/no-replicas": (False, [0.10, 0.12, 0.5]),
+        "late-far": (False, [0.10, 0.5, 0.10]),
         "far": (True, []),
         "far-first": (True, [0.2]),
     }
-    assert [taken.count(n) for n in names] == [3, 2, 3, 4, 3, 1, 2]
+    assert [taken.count(n) for n in names] == [3, 2, 3, 4, 4, 4, 1, 2]
     chosen = measured_choice(ModeChoice("auto", "leo", trials=names), trials, trials[0], "m")
     assert chosen.notes["fine-grained"] == "stopped after its first 2 steps: 0.120, 0.130 s"
     assert chosen.notes["blocking"] == "stopped after its first step: 0.120 s"
