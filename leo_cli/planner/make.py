@@ -33,9 +33,9 @@ from leo_cli.planner.reach import Reach
 from leo_cli.registry import Mode, auto_candidates, conv_of, mode_of, planned_mode, priced_runs
 
 PLANNER = "leo_cli.planner"  # the package whose own modules `planner_sources` lists
-# `from leo_cli.x import a, b` (a line of its own; the names of a parenthesised import are not
-# read, so a submodule is imported on its own line to be listed).
-IMPORT = re.compile(r"^\s*from (leo_cli\.[\w.]+) import ([\w, ]+)", re.MULTILINE)
+# `from leo_cli.x import a, b`: the module, and the names on the import's first line (where one
+# names a submodule, `from leo_cli.x import (` lists x only: import a submodule on its own line).
+IMPORT = re.compile(r"^\s*from (leo_cli\.[\w.]+) import \(?([\w, ]*)", re.MULTILINE)
 
 
 def model_shape(

@@ -193,3 +193,10 @@ def test_the_plan_key_covers_the_modules_the_cost_model_reads() -> None:
     read = {"comm/published.py", "comm/shm.py", "config/schema.py", "registry.py"}
     assert read <= listed and "planner/cost.py" in listed
     assert "worker/trainer.py" not in listed  # only what a plan is made from
+
+
+def test_a_parenthesised_import_still_lists_its_module() -> None:
+    from leo_cli.planner import make
+
+    text = "from leo_cli.comm.shm import (\n    GRAD_COPIES,\n)\nfrom leo_cli.comm import segments"
+    assert make.IMPORT.findall(text) == [("leo_cli.comm.shm", ""), ("leo_cli.comm", "segments")]
