@@ -12,6 +12,7 @@ from torch import Tensor
 
 from leo_cli.errors import TrainError
 from leo_cli.run_dir import RunDir
+from leo_cli.worker.step import ACCURACY_KEYS
 
 
 def keep_best_of(run: RunDir, start: int) -> float | None:
@@ -31,13 +32,13 @@ def keep_best_of(run: RunDir, start: int) -> float | None:
                 state = run.read_recorded(kept[top["epoch"]])
             except Exception:  # an unreadable checkpoint (read_latest names it) leaves no best
                 return float(top["val_acc"])
-            run.save_best(top["epoch"], accuracies(top), state["model"])
+            run.save_best(top["epoch"], row_accuracies(top), state["model"])
     return None if top is None else float(top["val_acc"])
 
 
-def accuracies(row: dict[str, Any]) -> dict[str, Any]:
+def row_accuracies(row: dict[str, Any]) -> dict[str, Any]:
     """The accuracies of a metrics row that `checkpoints/best.pt` keeps."""
-    return {k: row.get(k) for k in ("train_acc", "val_acc", "test_acc")}
+    return {k: row.get(k) for k in ACCURACY_KEYS}
 
 
 def restore(

@@ -48,7 +48,7 @@ from leo_cli.util.timing import Laps
 from leo_cli.worker.agree import check_consistent, check_same_host, with_plan, with_trials
 from leo_cli.worker.assemble import PartTensors, build_job, halo_plan, part_tensors, shared_static
 from leo_cli.worker.board import Board
-from leo_cli.worker.checkpoint import accuracies, keep_best_of, restore
+from leo_cli.worker.checkpoint import keep_best_of, restore, row_accuracies
 from leo_cli.worker.memory import after_setup
 from leo_cli.worker.report import (
     attempt_setup,
@@ -240,7 +240,7 @@ class Trainer:
         val = row.get("val_acc")
         if val is not None and (best is None or val > best):
             best = val
-            self.run.save_best(epoch, accuracies(row), job.model.state_dict())
+            self.run.save_best(epoch, row_accuracies(row), job.model.state_dict())
         if written is not None:
             self.run.save_checkpoint(epoch, written)  # the very contents of the digest
         return best
