@@ -515,6 +515,7 @@ def _new_plan(
         halo_bytes(cfg),
     )
     keys = (key, made_for.inputs, made_for.graph)
-    plan = make_plan(cfg.cache, accesses, shape, hw, keys, cfg.pipeline.num_chunks, reach)
+    chunks = cfg.pipeline.num_chunks
+    plan = make_plan(cfg.cache, accesses, shape, hw, keys, chunks, reach, made_for.priced)
     plot_plan(plan, RunDir(run_dir).plan_plot)
     return plan

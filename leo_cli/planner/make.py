@@ -169,15 +169,18 @@ def make_plan(
     keys: tuple[str, str, str],
     num_chunks: str | int = "auto",
     reach: Reach | None = None,
+    priced: Reach | None = None,
 ) -> CachePlan:
     """Run the policy (which also gives the replica sweep for the plot), predict every mode
     with the chunk counts it will run (`num_chunks`: the `pipeline.num_chunks` setting) and
-    the rows it reads in place (`reach`; default none).
+    the rows it reads in place: the levels' (`reach`; default none), or where they read
+    none, those a mode that reads in place would read so (`priced`; default `reach`: a plan
+    made for a mode that reads nothing in place prices the modes that do as they run).
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
     with counts_memo(len(accesses)):  # the policy's trials change one rank at a time
-        return _make_plan(cache, accesses, shape, hw, keys, num_chunks, reach)
+        return _make_plan(cache, accesses, shape, hw, keys, num_chunks, (reach, priced))
 
 
 def _make_plan(
@@ -187,12 +190,12 @@ def _make_plan(
     hw: HardwareProfile,
     keys: tuple[str, str, str],
     num_chunks: str | int,
-    reach: Reach | None,
+    reaches: tuple[Reach | None, Reach | None],
 ) -> CachePlan:
     """`make_plan`'s work."""
     b = budgets(cache, accesses, shape)
-    reach = reach or Reach.none(len(accesses))
-    asked = reach  # what modes run without the plan read in place
+    reach = reaches[0] or Reach.none(len(accesses))
+    asked = reaches[1] or reach  # what modes run without the plan read in place
     decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, reach)
     if reach.published.any() and not reach.every().any():
         # auto: per pair, L3 rows only or every row in place; the policy decides the levels
@@ -207,6 +210,8 @@ def _make_plan(
             reach = first[0]
     if num_chunks != "auto":  # a set count serves every layer (and the plan says so)
         decision.num_chunks = [int(num_chunks)] * shape.num_layers
+    # what the modes that read in place are priced with, run with the plan's levels
+    rows_read = reach if reach.published.any() else asked
     none = [RankCache() for _ in accesses]
     predicted: dict[str, float | None] = {}
     stages: dict[str, dict[str, float]] = {}
@@ -214,7 +219,7 @@ def _make_plan(
     for priced in priced_runs():  # the planned mode with the levels, every mode without
         name, cached = priced.name, priced.cached
         chunks = chunks_run(priced.runs, decision.num_chunks, num_chunks, accesses, shape, cached)
-        caches, rows = (decision.caches, reach) if cached else (none, asked)
+        caches, rows = (decision.caches, rows_read) if cached else (none, asked)
         try:
             pred = predict(accesses, caches, shape, hw, priced.mode, chunks, rows)
         except CacheError:  # the profile lacks that link (e.g. shared memory across hosts)
@@ -222,8 +227,8 @@ def _make_plan(
             continue
         predicted[name], stages[name] = pred.epoch_time_s, pred.stages
         ranks_s[name] = [{"step_s": t["step_s"], "busy_s": t["busy_s"]} for t in pred.per_rank]
-    run = predicted_run(accesses, decision, shape, hw, (num_chunks, reach), predicted)
-    buffers = predicted_buffers(accesses, decision, shape, reach)
+    run = predicted_run(accesses, decision, shape, hw, (num_chunks, rows_read), predicted)
+    buffers = predicted_buffers(accesses, decision, shape, rows_read)
     shm = {name: b.shm for name, b in buffers.items()}
     return CachePlan(
         *keys, cache.policy, decision.caches, decision.num_chunks, predicted, stages,

@@ -25,7 +25,7 @@ from leo_cli.errors import CacheError, LeoError
 from leo_cli.graph.storage import read_meta
 from leo_cli.graph.types import IntArray
 from leo_cli.planner import plan_schema
-from leo_cli.planner.reach import Reach, reach_of
+from leo_cli.planner.reach import Reach, reaches_of
 from leo_cli.registry import mode_of, prediction_key
 from leo_cli.run_dir import RunDir
 from leo_cli.util import files
@@ -47,19 +47,27 @@ def graph_inputs(
     dtype: str,
     num_chunks: str | int,
     reach: Reach | None = None,
+    priced: Reach | None = None,
 ) -> str:
     """Digest of what every mode's prediction depends on: partitions, model, dtype,
-    `pipeline.num_chunks` and which rows can be read in place (`reach`)."""
-    return digest(
-        {
-            "format": FORMAT_VERSION,
-            "partitions": partition_meta.get("files", partition_meta),
-            "model": model.model_dump(mode="json"),
-            "dtype": dtype,
-            "num_chunks": num_chunks,
-            "reach": None if reach is None else [reach.published.tolist(), reach.every().tolist()],
-        }
-    )
+    `pipeline.num_chunks`, which rows the plan's mode reads in place (`reach`) and, where
+    they differ, which rows the modes that read in place are priced with (`priced`)."""
+    fields = {
+        "format": FORMAT_VERSION,
+        "partitions": partition_meta.get("files", partition_meta),
+        "model": model.model_dump(mode="json"),
+        "dtype": dtype,
+        "num_chunks": num_chunks,
+        "reach": _reach_key(reach),
+    }
+    if priced is not None and _reach_key(priced) != fields["reach"]:
+        fields["priced"] = _reach_key(priced)
+    return digest(fields)
+
+
+def _reach_key(reach: Reach | None) -> list[Any] | None:
+    """`reach` as a digest reads it."""
+    return None if reach is None else [reach.published.tolist(), reach.every().tolist()]
 
 
 def plan_inputs(
@@ -311,22 +319,26 @@ def static_layer0(cfg: LeoConfig) -> bool:
 @dataclass(frozen=True)
 class PlanInputs:
     """What a plan is made for, worked out of a config once: the partitions (`meta`, their
-    META.json), which rows each rank reads in place (`reach`), and the digests the plan is
-    made for and checked against (`inputs`: its levels'; `graph`: every mode's
-    predictions')."""
+    META.json), which rows each rank reads in place (`reach`), which rows a mode that reads
+    in place would read so (`priced`: what the plan prices such modes with, as they would
+    run, where the plan's own mode reads none), and the digests the plan is made for and
+    checked against (`inputs`: its levels'; `graph`: every mode's predictions')."""
 
     meta: dict[str, Any]
     reach: Reach
     inputs: str
     graph: str
+    priced: Reach | None = None
 
     @classmethod
     def of(cls, cfg: LeoConfig, meta: dict[str, Any]) -> PlanInputs:
         """For the run of `cfg` on the partitions of `meta` (under `pipeline.mode=auto`, the
         planned mode's, as `reach_of`)."""
-        reach = reach_of(cfg, int(meta["num_parts"]))
-        graph = graph_inputs(meta, cfg.model, dtype_key(cfg), cfg.pipeline.num_chunks, reach)
-        return cls(meta, reach, _with_cache(graph, cfg.cache), graph)
+        num = int(meta["num_parts"])
+        reach, priced = reaches_of(cfg, num)
+        chunks = cfg.pipeline.num_chunks
+        graph = graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, reach, priced)
+        return cls(meta, reach, _with_cache(graph, cfg.cache), graph, priced)
 
 
 def plan_digests(cfg: LeoConfig, meta: dict[str, Any]) -> tuple[str, str]:

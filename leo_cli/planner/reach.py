@@ -24,21 +24,26 @@ ORDERED_STORES = ("x86_64", "amd64", "i686")
 
 
 def reads_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
-    """Whether same-host rows may be read in place in this run: a mode that reads in place,
-    no attention and no rounded rows (`pipeline.halo_dtype`: published rows are in the
-    training dtype), `pipeline.transport` other than process-group, on x86 (the counters are
-    host memory). CPU workers read host memory; CUDA workers a peer GPU's memory, only when
-    asked for (`pipeline.transport=shared-memory`: this path has not yet run on a GPU here, so
-    `auto` keeps GPUs on the process group) and where this torch can map it
+    """Whether same-host rows may be read in place in this run: a mode that reads in place
+    where `rows_readable_in_place` holds."""
+    return mode_of(cfg.pipeline.mode).reads_in_place and rows_readable_in_place(cfg, device)
+
+
+def rows_readable_in_place(cfg: LeoConfig, device: torch.device | str) -> bool:
+    """Whether a mode that reads in place would read same-host rows so under `cfg`'s other
+    settings: no attention and no rounded rows (`pipeline.halo_dtype`: published rows are in
+    the training dtype), `pipeline.transport` other than process-group, on x86 (the counters
+    are host memory). CPU workers read host memory; CUDA workers a peer GPU's memory, only
+    when asked for (`pipeline.transport=shared-memory`: this path has not yet run on a GPU
+    here, so `auto` keeps GPUs on the process group) and where this torch can map it
     (comm/row_areas.py)."""
     rounded, attention = cfg.pipeline.rounds_rows, cfg.model.attention  # (then the registry's)
-    mode = mode_of(cfg.pipeline.mode)
     transport = row_transport(cfg.pipeline.transport)
     kind = torch.device(device).type
     x86 = platform.machine().lower() in ORDERED_STORES
-    in_place = mode.reads_in_place and not attention and not rounded
     gpu = kind == "cuda" and transport.gpu and peer_memory_available()
-    return in_place and transport.in_place != "none" and (kind == "cpu" or gpu) and x86
+    readable = not attention and not rounded and transport.in_place != "none"
+    return readable and (kind == "cpu" or gpu) and x86
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,21 @@ def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
     attention: its rows are not read in place); every row of them under
     `pipeline.transport=shared-memory` (worker/assemble.py reads_in_place decides alike).
     Under `pipeline.mode=auto`, the planned mode's (the plan is made for it: auto_mode.py)."""
-    cfg = planning_config(cfg)
-    if not reads_in_place(cfg, "cuda" if uses_cuda(cfg.launch) else "cpu"):
+    return reaches_of(cfg, num_parts)[0]
+
+
+def reaches_of(cfg: LeoConfig, num_parts: int) -> tuple[Reach, Reach]:
+    """`reach_of`, and the same for a mode that reads in place whatever `pipeline.mode`
+    says: the rows a plan made for a mode that reads none prices such modes with (as they
+    would run)."""
+    priced = _in_place_reach(cfg, num_parts)
+    reads = mode_of(planning_config(cfg).pipeline.mode).reads_in_place
+    return (priced if reads else Reach.none(num_parts)), priced
+
+
+def _in_place_reach(cfg: LeoConfig, num_parts: int) -> Reach:
+    """`reaches_of`'s second: same-host owners' rows where they are readable in place."""
+    if not rows_readable_in_place(cfg, "cuda" if uses_cuda(cfg.launch) else "cpu"):
         return Reach.none(num_parts)
     # Workers per node as launched (launch/elastic.py workers_per_node, without its checks:
     # a pinned worker calls this too, and sees only its own cores).

@@ -4,19 +4,21 @@ the pairs, and a pair's choice follows what reading in place costs that reader."
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import numpy as np
 from test_cost import hardware
 
+from leo_cli.config import load_config
 from leo_cli.config.schema import CacheConfig
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import ModelShape, predict
 from leo_cli.planner.make import make_plan, per_pair, transports
-from leo_cli.planner.plan import RankCache
+from leo_cli.planner.plan import PlanInputs, RankCache, dtype_key, graph_inputs
 from leo_cli.planner.policy import Decision
 from leo_cli.planner.profile.hardware import HardwareProfile
-from leo_cli.planner.reach import Reach
+from leo_cli.planner.reach import ORDERED_STORES, Reach
 
 KEYS = ("k", "i", "g")
 # Two layers, 16 -> 8 -> 4, input dropout on (no static aggregate: every layer exchanges).
@@ -118,3 +120,48 @@ def test_a_slow_reader_keeps_the_process_group() -> None:
         assert alike.epoch_time_s > made.predicted["leo"] or sum(
             r["busy_s"] for r in alike.per_rank
         ) > sum(r["busy_s"] for r in made.ranks_s["leo"])
+
+
+def test_a_plan_for_a_mode_reading_nothing_in_place_prices_the_others_as_they_run() -> None:
+    """A plan made for a mode that reads nothing in place (`blocking`: no reach of its own)
+    prices the modes that read in place with the rows they would read so (`priced`): with
+    the same levels (none here), `fine-grained`'s buffers and steps are those of the plan it
+    runs with (made for `leo`, whose reach it shares), not those of a row per reading edge
+    travelling; `blocking` and `shared-memory` are priced alike either way."""
+    accesses = [part3(r) for r in range(3)]
+    hw = three_workers(2000.0)
+    none = Reach.none(3)
+    own = make_plan(NO_REPLICAS, accesses, SHAPE, hw, KEYS, reach=ONE_HOST)
+    other = make_plan(NO_REPLICAS, accesses, SHAPE, hw, KEYS, reach=none, priced=ONE_HOST)
+    alone = make_plan(NO_REPLICAS, accesses, SHAPE, hw, KEYS, reach=none)
+    assert [c.l3_rows.size + c.replica_rows.size for c in own.caches + other.caches] == [0] * 6
+    fg = "fine-grained"
+    assert other.buffer_bytes[fg] == own.buffer_bytes[fg] < alone.buffer_bytes[fg]
+    assert other.predicted_run[fg] == own.predicted_run[fg]
+    assert other.predicted[fg] == own.predicted[fg]
+    for mode in ("blocking", "shared-memory"):
+        assert other.buffer_bytes[mode] == alone.buffer_bytes[mode]
+        assert other.predicted_run[mode] == alone.predicted_run[mode]
+
+
+def test_a_plans_inputs_name_the_rows_modes_that_read_in_place_are_priced_with() -> None:
+    """`blocking` reads nothing in place, yet its plan prices `fine-grained` with the rows
+    `fine-grained` reads in place under the same settings; with none readable
+    (`pipeline.transport=process-group`) the plan prices other figures, under another key.
+    A plan whose own mode reads in place keeps the key it had."""
+    meta = {"num_parts": 3, "files": {"part0": "x"}}
+
+    def inputs(*overrides: str) -> PlanInputs:
+        return PlanInputs.of(load_config(None, ["partition.num_parts=3", *overrides]), meta)
+
+    blocking, fine = inputs("pipeline.mode=blocking"), inputs("pipeline.mode=fine-grained")
+    assert fine.priced is not None and blocking.priced is not None
+    assert not blocking.reach.published.any()
+    assert blocking.priced.published.tolist() == fine.reach.published.tolist()
+    assert blocking.priced.published.any() == (platform.machine().lower() in ORDERED_STORES)
+    group = inputs("pipeline.mode=blocking", "pipeline.transport=process-group")
+    assert group.priced is not None and not group.priced.published.any()
+    assert (group.graph != blocking.graph) == bool(blocking.priced.published.any())
+    cfg = load_config(None, ["partition.num_parts=3", "pipeline.mode=fine-grained"])
+    chunks = cfg.pipeline.num_chunks
+    assert fine.graph == graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, fine.reach)
