@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,17 +31,13 @@ from leo_cli.run_dir import RunDir
 
 pytestmark = pytest.mark.dist
 
-# Big enough that an epoch takes a noticeable time, so kills land mid-run and well after the
-# set-up (a restart's set-up is told apart from the first attempt's by when the kill came).
+# The runs the kill tests interrupt: a kill comes once epoch KILL_AT is done (a checkpoint
+# exists by then) and must land mid-run, so MEDIUM_EPOCHS leaves that many epochs more (a few
+# seconds of them: the tests poll every 0.1 s, on a loaded machine too) to train after it.
+KILL_AT, MEDIUM_EPOCHS = 5, 50
 MEDIUM = [
-    "--set",
-    "data.synthetic.num_nodes=60000",
-    "--set",
-    "data.synthetic.num_features=128",
-    "--set",
-    "train.checkpoint_every=2",
-    "--set",
-    "train.num_epochs=30",
+    *("--set", "data.synthetic.num_nodes=20000", "--set", "data.synthetic.num_features=64"),
+    *("--set", "train.checkpoint_every=2", "--set", f"train.num_epochs={MEDIUM_EPOCHS}"),
 ]
 
 
@@ -260,11 +257,11 @@ def test_killed_job_resumes_to_same_result(
 ) -> None:
     run = tmp_path / "run"
     proc = start("train", *medium, "--set", f"run.out_dir={run}")
-    wait_for_epoch(run, 5, proc)
+    wait_for_epoch(run, KILL_AT, proc)
     workers = list(heartbeat_pids(run).values())
     os.kill(proc.pid, signal.SIGKILL)  # the launcher only: its workers must not outlive it
     proc.wait()
-    assert len(RunDir(run).read_metrics()) < 30  # workers may still be appending a row
+    assert len(RunDir(run).read_metrics()) < MEDIUM_EPOCHS  # workers may still append a row
     deadline = time.monotonic() + 10
     while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -272,7 +269,7 @@ def test_killed_job_resumes_to_same_result(
     started = load_config(run / "resolved_config.yaml").pipeline.mode  # what auto chose
     res = leo("train", *medium, "--set", f"run.out_dir={run}", "--resume")
     assert res.returncode == 0, res.stderr
-    assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
+    assert [r["epoch"] for r in metrics(run)] == list(range(1, MEDIUM_EPOCHS + 1))
     assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
     assert (summary(run)["mode"], summary(run)["mode_requested"]) == (started, "auto")
 
@@ -282,18 +279,19 @@ def test_killed_worker_is_restarted(
     tmp_path: Path, medium: list[str], reference: dict[str, Any]
 ) -> None:
     run = tmp_path / "run"
-    began = time.time()
     proc = start("train", *medium, "--set", f"run.out_dir={run}", "--set", "launch.max_restarts=1")
-    wait_for_epoch(run, 5, proc)
+    wait_for_epoch(run, KILL_AT, proc)
     os.kill(heartbeat_pids(run)[1], signal.SIGKILL)
-    killed_after = time.time() - began
+    killed_at = time.time()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert [r["epoch"] for r in metrics(run)] == list(range(1, 31))
+    assert [r["epoch"] for r in metrics(run)] == list(range(1, MEDIUM_EPOCHS + 1))
     assert summary(run)["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
-    # set-up is the first attempt's (it ended before the kill); the restart's own apart
+    # set-up is the first attempt's (it ended before the kill), counted from the run's start;
+    # the restart's (which ended after the kill) apart
     s = summary(run)
-    assert len(s["restart_setup_s"]) == 1 and s["setup_s"] < killed_after
+    started_at = json.loads(RunDir(run).setup_file.read_text())["started_at"]
+    assert len(s["restart_setup_s"]) == 1 and s["setup_s"] < killed_at - started_at
 
 
 @pytest.mark.integration
@@ -360,17 +358,18 @@ def test_nan_loss_stops_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    two = ["--set", f"run.out_dir={run}", "--set", "train.num_epochs=2"]
-    assert leo("train", *TINY, *two).returncode == 0
-    # Without any checkpoint a resume starts over and must not duplicate epochs.
+def test_resume_with_other_settings_is_refused(tmp_path: Path, trained_run: TrainedRun) -> None:
+    """A copy of the session's trained run (6 epochs) without its checkpoints: a resume starts
+    over and must not duplicate epochs; one with another partition method is refused."""
+    run = trained_run.copy(tmp_path / "run")
+    args = [arg for item in trained_run.settings for arg in ("--set", item)]
+    args += ["--set", f"run.out_dir={run}"]
     for ckpt in (run / "checkpoints").glob("*.pt"):
         ckpt.unlink()
-    res = leo("train", *TINY, *two, "--resume")
+    res = leo("train", *args, "--resume")
     assert res.returncode == 0, res.stderr
-    assert [r["epoch"] for r in metrics(run)] == [1, 2]
-    res = leo_here("train", *TINY, *two, "--set", "partition.method=random", "--resume")
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    res = leo_here("train", *args, "--set", "partition.method=random", "--resume")
     assert res.returncode == 2 and "partition.method" in res.stderr
 
 
@@ -522,13 +521,16 @@ def test_bad_input_through_train(tmp_path: Path, args: list[str], needle: str) -
 
 
 @pytest.mark.integration
-def test_corrupt_part_fails_through_train(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    two = [*TINY, "--set", f"run.out_dir={run}", "--set", "train.num_epochs=2"]
-    assert leo("train", *two).returncode == 0
+def test_corrupt_part_fails_through_train(tmp_path: Path, trained_run: TrainedRun) -> None:
+    """A copy of the session's trained run with its cache beside it (`leo-cache`, where its
+    partitions link), trained again over itself on a truncated part."""
+    shutil.copytree(trained_run.folder.parent / "leo-cache", tmp_path / "leo-cache")
+    run = Path(shutil.copytree(trained_run.folder, tmp_path / "run", symlinks=True))
+    assert (run / "partitions").resolve().is_relative_to(tmp_path)  # the copy is corrupted
     victim = run / "partitions" / "part_1" / "indices.npy"
     victim.write_bytes(victim.read_bytes()[:-8])
-    res = leo("train", *two, "--overwrite")
+    args = [arg for item in trained_run.settings for arg in ("--set", item)]
+    res = leo("train", *args, "--set", f"run.out_dir={run}", "--overwrite")
     assert res.returncode == 2
     err = " ".join(res.stderr.split())
     assert "part_1/indices.npy" in err and "leo partition --force" in err
