@@ -175,7 +175,8 @@ def make_plan(
     with the chunk counts it will run (`num_chunks`: the `pipeline.num_chunks` setting) and
     the rows it reads in place: the levels' (`reach`; default none), or where they read
     none, those a mode that reads in place would read so (`priced`; default `reach`: a plan
-    made for a mode that reads nothing in place prices the modes that do as they run).
+    made for a mode that reads nothing in place prices the modes that do with the rows they
+    read, though without the per-pair transport choice a plan of their own makes).
 
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """

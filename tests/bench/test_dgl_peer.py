@@ -136,18 +136,16 @@ def python_with_stand_in(folder: Path) -> Path:
 def test_bench_prints_the_dgl_row_beside_leo_as_json_lines(tmp_path: Path) -> None:
     """`leo bench --format json` with bench.peers=[dgl] (the stand-in, under the interpreter
     bench.peer_python names): every stdout line is a row; the dgl row has its epoch time,
-    accuracy and ratio to LEO's. No static aggregate: LEO's one row at one worker (the row
-    without it beside one with it: tests/bench/test_bench_cli.py)."""
+    accuracy and ratio to LEO's."""
     out = tmp_path / "bench"
     python = python_with_stand_in(tmp_path)
     sets = [*TINY, "bench.world_sizes=[1]", "bench.peers=[dgl]", "bench.repeats=1",
-            "bench.num_epochs=2", f"bench.peer_python={python}", f"run.out_dir={out}",
-            "cache.static_aggregate=false"]  # fmt: skip
+            "bench.num_epochs=2", f"bench.peer_python={python}", f"run.out_dir={out}"]  # fmt: skip
     args = ("bench", "--format", "json", *(a for s in sets for a in ("--set", s)))
     res = leo(*args)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
-    assert [(r["table"], r["system"]) for r in rows] == [("bench", "leo"), ("bench", "dgl")]
+    assert [(r["table"], r["system"]) for r in rows] == [("bench", "leo")] * 2 + [("bench", "dgl")]
     dgl = rows[-1]
     assert dgl["epoch_time_s"] > 0 and 0 <= dgl["test_acc"] <= 1 and dgl["exact"] is True
     assert "Wrote" in res.stderr and "| dgl | dgl | 1 |" in (out / "bench.md").read_text()

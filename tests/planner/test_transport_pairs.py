@@ -142,6 +142,7 @@ def test_a_plan_for_a_mode_reading_nothing_in_place_prices_the_others_as_they_ru
     for mode in ("blocking", "shared-memory"):
         assert other.buffer_bytes[mode] == alone.buffer_bytes[mode]
         assert other.predicted_run[mode] == alone.predicted_run[mode]
+        assert other.predicted[mode] == alone.predicted[mode]
 
 
 def test_a_plans_inputs_name_the_rows_modes_that_read_in_place_are_priced_with() -> None:
