@@ -163,6 +163,8 @@ def test_a_plans_inputs_name_the_rows_modes_that_read_in_place_are_priced_with()
     group = inputs("pipeline.mode=blocking", "pipeline.transport=process-group")
     assert group.priced is not None and not group.priced.published.any()
     assert (group.graph != blocking.graph) == bool(blocking.priced.published.any())
-    cfg = load_config(None, ["partition.num_parts=3", "pipeline.mode=fine-grained"])
-    chunks = cfg.pipeline.num_chunks
-    assert fine.graph == graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, fine.reach)
+    for mode in ("fine-grained", "leo", "auto"):  # the key they had, without `priced`
+        cfg = load_config(None, ["partition.num_parts=3", f"pipeline.mode={mode}"])
+        own = inputs(f"pipeline.mode={mode}")
+        chunks = cfg.pipeline.num_chunks
+        assert own.graph == graph_inputs(meta, cfg.model, dtype_key(cfg), chunks, own.reach)
