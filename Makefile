@@ -27,14 +27,16 @@ lint: install
 	$(VENV)/bin/ruff check leo_cli tests
 	$(VENV)/bin/ruff format --check leo_cli tests
 
-# CHECK_NICE: a `nice` prefix `make test` gives the checks that run beside pytest (empty alone).
+# CHECK_NICE: a `nice` prefix `make test` gives the checks that run beside pytest (empty alone);
+# CUDA_CHECK_JOBS: the CUDA check's parallel compilations.
 CHECK_NICE ?=
+CUDA_CHECK_JOBS ?= 1
 
 typecheck: install
 	$(CHECK_NICE) $(VENV)/bin/mypy
 
 cuda-check: install
-	@if command -v nvcc >/dev/null 2>&1; then $(CHECK_NICE) $(VENV)/bin/leo compile --check -j 1; \
+	@if command -v nvcc >/dev/null 2>&1; then $(CHECK_NICE) $(VENV)/bin/leo compile --check -j $(CUDA_CHECK_JOBS); \
 	else echo "cuda-check skipped: nvcc not found on PATH"; fi
 
 # Byte-compiled first: with PYTHONDONTWRITEBYTECODE set (CI images often set it) every
@@ -52,9 +54,11 @@ pytest: install
 # take the core pytest's two-rank tests leave idle (about 2 minutes less on 2 cores); their
 # few lines land among pytest's progress. Any failing check fails `make test`. They run at a
 # lower priority (CHECK_NICE), so they take what pytest leaves idle rather than slowing its
-# launches (the CUDA check alone is about 130 s of a core on a 2-core host).
+# launches (the CUDA check alone is about 130 s of a core on a 2-core host), two compilations
+# at a time, so that what is left of the check when pytest ends takes both cores.
 test: install
-	$(MAKE) --no-print-directory -j4 CHECK_NICE="nice -n 15" lint typecheck cuda-check pytest
+	$(MAKE) --no-print-directory -j4 CHECK_NICE="nice -n 15" CUDA_CHECK_JOBS=2 lint typecheck \
+	  cuda-check pytest
 
 # The unit tests: none that starts a subprocess (integration), torch.distributed ranks (dist)
 # or a long run (slow); about a minute on 2 cores. CI runs `make test`.
