@@ -181,7 +181,7 @@ def make_plan(
     `keys` are the plan's (key, inputs, graph_inputs) digests.
     """
     with counts_memo(len(accesses)):  # the policy's trials change one rank at a time
-        return _make_plan(cache, accesses, shape, hw, keys, num_chunks, (reach, priced))
+        return _make_plan(cache, accesses, shape, hw, keys, num_chunks, reach, priced_reach=priced)
 
 
 def _make_plan(
@@ -191,12 +191,13 @@ def _make_plan(
     hw: HardwareProfile,
     keys: tuple[str, str, str],
     num_chunks: str | int,
-    reaches: tuple[Reach | None, Reach | None],
+    reach: Reach | None,
+    priced_reach: Reach | None,
 ) -> CachePlan:
     """`make_plan`'s work."""
     b = budgets(cache, accesses, shape)
-    reach = reaches[0] or Reach.none(len(accesses))
-    asked = reaches[1] or reach  # what modes run without the plan read in place
+    reach = reach or Reach.none(len(accesses))
+    asked = priced_reach or reach  # what modes run without the plan read in place
     decision = decide(cache.policy, accesses, shape, b, hw, cache.static_aggregate, reach)
     if reach.published.any() and not reach.every().any():
         # auto: per pair, L3 rows only or every row in place; the policy decides the levels
