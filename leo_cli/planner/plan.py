@@ -320,15 +320,15 @@ def static_layer0(cfg: LeoConfig) -> bool:
 class PlanInputs:
     """What a plan is made for, worked out of a config once: the partitions (`meta`, their
     META.json), which rows each rank reads in place (`reach`), which rows a mode that reads
-    in place would read so (`priced`: what the plan prices such modes with, as they would
-    run, where the plan's own mode reads none), and the digests the plan is made for and
+    in place would read so (`priced`: the rows the plan prices such modes with where its own
+    mode reads none), and the digests the plan is made for and
     checked against (`inputs`: its levels'; `graph`: every mode's predictions')."""
 
     meta: dict[str, Any]
     reach: Reach
     inputs: str
     graph: str
-    priced: Reach | None = None
+    priced: Reach
 
     @classmethod
     def of(cls, cfg: LeoConfig, meta: dict[str, Any]) -> PlanInputs:

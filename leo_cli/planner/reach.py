@@ -83,8 +83,7 @@ def reach_of(cfg: LeoConfig, num_parts: int) -> Reach:
 
 def reaches_of(cfg: LeoConfig, num_parts: int) -> tuple[Reach, Reach]:
     """`reach_of`, and the same for a mode that reads in place whatever `pipeline.mode`
-    says: the rows a plan made for a mode that reads none prices such modes with (as they
-    would run)."""
+    says: the rows a plan made for a mode that reads none prices such modes with."""
     priced = _in_place_reach(cfg, num_parts)
     reads = mode_of(planning_config(cfg).pipeline.mode).reads_in_place
     return (priced if reads else Reach.none(num_parts)), priced
