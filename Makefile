@@ -13,11 +13,16 @@ CUDA_STAMP := $(CUDA_VENV)/.installed
 install: $(STAMP)
 
 # Torch goes in first and only when missing, so GPU users keep their own build and the
-# unpinned range in pyproject.toml never pulls a multi-GB CUDA wheel.
+# unpinned range in pyproject.toml never pulls a multi-GB CUDA wheel. pip byte-compiles what
+# it installs one file at a time (about a minute on 2 cores); the environment is compiled
+# once afterwards on every core instead. A file this Python cannot compile (torch ships some
+# for newer ones) stays uncompiled, as pip leaves it.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[dev,peers]"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q --no-compile "$(TORCH_PIN)"
+	$(PIP) install -q --no-compile -e ".[dev,peers]"
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig as s; \
+	  print(*{s.get_path('purelib'), s.get_path('platlib')})") || true
 	touch $(STAMP)
 
 run: install

@@ -34,8 +34,15 @@ from leo_cli.harness.placement import AFFINITY_ENV
 from leo_cli.util.procs import descendants
 
 # Imported by the server. Not torch._dynamo: a worker's custom ops and optimizer leave it
-# unimported (util/dynamo.py), and the launch waits for the server's imports.
-PRELOAD = ("leo_cli.worker.entry", "leo_cli.planner.profile.probe")
+# unimported (util/dynamo.py), and the launch waits for the server's imports. matplotlib's
+# figure and Agg canvas: rank 0 draws curves.png at the end of every run while the other ranks
+# wait at the last barrier, and importing them there cost every run a second or so.
+PRELOAD = (
+    "leo_cli.worker.entry",
+    "leo_cli.planner.profile.probe",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+)
 # Read after a worker started: by the worker itself (comm/segments.py, harness/placement.py;
 # harness/process.py sets its threads) or by torch elastic, which sets its own per worker and
 # launch.

@@ -63,6 +63,7 @@ def test_workers_fork_from_one_server_and_run_as_their_launch_says(
         assert all(s["sid"] == s["pid"] for s in seen)  # a session of its own
         assert all(s["threads"] == threads for s in seen)
         assert all(s["frozen"] > 0 for s in seen)  # the server's imports: never collected
+        assert all(s["drawing"] for s in seen)  # curves.png's Figure and Agg: the server's
     assert first[0]["job"] != second[0]["job"]  # each launch's own
     servers = [{s["ppid"] for s in seen} for seen in (first, second, third)]
     assert servers[0] == servers[1] and len(servers[0]) == 1  # one server, reused

@@ -46,3 +46,16 @@ def test_level_rows_stack_to_the_halo() -> None:
     every = plot.level_rows({"L1": 2, "L2": 5, "L3": 3, "in_place": 7})
     assert every == {"L1": 2, "L2": 1, "L3": 0, "in place": 7}
     assert sum(every.values()) == 2 + 5 + 3
+
+
+def test_without_a_sweep_the_baselines_set_the_scale() -> None:
+    """A plan without replicas to sweep draws only the baselines' lines: the axis spans them
+    (horizontal lines alone leave it at 0..1, every line squashed at the bottom)."""
+    from leo_cli.util import figures
+
+    made = make_plan(CacheConfig(), [part(0), part(1)], SHAPE, hardware(), ("k", "i", "g"))
+    made.sweep = []
+    ax = figures.figure().subplots()
+    plot.sweep_panel(ax, made)
+    drawn = [line.get_ydata()[0] for line in ax.get_lines()]
+    assert drawn and ax.get_ylim() == (0, 1.25 * max(drawn))
