@@ -135,8 +135,8 @@ def python_with_stand_in(folder: Path) -> Path:
 @pytest.mark.integration
 def test_bench_prints_the_dgl_row_beside_leo_as_json_lines(tmp_path: Path) -> None:
     """`leo bench --format json` with bench.peers=[dgl] (the stand-in, under the interpreter
-    bench.peer_python names): every stdout line is a row; the dgl row has its epoch time,
-    accuracy and ratio to LEO's."""
+    bench.peer_python names): every stdout line is a row (LEO's one worker with and without
+    the static aggregate, then dgl's); the dgl row has its epoch time and accuracy."""
     out = tmp_path / "bench"
     python = python_with_stand_in(tmp_path)
     sets = [*TINY, "bench.world_sizes=[1]", "bench.peers=[dgl]", "bench.repeats=1",
