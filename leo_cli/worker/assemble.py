@@ -41,6 +41,7 @@ from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.reach import reads_in_place
 from leo_cli.registry import is_auto, mode_of, row_transport
 from leo_cli.util.timing import Laps
+from leo_cli.worker.memory import trim_heap
 from leo_cli.worker.step import Job, WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -196,9 +197,12 @@ def part_tensors(
     """The part's CSR, weighted for the model, and its data (features, labels, splits), in
     the training dtype: what every mode's job of this part starts from (read, never written,
     by a job: jobs of several modes can share them). Without `transpose`, a forward-only
-    CSR (`views_leave_the_part`)."""
+    CSR (`views_leave_the_part`). The heap's free pages are handed back after the CSR
+    (`trim_heap`): what its build freed on the heap would otherwise stay resident through
+    set-up's peak, more or less of it from run to run."""
     dtype = DTYPES[cfg.train.dtype]
     adj = part_adjacency(part, cfg.model.name, dtype, device, transpose)
+    trim_heap()
     return adj, WorkerData.from_part(part, dataset.num_train, dtype, device)
 
 

@@ -2,11 +2,12 @@
 system; the training loop hands back what its steps free, or keeps it for the next step.
 
 During set-up a fixed mmap threshold of 4 MiB keeps every large block its own mapping, so the
-temporaries freed after set-up go back to the system. At the end of set-up the worker trims
-the heap once. By default that is all: large blocks stay mappings of their own and go back
-to the system when freed. With `launch.keep_freed_memory` it then keeps what it frees: no new
-block gets its own mapping and the heap's top is not trimmed, so a step's tensors reuse the
-previous step's pages instead of faulting in fresh ones. Where `launch.allocator`
+temporaries freed after set-up go back to the system. The worker trims the heap once the
+part's CSR is built (before set-up's peak) and once at the end of set-up. By default that is
+all: large blocks stay mappings of their own and go back to the system when freed. With
+`launch.keep_freed_memory` it then keeps what it frees: no new block gets its own mapping and
+the heap's top is not trimmed, so a step's tensors reuse the previous step's pages instead of
+faulting in fresh ones. Where `launch.allocator`
 (launch/allocator.py) preloads jemalloc, these settings do nothing. `leo bench`'s PyG peers
 make the same calls, so every system compared runs alike.
 
@@ -43,6 +44,18 @@ def keep_freed_memory() -> bool:
     if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free pages back to the system now (glibc's `malloc_trim(0)`, no
+    garbage collection): set-up calls it once the part's CSR is built, so that the pages its
+    temporaries below the mmap threshold leave on the heap are not resident at set-up's
+    peak, the static aggregate's fetch that follows. False without glibc."""
+    libc = glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def after_setup(keep: bool) -> bool:

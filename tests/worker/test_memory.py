@@ -10,13 +10,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from conftest import random_graph
+from helpers.ranks import dataset_info
 
+from leo_cli.config import load_config
+from leo_cli.graph.layout import build_parts
+from leo_cli.graph.partitioners import assign_parts
 from leo_cli.harness import process as rank
 from leo_cli.util import rss
+from leo_cli.worker import assemble, memory
 from leo_cli.worker import entry as worker
-from leo_cli.worker import memory
 
 # Free a 16 MiB block (glibc would raise its mmap threshold to 16 MiB), then allocate 8 MiB
 # and print how many MiB malloc holds in mappings (mallinfo2().hblkhd).
@@ -117,6 +124,7 @@ def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch, collects: list[str
     assert memory.keep_freed_memory() is False
     assert memory.after_setup(True) is False and memory.after_setup(False) is False
     assert rss.hand_back_freed_memory() is False
+    assert memory.trim_heap() is False
     assert collects == ["collect"] * 3  # garbage is still collected
 
 
@@ -182,3 +190,40 @@ def test_after_setup_trims_then_keeps_or_not(
     kept = [("mallopt", memory.M_MMAP_MAX), ("mallopt", memory.M_TRIM_THRESHOLD)]
     assert calls == [("trim", 0)] + (kept if keep else [])
     assert collects == ["collect"]  # garbage collected once
+
+
+def test_trim_heap_trims_without_collecting_garbage(
+    monkeypatch: pytest.MonkeyPatch, collects: list[str]
+) -> None:
+    calls: list[int] = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(pad)
+            return 1
+
+    monkeypatch.setattr(memory, "glibc", FakeLibc)
+    assert memory.trim_heap() is True
+    assert calls == [0] and collects == []
+
+
+def test_the_parts_tensors_trim_the_heap_once_the_csr_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set-up's peak (the static aggregate's fetch) comes after the part's CSR: the pages
+    its build freed on the heap are handed back in between."""
+    calls: list[str] = []
+    made = assemble.part_adjacency
+
+    def adjacency(*args: Any, **kwargs: Any) -> Any:
+        out = made(*args, **kwargs)
+        calls.append("csr")
+        return out
+
+    monkeypatch.setattr(assemble, "part_adjacency", adjacency)
+    monkeypatch.setattr(assemble, "trim_heap", lambda: calls.append("trim") or True)
+    g = random_graph(60, 240, 6, 3, seed=1)
+    parts = build_parts(g, assign_parts(g, 2, "metis", seed=0), 2)
+    cfg = load_config(None, [])
+    adj, _ = assemble.part_tensors(cfg, parts[0], dataset_info(g), torch.device("cpu"))
+    assert calls == ["csr", "trim"] and adj.num_rows == parts[0].num_inner
