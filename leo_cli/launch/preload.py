@@ -35,13 +35,13 @@ from leo_cli.util.procs import descendants
 
 # Imported by the server. Not torch._dynamo: a worker's custom ops and optimizer leave it
 # unimported (util/dynamo.py), and the launch waits for the server's imports. matplotlib's
-# figure and Agg canvas: rank 0 draws curves.png at the end of every run while the other ranks
-# wait at the last barrier, and importing them there cost every run a second or so.
+# figure and Agg canvas (util/figure_imports.py): rank 0 draws curves.png at the end of every
+# run while the other ranks wait at the last barrier, and importing them there cost every
+# run 0.6 s of a core or more.
 PRELOAD = (
     "leo_cli.worker.entry",
     "leo_cli.planner.profile.probe",
-    "matplotlib.figure",
-    "matplotlib.backends.backend_agg",
+    "leo_cli.util.figure_imports",
 )
 # Read after a worker started: by the worker itself (comm/segments.py, harness/placement.py;
 # harness/process.py sets its threads) or by torch elastic, which sets its own per worker and

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         "argv": sys.argv[1:],
         "cli": sorted(m for m in sys.modules if m.startswith("leo_cli.cli")),
         "frozen": gc.get_freeze_count(),  # objects a collection leaves alone
-        "drawing": "matplotlib.backends.backend_agg" in sys.modules,  # imported before main
+        "drawing": {"matplotlib.figure", "matplotlib.backends.backend_agg"} <= set(sys.modules),
     }
     Path(argv[0], f"{os.getpid()}.json").write_text(json.dumps(seen))
     if argv[1] == "raise":

@@ -73,6 +73,18 @@ def test_workers_fork_from_one_server_and_run_as_their_launch_says(
     assert {s["cwd"] for s in third} == {os.fspath(elsewhere)}
 
 
+def test_a_matplotlib_that_fails_to_import_leaves_the_server_starting_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown MPLBACKEND makes importing matplotlib raise (not an ImportError, which the
+    server's preload would pass over): the workers start all the same, without it."""
+    monkeypatch.syspath_prepend(os.fspath(ROOT))
+    monkeypatch.setenv("MPLBACKEND", "no-such-backend")
+    seen = launched(tmp_path, "workers")
+    assert sorted(s["rank"] for s in seen) == ["0", "1"]
+    assert not any(s["drawing"] for s in seen)
+
+
 def test_a_workers_exit_code_and_traceback_reach_the_launcher(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match="exit"):
         launched(tmp_path, "failing", code="3")
