@@ -40,7 +40,7 @@ from leo_cli.errors import ConfigError
 from leo_cli.graph.datasets import load_dataset
 from leo_cli.registry import PEERS, Peer, conv_of, peer_of
 from leo_cli.util import files
-from leo_cli.util.rss import peak_rss_bytes
+from leo_cli.util.rss import peak_rss_bytes, trim_heap
 from leo_cli.util.timing import process_start_time
 from leo_cli.worker.memory import after_setup, fix_mmap_threshold
 
@@ -272,6 +272,7 @@ def train_peer(cfg: LeoConfig, peer: Peer, num_epochs: int) -> dict[str, Any]:
     y = torch.from_numpy(g.y_N).to(device)
     train = torch.from_numpy(g.train_mask_N).to(device)
     adj = adjacency(g.edge_index_2E, g.num_nodes, peer).to(device)
+    trim_heap()  # as LEO's workers do once their CSR is built (worker/assemble.py)
     layer = conv_of(cfg.model.name).peer_layer(peer.framework)
     assert layer is not None, "leo bench runs peers only for models that have one"
     model = PEER_MODELS[layer](cfg.model, g.num_features, g.num_classes).to(device)

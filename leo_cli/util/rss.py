@@ -44,16 +44,22 @@ def glibc() -> Any | None:
     return libc
 
 
-def hand_back_freed_memory() -> bool:
-    """Collect garbage and hand every free page of the C heap back to the system (glibc's
-    `malloc_trim(0)`): the launcher does so once its planning is done and before its workers
-    start, so that what it freed is not counted beside theirs. False without glibc."""
-    gc.collect()
+def trim_heap() -> bool:
+    """Hand every free page of the C heap back to the system now (glibc's `malloc_trim(0)`),
+    without collecting garbage first. False without glibc."""
     libc = glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def hand_back_freed_memory() -> bool:
+    """Collect garbage, then `trim_heap`: the launcher does so once its planning is done and
+    before its workers start, so that what it freed is not counted beside theirs. False
+    without glibc."""
+    gc.collect()
+    return trim_heap()
 
 
 def available_memory_bytes() -> int | None:

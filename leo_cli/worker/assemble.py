@@ -40,8 +40,8 @@ from leo_cli.planner.auto_mode import OWN_LEVELS, PLANNED_LEVELS
 from leo_cli.planner.plan import CachePlan
 from leo_cli.planner.reach import reads_in_place
 from leo_cli.registry import is_auto, mode_of, row_transport
+from leo_cli.util.rss import trim_heap
 from leo_cli.util.timing import Laps
-from leo_cli.worker.memory import trim_heap
 from leo_cli.worker.step import Job, WorkerData
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -46,18 +46,6 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
 
 
-def trim_heap() -> bool:
-    """Hand the C heap's free pages back to the system now (glibc's `malloc_trim(0)`, no
-    garbage collection): set-up calls it once the part's CSR is built, so that the pages its
-    temporaries below the mmap threshold leave on the heap are not resident at set-up's
-    peak, the static aggregate's fetch that follows. False without glibc."""
-    libc = glibc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    return True
-
-
 def after_setup(keep: bool) -> bool:
     """Hand set-up's freed memory back to the system; with `keep` (`launch.keep_freed_memory`)
     keep what the steps free from then on. Called once, just before the first step, by the

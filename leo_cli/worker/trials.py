@@ -464,7 +464,7 @@ def train_winner(
             laps.lap("choose_s")
             return last, run_cfg, chosen
         del last
-        gc.collect()  # (the heap is handed back once, after set-up: worker/memory.py)
+        gc.collect()  # (the heap is handed back after set-up: worker/memory.py)
     laps.lap("choose_s")
     return build(run_cfg, laps), run_cfg, chosen
 

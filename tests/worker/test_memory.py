@@ -124,7 +124,7 @@ def test_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch, collects: list[str
     assert memory.keep_freed_memory() is False
     assert memory.after_setup(True) is False and memory.after_setup(False) is False
     assert rss.hand_back_freed_memory() is False
-    assert memory.trim_heap() is False
+    assert rss.trim_heap() is False
     assert collects == ["collect"] * 3  # garbage is still collected
 
 
@@ -202,8 +202,8 @@ def test_trim_heap_trims_without_collecting_garbage(
             calls.append(pad)
             return 1
 
-    monkeypatch.setattr(memory, "glibc", FakeLibc)
-    assert memory.trim_heap() is True
+    monkeypatch.setattr(rss, "glibc", FakeLibc)
+    assert rss.trim_heap() is True
     assert calls == [0] and collects == []
 
 
