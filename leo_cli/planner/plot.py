@@ -43,6 +43,7 @@ def sweep_panel(ax: Any, plan: CachePlan) -> None:
     budget and the plan's choice on that scale, the baselines as lines; without a sweep
     (replicas do not apply) the baselines alone."""
     halo_mb = whole_halo_mb(plan)
+    swept = bool(plan.sweep and halo_mb)
     if plan.sweep and halo_mb:
         xs = [100 * float(p["replica_share"]) for p in plan.sweep]
         ys = [float(p["predicted_epoch_time_s"]) for p in plan.sweep]
@@ -69,7 +70,7 @@ def sweep_panel(ax: Any, plan: CachePlan) -> None:
         if t is not None:
             ax.axhline(t, linestyle=style, color="gray", label=run.label)
             lines.append(t)
-    if not plan.sweep and lines:  # horizontal lines alone leave the axis at 0..1
+    if not swept and lines:  # from 0, as with a sweep (lines under 1 s alone leave 0..1)
         ax.set_ylim(0, 1.25 * max(lines))
     title = "predicted step against replicated rows"
     if not plan.sweep:

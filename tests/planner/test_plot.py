@@ -49,8 +49,8 @@ def test_level_rows_stack_to_the_halo() -> None:
 
 
 def test_without_a_sweep_the_baselines_set_the_scale() -> None:
-    """A plan without replicas to sweep draws only the baselines' lines: the axis spans them
-    (horizontal lines alone leave it at 0..1, every line squashed at the bottom)."""
+    """A plan without replicas to sweep draws only the baselines' lines: the axis runs from 0
+    to just above them (lines under a second alone leave it at 0..1)."""
     from leo_cli.util import figures
 
     made = make_plan(CacheConfig(), [part(0), part(1)], SHAPE, hardware(), ("k", "i", "g"))
@@ -58,4 +58,5 @@ def test_without_a_sweep_the_baselines_set_the_scale() -> None:
     ax = figures.figure().subplots()
     plot.sweep_panel(ax, made)
     drawn = [line.get_ydata()[0] for line in ax.get_lines()]
-    assert drawn and ax.get_ylim() == (0, 1.25 * max(drawn))
+    bottom, top = ax.get_ylim()
+    assert drawn and bottom == 0 and max(drawn) < top <= 1.3 * max(drawn)
