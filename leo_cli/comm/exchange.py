@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leo_cli import kernels
+from leo_cli.comm.dist import all_reduce_
 
 
 def _cuda_event() -> Any:
@@ -137,10 +138,15 @@ def offsets(counts: list[int]) -> list[int]:
 
 
 def all_to_all_rows(
-    send_SF: Tensor, send_counts: list[int], recv_counts: list[int], stats: CommStats
+    send_SF: Tensor,
+    send_counts: list[int],
+    recv_counts: list[int],
+    stats: CommStats,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """Uneven all-to-all of rows, waited for at once; counts bytes leaving this worker."""
-    recv = send_SF.new_empty((sum(recv_counts), send_SF.shape[1]))
+    """Uneven all-to-all of rows, waited for at once, into `out` where given (contiguous,
+    `sum(recv_counts)` rows); counts bytes leaving this worker."""
+    recv = send_SF.new_empty((sum(recv_counts), send_SF.shape[1])) if out is None else out
     t0 = stats.mark(send_SF.device)
     with stats.waiting(send_SF.device):
         dist.all_to_all_single(recv, send_SF.contiguous(), recv_counts, send_counts)
@@ -149,11 +155,49 @@ def all_to_all_rows(
     return recv
 
 
-def fetch_halo(h_NF: Tensor, plan: HaloPlan) -> Tensor:
-    """The halo rows alone, (H x F), not differentiable: for set-up fetches (training moves
-    rows through the transports of comm/transport.py, which count them)."""
-    send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
-    return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, CommStats())
+# A set-up fetch sends at most this many bytes a worker in one all-to-all (`fetch_halo`).
+FETCH_ROUND_BYTES = 16 * 2**20
+
+
+def fetch_halo(h_NF: Tensor, plan: HaloPlan, out: Tensor | None = None) -> Tensor:
+    """The halo rows alone, (H x F), not differentiable, into `out` where given (H rows, e.g.
+    the tail of a buffer that holds the inner rows before them): for set-up fetches
+    (training moves rows through the transports of comm/transport.py, which count them).
+
+    Collective. The rows go in as many all-to-alls as the worker sending the most needs to
+    send at most `FETCH_ROUND_BYTES` in each, every peer's rows cut alike on both sides: the
+    rows this worker sends are gathered one round at a time, never all at once beside the
+    halo they fill."""
+    width = h_NF.shape[1]
+    recv = h_NF.new_empty((plan.num_halo, width)) if out is None else out
+    sent = sum(plan.send_counts) * width * h_NF.element_size()
+    need = torch.tensor([-(-sent // FETCH_ROUND_BYTES)], device=h_NF.device)
+    rounds = max(int(all_reduce_(need, op="max").item()), 1)
+    if rounds == 1:
+        send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
+        return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, CommStats(), recv)
+    send_at, recv_at = plan.send_offsets(), plan.recv_offsets()
+    for r in range(rounds):
+        sends = [_round_cut(c, r, rounds) for c in plan.send_counts]
+        recvs = [_round_cut(c, r, rounds) for c in plan.recv_counts]
+        cuts = zip(send_at[:-1], sends, strict=True)
+        rows_S = torch.cat([plan.send_idx_S[o + a : o + b] for o, (a, b) in cuts])
+        got = all_to_all_rows(
+            kernels.gather_rows(h_NF, rows_S),
+            [b - a for a, b in sends],
+            [b - a for a, b in recvs],
+            CommStats(),
+        )
+        start = 0
+        for o, (a, b) in zip(recv_at[:-1], recvs, strict=True):
+            recv[o + a : o + b] = got[start : start + b - a]
+            start += b - a
+    return recv
+
+
+def _round_cut(count: int, r: int, rounds: int) -> tuple[int, int]:
+    """Round `r` of `rounds`' share of a peer's `count` rows: [start, stop) within them."""
+    return count * r // rounds, count * (r + 1) // rounds
 
 
 def halo_ids(plan: HaloPlan, ids_N: Tensor) -> Tensor:

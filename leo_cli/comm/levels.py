@@ -201,8 +201,15 @@ def static_aggregate(adj: kernels.CSR, plan: HaloPlan, x_NF: Tensor, distributed
     """`Â·X` of the inner rows, the halo's input rows fetched first where `distributed`
     (collective: every worker calls it at the same point). Always with the rule's CPU SpMM
     (`pipeline.spmm=auto` untried): it is made once, before `auto`'s trials choose the
-    variant, so a run whose variant they choose holds the bits of one that sets it by name."""
-    full = torch.cat([x_NF, fetch_halo(x_NF, plan)]) if distributed else x_NF
+    variant, so a run whose variant they choose holds the bits of one that sets it by name.
+    The halo's rows land behind the inner rows' copy in one buffer (no concatenation holding
+    both beside it)."""
+    full = x_NF
+    if distributed:
+        n = x_NF.shape[0]
+        full = x_NF.new_empty((n + plan.num_halo, x_NF.shape[1]))
+        full[:n] = x_NF
+        fetch_halo(x_NF, plan, out=full[n:])
     with variants.serving(variants.AUTO):
         return kernels.spmm(adj, full)
 

@@ -22,6 +22,7 @@ from typing import NamedTuple, TypeVar, cast
 import numpy as np
 
 from leo_cli.comm.aggregate import splits_update
+from leo_cli.comm.exchange import FETCH_ROUND_BYTES
 from leo_cli.comm.published import NUM_COPIES
 from leo_cli.comm.shm import GRAD_COPIES
 from leo_cli.errors import CacheError
@@ -930,8 +931,11 @@ def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
 
 def _fetch_bytes(p: PartAccess, shape: ModelShape) -> int:
     """Bytes alive while set-up makes the static aggregate (comm/levels.py
-    `static_aggregate`): the halo's input rows fetched, `[x | halo]` beside them."""
-    return (p.num_inner + 2 * p.num_halo) * shape.widths[0] * shape.dtype_bytes
+    `static_aggregate`): `[x | halo]`, the halo's input rows fetched into it, and one round
+    of those rows sent and received (comm/exchange.py `fetch_halo`: at most
+    `FETCH_ROUND_BYTES` sent a round)."""
+    row = shape.widths[0] * shape.dtype_bytes
+    return (p.num_inner + p.num_halo) * row + 2 * min(p.num_halo * row, FETCH_ROUND_BYTES)
 
 
 def _part_csr_bytes(p: PartAccess, shape: ModelShape) -> int:

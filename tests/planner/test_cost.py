@@ -540,3 +540,14 @@ def test_the_pipeline_splits_its_update_only_where_a_part_has_an_interior() -> N
     assert split.stages["pack_s"] - unsplit.stages["pack_s"] == pytest.approx(
         2 * 10 / GATHER, rel=1e-9
     )
+
+
+def test_the_static_aggregates_fetch_is_priced_as_it_fills_its_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`[x | halo]` (14 rows of 16 float32 here), then one round of the fetch's rows sent and
+    received: the whole halo where it fits in a round, else a round's bytes each way."""
+    row = 16 * 4
+    assert cost._fetch_bytes(part(0), SHAPE) == (10 + 4) * row + 2 * 4 * row
+    monkeypatch.setattr(cost, "FETCH_ROUND_BYTES", row)  # a round of one row
+    assert cost._fetch_bytes(part(0), SHAPE) == (10 + 4) * row + 2 * row
