@@ -159,10 +159,11 @@ def test_the_workers_leave_out_a_candidate_that_their_measurements_say_cannot_re
 
     The expected steps come from calibration samples written here (planner/wisdom.py), so the
     parent's decision does not depend on this machine: `leo` and `fine-grained` at `EXPECTED`
-    s (`leo` exactly, `fine-grained` to within 50%), `blocking` at 1.02 x that to within 16%
-    (over 30 epochs it may save 0.143 x 30 = 4.3 expected steps, its trial costs 4.08:
-    repaid, but not once it builds in more than 1.2 steps), `shared-memory` 3 x (left out as
-    surely slower)."""
+    s (`leo` exactly, `fine-grained` to within 90%: it may save 0.9 x 30 = 27 of the best's
+    measured steps, so only a build of over 24 steps leaves it out; at 50%, 12 steps, a host at
+    load 15 did), `blocking` at 1.02 x that to within 16% (over 30 epochs it may save 0.143 x 30 =
+    4.3 expected steps, its trial costs 4.08: repaid, but not once it builds in more than 1.2
+    steps), `shared-memory` 3 x (left out as surely slower)."""
     hw = tmp_path / "hw.json"
     hw_profile.write(hw)
     base = [*TINY, "--set", "pipeline.spmm=torch", "--set", f"cache.hardware={hw}"]
@@ -173,7 +174,7 @@ def test_the_workers_leave_out_a_candidate_that_their_measurements_say_cannot_re
     assert first["mode_measured_s"] == {}
     wanted = {  # mode: (expected step, error)
         "leo": (EXPECTED, 0.0),
-        "fine-grained": (EXPECTED, 0.5),
+        "fine-grained": (EXPECTED, 0.9),
         "blocking": (1.02 * EXPECTED, 0.16),
         "shared-memory": (3 * EXPECTED, 0.0),
     }
