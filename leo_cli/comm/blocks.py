@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from leo_cli import kernels
-from leo_cli.comm.exchange import HaloPlan
+from leo_cli.comm.exchange import HaloPlan, chunk_bounds
 from leo_cli.kernels.csr import INT32_MAX, compact_index_dtype, max_degree, row_of_edges
 
 
@@ -266,15 +266,6 @@ def _assembled(
         t_indptr, t_rows, t_values, cols, num_rows, indptr, cols_E, empty, t_degree, degree
     )
     return block_of(span[0], span[1], rows_R, fwd, bwd)
-
-
-def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
-    """`num_chunks + 1` boundaries cutting `num_rows` rows into near-equal chunks.
-
-    Chunks may be empty when there are more chunks than rows; every worker computes the same
-    boundaries from the same counts, so senders and receivers agree without talking.
-    """
-    return [num_rows * c // num_chunks for c in range(num_chunks + 1)]
 
 
 def selected_columns_block(adj: kernels.CSR, cols_C: Tensor) -> ColumnBlock:

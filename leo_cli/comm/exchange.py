@@ -155,49 +155,58 @@ def all_to_all_rows(
     return recv
 
 
-# A set-up fetch sends at most this many bytes a worker in one all-to-all (`fetch_halo`).
+# A set-up fetch moves about this many bytes a worker, each way, in one all-to-all
+# (`fetch_halo`).
 FETCH_ROUND_BYTES = 16 * 2**20
 
 
-def fetch_halo(h_NF: Tensor, plan: HaloPlan, out: Tensor | None = None) -> Tensor:
-    """The halo rows alone, (H x F), not differentiable, into `out` where given (H rows, e.g.
-    the tail of a buffer that holds the inner rows before them): for set-up fetches
-    (training moves rows through the transports of comm/transport.py, which count them).
+def chunk_bounds(num_rows: int, num_chunks: int) -> list[int]:
+    """`num_chunks + 1` boundaries cutting `num_rows` rows into near-equal chunks.
 
-    Collective. The rows go in as many all-to-alls as the worker sending the most needs to
-    send at most `FETCH_ROUND_BYTES` in each, every peer's rows cut alike on both sides: the
-    rows this worker sends are gathered one round at a time, never all at once beside the
-    halo they fill."""
-    width = h_NF.shape[1]
-    recv = h_NF.new_empty((plan.num_halo, width)) if out is None else out
-    sent = sum(plan.send_counts) * width * h_NF.element_size()
-    need = torch.tensor([-(-sent // FETCH_ROUND_BYTES)], device=h_NF.device)
+    Chunks may be empty when there are more chunks than rows; every worker computes the same
+    boundaries from the same counts, so senders and receivers agree without talking.
+    """
+    return [num_rows * c // num_chunks for c in range(num_chunks + 1)]
+
+
+def fetch_halo(h_NF: Tensor, plan: HaloPlan, out: Tensor | None = None) -> Tensor:
+    """The halo rows alone, (H x F), not differentiable, into `out` where given (H contiguous
+    rows, e.g. the tail of a buffer that holds the inner rows before them): for set-up
+    fetches (training moves rows through the transports of comm/transport.py, which count
+    them).
+
+    Collective. The rows go in as many all-to-alls as the worker sending or receiving the
+    most needs to move about `FETCH_ROUND_BYTES` each way in each (every peer's rows cut
+    alike on both sides, `chunk_bounds`): the rows sent are gathered one round at a time,
+    never all at once beside the halo they fill; with one round they land in `out` as they
+    arrive, with more each round's rows are copied to their place."""
+    row = h_NF.shape[1] * h_NF.element_size()
+    recv = h_NF.new_empty((plan.num_halo, h_NF.shape[1])) if out is None else out
+    assert recv.is_contiguous() and recv.shape[0] == plan.num_halo, "a contiguous H-row buffer"
+    moved = max(sum(plan.send_counts), plan.num_halo) * row
+    need = torch.tensor([-(-moved // FETCH_ROUND_BYTES)], device=h_NF.device)
     rounds = max(int(all_reduce_(need, op="max").item()), 1)
     if rounds == 1:
         send_SF = kernels.gather_rows(h_NF, plan.send_idx_S)
         return all_to_all_rows(send_SF, plan.send_counts, plan.recv_counts, CommStats(), recv)
+    sends = [chunk_bounds(c, rounds) for c in plan.send_counts]
+    recvs = [chunk_bounds(c, rounds) for c in plan.recv_counts]
     send_at, recv_at = plan.send_offsets(), plan.recv_offsets()
     for r in range(rounds):
-        sends = [_round_cut(c, r, rounds) for c in plan.send_counts]
-        recvs = [_round_cut(c, r, rounds) for c in plan.recv_counts]
         cuts = zip(send_at[:-1], sends, strict=True)
-        rows_S = torch.cat([plan.send_idx_S[o + a : o + b] for o, (a, b) in cuts])
+        rows_S = torch.cat([plan.send_idx_S[o + b[r] : o + b[r + 1]] for o, b in cuts])
         got = all_to_all_rows(
             kernels.gather_rows(h_NF, rows_S),
-            [b - a for a, b in sends],
-            [b - a for a, b in recvs],
+            [b[r + 1] - b[r] for b in sends],
+            [b[r + 1] - b[r] for b in recvs],
             CommStats(),
         )
         start = 0
-        for o, (a, b) in zip(recv_at[:-1], recvs, strict=True):
-            recv[o + a : o + b] = got[start : start + b - a]
-            start += b - a
+        for o, b in zip(recv_at[:-1], recvs, strict=True):
+            recv[o + b[r] : o + b[r + 1]] = got[start : start + b[r + 1] - b[r]]
+            start += b[r + 1] - b[r]
+        del got, rows_S  # the next round's buffers take their place
     return recv
-
-
-def _round_cut(count: int, r: int, rounds: int) -> tuple[int, int]:
-    """Round `r` of `rounds`' share of a peer's `count` rows: [start, stop) within them."""
-    return count * r // rounds, count * (r + 1) // rounds
 
 
 def halo_ids(plan: HaloPlan, ids_N: Tensor) -> Tensor:

@@ -931,11 +931,14 @@ def _static_bytes(p: PartAccess, shape: ModelShape) -> int:
 
 def _fetch_bytes(p: PartAccess, shape: ModelShape) -> int:
     """Bytes alive while set-up makes the static aggregate (comm/levels.py
-    `static_aggregate`): `[x | halo]`, the halo's input rows fetched into it, and one round
-    of those rows sent and received (comm/exchange.py `fetch_halo`: at most
-    `FETCH_ROUND_BYTES` sent a round)."""
+    `static_aggregate`): `[x | halo]`, the halo's input rows fetched into it, beside the
+    larger of one round of the fetch (comm/exchange.py `fetch_halo`: the rows sent, their
+    positions, the rows received, each about `FETCH_ROUND_BYTES` at most) and the aggregate
+    it then makes."""
     row = shape.widths[0] * shape.dtype_bytes
-    return (p.num_inner + p.num_halo) * row + 2 * min(p.num_halo * row, FETCH_ROUND_BYTES)
+    sent = min(sum(p.send_counts) * row, FETCH_ROUND_BYTES)
+    fetched = sent + sent // row * POSITION_BYTES + min(p.num_halo * row, FETCH_ROUND_BYTES)
+    return (p.num_inner + p.num_halo) * row + max(fetched, p.num_inner * row)
 
 
 def _part_csr_bytes(p: PartAccess, shape: ModelShape) -> int:

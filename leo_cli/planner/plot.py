@@ -43,8 +43,9 @@ def sweep_panel(ax: Any, plan: CachePlan) -> None:
     budget and the plan's choice on that scale, the baselines as lines; without a sweep
     (replicas do not apply) the baselines alone."""
     halo_mb = whole_halo_mb(plan)
-    swept = bool(plan.sweep and halo_mb)
+    swept = False
     if plan.sweep and halo_mb:
+        swept = True
         xs = [100 * float(p["replica_share"]) for p in plan.sweep]
         ys = [float(p["predicted_epoch_time_s"]) for p in plan.sweep]
         ax.plot(xs, ys, marker="o", label=f"{planned_mode()}, every rank replicating a share")

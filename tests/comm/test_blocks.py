@@ -8,12 +8,11 @@ import torch
 from leo_cli import kernels
 from leo_cli.comm import blocks
 from leo_cli.comm.blocks import (
-    chunk_bounds,
     column_block,
     forward_only,
     selected_columns_block,
 )
-from leo_cli.comm.exchange import distinct_rows
+from leo_cli.comm.exchange import chunk_bounds, distinct_rows
 from leo_cli.comm.inplace import owners_in_place
 from leo_cli.errors import KernelError
 

@@ -13,19 +13,24 @@ import torch.distributed as dist
 from conftest import random_graph
 from helpers.ranks import spawn_ranks
 
+from leo_cli import kernels
 from leo_cli.comm import exchange
 from leo_cli.comm.levels import static_aggregate
 from leo_cli.graph.layout import LocalPart, build_parts
 from leo_cli.graph.partitioners import assign_parts
+from leo_cli.kernels import variants
 from leo_cli.models.local_graph import part_adjacency
 from leo_cli.worker.assemble import halo_plan
 
 CPU = torch.device("cpu")
 
 
-def fetch_both_ways(rank: int, world: int, parts: list[LocalPart]) -> dict[str, Any]:
+def fetch_both_ways(
+    rank: int, world: int, parts: list[LocalPart], x_all: np.ndarray
+) -> dict[str, Any]:
     """Each rank's halo fetched at once and in rounds of 16 bytes (one or two rows), its
-    all-to-alls counted, and the static aggregate of either."""
+    all-to-alls counted, the static aggregate of either, and that aggregate's SpMM of the
+    inner and halo rows put together from the whole graph's features (`x_all`)."""
     dist.init_process_group("gloo", rank=rank, world_size=world)
     part = parts[rank]
     plan = halo_plan(part, CPU)
@@ -41,7 +46,10 @@ def fetch_both_ways(rank: int, world: int, parts: list[LocalPart]) -> dict[str, 
         return moved(*args, **kwargs)
 
     exchange.all_to_all_rows = counted  # type: ignore[assignment]
-    out: dict[str, Any] = {"halo": part.halo_nodes}
+    whole = torch.from_numpy(np.concatenate([x_all[part.inner_nodes], x_all[part.halo_nodes]]))
+    with variants.serving(variants.AUTO):  # the aggregate's own SpMM (comm/levels.py)
+        wanted = kernels.spmm(adj, whole.to(torch.float64))
+    out: dict[str, Any] = {"halo": part.halo_nodes, "wanted": wanted.numpy()}
     for name, round_bytes in (("once", exchange.FETCH_ROUND_BYTES), ("rounds", 16)):
         exchange.FETCH_ROUND_BYTES = round_bytes
         calls.clear()
@@ -55,10 +63,12 @@ def fetch_both_ways(rank: int, world: int, parts: list[LocalPart]) -> dict[str, 
 def test_the_halo_fetched_in_rounds_is_the_halo_fetched_at_once() -> None:
     g = random_graph(num_nodes=90, num_edges=400, seed=3)
     parts = build_parts(g, assign_parts(g, 3, "random", seed=0), 3)
-    for part, got in zip(parts, spawn_ranks(fetch_both_ways, 3, parts), strict=True):
+    ranks = spawn_ranks(fetch_both_ways, 3, parts, g.x_NF)
+    for part, got in zip(parts, ranks, strict=True):
         assert not isinstance(got, Exception), got
         want = got["halo"].astype(np.float64)
         assert part.num_halo > 2 and got["once_calls"] == 1 and got["rounds_calls"] > 2
         for name in ("once", "rounds"):
             assert np.array_equal(got[name], np.stack([want, -want], axis=1)), name
-        assert np.array_equal(got["once_static"], got["rounds_static"])
+        assert np.array_equal(got["once_static"], got["wanted"])
+        assert np.array_equal(got["rounds_static"], got["wanted"])

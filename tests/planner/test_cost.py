@@ -545,9 +545,13 @@ def test_the_pipeline_splits_its_update_only_where_a_part_has_an_interior() -> N
 def test_the_static_aggregates_fetch_is_priced_as_it_fills_its_buffer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`[x | halo]` (14 rows of 16 float32 here), then one round of the fetch's rows sent and
-    received: the whole halo where it fits in a round, else a round's bytes each way."""
+    """`[x | halo]` (10 + 4 rows of 16 float32 here) beside the larger of one round of the
+    fetch (the rows sent, their int64 positions, the rows received) and the aggregate of the
+    10 inner rows: the whole fetch in one round where it fits, else a round's bytes."""
     row = 16 * 4
-    assert cost._fetch_bytes(part(0), SHAPE) == (10 + 4) * row + 2 * 4 * row
-    monkeypatch.setattr(cost, "FETCH_ROUND_BYTES", row)  # a round of one row
-    assert cost._fetch_bytes(part(0), SHAPE) == (10 + 4) * row + 2 * row
+    one = replace(part(0), send_counts=[0, 1])  # 1 row sent, 4 received
+    assert cost._fetch_bytes(one, SHAPE) == (10 + 4) * row + 10 * row  # the aggregate's
+    wide = replace(part(0), num_inner=2, send_counts=[0, 6])  # 6 rows sent
+    assert cost._fetch_bytes(wide, SHAPE) == (2 + 4) * row + 6 * row + 6 * 8 + 4 * row
+    monkeypatch.setattr(cost, "FETCH_ROUND_BYTES", 2 * row)  # rounds of two rows
+    assert cost._fetch_bytes(wide, SHAPE) == (2 + 4) * row + 2 * row + 2 * 8 + 2 * row
