@@ -1066,7 +1066,7 @@ def _replica_block_bytes(p: PartAccess, c: RankCache, shape: ModelShape) -> int:
     return int((2 * rows + 1) * INDEX_BYTES + (num + 1) * INDEX_BYTES + 2 * edges * edge)
 
 
-def _activations(shape: ModelShape, n: int, layer: int) -> tuple[int, int]:
+def _activations(shape: ModelShape, n: int, layer: int, static: bool) -> tuple[int, int]:
     """Bytes of activations alive while `layer` exchanges rows, forward and backward, on
     `n` inner rows (the same in every mode): the layers before it saved what their
     backward reads (each its input and its output, `_saved`), and the layer itself its
@@ -1074,16 +1074,19 @@ def _activations(shape: ModelShape, n: int, layer: int) -> tuple[int, int]:
     a = shape.widths[layer]
     b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
     w = shape.exchanged_width(layer)
-    earlier = sum(_saved(shape, n, j) for j in range(layer))
+    earlier = sum(_saved(shape, n, j, static) for j in range(layer))
     forward = earlier + n * (a + (w if w < a else 0)) * shape.dtype_bytes
-    backward = earlier + _saved(shape, n, layer) + n * b * shape.dtype_bytes
+    backward = earlier + _saved(shape, n, layer, static) + n * b * shape.dtype_bytes
     return forward, backward
 
 
-def _saved(shape: ModelShape, n: int, layer: int) -> int:
-    """Bytes a layer keeps for its backward: its input and its output, `n` rows each."""
+def _saved(shape: ModelShape, n: int, layer: int, static: bool) -> int:
+    """Bytes a layer keeps for its backward: its input and its output, `n` rows each. A
+    layer 0 the static aggregate serves (`static`) saves that aggregate as its input, which
+    the run holds anyway (`_static_bytes`): only its output counts."""
     b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
-    return n * (shape.widths[layer] + b) * shape.dtype_bytes
+    a = 0 if _shape_layer(shape, layer).served_by_static(static) else shape.widths[layer]
+    return n * (a + b) * shape.dtype_bytes
 
 
 def _activation_peak(shape: ModelShape, n: int, static: bool) -> int:
@@ -1093,8 +1096,8 @@ def _activation_peak(shape: ModelShape, n: int, static: bool) -> int:
     peak = 0
     for layer in range(shape.num_layers):
         if not _shape_layer(shape, layer).served_by_static(static):
-            peak = max(peak, *_activations(shape, n, layer))
+            peak = max(peak, *_activations(shape, n, layer, static))
         if layer > 0:
-            saved = sum(_saved(shape, n, j) for j in range(layer + 1))
+            saved = sum(_saved(shape, n, j, static) for j in range(layer + 1))
             peak = max(peak, saved + 2 * n * shape.widths[layer] * shape.dtype_bytes)
     return peak

@@ -555,3 +555,19 @@ def test_the_static_aggregates_fetch_is_priced_as_it_fills_its_buffer(
     assert cost._fetch_bytes(wide, SHAPE) == (2 + 4) * row + 6 * row + 6 * 8 + 4 * row
     monkeypatch.setattr(cost, "FETCH_ROUND_BYTES", 2 * row)  # rounds of two rows
     assert cost._fetch_bytes(wide, SHAPE) == (2 + 4) * row + 2 * row + 2 * 8 + 2 * row
+
+
+def test_a_static_layer_0_saves_the_aggregate_the_run_holds_not_another_input() -> None:
+    """Layer 0 served by the static aggregate saves that aggregate (held for the run and
+    counted once, `_static_bytes`) as its input: the step's activations count its output
+    and the later layers'. Counted twice, a mode's steps could outweigh a set-up phase that
+    peaks higher, and its buffers were priced from the wrong phase."""
+    deep = replace(SHAPE, widths=(16, 8, 4))
+    n, f32 = 10, 4
+    # layer 1's backward peaks: layer 0's input (16) and output (8), layer 1's (8, 4), two
+    # 8-wide gradients; the static aggregate leaves out layer 0's 16-wide input
+    moving = cost._activation_peak(deep, n, static=False)
+    assert moving == n * (16 + 8 + 8 + 4 + 2 * 8) * f32
+    assert cost._activation_peak(deep, n, static=True) == moving - n * 16 * f32
+    dropped = replace(deep, input_dropout=0.5)  # its input is the dropped rows: they count
+    assert cost._activation_peak(dropped, n, static=True) == moving
