@@ -70,6 +70,9 @@ class ModelShape:
     input_reads: tuple[int, int] = (1, 0)
     """How often a layer's backward reads its input, update-first and aggregate-first
     (registry.py `Conv.input_reads`): layer 0's dropped features are drawn again as often."""
+    learnt_self_weight: bool = False
+    """Each row adds a learnt multiple of itself to its aggregate (GIN's (1 + eps)·x): a layer
+    0 the static aggregate serves makes that sum anew each step."""
 
     @property
     def admits_replicas(self) -> bool:
@@ -1069,8 +1072,9 @@ def _replica_block_bytes(p: PartAccess, c: RankCache, shape: ModelShape) -> int:
 def _activations(shape: ModelShape, n: int, layer: int, static: bool) -> tuple[int, int]:
     """Bytes of activations alive while `layer` exchanges rows, forward and backward, on
     `n` inner rows (the same in every mode): the layers before it saved what their
-    backward reads (each its input and its output, `_saved`), and the layer itself its
-    input and the rows it sends (forward) or also its output's gradient (backward)."""
+    backward reads (`_saved`: each its input and its output; `static`: whether the static
+    aggregate serves layer 0), and the layer itself its input and the rows it sends
+    (forward) or also its output's gradient (backward)."""
     a = shape.widths[layer]
     b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
     w = shape.exchanged_width(layer)
@@ -1083,9 +1087,11 @@ def _activations(shape: ModelShape, n: int, layer: int, static: bool) -> tuple[i
 def _saved(shape: ModelShape, n: int, layer: int, static: bool) -> int:
     """Bytes a layer keeps for its backward: its input and its output, `n` rows each. A
     layer 0 the static aggregate serves (`static`) saves that aggregate as its input, which
-    the run holds anyway (`_static_bytes`): only its output counts."""
+    the run holds anyway (`_static_bytes`): only its output counts, unless the layer adds
+    each row's own multiple to it (`learnt_self_weight`), a new sum."""
     b = shape.rows[layer] if shape.rows else shape.widths[layer + 1]
-    a = 0 if _shape_layer(shape, layer).served_by_static(static) else shape.widths[layer]
+    held = _shape_layer(shape, layer).served_by_static(static) and not shape.learnt_self_weight
+    a = 0 if held else shape.widths[layer]
     return n * (a + b) * shape.dtype_bytes
 
 

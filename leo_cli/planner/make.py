@@ -55,6 +55,7 @@ def model_shape(
         rows=tuple(model.row_widths(num_classes)), halo_bytes=halo[0], halo_row_bytes=halo[1],
         halo_stochastic=halo[2], diagonal=conv_of(model.name).diagonal,
         input_reads=conv_of(model.name).input_reads,
+        learnt_self_weight=conv_of(model.name).learnt_self_weight,
     )  # fmt: skip
 
 
