@@ -14,7 +14,6 @@ import pytest
 from conftest import rank_rates
 
 from leo_cli.comm.aggregate import splits_update
-from leo_cli.config import load_config
 from leo_cli.planner import cost
 from leo_cli.planner.access import PartAccess
 from leo_cli.planner.cost import (
@@ -26,7 +25,6 @@ from leo_cli.planner.cost import (
     mode_buffers,
     predict,
 )
-from leo_cli.planner.make import model_shape
 from leo_cli.planner.plan import RankCache
 from leo_cli.planner.profile.hardware import FORMAT_VERSION, HardwareProfile
 from leo_cli.planner.reach import Reach
@@ -575,8 +573,3 @@ def test_a_static_layer_0_saves_the_aggregate_the_run_holds_not_another_input() 
     assert cost._activation_peak(dropped, n, static=True) == moving
     gin = replace(deep, learnt_self_weight=True)  # (1 + eps)·x added to it: a new sum
     assert cost._activation_peak(gin, n, static=True) == moving
-
-
-def test_only_gin_adds_each_row_to_its_aggregate() -> None:
-    models = [load_config(None, [f"model.name={name}"]).model for name in ("gcn", "sage", "gin")]
-    assert [model_shape(m, 8, 3, 4).learnt_self_weight for m in models] == [False, False, True]

@@ -162,6 +162,7 @@ def test_model_shape_counts_a_second_gemm_only_where_there_is_one(
     s = model_shape(ModelConfig(name=name), num_features=16, num_classes=4, dtype_bytes=4)
     assert s.extra_gemm is extra and s.attention is (name == "gat")
     assert s.input_reads == reads  # layer 0's redraws, update-first and aggregate-first
+    assert s.learnt_self_weight is (name == "gin")  # (1 + eps)·x added to the aggregate
 
 
 @pytest.mark.parametrize("policy", ["degree", "leo"])
