@@ -105,6 +105,10 @@ def leo_here(
             mock.patch.object(common.err_console, "_width", None),
         ):
             os.environ.update(env or {})
+            # pytest names the running test and phase here; the workers' server compares the
+            # whole environment, so with it every test (and a fixture's launch) would start
+            # a new server and import torch and LEO again.
+            os.environ.pop("PYTEST_CURRENT_TEST", None)
             if cwd is not None:
                 os.chdir(cwd)
             res = CliRunner().invoke(app, list(args), catch_exceptions=False)
