@@ -49,8 +49,8 @@ PRELOAD = (
 AFTER_START = (JOB_ENV, AFFINITY_ENV, "OMP_NUM_THREADS")
 AFTER_START_PREFIX = "TORCHELASTIC_"
 
-# What the server this process started holds: (its environment, its imports).
-_server: tuple[dict[str, str], tuple[str, ...]] | None = None
+# What the server this process started holds: (its environment, its imports, its pid).
+_server: tuple[dict[str, str], tuple[str, ...], int | None] | None = None
 
 
 def forks_workers() -> bool:
@@ -84,15 +84,18 @@ def ensure_server(*modules: str) -> bool:
     env = server_environment(os.environ)
     needed = tuple(dict.fromkeys((*PRELOAD, *modules)))
     server: Any = forkserver._forkserver
-    others = server._forkserver_pid if _server is None else None  # another's server, running
-    if others is not None and len(descendants(others)) > 1:
+    running = server._forkserver_pid
+    # Ours: none running (it died), or the one it started; a server something else started
+    # in its place (multiprocessing's forkserver is one per process) holds its environment.
+    mine = _server is not None and running in (None, _server[2])
+    if not mine and running is not None and len(descendants(running)) > 1:
         return False
     with sigint_ignored():  # a Ctrl-C is the launcher's to handle, not the server's
-        if _server is None or _server[0] != env or not set(needed) <= set(_server[1]):
+        if _server is None or not mine or _server[0] != env or not set(needed) <= set(_server[1]):
             stop(server)
-            multiprocessing.set_forkserver_preload(list(needed))
-            _server = (env, needed)
+        multiprocessing.set_forkserver_preload(list(needed))  # for whichever start comes next
         server.ensure_running()  # started, or again where it died
+        _server = (env, needed, server._forkserver_pid)
     return True
 
 

@@ -83,11 +83,11 @@ def leo_here(
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`leo args` in this process (Typer's test runner), as `subprocess.run` would report it,
-    in `env` (else this process's environment) and `cwd`. An exception other than the
-    command's exit propagates (with its traceback); the environment, the working directory and
-    the signal handlers the command sets are put back. The CLI's consoles follow the call's
-    COLUMNS, as a new process's would (Rich fixes a console's width to the COLUMNS it was made
-    under, which would be the first call's that imported the CLI)."""
+    in `env` (else this process's environment), less PYTEST_CURRENT_TEST, and `cwd`. An
+    exception other than the command's exit propagates (with its traceback); the environment,
+    the working directory and the signal handlers the command sets are put back. The CLI's
+    consoles follow the call's COLUMNS, as a new process's would (Rich fixes a console's width
+    to the COLUMNS it was made under, which would be the first call's that imported the CLI)."""
     from unittest import mock
 
     from typer.testing import CliRunner
@@ -105,9 +105,9 @@ def leo_here(
             mock.patch.object(common.err_console, "_width", None),
         ):
             os.environ.update(env or {})
-            # pytest names the running test and phase here; the workers' server compares the
-            # whole environment, so with it every test (and a fixture's launch) would start
-            # a new server and import torch and LEO again.
+            # Not PYTEST_CURRENT_TEST (pytest's running test and phase): the workers' server
+            # starts again for another environment (launch/preload.py `ensure_server`), and
+            # one server serves every launch of this process.
             os.environ.pop("PYTEST_CURRENT_TEST", None)
             if cwd is not None:
                 os.chdir(cwd)

@@ -148,3 +148,27 @@ def test_a_busy_server_started_by_something_else_is_left_alone(
         child.kill()
         child.join()
         forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+def test_a_server_started_by_something_else_in_place_of_ours_is_not_taken_for_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """multiprocessing keeps one forkserver per process: one something else started after
+    ours stopped (in its own environment) is replaced, not reused as if it were ours."""
+    monkeypatch.setattr(preload, "_server", None)
+    monkeypatch.setenv("LEO_TEST_MARK", "ours")
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    try:
+        assert preload.ensure_server(WORKER)
+        ours = preload.server_pid()
+        server._stop()
+        monkeypatch.setenv("LEO_TEST_MARK", "theirs")
+        multiprocessing.set_forkserver_preload([])
+        server.ensure_running()
+        theirs = server._forkserver_pid
+        assert theirs not in (None, ours)
+        monkeypatch.setenv("LEO_TEST_MARK", "ours")
+        assert preload.ensure_server(WORKER)
+        assert preload.server_pid() not in (None, theirs)
+    finally:
+        server._stop()
