@@ -50,7 +50,7 @@ AFTER_START = (JOB_ENV, AFFINITY_ENV, "OMP_NUM_THREADS")
 AFTER_START_PREFIX = "TORCHELASTIC_"
 
 # What the server this process started holds: (its environment, its imports, its pid).
-_server: tuple[dict[str, str], tuple[str, ...], int | None] | None = None
+_server: tuple[dict[str, str], tuple[str, ...], int] | None = None
 
 
 def forks_workers() -> bool:
@@ -78,24 +78,28 @@ def held_environment() -> tuple[dict[str, str], tuple[str, ...]] | None:
 def ensure_server(*modules: str) -> bool:
     """Have a server running that this process started in its present environment, with
     `modules` among its imports (which run beside whatever this process does next); one of
-    another environment is stopped first. False, and nothing done, where a server something
-    else in this process started still has children (stopping it waits for them)."""
+    another environment, or one something else started, is stopped first. False, and nothing
+    done, where a server something else in this process started still has children
+    (stopping it waits for them)."""
     global _server
     env = server_environment(os.environ)
     needed = tuple(dict.fromkeys((*PRELOAD, *modules)))
     server: Any = forkserver._forkserver
     running = server._forkserver_pid
-    # Ours: none running (it died), or the one it started; a server something else started
-    # in its place (multiprocessing's forkserver is one per process) holds its environment.
+    # Ours: the one it started (running or dead), or none (stopped since); one something else
+    # started in its place (multiprocessing keeps one forkserver a process) holds that one's
+    # environment and imports.
     mine = _server is not None and running in (None, _server[2])
     if not mine and running is not None and len(descendants(running)) > 1:
         return False
+    restart = _server is None or not mine or _server[0] != env or not set(needed) <= set(_server[1])
+    held = needed if restart or _server is None else _server[1]
     with sigint_ignored():  # a Ctrl-C is the launcher's to handle, not the server's
-        if _server is None or not mine or _server[0] != env or not set(needed) <= set(_server[1]):
+        if restart:
             stop(server)
-        multiprocessing.set_forkserver_preload(list(needed))  # for whichever start comes next
+        multiprocessing.set_forkserver_preload(list(held))  # whichever start comes next
         server.ensure_running()  # started, or again where it died
-        _server = (env, needed, server._forkserver_pid)
+        _server = (env, held, server._forkserver_pid)
     return True
 
 
@@ -135,8 +139,10 @@ def sigint_ignored() -> Iterator[None]:
 
 
 def server_pid() -> int | None:
-    """The pid of the server this process started (the parent of its forked workers)."""
-    return None if _server is None else forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    """The pid of the server this process started (the parent of its forked workers), while
+    it is the process's forkserver."""
+    running = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    return running if _server is not None and running == _server[2] else None
 
 
 @contextlib.contextmanager

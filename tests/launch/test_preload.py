@@ -161,7 +161,7 @@ def test_a_server_started_by_something_else_in_place_of_ours_is_not_taken_for_ou
     try:
         assert preload.ensure_server(WORKER)
         ours = preload.server_pid()
-        server._stop()
+        preload.stop(server)  # not waiting for its imports
         monkeypatch.setenv("LEO_TEST_MARK", "theirs")
         multiprocessing.set_forkserver_preload([])
         server.ensure_running()
@@ -171,4 +171,23 @@ def test_a_server_started_by_something_else_in_place_of_ours_is_not_taken_for_ou
         assert preload.ensure_server(WORKER)
         assert preload.server_pid() not in (None, theirs)
     finally:
-        server._stop()
+        preload.stop(server)
+
+
+def test_a_kept_server_keeps_the_imports_it_was_started_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launch asking for fewer modules keeps the server, whose record still lists every
+    module it imported: a later launch asking for them again keeps it too."""
+    monkeypatch.setattr(preload, "_server", None)
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    try:
+        assert preload.ensure_server(WORKER)
+        first = preload.server_pid()
+        assert preload.ensure_server()
+        assert preload.ensure_server(WORKER)
+        assert preload.server_pid() == first
+        held = preload.held_environment()
+        assert held is not None and WORKER in held[1]
+    finally:
+        preload.stop(server)
